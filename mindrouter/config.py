@@ -1,0 +1,218 @@
+"""Settings: defaults < config.toml < environment < command-line flags, as one typed object.
+
+The file is found at ``--config``, else ``$MR_CONFIG``, else platformdirs' user
+config dir. Keys are exactly those of config.example.toml; an unknown key or a
+value of the wrong type is refused with a sentence naming the key, so a typo
+never silently falls back to a default.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import os
+import tomllib
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import platformdirs
+
+from .errors import ConfigError
+from .scheduler.settings import DEFAULT_GROUP_WEIGHTS, SchedulerSettings, ScoreWeights
+
+__all__ = [
+    "BackendSettings",
+    "Config",
+    "ServerSettings",
+    "config_path",
+    "default_socket_path",
+    "default_state_dir",
+    "load_config",
+]
+
+APP = "mindrouter"
+
+
+def default_state_dir() -> Path:
+    return Path(platformdirs.user_data_dir(APP))
+
+
+def default_socket_path() -> Path:
+    return Path(platformdirs.user_runtime_dir(APP)) / "mr.sock"
+
+
+@dataclass(frozen=True, slots=True)
+class ServerSettings:
+    host: str = "127.0.0.1"
+    port: int = 8484
+    socket: str = ""
+    """Unix socket for the admin API; empty means platformdirs' user runtime dir."""
+    state_dir: str = ""
+    """Folder of the SQLite state; empty means platformdirs' user data dir."""
+    admin_key: str = ""
+    """When set, admin calls are also accepted on TCP with this key."""
+    max_body_bytes: int = 16 * 1024 * 1024
+    shutdown_grace_seconds: float = 30.0
+    log_level: str = "info"
+    discover: bool = True
+    """On first start with no backend, look for Ollama and OpenAI-compatible servers on this machine."""
+    gpu_poll_interval: float = 5.0
+    decision_retention: int = 100_000
+    """Decision records kept in the database; the oldest are deleted first."""
+
+    @property
+    def socket_path(self) -> Path:
+        return Path(self.socket) if self.socket else default_socket_path()
+
+    @property
+    def state_path(self) -> Path:
+        return Path(self.state_dir) if self.state_dir else default_state_dir()
+
+
+@dataclass(frozen=True, slots=True)
+class BackendSettings:
+    poll_interval: float = 10.0
+    request_timeout: float = 600.0
+    max_retries: int = 2
+    connect_timeout: float = 5.0
+    circuit_failures: int = 3
+    """Consecutive failures that open a backend's circuit (mark it unhealthy)."""
+    circuit_cooldown: float = 30.0
+    """Seconds an open circuit waits before probes may close it again."""
+
+
+@dataclass(frozen=True, slots=True)
+class Config:
+    server: ServerSettings = field(default_factory=ServerSettings)
+    scheduler: SchedulerSettings = field(default_factory=SchedulerSettings)
+    backends: BackendSettings = field(default_factory=BackendSettings)
+    path: Path | None = None
+    """The file these settings were read from, if any."""
+
+
+def config_path(explicit: str | os.PathLike[str] | None = None) -> Path:
+    """Where the config file is (it need not exist)."""
+    if explicit:
+        return Path(explicit)
+    env = os.environ.get("MR_CONFIG")
+    if env:
+        return Path(env)
+    return Path(platformdirs.user_config_dir(APP)) / "config.toml"
+
+
+def _coerce(section: str, key: str, value: Any, default: Any) -> Any:
+    name = f"[{section}] {key}"
+    if isinstance(default, bool):
+        if isinstance(value, bool):
+            return value
+        if isinstance(value, str) and value.lower() in {"1", "true", "yes", "on", "0", "false", "no", "off"}:
+            return value.lower() in {"1", "true", "yes", "on"}
+        raise ConfigError(f"{name} must be true or false, not {value!r}")
+    if isinstance(default, int) and not isinstance(default, bool):
+        try:
+            number = int(value) if not isinstance(value, float) or value.is_integer() else None
+        except (TypeError, ValueError):
+            number = None
+        if number is None or isinstance(value, bool):
+            raise ConfigError(f"{name} must be a whole number, not {value!r}")
+        return number
+    if isinstance(default, float) or (default is None and key == "return_credit"):
+        try:
+            number = float(value)
+        except (TypeError, ValueError):
+            raise ConfigError(f"{name} must be a number, not {value!r}") from None
+        if isinstance(value, bool) or not math.isfinite(number) or number < 0:
+            raise ConfigError(f"{name} must be a finite number of at least 0, not {value!r}")
+        return number
+    if isinstance(default, str):
+        if not isinstance(value, str):
+            raise ConfigError(f"{name} must be a string, not {value!r}")
+        return value
+    raise ConfigError(f"{name} cannot be set")  # pragma: no cover - every field has a simple type
+
+
+def _merge(section: str, obj: Any, values: Mapping[str, Any], skip: frozenset[str] = frozenset()) -> Any:
+    known = {f.name: f for f in dataclasses.fields(obj) if f.name not in skip}
+    changes = {}
+    for key, value in values.items():
+        if key not in known:
+            raise ConfigError(f"unknown setting [{section}] {key}; see config.example.toml for the keys")
+        changes[key] = _coerce(section, key, value, getattr(obj, key))
+    return dataclasses.replace(obj, **changes)
+
+
+_ENV_SCORES = {f"SCHEDULER_SCORE_{f.name.upper()}": f.name for f in dataclasses.fields(ScoreWeights)}
+_ENV_SCHEDULER = {
+    "SCHEDULER_FAIRNESS_WINDOW": "fairness_window",
+    "SCHEDULER_DEPRIORITIZE_THRESHOLD": "deprioritize_threshold",
+}
+
+
+def load_config(
+    path: str | os.PathLike[str] | None = None,
+    *,
+    environ: Mapping[str, str] | None = None,
+    overrides: Mapping[str, Any] | None = None,
+    must_exist: bool = False,
+) -> Config:
+    """Read the settings.
+
+    Args:
+        path: the config file; defaults to ``config_path()``. A missing file is
+            fine (defaults apply) unless ``must_exist``.
+        environ: environment to read ``SCHEDULER_*`` from. Defaults to os.environ.
+        overrides: ``[server]`` values from command-line flags (host, port, socket).
+
+    Raises:
+        ConfigError: unreadable file, unknown key or bad value.
+    """
+    environ = os.environ if environ is None else environ
+    file = config_path(path)
+    data: dict[str, Any] = {}
+    if file.exists():
+        try:
+            data = tomllib.loads(file.read_text(encoding="utf-8"))
+        except (OSError, UnicodeDecodeError) as exc:
+            raise ConfigError(f"cannot read config file {file}: {exc}") from exc
+        except tomllib.TOMLDecodeError as exc:
+            raise ConfigError(f"config file {file} is not valid TOML ({exc}); fix it or run `mr config init --force`") from exc
+    elif must_exist or path is not None:
+        if path is not None and must_exist:
+            raise ConfigError(f"config file {file} does not exist; create it with `mr config init`")
+
+    for section in data:
+        if section not in {"server", "scheduler", "backends"}:
+            raise ConfigError(f"unknown section [{section}] in {file}; the sections are [server], [scheduler] and [backends]")
+        if not isinstance(data[section], dict):
+            raise ConfigError(f"[{section}] in {file} must be a table")
+
+    server = _merge("server", ServerSettings(), data.get("server", {}))
+    sched_data = dict(data.get("scheduler", {}))
+    score_data = sched_data.pop("scores", {})
+    if not isinstance(score_data, dict):
+        raise ConfigError(f"[scheduler.scores] in {file} must be a table")
+    scheduler = _merge("scheduler", SchedulerSettings(), sched_data, skip=frozenset({"scores", "group_weights"}))
+    scores = _merge("scheduler.scores", ScoreWeights(), score_data)
+    backends = _merge("backends", BackendSettings(), data.get("backends", {}))
+
+    # Environment (the seed's names) over the file.
+    env_sched = {attr: environ[name] for name, attr in _ENV_SCHEDULER.items() if name in environ}
+    scheduler = _merge("scheduler", scheduler, env_sched, skip=frozenset({"scores", "group_weights"}))
+    env_scores = {attr: environ[name] for name, attr in _ENV_SCORES.items() if name in environ}
+    scores = _merge("scheduler.scores", scores, env_scores)
+    group_weights = dict(DEFAULT_GROUP_WEIGHTS)
+    for name, value in environ.items():
+        if name.startswith("SCHEDULER_WEIGHT_") and len(name) > len("SCHEDULER_WEIGHT_"):
+            from .scheduler.settings import check_weight
+
+            try:
+                group_weights[name[len("SCHEDULER_WEIGHT_"):].lower()] = check_weight(value)
+            except ValueError as exc:
+                raise ConfigError(f"environment variable {name}: {exc}") from None
+    scheduler = dataclasses.replace(scheduler, scores=scores, group_weights=group_weights)
+
+    if overrides:
+        server = _merge("server", server, {k: v for k, v in overrides.items() if v is not None})
+    return Config(server=server, scheduler=scheduler, backends=backends, path=file if file.exists() else None)

@@ -1,0 +1,77 @@
+"""Jobs and the outcomes the core hands back to its caller.
+
+Jobs are frozen: what a client asked for never changes. Everything the core
+decides about a job (when it was dispatched, where, how it ended) is returned
+as a new value, so the I/O shell acts on decisions and never on shared state.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Hashable
+from dataclasses import dataclass, field
+from enum import Enum
+from typing import Any
+
+__all__ = ["Modality", "Job", "Dispatch", "Rejection", "Expired", "Outcome"]
+
+
+class Modality(str, Enum):
+    CHAT = "chat"
+    COMPLETION = "completion"
+    EMBEDDINGS = "embeddings"
+    VISION = "vision"
+
+
+@dataclass(frozen=True, slots=True)
+class Job:
+    """One inference request, as the scheduler sees it."""
+
+    id: str
+    user_id: Hashable
+    model: str
+    submitted_at: float
+    """Monotonic seconds, from the caller's clock."""
+    modality: Modality = Modality.CHAT
+    json_mode: bool = False
+    """The client asked for JSON mode or a JSON schema."""
+    prompt_tokens: int = 0
+    """Estimate of the prompt's tokens (the shell guesses from the body)."""
+    max_tokens: int | None = None
+    """The client's completion limit, if any."""
+    context_tokens: int | None = None
+    """Context size the client asked for (Ollama ``num_ctx``), for the VRAM estimate."""
+
+
+class Outcome(str, Enum):
+    COMPLETED = "completed"
+    FAILED = "failed"
+    CANCELLED = "cancelled"
+    TIMED_OUT = "timed_out"
+
+
+@dataclass(frozen=True, slots=True)
+class Dispatch:
+    """Send ``job`` to ``backend_id`` now; ``record`` says why."""
+
+    job: Job
+    backend_id: Hashable
+    record: dict[str, Any] = field(compare=False)
+
+
+@dataclass(frozen=True, slots=True)
+class Rejection:
+    """The job cannot be queued; ``status`` is the HTTP status that says why."""
+
+    job: Job
+    status: int
+    code: str
+    message: str
+    retry_after: float | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class Expired:
+    """A queued job waited past ``queue_timeout`` and was removed."""
+
+    job: Job
+    waited: float
