@@ -1,0 +1,86 @@
+"""Decision records: why a job went where it went.
+
+A record is captured cheaply at decision time (tuples and shared references)
+and turned into the seed's JSON shape only when someone reads or stores it.
+Fields of the seed's shape are never renamed or removed; more may be added.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Hashable, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from .scoring import ScoreRow, rejected_map
+
+__all__ = ["DecisionRecord", "PriorityTerms"]
+
+
+@dataclass(frozen=True, slots=True)
+class PriorityTerms:
+    """The terms of a job's priority at its decision (what ``mr why`` explains)."""
+
+    deficit: float
+    inflight_charge: float
+    burst_credits: float
+    weight: float
+    factor: float
+    usage_fraction: float
+    reference: float
+    """The most-owed backlogged user's effective deficit, from which priorities are measured."""
+    wait_bonus: float
+    priority: float
+
+    def to_dict(self) -> dict[str, float]:
+        return {name: round(getattr(self, name), 4) for name in self.__slots__}  # type: ignore[attr-defined]
+
+
+@dataclass(frozen=True, slots=True)
+class DecisionRecord:
+    request_id: str
+    time: float
+    """The core's clock (monotonic seconds); the shell adds wall-clock time when storing."""
+    model: str
+    user_id: Hashable
+    user_name: str
+    user_group: str | None
+    user_recent_usage: float
+    queue_wait: float
+    selected_backend_id: Hashable
+    candidates: tuple[tuple[Any, ...], ...]
+    """Eligible backends as captured: (id, total, cached static terms, queue term, penalty, priority)."""
+    static_rejected: Mapping[Hashable, tuple[str, ...]]
+    live_rejected: Mapping[Hashable, tuple[str, ...]]
+    terms: PriorityTerms
+    attempt: int = 1
+
+    @property
+    def rows(self) -> list[ScoreRow]:
+        """Every eligible backend's score, term by term."""
+        return [
+            ScoreRow(bid, total, terms[1], terms[2], terms[3], queue, terms[4], priority, penalty)
+            for bid, total, terms, queue, penalty, priority in self.candidates
+        ]
+
+    def to_dict(self) -> dict[str, Any]:
+        t = self.terms
+        rows = self.rows
+        return {
+            "request_id": self.request_id,
+            "selected_backend_id": self.selected_backend_id,
+            "candidate_backends": [row.backend_id for row in rows],
+            "scores": {str(row.backend_id): round(row.total, 3) for row in rows},
+            "user_deficit": round(t.deficit, 3),
+            "user_weight": t.weight,
+            "user_group": self.user_group,
+            "user_recent_usage": self.user_recent_usage,
+            "user_id": self.user_id,
+            "user": self.user_name,
+            "model": self.model,
+            "time": self.time,
+            "queue_wait": round(self.queue_wait, 6),
+            "attempt": self.attempt,
+            "priority": t.to_dict(),
+            "score_components": {str(row.backend_id): row.to_dict() for row in rows},
+            "rejected": rejected_map(self.static_rejected, self.live_rejected),
+        }
