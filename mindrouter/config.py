@@ -59,6 +59,8 @@ class ServerSettings:
     discover: bool = True
     """On first start with no backend, look for Ollama and OpenAI-compatible servers on this machine."""
     gpu_poll_interval: float = 5.0
+    agent_key: str = ""
+    """Key the daemon sends to the `mr agent` of other workstations (`mr agent --key`)."""
     decision_retention: int = 100_000
     """Decision records kept in the database; the oldest are deleted first."""
 

@@ -1,0 +1,36 @@
+"""`mr serve`: run the daemon."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated
+
+import typer
+
+from ..config import load_config
+
+__all__ = ["register"]
+
+
+def serve(
+    config: Annotated[Path | None, typer.Option("--config", envvar="MR_CONFIG", help="Config file (default: platformdirs' user config dir).")] = None,
+    host: Annotated[str | None, typer.Option(help="Address for the inference API. [default: 127.0.0.1]")] = None,
+    port: Annotated[int | None, typer.Option(help="TCP port for the inference API. [default: 8484]")] = None,
+    socket: Annotated[str | None, typer.Option("--socket", help="Unix socket for the admin API.")] = None,
+    state_dir: Annotated[str | None, typer.Option("--state-dir", help="Folder for the SQLite state.")] = None,
+    log_level: Annotated[str | None, typer.Option("--log-level", help="debug, info, warning or error. [default: info]")] = None,
+    discover: Annotated[bool, typer.Option("--discover/--no-discover", help="With no backend configured, look for Ollama (11434) and OpenAI-compatible servers (8000, 8080) on this machine.")] = True,
+) -> None:
+    """Run the daemon: the inference API on TCP and the admin API on a Unix socket.
+
+    Example: mr serve --port 8484
+    """
+    from ..daemon.app import serve as run
+
+    overrides = {"host": host, "port": port, "socket": socket, "state_dir": state_dir, "log_level": log_level}
+    settings = load_config(config, overrides=overrides, must_exist=config is not None)
+    run(settings, discover=discover and settings.server.discover)
+
+
+def register(app: typer.Typer) -> None:
+    app.command("serve")(serve)

@@ -1,0 +1,430 @@
+"""The admin API (docs/admin-api.md): groups, users, keys, backends, and what the pool is doing.
+
+Durable facts go to the store first; the scheduler and the key cache are then
+brought in line, so a change is visible to the very next request.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import math
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+from aiohttp import web
+
+from .. import __version__
+from ..scheduler import check_weight
+from ..store import AlreadyExists, InUse, InvalidValue, NotFound, StoreError
+from .keys import AUTH, CONFIG, DECISIONS, DISPATCHER, GPUS, REGISTRY, SCHEDULER, STATS, STORE
+from .responses import json_error
+
+__all__ = ["setup_admin_routes", "admin_middleware"]
+
+Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
+
+
+@web.middleware
+async def admin_middleware(request: web.Request, handler: Handler) -> web.StreamResponse:
+    """Admin paths: free on the Unix socket, on TCP only with the admin key; store errors mapped to statuses."""
+    if not request.path.startswith("/admin/"):
+        return await handler(request)
+    if not isinstance(request.transport.get_extra_info("sockname") if request.transport else None, str):
+        key = request.app[CONFIG].server.admin_key
+        if not key or request.headers.get("Authorization", "") != f"Bearer {key}":
+            return json_error("admin calls on the TCP port need `Authorization: Bearer <admin_key>`; use the Unix socket (`mr` does) or set [server] admin_key", 401, "admin_key_required")
+    try:
+        return await handler(request)
+    except NotFound as exc:
+        return json_error(str(exc), 404, "not_found")
+    except (AlreadyExists, InUse) as exc:
+        return json_error(str(exc), 409, "conflict")
+    except (InvalidValue, StoreError, ValueError) as exc:
+        return json_error(str(exc), 400, "bad_request")
+
+
+async def _body(request: web.Request) -> dict[str, Any]:
+    try:
+        data = await request.json()
+    except (json.JSONDecodeError, UnicodeDecodeError):
+        raise InvalidValue("the request body is not valid JSON") from None
+    if not isinstance(data, dict):
+        raise InvalidValue("the request body must be a JSON object")
+    return data
+
+
+def _sync_users(app: web.Application, group: str | None = None, name: str | None = None) -> None:
+    """Bring the scheduler's weights in line with the store after an admin change."""
+    app[AUTH].clear()
+    scheduler = app[SCHEDULER]
+    store = app[STORE]
+    users = [store.get_user(name)] if name is not None else store.list_users(group)
+    for user in users:
+        if scheduler.user(user.id) is not None:
+            scheduler.set_user(user.id, user.weight, name=user.name, group=user.group)
+
+
+# -- status --------------------------------------------------------------------------
+
+
+def status_dict(app: web.Application) -> dict[str, Any]:
+    registry, scheduler, stats, config = app[REGISTRY], app[SCHEDULER], app[STATS], app[CONFIG]
+    rps, tps = stats.rates()
+    entries = list(registry.entries.values())
+    return {
+        "version": __version__,
+        "uptime_seconds": round(stats.uptime, 3),
+        "backends": len(entries),
+        "backends_healthy": sum(1 for e in entries if registry.status(e) == "healthy"),
+        "queue_total": scheduler.queued_count,
+        "running": scheduler.running_count,
+        "users": len(app[STORE].list_users()),
+        "requests_total": stats.requests_total,
+        "tokens_total": stats.prompt_tokens_total + stats.completion_tokens_total,
+        "requests_per_second": round(rps, 3),
+        "tokens_per_second": round(tps, 3),
+        "listen": f"http://{config.server.host}:{config.server.port}",
+        "socket": str(config.server.socket_path),
+    }
+
+
+async def get_status(request: web.Request) -> web.Response:
+    return web.json_response(status_dict(request.app))
+
+
+# -- groups ----------------------------------------------------------------------------
+
+
+async def list_groups(request: web.Request) -> web.Response:
+    store = request.app[STORE]
+    counts: dict[str, int] = {}
+    for user in store.list_users():
+        counts[user.group] = counts.get(user.group, 0) + 1
+    return web.json_response([{**g.to_dict(), "users": counts.get(g.name, 0)} for g in store.list_groups()])
+
+
+async def add_group(request: web.Request) -> web.Response:
+    data = await _body(request)
+    group = request.app[STORE].add_group(data.get("name"), check_weight(data.get("weight")))
+    return web.json_response({**group.to_dict(), "users": 0}, status=201)
+
+
+async def set_group(request: web.Request) -> web.Response:
+    data = await _body(request)
+    name = request.match_info["name"]
+    group = request.app[STORE].set_group_weight(name, check_weight(data.get("weight")))
+    _sync_users(request.app, group=name)
+    return web.json_response(group.to_dict())
+
+
+async def remove_group(request: web.Request) -> web.Response:
+    name = request.match_info["name"]
+    request.app[STORE].remove_group(name)
+    return web.json_response({"removed": name})
+
+
+# -- users -----------------------------------------------------------------------------
+
+
+def _user_dict(app: web.Application, user: Any, keys: dict[str, int]) -> dict[str, Any]:
+    state = app[SCHEDULER].user(user.id)
+    return {
+        **user.to_dict(),
+        "keys": keys.get(user.name, 0),
+        "queued": state.queued if state else 0,
+        "running": state.running if state else 0,
+        "recent_tokens": state.recent if state else 0,
+    }
+
+
+def _key_counts(store: Any) -> dict[str, int]:
+    counts: dict[str, int] = {}
+    for key in store.list_keys():
+        counts[key.user] = counts.get(key.user, 0) + 1
+    return counts
+
+
+async def list_users(request: web.Request) -> web.Response:
+    store = request.app[STORE]
+    keys = _key_counts(store)
+    return web.json_response([_user_dict(request.app, u, keys) for u in store.list_users()])
+
+
+async def add_user(request: web.Request) -> web.Response:
+    data = await _body(request)
+    weight = data.get("weight")
+    user = request.app[STORE].add_user(data.get("name"), data.get("group"), None if weight is None else check_weight(weight))
+    return web.json_response(_user_dict(request.app, user, {}), status=201)
+
+
+async def set_user(request: web.Request) -> web.Response:
+    data = await _body(request)
+    name = request.match_info["name"]
+    store = request.app[STORE]
+    if not ("weight" in data or "group" in data):
+        raise InvalidValue("give a new \"weight\" (a number, or null to use the group's) or a new \"group\"")
+    if "weight" in data:
+        weight = data["weight"]
+        store.set_user_weight(name, None if weight is None else check_weight(weight))
+    if "group" in data:
+        store.set_user_group(name, data["group"])
+    _sync_users(request.app, name=name)
+    user = store.get_user(name)
+    return web.json_response(_user_dict(request.app, user, _key_counts(store)))
+
+
+async def remove_user(request: web.Request) -> web.Response:
+    name = request.match_info["name"]
+    store = request.app[STORE]
+    user = store.get_user(name)
+    store.remove_user(name)
+    request.app[AUTH].clear()
+    with contextlib.suppress(ValueError):
+        request.app[SCHEDULER].remove_user(user.id)
+    return web.json_response({"removed": name})
+
+
+async def create_key(request: web.Request) -> web.Response:
+    name = request.match_info["name"]
+    key = request.app[STORE].create_key(name)
+    request.app[AUTH].clear()
+    return web.json_response({"user": name, "key": key}, status=201)
+
+
+# -- backends ----------------------------------------------------------------------------
+
+
+async def list_backends(request: web.Request) -> web.Response:
+    registry = request.app[REGISTRY]
+    return web.json_response([registry.row_dict(e) for e in registry.entries.values()])
+
+
+async def add_backend(request: web.Request) -> web.Response:
+    data = await _body(request)
+    app = request.app
+    fields = {k: data[k] for k in ("max_concurrent", "gpus", "node", "priority") if data.get(k) is not None}
+    row = app[STORE].add_backend(data.get("name"), data.get("url"), data.get("engine"), **fields)
+    entry = app[REGISTRY].add(row)
+    with contextlib.suppress(asyncio.TimeoutError):
+        await asyncio.wait_for(entry.probed.wait(), app[CONFIG].backends.connect_timeout + 1)
+    return web.json_response(app[REGISTRY].row_dict(entry), status=201)
+
+
+async def _set_state(request: web.Request, state: str) -> web.Response:
+    app = request.app
+    row = app[STORE].set_backend_state(request.match_info["name"], state)
+    registry = app[REGISTRY]
+    registry.update_row(row)
+    if state == "draining":
+        registry.released(row.id)
+    app[DISPATCHER].pump()
+    return web.json_response(registry.row_dict(registry.entries[row.id]))
+
+
+async def drain_backend(request: web.Request) -> web.Response:
+    return await _set_state(request, "draining")
+
+
+async def enable_backend(request: web.Request) -> web.Response:
+    return await _set_state(request, "enabled")
+
+
+async def remove_backend(request: web.Request) -> web.Response:
+    app = request.app
+    name = request.match_info["name"]
+    row = app[STORE].get_backend(name)
+    app[STORE].remove_backend(name)
+    await app[REGISTRY].remove(row.id)
+    return web.json_response({"removed": name})
+
+
+async def list_models(request: web.Request) -> web.Response:
+    models: dict[str, dict[str, list[str]]] = {}
+    for entry in request.app[REGISTRY].entries.values():
+        if entry.probe is None:
+            continue
+        for model in entry.probe.models:
+            item = models.setdefault(model, {"backends": [], "loaded_on": []})
+            item["backends"].append(entry.row.name)
+            if model in entry.probe.loaded_models:
+                item["loaded_on"].append(entry.row.name)
+    return web.json_response([{"model": m, **v} for m, v in sorted(models.items())])
+
+
+# -- the pool's state -------------------------------------------------------------------
+
+
+def queue_dict(app: web.Application) -> dict[str, Any]:
+    scheduler = app[SCHEDULER]
+    now = app[DISPATCHER].clock()
+    snap = scheduler.snapshot(now)
+    names = {str(u.id): u.name for u in scheduler.fair}
+    queue = snap["queue"]
+    queue["by_user_name"] = {names.get(uid, uid): n for uid, n in queue["by_user"].items()}
+    queue["oldest_wait_seconds"] = round(max((now - j.submitted_at for j in scheduler.queued_jobs()), default=0.0), 3)
+    by_user_model: dict[str, dict[str, int]] = {}
+    for job in scheduler.queued_jobs():
+        per = by_user_model.setdefault(names.get(str(job.user_id), str(job.user_id)), {})
+        per[job.model] = per.get(job.model, 0) + 1
+    queue["by_user_model"] = by_user_model
+    return snap
+
+
+async def get_queue(request: web.Request) -> web.Response:
+    return web.json_response(queue_dict(request.app))
+
+
+def share_dict(app: web.Application) -> dict[str, Any]:
+    scheduler = app[SCHEDULER]
+    store = app[STORE]
+    now = app[DISPATCHER].clock()
+    stats = {row["user_id"]: row for row in scheduler.user_stats(now)}
+    total = scheduler.fair.global_recent
+    users = store.list_users()
+    total_weight = sum(u.weight for u in users) or 1.0
+    rows = []
+    for user in users:
+        s = stats.get(user.id, {})
+        recent = s.get("recent_tokens", 0.0)
+        rows.append({
+            "name": user.name,
+            "group": user.group,
+            "weight": user.weight,
+            "normalized_share": round(user.weight / total_weight, 4),
+            "recent_tokens": recent,
+            "actual_share": round(recent / total, 4) if total else 0.0,
+            "deficit": s.get("deficit", 0.0),
+            "burst_credits": s.get("burst_credits", round(scheduler.fair.current_burst(now) * user.weight, 3)),
+            "factor": s.get("factor", 1.0),
+            "queued": s.get("queued", 0),
+            "running": s.get("running", 0),
+        })
+    groups = []
+    group_weight_total = sum(g.scheduler_weight for g in store.list_groups() if any(u.group == g.name for u in users)) or 1.0
+    for group in store.list_groups():
+        members = [r for r in rows if r["group"] == group.name]
+        recent = sum(r["recent_tokens"] for r in members)
+        groups.append({
+            "name": group.name,
+            "weight": group.scheduler_weight,
+            "normalized_share": round(group.scheduler_weight / group_weight_total, 4) if members else 0.0,
+            "recent_tokens": recent,
+            "actual_share": round(recent / total, 4) if total else 0.0,
+            "users": len(members),
+        })
+    return {"window_seconds": scheduler.settings.fairness_window, "global_recent_tokens": total, "groups": groups, "users": rows}
+
+
+async def get_share(request: web.Request) -> web.Response:
+    return web.json_response(share_dict(request.app))
+
+
+def _limit(request: web.Request, default: int = 50) -> int:
+    raw = request.query.get("limit", str(default))
+    try:
+        limit = int(raw)
+    except ValueError:
+        raise InvalidValue(f"limit {raw!r} is not a whole number") from None
+    if limit < 1:
+        raise InvalidValue("limit must be at least 1")
+    return min(limit, 10_000)
+
+
+async def list_decisions(request: web.Request) -> web.Response:
+    return web.json_response(request.app[DECISIONS].recent(_limit(request), user=request.query.get("user") or None))
+
+
+async def get_decision(request: web.Request) -> web.Response:
+    rid = request.match_info["request_id"]
+    record = request.app[DECISIONS].get(rid)
+    if record is None:
+        raise NotFound(f"no decision record for request {rid!r}; `mr decisions` lists recent ones")
+    return web.json_response(record)
+
+
+async def follow_decisions(request: web.Request) -> web.StreamResponse:
+    log = request.app[DECISIONS]
+    user = request.query.get("user") or None
+    response = web.StreamResponse(headers={"Content-Type": "application/x-ndjson", "Cache-Control": "no-cache"})
+    await response.prepare(request)
+    queue = log.follow()
+    try:
+        while True:
+            line = await queue.get()
+            if user is not None and json.loads(line).get("user") != user:
+                continue
+            await response.write(line)
+    finally:
+        log.unfollow(queue)
+
+
+async def get_gpus(request: web.Request) -> web.Response:
+    return web.json_response(request.app[GPUS].nodes())
+
+
+async def get_top(request: web.Request) -> web.Response:
+    app = request.app
+    registry = app[REGISTRY]
+    return web.json_response({
+        "status": status_dict(app),
+        "backends": [registry.row_dict(e) for e in registry.entries.values()],
+        "gpus": app[GPUS].nodes(),
+        "queue": queue_dict(app),
+        "share": share_dict(app),
+        "decisions": app[DECISIONS].recent(10),
+    }, dumps=lambda o: json.dumps(o, default=_finite))
+
+
+def _finite(value: Any) -> Any:
+    if isinstance(value, float) and not math.isfinite(value):
+        return None
+    raise TypeError(f"cannot encode {type(value).__name__}")
+
+
+async def export_state(request: web.Request) -> web.Response:
+    return web.json_response(request.app[STORE].export())
+
+
+async def import_state(request: web.Request) -> web.Response:
+    data = await _body(request)
+    app = request.app
+    before = {row.id for row in app[STORE].list_backends()}
+    counts = app[STORE].import_(data)
+    for row in app[STORE].list_backends():
+        if row.id in before:
+            app[REGISTRY].update_row(row)
+        else:
+            app[REGISTRY].add(row)
+    _sync_users(app)
+    return web.json_response(counts)
+
+
+def setup_admin_routes(app: web.Application) -> None:
+    r = app.router
+    r.add_get("/admin/status", get_status)
+    r.add_get("/admin/groups", list_groups)
+    r.add_post("/admin/groups", add_group)
+    r.add_put("/admin/groups/{name}", set_group)
+    r.add_delete("/admin/groups/{name}", remove_group)
+    r.add_get("/admin/users", list_users)
+    r.add_post("/admin/users", add_user)
+    r.add_put("/admin/users/{name}", set_user)
+    r.add_delete("/admin/users/{name}", remove_user)
+    r.add_post("/admin/users/{name}/keys", create_key)
+    r.add_get("/admin/backends", list_backends)
+    r.add_post("/admin/backends", add_backend)
+    r.add_post("/admin/backends/{name}/drain", drain_backend)
+    r.add_post("/admin/backends/{name}/enable", enable_backend)
+    r.add_delete("/admin/backends/{name}", remove_backend)
+    r.add_get("/admin/models", list_models)
+    r.add_get("/admin/queue", get_queue)
+    r.add_get("/admin/share", get_share)
+    r.add_get("/admin/decisions", list_decisions)
+    r.add_get("/admin/decisions/stream", follow_decisions)
+    r.add_get("/admin/decisions/{request_id}", get_decision)
+    r.add_get("/admin/gpus", get_gpus)
+    r.add_get("/admin/top", get_top)
+    r.add_get("/admin/export", export_state)
+    r.add_post("/admin/import", import_state)

@@ -1,0 +1,192 @@
+"""Building and running the daemon: one aiohttp app on the TCP port and the admin Unix socket.
+
+``create_app(config)`` wires the pieces (store, core, dispatcher, registry,
+GPU poller, decision log) into one application; each background concern is a
+``cleanup_ctx`` generator, so it starts with the app and stops with it.
+``serve(config)`` runs it until SIGTERM or SIGINT, then lets in-flight
+requests finish for ``shutdown_grace_seconds``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import errno
+import logging
+import os
+import signal
+import socket
+import sys
+import time
+from collections.abc import AsyncIterator
+from pathlib import Path
+from typing import Any
+
+import aiohttp
+from aiohttp import web
+
+from .. import __version__
+from ..config import Config
+from ..errors import ConfigError
+from ..gpu.probe import GpuProbe
+from ..scheduler import Scheduler
+from ..store import Store
+from .admin import admin_middleware, setup_admin_routes
+from .auth import Auth
+from .decisions import DecisionLog
+from .discover import discover_local_backends
+from .dispatcher import Dispatcher
+from .gpus import GpuState
+from .inference import setup_inference_routes
+from .keys import AUTH, CONFIG, DECISIONS, DISPATCHER, GPUS, REGISTRY, SCHEDULER, SESSION, STATS, STORE
+from .metrics import setup_metrics
+from .registry import Registry
+from .stats import Stats
+
+__all__ = ["create_app", "serve"]
+
+log = logging.getLogger("mindrouter.daemon")
+
+
+async def create_app(config: Config, *, nvml: Any = None, discover: bool | None = None) -> web.Application:
+    """The daemon's application, ready to be served.
+
+    Args:
+        config: the settings.
+        nvml: a ``pynvml`` stand-in (tests); defaults to the real module.
+        discover: look for local servers when no backend is configured;
+            defaults to ``config.server.discover``.
+    """
+    server = config.server
+    app = web.Application(client_max_size=server.max_body_bytes, middlewares=[admin_middleware])
+    store = Store(server.state_path / "mindrouter.db", max_decisions=server.decision_retention)
+    created = store.ensure_default_groups(config.scheduler.group_weights)
+    if created:
+        log.info("created the default groups %s", ", ".join(created))
+    scheduler = Scheduler(config.scheduler)
+    for user in store.list_users():
+        scheduler.set_user(user.id, user.weight, name=user.name, group=user.group)
+    _restore_usage(store, scheduler, config)
+    session = aiohttp.ClientSession(
+        connector=aiohttp.TCPConnector(limit=0, limit_per_host=0, keepalive_timeout=30, enable_cleanup_closed=True),
+        timeout=aiohttp.ClientTimeout(total=None, sock_connect=config.backends.connect_timeout),
+        auto_decompress=False,
+    )
+    registry: Registry
+    decisions = DecisionLog(store, lambda bid: registry.entries[bid].row.name if bid in registry.entries else None)
+    dispatcher = Dispatcher(scheduler, on_dispatch=decisions.on_dispatch)
+    gpus = GpuState(GpuProbe(nvml), session, poll_interval=server.gpu_poll_interval, agent_key=server.agent_key or None,
+                    nodes=lambda: {e.row.node for e in registry.entries.values() if e.row.node},
+                    on_change=lambda: registry.republish_all())
+    registry = Registry(scheduler, store, session, config.backends, on_change=dispatcher.pump, gpu_lookup=gpus.lookup, vram_estimate=gpus.vram_estimate)
+
+    app[CONFIG] = config
+    app[STORE] = store
+    app[SCHEDULER] = scheduler
+    app[DISPATCHER] = dispatcher
+    app[REGISTRY] = registry
+    app[AUTH] = Auth(store)
+    app[STATS] = Stats(store)
+    app[DECISIONS] = decisions
+    app[GPUS] = gpus
+    app[SESSION] = session
+
+    want_discovery = server.discover if discover is None else discover
+
+    async def resources(_app: web.Application) -> AsyncIterator[None]:
+        try:
+            if want_discovery and not store.list_backends():
+                for row in await discover_local_backends(session, store):
+                    log.info("found %s at %s (%s) and added it as backend %r; `mr backend rm %s` removes it", row.engine, row.url, row.engine, row.name, row.name)
+            await registry.start(first_probe_timeout=config.backends.connect_timeout)
+            yield
+        finally:
+            await registry.stop()
+            await session.close()
+            decisions.flush()
+            store.close()
+
+    app.cleanup_ctx.append(resources)
+    app.cleanup_ctx.append(decisions.flush_ctx)
+    app.cleanup_ctx.append(dispatcher.timer_ctx)
+    app.cleanup_ctx.append(gpus.poll_ctx)
+    setup_inference_routes(app)
+    setup_admin_routes(app)
+    setup_metrics(app)
+    return app
+
+
+def _restore_usage(store: Store, scheduler: Scheduler, config: Config) -> None:
+    """Replay the fairness window's usage from before a restart."""
+    wall, mono = time.time(), time.monotonic()
+    rows = store.recent_usage(wall - config.scheduler.fairness_window)
+    for row in rows:
+        scheduler.fair.add_usage(row.user_id, row.tokens, mono - (wall - row.at))
+    if rows:
+        log.info("restored %d usage records from the last %.0f s for fair share", len(rows), config.scheduler.fairness_window)
+
+
+def _claim_socket(path: Path) -> None:
+    """Make the socket's folder (0700) and remove a stale socket; refuse if a daemon answers there."""
+    path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
+    if not path.exists():
+        return
+    probe = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    try:
+        probe.connect(str(path))
+    except OSError:
+        path.unlink()
+    else:
+        raise ConfigError(f"another mr serve is already listening on {path}; stop it first or pass --socket")
+    finally:
+        probe.close()
+
+
+async def _run(config: Config, *, discover: bool | None) -> None:
+    server = config.server
+    app = await create_app(config, discover=discover)
+    runner = web.AppRunner(app, handler_cancellation=True, shutdown_timeout=server.shutdown_grace_seconds,
+                           access_log=logging.getLogger("mindrouter.access") if server.log_level == "debug" else None)
+    await runner.setup()
+    socket_path = server.socket_path
+    try:
+        _claim_socket(socket_path)
+        tcp = web.TCPSite(runner, server.host, server.port, backlog=1024)
+        await tcp.start()
+        old_umask = os.umask(0o177)
+        try:
+            unix = web.UnixSite(runner, str(socket_path))
+            await unix.start()
+        finally:
+            os.umask(old_umask)
+        os.chmod(socket_path, 0o600)
+    except OSError as exc:
+        await runner.cleanup()
+        if exc.errno == errno.EADDRINUSE:
+            raise ConfigError(f"port {server.port} on {server.host} is already in use; stop the other server or pass --port") from None
+        raise ConfigError(f"cannot listen on {server.host}:{server.port} or {socket_path}: {exc.strerror or exc}") from None
+    except ConfigError:
+        await runner.cleanup()
+        raise
+    log.info("mindrouter %s serving http://%s:%d (inference) and %s (admin)", __version__, server.host, server.port, socket_path)
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, stop.set)
+    try:
+        await stop.wait()
+        log.info("shutting down: no new requests; waiting up to %.0f s for %d in flight", server.shutdown_grace_seconds, app[SCHEDULER].running_count)
+    finally:
+        await runner.cleanup()
+        with contextlib.suppress(OSError):
+            socket_path.unlink()
+    log.info("stopped")
+
+
+def serve(config: Config, *, discover: bool | None = None) -> None:
+    """Run the daemon until SIGTERM/SIGINT (exit 0)."""
+    level = getattr(logging, config.server.log_level.upper(), None)
+    if not isinstance(level, int):
+        raise ConfigError(f"[server] log_level {config.server.log_level!r} is not one of debug, info, warning, error")
+    logging.basicConfig(level=level, stream=sys.stderr, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    asyncio.run(_run(config, discover=discover))

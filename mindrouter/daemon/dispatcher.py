@@ -1,0 +1,143 @@
+"""The dispatcher: connects waiting HTTP handlers to the scheduler core.
+
+The core decides; this class only keeps one future per queued job, reads the
+clock, and runs ``dispatch`` whenever something changed (a job arrived or
+ended, a backend changed). A timer task wakes at the core's next deadline to
+expire jobs that waited too long. Every path that takes a slot gives it back
+through ``finish`` / ``fail`` / ``abandon``; handlers call them in ``finally``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+from collections.abc import AsyncIterator, Callable
+from typing import Any
+
+from ..errors import RequestError
+from ..scheduler import Dispatch, Job, Scheduler
+
+__all__ = ["Dispatcher"]
+
+log = logging.getLogger(__name__)
+
+
+class Dispatcher:
+    def __init__(self, scheduler: Scheduler, *, clock: Callable[[], float] = time.monotonic, on_dispatch: Callable[[Dispatch], None] | None = None) -> None:
+        self.scheduler = scheduler
+        self.clock = clock
+        self._waiters: dict[str, asyncio.Future[Dispatch]] = {}
+        self._on_dispatch = on_dispatch
+        self._timer_wake = asyncio.Event()
+        self.expired_total = 0
+
+    # -- the job's life ----------------------------------------------------
+
+    def submit(self, job: Job) -> asyncio.Future[Dispatch]:
+        """Queue ``job``; the future resolves with its dispatch.
+
+        Raises:
+            RequestError: the core refused the job (404, 400, 429, 503).
+        """
+        rejection = self.scheduler.submit(job, self.clock())
+        if rejection is not None:
+            raise RequestError(rejection.message, status=rejection.status, type=_TYPES.get(rejection.status, "invalid_request_error"), code=rejection.code, retry_after=rejection.retry_after)
+        future: asyncio.Future[Dispatch] = asyncio.get_running_loop().create_future()
+        self._waiters[job.id] = future
+        self.pump()
+        self._timer_wake.set()
+        return future
+
+    async def wait(self, job: Job, future: asyncio.Future[Dispatch]) -> Dispatch:
+        """Wait for ``job``'s dispatch; if the waiter is cancelled, the job leaves the queue."""
+        try:
+            return await future
+        except asyncio.CancelledError:
+            self._waiters.pop(job.id, None)
+            if future.done() and not future.cancelled() and future.exception() is None:
+                # Dispatched in the same instant the client left: give the slot back.
+                self.abandon(job.id)
+            elif self.scheduler.cancel(job.id, self.clock()):
+                self.pump()
+            raise
+
+    def requeued(self, job: Job) -> asyncio.Future[Dispatch]:
+        """A future for a job the core queued again after a failure."""
+        future: asyncio.Future[Dispatch] = asyncio.get_running_loop().create_future()
+        self._waiters[job.id] = future
+        self.pump()
+        return future
+
+    def finish(self, job_id: str, *, prompt_tokens: int | None, completion_tokens: int | None, latency: float | None, duration: float | None) -> None:
+        if self.scheduler.complete(job_id, self.clock(), prompt_tokens=prompt_tokens, completion_tokens=completion_tokens, latency=latency, duration=duration):
+            self.pump()
+
+    def fail(self, job_id: str, *, retry: bool, prompt_tokens: int = 0, completion_tokens: int = 0) -> bool:
+        """The backend failed; True when the job is queued again (call ``requeued``)."""
+        again = self.scheduler.fail(job_id, self.clock(), retry=retry, prompt_tokens=prompt_tokens, completion_tokens=completion_tokens)
+        self.pump()
+        return again
+
+    def abandon(self, job_id: str, *, prompt_tokens: int | None = None, completion_tokens: int = 0) -> None:
+        """The client went away: free whatever the job holds (a no-op if it already ended)."""
+        self._waiters.pop(job_id, None)
+        if self.scheduler.cancel(job_id, self.clock(), prompt_tokens=prompt_tokens, completion_tokens=completion_tokens):
+            self.pump()
+
+    # -- deciding ----------------------------------------------------------
+
+    def pump(self) -> None:
+        """Start everything that can start now."""
+        now = self.clock()
+        for dispatch in self.scheduler.dispatch(now):
+            future = self._waiters.pop(dispatch.job.id, None)
+            if self._on_dispatch is not None:
+                self._on_dispatch(dispatch)
+            if future is None or future.done():
+                # Its waiter is gone (cancelled between decisions): free the slot at once.
+                self.scheduler.cancel(dispatch.job.id, now, prompt_tokens=0)
+                continue
+            future.set_result(dispatch)
+
+    def expire(self) -> int:
+        """Fail the jobs that waited past ``queue_timeout`` with 504."""
+        expired = self.scheduler.expire(self.clock())
+        for item in expired:
+            future = self._waiters.pop(item.job.id, None)
+            if future is not None and not future.done():
+                future.set_exception(RequestError(
+                    f"request waited {item.waited:.0f} s in the queue without a free backend; try again later or ask an admin to add capacity",
+                    status=504, type="timeout", code="queue_timeout"))
+        self.expired_total += len(expired)
+        return len(expired)
+
+    async def run_timer(self) -> None:
+        """Wake at each deadline to expire jobs, and once a second to refresh fair-share state."""
+        while True:
+            deadline = self.scheduler.next_deadline()
+            delay = 1.0 if deadline is None else min(1.0, max(0.0, deadline - self.clock()))
+            self._timer_wake.clear()
+            with contextlib.suppress(asyncio.TimeoutError):
+                await asyncio.wait_for(self._timer_wake.wait(), timeout=delay)
+            try:
+                self.expire()
+                self.pump()
+            except Exception:  # the timer must outlive any bug in one round
+                log.exception("dispatcher timer round failed")
+
+    async def timer_ctx(self, _app: Any) -> AsyncIterator[None]:
+        """aiohttp ``cleanup_ctx`` generator running the timer."""
+        task = asyncio.create_task(self.run_timer(), name="mindrouter-dispatch-timer")
+        yield
+        task.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await task
+
+    @property
+    def waiting(self) -> int:
+        return len(self._waiters)
+
+
+_TYPES = {400: "invalid_request_error", 404: "invalid_request_error", 429: "rate_limit_error", 503: "service_unavailable", 504: "timeout"}

@@ -1,0 +1,110 @@
+"""GPU readings for routing: this machine's NVML and the `mr agent` of other workstations.
+
+Polled in the background (NVML in a worker thread, agents over HTTP), never on
+the request path. A backend bound to GPUs (``--gpus``) reads those GPUs on its
+node (``--node``, else this machine); a backend on this machine bound to none
+reads all local GPUs; anything else has unknown VRAM, which never refuses it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+from collections.abc import AsyncIterator, Callable
+from typing import Any
+from urllib.parse import urlsplit
+
+import aiohttp
+
+from ..gpu.client import AgentClient
+from ..gpu.node import NodeReadings
+from ..gpu.probe import GpuProbe
+from ..gpu.vram import estimate_model_vram, free_vram, total_vram, utilization
+
+__all__ = ["GpuState"]
+
+log = logging.getLogger(__name__)
+
+_LOCAL_HOSTS = {"127.0.0.1", "localhost", "::1", "0.0.0.0"}
+
+
+class GpuState:
+    def __init__(self, probe: GpuProbe, session: aiohttp.ClientSession, *, poll_interval: float, agent_key: str | None = None,
+                 nodes: Callable[[], set[str]] = set, on_change: Callable[[], None] = lambda: None,
+                 clock: Callable[[], float] = time.monotonic) -> None:
+        self.probe = probe
+        self.session = session
+        self.poll_interval = poll_interval
+        self.agent_key = agent_key
+        self.nodes_wanted = nodes
+        self.on_change = on_change
+        self.clock = clock
+        self.local = NodeReadings("local", poll_interval)
+        self.agents: dict[str, AgentClient] = {}
+
+    async def poll_once(self) -> None:
+        loop = asyncio.get_running_loop()
+        readings = await loop.run_in_executor(None, self.probe.read)
+        now = self.clock()
+        self.local.record(readings, now)
+        wanted = self.nodes_wanted()
+        for url in list(self.agents):
+            if url not in wanted:
+                del self.agents[url]
+        for url in wanted:
+            agent = self.agents.get(url)
+            if agent is None:
+                agent = self.agents[url] = AgentClient(self.session, url, self.agent_key, poll_interval=self.poll_interval)
+            was_stale = agent.node.stale(now)
+            await agent.poll(now)
+            if agent.node.stale(self.clock()) and not was_stale:
+                log.warning("node=%s GPU agent stopped answering (%s); its backends' VRAM is now unknown", url, agent.node.last_error)
+        self.on_change()
+
+    async def poll_ctx(self, _app: Any) -> AsyncIterator[None]:
+        async def loop() -> None:
+            while True:
+                try:
+                    await self.poll_once()
+                except asyncio.CancelledError:
+                    raise
+                except Exception:
+                    log.exception("GPU poll failed")
+                await asyncio.sleep(self.poll_interval)
+
+        task = asyncio.create_task(loop(), name="mindrouter-gpu-poll")
+        yield
+        task.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await task
+        self.probe.close()
+
+    def _node_for(self, row: Any) -> NodeReadings | None:
+        if row.node:
+            agent = self.agents.get(row.node)
+            return agent.node if agent is not None else None
+        if row.gpus or (urlsplit(row.url).hostname or "") in _LOCAL_HOSTS:
+            return self.local
+        return None
+
+    def lookup(self, row: Any) -> tuple[int | None, int | None, float | None] | None:
+        """(free bytes, total bytes, utilization) of ``row``'s GPUs, or None when unknown."""
+        node = self._node_for(row)
+        if node is None:
+            return None
+        readings = node.current(self.clock())
+        if not readings:
+            return None
+        gpus = list(row.gpus) or None
+        return free_vram(readings, gpus), total_vram(readings, gpus), utilization(readings, gpus)
+
+    def vram_estimate(self, row: Any, model: str, probe: Any) -> int | None:
+        """Bytes ``model`` needs to load on ``row``: from its size on disk, when the backend says."""
+        size = probe.model_sizes.get(model) if probe.model_sizes else None
+        return estimate_model_vram(size) if size else None
+
+    def nodes(self) -> list[dict[str, Any]]:
+        now = self.clock()
+        return [self.local.snapshot(now)] + [agent.node.snapshot(now) for agent in self.agents.values()]

@@ -1,0 +1,29 @@
+"""Typed application keys: every piece of state the daemon's handlers share."""
+
+from __future__ import annotations
+
+import aiohttp
+from aiohttp import web
+
+from ..config import Config
+from ..scheduler import Scheduler
+from ..store import Store
+from .auth import Auth
+from .decisions import DecisionLog
+from .dispatcher import Dispatcher
+from .gpus import GpuState
+from .registry import Registry
+from .stats import Stats
+
+__all__ = ["AUTH", "CONFIG", "DECISIONS", "DISPATCHER", "GPUS", "REGISTRY", "SCHEDULER", "SESSION", "STATS", "STORE"]
+
+CONFIG = web.AppKey("config", Config)
+STORE = web.AppKey("store", Store)
+SCHEDULER = web.AppKey("scheduler", Scheduler)
+DISPATCHER = web.AppKey("dispatcher", Dispatcher)
+REGISTRY = web.AppKey("registry", Registry)
+AUTH = web.AppKey("auth", Auth)
+STATS = web.AppKey("stats", Stats)
+DECISIONS = web.AppKey("decisions", DecisionLog)
+GPUS = web.AppKey("gpus", GpuState)
+SESSION = web.AppKey("session", aiohttp.ClientSession)

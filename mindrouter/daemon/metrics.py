@@ -1,0 +1,68 @@
+"""GET /metrics in Prometheus text format, read from live state at scrape time.
+
+A custom collector costs nothing per request; it never exposes prompts,
+completions or keys, only counts and gauges.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from typing import Any
+
+from aiohttp import web
+from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
+from prometheus_client.registry import Collector
+
+from .keys import DISPATCHER, REGISTRY, SCHEDULER, STATS
+
+__all__ = ["setup_metrics"]
+
+
+class _Collector(Collector):
+    def __init__(self, app: web.Application) -> None:
+        self.app = app
+
+    def collect(self) -> Iterator[Any]:
+        app = self.app
+        stats, scheduler, registry = app[STATS], app[SCHEDULER], app[REGISTRY]
+        yield CounterMetricFamily("mindrouter_requests", "Requests answered by a backend.", value=stats.requests_total)
+        tokens = CounterMetricFamily("mindrouter_tokens", "Tokens reported by backends.", labels=["kind"])
+        tokens.add_metric(["prompt"], stats.prompt_tokens_total)
+        tokens.add_metric(["completion"], stats.completion_tokens_total)
+        yield tokens
+        errors = CounterMetricFamily("mindrouter_errors", "Requests that ended with an error status.", labels=["status"])
+        for status, count in sorted(stats.errors.items()):
+            errors.add_metric([str(status)], count)
+        yield errors
+        yield CounterMetricFamily("mindrouter_cancelled", "Requests whose client went away.", value=stats.cancelled)
+        yield CounterMetricFamily("mindrouter_queue_timeouts", "Requests that waited past the queue timeout.", value=app[DISPATCHER].expired_total)
+        yield GaugeMetricFamily("mindrouter_queue_depth", "Requests waiting in the scheduler's queue.", value=scheduler.queued_count)
+        yield GaugeMetricFamily("mindrouter_running", "Requests in flight at backends.", value=scheduler.running_count)
+        in_flight = GaugeMetricFamily("mindrouter_backend_in_flight", "Requests in flight per backend.", labels=["backend"])
+        healthy = GaugeMetricFamily("mindrouter_backend_healthy", "1 when the backend is healthy.", labels=["backend"])
+        latency = GaugeMetricFamily("mindrouter_backend_latency_seconds", "Moving average of response latency.", labels=["backend"])
+        for entry in registry.entries.values():
+            name = entry.row.name
+            load = scheduler.load(entry.row.id)
+            in_flight.add_metric([name], load.in_flight if load else 0)
+            healthy.add_metric([name], 1.0 if registry.healthy(entry) else 0.0)
+            if load is not None and load.latency_ema is not None:
+                latency.add_metric([name], load.latency_ema)
+        yield in_flight
+        yield healthy
+        yield latency
+        recent = GaugeMetricFamily("mindrouter_user_recent_tokens", "Tokens per user in the fairness window.", labels=["user", "group"])
+        for user in scheduler.fair:
+            recent.add_metric([user.name, user.group or ""], user.recent)
+        yield recent
+
+
+def setup_metrics(app: web.Application) -> None:
+    registry = CollectorRegistry(auto_describe=False)
+    registry.register(_Collector(app))
+
+    async def handle(_request: web.Request) -> web.Response:
+        return web.Response(body=generate_latest(registry), headers={"Content-Type": CONTENT_TYPE_LATEST})
+
+    app.router.add_get("/metrics", handle)

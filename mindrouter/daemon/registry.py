@@ -1,0 +1,265 @@
+"""Backends as the daemon runs them: adapters, probes, circuit breakers, drain.
+
+Each backend has one poll task that probes it at once when added and then every
+``poll_interval``. What a probe (and the GPU readings for the backend's GPUs)
+says is folded into a fresh ``scheduler.Backend`` snapshot and handed to the
+core; the core's own counters (in flight, latency, tokens/s) stay in the core.
+Failures of probes and of requests before the first byte both count toward the
+circuit breaker: ``circuit_failures`` in a row open it for ``circuit_cooldown``
+seconds, after which the first successful probe closes it again.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+import aiohttp
+
+from ..backends import make_adapter
+from ..backends.base import Adapter, Probe
+from ..config import BackendSettings
+from ..scheduler import Backend, Scheduler
+
+__all__ = ["Registry", "Entry"]
+
+log = logging.getLogger(__name__)
+
+#: Returns (free bytes, total bytes, utilization 0..1) for a backend's GPUs, or None when unknown.
+GpuLookup = Callable[[Any], tuple[int | None, int | None, float | None] | None]
+#: Returns the bytes a model needs to load on a backend, or None when unknown.
+VramEstimate = Callable[[Any, str, Probe], int | None]
+
+
+@dataclass(slots=True)
+class Entry:
+    row: Any
+    """The store's backend row (id, name, url, engine, max_concurrent, gpus, node, priority, state)."""
+    adapter: Adapter
+    probe: Probe | None = None
+    failures: int = 0
+    open_until: float = 0.0
+    circuit_open: bool = False
+    error: str | None = None
+    task: asyncio.Task[None] | None = None
+    probed: asyncio.Event = field(default_factory=asyncio.Event)
+
+
+class Registry:
+    def __init__(
+        self,
+        scheduler: Scheduler,
+        store: Any,
+        session: aiohttp.ClientSession,
+        settings: BackendSettings,
+        *,
+        on_change: Callable[[], None],
+        gpu_lookup: GpuLookup | None = None,
+        vram_estimate: VramEstimate | None = None,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self.scheduler = scheduler
+        self.store = store
+        self.session = session
+        self.settings = settings
+        self.on_change = on_change
+        self.gpu_lookup = gpu_lookup
+        self.vram_estimate = vram_estimate
+        self.clock = clock
+        self.entries: dict[int, Entry] = {}
+
+    # -- lifecycle ---------------------------------------------------------
+
+    async def start(self, first_probe_timeout: float = 5.0) -> None:
+        for row in self.store.list_backends():
+            self.add(row)
+        if self.entries:
+            with contextlib.suppress(asyncio.TimeoutError):
+                await asyncio.wait_for(asyncio.gather(*(e.probed.wait() for e in self.entries.values())), first_probe_timeout)
+
+    async def stop(self) -> None:
+        tasks = [e.task for e in self.entries.values() if e.task is not None]
+        for task in tasks:
+            task.cancel()
+        for task in tasks:
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
+
+    def add(self, row: Any) -> Entry:
+        adapter = make_adapter(row.engine, row.url, self.session, request_timeout=self.settings.request_timeout, connect_timeout=self.settings.connect_timeout)
+        entry = Entry(row, adapter)
+        self.entries[row.id] = entry
+        self._publish(entry)
+        entry.task = asyncio.create_task(self._poll(entry), name=f"probe-{row.name}")
+        return entry
+
+    async def remove(self, backend_id: int) -> None:
+        entry = self.entries.pop(backend_id, None)
+        if entry is None:
+            return
+        if entry.task is not None:
+            entry.task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await entry.task
+        self.scheduler.remove_backend(backend_id)
+        self.on_change()
+
+    def update_row(self, row: Any) -> None:
+        entry = self.entries.get(row.id)
+        if entry is not None:
+            entry.row = row
+            self._publish(entry)
+
+    def by_name(self, name: str) -> Entry | None:
+        return next((e for e in self.entries.values() if e.row.name == name), None)
+
+    # -- probing -----------------------------------------------------------
+
+    async def _poll(self, entry: Entry) -> None:
+        while True:
+            await self.probe(entry)
+            await asyncio.sleep(self.settings.poll_interval)
+
+    async def probe(self, entry: Entry) -> None:
+        try:
+            probe = await entry.adapter.probe()
+        except asyncio.CancelledError:
+            raise
+        except Exception as exc:  # an adapter bug must not kill the poller
+            log.exception("backend=%s probe crashed", entry.row.name)
+            probe = Probe(healthy=False, error=f"probe failed: {exc}")
+        was_healthy = self.healthy(entry)
+        entry.probe = probe
+        if probe.healthy:
+            entry.error = None
+            if not entry.circuit_open or self.clock() >= entry.open_until:
+                if entry.circuit_open:
+                    log.info("backend=%s circuit closed after a successful probe", entry.row.name)
+                entry.failures = 0
+                entry.circuit_open = False
+        else:
+            entry.error = probe.error or "probe failed"
+            self._count_failure(entry)
+        if was_healthy != self.healthy(entry):
+            log.info("backend=%s is now %s%s", entry.row.name, "healthy" if self.healthy(entry) else "unhealthy", "" if self.healthy(entry) else f" ({entry.error})")
+        self._disable_if_drained(entry)
+        self._publish(entry)
+        entry.probed.set()
+
+    def _count_failure(self, entry: Entry) -> None:
+        entry.failures += 1
+        if entry.failures >= self.settings.circuit_failures and not entry.circuit_open:
+            entry.circuit_open = True
+            entry.open_until = self.clock() + self.settings.circuit_cooldown
+            log.warning("backend=%s circuit opened after %d failures in a row (%s)", entry.row.name, entry.failures, entry.error)
+
+    def request_failed(self, backend_id: int, error: str) -> None:
+        """A request failed before its first byte on this backend."""
+        entry = self.entries.get(backend_id)
+        if entry is None:
+            return
+        entry.error = error
+        self._count_failure(entry)
+        self._publish(entry)
+
+    def request_succeeded(self, backend_id: int) -> None:
+        entry = self.entries.get(backend_id)
+        if entry is not None and entry.failures and not entry.circuit_open:
+            entry.failures = 0
+
+    def released(self, backend_id: int) -> None:
+        """A slot on this backend was freed: a draining backend may now be idle."""
+        entry = self.entries.get(backend_id)
+        if entry is not None and entry.row.state == "draining":
+            if self._disable_if_drained(entry):
+                self._publish(entry)
+
+    def _disable_if_drained(self, entry: Entry) -> bool:
+        load = self.scheduler.load(entry.row.id)
+        if entry.row.state == "draining" and (load is None or load.in_flight == 0):
+            entry.row = self.store.set_backend_state(entry.row.name, "disabled")
+            log.info("backend=%s drained and is now disabled", entry.row.name)
+            return True
+        return False
+
+    # -- into the core -----------------------------------------------------
+
+    def healthy(self, entry: Entry) -> bool:
+        return entry.probe is not None and entry.probe.healthy and not entry.circuit_open
+
+    def _publish(self, entry: Entry) -> None:
+        row, probe = entry.row, entry.probe
+        gpu = self.gpu_lookup(row) if self.gpu_lookup is not None else None
+        vram_free, vram_total, gpu_util = gpu if gpu is not None else (None, None, None)
+        utilization = probe.kv_cache_usage if probe is not None and probe.kv_cache_usage is not None else gpu_util
+        models = probe.models if probe is not None else frozenset()
+        model_vram: dict[str, int] = {}
+        if probe is not None and self.vram_estimate is not None and vram_free is not None:
+            for model in models - probe.loaded_models:
+                need = self.vram_estimate(row, model, probe)
+                if need is not None:
+                    model_vram[model] = need
+        self.scheduler.set_backend(Backend(
+            id=row.id,
+            name=row.name,
+            models=models,
+            loaded_models=probe.loaded_models if probe is not None else frozenset(),
+            max_concurrent=row.max_concurrent,
+            priority=row.priority,
+            healthy=self.healthy(entry),
+            draining=row.state == "draining",
+            enabled=row.state != "disabled",
+            vram_free=vram_free,
+            vram_total=vram_total,
+            model_vram=model_vram,
+            utilization=utilization,
+            backend_waiting=(probe.waiting or 0) if probe is not None else 0,
+        ))
+        self.on_change()
+
+    def republish_all(self) -> None:
+        """GPU readings changed: refresh every backend's snapshot."""
+        for entry in self.entries.values():
+            self._publish(entry)
+
+    # -- reading -----------------------------------------------------------
+
+    def status(self, entry: Entry) -> str:
+        state = entry.row.state
+        if state in ("draining", "disabled"):
+            return state
+        return "healthy" if self.healthy(entry) else "unhealthy"
+
+    def row_dict(self, entry: Entry) -> dict[str, Any]:
+        row, probe = entry.row, entry.probe
+        load = self.scheduler.load(row.id)
+        core = self.scheduler.backend(row.id)
+        return {
+            "id": row.id,
+            "name": row.name,
+            "url": row.url,
+            "engine": row.engine,
+            "status": self.status(entry),
+            "healthy": self.healthy(entry),
+            "in_flight": load.in_flight if load else 0,
+            "max_concurrent": row.max_concurrent,
+            "models": sorted(probe.models) if probe else [],
+            "loaded_models": sorted(probe.loaded_models) if probe else [],
+            "latency_ema": load.latency_ema if load else None,
+            "tokens_per_second": load.tokens_per_second if load else None,
+            "priority": row.priority,
+            "gpus": list(row.gpus),
+            "node": row.node or None,
+            "error": entry.error,
+            "utilization": core.utilization if core else None,
+            "vram_free": core.vram_free if core else None,
+            "vram_total": core.vram_total if core else None,
+            "waiting": probe.waiting if probe else None,
+            "completed": load.completed if load else 0,
+            "failed": load.failed if load else 0,
+        }

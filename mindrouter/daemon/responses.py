@@ -1,0 +1,26 @@
+"""Error bodies in the shape each client dialect expects."""
+
+from __future__ import annotations
+
+import json
+
+from aiohttp import web
+
+from ..errors import RequestError
+
+__all__ = ["error_response", "json_error"]
+
+
+def error_response(exc: RequestError, dialect: str) -> web.Response:
+    """OpenAI paths get ``{"error": {"message", "type", "code"}}``; Ollama paths ``{"error": "message"}``."""
+    if dialect == "ollama":
+        body = {"error": exc.message}
+    else:
+        body = {"error": {"message": exc.message, "type": exc.type, "code": exc.code}}
+    headers = {"Retry-After": str(int(exc.retry_after))} if exc.retry_after else None
+    return web.Response(body=json.dumps(body).encode(), status=exc.status, content_type="application/json", headers=headers)
+
+
+def json_error(message: str, status: int, code: str) -> web.Response:
+    """An admin API error (always the OpenAI shape)."""
+    return error_response(RequestError(message, status=status, type="invalid_request_error", code=code), "openai")

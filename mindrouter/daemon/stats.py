@@ -1,0 +1,60 @@
+"""Counters for `mr status`, `mr top` and /metrics, and the durable usage record.
+
+Usage is written to the store when each request ends (so a SIGKILL loses
+none); everything else here is in memory and costs a few additions per request.
+"""
+
+from __future__ import annotations
+
+import time
+from collections import Counter, deque
+from collections.abc import Callable
+from typing import Any
+
+__all__ = ["Stats"]
+
+
+class Stats:
+    def __init__(self, store: Any, *, clock: Callable[[], float] = time.monotonic, wall: Callable[[], float] = time.time) -> None:
+        self.store = store
+        self.clock = clock
+        self.wall = wall
+        self.started = clock()
+        self.requests_total = 0
+        self.prompt_tokens_total = 0
+        self.completion_tokens_total = 0
+        self.errors: Counter[int] = Counter()
+        self.cancelled = 0
+        self._recent: deque[tuple[float, int]] = deque()
+
+    def completed(self, caller: Any, job: Any, backend_id: int, usage: Any, status: int) -> None:
+        prompt = usage.prompt_tokens or 0
+        completion = usage.completion_tokens or 0
+        self.requests_total += 1
+        self.prompt_tokens_total += prompt
+        self.completion_tokens_total += completion
+        if status >= 400:
+            self.errors[status] += 1
+        now = self.clock()
+        recent = self._recent
+        recent.append((now, prompt + completion))
+        while recent and recent[0][0] < now - 60:
+            recent.popleft()
+        if prompt or completion:
+            self.store.record_usage(caller.user_id, job.id, job.model, backend_id, prompt, completion, self.wall())
+
+    def count_error(self, status: int) -> None:
+        self.errors[status] += 1
+
+    def rates(self) -> tuple[float, float]:
+        """Requests and tokens per second over the last minute (or since start)."""
+        now = self.clock()
+        recent = self._recent
+        while recent and recent[0][0] < now - 60:
+            recent.popleft()
+        span = min(60.0, max(1.0, now - self.started))
+        return len(recent) / span, sum(t for _, t in recent) / span
+
+    @property
+    def uptime(self) -> float:
+        return self.clock() - self.started
