@@ -77,7 +77,8 @@ class Dispatcher:
     def fail(self, job_id: str, *, retry: bool, prompt_tokens: int = 0, completion_tokens: int = 0) -> bool:
         """The backend failed; True when the job is queued again (call ``requeued``)."""
         again = self.scheduler.fail(job_id, self.clock(), retry=retry, prompt_tokens=prompt_tokens, completion_tokens=completion_tokens)
-        self.pump()
+        if not again:  # a job queued again is pumped by ``requeued``, once its waiter exists
+            self.pump()
         return again
 
     def abandon(self, job_id: str, *, prompt_tokens: int | None = None, completion_tokens: int = 0) -> None:

@@ -42,6 +42,8 @@ class Entry:
     """The store's backend row (id, name, url, engine, max_concurrent, gpus, node, priority, state)."""
     adapter: Adapter
     probe: Probe | None = None
+    known: Probe | None = None
+    """The last healthy probe: a backend that is down still names its models, so requests get 503, not 404."""
     failures: int = 0
     open_until: float = 0.0
     circuit_open: bool = False
@@ -136,6 +138,7 @@ class Registry:
         was_healthy = self.healthy(entry)
         entry.probe = probe
         if probe.healthy:
+            entry.known = probe
             entry.error = None
             if not entry.circuit_open or self.clock() >= entry.open_until:
                 if entry.circuit_open:
@@ -193,7 +196,8 @@ class Registry:
         return entry.probe is not None and entry.probe.healthy and not entry.circuit_open
 
     def _publish(self, entry: Entry) -> None:
-        row, probe = entry.row, entry.probe
+        row = entry.row
+        probe = entry.probe if entry.probe is None or entry.probe.healthy or entry.known is None else entry.known
         gpu = self.gpu_lookup(row) if self.gpu_lookup is not None else None
         vram_free, vram_total, gpu_util = gpu if gpu is not None else (None, None, None)
         utilization = probe.kv_cache_usage if probe is not None and probe.kv_cache_usage is not None else gpu_util

@@ -1,0 +1,83 @@
+"""Shared fixtures: a real daemon app on 127.0.0.1 with fake backends (tests/fakes.py)."""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import AsyncIterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from mindrouter.config import BackendSettings, Config, ServerSettings
+from mindrouter.daemon.app import create_app
+from mindrouter.daemon.keys import REGISTRY, SCHEDULER
+from mindrouter.scheduler import SchedulerSettings
+
+from .fake_nvml import FakeNvml
+from .fakes import fake_llamacpp, fake_ollama, fake_openai, fake_vllm  # noqa: F401 (fixtures)
+
+ADMIN_KEY = "test-admin-key"
+
+
+@dataclasses.dataclass
+class Daemon:
+    """A running daemon and helpers to drive its admin API over TCP (with the admin key)."""
+
+    client: Any
+    app: Any
+    config: Config
+
+    @property
+    def url(self) -> str:
+        return str(self.client.make_url("")).rstrip("/")
+
+    @property
+    def scheduler(self) -> Any:
+        return self.app[SCHEDULER]
+
+    @property
+    def registry(self) -> Any:
+        return self.app[REGISTRY]
+
+    async def admin(self, method: str, path: str, json: Any = None, status: int | None = None) -> Any:
+        resp = await self.client.request(method, path, json=json, headers={"Authorization": f"Bearer {ADMIN_KEY}"})
+        data = await resp.json()
+        if status is not None:
+            assert resp.status == status, (resp.status, data)
+        elif resp.status >= 400:
+            raise AssertionError(f"{method} {path} -> {resp.status} {data}")
+        return data
+
+    async def user(self, name: str, group: str = "student", weight: float | None = None) -> str:
+        """Create a user and return a new key for it."""
+        body: dict[str, Any] = {"name": name, "group": group}
+        if weight is not None:
+            body["weight"] = weight
+        await self.admin("POST", "/admin/users", body)
+        return (await self.admin("POST", f"/admin/users/{name}/keys"))["key"]
+
+    async def backend(self, name: str, url: str, engine: str, max_concurrent: int = 4, **kw: Any) -> dict[str, Any]:
+        return await self.admin("POST", "/admin/backends", {"name": name, "url": url, "engine": engine, "max_concurrent": max_concurrent, **kw})
+
+
+def daemon_config(tmp_path: Path, **scheduler: Any) -> Config:
+    return Config(
+        server=ServerSettings(state_dir=str(tmp_path / "state"), socket=str(tmp_path / "mr.sock"), admin_key=ADMIN_KEY, discover=False, gpu_poll_interval=0.2),
+        scheduler=SchedulerSettings(**scheduler),
+        backends=BackendSettings(poll_interval=0.2, circuit_cooldown=0.3, connect_timeout=1.0, circuit_failures=3),
+    )
+
+
+@pytest.fixture
+def nvml() -> FakeNvml:
+    """No NVIDIA driver, unless a test swaps in GPUs."""
+    return FakeNvml(init_error=FakeNvml.NVML_ERROR_LIBRARY_NOT_FOUND)
+
+
+@pytest.fixture
+async def daemon(tmp_path: Path, aiohttp_client: Any, nvml: FakeNvml) -> AsyncIterator[Daemon]:
+    config = daemon_config(tmp_path)
+    app = await create_app(config, nvml=nvml)
+    client = await aiohttp_client(app)
+    yield Daemon(client, app, config)
