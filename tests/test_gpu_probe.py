@@ -9,8 +9,8 @@ import sys
 import pytest
 
 import mindrouter.gpu.probe as probe_mod
-from fake_nvml import GIB, NVML_ERROR_DRIVER_NOT_LOADED, NVML_ERROR_GPU_IS_LOST, NVML_ERROR_LIBRARY_NOT_FOUND
-from fake_nvml import NVML_ERROR_NO_PERMISSION, NVML_ERROR_NOT_SUPPORTED, FakeGpu, FakeNvml, gpu
+from .fake_nvml import GIB, NVML_ERROR_DRIVER_NOT_LOADED, NVML_ERROR_GPU_IS_LOST, NVML_ERROR_LIBRARY_NOT_FOUND
+from .fake_nvml import NVML_ERROR_NO_PERMISSION, NVML_ERROR_NOT_SUPPORTED, FakeGpu, FakeNvml, gpu
 from mindrouter.gpu import GpuProbe, GpuProcess, GpuReading, read_gpus, readings_from_json
 
 
@@ -189,7 +189,7 @@ def test_process_names_come_from_proc() -> None:
 
 def test_fake_matches_real_pynvml() -> None:
     pynvml = pytest.importorskip("pynvml")
-    import fake_nvml
+    from . import fake_nvml
 
     for name in dir(fake_nvml):
         if name.startswith("NVML_") or name.startswith("NVMLError_"):
