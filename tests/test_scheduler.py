@@ -485,3 +485,15 @@ def test_weights_must_be_finite_and_positive():
     for bad in (0, -1, math.nan, math.inf):
         with pytest.raises(ValueError):
             s.set_user("u", bad)
+
+
+def test_a_user_alone_in_the_window_is_not_heavy():
+    s = make(SchedulerSettings(heavy_refresh_interval=0.0))
+    s.set_user("solo", 1)
+    s.set_user("idle", 1)
+    s.fair.add_usage("solo", 1000, 0)
+    s.fair.refresh(1.0)
+    assert s.user("solo").factor == 1.0
+    s.fair.add_usage("idle", 10, 1.0)
+    s.fair.refresh(2.0)
+    assert s.user("solo").factor == pytest.approx(0.1)

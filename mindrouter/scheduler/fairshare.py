@@ -257,6 +257,9 @@ class FairShare:
         if total > 0:
             cut = threshold * total
             heavy = {uid for uid, user in users.items() if user.recent > cut}
+            # Heavy means heavy next to others: a user alone in the window is using an idle cluster.
+            if heavy and not any(user.recent > 0 for uid, user in users.items() if uid not in heavy):
+                heavy = set()
         changed: set[Hashable] = set()
         for uid in heavy | self._heavy:
             user = users.get(uid)

@@ -1,0 +1,106 @@
+"""``mr simulate``: a discrete-event simulator that drives the real scheduler core.
+
+Scenario format (TOML; a contract other tools rely on). Keys marked * are required.
+
+    duration = 3600            * simulated seconds (--duration overrides)
+    seed = 1                     same file + same seed = same output (--seed overrides; default 0)
+    name = "..."                 shown in the report (default: the file's stem)
+    description = "..."
+
+    [groups]                     group name -> scheduler_weight; a group not listed here
+    faculty = 3                  falls back to the built-in student 1 / staff 2 /
+                                 faculty 3 / admin 10, any other is an error
+
+    [[backends]]
+    name = "gpu1"              * unique
+    models = ["llama3"]        * models it serves
+    max_concurrent = 4         * requests it runs at once
+    tokens_per_second = 50     * decode rate of ONE request; requests side by side
+                                 do not slow each other
+    prefill_tokens_per_second    prompt processing rate (default 10 x tokens_per_second),
+                                 so a request takes prompt / prefill + completion / decode
+    loaded_models = [...]        resident at the start (default: all of models)
+    priority = 0                 admin-set score points
+
+    [[users]]
+    name = "prof"              * unique
+    group = "faculty"            or weight = 3 (weight wins; neither means weight 1)
+    model = "llama3"           * must be served by some backend
+    concurrency = 8              closed loop: keeps 8 requests outstanding,
+                                 sending the next when one ends (answered or timed out)
+    think_time = 0               closed loop: seconds between an answer and the next request
+    rate = 0.5                   or open loop: Poisson arrivals per second (exactly one of the two)
+    prompt_tokens = 200          a number, or [min, max] drawn uniformly (default 200)
+    completion_tokens = 300      likewise (default 300): what the backend really generates
+    max_tokens = 512             sent with each request and caps the completion; without it
+                                 the scheduler estimates the completion itself
+    start = 0                    seconds; the user sends from start until stop
+    stop = 3600                  (default: the end of the run)
+    requests = 10                stop after this many requests
+
+    [scheduler]                  any SchedulerSettings field, e.g. deprioritize_threshold = 1.0
+    [scheduler.scores]           any ScoreWeights field, e.g. model_loaded = 100
+
+An unknown key, a wrong type or an impossible value is refused with one
+sentence naming the key.
+
+Output (``--json`` prints exactly one object, identical for the same file and
+seed). Tokens count *as generated*: a request's prompt tokens when its prefill
+ends, its completion tokens continuously at the decode rate, so requests still
+running at the end count for what they had produced (``"counting":
+"as_generated"``).
+
+- ``users``: ``name``, ``weight``, ``target_share``, ``tokens``, ``share``,
+  ``requests`` (completed), ``wait_p50``/``wait_p95``/``wait_max`` (seconds
+  queued before dispatch, nearest rank), plus ``group``, ``submitted``,
+  ``dispatched``, ``timed_out``, ``rejected``, ``waited_requests`` (could not
+  start on arrival), ``max_slots_skipped`` (the most slot-freeing moments a
+  request of this user sat through while the slots went to others; 0 means it
+  always got the next freed slot), ``backlogged_seconds``,
+  ``deprioritized_seconds`` and ``min_factor``.
+  ``target_share`` is the user's fair entitlement: at every moment, users with
+  nothing waiting take what they actually receive, and the rest of the
+  delivered service is owed to the backlogged users (those with requests
+  waiting in the queue) in proportion to weight. With everyone saturating all
+  run long that is weight / total weight.
+- ``max_service_gap``: the largest change of ``S_a/w_a - S_b/w_b`` (service in
+  cost units, i.e. tokens with the default costs, over weight) over an interval
+  in which users a and b were both continuously backlogged, measured from the
+  moment both last became backlogged; exact, since it is evaluated at every
+  breakpoint. ``max_service_gap_pair``/``_at`` say where; ``gap_bound`` is
+  2 x ``max_request_cost`` (the largest cost of a request in the run).
+  Under saturation that bound holds; under partial load the as-generated gap
+  also counts work that was already running when a pair became backlogged, so
+  ``max_dispatch_gap`` (``_pair``) gives the same measure with each request's
+  whole cost counted at dispatch: the scheduler's decisions alone.
+- ``jain_index``: Jain's index of share / target_share over the users ever
+  backlogged (with targets by weight, that is weight-normalized throughput).
+- ``windows``: ``{"start", "shares"}`` per 60 s (the last may be partial);
+  ``worst_window`` is the largest |share - target| of any user in a full
+  window after the first.
+- ``backends`` (requests, tokens, utilization, ``full_at``: when every slot
+  was first busy), ``deprioritization`` (seconds per user and, if it was in
+  play, the same run without it: ``without.shares``, ``max_share_shift``,
+  ``max_service_gap``), ``scenario``, ``seed``, ``duration``, ``tokens``,
+  ``events``.
+"""
+
+from .engine import RequestTrace, Run, simulate
+from .report import build, run_scenario
+from .scenario import BackendSpec, Scenario, ScenarioError, UserSpec, example_names, load_example, load_scenario, parse_scenario
+
+__all__ = [
+    "BackendSpec",
+    "RequestTrace",
+    "Run",
+    "Scenario",
+    "ScenarioError",
+    "UserSpec",
+    "build",
+    "example_names",
+    "load_example",
+    "load_scenario",
+    "parse_scenario",
+    "run_scenario",
+    "simulate",
+]

@@ -1,0 +1,159 @@
+"""Checking a client's body, and reading the scheduler's hints from it, in one pass.
+
+Only what would make every backend refuse the request, or break translation,
+is checked here; values a backend judges itself (a temperature of 7) pass.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from ..errors import RequestError
+from ._types import Dialect, Kind
+
+__all__ = ["inspect_body"]
+
+
+def _fail(message: str) -> RequestError:
+    return RequestError(message, status=400, type="invalid_request_error")
+
+
+def _is_int(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def _optional(body: dict[str, Any], key: str, types: type | tuple[type, ...], what: str) -> Any:
+    value = body.get(key)
+    if value is not None and (isinstance(value, bool) or not isinstance(value, types)):
+        raise _fail(f'"{key}" must be {what}.')
+    return value
+
+
+def _text_of(content: Any, where: str) -> tuple[int, bool]:
+    """Characters of text and whether there is an image, for message content of either dialect."""
+    if content is None:
+        return 0, False
+    if isinstance(content, str):
+        return len(content), False
+    if not isinstance(content, list):
+        raise _fail(f"{where} content must be a string or a list of parts.")
+    chars, image = 0, False
+    for part in content:
+        if not isinstance(part, dict):
+            raise _fail(f"{where} content parts must be objects with a \"type\".")
+        kind = part.get("type")
+        if kind == "text":
+            text = part.get("text")
+            if not isinstance(text, str):
+                raise _fail(f'{where} text parts need a string "text".')
+            chars += len(text)
+        elif kind in ("image_url", "input_image"):
+            image = True
+    return chars, image
+
+
+def _messages(body: dict[str, Any], required: bool) -> tuple[int, bool]:
+    messages = body.get("messages")
+    if messages is None and not required:
+        return 0, False
+    if not isinstance(messages, list) or (required and not messages):
+        raise _fail('"messages" must be a non-empty list of {"role", "content"} objects.')
+    chars, image = 0, False
+    for i, message in enumerate(messages):
+        if not isinstance(message, dict) or not isinstance(message.get("role"), str):
+            raise _fail(f'messages[{i}] must be an object with a string "role".')
+        n, has = _text_of(message.get("content"), f"messages[{i}]")
+        images = message.get("images")
+        if images is not None and not (isinstance(images, list) and all(isinstance(x, str) for x in images)):
+            raise _fail(f'messages[{i}].images must be a list of base64 strings.')
+        chars += n
+        image = image or has or bool(images)
+    return chars, image
+
+
+def _strings(value: Any, key: str, *, tokens_ok: bool) -> int:
+    """Characters in a string or list of strings (OpenAI also allows token arrays)."""
+    if isinstance(value, str):
+        return len(value)
+    if isinstance(value, list) and value:
+        if all(isinstance(x, str) for x in value):
+            return sum(len(x) for x in value)
+        if tokens_ok and all(_is_int(x) or isinstance(x, list) for x in value):
+            return 4 * sum(len(x) if isinstance(x, list) else 1 for x in value)
+    raise _fail(f'"{key}" must be a string or a non-empty list of strings.')
+
+
+def inspect_body(dialect: Dialect, kind: Kind, path: str, body: dict[str, Any]) -> dict[str, Any]:
+    """Check ``body`` and return the remaining :class:`~mindrouter.backends.base.Call` fields.
+
+    Raises:
+        RequestError: 400, naming the field that is wrong.
+    """
+    model = body.get("model")
+    if not isinstance(model, str) or not model.strip():
+        raise _fail('"model" is required and must be a non-empty string.')
+    default_stream = dialect == "ollama" and kind != "embeddings"
+    stream = body.get("stream", default_stream)
+    if stream is None:
+        stream = default_stream
+    if not isinstance(stream, bool):
+        raise _fail('"stream" must be true or false.')
+    if kind == "embeddings":
+        stream = False
+    hints: dict[str, Any] = {"model": model, "stream": stream}
+
+    if dialect == "openai":
+        options = body
+        max_tokens = _optional(body, "max_completion_tokens", int, "a positive integer")
+        if max_tokens is None:
+            max_tokens = _optional(body, "max_tokens", int, "a positive integer")
+        stream_options = _optional(body, "stream_options", dict, "an object")
+        hints["wants_usage"] = bool(stream and stream_options and stream_options.get("include_usage") is True)
+        fmt = _optional(body, "response_format", dict, 'an object such as {"type": "json_object"}')
+        hints["json_mode"] = bool(fmt) and fmt.get("type") in ("json_object", "json_schema")
+    else:
+        options = _optional(body, "options", dict, "an object") or {}
+        max_tokens = _optional(options, "num_predict", int, "an integer")
+        if max_tokens is not None and max_tokens < 0:  # -1: unlimited, -2: fill the context
+            max_tokens = None
+        context = _optional(options, "num_ctx", int, "a positive integer")
+        hints["context_tokens"] = context
+        fmt = body.get("format")
+        if fmt is not None and not isinstance(fmt, (str, dict)):
+            raise _fail('"format" must be "json" or a JSON schema object.')
+        hints["json_mode"] = bool(fmt)
+    if max_tokens is not None and max_tokens < 1 and dialect == "openai":
+        raise _fail('"max_tokens" must be a positive integer.')
+    hints["max_tokens"] = max_tokens
+    for key in ("temperature", "top_p"):
+        _optional(options, key, (int, float), "a number")
+    _optional(options, "seed", int, "an integer")
+    stop = options.get("stop")
+    if stop is not None and not isinstance(stop, str) and not (isinstance(stop, list) and all(isinstance(s, str) for s in stop)):
+        raise _fail('"stop" must be a string or a list of strings.')
+
+    chars, image = 0, False
+    if kind == "chat":
+        chars, image = _messages(body, required=dialect == "openai")
+    elif kind == "completion":
+        prompt = body.get("prompt")
+        if dialect == "openai":
+            chars = _strings(prompt, "prompt", tokens_ok=True)
+        else:
+            if prompt is not None and not isinstance(prompt, str):
+                raise _fail('"prompt" must be a string.')
+            chars = len(prompt or "") + len(_optional(body, "system", str, "a string") or "")
+            images = body.get("images")
+            if images is not None and not (isinstance(images, list) and all(isinstance(x, str) for x in images)):
+                raise _fail('"images" must be a list of base64 strings.')
+            image = bool(images)
+    elif path == "/api/embeddings":
+        prompt = body.get("prompt")
+        if not isinstance(prompt, str):
+            raise _fail('"prompt" must be a string.')
+        chars = len(prompt)
+    else:
+        chars = _strings(body.get("input"), "input", tokens_ok=dialect == "openai")
+    hints["has_images"] = image
+    hints["prompt_tokens"] = (chars + 3) // 4
+    return hints

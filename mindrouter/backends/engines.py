@@ -1,0 +1,42 @@
+"""The engines mindrouter speaks to, by the name ``mr backend add --engine`` takes."""
+
+from __future__ import annotations
+
+import aiohttp
+
+from ..errors import ConfigError
+from .base import Adapter
+from .llamacpp import LlamaCppAdapter
+from .ollama import OllamaAdapter
+from .openai import OpenAIAdapter
+from .vllm import VllmAdapter
+
+__all__ = ["ENGINES", "make_adapter"]
+
+ENGINES: dict[str, type[Adapter]] = {
+    "ollama": OllamaAdapter,
+    "openai": OpenAIAdapter,
+    "vllm": VllmAdapter,
+    "llamacpp": LlamaCppAdapter,
+}
+
+
+def make_adapter(
+    engine: str,
+    base_url: str,
+    session: aiohttp.ClientSession,
+    *,
+    request_timeout: float,
+    connect_timeout: float,
+    api_key: str | None = None,
+) -> Adapter:
+    """The adapter for ``engine`` at ``base_url``.
+
+    Raises:
+        ConfigError: ``engine`` is not one of :data:`ENGINES`.
+    """
+    try:
+        cls = ENGINES[engine]
+    except KeyError:
+        raise ConfigError(f"unknown engine {engine!r}; use one of {', '.join(ENGINES)}.") from None
+    return cls(base_url, session, request_timeout=request_timeout, connect_timeout=connect_timeout, api_key=api_key)

@@ -1,0 +1,97 @@
+"""Ollama: models from /api/tags, resident models and their VRAM from /api/ps.
+
+Ollama accepts ``llama3.2`` for ``llama3.2:latest``, so both names are listed.
+What each model can do (vision, embedding, tools) comes from /api/show, asked
+once per model digest and remembered, so a poll costs three requests.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+import aiohttp
+
+from .base import Adapter, Probe
+
+__all__ = ["OllamaAdapter"]
+
+_SHOW_PER_POLL = 8
+"""At most this many /api/show calls per poll, so a large model library is learnt over a few polls."""
+
+
+def _names(entry: Any) -> list[str]:
+    if not isinstance(entry, dict):
+        return []
+    name = entry.get("name") or entry.get("model")
+    if not isinstance(name, str) or not name:
+        return []
+    return [name, name.removesuffix(":latest")] if name.endswith(":latest") else [name]
+
+
+class OllamaAdapter(Adapter):
+    engine = "ollama"
+    family = "ollama"
+
+    def __init__(self, base_url: str, session: aiohttp.ClientSession, **kwargs: Any) -> None:
+        super().__init__(base_url, session, **kwargs)
+        self._capabilities: dict[str, frozenset[str]] = {}
+        """By model digest (or name when there is none)."""
+
+    @staticmethod
+    def normalize_url(url: str) -> str:
+        return url.rstrip("/").removesuffix("/api")
+
+    async def probe(self) -> Probe:
+        tags, ps, version = await asyncio.gather(self.get("/api/tags"), self.get("/api/ps"), self.get("/api/version"))
+        if not tags.ok:
+            return self.down(tags, "/api/tags")
+        data = tags.json()
+        listed = data.get("models") if isinstance(data, dict) else None
+        if not isinstance(listed, list):
+            return Probe(healthy=False, error=f"{self.base_url}/api/tags did not list models; is this an Ollama server?")
+        models: set[str] = set()
+        sizes: dict[str, int] = {}
+        for entry in listed:
+            for name in _names(entry):
+                models.add(name)
+                if isinstance(entry.get("size"), int):
+                    sizes[name] = entry["size"]
+        loaded: set[str] = set()
+        vram: dict[str, int] = {}
+        data = ps.json() if ps.ok else None
+        running = data.get("models") if isinstance(data, dict) else None
+        for entry in running or ():
+            for name in _names(entry):
+                loaded.add(name)
+                size = entry.get("size_vram", entry.get("size"))
+                if isinstance(size, int):
+                    vram[name] = size
+        ver = version.json() if version.ok else None
+        return Probe(
+            healthy=True,
+            models=frozenset(models),
+            loaded_models=frozenset(loaded),
+            loaded_vram=vram,
+            model_sizes=sizes,
+            capabilities=await self._learn_capabilities(listed),
+            version=ver.get("version") if isinstance(ver, dict) else None,
+        )
+
+    async def _learn_capabilities(self, listed: list[Any]) -> dict[str, frozenset[str]]:
+        key_of: dict[str, str] = {}  # every name -> its digest
+        ask: dict[str, str] = {}  # digest -> one name to ask /api/show about
+        for entry in listed:
+            names = _names(entry)
+            if names:
+                key = str(entry.get("digest") or names[0])
+                ask.setdefault(key, names[0])
+                key_of.update((n, key) for n in names)
+        asked = [(k, n) for k, n in ask.items() if k not in self._capabilities][:_SHOW_PER_POLL]
+        replies = await asyncio.gather(*(self.get("/api/show", method="POST", json_body={"model": n}) for _, n in asked))
+        for (key, _), reply in zip(asked, replies, strict=True):
+            info = reply.json() if reply.ok else None
+            if isinstance(info, dict):
+                caps = info.get("capabilities")
+                self._capabilities[key] = frozenset(c for c in caps if isinstance(c, str)) if isinstance(caps, list) else frozenset()
+        return {n: self._capabilities[k] for n, k in key_of.items() if k in self._capabilities}

@@ -1,0 +1,339 @@
+"""Answers, from the engine's dialect to the client's, chunk by chunk.
+
+A relay is a small pure object: ``feed(event)`` takes one upstream event (an
+SSE ``data:`` payload, or one NDJSON line) and returns the bytes to send to
+the client (possibly none); ``end()`` is called at the upstream's EOF. Both
+raise :class:`StreamFailed` when the upstream reported an error or stopped
+early. Relays keep ``usage`` current as events pass, so the daemon can charge
+the backend's own token counts. Only :func:`events` does I/O.
+
+Passthrough relays look inside an event only when its bytes say it may carry
+usage or an error, so a matching stream costs one substring test per chunk.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import contextlib
+import json
+import sys
+import time
+import uuid
+from array import array
+from collections.abc import AsyncIterator
+from typing import Any
+
+import aiohttp
+
+from ._shapes import (
+    DONE,
+    OLLAMA_USAGE,
+    OPENAI_USAGE,
+    dumps,
+    in_band_error,
+    ollama_done,
+    ollama_timestamp,
+    ollama_tool_call,
+    ollama_usage,
+    openai_finish,
+    openai_tool_calls,
+    openai_usage,
+    scan_usage,
+    usage_json,
+)
+from ._types import Plan, StreamFailed, Usage
+
+__all__ = ["NdjsonPassthrough", "OllamaToOpenAI", "OpenAIToOllama", "Relay", "SsePassthrough", "convert_body", "events", "make_relay"]
+
+
+class Relay:
+    """Base of the four relays: one per (client dialect, engine family) pair."""
+
+    def __init__(self, plan: Plan) -> None:
+        self.plan = plan
+        self.usage = Usage()
+        self.finished = False
+        """The upstream's end marker passed ([DONE], or Ollama's done line)."""
+        self.started_ns = time.monotonic_ns()
+        self.first_ns: int | None = None
+
+    def feed(self, event: bytes) -> bytes:
+        """The client's bytes for one upstream event (maybe none)."""
+        raise NotImplementedError
+
+    def end(self) -> bytes:
+        """Called at the upstream's EOF: a stream without its end marker was cut short."""
+        if not self.finished:
+            raise StreamFailed("the backend ended the stream early")
+        return b""
+
+
+class SsePassthrough(Relay):
+    """OpenAI SSE to an OpenAI client: unchanged, but the usage-only chunk is hidden unless asked for."""
+
+    def feed(self, event: bytes) -> bytes:
+        if self.finished:
+            return b""
+        if event == b"[DONE]":
+            self.finished = True
+            return DONE
+        in_band_error(event)
+        if b'"usage"' in event and b'"usage":null' not in event and b'"usage": null' not in event:
+            obj = json.loads(event)
+            if obj.get("usage"):
+                openai_usage(obj["usage"], self.usage)
+                if not self.plan.wants_usage:
+                    if not obj.get("choices"):
+                        return b""
+                    del obj["usage"]
+                    event = dumps(obj)
+        return b"data: " + event + b"\n\n"
+
+
+class NdjsonPassthrough(Relay):
+    """Ollama NDJSON to an Ollama client: unchanged; the final line gives the counts."""
+
+    def feed(self, event: bytes) -> bytes:
+        if self.finished:
+            return b""
+        in_band_error(event)
+        if b'"done":true' in event or b'"done": true' in event:
+            ollama_usage(json.loads(event), self.usage)
+            self.finished = True
+        return event + b"\n"
+
+
+class OllamaToOpenAI(Relay):
+    """Ollama /api/chat or /api/generate lines to OpenAI chat or text_completion chunks."""
+
+    def __init__(self, plan: Plan) -> None:
+        super().__init__(plan)
+        self.chat = plan.client_kind == "chat"
+        self.head: dict[str, Any] = {
+            "id": ("chatcmpl-" if self.chat else "cmpl-") + uuid.uuid4().hex[:24],
+            "object": "chat.completion.chunk" if self.chat else "text_completion",
+            "created": int(time.time()),
+            "model": plan.model,
+        }
+        self.role_sent = False
+        self.tools = 0
+
+    def _chunk(self, choice: dict[str, Any], usage: dict[str, int] | None = None) -> bytes:
+        obj = dict(self.head, choices=[choice] if choice else [])
+        if usage is not None:
+            obj["usage"] = usage
+        return b"data: " + dumps(obj) + b"\n\n"
+
+    def _choice(self, text: str, message: dict[str, Any], finish: str | None) -> dict[str, Any]:
+        if not self.chat:
+            return {"text": text, "index": 0, "logprobs": None, "finish_reason": finish}
+        delta: dict[str, Any] = {}
+        if not self.role_sent:
+            delta["role"] = "assistant"
+            self.role_sent = True
+        if text or finish is None:
+            delta["content"] = text
+        if message.get("thinking"):
+            delta["reasoning_content"] = message["thinking"]
+        if message.get("tool_calls"):
+            delta["tool_calls"] = [dict(c, index=self.tools + i) for i, c in enumerate(openai_tool_calls(message["tool_calls"], self.tools))]
+            self.tools += len(delta["tool_calls"])
+        return {"index": 0, "delta": delta, "logprobs": None, "finish_reason": finish}
+
+    def feed(self, event: bytes) -> bytes:
+        if self.finished:
+            return b""
+        obj = json.loads(event)
+        if "error" in obj:
+            raise StreamFailed(f"the backend reported: {obj['error']}")
+        message = obj.get("message") or {}
+        text = (message.get("content") if self.chat else obj.get("response")) or ""
+        out = b""
+        if text or message.get("tool_calls") or message.get("thinking"):
+            out = self._chunk(self._choice(text, message, None))
+        if obj.get("done"):
+            self.finished = True
+            ollama_usage(obj, self.usage)
+            out += self._chunk(self._choice("", {}, openai_finish(obj, self.tools)))
+            if self.plan.wants_usage:
+                out += self._chunk({}, usage_json(self.usage))
+            out += DONE
+        return out
+
+
+class OpenAIToOllama(Relay):
+    """OpenAI chat or text_completion chunks to Ollama /api/chat or /api/generate lines."""
+
+    def __init__(self, plan: Plan) -> None:
+        super().__init__(plan)
+        self.chat_in = plan.upstream_kind == "chat"
+        self.key = "message" if plan.client_kind == "chat" else "response"
+        self.finish: str | None = None
+        self.calls: dict[int, dict[str, Any]] = {}
+
+    def _line(self, text: str, thinking: str | None = None) -> bytes:
+        if self.first_ns is None:
+            self.first_ns = time.monotonic_ns()
+        obj: dict[str, Any] = {"model": self.plan.model, "created_at": ollama_timestamp()}
+        if self.key == "message":
+            obj["message"] = {"role": "assistant", "content": text}
+            if thinking:
+                obj["message"]["thinking"] = thinking
+        else:
+            obj["response"] = text
+        obj["done"] = False
+        return dumps(obj) + b"\n"
+
+    def feed(self, event: bytes) -> bytes:
+        if self.finished:
+            return b""
+        if event == b"[DONE]":
+            self.finished = True
+            return dumps(self._final()) + b"\n"
+        in_band_error(event)
+        obj = json.loads(event)
+        if obj.get("usage"):
+            openai_usage(obj["usage"], self.usage)
+        out = b""
+        for choice in obj.get("choices") or ():
+            if choice.get("index", 0) != 0:
+                continue
+            self.finish = choice.get("finish_reason") or self.finish
+            delta = (choice.get("delta") or {}) if self.chat_in else {}
+            for c in delta.get("tool_calls") or ():
+                acc = self.calls.setdefault(c.get("index", 0), {"name": "", "arguments": ""})
+                fn = c.get("function") or {}
+                acc["name"] += fn.get("name") or ""
+                acc["arguments"] += fn.get("arguments") or ""
+            text = delta.get("content") if self.chat_in else choice.get("text")
+            thinking = delta.get("reasoning_content") or delta.get("reasoning")
+            if text or thinking:
+                out += self._line(text or "", thinking)
+        return out
+
+    def _final(self) -> dict[str, Any]:
+        now = time.monotonic_ns()
+        first = self.first_ns or now
+        obj = ollama_done(self.plan, "", self.finish, self.usage)
+        if self.calls and self.key == "message":
+            obj["message"]["tool_calls"] = [ollama_tool_call(c["name"], c["arguments"]) for _, c in sorted(self.calls.items())]
+        obj.update(
+            total_duration=now - self.started_ns,
+            load_duration=0,
+            prompt_eval_duration=first - self.started_ns,
+            eval_duration=now - first,
+        )
+        return obj
+
+
+def make_relay(plan: Plan) -> Relay:
+    """The relay for a streaming plan."""
+    if plan.passthrough:
+        return SsePassthrough(plan) if plan.client == "openai" else NdjsonPassthrough(plan)
+    return OllamaToOpenAI(plan) if plan.client == "openai" else OpenAIToOllama(plan)
+
+
+async def events(content: aiohttp.StreamReader, relay: Relay, *, sse: bool) -> AsyncIterator[bytes]:
+    """Read upstream events (SSE ``data:`` payloads or NDJSON lines) and yield what the relay renders."""
+    feed = relay.feed
+    async for line in content:
+        line = line.strip()
+        if not line:
+            continue
+        if sse:
+            if not line.startswith(b"data:"):
+                continue  # comments, event: and id: lines
+            line = line[5:].lstrip()
+        out = feed(line)
+        if out:
+            yield out
+        if relay.finished:
+            break
+    tail = relay.end()
+    if tail:
+        yield tail
+    if not content.at_eof():  # let the connection go back to the pool; it ends right after the last event
+        with contextlib.suppress(TimeoutError, aiohttp.ClientError):
+            await asyncio.wait_for(content.read(), 1.0)
+
+
+# ---- whole (non-streaming) answers ----------------------------------------------------------
+
+
+def convert_body(plan: Plan, body: bytes, elapsed_ns: int = 0) -> tuple[bytes, Usage]:
+    """The client's answer for a non-streaming plan, and the backend's token counts.
+
+    Args:
+        elapsed_ns: time the backend took, for the durations an Ollama client
+            expects (upper bounds: OpenAI engines do not time the phases).
+
+    Raises:
+        ValueError: the backend's body is not the JSON its dialect promises.
+    """
+    if plan.passthrough:
+        usage = scan_usage(body, OPENAI_USAGE if plan.upstream == "openai" else OLLAMA_USAGE)
+        out = body
+    else:
+        obj = json.loads(body)
+        if not isinstance(obj, dict):
+            raise ValueError("expected a JSON object")
+        usage = Usage()
+        if plan.upstream == "ollama":
+            ollama_usage(obj, usage)
+            out = dumps(_openai_answer(plan, obj, usage))
+        else:
+            if obj.get("usage"):
+                openai_usage(obj["usage"], usage)
+            out = dumps(_ollama_answer(plan, obj, usage, max(1, elapsed_ns)))
+    if plan.client_kind == "embeddings" and usage.completion_tokens is None:
+        usage.completion_tokens = 0
+    return out, usage
+
+
+def _openai_answer(plan: Plan, obj: dict[str, Any], usage: Usage) -> dict[str, Any]:
+    created = int(time.time())
+    if plan.client_kind == "embeddings":
+        data = []
+        for i, vec in enumerate(obj.get("embeddings") or ()):
+            if plan.base64_embeddings:
+                floats = array("f", vec)
+                if sys.byteorder != "little":
+                    floats.byteswap()
+                vec = base64.b64encode(floats.tobytes()).decode()
+            data.append({"object": "embedding", "index": i, "embedding": vec})
+        p = usage.prompt_tokens or 0
+        return {"object": "list", "data": data, "model": plan.model, "usage": {"prompt_tokens": p, "total_tokens": p}}
+    finish = openai_finish(obj, len((obj.get("message") or {}).get("tool_calls") or ()))
+    if plan.client_kind == "completion":
+        choice = {"text": obj.get("response") or "", "index": 0, "logprobs": None, "finish_reason": finish}
+        head = {"id": "cmpl-" + uuid.uuid4().hex[:24], "object": "text_completion"}
+    else:
+        m = obj.get("message") or {}
+        message: dict[str, Any] = {"role": "assistant", "content": m.get("content") or ""}
+        if m.get("thinking"):
+            message["reasoning_content"] = m["thinking"]
+        if m.get("tool_calls"):
+            message["tool_calls"] = openai_tool_calls(m["tool_calls"])
+        choice = {"index": 0, "message": message, "logprobs": None, "finish_reason": finish}
+        head = {"id": "chatcmpl-" + uuid.uuid4().hex[:24], "object": "chat.completion"}
+    return dict(head, created=created, model=plan.model, choices=[choice], usage=usage_json(usage))
+
+
+def _ollama_answer(plan: Plan, obj: dict[str, Any], usage: Usage, elapsed_ns: int) -> dict[str, Any]:
+    if plan.client_kind == "embeddings":
+        vectors = [d.get("embedding") for d in sorted(obj.get("data") or (), key=lambda d: d.get("index", 0))]
+        if plan.legacy_embeddings:
+            return {"embedding": vectors[0] if vectors else []}
+        return {"model": plan.model, "embeddings": vectors, "total_duration": elapsed_ns, "load_duration": 0, "prompt_eval_count": usage.prompt_tokens or 0}
+    choice = (obj.get("choices") or [{}])[0]
+    message = choice.get("message") or {}
+    text = (message.get("content") if plan.upstream_kind == "chat" else choice.get("text")) or ""
+    out = ollama_done(plan, text, choice.get("finish_reason"), usage)
+    if message.get("tool_calls") and plan.client_kind == "chat":
+        out["message"]["tool_calls"] = [ollama_tool_call(c["function"]["name"], c["function"].get("arguments")) for c in message["tool_calls"]]
+    thinking = message.get("reasoning_content") or message.get("reasoning")
+    if thinking and plan.client_kind == "chat":
+        out["message"]["thinking"] = thinking
+    out.update(total_duration=elapsed_ns, load_duration=0, prompt_eval_duration=elapsed_ns, eval_duration=elapsed_ns)
+    return out

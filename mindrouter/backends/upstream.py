@@ -1,0 +1,150 @@
+"""An open answer from a backend, already in the client's dialect.
+
+The daemon iterates it and writes each chunk; nothing here raises after the
+first byte. A stream that breaks ends with one error chunk in the client's
+dialect (an SSE error event and ``[DONE]``, or an Ollama ``{"error"}`` line)
+and sets ``error``, so the daemon can tell a broken answer from a whole one.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import AsyncIterator
+
+import aiohttp
+
+from ._shapes import error_tail
+from ._types import Dialect, StreamFailed, Usage
+
+__all__ = ["MALFORMED", "Upstream", "describe"]
+
+MALFORMED = (ValueError, TypeError, KeyError, AttributeError, IndexError)
+"""What reading a backend's unexpected JSON can raise: the backend's fault, never the daemon's."""
+STREAM_ERRORS = (aiohttp.ClientError, asyncio.TimeoutError, StreamFailed, *MALFORMED)
+
+_CONTENT_TYPES = {
+    ("openai", True): "text/event-stream",
+    ("ollama", True): "application/x-ndjson",
+    ("openai", False): "application/json",
+    ("ollama", False): "application/json",
+}
+
+
+class Upstream:
+    """An open answer, rendered in the client's dialect.
+
+    Iterate it for the chunks to write; ``body`` is the whole answer instead
+    when it is not a stream. ``usage`` fills in as chunks pass and is final
+    once iteration ends. Always ``await close()`` (or use ``async with``).
+    """
+
+    def __init__(
+        self,
+        *,
+        dialect: Dialect,
+        status: int = 200,
+        body: bytes | None = None,
+        first: bytes | None = None,
+        events: AsyncIterator[bytes] | None = None,
+        response: aiohttp.ClientResponse | None = None,
+        usage: Usage | None = None,
+        error: str | None = None,
+        opened_at: float | None = None,
+    ) -> None:
+        self.dialect = dialect
+        self.status = status
+        self.body = body
+        self.stream = body is None
+        self.content_type = _CONTENT_TYPES[dialect, self.stream]
+        self.headers: dict[str, str] = {"Content-Type": self.content_type}
+        if self.stream:
+            self.headers["Cache-Control"] = "no-cache"
+        self.usage = usage if usage is not None else Usage()
+        self.error = error
+        """Why the answer failed: the backend's 4xx message, or why a stream broke."""
+        self.opened_at = opened_at if opened_at is not None else time.monotonic()
+        self.first_byte_at: float | None = time.monotonic()
+        """When the first chunk (or the whole body) was in hand."""
+        self.done = False
+        """Iteration reached the end (normally or with an error tail)."""
+        self.chunks = 0
+        """Chunks yielded so far, a stand-in for tokens when a stream is cut short."""
+        self._pending = body if body is not None else first
+        self._events = events
+        self._response = response
+        self._closed = False
+
+    def __aiter__(self) -> Upstream:
+        return self
+
+    async def __anext__(self) -> bytes:
+        if self._pending is not None:
+            chunk, self._pending = self._pending, None
+            self.chunks += 1
+            return chunk
+        if self._events is None or self._closed:
+            self._end()
+            raise StopAsyncIteration
+        try:
+            chunk = await self._events.__anext__()
+        except StopAsyncIteration:
+            self._end()
+            raise
+        except STREAM_ERRORS as exc:
+            if self._closed:
+                raise StopAsyncIteration from None
+            self.error = describe(exc)
+            self._end(broken=True)
+            return error_tail(self.dialect, self.error)
+        self.chunks += 1
+        return chunk
+
+    def _end(self, *, broken: bool = False) -> None:
+        self.done = True
+        self._events = None
+        if self._response is not None:
+            if broken:
+                self._response.close()
+            else:
+                self._response.release()
+            self._response = None
+
+    async def close(self) -> None:
+        """Close the upstream connection, so that an unfinished backend stops generating."""
+        if self._closed:
+            return
+        self._closed = True
+        if self._response is not None:
+            self._response.close()
+            self._response = None
+        events, self._events = self._events, None
+        aclose = getattr(events, "aclose", None)
+        if aclose is not None:
+            try:
+                await aclose()
+            except (RuntimeError, *STREAM_ERRORS):
+                pass
+
+    async def __aenter__(self) -> Upstream:
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.close()
+
+
+def describe(exc: BaseException) -> str:
+    """One sentence for an aiohttp, timeout or stream failure."""
+    if isinstance(exc, StreamFailed):
+        return str(exc)
+    if isinstance(exc, asyncio.TimeoutError):
+        return "the backend did not answer in time"
+    if isinstance(exc, aiohttp.ClientConnectorError):
+        return f"cannot connect to {exc.host}:{exc.port} ({exc.os_error.strerror or exc.os_error})"
+    if isinstance(exc, aiohttp.ServerDisconnectedError):
+        return "the backend closed the connection"
+    if isinstance(exc, aiohttp.ClientPayloadError):
+        return "the backend's answer was cut off"
+    if isinstance(exc, MALFORMED):
+        return f"the backend sent something unreadable ({type(exc).__name__}: {exc})"
+    return f"the backend connection failed ({type(exc).__name__}: {exc})".replace(" ()", "")

@@ -1,0 +1,94 @@
+"""The service gap: the largest drift between two users' weighted service while both are backlogged.
+
+Each user's service over weight is a piecewise-linear function of time,
+``x_i(t) = a_i + b_i * t``, that changes only at events. For users i and j
+backlogged together since T, the gap is ``|(x_i(t) - x_j(t)) - (x_i(T) - x_j(T))|``.
+Between events that difference is linear, so its extremes lie at event times,
+on one side or the other of a jump; the tracker therefore evaluates a pair
+only where one of its lines changes (just before and just after the batch)
+and never in between. A batch costs O(changed users x backlogged users).
+"""
+
+from __future__ import annotations
+
+__all__ = ["GapTracker"]
+
+
+class GapTracker:
+    """Largest |change of x_i - x_j| over the intervals in which i and j are both backlogged."""
+
+    def __init__(self, users: int) -> None:
+        self.a = [0.0] * users
+        self.b = [0.0] * users
+        self._pre: dict[int, tuple[float, float]] = {}
+        """Lines as they were before this batch, for users whose line changed in it."""
+        self._partners: list[dict[int, float]] = [{} for _ in range(users)]
+        """partners[i][j] = x_i - x_j when i and j last became backlogged together."""
+        self.max = 0.0
+        self.pair: tuple[int, int] | None = None
+        self.at: float | None = None
+
+    def set(self, i: int, a: float, b: float) -> None:
+        """User i's line is now ``a + b * t`` (from this batch's instant on)."""
+        if i not in self._pre:
+            self._pre[i] = (self.a[i], self.b[i])
+        self.a[i] = a
+        self.b[i] = b
+
+    def settle(self, t: float, joined: list[int], left: list[int], backlogged: list[int]) -> None:
+        """End a batch at ``t``: sample what can peak, then pair up who joined and drop who left.
+
+        Args:
+            joined: users that became backlogged in this batch.
+            left: users that stopped being backlogged in this batch.
+            backlogged: every user backlogged after this batch.
+        """
+        changed = list(self._pre)
+        partners = self._partners
+        # Both sides of t for the pairs that existed during the batch (an ending pair's interval includes t).
+        if any(partners[i] for i in changed) or any(partners[i] for i in left):
+            self._scan(changed + left, self._values(t, pre=True), t)
+        if any(partners[i] for i in changed):
+            self._scan(changed, self._values(t, pre=False), t)
+        self._pre.clear()
+        for i in left:
+            for j in partners[i]:
+                del partners[j][i]
+            partners[i].clear()
+        if joined:
+            x = self._values(t, pre=False)
+            for i in joined:
+                for j in backlogged:
+                    if j != i and j not in partners[i]:
+                        base = x[i] - x[j]
+                        partners[i][j] = base
+                        partners[j][i] = -base
+
+    def finish(self, t: float) -> None:
+        """Sample every pair at the end of the run."""
+        self._pre.clear()
+        self._scan(list(range(len(self.a))), self._values(t, pre=False), t)
+
+    def _values(self, t: float, pre: bool) -> list[float]:
+        a, b = self.a, self.b
+        if pre and self._pre:
+            a, b = a.copy(), b.copy()
+            for i, (ai, bi) in self._pre.items():
+                a[i] = ai
+                b[i] = bi
+        return [ai + bi * t for ai, bi in zip(a, b)]
+
+    def _scan(self, users: list[int], x: list[float], t: float) -> None:
+        partners = self._partners
+        best = self.max
+        for i in users:
+            xi = x[i]
+            for j, base in partners[i].items():
+                gap = xi - x[j] - base
+                if gap < 0:
+                    gap = -gap
+                if gap > best:
+                    best = gap
+                    self.pair = (i, j) if i < j else (j, i)
+                    self.at = t
+        self.max = best

@@ -1,0 +1,241 @@
+"""Metrics of a run: the JSON object of ``mr simulate --json`` (a contract) and its rich table.
+
+The contract's keys (issue 2, item 3) are ``users`` (each with ``name``,
+``weight``, ``target_share``, ``tokens``, ``share``, ``requests``,
+``wait_p50``, ``wait_p95``, ``wait_max``), ``max_service_gap``,
+``max_request_cost``, ``jain_index`` and ``windows`` (``start``, ``shares``).
+Everything else is an extra that may grow but is never renamed. The object
+holds nothing that varies between runs of the same file and seed (no wall
+time), so two runs can be compared byte for byte.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from collections.abc import Callable, Sequence
+from functools import partial
+from typing import Any
+
+from rich import box
+from rich.console import Console
+from rich.table import Table
+
+from .engine import Run, UserRun, simulate
+from .scenario import Scenario
+
+__all__ = ["build", "percentile", "jain", "render", "run_scenario", "worst_window"]
+
+
+def percentile(values: Sequence[float], q: float) -> float | None:
+    """Nearest-rank percentile (q in 0..1) of unsorted ``values``; None when empty."""
+    if not values:
+        return None
+    ordered = sorted(values)
+    rank = max(1, math.ceil(q * len(ordered)))
+    return ordered[rank - 1]
+
+
+def jain(values: Sequence[float]) -> float | None:
+    """Jain's fairness index: 1 when all values are equal, 1/n when one takes everything."""
+    if not values:
+        return None
+    total = sum(values)
+    squares = sum(v * v for v in values)
+    return 1.0 if squares == 0 else total * total / (len(values) * squares)
+
+
+def _r(value: float | None, digits: int = 6) -> float | None:
+    return None if value is None else round(value, digits)
+
+
+def worst_window(run: Run) -> dict[str, Any] | None:
+    """The largest |share - target| of any user in a full window after the first, where someone was backlogged.
+
+    A window's target is computed like ``target_share`` (see ``engine.Run``), over that window.
+    """
+    worst: dict[str, Any] | None = None
+    for window in run.windows[1:]:
+        if window.end - window.start < run.window - 1e-9 or window.backlogged <= 0:
+            continue
+        total = sum(window.tokens)
+        if total <= 0:
+            continue
+        for user, tokens, target in zip(run.users, window.tokens, window.targets):
+            deviation = abs(tokens - target) / total
+            if worst is None or deviation > worst["deviation"]:
+                worst = {"start": window.start, "user": user.spec.name, "share": round(tokens / total, 6),
+                         "target": round(target / total, 6), "deviation": round(deviation, 6)}
+    return worst
+
+
+def _jain(run: Run) -> float | None:
+    """Jain's index of share / target share over the users who were ever backlogged.
+
+    With targets by weight (everyone saturating throughout) this is Jain's
+    index of tokens / weight, i.e. of weight-normalized throughput.
+    """
+    ratios = [u.tokens(run.duration) / u.target for u in run.users if u.backlogged_seconds > 0 and u.target > 0]
+    return _r(jain(ratios))
+
+
+def _user_row(user: UserRun, run: Run, total: float) -> dict[str, Any]:
+    tokens = user.tokens(run.duration)
+    return {
+        "name": user.spec.name,
+        "group": user.spec.group,
+        "weight": user.spec.weight,
+        "target_share": _r(user.target / total if total else 0.0),
+        "tokens": round(tokens),
+        "share": _r(tokens / total if total else 0.0),
+        "requests": user.completed,
+        "wait_p50": _r(percentile(user.waits, 0.50), 3),
+        "wait_p95": _r(percentile(user.waits, 0.95), 3),
+        "wait_max": _r(max(user.waits) if user.waits else None, 3),
+        "submitted": user.submitted,
+        "dispatched": len(user.waits),
+        "timed_out": user.timed_out,
+        "rejected": user.rejected,
+        "waited_requests": user.waited,
+        "max_slots_skipped": user.max_skipped,
+        "backlogged_seconds": _r(user.backlogged_seconds, 3),
+        "deprioritized_seconds": _r(user.deprioritized_seconds, 3),
+        "min_factor": _r(user.min_factor, 4),
+    }
+
+
+def build(run: Run, baseline: Run | None = None) -> dict[str, Any]:
+    """The JSON object for ``run``; ``baseline`` is the same run without heavy-user deprioritization."""
+    total = sum(u.tokens(run.duration) for u in run.users)
+    names = [u.spec.name for u in run.users]
+    windows = []
+    for window in run.windows:
+        wtotal = sum(window.tokens)
+        windows.append({"start": round(window.start, 6),
+                        "shares": {n: round(t / wtotal, 6) if wtotal else 0.0 for n, t in zip(names, window.tokens)}})
+    pair = run.gap.pair
+    dpair = run.dispatch_gap.pair
+    out: dict[str, Any] = {
+        "scenario": run.scenario.name,
+        "seed": run.scenario.seed,
+        "duration": run.duration,
+        "counting": "as_generated",
+        "users": [_user_row(u, run, total) for u in run.users],
+        "max_service_gap": _r(run.gap.max, 3),
+        "max_service_gap_pair": [names[pair[0]], names[pair[1]]] if pair else None,
+        "max_service_gap_at": _r(run.gap.at, 3),
+        "max_dispatch_gap": _r(run.dispatch_gap.max, 3),
+        "max_dispatch_gap_pair": [names[dpair[0]], names[dpair[1]]] if dpair else None,
+        "max_request_cost": _r(run.max_request_cost, 3),
+        "gap_bound": _r(2 * run.max_request_cost, 3),
+        "jain_index": _jain(run),
+        "window_seconds": run.window,
+        "worst_window": worst_window(run),
+        "windows": windows,
+        "backends": [
+            {
+                "name": b.spec.name,
+                "max_concurrent": b.spec.max_concurrent,
+                "requests": b.requests,
+                "tokens": b.tokens,
+                "utilization": _r(b.slot_seconds / (b.spec.max_concurrent * run.duration), 4),
+                "full_at": _r(b.full_at, 6),
+            }
+            for b in run.backends
+        ],
+        "tokens": round(total),
+        "events": run.events,
+        "deprioritization": _deprioritization(run, baseline, total),
+    }
+    return out
+
+
+def _deprioritization(run: Run, baseline: Run | None, total: float) -> dict[str, Any]:
+    """How long each user was deprioritized and, when anyone was, what the run looks like without it."""
+    seconds = {u.spec.name: _r(u.deprioritized_seconds, 3) for u in run.users}
+    info: dict[str, Any] = {
+        "threshold": run.scenario.settings.deprioritize_threshold,
+        "seconds": seconds,
+        "in_play": any(u.deprioritized_seconds > 0 for u in run.users),
+        "without": None,
+    }
+    if baseline is not None:
+        btotal = sum(u.tokens(baseline.duration) for u in baseline.users)
+        shares = {u.spec.name: u.tokens(baseline.duration) / btotal if btotal else 0.0 for u in baseline.users}
+        shift = max((abs(u.tokens(run.duration) / total - shares[u.spec.name]) for u in run.users), default=0.0) if total else 0.0
+        info["without"] = {
+            "shares": {n: round(s, 6) for n, s in shares.items()},
+            "max_share_shift": round(shift, 6),
+            "max_service_gap": _r(baseline.gap.max, 3),
+            "max_dispatch_gap": _r(baseline.dispatch_gap.max, 3),
+            "jain_index": _jain(baseline),
+        }
+    return info
+
+
+def run_scenario(scenario: Scenario, *, compare: bool = True,
+                 progress: Callable[[str, float], None] | None = None) -> tuple[dict[str, Any], Run]:
+    """Simulate ``scenario``; if heavy-user deprioritization was in play, run it again without to show its effect.
+
+    Args:
+        compare: allow the second run. Defaults to True.
+        progress: called with ("run" or "baseline", simulated time) now and then.
+
+    Returns the JSON object and the main run.
+    """
+    run = simulate(scenario, progress=None if progress is None else partial(progress, "run"))
+    baseline = None
+    if compare and any(u.deprioritized_seconds > 0 for u in run.users) and scenario.settings.deprioritize_threshold < 1.0:
+        off = scenario.replace(settings=dataclasses.replace(scenario.settings, deprioritize_threshold=1.0))
+        baseline = simulate(off, progress=None if progress is None else partial(progress, "baseline"))
+    return build(run, baseline), run
+
+
+def _pct(value: float | None) -> str:
+    return "-" if value is None else f"{100 * value:.1f}%"
+
+
+def _sec(value: float | None) -> str:
+    return "-" if value is None else f"{value:.1f}s"
+
+
+def render(result: dict[str, Any], console: Console, *, wall_seconds: float | None = None) -> None:
+    """Print ``result`` as a rich table and a summary (what ``mr simulate`` shows without --json)."""
+    title = f"{result['scenario']}: {result['duration']:g} s simulated, seed {result['seed']}"
+    table = Table(title=title, title_justify="left", box=box.SIMPLE_HEAD, show_edge=False, pad_edge=False, padding=(0, 1), collapse_padding=True)
+    table.add_column("user", no_wrap=True)
+    table.add_column("group (w)", no_wrap=True)
+    for header in ("target", "share", "tokens", "reqs", "wait p50", "p95", "max"):
+        table.add_column(header, justify="right", no_wrap=True)
+    for row in result["users"]:
+        group = f"{row['group']} ({row['weight']:g})" if row["group"] else f"({row['weight']:g})"
+        table.add_row(row["name"], group, _pct(row["target_share"]), _pct(row["share"]), f"{row['tokens']:,}",
+                      f"{row['requests']:,}", _sec(row["wait_p50"]), _sec(row["wait_p95"]), _sec(row["wait_max"]))
+    console.print(table)
+    gap = result["max_service_gap"]
+    bound = result["gap_bound"]
+    jain_index = result["jain_index"]
+    console.print(f"Service gap {gap:,.0f} (bound: 2 x max request cost = {bound:,.0f}; "
+                  f"{result['max_dispatch_gap']:,.0f} counting requests whole at dispatch).")
+    line = "Jain index " + ("-" if jain_index is None else f"{jain_index:.4f}")
+    worst = result["worst_window"]
+    if worst is not None:
+        line += f"; worst 60 s window {100 * worst['deviation']:.1f} points off ({worst['user']} at t={worst['start']:g})"
+    console.print(line + ". Tokens count as generated.")
+    backends = ", ".join(f"{b['name']} {100 * b['utilization']:.0f}% busy" for b in result["backends"])
+    console.print(f"Backends: {backends}.")
+    skipped = [r for r in result["users"] if r["waited_requests"]]
+    if skipped:
+        console.print("Slots that went to others while a request waited (most, per user): "
+                      + ", ".join(f"{r['name']} {r['max_slots_skipped']}" for r in skipped) + ".")
+    dep = result["deprioritization"]
+    if dep["in_play"]:
+        heavy = ", ".join(f"{n} {s:.0f} s" for n, s in dep["seconds"].items() if s)
+        line = f"Heavy-user deprioritization was in play ({heavy})"
+        without = dep["without"]
+        if without is not None:
+            line += (f"; without it shares move by at most {100 * without['max_share_shift']:.2f} points"
+                     f" and the service gap is {without['max_service_gap']:,.0f}")
+        console.print(line + ".")
+    if wall_seconds is not None:
+        console.print(f"[dim]Simulated in {wall_seconds:.2f} s ({result['events']:,} events).[/dim]")
