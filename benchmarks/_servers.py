@@ -1,0 +1,75 @@
+"""Processes for bench_daemon.py: a fast fake OpenAI backend and a bare aiohttp pass-through proxy.
+
+    python benchmarks/_servers.py backend PORT
+    python benchmarks/_servers.py proxy PORT UPSTREAM_URL
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+
+import aiohttp
+from aiohttp import web
+
+ANSWER = json.dumps({
+    "id": "chatcmpl-1", "object": "chat.completion", "created": 0, "model": "bench",
+    "choices": [{"index": 0, "message": {"role": "assistant", "content": "tok0 tok1 tok2 tok3"}, "finish_reason": "stop"}],
+    "usage": {"prompt_tokens": 5, "completion_tokens": 4, "total_tokens": 9},
+}).encode()
+CHUNKS = [
+    b'data: {"id":"c","object":"chat.completion.chunk","created":0,"model":"bench","choices":[{"index":0,"delta":{"content":"tok%d "},"finish_reason":null}]}\n\n' % i
+    for i in range(4)
+] + [b'data: {"id":"c","object":"chat.completion.chunk","created":0,"model":"bench","choices":[],"usage":{"prompt_tokens":5,"completion_tokens":4,"total_tokens":9}}\n\n', b"data: [DONE]\n\n"]
+
+
+def backend(port: int) -> None:
+    async def chat(request: web.Request) -> web.StreamResponse:
+        body = await request.json()
+        if not body.get("stream"):
+            return web.Response(body=ANSWER, content_type="application/json")
+        resp = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
+        await resp.prepare(request)
+        for chunk in CHUNKS:
+            await resp.write(chunk)
+        await resp.write_eof()
+        return resp
+
+    async def models(_request: web.Request) -> web.Response:
+        return web.json_response({"object": "list", "data": [{"id": "bench", "object": "model", "created": 0, "owned_by": "bench"}]})
+
+    app = web.Application()
+    app.router.add_post("/v1/chat/completions", chat)
+    app.router.add_get("/v1/models", models)
+    web.run_app(app, host="127.0.0.1", port=port, access_log=None, print=None)
+
+
+def proxy(port: int, upstream: str) -> None:
+    """The bare pass-through DESIGN §9 compares against: one pooled session, bytes in, bytes out."""
+
+    async def session_ctx(app: web.Application):
+        app["session"] = aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0))
+        yield
+        await app["session"].close()
+
+    async def forward(request: web.Request) -> web.StreamResponse:
+        body = await request.read()
+        async with request.app["session"].post(upstream + request.path, data=body, headers={"Content-Type": "application/json"}) as up:
+            resp = web.StreamResponse(status=up.status, headers={"Content-Type": up.headers.get("Content-Type", "application/json")})
+            await resp.prepare(request)
+            async for chunk in up.content.iter_any():
+                await resp.write(chunk)
+            await resp.write_eof()
+            return resp
+
+    app = web.Application()
+    app.cleanup_ctx.append(session_ctx)
+    app.router.add_post("/v1/chat/completions", forward)
+    web.run_app(app, host="127.0.0.1", port=port, access_log=None, print=None)
+
+
+if __name__ == "__main__":
+    if sys.argv[1] == "backend":
+        backend(int(sys.argv[2]))
+    else:
+        proxy(int(sys.argv[2]), sys.argv[3])
