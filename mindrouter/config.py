@@ -12,6 +12,7 @@ import dataclasses
 import math
 import os
 import tomllib
+import warnings
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -40,7 +41,11 @@ def default_state_dir() -> Path:
 
 
 def default_socket_path() -> Path:
-    return Path(platformdirs.user_runtime_dir(APP)) / "mr.sock"
+    # platformdirs warns when XDG_RUNTIME_DIR is unset and falls back to /tmp/runtime-$UID,
+    # which is the right place for us; the warning would print on every `mr` call.
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        return Path(platformdirs.user_runtime_dir(APP)) / "mr.sock"
 
 
 @dataclass(frozen=True, slots=True)

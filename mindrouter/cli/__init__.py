@@ -43,6 +43,11 @@ _COMMAND_MODULES = ["serve", "status", "group", "user", "backend", "models", "gp
 
 _register_all()
 
+# The global ``--config`` and the ``Application`` in ``ctx.obj`` (hatch-style).
+from ._app import install as _install_root  # noqa: E402
+
+_install_root(app)
+
 
 def main() -> None:
     """Entry point of the ``mr`` console script."""

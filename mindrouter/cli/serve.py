@@ -2,18 +2,19 @@
 
 from __future__ import annotations
 
-from pathlib import Path
 from typing import Annotated
 
 import typer
 
 from ..config import load_config
+from ._app import ConfigOption, get_app
 
 __all__ = ["register"]
 
 
 def serve(
-    config: Annotated[Path | None, typer.Option("--config", envvar="MR_CONFIG", help="Config file (default: platformdirs' user config dir).")] = None,
+    ctx: typer.Context,
+    config: ConfigOption = None,
     host: Annotated[str | None, typer.Option(help="Address for the inference API. [default: 127.0.0.1]")] = None,
     port: Annotated[int | None, typer.Option(help="TCP port for the inference API. [default: 8484]")] = None,
     socket: Annotated[str | None, typer.Option("--socket", help="Unix socket for the admin API.")] = None,
@@ -27,8 +28,9 @@ def serve(
     """
     from ..daemon.app import serve as run
 
+    path = get_app(ctx, config).config_arg
     overrides = {"host": host, "port": port, "socket": socket, "state_dir": state_dir, "log_level": log_level}
-    settings = load_config(config, overrides=overrides, must_exist=config is not None)
+    settings = load_config(path, overrides=overrides, must_exist=path is not None)
     run(settings, discover=discover and settings.server.discover)
 
 

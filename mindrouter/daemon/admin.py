@@ -265,10 +265,15 @@ def queue_dict(app: web.Application) -> dict[str, Any]:
     queue["by_user_name"] = {names.get(uid, uid): n for uid, n in queue["by_user"].items()}
     queue["oldest_wait_seconds"] = round(max((now - j.submitted_at for j in scheduler.queued_jobs()), default=0.0), 3)
     by_user_model: dict[str, dict[str, int]] = {}
+    oldest: dict[str, dict[str, float]] = {}
     for job in scheduler.queued_jobs():
-        per = by_user_model.setdefault(names.get(str(job.user_id), str(job.user_id)), {})
+        name = names.get(str(job.user_id), str(job.user_id))
+        per = by_user_model.setdefault(name, {})
         per[job.model] = per.get(job.model, 0) + 1
+        waits = oldest.setdefault(name, {})
+        waits[job.model] = round(max(waits.get(job.model, 0.0), now - job.submitted_at), 3)
     queue["by_user_model"] = by_user_model
+    queue["oldest_wait_by_user_model"] = oldest
     return snap
 
 

@@ -1,0 +1,104 @@
+"""The ``Application`` in ``ctx.obj``: the global options and a lazily made admin client.
+
+As in hatch, the root callback turns ``--config`` into one object that every
+command reaches through its context, so no command reads settings or opens a
+socket on its own, and ``mr config path`` works even when the file is broken.
+Commands also accept ``--config`` after their own name (``mr status --config
+F``), because DESIGN §5 promises it on every command; that value wins.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Annotated, Any
+
+import typer
+
+from ..config import Config, config_path, load_config
+from ._client import AdminClient
+
+__all__ = ["Application", "ConfigOption", "JsonOption", "get_app", "install"]
+
+
+@dataclass
+class Application:
+    """What a command needs from the global options."""
+
+    config_arg: Path | None = None
+    """``--config`` as given; None means ``$MR_CONFIG`` or the user config dir."""
+    _config: Config | None = field(default=None, repr=False)
+    _client: AdminClient | None = field(default=None, repr=False)
+
+    @property
+    def config_file(self) -> Path:
+        return config_path(self.config_arg)
+
+    @property
+    def config(self) -> Config:
+        """The effective settings (read once). Raises ConfigError for a bad file."""
+        if self._config is None:
+            self._config = load_config(self.config_arg, must_exist=self.config_arg is not None)
+        return self._config
+
+    @property
+    def client(self) -> AdminClient:
+        """The admin client for the configured socket (made on first use)."""
+        if self._client is None:
+            self._client = AdminClient(self.config.server.socket_path)
+        return self._client
+
+    def use_config(self, path: Path | None) -> None:
+        """Apply a command-level ``--config``; forgets settings read from another file."""
+        if path is not None and path != self.config_arg:
+            self.config_arg = path
+            self._config = None
+            self._client = None
+
+
+ConfigOption = Annotated[
+    Path | None,
+    typer.Option("--config", metavar="FILE", help="Settings file (also $MR_CONFIG); it names the daemon's socket.", show_default=False),
+]
+JsonOption = Annotated[bool, typer.Option("--json", help="Print JSON instead of a table.")]
+
+
+def get_app(ctx: typer.Context, config: Path | None = None) -> Application:
+    """The ``Application`` of this invocation, with a command-level ``--config`` applied."""
+    root = ctx.find_root()
+    if not isinstance(root.obj, Application):
+        root.obj = Application()
+    root.obj.use_config(config)
+    return root.obj
+
+
+def _root(ctx: typer.Context, config: ConfigOption = None) -> None:
+    """Set up the ``Application`` every command reads from ``ctx.obj``."""
+    ctx.obj = Application(config_arg=config)
+
+
+ROOT_EPILOG = "Run `mr COMMAND --help` for a command's options and an example.\n\nExample: mr --config ~/lab.toml status"
+
+
+def install(app: typer.Typer) -> None:
+    """Make ``_root`` the app's callback (global ``--config``, ``ctx.obj``)."""
+    app.callback(epilog=ROOT_EPILOG)(_root)
+
+
+def complete_from(path: str, key: str = "name") -> Any:
+    """A shell-completion function offering the names the daemon lists at ``path``.
+
+    Completion must never hang or fail loudly, so it uses a one-second
+    timeout and offers nothing when the daemon is away.
+    """
+
+    def complete(ctx: typer.Context, incomplete: str) -> list[str]:
+        try:
+            root = ctx.find_root()
+            app = root.obj if isinstance(root.obj, Application) else Application(config_arg=root.params.get("config"))
+            rows = AdminClient(app.config.server.socket_path, timeout=1.0).get(path)
+            return [str(r[key]) for r in rows if str(r.get(key, "")).startswith(incomplete)]
+        except Exception:
+            return []
+
+    return complete

@@ -1,0 +1,246 @@
+"""Printing: rows are dicts; ``--json`` prints them as they are, people get a rich table.
+
+Data goes to stdout, hints to stderr. rich already honours ``NO_COLOR`` and
+drops colour when stdout is not a terminal; when it is not a terminal and
+``COLUMNS`` is unset we also widen the page, so a piped table is not wrapped
+at 80 columns in the middle of a URL.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import sys
+import time
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from rich import box
+from rich.console import Console
+from rich.table import Table
+from rich.text import Text
+
+__all__ = [
+    "Column",
+    "bar",
+    "console",
+    "err_console",
+    "fmt_age",
+    "fmt_bool",
+    "fmt_bytes",
+    "fmt_count",
+    "fmt_duration",
+    "fmt_list",
+    "fmt_num",
+    "fmt_pct",
+    "fmt_time",
+    "fmt_tokens",
+    "print_json",
+    "print_json_lines",
+    "print_rows",
+    "status_text",
+    "table",
+]
+
+NA = "n/a"
+_PIPE_WIDTH = 200
+
+
+def console(stderr: bool = False) -> Console:
+    """A console for the current stdout (or stderr), made per call so tests can swap streams."""
+    stream = sys.stderr if stderr else sys.stdout
+    width = None
+    if not stream.isatty() and not os.environ.get("COLUMNS"):
+        width = _PIPE_WIDTH
+    return Console(file=stream, width=width, highlight=False, soft_wrap=False)
+
+
+def err_console() -> Console:
+    return console(stderr=True)
+
+
+def print_json(data: Any) -> None:
+    """Print ``data`` as indented JSON on stdout (``--json``)."""
+    sys.stdout.write(json.dumps(data, indent=2, ensure_ascii=False, default=str) + "\n")
+
+
+def print_json_lines(records: Iterable[Mapping[str, Any]]) -> None:
+    """Print one compact JSON object per line and flush each (``mr decisions --json``)."""
+    for record in records:
+        sys.stdout.write(json.dumps(record, ensure_ascii=False, default=str) + "\n")
+        sys.stdout.flush()
+
+
+@dataclass(frozen=True, slots=True)
+class Column:
+    """One column of a table: which key of the row, its header and how to show the value."""
+
+    key: str
+    header: str
+    fmt: Callable[[Any], str | Text] | None = None
+    """Turns the raw value into text; defaults to ``str`` with ``None`` as "n/a"."""
+    justify: str = "left"
+    style: str | None = None
+    min_width: int | None = None
+    max_width: int | None = None
+    getter: Callable[[Mapping[str, Any]], Any] | None = None
+    """Reads the value from the whole row (for columns made of several keys)."""
+
+    def cell(self, row: Mapping[str, Any]) -> str | Text:
+        value = self.getter(row) if self.getter else row.get(self.key)
+        if self.fmt is not None:
+            return self.fmt(value)
+        return NA if value is None else str(value)
+
+
+def table(rows: Sequence[Mapping[str, Any]], columns: Sequence[Column], *, title: str | None = None, empty: str | None = None) -> Table:
+    """A rich table of ``rows``; ``empty`` is shown as its only row when there are none."""
+    t = Table(title=title, box=box.SIMPLE_HEAD, show_edge=False, title_justify="left", title_style="bold", header_style="bold", pad_edge=False)
+    for col in columns:
+        t.add_column(col.header, justify=col.justify, style=col.style, min_width=col.min_width, max_width=col.max_width, overflow="fold")  # type: ignore[arg-type]
+    for row in rows:
+        t.add_row(*(col.cell(row) for col in columns))
+    if not rows and empty:
+        t.add_row(Text(empty, style="dim"), *([""] * (len(columns) - 1)))
+    return t
+
+
+def print_rows(rows: Sequence[Mapping[str, Any]], columns: Sequence[Column], *, as_json: bool, title: str | None = None, empty: str | None = None) -> None:
+    """The list commands' output: a JSON array of the rows, or their table."""
+    if as_json:
+        print_json(list(rows))
+        return
+    console().print(table(rows, columns, title=title, empty=empty))
+
+
+# -- human formatting ------------------------------------------------------
+
+
+def _finite(value: Any) -> float | None:
+    if value is None or isinstance(value, bool):
+        return None
+    try:
+        number = float(value)
+    except (TypeError, ValueError):
+        return None
+    return number if math.isfinite(number) else None
+
+
+def fmt_num(value: Any, digits: int = 2) -> str:
+    """A number without noise: 3, 2.5, 0.33, -1,200."""
+    number = _finite(value)
+    if number is None:
+        return NA
+    if number.is_integer() and abs(number) < 1e15:
+        return f"{int(number):,}"
+    return f"{number:,.{digits}f}".rstrip("0").rstrip(".")
+
+
+def fmt_tokens(value: Any) -> str:
+    """Token counts the way people read them: 950, 12.3k, 4.1M."""
+    number = _finite(value)
+    if number is None:
+        return NA
+    sign = "-" if number < 0 else ""
+    number = abs(number)
+    for unit, size in (("G", 1e9), ("M", 1e6), ("k", 1e3)):
+        if number >= size:
+            return f"{sign}{number / size:.1f}{unit}"
+    return f"{sign}{number:.0f}"
+
+
+def fmt_pct(value: Any, digits: int = 0) -> str:
+    """A fraction (0..1) as a percentage."""
+    number = _finite(value)
+    return NA if number is None else f"{number * 100:.{digits}f}%"
+
+
+def fmt_duration(value: Any) -> str:
+    """Seconds as 850ms, 4.2s, 3m 05s, 2h 10m, 3d 4h."""
+    seconds = _finite(value)
+    if seconds is None:
+        return NA
+    if seconds < 1:
+        return f"{seconds * 1000:.0f}ms"
+    if seconds < 60:
+        return f"{seconds:.1f}s"
+    minutes, sec = divmod(int(seconds), 60)
+    if minutes < 60:
+        return f"{minutes}m {sec:02d}s"
+    hours, minutes = divmod(minutes, 60)
+    if hours < 24:
+        return f"{hours}h {minutes:02d}m"
+    days, hours = divmod(hours, 24)
+    return f"{days}d {hours}h"
+
+
+def fmt_bytes(value: Any) -> str:
+    """Bytes in binary units: 512 MiB, 23.5 GiB."""
+    number = _finite(value)
+    if number is None:
+        return NA
+    for unit, size in (("TiB", 1 << 40), ("GiB", 1 << 30), ("MiB", 1 << 20), ("KiB", 1 << 10)):
+        if number >= size:
+            return f"{number / size:.1f} {unit}"
+    return f"{number:.0f} B"
+
+
+def fmt_count(value: Any) -> str:
+    """A count, or the length of a list given in its place."""
+    if isinstance(value, (list, tuple, dict)):
+        return fmt_num(len(value))
+    return fmt_num(value)
+
+
+def fmt_bool(value: Any) -> str:
+    return NA if value is None else ("yes" if value else "no")
+
+
+def fmt_list(value: Any) -> str:
+    if not value:
+        return "-"
+    if isinstance(value, str):
+        return value
+    return ", ".join(str(v) for v in value)
+
+
+def fmt_time(value: Any) -> str:
+    """A wall-clock time (epoch seconds) as local HH:MM:SS, with the date when not today."""
+    stamp = _finite(value)
+    if stamp is None:
+        return NA
+    local = time.localtime(stamp)
+    if time.strftime("%Y-%m-%d", local) == time.strftime("%Y-%m-%d"):
+        return time.strftime("%H:%M:%S", local)
+    return time.strftime("%Y-%m-%d %H:%M:%S", local)
+
+
+def fmt_age(value: Any, now: float | None = None) -> str:
+    """How long ago a wall-clock time was."""
+    stamp = _finite(value)
+    if stamp is None:
+        return NA
+    return fmt_duration(max(0.0, (time.time() if now is None else now) - stamp)) + " ago"
+
+
+def bar(fraction: Any, width: int = 10) -> Text:
+    """A horizontal bar for a fraction 0..1, coloured green/yellow/red; "n/a" when unknown."""
+    number = _finite(fraction)
+    if number is None:
+        return Text(NA, style="dim")
+    number = min(1.0, max(0.0, number))
+    filled = round(number * width)
+    style = "green" if number < 0.6 else "yellow" if number < 0.85 else "red"
+    text = Text("█" * filled, style=style)
+    text.append("░" * (width - filled), style="dim")
+    text.append(f" {number * 100:3.0f}%")
+    return text
+
+
+def status_text(status: Any) -> Text:
+    """A backend status word in its colour."""
+    styles = {"healthy": "green", "unhealthy": "red", "draining": "yellow", "disabled": "dim"}
+    word = str(status or "unknown")
+    return Text(word, style=styles.get(word, ""))

@@ -1,0 +1,116 @@
+"""Checks of command-line input, made before anything is sent to the daemon.
+
+Each check returns the clean value or raises ``UsageError`` (exit 2) with one
+sentence naming the option, the value and what would be accepted, so a typo
+never reaches the pool half-applied. Numeric options are taken as text and
+checked here, rather than by typer, so that every refusal reads the same way
+(``mr: ...`` on one line) instead of some of them in typer's error panel.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from urllib.parse import urlsplit
+
+from ..errors import UsageError
+from ..scheduler.settings import check_weight
+
+__all__ = ["ENGINES", "engine", "gpus", "limit", "max_concurrent", "name", "priority", "url", "weight"]
+
+#: The backend engines mindrouter has adapters for.
+ENGINES = ("ollama", "vllm", "llamacpp", "openai")
+
+#: The daemon's rule for names (mindrouter/store.py), checked here too so a bad one never reaches it.
+_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._@+-]{0,63}\Z")
+
+
+def weight(value: object, what: str = "weight") -> float:
+    """A fair-share weight: a finite number greater than 0."""
+    try:
+        return check_weight(value)
+    except ValueError as exc:
+        message = str(exc)
+        if what != "weight":
+            message = f"{what}: {message}"
+        raise UsageError(message) from None
+
+
+def name(value: str, what: str) -> str:
+    """A group, user or backend name: 1 to 64 letters, digits and . _ - @ +."""
+    if not _NAME.match(value):
+        raise UsageError(f"{what} name {value!r} is not valid; use 1 to 64 letters, digits, '.', '_', '-', '@' or '+', starting with a letter or digit")
+    return value
+
+
+def url(value: str, option: str = "URL") -> str:
+    """An http(s) URL with a host, without a trailing slash."""
+    parts = urlsplit(value.strip())
+    if parts.scheme not in ("http", "https") or not parts.hostname:
+        raise UsageError(f"{option} {value!r} is not an http(s) URL with a host; write it like http://ws3.lab:11434")
+    try:
+        parts.port  # noqa: B018 - raises for a port out of range
+    except ValueError:
+        raise UsageError(f"{option} {value!r} has a port that is not a number from 1 to 65535") from None
+    return value.strip().rstrip("/")
+
+
+def engine(value: str | None) -> str:
+    if value is None:
+        raise UsageError(f"--engine is required; say which server runs there: {', '.join(ENGINES)}")
+    clean = value.strip().lower().replace(".", "").replace("-", "")
+    if clean == "llamacppserver" or clean == "llamaserver":
+        clean = "llamacpp"
+    if clean not in ENGINES:
+        raise UsageError(f"--engine {value!r} is not known; use one of {', '.join(ENGINES)}")
+    return clean
+
+
+def _int(value: str, option: str, minimum: int, example: str, maximum: int | None = None) -> int:
+    try:
+        number = int(str(value).strip())
+    except ValueError:
+        raise UsageError(f"{option} {value!r} is not a whole number; use {example}") from None
+    if number < minimum:
+        raise UsageError(f"{option} {value!r} must be at least {minimum}; use {example}")
+    if maximum is not None and number > maximum:
+        raise UsageError(f"{option} {value!r} must be at most {maximum:,}; use {example}")
+    return number
+
+
+def max_concurrent(value: str | None) -> int | None:
+    """Requests a backend may serve at once: a whole number of at least 1."""
+    return None if value is None else _int(value, "--max-concurrent", 1, "a whole number of at least 1, such as 4", 100_000)
+
+
+def limit(value: str | None, option: str = "--limit") -> int | None:
+    return None if value is None else _int(value, option, 1, "a whole number of at least 1, such as 50", 10_000)
+
+
+def gpus(value: str | None) -> list[int] | None:
+    """GPU indexes as a comma list, such as ``0,1``."""
+    if value is None:
+        return None
+    items = [item.strip() for item in value.split(",")]
+    out: list[int] = []
+    for item in items:
+        if not item.isdigit():
+            raise UsageError(f"--gpus {value!r} is not a comma list of GPU indexes; write it like 0 or 0,1")
+        index = int(item)
+        if index in out:
+            raise UsageError(f"--gpus {value!r} names GPU {index} twice; name each GPU once, like 0,1")
+        out.append(index)
+    return out
+
+
+def priority(value: str | None) -> float | None:
+    """Points added to a backend's score: any finite number (negative makes it a fallback)."""
+    if value is None:
+        return None
+    try:
+        number = float(value)
+    except ValueError:
+        raise UsageError(f"--priority {value!r} is not a number; use points such as 10, or -10 for a fallback backend") from None
+    if not math.isfinite(number):
+        raise UsageError(f"--priority {value!r} must be a finite number, such as 10 or -10")
+    return number

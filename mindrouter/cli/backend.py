@@ -1,0 +1,141 @@
+"""``mr backend``: the inference servers (Ollama, vLLM, llama.cpp, OpenAI-compatible) in the pool."""
+
+from __future__ import annotations
+
+from typing import Annotated, Any
+
+import typer
+from rich.markup import escape
+from rich.text import Text
+
+from . import _validate
+from ._app import ConfigOption, JsonOption, complete_from, get_app
+from ._client import quote_name
+from ._output import Column, console, fmt_duration, fmt_list, fmt_num, fmt_pct, print_json, print_rows, status_text
+
+__all__ = ["COLUMNS", "backend_app", "register"]
+
+backend_app = typer.Typer(name="backend", help="Manage the inference servers in the pool.", no_args_is_help=True)
+
+
+def _load(row: dict[str, Any]) -> str:
+    return f"{fmt_num(row.get('in_flight'))}/{fmt_num(row.get('max_concurrent'))}"
+
+
+def _status(row: dict[str, Any]) -> Text:
+    """The status word, and for an unhealthy backend the start of its error (all of it in --json)."""
+    text = status_text(row.get("status"))
+    error = str(row.get("error") or "")
+    if error and row.get("status") == "unhealthy":
+        text.append(f" ({error[:37] + '…' if len(error) > 38 else error})", style="dim")
+    return text
+
+
+COLUMNS = [
+    Column("id", "id", justify="right", style="dim"),
+    Column("name", "backend", style="bold"),
+    Column("engine", "engine"),
+    Column("status", "status", getter=lambda r: r, fmt=_status),
+    Column("in_flight", "in flight", getter=lambda r: r, fmt=_load, justify="right"),
+    Column("loaded_models", "loaded", fmt=fmt_list),
+    Column("models", "models", fmt=lambda v: fmt_num(len(v)) if isinstance(v, list) else fmt_list(v), justify="right"),
+    Column("latency_ema", "latency", fmt=fmt_duration, justify="right"),
+    Column("tokens_per_second", "tok/s", fmt=lambda v: fmt_num(v, 1), justify="right"),
+    Column("utilization", "gpu", fmt=fmt_pct, justify="right"),
+    Column("url", "url", style="dim"),
+]
+
+BackendName = Annotated[str, typer.Argument(metavar="NAME", help="The backend's name.", autocompletion=complete_from("/admin/backends"), show_default=False)]
+
+
+def _done(row: dict[str, Any], as_json: bool, message: str) -> None:
+    if as_json:
+        print_json(row)
+    else:
+        console().print(message)
+
+
+@backend_app.command("list")
+def list_backends(ctx: typer.Context, json: JsonOption = False, config: ConfigOption = None) -> None:
+    """List backends with health, requests in flight of their maximum, loaded models, latency and tokens/s.
+
+    Example: mr backend list --json
+    """
+    rows = get_app(ctx, config).client.get("/admin/backends")
+    print_rows(rows, COLUMNS, as_json=json, empty="no backends; add one with `mr backend add NAME URL --engine ollama`")
+
+
+@backend_app.command("add")
+def add(
+    ctx: typer.Context,
+    name: Annotated[str, typer.Argument(metavar="NAME", help="A short name for the backend, such as ws3-ollama.", show_default=False)],
+    url: Annotated[str, typer.Argument(metavar="URL", help="The server's base URL, such as http://ws3.lab:11434.", show_default=False)],
+    engine: Annotated[str | None, typer.Option("--engine", "-e", metavar="ENGINE", help=f"Which server runs there: {', '.join(_validate.ENGINES)}.", show_default=False)] = None,
+    max_concurrent: Annotated[str | None, typer.Option(
+        "--max-concurrent", "-c", metavar="N", help="Requests it may serve at once (at least 1); the daemon's default when omitted.", show_default=False)] = None,
+    gpus: Annotated[str | None, typer.Option("--gpus", metavar="0,1", help="Indexes of the GPUs it runs on, so their utilization and free memory count.", show_default=False)] = None,
+    node: Annotated[str | None, typer.Option("--node", metavar="URL", help="The `mr agent` URL of the machine it runs on, when that is not this one.", show_default=False)] = None,
+    priority: Annotated[str | None, typer.Option("--priority", "-p", metavar="P", help="Points added to its score; negative makes it a fallback.", show_default=False)] = None,
+    json: JsonOption = False,
+    config: ConfigOption = None,
+) -> None:
+    """Add a backend; the daemon probes it once and lists its models before answering.
+
+    Example: mr backend add ws3 http://ws3.lab:11434 --engine ollama --gpus 0 --node http://ws3.lab:8485
+    """
+    body: dict[str, Any] = {
+        "name": _validate.name(name, "backend"),
+        "url": _validate.url(url),
+        "engine": _validate.engine(engine),
+    }
+    optional = {
+        "max_concurrent": _validate.max_concurrent(max_concurrent),
+        "gpus": _validate.gpus(gpus),
+        "node": None if node is None else _validate.url(node, "--node"),
+        "priority": _validate.priority(priority),
+    }
+    body.update({k: v for k, v in optional.items() if v is not None})
+    row = get_app(ctx, config).client.post("/admin/backends", body)
+    if json:
+        print_json(row)
+        return
+    models = row.get("models") or []
+    state = row.get("status", "unknown")
+    note = f"{len(models)} model{'s' if len(models) != 1 else ''}" if models else "no models yet"
+    console().print(f"added backend [bold]{escape(name)}[/] ({escape(body['engine'])}, {escape(body['url'])}): {state}, {note}")
+    if state == "unhealthy" and row.get("error"):
+        console(stderr=True).print(f"[yellow]warning:[/] {escape(name)} did not answer its first probe: {escape(str(row['error']))}")
+
+
+@backend_app.command("drain")
+def drain(ctx: typer.Context, name: BackendName, json: JsonOption = False, config: ConfigOption = None) -> None:
+    """Stop sending new requests to a backend; those in flight finish.
+
+    Example: mr backend drain ws3
+    """
+    row = get_app(ctx, config).client.post(f"/admin/backends/{quote_name(name)}/drain")
+    _done(row, json, f"draining [bold]{escape(name)}[/]: no new requests; {fmt_num(row.get('in_flight'))} still in flight")
+
+
+@backend_app.command("enable")
+def enable(ctx: typer.Context, name: BackendName, json: JsonOption = False, config: ConfigOption = None) -> None:
+    """Send requests to a drained or disabled backend again.
+
+    Example: mr backend enable ws3
+    """
+    row = get_app(ctx, config).client.post(f"/admin/backends/{quote_name(name)}/enable")
+    _done(row, json, f"enabled [bold]{escape(name)}[/] ({row.get('status', 'unknown')})")
+
+
+@backend_app.command("rm")
+def remove(ctx: typer.Context, name: BackendName, json: JsonOption = False, config: ConfigOption = None) -> None:
+    """Remove a backend from the pool (drain it first to let requests finish).
+
+    Example: mr backend rm ws3
+    """
+    answer = get_app(ctx, config).client.delete(f"/admin/backends/{quote_name(name)}")
+    _done(answer or {"removed": name}, json, f"removed backend [bold]{escape(name)}[/]")
+
+
+def register(app: typer.Typer) -> None:
+    app.add_typer(backend_app, name="backend")

@@ -1,0 +1,240 @@
+"""``mr config init | show | path``: write, inspect and locate the settings file.
+
+``init`` writes every setting commented out at its default, each with the
+sentence from the settings dataclass's field docstring (read from the source
+with ``ast``, so the file explains exactly what the code does), values
+written by tomli-w so their TOML is always valid.
+"""
+
+from __future__ import annotations
+
+import ast
+import dataclasses
+import inspect
+import os
+import tempfile
+import textwrap
+from functools import cache
+from pathlib import Path
+from typing import Annotated, Any
+
+import tomli_w
+import typer
+from rich import box
+from rich.markup import escape
+from rich.table import Table
+from rich.text import Text
+
+from .. import __version__ as VERSION
+from ..config import BackendSettings, Config, ServerSettings
+from ..errors import MindRouterError
+from ..scheduler.settings import SchedulerSettings, ScoreWeights
+from ._app import ConfigOption, JsonOption, get_app
+from ._output import console, print_json
+
+__all__ = ["config_app", "effective_settings", "field_docs", "register", "render_config"]
+
+config_app = typer.Typer(name="config", help="Write, show and locate the settings file.", no_args_is_help=True)
+
+#: Sections of config.toml and the dataclass that reads each.
+SECTIONS: list[tuple[str, type]] = [
+    ("server", ServerSettings),
+    ("scheduler", SchedulerSettings),
+    ("scheduler.scores", ScoreWeights),
+    ("backends", BackendSettings),
+]
+
+#: Fields config.toml cannot set (they come from elsewhere).
+_NOT_IN_FILE = {"scheduler": {"scores", "group_weights"}}
+
+#: What a field means, where its dataclass has no docstring for it.
+_EXTRA_DOCS = {
+    ("server", "host"): "Address the inference API (OpenAI- and Ollama-compatible) listens on; 0.0.0.0 for the whole lab network.",
+    ("server", "port"): "TCP port of the inference API.",
+    ("server", "max_body_bytes"): "Largest request body accepted, in bytes.",
+    ("server", "shutdown_grace_seconds"): "Seconds running requests may finish after a stop signal.",
+    ("server", "log_level"): "debug, info, warning or error.",
+    ("server", "gpu_poll_interval"): "Seconds between readings of the local GPUs (NVML) and of `mr agent` nodes.",
+    ("scheduler", "prompt_token_cost"): "Fair-share cost of one prompt token.",
+    ("scheduler", "completion_token_cost"): "Fair-share cost of one completion token.",
+    ("backends", "poll_interval"): "Seconds between health and model probes of each backend.",
+    ("backends", "request_timeout"): "Seconds a backend may take to finish one request.",
+    ("backends", "max_retries"): "Other backends tried when one fails before its first byte.",
+    ("backends", "connect_timeout"): "Seconds to wait for a backend to accept a connection.",
+}
+
+
+#: Example values shown for settings that are unset by default.
+_UNSET_EXAMPLES: dict[str, Any] = {"return_credit": 2048.0}
+
+
+@cache
+def field_docs(cls: type) -> dict[str, str]:
+    """The attribute docstrings of a dataclass (the string literal after each field)."""
+    try:
+        tree = ast.parse(textwrap.dedent(inspect.getsource(cls)))
+    except (OSError, TypeError, SyntaxError):  # no source shipped: fall back to _EXTRA_DOCS
+        return {}
+    body = tree.body[0].body if tree.body and isinstance(tree.body[0], ast.ClassDef) else []
+    docs: dict[str, str] = {}
+    for node, after in zip(body, body[1:], strict=False):
+        if isinstance(node, ast.AnnAssign) and isinstance(node.target, ast.Name):
+            if isinstance(after, ast.Expr) and isinstance(after.value, ast.Constant) and isinstance(after.value.value, str):
+                docs[node.target.id] = " ".join(after.value.value.split())
+    return docs
+
+
+def _fields(section: str, cls: type) -> list[dataclasses.Field[Any]]:
+    skip = _NOT_IN_FILE.get(section, set())
+    return [f for f in dataclasses.fields(cls) if f.name not in skip]
+
+
+def _default(f: dataclasses.Field[Any]) -> Any:
+    if f.default is not dataclasses.MISSING:
+        return f.default
+    return f.default_factory()  # type: ignore[misc,operator]
+
+
+def _value_line(key: str, value: Any) -> str:
+    return tomli_w.dumps({key: value}).strip()
+
+
+def render_config(config: Config | None = None) -> str:
+    """The text of a commented config.toml with every setting at its default.
+
+    Args:
+        config: where to read the resolved socket and state paths for the
+            comments; defaults to plain defaults.
+    """
+    server = config.server if config else ServerSettings()
+    lines = [
+        f"# mindrouter settings, written by `mr config init` (mindrouter {VERSION}).",
+        "# Every key is optional: each is shown commented out at its default.",
+        "# Remove the leading \"# \" of a line to change that setting.",
+        "# SCHEDULER_* environment variables override this file; `mr config show`",
+        "# prints the settings in effect.",
+    ]
+    for section, cls in SECTIONS:
+        lines += ["", f"[{section}]"]
+        docs = field_docs(cls)
+        for i, f in enumerate(_fields(section, cls)):
+            if i:
+                lines.append("")
+            doc = docs.get(f.name) or _EXTRA_DOCS.get((section, f.name), "")
+            if section == "server" and f.name == "socket":
+                doc += f" Here that is {server.socket_path}."
+            if section == "server" and f.name == "state_dir":
+                doc += f" Here that is {server.state_path}."
+            for text in textwrap.wrap(doc, 76):
+                lines.append(f"# {text}")
+            value = _default(f)
+            if value is None:
+                lines.append("# Not set by default; for example:")
+                lines.append(f"# {_value_line(f.name, _UNSET_EXAMPLES.get(f.name, 1.0))}")
+            else:
+                lines.append(f"# {_value_line(f.name, value)}")
+    return "\n".join(lines) + "\n"
+
+
+def effective_settings(config: Config) -> dict[str, Any]:
+    """The settings in effect as plain data, the admin key masked."""
+    out: dict[str, Any] = {"path": str(config.path) if config.path else None}
+    objects = {"server": config.server, "scheduler": config.scheduler, "scheduler.scores": config.scheduler.scores, "backends": config.backends}
+    for section, obj in objects.items():
+        values = {f.name: getattr(obj, f.name) for f in _fields(section, type(obj))}
+        if section == "server":
+            values["admin_key"] = "********" if values["admin_key"] else ""
+            values["socket_path"] = str(config.server.socket_path)
+            values["state_path"] = str(config.server.state_path)
+        if section == "scheduler":
+            values["group_weights"] = dict(config.scheduler.group_weights)
+        if section == "scheduler.scores":
+            out["scheduler"]["scores"] = values
+        else:
+            out[section] = values
+    return out
+
+
+@config_app.command("init")
+def init(
+    ctx: typer.Context,
+    force: Annotated[bool, typer.Option("--force", help="Overwrite an existing file.")] = False,
+    config: ConfigOption = None,
+) -> None:
+    """Write a commented config.toml with every setting at its default.
+
+    It goes where `mr config path` says (--config or $MR_CONFIG to choose),
+    and an existing file is kept unless --force is given.
+
+    Example: mr config init && $EDITOR "$(mr config path)"
+    """
+    target = get_app(ctx, config).config_file
+    if target.exists() and not force:
+        raise MindRouterError(f"{target} already exists; keep it, or overwrite it with `mr config init --force`")
+    text = render_config()
+    try:
+        target.parent.mkdir(parents=True, exist_ok=True)
+        fd, tmp = tempfile.mkstemp(prefix=".config-", suffix=".toml", dir=target.parent)
+        with os.fdopen(fd, "w", encoding="utf-8") as fh:
+            fh.write(text)
+        os.chmod(tmp, 0o600)  # it may come to hold the admin key
+        os.replace(tmp, target)
+    except OSError as exc:
+        raise MindRouterError(f"cannot write {target}: {exc.strerror or exc}; choose another place with --config") from exc
+    console().print(f"wrote {escape(str(target))}")
+
+
+def _section_table(title: str, values: dict[str, Any], defaults: dict[str, Any]) -> Table:
+    t = Table(title=Text(f"[{title}]"), title_justify="left", title_style="bold", box=box.SIMPLE_HEAD, show_edge=False, header_style="bold", pad_edge=False)
+    t.add_column("key")
+    t.add_column("value")
+    t.add_column("default", style="dim")
+    for key, value in values.items():
+        if isinstance(value, dict) and key == "scores":
+            continue
+        default = defaults.get(key, value)
+        changed = key in defaults and value != default
+        t.add_row(key, f"[bold]{escape(repr(value))}[/]" if changed else escape(repr(value)), escape(repr(default)) if changed else "")
+    return t
+
+
+@config_app.command("show")
+def show(ctx: typer.Context, json: JsonOption = False, config: ConfigOption = None) -> None:
+    """Print the settings in effect: defaults, then the file, then the environment.
+
+    Values that differ from the defaults are shown in bold with the default beside them.
+
+    Example: mr config show --json
+    """
+    app = get_app(ctx, config)
+    data = effective_settings(app.config)
+    if json:
+        print_json(data)
+        return
+    defaults = effective_settings(Config())
+    out = console()
+    out.print(f"settings from {escape(data['path'] or str(app.config_file) + ' (not there: defaults)')}")
+    for section in ("server", "scheduler"):
+        out.print()
+        out.print(_section_table(section, data[section], defaults[section]))
+    out.print()
+    out.print(_section_table("scheduler.scores", data["scheduler"]["scores"], defaults["scheduler"]["scores"]))
+    out.print()
+    out.print(_section_table("backends", data["backends"], defaults["backends"]))
+
+
+@config_app.command("path")
+def path(ctx: typer.Context, json: JsonOption = False, config: ConfigOption = None) -> None:
+    """Print where the settings file is (it need not exist yet).
+
+    Example: mr config path
+    """
+    target: Path = get_app(ctx, config).config_file
+    if json:
+        print_json({"path": str(target), "exists": target.exists()})
+        return
+    print(target)
+
+
+def register(app: typer.Typer) -> None:
+    app.add_typer(config_app, name="config")

@@ -1,0 +1,122 @@
+"""``mr decisions``: the scheduler's routing decisions, newest last, or live with ``--follow``.
+
+``--json`` prints one record per line (not an array) so the same consumer can
+read a finished listing and an endless ``--follow`` stream.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+from typing import Annotated, Any
+
+import typer
+from rich.text import Text
+
+from ..errors import DaemonUnreachable
+from . import _validate
+from ._app import ConfigOption, complete_from, get_app
+from ._output import Column, console, fmt_duration, fmt_num, fmt_time, print_json_lines, table
+
+__all__ = ["COLUMNS", "decision_line", "register"]
+
+
+def _backend(record: Mapping[str, Any]) -> str:
+    name = record.get("selected_backend")
+    return str(name if name is not None else record.get("selected_backend_id", "n/a"))
+
+
+def _score(record: Mapping[str, Any]) -> Any:
+    scores = record.get("scores") or {}
+    return scores.get(str(record.get("selected_backend_id")))
+
+
+def _priority(record: Mapping[str, Any]) -> Any:
+    terms = record.get("priority")
+    return terms.get("priority") if isinstance(terms, Mapping) else None
+
+
+def _user(record: Mapping[str, Any]) -> str:
+    user = str(record.get("user") or record.get("user_id") or "n/a")
+    group = record.get("user_group")
+    return f"{user} ({group})" if group else user
+
+
+COLUMNS = [
+    Column("wall_time", "time", fmt=fmt_time),
+    Column("request_id", "request", style="bold"),
+    Column("user", "user", getter=_user),
+    Column("model", "model"),
+    Column("selected_backend", "backend", getter=_backend, style="cyan"),
+    Column("queue_wait", "waited", fmt=fmt_duration, justify="right"),
+    Column("priority", "priority", getter=_priority, fmt=lambda v: fmt_num(v, 1), justify="right"),
+    Column("scores", "score", getter=_score, fmt=lambda v: fmt_num(v, 1), justify="right"),
+    Column("candidate_backends", "candidates", fmt=lambda v: fmt_num(len(v or [])), justify="right"),
+]
+
+
+def decision_line(record: Mapping[str, Any]) -> Text:
+    """One decision on one line, for ``--follow`` where a table cannot grow."""
+    text = Text()
+    text.append(f"{fmt_time(record.get('wall_time')):>8}  ", style="dim")
+    text.append(f"{str(record.get('request_id', 'n/a')):<20} ", style="bold")
+    text.append(f"{_user(record):<22} ")
+    text.append(f"{str(record.get('model', 'n/a')):<18} ")
+    text.append(f"→ {_backend(record):<14}", style="cyan")
+    text.append(f" waited {fmt_duration(record.get('queue_wait')):>7}")
+    text.append(f"  priority {fmt_num(_priority(record), 1)}  score {fmt_num(_score(record), 1)}", style="dim")
+    return text
+
+
+def _key(record: Mapping[str, Any]) -> tuple[Any, Any]:
+    return record.get("request_id"), record.get("attempt")
+
+
+def decisions(
+    ctx: typer.Context,
+    follow: Annotated[bool, typer.Option("--follow", "-f", help="Keep printing decisions as they happen, until Ctrl-C.")] = False,
+    limit: Annotated[str | None, typer.Option("--limit", "-n", metavar="N", help="How many recent decisions to show first (default 20, or 10 with --follow).", show_default=False)] = None,
+    user: Annotated[str | None, typer.Option("--user", "-u", metavar="U", help="Only this user's requests.", autocompletion=complete_from("/admin/users"), show_default=False)] = None,
+    json: Annotated[bool, typer.Option("--json", help="Print one JSON record per line.")] = False,
+    config: ConfigOption = None,
+) -> None:
+    """Show recent routing decisions: who, which model, which backend won, how long it waited.
+
+    Explain one of them in full with `mr why REQUEST_ID`.
+
+    Example: mr decisions --follow --user alice
+    """
+    count = _validate.limit(limit) or (10 if follow else 20)
+    client = get_app(ctx, config).client
+    recent: list[dict[str, Any]] = client.get("/admin/decisions", limit=count, user=user)
+    if not follow:
+        if json:
+            print_json_lines(recent)
+        else:
+            console().print(table(recent, COLUMNS, empty="no decisions yet" + (f" for {user}" if user else "")))
+        return
+    seen = {_key(r) for r in recent}
+    out = console()
+    try:
+        _show(recent, json, out)
+        stream = client.stream("/admin/decisions/stream", user=user)
+        for record in stream:
+            if _key(record) in seen:
+                seen.discard(_key(record))
+                continue
+            _show([record], json, out)
+    except KeyboardInterrupt:
+        return
+    raise DaemonUnreachable(f"the daemon at {client.socket_path} closed the decision stream; is `mr serve` still running?")
+
+
+def _show(records: Iterable[Mapping[str, Any]], as_json: bool, out: Any) -> None:
+    if as_json:
+        print_json_lines(records)
+        return
+    for record in records:
+        out.print(decision_line(record), soft_wrap=True)
+        out.file.flush()
+
+
+def register(app: typer.Typer) -> None:
+    app.command("decisions")(decisions)

@@ -1,0 +1,92 @@
+"""``mr group``: the groups whose weights set each person's share (student 1, faculty 3, ...)."""
+
+from __future__ import annotations
+
+from typing import Annotated
+
+import typer
+from rich.markup import escape
+
+from . import _validate
+from ._app import ConfigOption, JsonOption, complete_from, get_app
+from ._client import quote_name
+from ._output import Column, console, fmt_count, fmt_num, print_json, print_rows
+
+__all__ = ["COLUMNS", "group_app", "register"]
+
+group_app = typer.Typer(name="group", help="Manage groups and their fair-share weights.", no_args_is_help=True)
+
+COLUMNS = [
+    Column("name", "group", style="bold"),
+    Column("scheduler_weight", "weight", fmt=fmt_num, justify="right"),
+    Column("users", "users", fmt=fmt_count, justify="right"),
+]
+
+GroupName = Annotated[str, typer.Argument(metavar="NAME", help="The group's name.", autocompletion=complete_from("/admin/groups"), show_default=False)]
+
+
+def _done(row: dict, as_json: bool, message: str) -> None:
+    if as_json:
+        print_json(row)
+    else:
+        console().print(message)
+
+
+@group_app.command("list")
+def list_groups(ctx: typer.Context, json: JsonOption = False, config: ConfigOption = None) -> None:
+    """List the groups with their weights and member counts.
+
+    Example: mr group list --json
+    """
+    rows = get_app(ctx, config).client.get("/admin/groups")
+    print_rows(rows, COLUMNS, as_json=json, empty="no groups; add one with `mr group add NAME --weight W`")
+
+
+@group_app.command("add")
+def add(
+    ctx: typer.Context,
+    name: Annotated[str, typer.Argument(metavar="NAME", help="The new group's name.", show_default=False)],
+    weight: Annotated[str, typer.Option("--weight", "-w", metavar="W", help="Fair-share weight, a number greater than 0; a group of weight 3 gets three times the share of weight 1.")] = "1",
+    json: JsonOption = False,
+    config: ConfigOption = None,
+) -> None:
+    """Add a group.
+
+    Example: mr group add phd --weight 2
+    """
+    body = {"name": _validate.name(name, "group"), "weight": _validate.weight(weight)}
+    row = get_app(ctx, config).client.post("/admin/groups", body)
+    _done(row, json, f"added group [bold]{escape(name)}[/] with weight {fmt_num(row.get('scheduler_weight', body['weight']))}")
+
+
+@group_app.command("set-weight", context_settings={"ignore_unknown_options": True})  # so "-1" reaches the weight check
+def set_weight(
+    ctx: typer.Context,
+    name: GroupName,
+    weight: Annotated[str, typer.Argument(metavar="W", help="The new weight, a number greater than 0.", show_default=False)],
+    json: JsonOption = False,
+    config: ConfigOption = None,
+) -> None:
+    """Change a group's weight; it applies to the next scheduling decision.
+
+    A weight set here takes precedence over the SCHEDULER_WEIGHT_<GROUP> fallbacks.
+
+    Example: mr group set-weight faculty 3
+    """
+    value = _validate.weight(weight)
+    row = get_app(ctx, config).client.put(f"/admin/groups/{quote_name(name)}", {"weight": value})
+    _done(row, json, f"group [bold]{escape(name)}[/] now has weight {fmt_num(row.get('scheduler_weight', value))}")
+
+
+@group_app.command("rm")
+def remove(ctx: typer.Context, name: GroupName, json: JsonOption = False, config: ConfigOption = None) -> None:
+    """Remove a group (the daemon refuses while users are still in it).
+
+    Example: mr group rm visitors
+    """
+    answer = get_app(ctx, config).client.delete(f"/admin/groups/{quote_name(name)}")
+    _done(answer or {"removed": name}, json, f"removed group [bold]{escape(name)}[/]")
+
+
+def register(app: typer.Typer) -> None:
+    app.add_typer(group_app, name="group")

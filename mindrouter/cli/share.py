@@ -1,0 +1,84 @@
+"""``mr share``: the fair-share picture, like Slurm's ``sshare``.
+
+Each group, then its users indented under it: the weight, the share it should
+get (normalized share), what it used in the fairness window (recent tokens and
+actual share), and the scheduler's state (deficit, burst credits, factor).
+A factor below 1 means the user is being deprioritized for heavy recent use.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import typer
+from rich import box
+from rich.table import Table
+from rich.text import Text
+
+from ._app import ConfigOption, JsonOption, get_app
+from ._output import console, fmt_duration, fmt_num, fmt_pct, fmt_tokens, print_json
+
+__all__ = ["register", "share_rows", "share_table"]
+
+HEADERS = ["group / user", "weight", "norm share", "recent tokens", "actual share", "deficit", "burst", "factor", "queued", "running"]
+
+
+def share_rows(data: dict[str, Any]) -> list[tuple[str, dict[str, Any]]]:
+    """(kind, row) pairs in display order: each group followed by its users, heaviest first."""
+    users = list(data.get("users") or [])
+    groups = list(data.get("groups") or [])
+    known = {g.get("name") for g in groups}
+    out: list[tuple[str, dict[str, Any]]] = []
+    for group in sorted(groups, key=lambda g: (-float(g.get("weight") or 0), str(g.get("name")))):
+        out.append(("group", group))
+        members = [u for u in users if u.get("group") == group.get("name")]
+        out.extend(("user", u) for u in sorted(members, key=lambda u: (-float(u.get("recent_tokens") or 0), str(u.get("name")))))
+    out.extend(("user", u) for u in users if u.get("group") not in known)
+    return out
+
+
+def _factor(value: Any) -> Text:
+    try:
+        number = float(value)
+    except (TypeError, ValueError):
+        return Text("n/a", style="dim")
+    return Text(f"{number:.2f}", style="yellow" if number < 1 else "")
+
+
+def share_table(data: dict[str, Any]) -> Table:
+    t = Table(box=box.SIMPLE_HEAD, show_edge=False, header_style="bold", pad_edge=False,
+              title=f"fair share over the last {fmt_duration(data.get('window_seconds'))} ({fmt_tokens(data.get('global_recent_tokens'))} tokens)",
+              title_justify="left", title_style="bold")
+    for i, header in enumerate(HEADERS):
+        t.add_column(header, justify="left" if i == 0 else "right", no_wrap=True)
+    for kind, row in share_rows(data):
+        if kind == "group":
+            t.add_row(Text(str(row.get("name")), style="bold"), fmt_num(row.get("weight")), fmt_pct(row.get("normalized_share"), 1),
+                      fmt_tokens(row.get("recent_tokens")), fmt_pct(row.get("actual_share"), 1), "", "", "", "", "")
+        else:
+            t.add_row(f"  {row.get('name')}", fmt_num(row.get("weight")), fmt_pct(row.get("normalized_share"), 1),
+                      fmt_tokens(row.get("recent_tokens")), fmt_pct(row.get("actual_share"), 1), fmt_num(row.get("deficit"), 0),
+                      fmt_tokens(row.get("burst_credits")), _factor(row.get("factor")), fmt_num(row.get("queued")), fmt_num(row.get("running")))
+    if not data.get("groups") and not data.get("users"):
+        t.add_row(Text("no groups or users yet", style="dim"), *[""] * (len(HEADERS) - 1))
+    return t
+
+
+def share(ctx: typer.Context, json: JsonOption = False, config: ConfigOption = None) -> None:
+    """Show fair share per group and user, like Slurm's sshare.
+
+    norm share is what the weights entitle one to; actual share is what they
+    used over the fairness window. A factor below 1 means deprioritized for
+    heavy recent use; deficit and burst are the scheduler's own counters.
+
+    Example: mr share --json
+    """
+    data = get_app(ctx, config).client.get("/admin/share")
+    if json:
+        print_json(data)
+        return
+    console().print(share_table(data))
+
+
+def register(app: typer.Typer) -> None:
+    app.command("share")(share)

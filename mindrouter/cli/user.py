@@ -1,0 +1,158 @@
+"""``mr user``: people, the group each belongs to, an optional weight of their own, and API keys."""
+
+from __future__ import annotations
+
+import sys
+from typing import Annotated, Any
+
+import typer
+from rich.markup import escape
+
+from ..errors import UsageError
+from . import _validate
+from ._app import ConfigOption, JsonOption, complete_from, get_app
+from ._client import quote_name
+from ._output import Column, console, err_console, fmt_count, fmt_num, fmt_tokens, print_json, print_rows
+
+__all__ = ["COLUMNS", "register", "user_app"]
+
+user_app = typer.Typer(name="user", help="Manage users, their groups, weights and API keys.", no_args_is_help=True)
+
+
+def _override(value: Any) -> str:
+    return "-" if value is None else fmt_num(value)
+
+
+COLUMNS = [
+    Column("name", "user", style="bold"),
+    Column("group", "group"),
+    Column("weight", "weight", fmt=fmt_num, justify="right"),
+    Column("weight_override", "own weight", fmt=_override, justify="right"),
+    Column("keys", "keys", fmt=fmt_count, justify="right"),
+    Column("queued", "queued", fmt=fmt_num, justify="right"),
+    Column("running", "running", fmt=fmt_num, justify="right"),
+    Column("recent_tokens", "recent tokens", fmt=fmt_tokens, justify="right"),
+]
+
+UserName = Annotated[str, typer.Argument(metavar="NAME", help="The user's name.", autocompletion=complete_from("/admin/users"), show_default=False)]
+GroupOption = Annotated[str | None, typer.Option(
+    "--group", "-g", metavar="G", help="The group the user belongs to (its weight applies unless the user has one).",
+    autocompletion=complete_from("/admin/groups"), show_default=False)]
+
+
+def _done(row: dict[str, Any], as_json: bool, message: str) -> None:
+    if as_json:
+        print_json(row)
+    else:
+        console().print(message)
+
+
+def _weight_note(row: dict[str, Any]) -> str:
+    if row.get("weight_override") is None:
+        return f"weight {fmt_num(row.get('weight'))} from group {escape(str(row.get('group')))}"
+    return f"own weight {fmt_num(row.get('weight_override'))}"
+
+
+@user_app.command("list")
+def list_users(ctx: typer.Context, json: JsonOption = False, config: ConfigOption = None) -> None:
+    """List users with their group, effective weight, key count and recent usage.
+
+    "own weight" is a per-user override; "-" means the group's weight applies.
+
+    Example: mr user list --json
+    """
+    rows = get_app(ctx, config).client.get("/admin/users")
+    print_rows(rows, COLUMNS, as_json=json, empty="no users; add one with `mr user add NAME --group G`")
+
+
+@user_app.command("add")
+def add(
+    ctx: typer.Context,
+    name: Annotated[str, typer.Argument(metavar="NAME", help="The new user's name.", show_default=False)],
+    group: GroupOption = None,
+    weight: Annotated[str | None, typer.Option("--weight", "-w", metavar="W", help="A weight of the user's own instead of the group's, greater than 0.", show_default=False)] = None,
+    json: JsonOption = False,
+    config: ConfigOption = None,
+) -> None:
+    """Add a user to a group; create a key for them with `mr user key NAME`.
+
+    Example: mr user add alice --group faculty
+    """
+    body: dict[str, Any] = {"name": _validate.name(name, "user")}
+    if group is None:
+        raise UsageError("--group is required; name the user's group, such as --group student (see `mr group list`)")
+    body["group"] = group
+    if weight is not None:
+        body["weight"] = _validate.weight(weight)
+    row = get_app(ctx, config).client.post("/admin/users", body)
+    _done(row, json, f"added user [bold]{escape(name)}[/] to group {escape(group)} ({_weight_note(row)}); create a key with `mr user key {escape(name)}`")
+
+
+@user_app.command("set-weight", context_settings={"ignore_unknown_options": True})  # so "-1" reaches the weight check
+def set_weight(
+    ctx: typer.Context,
+    name: UserName,
+    weight: Annotated[str | None, typer.Argument(metavar="[W]", help="The user's own weight, greater than 0.", show_default=False)] = None,
+    clear: Annotated[bool, typer.Option("--clear", help="Remove the user's own weight, so the group's applies again.")] = False,
+    json: JsonOption = False,
+    config: ConfigOption = None,
+) -> None:
+    """Give a user a weight of their own, or with --clear go back to the group's.
+
+    Example: mr user set-weight alice 5
+    """
+    if clear and weight is not None:
+        raise UsageError("give either a weight or --clear, not both")
+    if not clear and weight is None:
+        raise UsageError("give the user's new weight, such as `mr user set-weight alice 2`, or --clear to use the group's")
+    value = None if clear else _validate.weight(weight)
+    row = get_app(ctx, config).client.put(f"/admin/users/{quote_name(name)}", {"weight": value})
+    _done(row, json, f"user [bold]{escape(name)}[/] now has {_weight_note(row)}")
+
+
+@user_app.command("set-group")
+def set_group(
+    ctx: typer.Context,
+    name: UserName,
+    group: Annotated[str, typer.Argument(metavar="G", help="The user's new group.", autocompletion=complete_from("/admin/groups"), show_default=False)],
+    json: JsonOption = False,
+    config: ConfigOption = None,
+) -> None:
+    """Move a user to another group; their recent usage goes with them.
+
+    Example: mr user set-group bob staff
+    """
+    row = get_app(ctx, config).client.put(f"/admin/users/{quote_name(name)}", {"group": group})
+    _done(row, json, f"user [bold]{escape(name)}[/] is now in group {escape(str(row.get('group', group)))} ({_weight_note(row)})")
+
+
+@user_app.command("key")
+def key(ctx: typer.Context, name: UserName, json: JsonOption = False, config: ConfigOption = None) -> None:
+    """Create a new API key for a user and print it once; it cannot be shown again.
+
+    The key goes in the client's Authorization header (OPENAI_API_KEY for
+    OpenAI clients). Earlier keys of the user stay valid.
+
+    Example: mr user key alice
+    """
+    answer = get_app(ctx, config).client.post(f"/admin/users/{quote_name(name)}/keys")
+    if json:
+        print_json({"user": answer.get("user", name), "key": answer["key"]})
+        return
+    sys.stdout.write(f"{answer['key']}\n")
+    sys.stdout.flush()
+    err_console().print(f"[dim]new key for {escape(name)}; store it now, it is shown only once[/]")
+
+
+@user_app.command("rm")
+def remove(ctx: typer.Context, name: UserName, json: JsonOption = False, config: ConfigOption = None) -> None:
+    """Remove a user and revoke all their keys.
+
+    Example: mr user rm bob
+    """
+    answer = get_app(ctx, config).client.delete(f"/admin/users/{quote_name(name)}")
+    _done(answer or {"removed": name}, json, f"removed user [bold]{escape(name)}[/] and revoked their keys")
+
+
+def register(app: typer.Typer) -> None:
+    app.add_typer(user_app, name="user")

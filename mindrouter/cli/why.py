@@ -1,0 +1,149 @@
+"""``mr why REQUEST_ID``: explain one routing decision, like Slurm's ``sprio``.
+
+Two halves, both read from the daemon's decision record: the job's priority
+terms at the moment it was picked (why it went before others), and every
+backend's score term by term or the reasons it was refused (why it went
+where it went). Backend ids are turned into names with ``/admin/backends``;
+a backend removed since then keeps its id.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Annotated, Any
+
+import typer
+from rich import box
+from rich.console import Group
+from rich.table import Table
+from rich.text import Text
+
+from ..errors import RequestError
+from ._app import ConfigOption, JsonOption, get_app
+from ._client import quote_name
+from ._output import console, fmt_duration, fmt_num, fmt_pct, fmt_time, fmt_tokens, print_json
+
+__all__ = ["SCORE_TERMS", "register", "why_view"]
+
+#: (record key, header, meaning) of each score term, in the order they add up.
+SCORE_TERMS = [
+    ("model_loaded", "loaded", "the model is already in GPU memory"),
+    ("low_utilization", "low util", "its GPUs are idle"),
+    ("latency", "latency", "it answers quickly"),
+    ("short_queue", "short queue", "few requests in flight there"),
+    ("high_throughput", "throughput", "it produces tokens fast"),
+    ("priority", "priority", "the backend's own --priority"),
+    ("penalty", "penalty", "it already failed this request (subtracted)"),
+]
+
+#: (record key, label, meaning, formatter) of each priority term.
+PRIORITY_TERMS = [
+    ("weight", "weight", "the user's (or group's) fair-share weight", fmt_num),
+    ("deficit", "deficit", "service owed (+) or taken ahead (-), in tokens", lambda v: fmt_num(v, 1)),
+    ("inflight_charge", "in-flight charge", "estimated cost of their requests still running", lambda v: fmt_num(v, 1)),
+    ("reference", "reference", "effective deficit of the most-owed waiting user", lambda v: fmt_num(v, 2)),
+    ("usage_fraction", "usage fraction", "their part of all tokens in the fairness window", lambda v: fmt_pct(v, 1)),
+    ("factor", "factor", "deprioritization for heavy use (1 = none)", lambda v: fmt_num(v, 3)),
+    ("burst_credits", "burst credits", "idle-time credit (the same per unit of weight for all)", fmt_tokens),
+    ("wait_bonus", "wait bonus", "added for time spent waiting", lambda v: fmt_num(v, 3)),
+    ("priority", "priority", "(deficit - in-flight) / weight - reference, lowered by factor, + wait bonus", lambda v: fmt_num(v, 3)),
+]
+
+
+def _names(backends: list[Mapping[str, Any]]) -> dict[str, str]:
+    return {str(b.get("id")): str(b.get("name")) for b in backends if b.get("id") is not None}
+
+
+def why_view(record: Mapping[str, Any], names: Mapping[str, str]) -> Group:
+    """The explanation of one decision record as a rich renderable."""
+    chosen = str(record.get("selected_backend_id"))
+    def label(bid: str) -> str:
+        return names.get(bid) or (str(record.get("selected_backend")) if bid == chosen and record.get("selected_backend") else f"#{bid}")
+
+    user = str(record.get("user") or record.get("user_id") or "n/a")
+    group = record.get("user_group")
+    head = Text()
+    head.append(f"request {record.get('request_id')}", style="bold")
+    head.append(f": {user}" + (f" ({group})" if group else "") + f" asked for {record.get('model', 'n/a')}")
+    head.append(f" at {fmt_time(record.get('wall_time'))}" if record.get("wall_time") is not None else "")
+    head.append(f", waited {fmt_duration(record.get('queue_wait'))}, went to ")
+    head.append(label(chosen), style="bold cyan")
+    if (record.get("attempt") or 1) > 1:
+        head.append(f" (attempt {record['attempt']})", style="yellow")
+
+    raw_terms = record.get("priority")
+    terms: Mapping[str, Any] = raw_terms if isinstance(raw_terms, Mapping) else {}
+    prio = Table(title="priority terms (the highest priority is served first)", title_justify="left", title_style="bold",
+                 box=box.SIMPLE_HEAD, show_edge=False, header_style="bold", pad_edge=False)
+    prio.add_column("term")
+    prio.add_column("value", justify="right")
+    prio.add_column("meaning", style="dim")
+    for key, term, meaning, fmt in PRIORITY_TERMS:
+        value = terms.get(key)
+        if key == "weight" and value is None:
+            value = record.get("user_weight")
+        if key == "deficit" and value is None:
+            value = record.get("user_deficit")
+        prio.add_row(Text(term, style="bold") if key == "priority" else term, fmt(value), meaning)
+
+    components = record.get("score_components") or {}
+    scores = record.get("scores") or {}
+    ids = [str(b) for b in record.get("candidate_backends") or []] or list(components) or list(scores)
+    ids.sort(key=lambda b: -float((components.get(b) or {}).get("total", scores.get(b, 0)) or 0))
+    cand = Table(title="backends that could serve it (the highest total wins)", title_justify="left", title_style="bold",
+                 box=box.SIMPLE_HEAD, show_edge=False, header_style="bold", pad_edge=False)
+    cand.add_column("backend")
+    cand.add_column("total", justify="right")
+    for _, header, _ in SCORE_TERMS:
+        cand.add_column(header, justify="right")
+    for bid in ids:
+        row = components.get(bid) or {}
+        total = row.get("total", scores.get(bid))
+        cell = Text(label(bid), style="bold cyan" if bid == chosen else "")
+        if bid == chosen:
+            cell.append(" ✓", style="green")
+        cells = [fmt_num(row.get(key), 1) if key != "penalty" or not row.get(key) else f"-{fmt_num(row.get(key), 1)}" for key, _, _ in SCORE_TERMS]
+        cand.add_row(cell, Text(fmt_num(total, 1), style="bold"), *cells)
+    if not ids:
+        cand.add_row(Text("none", style="dim"), *[""] * (len(SCORE_TERMS) + 1))
+
+    parts: list[Any] = [head, Text(), prio, Text(), cand]
+    rejected = record.get("rejected") or {}
+    if rejected:
+        refused = Table(title="backends refused", title_justify="left", title_style="bold", box=box.SIMPLE_HEAD, show_edge=False, header_style="bold", pad_edge=False)
+        refused.add_column("backend")
+        refused.add_column("why not")
+        for bid, reasons in sorted(rejected.items(), key=lambda kv: label(str(kv[0]))):
+            refused.add_row(label(str(bid)), "; ".join(map(str, reasons)) if isinstance(reasons, list) else str(reasons))
+        parts += [Text(), refused]
+    legend = Text("score terms: " + "; ".join(f"{h} = {m}" for _, h, m in SCORE_TERMS), style="dim")
+    parts += [Text(), legend]
+    return Group(*parts)
+
+
+def why(
+    ctx: typer.Context,
+    request_id: Annotated[str, typer.Argument(metavar="REQUEST_ID", help="The request's id, from `mr decisions` or the X-Request-Id response header.", show_default=False)],
+    json: JsonOption = False,
+    config: ConfigOption = None,
+) -> None:
+    """Explain why a request went where it went: its priority terms and every backend's score or refusal.
+
+    Example: mr why req-3f2a9c
+    """
+    client = get_app(ctx, config).client
+    record = client.get(f"/admin/decisions/{quote_name(request_id)}")
+    try:
+        names = _names(client.get("/admin/backends"))
+    except RequestError:
+        names = {}
+    if json:
+        out = dict(record)
+        out.setdefault("backend_names", {bid: names[bid] for bid in names})
+        print_json(out)
+        return
+    console().print(why_view(record, names))
+
+
+def register(app: typer.Typer) -> None:
+    app.command("why")(why)

@@ -1,0 +1,329 @@
+"""The daemon in front of two real llama.cpp servers (issue 6, item 3).
+
+Each test gets a fresh in-process daemon (tests/conftest.py) and two
+llama-server instances on free loopback ports, started by
+scripts/llama-server.sh with the tiny random-weight model and 2 slots each,
+added as engine ``llamacpp`` with ``max_concurrent`` 2. The request fields
+``grammar`` and ``ignore_eos`` (tests/real_server.py: ``EXACT``) make every
+OpenAI-dialect completion exactly ``max_tokens`` tokens of ``[a-z ]``.
+
+Ollama-dialect clients cannot send those fields: mindrouter's translation to
+an OpenAI-family engine keeps only the shared options (temperature, top_p,
+seed, penalties, num_predict, stop, format), so their tests check bounds.
+
+Deselected by default (pyproject: ``-m 'not real'``); run with
+``pytest -m real tests/test_real.py`` after ``scripts/llama-server.sh build``
+and ``scripts/llama-server.sh model tiny``. Skipped when the binary is absent.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import re
+import time
+from collections import Counter
+from typing import Any
+
+import aiohttp
+import ollama
+import openai
+import pytest
+
+from .real_server import EXACT, LlamaServer, binary, free_port
+
+BIN, WHY_NOT = binary()
+
+pytestmark = [pytest.mark.real, pytest.mark.skipif(BIN is None, reason=WHY_NOT or "llama-server is not built")]
+
+MODEL = "tiny"
+NAMES = ("llama-a", "llama-b")
+SLOTS = 2
+LETTERS = re.compile(r"[a-z ]+")
+MESSAGES = [{"role": "user", "content": "tell me about the lab cluster"}]
+
+
+@dataclasses.dataclass
+class Pool:
+    daemon: Any
+    servers: dict[str, LlamaServer]
+
+    def key_headers(self, key: str) -> dict[str, str]:
+        return {"Authorization": f"Bearer {key}"}
+
+
+@pytest.fixture
+async def pool(daemon):
+    ports: set[int] = set()
+    while len(ports) < len(NAMES):
+        ports.add(free_port())
+    servers = {name: LlamaServer(BIN, port, parallel=SLOTS) for name, port in zip(NAMES, sorted(ports))}
+    try:
+        for server in servers.values():
+            await asyncio.to_thread(server.start)
+        for name, server in servers.items():
+            row = await daemon.backend(name, server.url, "llamacpp", max_concurrent=SLOTS)
+            assert row["healthy"] and row["models"] == [MODEL], row
+        yield Pool(daemon, servers)
+    finally:
+        for server in servers.values():
+            await asyncio.to_thread(server.stop)
+
+
+def oai(daemon: Any, key: str) -> openai.AsyncOpenAI:
+    return openai.AsyncOpenAI(base_url=daemon.url + "/v1", api_key=key, max_retries=0, timeout=60)
+
+
+def deficit(daemon: Any, name: str) -> float:
+    return next(u for u in daemon.scheduler.fair if u.name == name).deficit
+
+
+async def until(predicate, timeout: float, what: str, interval: float = 0.02) -> float:
+    """Wait (bounded) for an async or plain predicate; return the seconds it took."""
+    start = time.monotonic()
+    while True:
+        value = predicate()
+        if asyncio.iscoroutine(value):
+            value = await value
+        if value:
+            return time.monotonic() - start
+        if time.monotonic() - start > timeout:
+            raise AssertionError(f"timed out after {timeout} s waiting for {what}")
+        await asyncio.sleep(interval)
+
+
+async def test_openai_client_stream_and_not_charged_by_the_servers_own_counts(pool):
+    d = pool.daemon
+    key = await d.user("alice", "faculty")
+    client = oai(d, key)
+
+    reply = await client.chat.completions.create(model=MODEL, messages=MESSAGES, max_tokens=12, extra_body=EXACT)
+    assert reply.choices[0].finish_reason == "length"
+    assert LETTERS.fullmatch(reply.choices[0].message.content), reply.choices[0].message.content
+    assert reply.usage.completion_tokens == 12 and reply.usage.prompt_tokens > 0
+    charged = reply.usage.prompt_tokens + reply.usage.completion_tokens
+
+    stream = await client.chat.completions.create(
+        model=MODEL, messages=MESSAGES, max_tokens=9, stream=True, stream_options={"include_usage": True}, extra_body=EXACT
+    )
+    chunks = [c async for c in stream]
+    text = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
+    assert LETTERS.fullmatch(text), text
+    usage = chunks[-1].usage
+    assert usage is not None and usage.completion_tokens == 9
+    assert usage.prompt_tokens == reply.usage.prompt_tokens  # same messages, same template
+    charged += usage.prompt_tokens + usage.completion_tokens
+    assert deficit(d, "alice") == -charged
+
+    # A stream whose client did not ask for usage: mindrouter asks for it, charges it, hides it.
+    stream = await client.chat.completions.create(model=MODEL, messages=MESSAGES, max_tokens=7, stream=True, extra_body=EXACT)
+    chunks = [c async for c in stream]
+    assert all(c.usage is None for c in chunks)
+    assert LETTERS.fullmatch("".join(c.choices[0].delta.content or "" for c in chunks if c.choices))
+    charged += reply.usage.prompt_tokens + 7
+    assert deficit(d, "alice") == -charged
+    assert (await d.admin("GET", "/admin/share"))["global_recent_tokens"] == charged
+    await client.close()
+    d.scheduler.check()
+
+
+async def test_ollama_client_stream_and_not_charged_by_the_servers_own_counts(pool):
+    d = pool.daemon
+    key = await d.user("bob", "student")
+    client = ollama.AsyncClient(host=d.url, headers=pool.key_headers(key))
+    assert [m.model for m in (await client.list()).models] == [MODEL]
+
+    reply = await client.chat(model=MODEL, messages=MESSAGES, options={"num_predict": 8})
+    assert reply.done and reply.message.role == "assistant"
+    assert reply.prompt_eval_count > 0 and 0 < reply.eval_count <= 8
+    charged = reply.prompt_eval_count + reply.eval_count
+
+    parts = [p async for p in await client.generate(model=MODEL, prompt="once upon a time", stream=True, options={"num_predict": 6})]
+    last = parts[-1]
+    assert last.done and all(not p.done for p in parts[:-1])
+    assert last.prompt_eval_count > 0 and 0 < last.eval_count <= 6
+    charged += last.prompt_eval_count + last.eval_count
+
+    parts = [p async for p in await client.chat(model=MODEL, messages=MESSAGES, stream=True, options={"num_predict": 5})]
+    last = parts[-1]
+    assert last.done and last.prompt_eval_count == reply.prompt_eval_count and 0 < last.eval_count <= 5
+    charged += last.prompt_eval_count + last.eval_count
+    print("ollama eval counts", reply.eval_count, parts[-1].eval_count, "charged", charged)
+    assert deficit(d, "bob") == -charged
+    d.scheduler.check()
+
+
+async def test_queue_and_decisions_reflect_concurrent_traffic_on_both_servers(pool):
+    d = pool.daemon
+    key = await d.user("carol", "staff")
+    client = oai(d, key)
+    n, tokens = 8, 600
+    tasks = [asyncio.create_task(client.chat.completions.create(model=MODEL, messages=MESSAGES, max_tokens=tokens, extra_body=EXACT)) for _ in range(n)]
+
+    # 4 slots in all: 4 run, 4 wait in mindrouter's queue (not in the servers').
+    queue = None
+
+    async def saturated() -> bool:
+        nonlocal queue
+        queue = await d.admin("GET", "/admin/queue")
+        return queue["queue"]["running"] == 2 * SLOTS and queue["queue"]["total"] == n - 2 * SLOTS
+
+    await until(saturated, 10, "4 running and 4 queued")
+    assert queue["queue"]["by_user_name"] == {"carol": n - 2 * SLOTS}
+    assert queue["queue"]["by_model"] == {MODEL: n - 2 * SLOTS}
+    # Both servers are generating at once, each on both of its slots (their own /slots says so).
+    servers = list(pool.servers.values())
+    await until(lambda: _all_busy(servers), 10, "both servers busy on all slots")
+    rows = {r["name"]: r for r in await d.admin("GET", "/admin/backends")}
+    assert {name: rows[name]["in_flight"] for name in NAMES} == {name: SLOTS for name in NAMES}
+
+    replies = await asyncio.gather(*tasks)
+    assert all(r.usage.completion_tokens == tokens for r in replies)
+    charged = sum(r.usage.prompt_tokens + r.usage.completion_tokens for r in replies)
+    assert deficit(d, "carol") == -charged
+
+    queue = await d.admin("GET", "/admin/queue")
+    assert queue["queue"]["total"] == 0 and queue["queue"]["running"] == 0
+    stats = {u["name"]: u for u in queue["fair_share"]["user_stats"]}
+    assert stats["carol"]["recent_tokens"] == charged and stats["carol"]["deficit"] == -charged
+
+    records = await d.admin("GET", "/admin/decisions?user=carol&limit=50")
+    assert len(records) == n
+    used = Counter(r["selected_backend"] for r in records)
+    assert set(used) == set(NAMES), used
+    assert all(r["model"] == MODEL and r["user_group"] == "staff" and r["attempt"] == 1 for r in records)
+    assert sum(r["queue_wait"] > 0 for r in records) >= n - 2 * SLOTS
+    assert {rid for r in records for rid in r["candidate_backends"]} == {rows[name]["id"] for name in NAMES}
+
+    rows = {r["name"]: r for r in await d.admin("GET", "/admin/backends")}
+    for name in NAMES:
+        assert rows[name]["engine"] == "llamacpp" and rows[name]["status"] == "healthy"
+        assert rows[name]["completed"] == used[name] and rows[name]["in_flight"] == 0
+        probe = d.registry.by_name(name).probe  # the llamacpp adapter read the server's /slots and /metrics
+        assert probe.slots_total == SLOTS and probe.completion_tokens_total is not None
+    await client.close()
+    d.scheduler.check()
+
+
+async def _all_busy(servers: list[LlamaServer]) -> bool:
+    counts = await asyncio.gather(*(s.busy_slots() for s in servers))
+    return all(c == SLOTS for c in counts)
+
+
+async def test_a_client_leaving_mid_stream_frees_the_servers_slot(pool):
+    d = pool.daemon
+    key = await d.user("dora")
+    servers = list(pool.servers.values())
+    tokens = 1900  # about a second of generation; a slot's context is 2048
+    before = sum([await s.metric("llamacpp:tokens_predicted_total") for s in servers])
+    body = {"model": MODEL, "messages": MESSAGES, "stream": True, "max_tokens": tokens, **EXACT}
+    async with aiohttp.ClientSession() as session:
+        async with session.post(d.url + "/v1/chat/completions", json=body, headers=pool.key_headers(key)) as resp:
+            assert resp.status == 200
+            seen = 0
+            async for line in resp.content:
+                if line.startswith(b"data: {"):
+                    seen += 1
+                    if seen == 20:
+                        break
+            assert sum([await s.busy_slots() for s in servers]) == 1  # still generating for us
+        # leaving the block closes the connection mid-stream
+    took = await until(lambda: _all_idle(servers), 5, "no slot is_processing")
+    predicted = sum([await s.metric("llamacpp:tokens_predicted_total") for s in servers]) - before
+    print(f"slot freed {took:.3f} s after the client left; the server generated {predicted:.0f} of {tokens} tokens")
+    assert predicted < tokens / 2, "the server kept generating after the client left"
+    await until(lambda: d.scheduler.running_count == 0, 5, "the daemon to free its slot")
+    d.scheduler.check()
+    # The pool still serves.
+    client = oai(d, key)
+    reply = await client.chat.completions.create(model=MODEL, messages=MESSAGES, max_tokens=5, extra_body=EXACT)
+    assert reply.usage.completion_tokens == 5
+    await client.close()
+
+
+async def _all_idle(servers: list[LlamaServer]) -> bool:
+    counts = await asyncio.gather(*(s.busy_slots() for s in servers))
+    return sum(counts) == 0
+
+
+async def test_one_server_killed_and_traffic_continues_on_the_other(pool):
+    d = pool.daemon
+    key = await d.user("erin")
+    client = oai(d, key)
+    victim, survivor = pool.servers[NAMES[0]], pool.servers[NAMES[1]]
+    tokens, before_kill, after_kill = 200, 12, 40
+    replies: list[Any] = []
+    errors: list[BaseException] = []
+    killed_at: list[float] = []
+
+    async def worker() -> None:
+        while len(replies) + len(errors) < before_kill + after_kill:
+            try:
+                replies.append(await client.chat.completions.create(model=MODEL, messages=MESSAGES, max_tokens=tokens, extra_body=EXACT))
+            except Exception as exc:  # noqa: BLE001 (collected and reported)
+                errors.append(exc)
+            if len(replies) >= before_kill and not killed_at:
+                killed_at.append(time.time())
+                victim.kill()  # SIGKILL while the other workers have requests in flight
+
+    await asyncio.wait_for(asyncio.gather(*(worker() for _ in range(2 * SLOTS))), 60)
+    assert killed_at and not victim.alive()
+    assert not errors, errors
+    assert all(r.usage.completion_tokens == tokens for r in replies)
+
+    await until(lambda: _status(d, NAMES[0], "unhealthy"), 5, f"{NAMES[0]} to be unhealthy")
+    rows = {r["name"]: r for r in await d.admin("GET", "/admin/backends")}
+    assert rows[NAMES[0]]["healthy"] is False and rows[NAMES[0]]["error"]
+    assert rows[NAMES[1]]["status"] == "healthy"
+
+    records = await d.admin("GET", "/admin/decisions?user=erin&limit=500")
+    late = [r for r in records if r["wall_time"] > killed_at[0] + 1.0]  # once the probes have noticed
+    retried = [r for r in records if r["attempt"] > 1]
+    print(f"{len(replies)} replies, {len(retried)} retried after the kill:", Counter(r["selected_backend"] for r in retried))
+    assert all(r["selected_backend"] == NAMES[1] for r in retried)
+    assert len(late) >= 10 and {r["selected_backend"] for r in late} == {NAMES[1]}
+    # And still: one more, after the dust settled.
+    reply = await client.chat.completions.create(model=MODEL, messages=MESSAGES, max_tokens=3, extra_body=EXACT)
+    assert reply.usage.completion_tokens == 3 and await survivor.busy_slots() == 0
+    await client.close()
+    d.scheduler.check()
+
+
+async def _status(d: Any, name: str, status: str) -> bool:
+    rows = {r["name"]: r for r in await d.admin("GET", "/admin/backends")}
+    return rows[name]["status"] == status
+
+
+SHARE_SECONDS = 30.0
+SHARE_WARMUP = 3.0
+
+
+async def test_weights_3_2_1_saturating_two_servers_get_50_33_17(pool):
+    d = pool.daemon
+    users = {"fac": ("faculty", 3), "stf": ("staff", 2), "stu": ("student", 1)}
+    keys = {name: await d.user(name, group) for name, (group, _) in users.items()}
+    tokens = {name: 0 for name in users}
+    requests = {name: 0 for name in users}
+    start = time.monotonic()
+    stop = start + SHARE_SECONDS
+
+    async def worker(name: str) -> None:
+        client = oai(d, keys[name])
+        while time.monotonic() < stop:
+            reply = await client.chat.completions.create(model=MODEL, messages=MESSAGES, max_tokens=150, extra_body=EXACT)
+            assert reply.usage.completion_tokens == 150
+            if time.monotonic() - start > SHARE_WARMUP:
+                tokens[name] += reply.usage.prompt_tokens + reply.usage.completion_tokens
+                requests[name] += 1
+        await client.close()
+
+    await asyncio.wait_for(asyncio.gather(*(worker(name) for name in users for _ in range(6))), SHARE_SECONDS + 30)
+    total = sum(tokens.values())
+    shares = {name: tokens[name] / total for name in users}
+    elapsed = time.monotonic() - start - SHARE_WARMUP
+    print("shares", {k: round(v * 100, 1) for k, v in shares.items()}, "tokens", total, "requests", requests, f"{total / elapsed:.0f} tokens/s")
+    rows = {r["name"]: r for r in await d.admin("GET", "/admin/backends")}
+    assert all(rows[name]["completed"] > 0 and rows[name]["status"] == "healthy" for name in NAMES), rows
+    for name, (_, weight) in users.items():
+        assert abs(shares[name] - weight / 6) < 0.05, shares
+    d.scheduler.check()
