@@ -35,7 +35,7 @@ async def test_a_backend_whose_gpus_lack_the_vram_is_refused_and_a_loaded_model_
         await until(lambda: all(b.vram_free is not None for b in daemon.scheduler.backends.values()))
         key = await daemon.user("g", "staff")
         client = openai.AsyncOpenAI(base_url=daemon.url + "/v1", api_key=key, max_retries=0)
-        reply = await client.chat.completions.create(model="llama3", messages=[{"role": "user", "content": "hi"}], max_tokens=2)
+        await client.chat.completions.create(model="llama3", messages=[{"role": "user", "content": "hi"}], max_tokens=2)
         record = await daemon.admin("GET", f"/admin/decisions/{reply_id(daemon)}")
         assert record["selected_backend"] == "roomy"
         full_id = str(next(b["id"] for b in await daemon.admin("GET", "/admin/backends") if b["name"] == "full"))

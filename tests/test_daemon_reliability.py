@@ -7,7 +7,6 @@ import json
 
 import aiohttp
 import openai
-import pytest
 
 from mindrouter.daemon.app import create_app
 

@@ -244,3 +244,19 @@ def status_text(status: Any) -> Text:
     styles = {"healthy": "green", "unhealthy": "red", "draining": "yellow", "disabled": "dim"}
     word = str(status or "unknown")
     return Text(word, style=styles.get(word, ""))
+
+
+def print_changed(row: Mapping[str, Any], as_json: bool, message: str) -> None:
+    """After a change: the resulting row under --json, else one sentence for people."""
+    if as_json:
+        print_json(row)
+    else:
+        console().print(message)
+
+
+def factor_text(value: Any) -> Text:
+    """A deprioritization factor, highlighted when it is below 1."""
+    number = _finite(value)
+    if number is None:
+        return Text("n/a", style="dim")
+    return Text(f"{number:.2f}", style="yellow" if number < 1 else "")

@@ -24,7 +24,7 @@ from rich.console import Group, RenderableType
 from rich.table import Table
 from rich.text import Text
 
-from ._output import bar, fmt_duration, fmt_list, fmt_num, fmt_pct, fmt_tokens, status_text
+from ._output import bar, factor_text, fmt_duration, fmt_list, fmt_num, fmt_pct, fmt_tokens, status_text
 from .queue import user_model_rows
 
 __all__ = ["Section", "allocate", "render_top"]
@@ -116,14 +116,6 @@ def _load(row: Mapping[str, Any]) -> Text:
     return text
 
 
-def _factor(value: Any) -> Text:
-    try:
-        number = float(value)
-    except (TypeError, ValueError):
-        return Text("n/a", style="dim")
-    return Text(f"{number:.2f}", style="yellow" if number < 1 else "")
-
-
 def _clock(value: Any) -> str:
     try:
         return time.strftime("%H:%M:%S", time.localtime(float(value)))
@@ -198,7 +190,7 @@ def _share(data: Mapping[str, Any]) -> Section:
         _Col("actual", lambda r: fmt_pct(r.get("actual_share"), 1), 6, "right"),
         _Col("deficit", lambda r: fmt_num(r.get("deficit"), 0), 8, "right", drop=2),
         _Col("burst", lambda r: fmt_tokens(r.get("burst_credits")), 6, "right", drop=3),
-        _Col("factor", lambda r: _factor(r.get("factor")), 6, "right", drop=1),
+        _Col("factor", lambda r: factor_text(r.get("factor")), 6, "right", drop=1),
     ]
     title = Text("Fair share", style="bold")
     title.append(f"  last {fmt_duration(share.get('window_seconds'))} · {fmt_tokens(share.get('global_recent_tokens'))} tokens", style="dim")

@@ -11,7 +11,7 @@ from rich.text import Text
 from . import _validate
 from ._app import ConfigOption, JsonOption, complete_from, get_app
 from ._client import quote_name
-from ._output import Column, console, fmt_duration, fmt_list, fmt_num, fmt_pct, print_json, print_rows, status_text
+from ._output import Column, console, fmt_duration, fmt_list, fmt_num, fmt_pct, print_changed, print_json, print_rows, status_text
 
 __all__ = ["COLUMNS", "backend_app", "register"]
 
@@ -46,13 +46,6 @@ COLUMNS = [
 ]
 
 BackendName = Annotated[str, typer.Argument(metavar="NAME", help="The backend's name.", autocompletion=complete_from("/admin/backends"), show_default=False)]
-
-
-def _done(row: dict[str, Any], as_json: bool, message: str) -> None:
-    if as_json:
-        print_json(row)
-    else:
-        console().print(message)
 
 
 @backend_app.command("list")
@@ -114,7 +107,7 @@ def drain(ctx: typer.Context, name: BackendName, json: JsonOption = False, confi
     Example: mr backend drain ws3
     """
     row = get_app(ctx, config).client.post(f"/admin/backends/{quote_name(name)}/drain")
-    _done(row, json, f"draining [bold]{escape(name)}[/]: no new requests; {fmt_num(row.get('in_flight'))} still in flight")
+    print_changed(row, json, f"draining [bold]{escape(name)}[/]: no new requests; {fmt_num(row.get('in_flight'))} still in flight")
 
 
 @backend_app.command("enable")
@@ -124,7 +117,7 @@ def enable(ctx: typer.Context, name: BackendName, json: JsonOption = False, conf
     Example: mr backend enable ws3
     """
     row = get_app(ctx, config).client.post(f"/admin/backends/{quote_name(name)}/enable")
-    _done(row, json, f"enabled [bold]{escape(name)}[/] ({row.get('status', 'unknown')})")
+    print_changed(row, json, f"enabled [bold]{escape(name)}[/] ({row.get('status', 'unknown')})")
 
 
 @backend_app.command("rm")
@@ -134,7 +127,7 @@ def remove(ctx: typer.Context, name: BackendName, json: JsonOption = False, conf
     Example: mr backend rm ws3
     """
     answer = get_app(ctx, config).client.delete(f"/admin/backends/{quote_name(name)}")
-    _done(answer or {"removed": name}, json, f"removed backend [bold]{escape(name)}[/]")
+    print_changed(answer or {"removed": name}, json, f"removed backend [bold]{escape(name)}[/]")
 
 
 def register(app: typer.Typer) -> None:

@@ -10,7 +10,7 @@ from rich.markup import escape
 from . import _validate
 from ._app import ConfigOption, JsonOption, complete_from, get_app
 from ._client import quote_name
-from ._output import Column, console, fmt_count, fmt_num, print_json, print_rows
+from ._output import Column, fmt_count, fmt_num, print_changed, print_rows
 
 __all__ = ["COLUMNS", "group_app", "register"]
 
@@ -23,13 +23,6 @@ COLUMNS = [
 ]
 
 GroupName = Annotated[str, typer.Argument(metavar="NAME", help="The group's name.", autocompletion=complete_from("/admin/groups"), show_default=False)]
-
-
-def _done(row: dict, as_json: bool, message: str) -> None:
-    if as_json:
-        print_json(row)
-    else:
-        console().print(message)
 
 
 @group_app.command("list")
@@ -56,7 +49,7 @@ def add(
     """
     body = {"name": _validate.name(name, "group"), "weight": _validate.weight(weight)}
     row = get_app(ctx, config).client.post("/admin/groups", body)
-    _done(row, json, f"added group [bold]{escape(name)}[/] with weight {fmt_num(row.get('scheduler_weight', body['weight']))}")
+    print_changed(row, json, f"added group [bold]{escape(name)}[/] with weight {fmt_num(row.get('scheduler_weight', body['weight']))}")
 
 
 @group_app.command("set-weight", context_settings={"ignore_unknown_options": True})  # so "-1" reaches the weight check
@@ -75,7 +68,7 @@ def set_weight(
     """
     value = _validate.weight(weight)
     row = get_app(ctx, config).client.put(f"/admin/groups/{quote_name(name)}", {"weight": value})
-    _done(row, json, f"group [bold]{escape(name)}[/] now has weight {fmt_num(row.get('scheduler_weight', value))}")
+    print_changed(row, json, f"group [bold]{escape(name)}[/] now has weight {fmt_num(row.get('scheduler_weight', value))}")
 
 
 @group_app.command("rm")
@@ -85,7 +78,7 @@ def remove(ctx: typer.Context, name: GroupName, json: JsonOption = False, config
     Example: mr group rm visitors
     """
     answer = get_app(ctx, config).client.delete(f"/admin/groups/{quote_name(name)}")
-    _done(answer or {"removed": name}, json, f"removed group [bold]{escape(name)}[/]")
+    print_changed(answer or {"removed": name}, json, f"removed group [bold]{escape(name)}[/]")
 
 
 def register(app: typer.Typer) -> None:

@@ -16,7 +16,7 @@ from rich.table import Table
 from rich.text import Text
 
 from ._app import ConfigOption, JsonOption, get_app
-from ._output import console, fmt_duration, fmt_num, fmt_pct, fmt_tokens, print_json
+from ._output import console, factor_text, fmt_duration, fmt_num, fmt_pct, fmt_tokens, print_json
 
 __all__ = ["register", "share_rows", "share_table"]
 
@@ -37,14 +37,6 @@ def share_rows(data: dict[str, Any]) -> list[tuple[str, dict[str, Any]]]:
     return out
 
 
-def _factor(value: Any) -> Text:
-    try:
-        number = float(value)
-    except (TypeError, ValueError):
-        return Text("n/a", style="dim")
-    return Text(f"{number:.2f}", style="yellow" if number < 1 else "")
-
-
 def share_table(data: dict[str, Any]) -> Table:
     t = Table(box=box.SIMPLE_HEAD, show_edge=False, header_style="bold", pad_edge=False,
               title=f"fair share over the last {fmt_duration(data.get('window_seconds'))} ({fmt_tokens(data.get('global_recent_tokens'))} tokens)",
@@ -58,7 +50,7 @@ def share_table(data: dict[str, Any]) -> Table:
         else:
             t.add_row(f"  {row.get('name')}", fmt_num(row.get("weight")), fmt_pct(row.get("normalized_share"), 1),
                       fmt_tokens(row.get("recent_tokens")), fmt_pct(row.get("actual_share"), 1), fmt_num(row.get("deficit"), 0),
-                      fmt_tokens(row.get("burst_credits")), _factor(row.get("factor")), fmt_num(row.get("queued")), fmt_num(row.get("running")))
+                      fmt_tokens(row.get("burst_credits")), factor_text(row.get("factor")), fmt_num(row.get("queued")), fmt_num(row.get("running")))
     if not data.get("groups") and not data.get("users"):
         t.add_row(Text("no groups or users yet", style="dim"), *[""] * (len(HEADERS) - 1))
     return t

@@ -12,7 +12,7 @@ from ..errors import UsageError
 from . import _validate
 from ._app import ConfigOption, JsonOption, complete_from, get_app
 from ._client import quote_name
-from ._output import Column, console, err_console, fmt_count, fmt_num, fmt_tokens, print_json, print_rows
+from ._output import Column, err_console, fmt_count, fmt_num, fmt_tokens, print_changed, print_json, print_rows
 
 __all__ = ["COLUMNS", "register", "user_app"]
 
@@ -38,13 +38,6 @@ UserName = Annotated[str, typer.Argument(metavar="NAME", help="The user's name."
 GroupOption = Annotated[str | None, typer.Option(
     "--group", "-g", metavar="G", help="The group the user belongs to (its weight applies unless the user has one).",
     autocompletion=complete_from("/admin/groups"), show_default=False)]
-
-
-def _done(row: dict[str, Any], as_json: bool, message: str) -> None:
-    if as_json:
-        print_json(row)
-    else:
-        console().print(message)
 
 
 def _weight_note(row: dict[str, Any]) -> str:
@@ -85,7 +78,7 @@ def add(
     if weight is not None:
         body["weight"] = _validate.weight(weight)
     row = get_app(ctx, config).client.post("/admin/users", body)
-    _done(row, json, f"added user [bold]{escape(name)}[/] to group {escape(group)} ({_weight_note(row)}); create a key with `mr user key {escape(name)}`")
+    print_changed(row, json, f"added user [bold]{escape(name)}[/] to group {escape(group)} ({_weight_note(row)}); create a key with `mr user key {escape(name)}`")
 
 
 @user_app.command("set-weight", context_settings={"ignore_unknown_options": True})  # so "-1" reaches the weight check
@@ -107,7 +100,7 @@ def set_weight(
         raise UsageError("give the user's new weight, such as `mr user set-weight alice 2`, or --clear to use the group's")
     value = None if clear else _validate.weight(weight)
     row = get_app(ctx, config).client.put(f"/admin/users/{quote_name(name)}", {"weight": value})
-    _done(row, json, f"user [bold]{escape(name)}[/] now has {_weight_note(row)}")
+    print_changed(row, json, f"user [bold]{escape(name)}[/] now has {_weight_note(row)}")
 
 
 @user_app.command("set-group")
@@ -123,7 +116,7 @@ def set_group(
     Example: mr user set-group bob staff
     """
     row = get_app(ctx, config).client.put(f"/admin/users/{quote_name(name)}", {"group": group})
-    _done(row, json, f"user [bold]{escape(name)}[/] is now in group {escape(str(row.get('group', group)))} ({_weight_note(row)})")
+    print_changed(row, json, f"user [bold]{escape(name)}[/] is now in group {escape(str(row.get('group', group)))} ({_weight_note(row)})")
 
 
 @user_app.command("key")
@@ -151,7 +144,7 @@ def remove(ctx: typer.Context, name: UserName, json: JsonOption = False, config:
     Example: mr user rm bob
     """
     answer = get_app(ctx, config).client.delete(f"/admin/users/{quote_name(name)}")
-    _done(answer or {"removed": name}, json, f"removed user [bold]{escape(name)}[/] and revoked their keys")
+    print_changed(answer or {"removed": name}, json, f"removed user [bold]{escape(name)}[/] and revoked their keys")
 
 
 def register(app: typer.Typer) -> None:
