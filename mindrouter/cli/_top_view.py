@@ -225,7 +225,12 @@ def _fit_columns(columns: list[_Col], width: int) -> list[_Col]:
     return cols
 
 
+#: Tables stop growing here: past it, wider name columns only spread the numbers apart.
+TABLE_MAX_WIDTH = 120
+
+
 def _table(section: Section, width: int, rows: int) -> RenderableType:
+    width = min(width, TABLE_MAX_WIDTH)
     cols = _fit_columns(section.columns, width)
     title = section.title.copy()
     title.truncate(width, overflow="ellipsis")
@@ -233,7 +238,7 @@ def _table(section: Section, width: int, rows: int) -> RenderableType:
         empty = Text(section.empty, style="dim")
         empty.truncate(width, overflow="ellipsis")
         return Group(title, empty)
-    t = Table(box=None, show_edge=False, pad_edge=False, padding=(0, 1, 0, 0), expand=True, header_style="bold dim",
+    t = Table(box=None, show_edge=False, pad_edge=False, padding=(0, 1, 0, 0), expand=True, width=width, header_style="bold dim",
               title=title, title_justify="left")
     for col in cols:
         t.add_column(col.header, justify=col.justify, no_wrap=True, overflow="ellipsis", min_width=col.min_width, ratio=col.ratio)  # type: ignore[arg-type]
