@@ -1,0 +1,77 @@
+"""Backend life in the daemon: circuit breaker, drain, embeddings in both dialects."""
+
+from __future__ import annotations
+
+import asyncio
+
+import ollama
+import openai
+
+from .fakes import FakeOllama, FakeOpenAI
+
+
+async def until(predicate, timeout: float = 5.0) -> None:
+    for _ in range(int(timeout / 0.02)):
+        if predicate():
+            return
+        await asyncio.sleep(0.02)
+    assert predicate()
+
+
+async def test_failures_open_the_circuit_and_a_probe_closes_it(daemon):
+    async with FakeOpenAI(flavor="vllm", models=["llama3"]) as flaky, FakeOpenAI(flavor="vllm", models=["llama3"]) as steady:
+        row = await daemon.backend("flaky", flaky.url, "vllm", priority=100)
+        await daemon.backend("steady", steady.url, "vllm")
+        key = await daemon.user("c")
+        client = openai.AsyncOpenAI(base_url=daemon.url + "/v1", api_key=key, max_retries=0)
+        flaky.fail_next(3, 503)
+        for _ in range(3):  # each fails over to steady; the third failure in a row opens flaky's circuit
+            reply = await client.chat.completions.create(model="llama3", messages=[{"role": "user", "content": "x"}], max_tokens=1)
+            assert reply.choices[0].message.content == "tok0"
+        entry = daemon.registry.entries[row["id"]]
+        assert entry.circuit_open and not daemon.scheduler.backend(row["id"]).healthy
+        listed = {b["name"]: b for b in await daemon.admin("GET", "/admin/backends")}
+        assert listed["flaky"]["status"] == "unhealthy" and listed["flaky"]["error"]
+        before = flaky.requests
+        await client.chat.completions.create(model="llama3", messages=[{"role": "user", "content": "x"}], max_tokens=1)
+        assert flaky.requests == before  # an open circuit takes no traffic
+        # After the cool-down, the next successful probe closes it again.
+        await until(lambda: daemon.scheduler.backend(row["id"]).healthy, timeout=5)
+        assert not entry.circuit_open
+        await client.chat.completions.create(model="llama3", messages=[{"role": "user", "content": "x"}], max_tokens=1)
+        assert flaky.requests == before + 1
+
+
+async def test_a_drained_backend_takes_no_new_work_and_is_disabled_once_idle(daemon):
+    async with FakeOpenAI(flavor="vllm", models=["llama3"], tokens_per_second=40, completion_tokens=20) as a, FakeOpenAI(flavor="vllm", models=["llama3"]) as b:
+        row = await daemon.backend("a", a.url, "vllm", priority=100)
+        await daemon.backend("b", b.url, "vllm")
+        key = await daemon.user("d")
+        client = openai.AsyncOpenAI(base_url=daemon.url + "/v1", api_key=key, max_retries=0)
+        running = asyncio.create_task(client.chat.completions.create(model="llama3", messages=[{"role": "user", "content": "x"}], max_tokens=20))
+        await until(lambda: a.in_flight == 1)
+        drained = await daemon.admin("POST", "/admin/backends/a/drain")
+        assert drained["status"] == "draining"
+        await client.chat.completions.create(model="llama3", messages=[{"role": "user", "content": "x"}], max_tokens=1)
+        assert b.completed == 1 and a.requests == 1  # new work went elsewhere
+        assert (await running).usage.completion_tokens == 20  # in-flight work finished
+        await until(lambda: daemon.registry.entries[row["id"]].row.state == "disabled")
+        enabled = await daemon.admin("POST", "/admin/backends/a/enable")
+        assert enabled["status"] == "healthy"
+
+
+async def test_embeddings_in_both_dialects_on_both_engines(daemon):
+    async with FakeOllama(models=["nomic"]) as oll, FakeOpenAI(flavor="vllm", models=["bge"]) as vllm:
+        await daemon.backend("o", oll.url, "ollama")
+        await daemon.backend("v", vllm.url, "vllm")
+        key = await daemon.user("e")
+        oa = openai.AsyncOpenAI(base_url=daemon.url + "/v1", api_key=key, max_retries=0)
+        ol = ollama.AsyncClient(host=daemon.url, headers={"Authorization": f"Bearer {key}"})
+        for model in ("nomic", "bge"):
+            out = await oa.embeddings.create(model=model, input=["one two", "three"])
+            assert len(out.data) == 2 and len(out.data[0].embedding) == 4
+            assert out.usage.prompt_tokens == 3
+            res = await ol.embed(model=model, input=["alpha beta gamma"])
+            assert len(res.embeddings) == 1 and len(res.embeddings[0]) == 4
+        state = next(u for u in daemon.scheduler.fair if u.name == "e")
+        assert state.deficit == -(3 + 3 + 3 + 3)
