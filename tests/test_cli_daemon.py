@@ -1,0 +1,179 @@
+"""Every `mr` command against a real running daemon (in a background thread) with a fake Ollama behind it."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import threading
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import aiohttp
+import pytest
+from aiohttp import web
+
+from mindrouter.daemon.app import create_app
+
+from .conftest import daemon_config
+from .fake_nvml import FakeNvml
+from .fakes import FakeOllama
+from .test_cli_fake import mr
+
+
+class ThreadDaemon:
+    """A daemon on a Unix socket and TCP port, run by its own event loop in a thread."""
+
+    def __init__(self, tmp: Path) -> None:
+        self.tmp = tmp
+        self.config_file = tmp / "config.toml"
+        self.loop = asyncio.new_event_loop()
+        self.ready = threading.Event()
+        self.thread = threading.Thread(target=self._run, daemon=True)
+
+    def _run(self) -> None:
+        asyncio.set_event_loop(self.loop)
+        self.loop.run_until_complete(self._start())
+        self.ready.set()
+        self.loop.run_forever()
+
+    async def _start(self) -> None:
+        self.fake = FakeOllama(models=["llama3", "mistral"], loaded=["llama3"])
+        await self.fake.start()
+        config = daemon_config(self.tmp)
+        self.config_file.write_text(f'[server]\nsocket = "{config.server.socket_path}"\nstate_dir = "{config.server.state_path}"\n')
+        self.app = await create_app(config, nvml=FakeNvml(init_error=FakeNvml.NVML_ERROR_LIBRARY_NOT_FOUND))
+        self.runner = web.AppRunner(self.app, handler_cancellation=True, handle_signals=False)
+        await self.runner.setup()
+        await web.UnixSite(self.runner, str(config.server.socket_path)).start()
+        tcp = web.TCPSite(self.runner, "127.0.0.1", 0)
+        await tcp.start()
+        self.port = tcp._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
+
+    def call(self, coro: Any, timeout: float = 10) -> Any:
+        return asyncio.run_coroutine_threadsafe(coro, self.loop).result(timeout)
+
+    def start(self) -> None:
+        self.thread.start()
+        assert self.ready.wait(20)
+
+    def stop(self) -> None:
+        async def _stop() -> None:
+            await self.runner.cleanup()
+            await self.fake.stop()
+
+        self.call(_stop())
+        self.loop.call_soon_threadsafe(self.loop.stop)
+        self.thread.join(10)
+
+
+@pytest.fixture(scope="module")
+def live(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ThreadDaemon]:
+    d = ThreadDaemon(tmp_path_factory.mktemp("live"))
+    d.start()
+    yield d
+    d.stop()
+
+
+def run(live: ThreadDaemon, *args: str) -> Any:
+    return mr("--config", str(live.config_file), *args)
+
+
+def test_every_command_against_a_running_daemon(live: ThreadDaemon) -> None:
+    # Set up the pool.
+    assert run(live, "group", "add", "phd", "--weight", "2").exit_code == 0
+    assert run(live, "group", "set-weight", "phd", "2.5").exit_code == 0
+    groups = run(live, "group", "list", "--json").json()
+    assert {"name": "phd", "scheduler_weight": 2.5} in [{k: g[k] for k in ("name", "scheduler_weight")} for g in groups]
+    r = run(live, "backend", "add", "ws1", live.fake.url, "--engine", "ollama", "--max-concurrent", "3", "--priority", "1")
+    assert r.exit_code == 0, r
+    assert run(live, "user", "add", "alice", "--group", "faculty").exit_code == 0
+    assert run(live, "user", "add", "bob", "--group", "phd", "--weight", "4").exit_code == 0
+    key = run(live, "user", "key", "alice", "--json").json()
+    assert key["user"] == "alice" and key["key"].startswith("mr-")
+    users = {u["name"]: u for u in run(live, "user", "list", "--json").json()}
+    assert users["bob"]["weight_override"] == 4 and users["bob"]["weight"] == 4 and users["alice"]["weight"] == 3
+    assert run(live, "user", "set-weight", "bob", "--clear").exit_code == 0
+    assert run(live, "user", "list", "--json").json()[1]["weight"] == 2.5
+
+    # Traffic, so there is something to show.
+    async def chat() -> str:
+        async with aiohttp.ClientSession() as s:
+            async with s.post(f"http://127.0.0.1:{live.port}/v1/chat/completions", json={"model": "llama3", "messages": [{"role": "user", "content": "a b c"}], "max_tokens": 3}, headers={"Authorization": f"Bearer {key['key']}"}) as resp:
+                assert resp.status == 200
+                return resp.headers["X-Request-Id"]
+
+    rid = live.call(chat())
+
+    status = run(live, "status", "--json").json()
+    assert status["backends"] == 1 and status["queue_total"] == 0 and status["requests_total"] == 1
+    backends = run(live, "backend", "list", "--json").json()
+    assert {k: backends[0][k] for k in ("name", "engine", "status", "healthy", "max_concurrent", "models", "loaded_models")} == {
+        "name": "ws1", "engine": "ollama", "status": "healthy", "healthy": True, "max_concurrent": 3, "models": ["llama3", "mistral"], "loaded_models": ["llama3"]}
+    models = run(live, "models", "--json").json()
+    assert [m["model"] for m in models] == ["llama3", "mistral"]
+    queue = run(live, "queue", "--json").json()
+    assert queue["queue"]["total"] == 0 and queue["fair_share"]["global_recent_tokens"] == 6
+    share = run(live, "share", "--json").json()
+    alice = next(u for u in share["users"] if u["name"] == "alice")
+    assert alice["recent_tokens"] == 6 and alice["actual_share"] == 1.0 and alice["deficit"] == -6
+    lines = run(live, "decisions", "--json", "--limit", "5").stdout.strip().splitlines()
+    record = json.loads(lines[-1])
+    assert record["request_id"] == rid and record["selected_backend"] == "ws1"
+    why = run(live, "why", rid, "--json").json()
+    assert why["request_id"] == rid
+    assert run(live, "gpu", "--json").json() == []
+    exported = run(live, "export").stdout
+    assert "alice" in exported and key["key"] not in exported
+
+    # People's output: each command prints a table with the names in it.
+    for args, words in [
+        (("status",), ["healthy"]),
+        (("group", "list"), ["faculty", "phd"]),
+        (("user", "list"), ["alice", "bob"]),
+        (("backend", "list"), ["ws1", "healthy"]),
+        (("models",), ["llama3", "ws1"]),
+        (("queue",), []),
+        (("share",), ["alice", "faculty"]),
+        (("decisions", "--limit", "3"), [rid]),
+        (("why", rid), ["ws1", "wait"]),
+        (("top", "--once"), ["ws1", "alice"]),
+    ]:
+        r = run(live, *args)
+        assert r.exit_code == 0, (args, r)
+        for word in words:
+            assert word in r.stdout, (args, word, r.stdout)
+
+    # Changes, then clean-up.
+    assert run(live, "backend", "drain", "ws1", "--json").json()["status"] in ("draining", "disabled")
+    assert run(live, "backend", "enable", "ws1", "--json").json()["status"] == "healthy"
+    assert run(live, "user", "rm", "bob").exit_code == 0
+    assert run(live, "group", "rm", "phd").exit_code == 0
+    assert run(live, "backend", "rm", "ws1").exit_code == 0
+    assert run(live, "backend", "list", "--json").json() == []
+
+
+@pytest.mark.parametrize(
+    "args, code, words",
+    [
+        (("group", "add", "x", "--weight", "0"), 2, "greater than 0"),
+        (("group", "add", "x", "--weight", "nan"), 2, "weight"),
+        (("group", "set-weight", "nobody", "2"), 1, "nobody"),
+        (("user", "add", "zed", "--group", "nogroup"), 1, "nogroup"),
+        (("backend", "add", "b", "ftp://x", "--engine", "ollama"), 2, "http"),
+        (("backend", "add", "b", "http://x:1", "--engine", "tgi"), 2, "engine"),
+        (("backend", "drain", "ghost"), 1, "ghost"),
+        (("why", "mr-unknown"), 1, "mr-unknown"),
+    ],
+)
+def state(live: ThreadDaemon) -> list[str]:
+    """The exported pool, without its comment header (which carries the time)."""
+    return [line for line in run(live, "export").stdout.splitlines() if not line.startswith("#")]
+
+
+def test_bad_input_against_a_running_daemon(live: ThreadDaemon, args, code, words) -> None:
+    before = state(live)
+    r = run(live, *args)
+    assert r.exit_code == code, r
+    assert words in r.stderr and r.stderr.startswith("mr: ") and len(r.stderr.strip().splitlines()) == 1
+    assert state(live) == before  # nothing changed
