@@ -153,6 +153,11 @@ def test_every_command_against_a_running_daemon(live: ThreadDaemon) -> None:
     assert run(live, "backend", "list", "--json").json() == []
 
 
+def state(live: ThreadDaemon) -> list[str]:
+    """The exported pool, without its comment header (which carries the time)."""
+    return [line for line in run(live, "export").stdout.splitlines() if not line.startswith("#")]
+
+
 @pytest.mark.parametrize(
     "args, code, words",
     [
@@ -166,11 +171,6 @@ def test_every_command_against_a_running_daemon(live: ThreadDaemon) -> None:
         (("why", "mr-unknown"), 1, "mr-unknown"),
     ],
 )
-def state(live: ThreadDaemon) -> list[str]:
-    """The exported pool, without its comment header (which carries the time)."""
-    return [line for line in run(live, "export").stdout.splitlines() if not line.startswith("#")]
-
-
 def test_bad_input_against_a_running_daemon(live: ThreadDaemon, args, code, words) -> None:
     before = state(live)
     r = run(live, *args)
