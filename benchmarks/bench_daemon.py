@@ -18,10 +18,8 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import json
 import os
 import socket
-import statistics
 import subprocess
 import sys
 import tempfile
