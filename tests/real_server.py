@@ -40,7 +40,7 @@ def binary() -> tuple[Path | None, str]:
     except (OSError, subprocess.TimeoutExpired) as exc:
         return None, f"scripts/llama-server.sh path failed: {exc}"
     if out.returncode != 0:
-        return None, "llama-server is not built (run `scripts/llama-server.sh build` and `scripts/llama-server.sh model tiny`): " + out.stderr.strip()
+        return None, "llama-server is not built (`scripts/llama-server.sh path` failed); run `scripts/llama-server.sh build` and `scripts/llama-server.sh model tiny`"
     return Path(out.stdout.strip()), ""
 
 

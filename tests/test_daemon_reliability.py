@@ -194,3 +194,18 @@ async def test_metrics_need_no_key_and_carry_counts_only(daemon):
         assert 'mindrouter_tokens_total{kind="completion"} 3.0' in text
         assert 'mindrouter_backend_healthy{backend="b1"} 1.0' in text
         assert "secret" not in text and key not in text
+
+
+async def test_a_retry_waits_for_the_healthy_backend_instead_of_the_dead_one(daemon):
+    """The only free slot is on a backend that just died: the retry waits for the live one."""
+    async with FakeOpenAI(flavor="llamacpp", models=["m"], tokens_per_second=20, completion_tokens=10) as good, FakeOpenAI(flavor="llamacpp", models=["m"]) as dead:
+        await daemon.backend("good", good.url, "llamacpp", max_concurrent=1, priority=10)
+        await daemon.backend("dead", dead.url, "llamacpp", max_concurrent=1)
+        key = await daemon.user("u")
+        client = openai.AsyncOpenAI(base_url=daemon.url + "/v1", api_key=key, max_retries=0)
+        busy = asyncio.create_task(client.chat.completions.create(model="m", messages=[{"role": "user", "content": "x"}], max_tokens=10))
+        await settle(lambda: good.in_flight == 1)
+        await dead.go_down()  # refused from now on; its next probe is up to poll_interval away
+        reply = await client.chat.completions.create(model="m", messages=[{"role": "user", "content": "y"}], max_tokens=2)
+        assert reply.usage.completion_tokens == 2 and good.completed >= 1
+        assert (await busy).usage.completion_tokens == 10

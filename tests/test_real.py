@@ -55,30 +55,43 @@ class Pool:
         return {"Authorization": f"Bearer {key}"}
 
 
+class Servers(dict):
+    """The servers now in use by backend name; ``started`` also keeps the ones a test killed."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.started: list[LlamaServer] = []
+
+
 @pytest.fixture(scope="module")
-def servers():
-    """The module's llama-servers by backend name, started by ``pool`` as needed, all stopped at the end."""
-    running: dict[str, LlamaServer] = {}
+def servers(request):
+    """The module's llama-servers, started by ``pool`` as needed and all stopped at the end, failures included."""
+    running = Servers()
+    failed_before = request.session.testsfailed
     try:
         yield running
     finally:
         with ThreadPoolExecutor(len(NAMES)) as pool:  # each takes about 2 s to exit on SIGTERM
-            list(pool.map(LlamaServer.stop, list(running.values())))
+            list(pool.map(LlamaServer.stop, running.started))
+        if request.session.testsfailed == failed_before:  # keep the servers' logs only when they may tell something
+            for server in running.started:
+                server.log.unlink(missing_ok=True)
 
 
 @pytest.fixture
 async def pool(daemon, servers):
-    """A fresh daemon with the two servers (restarted if a test killed one) as idle llamacpp backends."""
+    """A fresh daemon with the two servers (replaced if a test killed one) as idle llamacpp backends."""
     for name in NAMES:
         server = servers.get(name)
         if server is None or not server.alive():
             if server is not None:
                 await asyncio.to_thread(server.stop)
-            ports = {s.port for s in servers.values()}
+            ports = {s.port for s in servers.started}
             port = free_port()
             while port in ports:
                 port = free_port()
             server = servers[name] = LlamaServer(BIN, port, parallel=SLOTS)
+            servers.started.append(server)
             await asyncio.to_thread(server.start)
     # A test that failed may have left generations running; start from idle servers.
     await until(lambda: _all_idle(list(servers.values())), 15, "idle servers before the test")
@@ -166,7 +179,6 @@ async def test_ollama_client_stream_and_not_charged_by_the_servers_own_counts(po
     last = parts[-1]
     assert last.done and last.prompt_eval_count == reply.prompt_eval_count and 0 < last.eval_count <= 5
     charged += last.prompt_eval_count + last.eval_count
-    print("ollama eval counts", reply.eval_count, parts[-1].eval_count, "charged", charged)
     assert deficit(d, "bob") == -charged
     d.scheduler.check()
 
@@ -302,6 +314,29 @@ async def test_one_server_killed_and_traffic_continues_on_the_other(pool):
     # And still: one more, after the dust settled.
     reply = await client.chat.completions.create(model=MODEL, messages=MESSAGES, max_tokens=3, extra_body=EXACT)
     assert reply.usage.completion_tokens == 3 and await survivor.busy_slots() == 0
+    await client.close()
+    d.scheduler.check()
+
+
+async def test_requests_in_flight_on_a_killed_server_are_retried_on_the_other(pool):
+    """Non-streaming answers have sent no byte when a server dies under them: the daemon retries them."""
+    d = pool.daemon
+    key = await d.user("fred")
+    client = oai(d, key)
+    victim = pool.servers[NAMES[0]]
+    tokens = 1500  # about a second at 4 streams on this machine
+    tasks = [asyncio.create_task(client.chat.completions.create(model=MODEL, messages=MESSAGES, max_tokens=tokens, extra_body=EXACT)) for _ in range(2 * SLOTS)]
+    await until(lambda: _all_busy(list(pool.servers.values())), 10, "both servers busy on all slots")
+    victim.kill()  # two of the four die with it; the survivor stays full for about a second
+    results = await asyncio.wait_for(asyncio.gather(*tasks, return_exceptions=True), 30)
+    errors = [r for r in results if isinstance(r, BaseException)]
+    records = await d.admin("GET", "/admin/decisions?user=fred&limit=50")
+    attempts = [(r["request_id"], r["attempt"], r["selected_backend"]) for r in sorted(records, key=lambda r: r["time"])]
+    assert not errors, (errors, attempts)
+    assert all(r.usage.completion_tokens == tokens for r in results)
+    last = {rid: backend for rid, _, backend in attempts}  # each request's final attempt
+    retried = {rid for rid, attempt, _ in attempts if attempt > 1}
+    assert len(retried) == SLOTS and {last[rid] for rid in retried} == {NAMES[1]}, attempts
     await client.close()
     d.scheduler.check()
 

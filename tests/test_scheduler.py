@@ -497,3 +497,32 @@ def test_a_user_alone_in_the_window_is_not_heavy():
     s.fair.add_usage("idle", 10, 1.0)
     s.fair.refresh(2.0)
     assert s.user("solo").factor == pytest.approx(0.1)
+
+
+def test_a_retry_waits_for_another_live_backend_instead_of_the_one_that_failed():
+    s = Scheduler()
+    for bid in (1, 2):
+        s.set_backend(Backend(id=bid, name=f"b{bid}", models=LLAMA, max_concurrent=1))
+    s.set_user("u", 1)
+    s.submit(busy := job("u", 0), 0)
+    s.submit(j := job("u", 0), 0)
+    placed = {d.job.id: d.backend_id for d in s.dispatch(0)}
+    failed_on = placed[j.id]
+    assert s.fail(j.id, 1, retry=True)
+    assert s.dispatch(1) == []  # its failed backend is free, but the other one is live: wait for it
+    s.complete(busy.id, 2, prompt_tokens=1, completion_tokens=1)
+    [again] = s.dispatch(2)
+    assert again.job.id == j.id and again.backend_id != failed_on
+
+
+def test_a_retry_goes_back_to_the_failed_backend_when_no_other_is_live():
+    s = Scheduler()
+    s.set_backend(Backend(id=1, name="only", models=LLAMA, max_concurrent=1))
+    s.set_backend(Backend(id=2, name="down", models=LLAMA, max_concurrent=1, healthy=False))
+    s.set_user("u", 1)
+    s.submit(j := job("u", 0), 0)
+    [d] = s.dispatch(0)
+    assert s.fail(j.id, 1, retry=True)
+    [again] = s.dispatch(1)
+    assert again.backend_id == d.backend_id == 1
+    assert again.record.rows[0].penalty > 0

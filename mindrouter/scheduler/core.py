@@ -36,7 +36,7 @@ from .backend import Backend, BackendLoad
 from .fairshare import FairShare, UserState
 from .jobs import Dispatch, Expired, Job, Rejection
 from .records import DecisionRecord, PriorityTerms
-from .scoring import RETRY_PENALTY, BackendScorer, ClassKey, live_rejections, static_rejections
+from .scoring import REASONS, RETRY_PENALTY, BackendScorer, ClassKey, live_rejections, static_rejections
 from .settings import SchedulerSettings
 
 __all__ = ["Scheduler", "UnknownUser"]
@@ -313,10 +313,15 @@ class Scheduler:
         scorer = self.scorer
         queue_points = self.settings.scores.short_queue
         excluded = self._excluded.get(job.id)
+        # A retry waits for another live backend rather than go straight back to one
+        # that just failed it; only with no alternative left does it try that one again.
+        avoid = bool(excluded) and any(bid not in excluded and self._live(bid, model) for bid in info.candidates)
         rows: list[tuple[Any, ...]] = []
         best_id = None
         best_total = -math.inf
         for bid in info.open:
+            if avoid and bid in excluded:  # type: ignore[operator]
+                continue
             backend = backends[bid]
             load = loads[bid]
             terms = scorer.static_terms(backend, load, model)
@@ -329,6 +334,12 @@ class Scheduler:
         if best_id is None:
             return None
         return best_id, tuple(rows), dict(info.closed)
+
+    def _live(self, bid: Hashable, model: str) -> bool:
+        """Could ``bid`` take a job for ``model`` once a slot frees (healthy, enabled, not draining, fits)?"""
+        backend = self._backends[bid]
+        reasons = live_rejections(backend, self._loads[bid], model)
+        return all(r == REASONS["capacity"] for r in reasons)
 
     def _start(self, user: UserState, key: ClassKey, job: Job, routed: tuple[Hashable, tuple[tuple[Any, ...], ...], dict[Hashable, tuple[str, ...]]], now: float) -> Dispatch:
         fair = self.fair
@@ -464,8 +475,10 @@ class Scheduler:
         """A running job failed on its backend.
 
         With ``retry`` (the failure came before the first byte), the job goes back
-        to the front of its queue, keeping its place in time, and prefers other
-        backends next time. Tokens already delivered are charged.
+        to the front of its queue, keeping its place in time; it then waits for
+        another live backend rather than return to one that failed it, and goes
+        back to a failed one only when no other is live. Tokens already
+        delivered are charged.
 
         Returns True when the job was queued again.
         """
