@@ -50,8 +50,11 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-async def get_text(url: str, timeout: float = 2.0) -> str:
-    """GET without blocking the loop the in-process daemon runs on."""
+async def get_text(url: str, timeout: float = 10.0) -> str:
+    """GET without blocking the loop the in-process daemon runs on.
+
+    llama-server answers /slots through its task queue, which can take seconds on a loaded 2-core machine.
+    """
     async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=timeout)) as session:
         async with session.get(url) as resp:
             resp.raise_for_status()

@@ -310,10 +310,12 @@ async def test_one_server_killed_and_traffic_continues_on_the_other(pool):
     late = [r for r in records if r["wall_time"] > killed_at[0] + 1.0]  # once the probes have noticed
     retried = [r for r in records if r["attempt"] > 1]
     print(f"{len(replies)} replies; retries after the kill went to", dict(Counter(r["selected_backend"] for r in retried)))
-    assert len(late) >= 10 and {r["selected_backend"] for r in late} == {NAMES[1]}
+    assert len(late) >= 3, len(late)  # how many fall after the first second depends on the machine's speed
+    assert {r["selected_backend"] for r in late} == {NAMES[1]}
     # And still: one more, after the dust settled.
     reply = await client.chat.completions.create(model=MODEL, messages=MESSAGES, max_tokens=3, extra_body=EXACT)
-    assert reply.usage.completion_tokens == 3 and await survivor.busy_slots() == 0
+    assert reply.usage.completion_tokens == 3
+    await until(lambda: _idle(survivor), 30, f"{NAMES[1]}'s slots to be free")
     await client.close()
     d.scheduler.check()
 
@@ -339,6 +341,14 @@ async def test_requests_in_flight_on_a_killed_server_are_retried_on_the_other(po
     assert len(retried) == SLOTS and {last[rid] for rid in retried} == {NAMES[1]}, attempts
     await client.close()
     d.scheduler.check()
+
+
+async def _idle(server: Any) -> bool:
+    """No slot busy; a /slots answer slower than its timeout (llama-server queues it) counts as not yet."""
+    try:
+        return await server.busy_slots() == 0
+    except (asyncio.TimeoutError, aiohttp.ClientError):
+        return False
 
 
 async def _status(d: Any, name: str, status: str) -> bool:

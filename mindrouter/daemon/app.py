@@ -67,8 +67,12 @@ async def create_app(config: Config, *, nvml: Any = None, discover: bool | None 
     for user in store.list_users():
         scheduler.set_user(user.id, user.weight, name=user.name, group=user.group)
     _restore_usage(store, scheduler, config)
+    # Idle keep-alive connections are closed after 2 s: servers such as llama-server hold an
+    # HTTP thread per open connection (4 threads with -np 2), so a pool that kept them for
+    # long would lock out everyone else talking to that server. Under load they are reused
+    # within milliseconds, so this costs no reconnects.
     session = aiohttp.ClientSession(
-        connector=aiohttp.TCPConnector(limit=0, limit_per_host=0, keepalive_timeout=30, enable_cleanup_closed=True),
+        connector=aiohttp.TCPConnector(limit=0, limit_per_host=0, keepalive_timeout=2.0, enable_cleanup_closed=True),
         timeout=aiohttp.ClientTimeout(total=None, sock_connect=config.backends.connect_timeout),
         auto_decompress=False,
     )
