@@ -176,7 +176,7 @@ def test_live_top_under_tmux_quits_on_q_and_restores_the_terminal(tmp_path: Path
         _tmux(tmux_sock, "send-keys", "-t", "t", "q")
         screen = _wait_for(tmux_sock, lambda s: "EXIT=0" in s)
         assert "Backends" not in screen  # the alternate screen is gone
-        _tmux(tmux_sock, "send-keys", "-t", "t", "stty -g > after.txt; echo SAVED", "Enter")
+        _tmux(tmux_sock, "send-keys", "-t", "t", "stty -g > after.txt; echo SAV\"\"ED", "Enter")
         _wait_for(tmux_sock, lambda s: "SAVED" in s.split("EXIT=0")[-1])
         assert (tmp_path / "before.txt").read_text() == (tmp_path / "after.txt").read_text()  # cbreak undone
     finally:
