@@ -1,7 +1,7 @@
 """Processes for bench_daemon.py: a fast fake OpenAI backend and a bare aiohttp pass-through proxy.
 
-    python benchmarks/_servers.py backend PORT
-    python benchmarks/_servers.py proxy PORT UPSTREAM_URL
+python benchmarks/_servers.py backend PORT
+python benchmarks/_servers.py proxy PORT UPSTREAM_URL
 """
 
 from __future__ import annotations
@@ -12,15 +12,26 @@ import sys
 import aiohttp
 from aiohttp import web
 
-ANSWER = json.dumps({
-    "id": "chatcmpl-1", "object": "chat.completion", "created": 0, "model": "bench",
-    "choices": [{"index": 0, "message": {"role": "assistant", "content": "tok0 tok1 tok2 tok3"}, "finish_reason": "stop"}],
-    "usage": {"prompt_tokens": 5, "completion_tokens": 4, "total_tokens": 9},
-}).encode()
+ANSWER = json.dumps(
+    {
+        "id": "chatcmpl-1",
+        "object": "chat.completion",
+        "created": 0,
+        "model": "bench",
+        "choices": [
+            {"index": 0, "message": {"role": "assistant", "content": "tok0 tok1 tok2 tok3"}, "finish_reason": "stop"}
+        ],
+        "usage": {"prompt_tokens": 5, "completion_tokens": 4, "total_tokens": 9},
+    }
+).encode()
 CHUNKS = [
-    b'data: {"id":"c","object":"chat.completion.chunk","created":0,"model":"bench","choices":[{"index":0,"delta":{"content":"tok%d "},"finish_reason":null}]}\n\n' % i
+    b'data: {"id":"c","object":"chat.completion.chunk","created":0,"model":"bench","choices":[{"index":0,"delta":{"content":"tok%d "},"finish_reason":null}]}\n\n'
+    % i
     for i in range(4)
-] + [b'data: {"id":"c","object":"chat.completion.chunk","created":0,"model":"bench","choices":[],"usage":{"prompt_tokens":5,"completion_tokens":4,"total_tokens":9}}\n\n', b"data: [DONE]\n\n"]
+] + [
+    b'data: {"id":"c","object":"chat.completion.chunk","created":0,"model":"bench","choices":[],"usage":{"prompt_tokens":5,"completion_tokens":4,"total_tokens":9}}\n\n',
+    b"data: [DONE]\n\n",
+]
 
 
 def backend(port: int) -> None:
@@ -36,7 +47,9 @@ def backend(port: int) -> None:
         return resp
 
     async def models(_request: web.Request) -> web.Response:
-        return web.json_response({"object": "list", "data": [{"id": "bench", "object": "model", "created": 0, "owned_by": "bench"}]})
+        return web.json_response(
+            {"object": "list", "data": [{"id": "bench", "object": "model", "created": 0, "owned_by": "bench"}]}
+        )
 
     app = web.Application()
     app.router.add_post("/v1/chat/completions", chat)
@@ -54,8 +67,12 @@ def proxy(port: int, upstream: str) -> None:
 
     async def forward(request: web.Request) -> web.StreamResponse:
         body = await request.read()
-        async with request.app["session"].post(upstream + request.path, data=body, headers={"Content-Type": "application/json"}) as up:
-            resp = web.StreamResponse(status=up.status, headers={"Content-Type": up.headers.get("Content-Type", "application/json")})
+        async with request.app["session"].post(
+            upstream + request.path, data=body, headers={"Content-Type": "application/json"}
+        ) as up:
+            resp = web.StreamResponse(
+                status=up.status, headers={"Content-Type": up.headers.get("Content-Type", "application/json")}
+            )
             await resp.prepare(request)
             async for chunk in up.content.iter_any():
                 await resp.write(chunk)

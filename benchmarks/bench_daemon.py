@@ -57,7 +57,9 @@ async def wait_http(url: str, timeout: float = 15.0) -> None:
     raise RuntimeError(f"{url} did not answer within {timeout} s")
 
 
-async def latencies(session: aiohttp.ClientSession, url: str, headers: dict[str, str], n: int, stream: bool) -> list[float]:
+async def latencies(
+    session: aiohttp.ClientSession, url: str, headers: dict[str, str], n: int, stream: bool
+) -> list[float]:
     out = []
     body = {**BODY, "stream": stream}
     for _ in range(n):
@@ -106,15 +108,23 @@ async def main(seconds: float, samples: int) -> None:
         subprocess.Popen([sys.executable, str(HERE / "_servers.py"), "proxy", str(pport), backend_url]),
     ]
     sock = tmp / "mr.sock"
-    (tmp / "config.toml").write_text(f'[server]\nport = {dport}\nsocket = "{sock}"\nstate_dir = "{tmp / "state"}"\nlog_level = "warning"\ndiscover = false\n[scheduler]\nmax_queued_per_user = 100000\n')
-    daemon = subprocess.Popen([sys.executable, "-m", "mindrouter.cli", "serve", "--config", str(tmp / "config.toml")], stderr=subprocess.DEVNULL)
+    (tmp / "config.toml").write_text(
+        f'[server]\nport = {dport}\nsocket = "{sock}"\nstate_dir = "{tmp / "state"}"\nlog_level = "warning"\ndiscover = false\n[scheduler]\nmax_queued_per_user = 100000\n'
+    )
+    daemon = subprocess.Popen(
+        [sys.executable, "-m", "mindrouter.cli", "serve", "--config", str(tmp / "config.toml")],
+        stderr=subprocess.DEVNULL,
+    )
     procs.append(daemon)
     try:
         await wait_http(backend_url + "/v1/models")
         await wait_http(f"http://127.0.0.1:{pport}/v1/chat/completions")
         await wait_http(f"http://127.0.0.1:{dport}/api/version")
         async with aiohttp.ClientSession(connector=aiohttp.UnixConnector(path=str(sock))) as admin:
-            async with admin.post("http://mr/admin/backends", json={"name": "fast", "url": backend_url, "engine": "openai", "max_concurrent": 256}) as r:
+            async with admin.post(
+                "http://mr/admin/backends",
+                json={"name": "fast", "url": backend_url, "engine": "openai", "max_concurrent": 256},
+            ) as r:
                 assert r.status == 201, await r.text()
             async with admin.post("http://mr/admin/users", json={"name": "bench", "group": "staff"}) as r:
                 assert r.status == 201
@@ -137,15 +147,19 @@ async def main(seconds: float, samples: int) -> None:
                 lat[name] = (pct(plain, 0.5), pct(plain, 0.99), pct(first, 0.5))
                 print(f"{name:>12} {lat[name][0]:>7.3f} {lat[name][1]:>7.3f} {lat[name][2]:>24.3f}")
         d, m = lat["direct"], lat["mr serve"]
-        print(f"added by mr serve: p50 {m[0] - d[0]:.3f} ms, p99 {m[1] - d[1]:.3f} ms, stream first chunk {m[2] - d[2]:.3f} ms"
-              "  (targets <= 0.6, <= 2, <= 1)")
+        print(
+            f"added by mr serve: p50 {m[0] - d[0]:.3f} ms, p99 {m[1] - d[1]:.3f} ms, stream first chunk {m[2] - d[2]:.3f} ms"
+            "  (targets <= 0.6, <= 2, <= 1)"
+        )
         for clients in (16, 64):
             cpu0 = cpu_seconds(daemon.pid)
             mr_rps, mr_n = await throughput(*targets["mr serve"], clients, seconds)
             cpu = cpu_seconds(daemon.pid) - cpu0
             bare_rps, _ = await throughput(*targets["bare proxy"], clients, seconds)
-            print(f"{clients:>3} clients: mr serve {mr_rps:,.0f} req/s, bare proxy {bare_rps:,.0f} req/s, ratio {mr_rps / bare_rps:.2f} (target >= 0.5); "
-                  f"daemon CPU {cpu / mr_n * 1000:.3f} ms/request")
+            print(
+                f"{clients:>3} clients: mr serve {mr_rps:,.0f} req/s, bare proxy {bare_rps:,.0f} req/s, ratio {mr_rps / bare_rps:.2f} (target >= 0.5); "
+                f"daemon CPU {cpu / mr_n * 1000:.3f} ms/request"
+            )
     finally:
         for p in procs:
             p.terminate()

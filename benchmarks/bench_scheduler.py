@@ -19,7 +19,9 @@ import time
 from mindrouter.scheduler import Backend, Job, Scheduler, SchedulerSettings
 
 
-def measure(queued: int, users: int = 1000, backends: int = 50, decisions: int = 20000, seed: int = 1) -> tuple[float, float]:
+def measure(
+    queued: int, users: int = 1000, backends: int = 50, decisions: int = 20000, seed: int = 1
+) -> tuple[float, float]:
     rng = random.Random(seed)
     s = Scheduler(SchedulerSettings(max_queued_per_user=10**6, queue_timeout=10**9))
     models = frozenset({"llama3"})
@@ -33,7 +35,17 @@ def measure(queued: int, users: int = 1000, backends: int = 50, decisions: int =
     def submit() -> None:
         nonlocal n
         n += 1
-        s.submit(Job(id=f"j{n}", user_id=rng.randrange(users), model="llama3", submitted_at=now, prompt_tokens=rng.randint(50, 500), max_tokens=rng.randint(100, 800)), now)
+        s.submit(
+            Job(
+                id=f"j{n}",
+                user_id=rng.randrange(users),
+                model="llama3",
+                submitted_at=now,
+                prompt_tokens=rng.randint(50, 500),
+                max_tokens=rng.randint(100, 800),
+            ),
+            now,
+        )
 
     for _ in range(queued + backends * 4):
         submit()
@@ -45,7 +57,14 @@ def measure(queued: int, users: int = 1000, backends: int = 50, decisions: int =
         for _ in range(decisions):
             now += 0.01
             done = running.pop(rng.randrange(len(running)))
-            s.complete(done, now, prompt_tokens=rng.randint(50, 500), completion_tokens=rng.randint(100, 800), latency=0.2, duration=2.0)
+            s.complete(
+                done,
+                now,
+                prompt_tokens=rng.randint(50, 500),
+                completion_tokens=rng.randint(100, 800),
+                latency=0.2,
+                duration=2.0,
+            )
             submit()
             t0 = time.perf_counter_ns()
             out = s.dispatch(now)
@@ -68,7 +87,9 @@ def main() -> None:
         med, p99 = measure(queued, decisions=args.decisions)
         results[queued] = med
         print(f"{queued:>12} {med:>10.1f} {p99:>8.1f}")
-    print(f"growth 100 -> 10,000 queued: {results[10000] / results[100]:.2f}x (log ratio would be {4.6 / 2.3:.1f}x at most)")
+    print(
+        f"growth 100 -> 10,000 queued: {results[10000] / results[100]:.2f}x (log ratio would be {4.6 / 2.3:.1f}x at most)"
+    )
 
 
 if __name__ == "__main__":

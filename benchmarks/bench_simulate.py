@@ -16,7 +16,9 @@ from mindrouter.simulate import example_names, load_example, simulate
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--repeat", type=int, default=5)
-    parser.add_argument("--hours", type=float, default=None, help="simulate this many hours instead of each file's duration")
+    parser.add_argument(
+        "--hours", type=float, default=None, help="simulate this many hours instead of each file's duration"
+    )
     args = parser.parse_args()
     print("| scenario | simulated s | events | wall s (median) | events/s |")
     print("|---|---:|---:|---:|---:|")

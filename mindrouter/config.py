@@ -184,14 +184,17 @@ def load_config(
         except (OSError, UnicodeDecodeError) as exc:
             raise ConfigError(f"cannot read config file {file}: {exc}") from exc
         except tomllib.TOMLDecodeError as exc:
-            raise ConfigError(f"config file {file} is not valid TOML ({exc}); fix it or run `mr config init --force`") from exc
-    elif must_exist or path is not None:
-        if path is not None and must_exist:
-            raise ConfigError(f"config file {file} does not exist; create it with `mr config init`")
+            raise ConfigError(
+                f"config file {file} is not valid TOML ({exc}); fix it or run `mr config init --force`"
+            ) from exc
+    elif (must_exist or path is not None) and path is not None and must_exist:
+        raise ConfigError(f"config file {file} does not exist; create it with `mr config init`")
 
     for section in data:
         if section not in {"server", "scheduler", "backends"}:
-            raise ConfigError(f"unknown section [{section}] in {file}; the sections are [server], [scheduler] and [backends]")
+            raise ConfigError(
+                f"unknown section [{section}] in {file}; the sections are [server], [scheduler] and [backends]"
+            )
         if not isinstance(data[section], dict):
             raise ConfigError(f"[{section}] in {file} must be a table")
 
@@ -215,7 +218,7 @@ def load_config(
             from .scheduler.settings import check_weight
 
             try:
-                group_weights[name[len("SCHEDULER_WEIGHT_"):].lower()] = check_weight(value)
+                group_weights[name[len("SCHEDULER_WEIGHT_") :].lower()] = check_weight(value)
             except ValueError as exc:
                 raise ConfigError(f"environment variable {name}: {exc}") from None
     scheduler = dataclasses.replace(scheduler, scores=scores, group_weights=group_weights)

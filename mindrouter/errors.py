@@ -1,11 +1,11 @@
 """Every error mindrouter raises on purpose, each carrying what the edge needs to report it.
 
-    MindRouterError          exit_code for the CLI
-    ├── ConfigError          bad settings (exit 1)
-    ├── UsageError           bad command-line input (exit 2)
-    ├── DaemonUnreachable    the admin socket does not answer (exit 3)
-    └── RequestError         an inference or admin request that cannot be served;
-                             carries the HTTP status and OpenAI type/code
+MindRouterError          exit_code for the CLI
+├── ConfigError          bad settings (exit 1)
+├── UsageError           bad command-line input (exit 2)
+├── DaemonUnreachable    the admin socket does not answer (exit 3)
+└── RequestError         an inference or admin request that cannot be served;
+                         carries the HTTP status and OpenAI type/code
 """
 
 from __future__ import annotations
@@ -38,7 +38,14 @@ class DaemonUnreachable(MindRouterError):
 class RequestError(MindRouterError):
     """A request that ends with an HTTP error status."""
 
-    def __init__(self, message: str, status: int = 400, type: str = "invalid_request_error", code: str | None = None, retry_after: float | None = None) -> None:
+    def __init__(
+        self,
+        message: str,
+        status: int = 400,
+        type: str = "invalid_request_error",
+        code: str | None = None,
+        retry_after: float | None = None,
+    ) -> None:
         super().__init__(message)
         self.message = message
         self.status = status

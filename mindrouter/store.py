@@ -37,9 +37,22 @@ from .errors import MindRouterError
 from .scheduler.settings import DEFAULT_GROUP_WEIGHTS, check_weight
 
 __all__ = [
-    "AlreadyExists", "ApiKeyInfo", "BackendRow", "ENGINES", "Group", "InUse", "InvalidValue",
-    "NotFound", "SCHEMA_VERSION", "STATES", "Store", "StoreError", "UsageRow", "UsageTotal",
-    "User", "migrate",
+    "ENGINES",
+    "SCHEMA_VERSION",
+    "STATES",
+    "AlreadyExists",
+    "ApiKeyInfo",
+    "BackendRow",
+    "Group",
+    "InUse",
+    "InvalidValue",
+    "NotFound",
+    "Store",
+    "StoreError",
+    "UsageRow",
+    "UsageTotal",
+    "User",
+    "migrate",
 ]
 
 ENGINES = ("ollama", "vllm", "llamacpp", "openai")
@@ -143,9 +156,15 @@ class BackendRow:
 
     def to_dict(self) -> dict[str, Any]:
         return {
-            "id": self.id, "name": self.name, "url": self.url, "engine": self.engine,
-            "max_concurrent": self.max_concurrent, "gpus": list(self.gpus), "node": self.node,
-            "priority": self.priority, "state": self.state,
+            "id": self.id,
+            "name": self.name,
+            "url": self.url,
+            "engine": self.engine,
+            "max_concurrent": self.max_concurrent,
+            "gpus": list(self.gpus),
+            "node": self.node,
+            "priority": self.priority,
+            "state": self.state,
         }
 
 
@@ -169,8 +188,14 @@ class UsageTotal:
         return self.prompt_tokens + self.completion_tokens
 
     def to_dict(self) -> dict[str, Any]:
-        return {"user_id": self.user_id, "user": self.user, "requests": self.requests,
-                "prompt_tokens": self.prompt_tokens, "completion_tokens": self.completion_tokens, "tokens": self.tokens}
+        return {
+            "user_id": self.user_id,
+            "user": self.user,
+            "requests": self.requests,
+            "prompt_tokens": self.prompt_tokens,
+            "completion_tokens": self.completion_tokens,
+            "tokens": self.tokens,
+        }
 
 
 # ---------------------------------------------------------------- schema
@@ -211,8 +236,10 @@ def migrate(conn: sqlite3.Connection) -> int:
     """Bring the database to ``SCHEMA_VERSION``, one transaction per step; returns the version found."""
     found = conn.execute("PRAGMA user_version").fetchone()[0]
     if found > SCHEMA_VERSION:
-        raise StoreError(f"the state database has schema version {found} but this mindrouter knows only "
-                         f"{SCHEMA_VERSION}; upgrade mindrouter or point `state_dir` elsewhere")
+        raise StoreError(
+            f"the state database has schema version {found} but this mindrouter knows only "
+            f"{SCHEMA_VERSION}; upgrade mindrouter or point `state_dir` elsewhere"
+        )
     for version in range(found, SCHEMA_VERSION):
         step = _MIGRATIONS[version]
         conn.execute("BEGIN IMMEDIATE")
@@ -237,8 +264,10 @@ _NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._@+-]{0,63}\Z")
 
 def _name(kind: str, value: object) -> str:
     if not isinstance(value, str) or not _NAME.match(value):
-        raise InvalidValue(f"{kind} name {value!r} is not valid; use 1 to 64 letters, digits, '.', '_', '-', "
-                           "'@' or '+', starting with a letter or digit")
+        raise InvalidValue(
+            f"{kind} name {value!r} is not valid; use 1 to 64 letters, digits, '.', '_', '-', "
+            "'@' or '+', starting with a letter or digit"
+        )
     return value
 
 
@@ -259,8 +288,16 @@ def _url(what: str, value: object, *, empty_ok: bool = False) -> str:
     raise InvalidValue(f"{what} {value!r} is not an http(s) URL; give one such as http://127.0.0.1:11434")
 
 
-def _backend_fields(name: str, url: object, engine: object, max_concurrent: object, gpus: object,
-                    node: object, priority: object, state: object) -> tuple[str, str, int, str, str, float, str]:
+def _backend_fields(
+    name: str,
+    url: object,
+    engine: object,
+    max_concurrent: object,
+    gpus: object,
+    node: object,
+    priority: object,
+    state: object,
+) -> tuple[str, str, int, str, str, float, str]:
     """Validate a backend's fields; returns (url, engine, max_concurrent, gpus_json, node, priority, state)."""
     what = f"backend {name!r}"
     url = _url(f"the URL of {what}", url)
@@ -268,8 +305,11 @@ def _backend_fields(name: str, url: object, engine: object, max_concurrent: obje
         raise InvalidValue(f"engine {engine!r} of {what} is not known; use one of {', '.join(ENGINES)}")
     if isinstance(max_concurrent, bool) or not isinstance(max_concurrent, int) or not 1 <= max_concurrent <= 100_000:
         raise InvalidValue(f"max_concurrent {max_concurrent!r} of {what} must be a whole number from 1 to 100000")
-    if not isinstance(gpus, (list, tuple)) or any(isinstance(g, bool) or not isinstance(g, int) or g < 0 for g in gpus) \
-            or len(set(gpus)) != len(gpus):
+    if (
+        not isinstance(gpus, (list, tuple))
+        or any(isinstance(g, bool) or not isinstance(g, int) or g < 0 for g in gpus)
+        or len(set(gpus)) != len(gpus)
+    ):
         raise InvalidValue(f"gpus {gpus!r} of {what} must be distinct GPU indices such as [0, 1]")
     node = _url(f"the node of {what}", node, empty_ok=True)
     if isinstance(priority, bool) or not isinstance(priority, (int, float)) or not math.isfinite(priority):
@@ -285,9 +325,12 @@ def _decision_params(record: Mapping[str, Any], at: float | None) -> tuple[Any, 
         raise InvalidValue(f"a decision record needs a request_id string, not {request_id!r}")
     user = record.get("user")
     when = at if at is not None else record.get("wall_time")
-    return (request_id, user if isinstance(user, str) else None,
-            when if isinstance(when, (int, float)) and not isinstance(when, bool) else None,
-            json.dumps(record, separators=(",", ":"), default=str))
+    return (
+        request_id,
+        user if isinstance(user, str) else None,
+        when if isinstance(when, (int, float)) and not isinstance(when, bool) else None,
+        json.dumps(record, separators=(",", ":"), default=str),
+    )
 
 
 def _hash(key: str) -> str:
@@ -296,8 +339,10 @@ def _hash(key: str) -> str:
 
 # ---------------------------------------------------------------- the store
 
-_USER_SELECT = ("SELECT u.id, u.name, g.name, u.weight_override, g.scheduler_weight, u.created"
-                " FROM users u JOIN groups g ON g.id = u.group_id")
+_USER_SELECT = (
+    "SELECT u.id, u.name, g.name, u.weight_override, g.scheduler_weight, u.created"
+    " FROM users u JOIN groups g ON g.id = u.group_id"
+)
 _BACKEND_SELECT = "SELECT id, name, url, engine, max_concurrent, gpus, node, priority, state FROM backends"
 
 
@@ -322,8 +367,14 @@ class Store:
     _PRUNE_USAGE_EVERY = 1024
     _PRUNE_USAGE_BATCH = 8192
 
-    def __init__(self, path: Path, *, max_decisions: int = 100_000, usage_retention: float = 30 * DAY,
-                 clock: Callable[[], float] = time.time) -> None:
+    def __init__(
+        self,
+        path: Path,
+        *,
+        max_decisions: int = 100_000,
+        usage_retention: float = 30 * DAY,
+        clock: Callable[[], float] = time.time,
+    ) -> None:
         if max_decisions < 1:
             raise InvalidValue(f"max_decisions {max_decisions!r} must be at least 1")
         self.path = Path(path)
@@ -391,8 +442,9 @@ class Store:
             if db.execute("SELECT 1 FROM meta WHERE key = 'default_groups'").fetchone():
                 return created
             for name, weight in checked.items():
-                if db.execute("INSERT OR IGNORE INTO groups (name, scheduler_weight) VALUES (?, ?)",
-                              (name, weight)).rowcount:
+                if db.execute(
+                    "INSERT OR IGNORE INTO groups (name, scheduler_weight) VALUES (?, ?)", (name, weight)
+                ).rowcount:
                     created.append(name)
             db.execute("INSERT INTO meta (key, value) VALUES ('default_groups', '1')")
         return created
@@ -407,8 +459,9 @@ class Store:
         name = _name("group", name).lower()
         weight = _weight(f"group {name!r}", weight)
         if self._db.execute("SELECT 1 FROM groups WHERE name = ?", (name,)).fetchone():
-            raise AlreadyExists(f"group {name!r} already exists; change its weight with "
-                                f"`mr group set-weight {name} {weight:g}`")
+            raise AlreadyExists(
+                f"group {name!r} already exists; change its weight with `mr group set-weight {name} {weight:g}`"
+            )
         cur = self._db.execute("INSERT INTO groups (name, scheduler_weight) VALUES (?, ?)", (name, weight))
         return Group(cur.lastrowid, name, weight)  # type: ignore[arg-type]
 
@@ -421,13 +474,17 @@ class Store:
     def remove_group(self, name: str) -> None:
         """Remove an empty group; one that still has users is refused (InUse)."""
         group_id = self._group_id(name)
-        users = [r[0] for r in self._db.execute("SELECT name FROM users WHERE group_id = ? ORDER BY name LIMIT 4",
-                                                (group_id,))]
+        users = [
+            r[0]
+            for r in self._db.execute("SELECT name FROM users WHERE group_id = ? ORDER BY name LIMIT 4", (group_id,))
+        ]
         if users:
             count = self._db.execute("SELECT count(*) FROM users WHERE group_id = ?", (group_id,)).fetchone()[0]
             shown = ", ".join(users[:3]) + (", ..." if count > 3 else "")
-            raise InUse(f"group {name!r} still has {count} user{'s' * (count != 1)} ({shown}); move them to another "
-                        "group or remove them with `mr user rm NAME` first")
+            raise InUse(
+                f"group {name!r} still has {count} user{'s' * (count != 1)} ({shown}); move them to another "
+                "group or remove them with `mr user rm NAME` first"
+            )
         self._db.execute("DELETE FROM groups WHERE id = ?", (group_id,))
 
     def get_group(self, name: str) -> Group:
@@ -453,8 +510,10 @@ class Store:
         group_id = self._group_id(group)
         if self._db.execute("SELECT 1 FROM users WHERE name = ?", (name,)).fetchone():
             raise AlreadyExists(f"user {name!r} already exists; give it a new key with `mr user key {name}`")
-        self._db.execute("INSERT INTO users (name, group_id, weight_override, created) VALUES (?, ?, ?, ?)",
-                         (name, group_id, override, self._clock()))
+        self._db.execute(
+            "INSERT INTO users (name, group_id, weight_override, created) VALUES (?, ?, ?, ?)",
+            (name, group_id, override, self._clock()),
+        )
         return self.get_user(name)
 
     def set_user_weight(self, name: str, weight: float | None) -> User:
@@ -493,16 +552,19 @@ class Store:
         """Make a new key for ``user`` and return it: the only time it exists outside the client."""
         user_id = self._user_id(user)
         key = KEY_PREFIX + secrets.token_urlsafe(32)
-        self._db.execute("INSERT INTO api_keys (user_id, hash, prefix, created) VALUES (?, ?, ?, ?)",
-                         (user_id, _hash(key), key[:len(KEY_PREFIX) + 6], self._clock()))
+        self._db.execute(
+            "INSERT INTO api_keys (user_id, hash, prefix, created) VALUES (?, ?, ?, ?)",
+            (user_id, _hash(key), key[: len(KEY_PREFIX) + 6], self._clock()),
+        )
         return key
 
     def user_for_key(self, key: str) -> User | None:
         """The user a key belongs to, or None; the lookup is by hash, so timing says nothing about the key."""
         if not isinstance(key, str) or not key.startswith(KEY_PREFIX) or len(key) > 256:
             return None
-        row = self._db.execute(_USER_SELECT + " JOIN api_keys k ON k.user_id = u.id WHERE k.hash = ?",
-                               (_hash(key),)).fetchone()
+        row = self._db.execute(
+            _USER_SELECT + " JOIN api_keys k ON k.user_id = u.id WHERE k.hash = ?", (_hash(key),)
+        ).fetchone()
         return None if row is None else User(*row)
 
     def list_keys(self, user: str | None = None) -> list[ApiKeyInfo]:
@@ -525,29 +587,60 @@ class Store:
             raise NotFound(f"backend {key!r} does not exist; see the configured ones with `mr backend list`")
         return row
 
-    def add_backend(self, name: str, url: str, engine: str, *, max_concurrent: int = 4, gpus: Sequence[int] = (),
-                    node: str = "", priority: float = 0.0, state: str = "enabled") -> BackendRow:
+    def add_backend(
+        self,
+        name: str,
+        url: str,
+        engine: str,
+        *,
+        max_concurrent: int = 4,
+        gpus: Sequence[int] = (),
+        node: str = "",
+        priority: float = 0.0,
+        state: str = "enabled",
+    ) -> BackendRow:
         name = _name("backend", name)
         fields = _backend_fields(name, url, engine, max_concurrent, gpus, node, priority, state)
         if self._db.execute("SELECT 1 FROM backends WHERE name = ?", (name,)).fetchone():
-            raise AlreadyExists(f"backend {name!r} already exists; pick another name or remove it with "
-                                f"`mr backend rm {name}` first")
-        cur = self._db.execute("INSERT INTO backends (name, url, engine, max_concurrent, gpus, node, priority, state)"
-                               " VALUES (?, ?, ?, ?, ?, ?, ?, ?)", (name, *fields))
+            raise AlreadyExists(
+                f"backend {name!r} already exists; pick another name or remove it with `mr backend rm {name}` first"
+            )
+        cur = self._db.execute(
+            "INSERT INTO backends (name, url, engine, max_concurrent, gpus, node, priority, state)"
+            " VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
+            (name, *fields),
+        )
         return self.get_backend(cur.lastrowid)  # type: ignore[arg-type]
 
-    def update_backend(self, key: str | int, *, url: str | None = None, engine: str | None = None,
-                       max_concurrent: int | None = None, gpus: Sequence[int] | None = None,
-                       node: str | None = None, priority: float | None = None, state: str | None = None) -> BackendRow:
+    def update_backend(
+        self,
+        key: str | int,
+        *,
+        url: str | None = None,
+        engine: str | None = None,
+        max_concurrent: int | None = None,
+        gpus: Sequence[int] | None = None,
+        node: str | None = None,
+        priority: float | None = None,
+        state: str | None = None,
+    ) -> BackendRow:
         """Change the given fields (None leaves one as it is; ``node=""`` clears the node)."""
         old = _backend(self._backend_row(key))
         fields = _backend_fields(
-            old.name, old.url if url is None else url, old.engine if engine is None else engine,
-            old.max_concurrent if max_concurrent is None else max_concurrent, old.gpus if gpus is None else gpus,
-            old.node if node is None else node, old.priority if priority is None else priority,
-            old.state if state is None else state)
-        self._db.execute("UPDATE backends SET url = ?, engine = ?, max_concurrent = ?, gpus = ?, node = ?,"
-                         " priority = ?, state = ? WHERE id = ?", (*fields, old.id))
+            old.name,
+            old.url if url is None else url,
+            old.engine if engine is None else engine,
+            old.max_concurrent if max_concurrent is None else max_concurrent,
+            old.gpus if gpus is None else gpus,
+            old.node if node is None else node,
+            old.priority if priority is None else priority,
+            old.state if state is None else state,
+        )
+        self._db.execute(
+            "UPDATE backends SET url = ?, engine = ?, max_concurrent = ?, gpus = ?, node = ?,"
+            " priority = ?, state = ? WHERE id = ?",
+            (*fields, old.id),
+        )
         return self.get_backend(old.id)
 
     def set_backend_state(self, key: str | int, state: str) -> BackendRow:
@@ -565,27 +658,43 @@ class Store:
 
     # ------------------------------------------------------------ usage
 
-    def record_usage(self, user_id: int, request_id: str, model: str, backend_id: int | None,
-                     prompt_tokens: int, completion_tokens: int, at: float) -> None:
+    def record_usage(
+        self,
+        user_id: int,
+        request_id: str,
+        model: str,
+        backend_id: int | None,
+        prompt_tokens: int,
+        completion_tokens: int,
+        at: float,
+    ) -> None:
         """Record one finished request (``at``: wall-clock epoch seconds); durable once this returns."""
-        self._db.execute("INSERT INTO usage (at, user_id, request_id, model, backend_id, prompt_tokens,"
-                         " completion_tokens) VALUES (?, ?, ?, ?, ?, ?, ?)",
-                         (at, user_id, request_id, model, backend_id, int(prompt_tokens), int(completion_tokens)))
+        self._db.execute(
+            "INSERT INTO usage (at, user_id, request_id, model, backend_id, prompt_tokens,"
+            " completion_tokens) VALUES (?, ?, ?, ?, ?, ?, ?)",
+            (at, user_id, request_id, model, backend_id, int(prompt_tokens), int(completion_tokens)),
+        )
         self._usage_inserts += 1
         if self._usage_inserts % self._PRUNE_USAGE_EVERY == 0:
             self.prune_usage(at, limit=self._PRUNE_USAGE_BATCH)
 
     def recent_usage(self, since: float) -> list[UsageRow]:
         """Usage at or after ``since``, oldest first: what the daemon replays into the fairness window."""
-        return [UsageRow(*r) for r in self._db.execute(
-            "SELECT user_id, prompt_tokens + completion_tokens, at FROM usage WHERE at >= ? ORDER BY at", (since,))]
+        return [
+            UsageRow(*r)
+            for r in self._db.execute(
+                "SELECT user_id, prompt_tokens + completion_tokens, at FROM usage WHERE at >= ? ORDER BY at", (since,)
+            )
+        ]
 
     def usage_totals(self, since: float) -> dict[int, UsageTotal]:
         """Requests and tokens per user id since ``since``."""
         rows = self._db.execute(
             "SELECT s.user_id, u.name, s.n, s.p, s.c FROM (SELECT user_id, count(*) AS n, sum(prompt_tokens) AS p,"
             " sum(completion_tokens) AS c FROM usage WHERE at >= ? GROUP BY user_id) s"
-            " LEFT JOIN users u ON u.id = s.user_id", (since,))
+            " LEFT JOIN users u ON u.id = s.user_id",
+            (since,),
+        )
         return {r[0]: UsageTotal(*r) for r in rows}
 
     def prune_usage(self, now: float, *, limit: int | None = None) -> int:
@@ -593,8 +702,9 @@ class Store:
         cutoff = now - self.usage_retention
         if limit is None:
             return self._db.execute("DELETE FROM usage WHERE at < ?", (cutoff,)).rowcount
-        return self._db.execute("DELETE FROM usage WHERE id IN (SELECT id FROM usage WHERE at < ? LIMIT ?)",
-                                (cutoff, limit)).rowcount
+        return self._db.execute(
+            "DELETE FROM usage WHERE id IN (SELECT id FROM usage WHERE at < ? LIMIT ?)", (cutoff, limit)
+        ).rowcount
 
     # ------------------------------------------------------------ decisions
 
@@ -624,14 +734,16 @@ class Store:
         if user is None:
             rows = self._db.execute("SELECT record FROM decisions ORDER BY id DESC LIMIT ?", (max(0, limit),))
         else:
-            rows = self._db.execute("SELECT record FROM decisions WHERE user = ? ORDER BY id DESC LIMIT ?",
-                                    (user, max(0, limit)))
+            rows = self._db.execute(
+                "SELECT record FROM decisions WHERE user = ? ORDER BY id DESC LIMIT ?", (user, max(0, limit))
+            )
         return [json.loads(r[0]) for r in rows][::-1]
 
     def get_decision(self, request_id: str) -> dict[str, Any] | None:
         """The newest record for ``request_id`` (a retried request has one per attempt), or None."""
-        row = self._db.execute("SELECT record FROM decisions WHERE request_id = ? ORDER BY id DESC LIMIT 1",
-                               (request_id,)).fetchone()
+        row = self._db.execute(
+            "SELECT record FROM decisions WHERE request_id = ? ORDER BY id DESC LIMIT 1", (request_id,)
+        ).fetchone()
         return None if row is None else json.loads(row[0])
 
     # ------------------------------------------------------------ export / import
@@ -644,8 +756,12 @@ class Store:
             if user.weight_override is not None:  # TOML has no null
                 row["weight_override"] = user.weight_override
             users.append(row)
-        return {"version": 1, "groups": [g.to_dict() for g in self.list_groups()], "users": users,
-                "backends": [b.to_dict() for b in self.list_backends()]}
+        return {
+            "version": 1,
+            "groups": [g.to_dict() for g in self.list_groups()],
+            "users": users,
+            "backends": [b.to_dict() for b in self.list_backends()],
+        }
 
     def import_(self, data: Mapping[str, Any]) -> dict[str, int]:
         """Create or replace, by name, every group, user and backend in ``data``; nothing else is touched.
@@ -661,28 +777,39 @@ class Store:
         groups, users, backends = _validate_import(data, {g.name for g in self.list_groups()})
         with self._transaction() as db:
             for name, weight in groups:
-                db.execute("INSERT INTO groups (name, scheduler_weight) VALUES (?, ?)"
-                           " ON CONFLICT (name) DO UPDATE SET scheduler_weight = excluded.scheduler_weight",
-                           (name, weight))
+                db.execute(
+                    "INSERT INTO groups (name, scheduler_weight) VALUES (?, ?)"
+                    " ON CONFLICT (name) DO UPDATE SET scheduler_weight = excluded.scheduler_weight",
+                    (name, weight),
+                )
             for name, group, override in users:
                 group_id = db.execute("SELECT id FROM groups WHERE name = ?", (group,)).fetchone()[0]
-                db.execute("INSERT INTO users (name, group_id, weight_override, created) VALUES (?, ?, ?, ?)"
-                           " ON CONFLICT (name) DO UPDATE SET group_id = excluded.group_id,"
-                           " weight_override = excluded.weight_override", (name, group_id, override, self._clock()))
+                db.execute(
+                    "INSERT INTO users (name, group_id, weight_override, created) VALUES (?, ?, ?, ?)"
+                    " ON CONFLICT (name) DO UPDATE SET group_id = excluded.group_id,"
+                    " weight_override = excluded.weight_override",
+                    (name, group_id, override, self._clock()),
+                )
             for name, fields in backends:
-                db.execute("INSERT INTO backends (name, url, engine, max_concurrent, gpus, node, priority, state)"
-                           " VALUES (?, ?, ?, ?, ?, ?, ?, ?) ON CONFLICT (name) DO UPDATE SET url = excluded.url,"
-                           " engine = excluded.engine, max_concurrent = excluded.max_concurrent,"
-                           " gpus = excluded.gpus, node = excluded.node, priority = excluded.priority,"
-                           " state = excluded.state", (name, *fields))
+                db.execute(
+                    "INSERT INTO backends (name, url, engine, max_concurrent, gpus, node, priority, state)"
+                    " VALUES (?, ?, ?, ?, ?, ?, ?, ?) ON CONFLICT (name) DO UPDATE SET url = excluded.url,"
+                    " engine = excluded.engine, max_concurrent = excluded.max_concurrent,"
+                    " gpus = excluded.gpus, node = excluded.node, priority = excluded.priority,"
+                    " state = excluded.state",
+                    (name, *fields),
+                )
         return {"groups": len(groups), "users": len(users), "backends": len(backends)}
 
 
 _IMPORT_FIELDS = {
     "groups": ({"name", "scheduler_weight"}, {"name", "scheduler_weight"}, set()),
     "users": ({"name", "group"}, {"name", "group", "weight_override"}, {"weight"}),
-    "backends": ({"name", "url", "engine"},
-                 {"name", "url", "engine", "max_concurrent", "gpus", "node", "priority", "state"}, {"id"}),
+    "backends": (
+        {"name", "url", "engine"},
+        {"name", "url", "engine", "max_concurrent", "gpus", "node", "priority", "state"},
+        {"id"},
+    ),
 }
 
 
@@ -692,8 +819,9 @@ def _validate_import(data: Mapping[str, Any], existing_groups: set[str]) -> tupl
         raise InvalidValue("the import data must be a table with groups, users and backends lists")
     unknown = set(data) - {"version", "groups", "users", "backends"}
     if unknown:
-        raise InvalidValue(f"the import data has unknown section {sorted(unknown)[0]!r}; "
-                           "use only groups, users and backends")
+        raise InvalidValue(
+            f"the import data has unknown section {sorted(unknown)[0]!r}; use only groups, users and backends"
+        )
     if data.get("version", 1) != 1:
         raise InvalidValue(f"the import data has version {data.get('version')!r}; this mindrouter reads version 1")
     sections: dict[str, list[Mapping[str, Any]]] = {}
@@ -725,21 +853,40 @@ def _validate_import(data: Mapping[str, Any], existing_groups: set[str]) -> tupl
         except InvalidValue as exc:
             raise InvalidValue(f"{where}: {exc}") from None
 
-    groups = [(e["name"].lower(), checked(f"groups[{i}]", lambda e=e: _weight(f"group {e['name']!r}",
-                                                                              e["scheduler_weight"])))
-              for i, e in enumerate(sections["groups"])]
+    groups = [
+        (e["name"].lower(), checked(f"groups[{i}]", lambda e=e: _weight(f"group {e['name']!r}", e["scheduler_weight"])))
+        for i, e in enumerate(sections["groups"])
+    ]
     known = {g.lower() for g in existing_groups} | {name for name, _ in groups}
     users = []
     for i, e in enumerate(sections["users"]):
         group = e["group"]
         if not isinstance(group, str) or group.lower() not in known:
-            raise InvalidValue(f"users[{i}]: group {group!r} of user {e['name']!r} does not exist; add it to the "
-                               "file's groups or create it with `mr group add NAME --weight 1`")
+            raise InvalidValue(
+                f"users[{i}]: group {group!r} of user {e['name']!r} does not exist; add it to the "
+                "file's groups or create it with `mr group add NAME --weight 1`"
+            )
         override = e.get("weight_override")
         if override is not None:
             override = checked(f"users[{i}]", lambda e=e: _weight(f"user {e['name']!r}", e["weight_override"]))
         users.append((e["name"], group.lower(), override))
-    backends = [(e["name"], checked(f"backends[{i}]", lambda e=e: _backend_fields(
-        e["name"], e["url"], e["engine"], e.get("max_concurrent", 4), e.get("gpus", []), e.get("node", ""),
-        e.get("priority", 0.0), e.get("state", "enabled")))) for i, e in enumerate(sections["backends"])]
+    backends = [
+        (
+            e["name"],
+            checked(
+                f"backends[{i}]",
+                lambda e=e: _backend_fields(
+                    e["name"],
+                    e["url"],
+                    e["engine"],
+                    e.get("max_concurrent", 4),
+                    e.get("gpus", []),
+                    e.get("node", ""),
+                    e.get("priority", 0.0),
+                    e.get("state", "enabled"),
+                ),
+            ),
+        )
+        for i, e in enumerate(sections["backends"])
+    ]
     return groups, users, backends

@@ -11,6 +11,7 @@ text it generates is random bytes: ask llama-server for
 `"grammar": "root ::= [a-z ]+"` and `"ignore_eos": true` to get clean text of
 an exact length. llama.cpp needs at least one BPE merge in the vocab.
 """
+
 import os
 import sys
 
@@ -67,11 +68,15 @@ w.add_eos_token_id(0)
 w.add_add_bos_token(False)
 w.add_chat_template(
     "{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n{% endfor %}"
-    "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}")
+    "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
+)
 
 rng = np.random.default_rng(0)
+
+
 def r(*shape):
     return (rng.standard_normal(shape) * 0.02).astype(np.float32)
+
 
 w.add_tensor("token_embd.weight", r(n_vocab, n_embd))
 w.add_tensor("output_norm.weight", np.ones(n_embd, np.float32))

@@ -58,12 +58,22 @@ class Daemon:
         return (await self.admin("POST", f"/admin/users/{name}/keys"))["key"]
 
     async def backend(self, name: str, url: str, engine: str, max_concurrent: int = 4, **kw: Any) -> dict[str, Any]:
-        return await self.admin("POST", "/admin/backends", {"name": name, "url": url, "engine": engine, "max_concurrent": max_concurrent, **kw})
+        return await self.admin(
+            "POST",
+            "/admin/backends",
+            {"name": name, "url": url, "engine": engine, "max_concurrent": max_concurrent, **kw},
+        )
 
 
 def daemon_config(tmp_path: Path, **scheduler: Any) -> Config:
     return Config(
-        server=ServerSettings(state_dir=str(tmp_path / "state"), socket=str(tmp_path / "mr.sock"), admin_key=ADMIN_KEY, discover=False, gpu_poll_interval=0.2),
+        server=ServerSettings(
+            state_dir=str(tmp_path / "state"),
+            socket=str(tmp_path / "mr.sock"),
+            admin_key=ADMIN_KEY,
+            discover=False,
+            gpu_poll_interval=0.2,
+        ),
         scheduler=SchedulerSettings(**scheduler),
         backends=BackendSettings(poll_interval=0.2, circuit_cooldown=0.3, connect_timeout=1.0, circuit_failures=3),
     )

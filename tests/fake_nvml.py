@@ -50,7 +50,7 @@ class NVMLError(Exception):
     _by_code: ClassVar[dict[int, type[NVMLError]]] = {}
     value: int
 
-    def __new__(cls, value: int) -> NVMLError:  # noqa: D102
+    def __new__(cls, value: int) -> NVMLError:
         if cls is NVMLError:
             cls = NVMLError._by_code.get(value, cls)
         obj = Exception.__new__(cls)
@@ -128,13 +128,23 @@ class FakeNvml:
 
     #: The pynvml functions this double provides, i.e. every one the probe may call.
     FUNCTIONS = (
-        "nvmlInit", "nvmlShutdown", "nvmlDeviceGetCount", "nvmlDeviceGetHandleByIndex", "nvmlDeviceGetName",
-        "nvmlDeviceGetUUID", "nvmlDeviceGetMemoryInfo", "nvmlDeviceGetUtilizationRates", "nvmlDeviceGetTemperature",
-        "nvmlDeviceGetPowerUsage", "nvmlDeviceGetEnforcedPowerLimit", "nvmlDeviceGetComputeRunningProcesses",
+        "nvmlInit",
+        "nvmlShutdown",
+        "nvmlDeviceGetCount",
+        "nvmlDeviceGetHandleByIndex",
+        "nvmlDeviceGetName",
+        "nvmlDeviceGetUUID",
+        "nvmlDeviceGetMemoryInfo",
+        "nvmlDeviceGetUtilizationRates",
+        "nvmlDeviceGetTemperature",
+        "nvmlDeviceGetPowerUsage",
+        "nvmlDeviceGetEnforcedPowerLimit",
+        "nvmlDeviceGetComputeRunningProcesses",
     )
 
-    def __init__(self, gpus: list[FakeGpu] | None = None, *, init_error: int | None = None,
-                 count_error: int | None = None) -> None:
+    def __init__(
+        self, gpus: list[FakeGpu] | None = None, *, init_error: int | None = None, count_error: int | None = None
+    ) -> None:
         self.gpus = list(gpus or [])
         self.init_error = init_error
         self.count_error = count_error

@@ -247,7 +247,9 @@ class _FakeServer:
     def add_routes(self, router: web.UrlDispatcher) -> None:
         raise NotImplementedError
 
-    def route(self, router: web.UrlDispatcher, method: str, path: str, handler: Any, *, inference: bool = False) -> None:
+    def route(
+        self, router: web.UrlDispatcher, method: str, path: str, handler: Any, *, inference: bool = False
+    ) -> None:
         """Register ``handler``; an inference handler runs inside :meth:`inference`, with counters and faults."""
         if not inference:
             router.add_route(method, path, handler)
@@ -283,7 +285,9 @@ class _FakeServer:
         request.transport.close()
         raise _Drop
 
-    async def write_chunks(self, request: web.Request, resp: web.StreamResponse, chunks: Iterable[bytes], drop_after: int | None) -> None:
+    async def write_chunks(
+        self, request: web.Request, resp: web.StreamResponse, chunks: Iterable[bytes], drop_after: int | None
+    ) -> None:
         """Write chunk i at i / tokens_per_second: the first token at once, the terminator after the last."""
         started = time.monotonic()
         for i, chunk in enumerate(chunks):
@@ -346,7 +350,14 @@ class FakeOllama(_FakeServer):
         version: what /api/version says.
     """
 
-    def __init__(self, *, autoload: bool = True, capabilities: Mapping[str, list[str]] | None = None, version: str = "0.6.5", **kwargs: Any) -> None:
+    def __init__(
+        self,
+        *,
+        autoload: bool = True,
+        capabilities: Mapping[str, list[str]] | None = None,
+        version: str = "0.6.5",
+        **kwargs: Any,
+    ) -> None:
         super().__init__(**kwargs)
         self.autoload = autoload
         self.capabilities = dict(capabilities or {})
@@ -386,14 +397,25 @@ class FakeOllama(_FakeServer):
             "modified_at": "2025-01-01T00:00:00.000000000Z",
             "size": self.models[name],
             "digest": hashlib.sha256(name.encode()).hexdigest(),
-            "details": {"parent_model": "", "format": "gguf", "family": "llama", "families": ["llama"], "parameter_size": "3.2B", "quantization_level": "Q4_K_M"},
+            "details": {
+                "parent_model": "",
+                "format": "gguf",
+                "family": "llama",
+                "families": ["llama"],
+                "parameter_size": "3.2B",
+                "quantization_level": "Q4_K_M",
+            },
         }
 
     async def _tags(self, request: web.Request) -> web.Response:
         return web.json_response({"models": [self._entry(m) for m in self.models]})
 
     async def _ps(self, request: web.Request) -> web.Response:
-        running = [dict(self._entry(m), expires_at="2030-01-01T00:00:00Z", size_vram=self.models[m]) for m in self.models if m in self.loaded]
+        running = [
+            dict(self._entry(m), expires_at="2030-01-01T00:00:00Z", size_vram=self.models[m])
+            for m in self.models
+            if m in self.loaded
+        ]
         return web.json_response({"models": running})
 
     async def _show(self, request: web.Request) -> web.Response:
@@ -404,7 +426,14 @@ class FakeOllama(_FakeServer):
             return self.error(404, f"model '{body.get('model')}' not found")
         entry = self._entry(name)
         return web.json_response(
-            {"modelfile": f"FROM {name}", "parameters": "", "template": "{{ .Prompt }}", "details": entry["details"], "model_info": {"general.architecture": "llama"}, "capabilities": self.capabilities.get(name, ["completion"])}
+            {
+                "modelfile": f"FROM {name}",
+                "parameters": "",
+                "template": "{{ .Prompt }}",
+                "details": entry["details"],
+                "model_info": {"general.architecture": "llama"},
+                "capabilities": self.capabilities.get(name, ["completion"]),
+            }
         )
 
     def _now(self) -> str:
@@ -434,7 +463,9 @@ class FakeOllama(_FakeServer):
         words = _words(prompt) + _words(body.get("system"))
         return await self._answer(request, body, words, "response", drop_after, empty=not prompt)
 
-    async def _answer(self, request: web.Request, body: dict[str, Any], prompt: int, key: str, drop_after: int | None, empty: bool) -> web.StreamResponse:
+    async def _answer(
+        self, request: web.Request, body: dict[str, Any], prompt: int, key: str, drop_after: int | None, empty: bool
+    ) -> web.StreamResponse:
         name = self._resolve(body)
         if isinstance(name, web.Response):
             return name
@@ -445,7 +476,12 @@ class FakeOllama(_FakeServer):
             return {"message": {"role": "assistant", "content": text}} if key == "message" else {"response": text}
 
         if empty:  # Ollama's "load the model" call
-            return web.Response(body=_compact({"model": model, "created_at": self._now(), **part(""), "done_reason": "load", "done": True}), content_type="application/json")
+            return web.Response(
+                body=_compact(
+                    {"model": model, "created_at": self._now(), **part(""), "done_reason": "load", "done": True}
+                ),
+                content_type="application/json",
+            )
         gen = self.generation(prompt, (body.get("options") or {}).get("num_predict"))
         started = time.monotonic_ns()
         final = {
@@ -457,7 +493,12 @@ class FakeOllama(_FakeServer):
             final["context"] = [1, 2, 3]
         if not stream:
             await self.pace(time.monotonic(), gen.n)
-            final.update(part(gen.text), created_at=self._now(), total_duration=time.monotonic_ns() - started, eval_duration=max(1, time.monotonic_ns() - started))
+            final.update(
+                part(gen.text),
+                created_at=self._now(),
+                total_duration=time.monotonic_ns() - started,
+                eval_duration=max(1, time.monotonic_ns() - started),
+            )
             self.count(gen)
             return web.Response(body=_compact(final), content_type="application/json")
         resp = web.StreamResponse(headers={"Content-Type": "application/x-ndjson"})
@@ -466,7 +507,11 @@ class FakeOllama(_FakeServer):
         def lines() -> Iterable[bytes]:
             for i in range(gen.n):
                 yield _compact({"model": model, "created_at": self._now(), **part(_token(i)), "done": False}) + b"\n"
-            final.update(created_at=self._now(), total_duration=time.monotonic_ns() - started, eval_duration=max(1, time.monotonic_ns() - started))
+            final.update(
+                created_at=self._now(),
+                total_duration=time.monotonic_ns() - started,
+                eval_duration=max(1, time.monotonic_ns() - started),
+            )
             yield _compact(final) + b"\n"
 
         await self.write_chunks(request, resp, lines(), drop_after)
@@ -489,7 +534,15 @@ class FakeOllama(_FakeServer):
         words = sum(map(_words, inputs))
         self.prompt_tokens_total += words
         vectors = [embedding(x, self.embedding_dim) for x in inputs]
-        return web.json_response({"model": body["model"], "embeddings": vectors, "total_duration": 1000, "load_duration": 10, "prompt_eval_count": words})
+        return web.json_response(
+            {
+                "model": body["model"],
+                "embeddings": vectors,
+                "total_duration": 1000,
+                "load_duration": 10,
+                "prompt_eval_count": words,
+            }
+        )
 
 
 class FakeOpenAI(_FakeServer):
@@ -536,12 +589,19 @@ class FakeOpenAI(_FakeServer):
         return web.json_response({"version": "0.9.1"})
 
     async def _props(self, request: web.Request) -> web.Response:
-        return web.json_response({"total_slots": self.slots, "build_info": "b5000-fake", "model_path": "/models/fake.gguf"})
+        return web.json_response(
+            {"total_slots": self.slots, "build_info": "b5000-fake", "model_path": "/models/fake.gguf"}
+        )
 
     def error(self, status: int, message: str) -> web.Response:
         kind = {400: "invalid_request_error", 404: "not_found_error"}.get(status, "server_error")
         if self.flavor == "vllm":
-            err: dict[str, Any] = {"message": message, "type": "BadRequestError" if status < 500 else "InternalServerError", "param": None, "code": status}
+            err: dict[str, Any] = {
+                "message": message,
+                "type": "BadRequestError" if status < 500 else "InternalServerError",
+                "param": None,
+                "code": status,
+            }
         elif self.flavor == "llamacpp":
             err = {"code": status, "message": message, "type": kind}
         else:
@@ -560,7 +620,11 @@ class FakeOpenAI(_FakeServer):
         return web.json_response({"status": "ok"}) if self.flavor == "llamacpp" else web.Response()
 
     def _not_enabled(self, what: str) -> web.Response:
-        err = {"code": 501, "message": f"This server does not support {what} endpoint. Start it with `--{what}`", "type": "not_supported_error"}
+        err = {
+            "code": 501,
+            "message": f"This server does not support {what} endpoint. Start it with `--{what}`",
+            "type": "not_supported_error",
+        }
         return web.Response(status=501, body=_compact({"error": err}), content_type="application/json")
 
     async def _slots(self, request: web.Request) -> web.Response:
@@ -568,7 +632,17 @@ class FakeOpenAI(_FakeServer):
             return self._not_enabled("slots")
         busy = min(self.running, self.slots)
         return web.json_response(
-            [{"id": i, "id_task": i if i < busy else -1, "n_ctx": 2048, "speculative": False, "is_processing": i < busy, "params": {"n_predict": -1}} for i in range(self.slots)]
+            [
+                {
+                    "id": i,
+                    "id_task": i if i < busy else -1,
+                    "n_ctx": 2048,
+                    "speculative": False,
+                    "is_processing": i < busy,
+                    "params": {"n_predict": -1},
+                }
+                for i in range(self.slots)
+            ]
         )
 
     async def _metrics(self, request: web.Request) -> web.Response:
@@ -590,7 +664,9 @@ class FakeOpenAI(_FakeServer):
                 ("gpu_cache_usage_perc" if self.legacy_metrics else "kv_cache_usage_perc", "gauge", kv),
                 ("prompt_tokens_total", "counter", self.prompt_tokens_total), ("generation_tokens_total", "counter", self.completion_tokens_total),
             ]  # fmt: skip
-            text = "".join(f"# HELP vllm:{n} {n}\n# TYPE vllm:{n} {t}\nvllm:{n}{label} {float(v)}\n" for n, t, v in rows)
+            text = "".join(
+                f"# HELP vllm:{n} {n}\n# TYPE vllm:{n} {t}\nvllm:{n}{label} {float(v)}\n" for n, t, v in rows
+            )
         return web.Response(text=text, content_type="text/plain", charset="utf-8")
 
     def _check(self, body: dict[str, Any]) -> web.Response | None:
@@ -609,30 +685,52 @@ class FakeOpenAI(_FakeServer):
         prompt = sum(_content_words(m.get("content")) for m in messages if isinstance(m, dict))
         return await self._answer(request, body, prompt, True, drop_after)
 
-    async def _completion(self, request: web.Request, body: dict[str, Any], drop_after: int | None) -> web.StreamResponse:
+    async def _completion(
+        self, request: web.Request, body: dict[str, Any], drop_after: int | None
+    ) -> web.StreamResponse:
         if (bad := self._check(body)) is not None:
             return bad
         prompt = body.get("prompt")
         words = sum(map(_words, prompt)) if isinstance(prompt, list) else _words(prompt)
         return await self._answer(request, body, words, False, drop_after)
 
-    async def _answer(self, request: web.Request, body: dict[str, Any], prompt: int, chat: bool, drop_after: int | None) -> web.StreamResponse:
+    async def _answer(
+        self, request: web.Request, body: dict[str, Any], prompt: int, chat: bool, drop_after: int | None
+    ) -> web.StreamResponse:
         gen = self.generation(prompt, body.get("max_completion_tokens", body.get("max_tokens")))
         self._ids += 1
-        head = {"id": f"{'chatcmpl' if chat else 'cmpl'}-fake{self._ids}", "object": "chat.completion" if chat else "text_completion", "created": int(time.time()), "model": body["model"]}
-        usage = {"prompt_tokens": gen.prompt_tokens, "completion_tokens": gen.n, "total_tokens": gen.prompt_tokens + gen.n}
+        head = {
+            "id": f"{'chatcmpl' if chat else 'cmpl'}-fake{self._ids}",
+            "object": "chat.completion" if chat else "text_completion",
+            "created": int(time.time()),
+            "model": body["model"],
+        }
+        usage = {
+            "prompt_tokens": gen.prompt_tokens,
+            "completion_tokens": gen.n,
+            "total_tokens": gen.prompt_tokens + gen.n,
+        }
         if not body.get("stream"):
             await self.pace(time.monotonic(), gen.n)
             if chat:
-                choice = {"index": 0, "message": {"role": "assistant", "content": gen.text}, "logprobs": None, "finish_reason": gen.finish}
+                choice = {
+                    "index": 0,
+                    "message": {"role": "assistant", "content": gen.text},
+                    "logprobs": None,
+                    "finish_reason": gen.finish,
+                }
             else:
                 choice = {"text": gen.text, "index": 0, "logprobs": None, "finish_reason": gen.finish}
             self.count(gen)
-            return web.Response(body=_compact(dict(head, choices=[choice], usage=usage)), content_type="application/json")
+            return web.Response(
+                body=_compact(dict(head, choices=[choice], usage=usage)), content_type="application/json"
+            )
         include = bool((body.get("stream_options") or {}).get("include_usage"))
         if chat:
             head["object"] = "chat.completion.chunk"
-        resp = web.StreamResponse(headers={"Content-Type": "text/event-stream; charset=utf-8", "Cache-Control": "no-cache"})
+        resp = web.StreamResponse(
+            headers={"Content-Type": "text/event-stream; charset=utf-8", "Cache-Control": "no-cache"}
+        )
         await resp.prepare(request)
 
         def event(choices: list[dict[str, Any]], extra: dict[str, Any] | None = None) -> bytes:
@@ -664,7 +762,9 @@ class FakeOpenAI(_FakeServer):
         await resp.write_eof()
         return resp
 
-    async def _embeddings(self, request: web.Request, body: dict[str, Any], drop_after: int | None) -> web.StreamResponse:
+    async def _embeddings(
+        self, request: web.Request, body: dict[str, Any], drop_after: int | None
+    ) -> web.StreamResponse:
         if (bad := self._check(body)) is not None:
             return bad
         inputs = body.get("input")
@@ -679,7 +779,14 @@ class FakeOpenAI(_FakeServer):
             if body.get("encoding_format") == "base64":
                 vec = base64.b64encode(struct.pack(f"<{len(vec)}f", *vec)).decode()
             data.append({"object": "embedding", "index": i, "embedding": vec})
-        return web.json_response({"object": "list", "data": data, "model": body["model"], "usage": {"prompt_tokens": words, "total_tokens": words}})
+        return web.json_response(
+            {
+                "object": "list",
+                "data": data,
+                "model": body["model"],
+                "usage": {"prompt_tokens": words, "total_tokens": words},
+            }
+        )
 
 
 @pytest.fixture

@@ -40,7 +40,10 @@ def binary() -> tuple[Path | None, str]:
     except (OSError, subprocess.TimeoutExpired) as exc:
         return None, f"scripts/llama-server.sh path failed: {exc}"
     if out.returncode != 0:
-        return None, "llama-server is not built (`scripts/llama-server.sh path` failed); run `scripts/llama-server.sh build` and `scripts/llama-server.sh model tiny`"
+        return (
+            None,
+            "llama-server is not built (`scripts/llama-server.sh path` failed); run `scripts/llama-server.sh build` and `scripts/llama-server.sh model tiny`",
+        )
     return Path(out.stdout.strip()), ""
 
 
@@ -77,10 +80,16 @@ class LlamaServer:
         env = {**os.environ, **SERVER_ENV}
         out = subprocess.run(
             [str(SCRIPT), "start", str(self.port), "--model", "tiny", "--parallel", str(self.parallel)],
-            capture_output=True, text=True, timeout=60, env=env, cwd=REPO,
+            capture_output=True,
+            text=True,
+            timeout=60,
+            env=env,
+            cwd=REPO,
         )
         if out.returncode != 0 or out.stdout.strip() != self.url:
-            raise RuntimeError(f"llama-server.sh start {self.port} failed (rc {out.returncode}): {out.stdout}{out.stderr}")
+            raise RuntimeError(
+                f"llama-server.sh start {self.port} failed (rc {out.returncode}): {out.stdout}{out.stderr}"
+            )
         self.pid = int(self.pidfile.read_text().strip())
 
     def kill(self) -> None:

@@ -38,7 +38,15 @@ def test_hints_for_the_scheduler() -> None:
     c = call(
         "/v1/chat/completions",
         model="m",
-        messages=[{"role": "user", "content": [{"type": "text", "text": "a" * 40}, {"type": "image_url", "image_url": {"url": "data:image/png;base64,AAAA"}}]}],
+        messages=[
+            {
+                "role": "user",
+                "content": [
+                    {"type": "text", "text": "a" * 40},
+                    {"type": "image_url", "image_url": {"url": "data:image/png;base64,AAAA"}},
+                ],
+            }
+        ],
         max_tokens=7,
         stream=True,
         stream_options={"include_usage": True},
@@ -47,9 +55,21 @@ def test_hints_for_the_scheduler() -> None:
     assert (c.dialect, c.kind, c.model) == ("openai", "chat", "m")
     assert c.has_images and c.json_mode and c.wants_usage
     assert c.max_tokens == 7 and c.prompt_tokens == 10
-    o = call("/api/generate", model="m", prompt="b" * 8, format="json", options={"num_predict": -1, "num_ctx": 8192}, images=["AAAA"])
+    o = call(
+        "/api/generate",
+        model="m",
+        prompt="b" * 8,
+        format="json",
+        options={"num_predict": -1, "num_ctx": 8192},
+        images=["AAAA"],
+    )
     assert o.has_images and o.json_mode and o.max_tokens is None and o.context_tokens == 8192 and o.prompt_tokens == 2
-    assert not call("/v1/chat/completions", model="m", messages=[{"role": "user", "content": "x"}], stream_options={"include_usage": True}).wants_usage
+    assert not call(
+        "/v1/chat/completions",
+        model="m",
+        messages=[{"role": "user", "content": "x"}],
+        stream_options={"include_usage": True},
+    ).wants_usage
 
 
 @pytest.mark.parametrize(
@@ -62,10 +82,26 @@ def test_hints_for_the_scheduler() -> None:
         ("/v1/chat/completions", b'{"model": "m", "messages": []}', '"messages"'),
         ("/v1/chat/completions", b'{"model": "m", "messages": [{"content": "x"}]}', "role"),
         ("/v1/chat/completions", b'{"model": "m", "messages": [{"role": "user", "content": 5}]}', "content"),
-        ("/v1/chat/completions", b'{"model": "m", "stream": "yes", "messages": [{"role": "user", "content": "x"}]}', '"stream"'),
-        ("/v1/chat/completions", b'{"model": "m", "max_tokens": "9", "messages": [{"role": "user", "content": "x"}]}', '"max_tokens"'),
-        ("/v1/chat/completions", b'{"model": "m", "max_tokens": 0, "messages": [{"role": "user", "content": "x"}]}', '"max_tokens"'),
-        ("/v1/chat/completions", b'{"model": "m", "temperature": "hot", "messages": [{"role": "user", "content": "x"}]}', '"temperature"'),
+        (
+            "/v1/chat/completions",
+            b'{"model": "m", "stream": "yes", "messages": [{"role": "user", "content": "x"}]}',
+            '"stream"',
+        ),
+        (
+            "/v1/chat/completions",
+            b'{"model": "m", "max_tokens": "9", "messages": [{"role": "user", "content": "x"}]}',
+            '"max_tokens"',
+        ),
+        (
+            "/v1/chat/completions",
+            b'{"model": "m", "max_tokens": 0, "messages": [{"role": "user", "content": "x"}]}',
+            '"max_tokens"',
+        ),
+        (
+            "/v1/chat/completions",
+            b'{"model": "m", "temperature": "hot", "messages": [{"role": "user", "content": "x"}]}',
+            '"temperature"',
+        ),
         ("/v1/completions", b'{"model": "m"}', '"prompt"'),
         ("/v1/embeddings", b'{"model": "m", "input": []}', '"input"'),
         ("/api/chat", b'{"model": "m", "options": []}', '"options"'),
@@ -103,7 +139,9 @@ def test_openai_stream_gets_usage_spliced_in_without_reencoding() -> None:
     assert p.data == raw.rstrip()[:-1] + b',"stream_options":{"include_usage":true}}'
     assert json.loads(p.data)["stream_options"] == {"include_usage": True}
     assert not p.wants_usage
-    explicit = Call.from_request("/v1/chat/completions", raw.replace(b"true}", b'true, "stream_options": {"include_usage": false}}'))
+    explicit = Call.from_request(
+        "/v1/chat/completions", raw.replace(b"true}", b'true, "stream_options": {"include_usage": false}}')
+    )
     assert json.loads(plan(explicit, "m", "openai").data)["stream_options"] == {"include_usage": True}
 
 
@@ -125,8 +163,18 @@ def test_openai_to_ollama_request_mapping() -> None:
         response_format={"type": "json_schema", "json_schema": {"name": "x", "schema": {"type": "object"}}},
         messages=[
             {"role": "developer", "content": "be brief"},
-            {"role": "user", "content": [{"type": "text", "text": "what is"}, {"type": "image_url", "image_url": {"url": "data:image/png;base64,iVBORxx"}}]},
-            {"role": "assistant", "content": None, "tool_calls": [{"id": "c1", "type": "function", "function": {"name": "f", "arguments": '{"a": 1}'}}]},
+            {
+                "role": "user",
+                "content": [
+                    {"type": "text", "text": "what is"},
+                    {"type": "image_url", "image_url": {"url": "data:image/png;base64,iVBORxx"}},
+                ],
+            },
+            {
+                "role": "assistant",
+                "content": None,
+                "tool_calls": [{"id": "c1", "type": "function", "function": {"name": "f", "arguments": '{"a": 1}'}}],
+            },
             {"role": "tool", "content": "42", "tool_call_id": "c1"},
         ],
     )
@@ -141,7 +189,17 @@ def test_openai_to_ollama_request_mapping() -> None:
     gen = json.loads(plan(call("/v1/completions", model="m", prompt=["once upon"]), "m", "ollama").data)
     assert gen["prompt"] == "once upon" and gen["raw"] is True and gen["stream"] is False
     with pytest.raises(RequestError, match="data: URLs"):
-        plan(call("/v1/chat/completions", model="m", messages=[{"role": "user", "content": [{"type": "image_url", "image_url": {"url": "https://x/y.png"}}]}]), "m", "ollama")
+        plan(
+            call(
+                "/v1/chat/completions",
+                model="m",
+                messages=[
+                    {"role": "user", "content": [{"type": "image_url", "image_url": {"url": "https://x/y.png"}}]}
+                ],
+            ),
+            "m",
+            "ollama",
+        )
     with pytest.raises(RequestError, match="one prompt"):
         plan(call("/v1/completions", model="m", prompt=["a", "b"]), "m", "ollama")
 
@@ -164,10 +222,17 @@ def test_ollama_to_openai_request_mapping() -> None:
     assert body["stream"] is True and body["stream_options"] == {"include_usage": True}
     assert (body["max_tokens"], body["temperature"], body["seed"], body["stop"]) == (6, 0.5, 1, ["x"])
     assert body["response_format"] == {"type": "json_object"}
-    assert body["messages"][0]["content"] == [{"type": "text", "text": "look"}, {"type": "image_url", "image_url": {"url": "data:image/jpeg;base64,/9j/abc"}}]
-    assert body["messages"][1]["tool_calls"] == [{"id": "call_1", "type": "function", "function": {"name": "f", "arguments": '{"a": 1}'}}]
+    assert body["messages"][0]["content"] == [
+        {"type": "text", "text": "look"},
+        {"type": "image_url", "image_url": {"url": "data:image/jpeg;base64,/9j/abc"}},
+    ]
+    assert body["messages"][1]["tool_calls"] == [
+        {"id": "call_1", "type": "function", "function": {"name": "f", "arguments": '{"a": 1}'}}
+    ]
     assert body["messages"][2]["tool_call_id"] == "call_1"
-    templated = json.loads(plan(call("/api/generate", model="m", prompt="hi", system="sys", stream=False), "m", "openai").data)
+    templated = json.loads(
+        plan(call("/api/generate", model="m", prompt="hi", system="sys", stream=False), "m", "openai").data
+    )
     assert templated["messages"] == [{"role": "system", "content": "sys"}, {"role": "user", "content": "hi"}]
     raw = plan(call("/api/generate", model="m", prompt="hi", raw=True), "m", "openai")
     assert raw.path == "/v1/completions" and json.loads(raw.data)["prompt"] == "hi"
@@ -202,7 +267,9 @@ def test_sse_passthrough_hides_the_usage_chunk_unless_asked() -> None:
 
 def test_sse_passthrough_strips_usage_from_a_final_chunk_with_choices() -> None:
     r = rl.make_relay(openai_plan(False))  # type: ignore[arg-type]
-    out = r.feed(b'{"choices":[{"index":0,"delta":{},"finish_reason":"stop"}],"usage":{"prompt_tokens":1,"completion_tokens":2}}')
+    out = r.feed(
+        b'{"choices":[{"index":0,"delta":{},"finish_reason":"stop"}],"usage":{"prompt_tokens":1,"completion_tokens":2}}'
+    )
     assert json.loads(out[6:]) == {"choices": [{"index": 0, "delta": {}, "finish_reason": "stop"}]}
     assert r.usage.completion_tokens == 2
 
@@ -219,7 +286,9 @@ def test_relays_raise_on_error_events_and_early_ends() -> None:
 
 def test_error_shapes() -> None:
     assert json.loads(shapes.error_body("ollama", 404, "no such model")) == {"error": "no such model"}
-    assert json.loads(shapes.error_body("openai", 404, "no such model")) == {"error": {"message": "no such model", "type": "not_found_error", "param": None, "code": None}}
+    assert json.loads(shapes.error_body("openai", 404, "no such model")) == {
+        "error": {"message": "no such model", "type": "not_found_error", "param": None, "code": None}
+    }
     assert shapes.error_message(b'{"error": {"message": "bad", "code": 400}}', 400) == "bad"
     assert shapes.error_message(b'{"object": "error", "message": "old vllm"}', 400) == "old vllm"
     assert shapes.error_message(b'{"error": "ollama says"}', 400) == "ollama says"

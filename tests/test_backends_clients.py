@@ -35,7 +35,9 @@ def proxy(engine: str, url: str) -> web.Application:
             call = Call.from_request(request.path, await request.read())
             up = await adapter.open(call, call.model)
         except RequestError as exc:
-            return web.Response(status=exc.status, body=error_body(dialect, exc.status, exc.message), content_type="application/json")
+            return web.Response(
+                status=exc.status, body=error_body(dialect, exc.status, exc.message), content_type="application/json"
+            )
         except BackendError as exc:
             return web.Response(status=503, body=error_body(dialect, 503, exc.message), content_type="application/json")
         try:
@@ -50,16 +52,27 @@ def proxy(engine: str, url: str) -> web.Application:
             await up.close()
 
     app.cleanup_ctx.append(session_ctx)
-    for path in ("/v1/chat/completions", "/v1/completions", "/v1/embeddings", "/api/chat", "/api/generate", "/api/embed"):
+    for path in (
+        "/v1/chat/completions",
+        "/v1/completions",
+        "/v1/embeddings",
+        "/api/chat",
+        "/api/generate",
+        "/api/embed",
+    ):
         app.router.add_post(path, handle)
     return app
 
 
 @pytest.fixture(params=["ollama", "vllm"])
-async def routed(request: pytest.FixtureRequest, aiohttp_server: Any) -> AsyncIterator[tuple[str, FakeOllama | FakeOpenAI]]:
+async def routed(
+    request: pytest.FixtureRequest, aiohttp_server: Any
+) -> AsyncIterator[tuple[str, FakeOllama | FakeOpenAI]]:
     """A proxy in front of one fake backend, both engines in turn."""
     engine = request.param
-    fake: FakeOllama | FakeOpenAI = FakeOllama(models=["m:latest"]) if engine == "ollama" else FakeOpenAI(flavor="vllm", models=["m"])
+    fake: FakeOllama | FakeOpenAI = (
+        FakeOllama(models=["m:latest"]) if engine == "ollama" else FakeOpenAI(flavor="vllm", models=["m"])
+    )
     async with fake:
         server = await aiohttp_server(proxy(engine, fake.url))
         yield str(server.make_url("")).rstrip("/"), fake
@@ -73,10 +86,18 @@ async def test_openai_client(routed: tuple[str, Any]) -> None:
         assert r.choices[0].message.content == "tok0 tok1 tok2" and r.choices[0].finish_reason == "length"
         assert r.usage is not None and (r.usage.prompt_tokens, r.usage.completion_tokens) == (5, 3)
 
-        stream = await client.chat.completions.create(model="m", messages=MESSAGES, stream=True, stream_options={"include_usage": True})
+        stream = await client.chat.completions.create(
+            model="m", messages=MESSAGES, stream=True, stream_options={"include_usage": True}
+        )
         chunks = [c async for c in stream]
-        assert "".join(c.choices[0].delta.content or "" for c in chunks if c.choices) == "tok0 tok1 tok2 tok3 tok4 tok5 tok6 tok7"
-        assert chunks[-1].usage is not None and (chunks[-1].usage.prompt_tokens, chunks[-1].usage.completion_tokens) == (5, 8)
+        assert (
+            "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
+            == "tok0 tok1 tok2 tok3 tok4 tok5 tok6 tok7"
+        )
+        assert chunks[-1].usage is not None and (
+            chunks[-1].usage.prompt_tokens,
+            chunks[-1].usage.completion_tokens,
+        ) == (5, 8)
 
         completions = await client.completions.create(model="m", prompt="once upon a time", max_tokens=2, stream=True)
         pieces = [c async for c in completions]

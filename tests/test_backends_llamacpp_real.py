@@ -20,7 +20,9 @@ from mindrouter.backends.base import Reply
 from mindrouter.backends.llamacpp import LlamaCppAdapter
 
 DATA = Path(__file__).parent / "data"
-pytestmark = pytest.mark.skipif(not (DATA / "llamacpp_metrics.txt").exists(), reason="no recorded llama-server samples in tests/data")
+pytestmark = pytest.mark.skipif(
+    not (DATA / "llamacpp_metrics.txt").exists(), reason="no recorded llama-server samples in tests/data"
+)
 
 STREAM_TEXT = "xn temwee"  # the content deltas of llamacpp_chat_stream.txt
 
@@ -39,7 +41,12 @@ def sample(name: str) -> bytes:
 )
 def test_telemetry_from_recorded_metrics_and_slots(metrics: str, slots: str, expected: tuple[Any, ...]) -> None:
     a = LlamaCppAdapter("http://x", None, request_timeout=1, connect_timeout=1)  # type: ignore[arg-type]
-    replies = {"/health": Reply(200, b'{"status":"ok"}'), "/slots": Reply(200, sample(slots)), "/metrics": Reply(200, sample(metrics)), "/props": Reply(200, sample("llamacpp_props.json"))}
+    replies = {
+        "/health": Reply(200, b'{"status":"ok"}'),
+        "/slots": Reply(200, sample(slots)),
+        "/metrics": Reply(200, sample(metrics)),
+        "/props": Reply(200, sample("llamacpp_props.json")),
+    }
     p = a.telemetry(Probe(healthy=True), replies)
     got = (p.running, p.waiting, p.slots_total, p.slots_busy, p.prompt_tokens_total, p.completion_tokens_total)
     assert p.healthy and got == expected
@@ -114,7 +121,9 @@ async def test_recorded_stream_to_an_openai_client(replay: Adapter, wants_usage:
     assert [c for c in chunks if "usage" in c] == ([] if not wants_usage else [chunks[-1]])
     assert (up.usage.prompt_tokens, up.usage.completion_tokens) == (27, 8)
     if wants_usage:
-        assert data == sample("llamacpp_chat_stream.txt").rstrip(b"\n") + b"\n\n", "passthrough leaves the server's bytes alone"
+        assert data == sample("llamacpp_chat_stream.txt").rstrip(b"\n") + b"\n\n", (
+            "passthrough leaves the server's bytes alone"
+        )
 
 
 async def test_recorded_stream_to_an_ollama_client(replay: Adapter) -> None:
@@ -123,7 +132,11 @@ async def test_recorded_stream_to_an_ollama_client(replay: Adapter) -> None:
     assert "".join(line["message"]["content"] for line in lines) == STREAM_TEXT
     final = lines[-1]
     assert final["done"] is True and final["done_reason"] == "length"
-    assert (final["prompt_eval_count"], final["eval_count"]) == (27, 8) == (up.usage.prompt_tokens, up.usage.completion_tokens)
+    assert (
+        (final["prompt_eval_count"], final["eval_count"])
+        == (27, 8)
+        == (up.usage.prompt_tokens, up.usage.completion_tokens)
+    )
 
 
 async def test_recorded_answer_in_both_dialects(replay: Adapter) -> None:

@@ -29,7 +29,9 @@ def adapter(engine: str, url: str, session: aiohttp.ClientSession):  # type: ign
 
 async def test_ollama_probe_reads_tags_ps_version_and_show(session: aiohttp.ClientSession) -> None:
     models = {"llama3.2:latest": 2_019_393_189, "llava:7b": 4_733_363_377}
-    async with FakeOllama(models=models, loaded=["llava:7b"], capabilities={"llava:7b": ["completion", "vision"]}) as fake:
+    async with FakeOllama(
+        models=models, loaded=["llava:7b"], capabilities={"llava:7b": ["completion", "vision"]}
+    ) as fake:
         a = adapter("ollama", fake.url + "/", session)
         p = await a.probe()
         assert p.healthy and p.error is None and p.version == "0.6.5"
@@ -43,7 +45,9 @@ async def test_ollama_probe_reads_tags_ps_version_and_show(session: aiohttp.Clie
         await a.probe()
         assert fake.show_requests == 2, "capabilities are asked once per model digest"
         # Serving a request loads the model, as Ollama does; the next probe sees it.
-        up = await a.open(Call.from_request("/api/generate", b'{"model": "llama3.2", "prompt": "hi", "stream": false}'), "llama3.2")
+        up = await a.open(
+            Call.from_request("/api/generate", b'{"model": "llama3.2", "prompt": "hi", "stream": false}'), "llama3.2"
+        )
         await up.close()
         assert (await a.probe()).loaded_models == {"llava:7b", "llama3.2:latest", "llama3.2"}
 
@@ -56,7 +60,9 @@ async def test_openai_probe_without_health_endpoint(session: aiohttp.ClientSessi
 
 
 async def test_vllm_probe_reads_metrics(session: aiohttp.ClientSession) -> None:
-    async with FakeOpenAI(flavor="vllm", models=["qwen"], max_concurrent=2, tokens_per_second=500, completion_tokens=50) as fake:
+    async with FakeOpenAI(
+        flavor="vllm", models=["qwen"], max_concurrent=2, tokens_per_second=500, completion_tokens=50
+    ) as fake:
         a = adapter("vllm", fake.url, session)
         body = json.dumps({"model": "qwen", "prompt": "one two three", "max_tokens": 50}).encode()
         tasks = [asyncio.create_task(a.open(Call.from_request("/v1/completions", body), "qwen")) for _ in range(3)]
@@ -86,9 +92,13 @@ async def test_vllm_unhealthy_when_health_fails(session: aiohttp.ClientSession) 
 
 
 async def test_llamacpp_probe_reads_slots_and_metrics(session: aiohttp.ClientSession) -> None:
-    async with FakeOpenAI(flavor="llamacpp", models=["tiny"], max_concurrent=3, tokens_per_second=500, completion_tokens=50) as fake:
+    async with FakeOpenAI(
+        flavor="llamacpp", models=["tiny"], max_concurrent=3, tokens_per_second=500, completion_tokens=50
+    ) as fake:
         a = adapter("llamacpp", fake.url, session)
-        body = json.dumps({"model": "tiny", "messages": [{"role": "user", "content": "a b"}], "max_tokens": 50}).encode()
+        body = json.dumps(
+            {"model": "tiny", "messages": [{"role": "user", "content": "a b"}], "max_tokens": 50}
+        ).encode()
         tasks = [asyncio.create_task(a.open(Call.from_request("/v1/chat/completions", body), "tiny")) for _ in range(4)]
         while fake.running + fake.waiting < 4:
             await asyncio.sleep(0.01)
@@ -118,7 +128,11 @@ async def test_llamacpp_loading_model_is_unhealthy(session: aiohttp.ClientSessio
 
 @pytest.mark.parametrize("engine", ["ollama", "openai", "vllm", "llamacpp"])
 async def test_unhealthy_when_down_and_healthy_again_when_up(engine: str, session: aiohttp.ClientSession) -> None:
-    fake = FakeOllama(models=["m"]) if engine == "ollama" else FakeOpenAI(flavor="openai" if engine == "openai" else engine, models=["m"])
+    fake = (
+        FakeOllama(models=["m"])
+        if engine == "ollama"
+        else FakeOpenAI(flavor="openai" if engine == "openai" else engine, models=["m"])
+    )
     async with fake:
         a = adapter(engine, fake.url, session)
         await fake.go_down()
@@ -131,6 +145,7 @@ async def test_unhealthy_when_down_and_healthy_again_when_up(engine: str, sessio
 
 async def test_wrong_kind_of_server_is_unhealthy(aiohttp_server, session: aiohttp.ClientSession) -> None:  # type: ignore[no-untyped-def]
     app = web.Application()
+
     async def tags(request: web.Request) -> web.Response:
         return web.json_response({"hello": "world"})
 
@@ -152,7 +167,7 @@ def test_make_adapter_refuses_unknown_engines() -> None:
 
 def test_prometheus_samples_tolerate_garbage_and_sum_labels() -> None:
     text = b'# TYPE vllm:num_requests_running gauge\nvllm:num_requests_running{model_name="a"} 2\nvllm:num_requests_running{model_name="b"} 3\n'
-    m = Samples(Reply(200, text + b"# TYPE other histogram\nother_bucket{le=\"1\"} 4\n"), ("vllm:num_requests_running",))
+    m = Samples(Reply(200, text + b'# TYPE other histogram\nother_bucket{le="1"} 4\n'), ("vllm:num_requests_running",))
     assert m.count("vllm:num_requests_running") == 5 and m.highest("vllm:num_requests_running") == 3
     assert m.total("missing") is None and "other_bucket" not in m.values
     assert not Samples(Reply(200, b"vllm:num_requests_running <html>not metrics</html>"), ("vllm:",))

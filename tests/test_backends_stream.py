@@ -83,7 +83,11 @@ def check_openai_stream(events: list[Any], kind: str, text: str, finish: str, us
         assert usage_chunks == []
     else:
         assert len(usage_chunks) == 1 and usage_chunks[0]["choices"] == []
-        assert usage_chunks[0]["usage"] == {"prompt_tokens": usage[0], "completion_tokens": usage[1], "total_tokens": sum(usage)}
+        assert usage_chunks[0]["usage"] == {
+            "prompt_tokens": usage[0],
+            "completion_tokens": usage[1],
+            "total_tokens": sum(usage),
+        }
 
 
 def check_ollama_stream(lines: list[dict[str, Any]], key: str, text: str, reason: str, usage: tuple[int, int]) -> None:
@@ -104,15 +108,21 @@ def check_ollama_stream(lines: list[dict[str, Any]], key: str, text: str, reason
 
 
 @pytest.mark.parametrize("wants_usage", [False, True])
-async def test_openai_stream_on_vllm_hides_usage_unless_asked(vllm: tuple[FakeOpenAI, Adapter], wants_usage: bool) -> None:
+async def test_openai_stream_on_vllm_hides_usage_unless_asked(
+    vllm: tuple[FakeOpenAI, Adapter], wants_usage: bool
+) -> None:
     fake, a = vllm
     extra = {"stream_options": {"include_usage": True}} if wants_usage else {}
-    up = await a.open(call("/v1/chat/completions", model="qwen", messages=MESSAGES, stream=True, max_tokens=3, **extra), "qwen")
+    up = await a.open(
+        call("/v1/chat/completions", model="qwen", messages=MESSAGES, stream=True, max_tokens=3, **extra), "qwen"
+    )
     assert up.headers["Content-Type"] == "text/event-stream" and up.status == 200 and up.body is None
     check_openai_stream(sse(await drain(up)), "chat", TEXT3, "length", (7, 3) if wants_usage else None)
     assert (up.usage.prompt_tokens, up.usage.completion_tokens) == (7, 3)
     assert up.error is None and up.done
-    assert fake.received[-1].body["stream_options"] == {"include_usage": True}, "the daemon always asks upstream for usage"
+    assert fake.received[-1].body["stream_options"] == {"include_usage": True}, (
+        "the daemon always asks upstream for usage"
+    )
 
 
 @pytest.mark.parametrize("wants_usage", [False, True])
@@ -133,14 +143,22 @@ async def test_openai_stream_on_ollama(ollama: tuple[FakeOllama, Adapter], kind:
 
 @pytest.mark.parametrize("kind", ["chat", "completion"])
 async def test_openai_non_stream_on_ollama(ollama: tuple[FakeOllama, Adapter], kind: str) -> None:
-    fake, a = ollama
-    path, extra = ("/v1/chat/completions", {"messages": MESSAGES}) if kind == "chat" else ("/v1/completions", {"prompt": "why is the sky blue"})
+    _fake, a = ollama
+    path, extra = (
+        ("/v1/chat/completions", {"messages": MESSAGES})
+        if kind == "chat"
+        else ("/v1/completions", {"prompt": "why is the sky blue"})
+    )
     up = await a.open(call(path, model="llama3.2", **extra), "llama3.2")
     assert up.body is not None and up.headers["Content-Type"] == "application/json"
     body = json.loads(await drain(up))
     prompt = 7 if kind == "chat" else 5
     assert body["object"] == ("chat.completion" if kind == "chat" else "text_completion")
-    assert body["id"].startswith("chatcmpl-" if kind == "chat" else "cmpl-") and body["model"] == "llama3.2" and isinstance(body["created"], int)
+    assert (
+        body["id"].startswith("chatcmpl-" if kind == "chat" else "cmpl-")
+        and body["model"] == "llama3.2"
+        and isinstance(body["created"], int)
+    )
     choice = body["choices"][0]
     assert (choice["message"] if kind == "chat" else choice)["content" if kind == "chat" else "text"] == TEXT8
     assert choice["finish_reason"] == "stop"
@@ -197,7 +215,15 @@ async def test_ollama_client_on_vllm(vllm: tuple[FakeOpenAI, Adapter], kind: str
     if kind == "chat":
         c = call("/api/chat", model="qwen", messages=MESSAGES, stream=stream, options={"num_predict": 3})
     else:
-        c = call("/api/generate", model="qwen", prompt="why is the sky blue", system="be brief", raw=kind == "generate-raw", stream=stream, options={"num_predict": 3})
+        c = call(
+            "/api/generate",
+            model="qwen",
+            prompt="why is the sky blue",
+            system="be brief",
+            raw=kind == "generate-raw",
+            stream=stream,
+            options={"num_predict": 3},
+        )
     up = await a.open(c, "qwen")
     data = await drain(up)
     prompt = 5 if kind == "generate-raw" else 7  # raw mode has no system prompt
@@ -208,7 +234,7 @@ async def test_ollama_client_on_vllm(vllm: tuple[FakeOpenAI, Adapter], kind: str
 
 
 async def test_ollama_embeddings_on_vllm(vllm: tuple[FakeOpenAI, Adapter]) -> None:
-    fake, a = vllm
+    _fake, a = vllm
     up = await a.open(call("/api/embed", model="qwen", input=["red fox", "blue"]), "qwen")
     body = json.loads(await drain(up))
     assert body["model"] == "qwen" and body["prompt_eval_count"] == 3
@@ -268,12 +294,16 @@ async def test_passthrough_bytes_are_unchanged_both_ways(aiohttp_server, session
 # ---- errors ---------------------------------------------------------------------------------
 
 
-async def test_4xx_comes_back_in_the_clients_shape(ollama: tuple[FakeOllama, Adapter], vllm: tuple[FakeOpenAI, Adapter]) -> None:
+async def test_4xx_comes_back_in_the_clients_shape(
+    ollama: tuple[FakeOllama, Adapter], vllm: tuple[FakeOpenAI, Adapter]
+) -> None:
     _, oa = ollama
     _, va = vllm
     up = await va.open(call("/v1/chat/completions", model="nope", messages=MESSAGES, stream=True), "nope")
     assert up.status == 404 and up.headers["Content-Type"] == "application/json"
-    assert json.loads(await drain(up)) == {"error": {"message": "The model `nope` does not exist.", "type": "not_found_error", "param": None, "code": None}}
+    assert json.loads(await drain(up)) == {
+        "error": {"message": "The model `nope` does not exist.", "type": "not_found_error", "param": None, "code": None}
+    }
     assert up.error == "The model `nope` does not exist."
     up = await va.open(call("/api/chat", model="nope", messages=MESSAGES), "nope")
     assert up.status == 404 and json.loads(await drain(up)) == {"error": "The model `nope` does not exist."}
@@ -283,7 +313,9 @@ async def test_4xx_comes_back_in_the_clients_shape(ollama: tuple[FakeOllama, Ada
 
 
 @pytest.mark.parametrize("status", [500, 503, 429])
-async def test_5xx_and_429_are_backend_errors_before_the_first_byte(vllm: tuple[FakeOpenAI, Adapter], status: int) -> None:
+async def test_5xx_and_429_are_backend_errors_before_the_first_byte(
+    vllm: tuple[FakeOpenAI, Adapter], status: int
+) -> None:
     fake, a = vllm
     fake.fail_next(1, status)
     with pytest.raises(BackendError) as info:
@@ -320,8 +352,18 @@ async def test_timeout_is_a_backend_error(session: aiohttp.ClientSession) -> Non
         assert info.value.before_first_byte
 
 
-@pytest.mark.parametrize(("engine", "path"), [("vllm", "/v1/chat/completions"), ("vllm", "/api/chat"), ("ollama", "/api/chat"), ("ollama", "/v1/chat/completions")])
-async def test_drop_mid_stream_ends_cleanly_with_an_error(ollama: tuple[FakeOllama, Adapter], vllm: tuple[FakeOpenAI, Adapter], engine: str, path: str) -> None:
+@pytest.mark.parametrize(
+    ("engine", "path"),
+    [
+        ("vllm", "/v1/chat/completions"),
+        ("vllm", "/api/chat"),
+        ("ollama", "/api/chat"),
+        ("ollama", "/v1/chat/completions"),
+    ],
+)
+async def test_drop_mid_stream_ends_cleanly_with_an_error(
+    ollama: tuple[FakeOllama, Adapter], vllm: tuple[FakeOpenAI, Adapter], engine: str, path: str
+) -> None:
     fake, a = ollama if engine == "ollama" else vllm
     model = "llama3.2" if engine == "ollama" else "qwen"
     fake.drop_next(after_chunks=3)
@@ -330,7 +372,9 @@ async def test_drop_mid_stream_ends_cleanly_with_an_error(ollama: tuple[FakeOlla
     assert up.error == "the backend's answer was cut off" and up.done
     if path.startswith("/v1"):
         events = sse(data)
-        assert events[-1] == "[DONE]" and events[-2] == {"error": {"message": up.error, "type": "server_error", "param": None, "code": "backend_error"}}
+        assert events[-1] == "[DONE]" and events[-2] == {
+            "error": {"message": up.error, "type": "server_error", "param": None, "code": "backend_error"}
+        }
         assert "".join(e["choices"][0]["delta"].get("content", "") for e in events[:-2]) == "tok0 tok1 tok2"
     else:
         lines = ndjson(data)
@@ -339,7 +383,9 @@ async def test_drop_mid_stream_ends_cleanly_with_an_error(ollama: tuple[FakeOlla
     assert fake.dropped == 1 and fake.cancelled == 0
 
 
-async def test_error_event_before_any_output_fails_over_and_after_ends_cleanly(aiohttp_server, session: aiohttp.ClientSession) -> None:  # type: ignore[no-untyped-def]
+async def test_error_event_before_any_output_fails_over_and_after_ends_cleanly(
+    aiohttp_server, session: aiohttp.ClientSession
+) -> None:  # type: ignore[no-untyped-def]
     events: list[bytes] = []
 
     async def handler(request: web.Request) -> web.StreamResponse:
@@ -357,7 +403,10 @@ async def test_error_event_before_any_output_fails_over_and_after_ends_cleanly(a
     with pytest.raises(BackendError, match="running the model") as info:
         await a.open(call("/api/chat", model="m", messages=MESSAGES), "m")
     assert info.value.before_first_byte
-    events[:] = [b'{"model":"m","created_at":"x","message":{"role":"assistant","content":"hi"},"done":false}\n', events[0]]
+    events[:] = [
+        b'{"model":"m","created_at":"x","message":{"role":"assistant","content":"hi"},"done":false}\n',
+        events[0],
+    ]
     up = await a.open(call("/v1/chat/completions", model="m", messages=MESSAGES, stream=True), "m")
     data = sse(await drain(up))
     assert data[0]["choices"][0]["delta"]["content"] == "hi"

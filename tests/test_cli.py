@@ -55,14 +55,23 @@ def test_unreachable_daemon_is_exit_3_with_one_sentence(tmp_path: Path, monkeypa
     sock = tmp_path / "gone.sock"
     (tmp_path / "c.toml").write_text(f'[server]\nsocket = "{sock}"\n')
     monkeypatch.setenv("MR_CONFIG", str(tmp_path / "c.toml"))
-    for args in (["status"], ["group", "list"], ["backend", "list", "--json"], ["top", "--once"], ["why", "x"], ["decisions", "-f"]):
+    for args in (
+        ["status"],
+        ["group", "list"],
+        ["backend", "list", "--json"],
+        ["top", "--once"],
+        ["why", "x"],
+        ["decisions", "-f"],
+    ):
         run = mr(*args)
         assert run.exit_code == 3, (args, run)
         assert run.stderr == f"mr: cannot reach the daemon at {sock}; is `mr serve` running?\n"
         assert run.stdout == ""
 
 
-def test_config_option_before_and_after_the_command(fake: FakeDaemon, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_config_option_before_and_after_the_command(
+    fake: FakeDaemon, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     config = os.environ["MR_CONFIG"]
     monkeypatch.delenv("MR_CONFIG")
     assert mr("--config", config, "status", "--json").json()["version"] == "0.1.0"
@@ -97,7 +106,11 @@ def test_group_add_set_weight_rm(fake: FakeDaemon) -> None:
     assert run.exit_code == 0, run
     assert run.stdout.strip() == "added group phd with weight 2.5"
     assert sent(fake)[-1] == ("POST", "/admin/groups", {"name": "phd", "weight": 2.5})
-    assert mr("group", "set-weight", "phd", "4", "--json").json() == {"name": "phd", "scheduler_weight": 4.0, "users": 0}
+    assert mr("group", "set-weight", "phd", "4", "--json").json() == {
+        "name": "phd",
+        "scheduler_weight": 4.0,
+        "users": 0,
+    }
     assert "now has weight 4" in mr("group", "set-weight", "phd", "4").stdout
     assert mr("group", "rm", "phd", "--json").json() == {"removed": "phd"}
     assert "phd" not in fake.groups
@@ -105,8 +118,12 @@ def test_group_add_set_weight_rm(fake: FakeDaemon) -> None:
 
 @pytest.mark.parametrize("weight", ["0", "-1", "nan", "inf", "-inf", "lots", "1e999", ""])
 def test_bad_weights_are_refused_before_sending(fake: FakeDaemon, weight: str) -> None:
-    for args in (["group", "add", "phd", "--weight", weight], ["group", "set-weight", "faculty", weight], ["user", "set-weight", "alice", weight],
-                 ["user", "add", "carol", "--group", "staff", "--weight", weight]):
+    for args in (
+        ["group", "add", "phd", "--weight", weight],
+        ["group", "set-weight", "faculty", weight],
+        ["user", "set-weight", "alice", weight],
+        ["user", "add", "carol", "--group", "staff", "--weight", weight],
+    ):
         run = mr(*args)
         assert run.exit_code == 2, (args, run)
         assert run.stderr.startswith(f"mr: weight {weight!r} ")
@@ -123,7 +140,11 @@ def test_unknown_group_is_exit_1_with_the_daemons_sentence(fake: FakeDaemon) -> 
 
 
 def test_bad_names_are_refused(fake: FakeDaemon) -> None:
-    for args in (["group", "add", "_x", "--weight", "1"], ["user", "add", "a b", "--group", "staff"], ["backend", "add", "x/y", "http://h:1", "--engine", "ollama"]):
+    for args in (
+        ["group", "add", "_x", "--weight", "1"],
+        ["user", "add", "a b", "--group", "staff"],
+        ["backend", "add", "x/y", "http://h:1", "--engine", "ollama"],
+    ):
         run = mr(*args)
         assert run.exit_code == 2, (args, run)
         assert "is not valid; use 1 to 64 letters" in run.stderr
@@ -193,38 +214,78 @@ def test_backend_list(fake: FakeDaemon) -> None:
     assert re.search(r"ws1\s+ollama\s+healthy\s+2/4\s+llama3.2", run.stdout)
     assert "unhealthy (connection refused)" in run.stdout and "draining" in run.stdout
     rows = mr("backend", "list", "--json").json()
-    assert_rows(rows, {"id", "name", "url", "engine", "status", "healthy", "in_flight", "max_concurrent", "models", "loaded_models"})
+    assert_rows(
+        rows,
+        {"id", "name", "url", "engine", "status", "healthy", "in_flight", "max_concurrent", "models", "loaded_models"},
+    )
     assert {r["status"] for r in rows} <= {"healthy", "unhealthy", "draining", "disabled"}
 
 
 def test_backend_add_sends_checked_values(fake: FakeDaemon) -> None:
-    run = mr("backend", "add", "ws3", "http://ws3.lab:11434/", "--engine", "Ollama", "--max-concurrent", "2", "--gpus", "0, 1",
-             "--node", "http://ws3.lab:8485", "--priority", "-5")
+    run = mr(
+        "backend",
+        "add",
+        "ws3",
+        "http://ws3.lab:11434/",
+        "--engine",
+        "Ollama",
+        "--max-concurrent",
+        "2",
+        "--gpus",
+        "0, 1",
+        "--node",
+        "http://ws3.lab:8485",
+        "--priority",
+        "-5",
+    )
     assert run.exit_code == 0, run
     assert "added backend ws3 (ollama, http://ws3.lab:11434): healthy, 2 models" in run.stdout
-    assert sent(fake)[-1] == ("POST", "/admin/backends", {"name": "ws3", "url": "http://ws3.lab:11434", "engine": "ollama", "max_concurrent": 2,
-                                                          "gpus": [0, 1], "node": "http://ws3.lab:8485", "priority": -5.0})
+    assert sent(fake)[-1] == (
+        "POST",
+        "/admin/backends",
+        {
+            "name": "ws3",
+            "url": "http://ws3.lab:11434",
+            "engine": "ollama",
+            "max_concurrent": 2,
+            "gpus": [0, 1],
+            "node": "http://ws3.lab:8485",
+            "priority": -5.0,
+        },
+    )
     row = mr("backend", "add", "ws4", "https://ws4", "-e", "vllm", "--json").json()
     assert row["name"] == "ws4" and row["engine"] == "vllm"
     assert sent(fake)[-1][2] == {"name": "ws4", "url": "https://ws4", "engine": "vllm"}
 
 
-@pytest.mark.parametrize(("extra", "message"), [
-    (["ftp://ws3:21", "--engine", "ollama"], "URL 'ftp://ws3:21' is not an http(s) URL with a host"),
-    (["ws3:11434", "--engine", "ollama"], "URL 'ws3:11434' is not an http(s) URL with a host"),
-    (["http://", "--engine", "ollama"], "URL 'http://' is not an http(s) URL with a host"),
-    (["http://ws3:99999", "--engine", "ollama"], "URL 'http://ws3:99999' has a port that is not a number from 1 to 65535"),
-    (["http://ws3:11434"], "--engine is required; say which server runs there: ollama, vllm, llamacpp, openai"),
-    (["http://ws3:11434", "--engine", "tgi"], "--engine 'tgi' is not known; use one of ollama, vllm, llamacpp, openai"),
-    (["http://ws3:11434", "-e", "ollama", "--max-concurrent", "0"], "--max-concurrent '0' must be at least 1"),
-    (["http://ws3:11434", "-e", "ollama", "--max-concurrent", "many"], "--max-concurrent 'many' is not a whole number"),
-    (["http://ws3:11434", "-e", "ollama", "--gpus", "0,a"], "--gpus '0,a' is not a comma list of GPU indexes"),
-    (["http://ws3:11434", "-e", "ollama", "--gpus", "-1"], "--gpus '-1' is not a comma list of GPU indexes"),
-    (["http://ws3:11434", "-e", "ollama", "--gpus", "1,1"], "--gpus '1,1' names GPU 1 twice"),
-    (["http://ws3:11434", "-e", "ollama", "--node", "ws3"], "--node 'ws3' is not an http(s) URL with a host"),
-    (["http://ws3:11434", "-e", "ollama", "--priority", "inf"], "--priority 'inf' must be a finite number"),
-    (["http://ws3:11434", "-e", "ollama", "--priority", "high"], "--priority 'high' is not a number"),
-])
+@pytest.mark.parametrize(
+    ("extra", "message"),
+    [
+        (["ftp://ws3:21", "--engine", "ollama"], "URL 'ftp://ws3:21' is not an http(s) URL with a host"),
+        (["ws3:11434", "--engine", "ollama"], "URL 'ws3:11434' is not an http(s) URL with a host"),
+        (["http://", "--engine", "ollama"], "URL 'http://' is not an http(s) URL with a host"),
+        (
+            ["http://ws3:99999", "--engine", "ollama"],
+            "URL 'http://ws3:99999' has a port that is not a number from 1 to 65535",
+        ),
+        (["http://ws3:11434"], "--engine is required; say which server runs there: ollama, vllm, llamacpp, openai"),
+        (
+            ["http://ws3:11434", "--engine", "tgi"],
+            "--engine 'tgi' is not known; use one of ollama, vllm, llamacpp, openai",
+        ),
+        (["http://ws3:11434", "-e", "ollama", "--max-concurrent", "0"], "--max-concurrent '0' must be at least 1"),
+        (
+            ["http://ws3:11434", "-e", "ollama", "--max-concurrent", "many"],
+            "--max-concurrent 'many' is not a whole number",
+        ),
+        (["http://ws3:11434", "-e", "ollama", "--gpus", "0,a"], "--gpus '0,a' is not a comma list of GPU indexes"),
+        (["http://ws3:11434", "-e", "ollama", "--gpus", "-1"], "--gpus '-1' is not a comma list of GPU indexes"),
+        (["http://ws3:11434", "-e", "ollama", "--gpus", "1,1"], "--gpus '1,1' names GPU 1 twice"),
+        (["http://ws3:11434", "-e", "ollama", "--node", "ws3"], "--node 'ws3' is not an http(s) URL with a host"),
+        (["http://ws3:11434", "-e", "ollama", "--priority", "inf"], "--priority 'inf' must be a finite number"),
+        (["http://ws3:11434", "-e", "ollama", "--priority", "high"], "--priority 'high' is not a number"),
+    ],
+)
 def test_backend_add_refuses_bad_input_before_sending(fake: FakeDaemon, extra: list[str], message: str) -> None:
     run = mr("backend", "add", "ws3", *extra)
     assert run.exit_code == 2, run
@@ -300,7 +361,11 @@ def test_decisions_table_and_json_lines(fake: FakeDaemon) -> None:
 
 
 def test_decisions_follow_streams_until_the_daemon_closes(fake: FakeDaemon) -> None:
-    fake.stream_records = [decision("req-2", user="bob", backend=2), decision("new-1"), decision("new-2", user="bob", backend=2)]
+    fake.stream_records = [
+        decision("req-2", user="bob", backend=2),
+        decision("new-1"),
+        decision("new-2", user="bob", backend=2),
+    ]
     run = mr("decisions", "--follow", "--json")
     ids = [json.loads(line)["request_id"] for line in run.stdout.splitlines()]
     assert ids == ["req-1", "req-2", "new-1", "new-2"]  # the recent ones, then the stream, without repeats
@@ -324,7 +389,16 @@ def test_why_explains_priority_and_scores(fake: FakeDaemon) -> None:
     assert run.exit_code == 0, run
     out = run.stdout
     assert "request req-1: alice (faculty) asked for llama3.2" in out and "went to ws1" in out
-    for term in ("deficit", "in-flight charge", "burst credits", "weight", "factor", "usage fraction", "wait bonus", "priority"):
+    for term in (
+        "deficit",
+        "in-flight charge",
+        "burst credits",
+        "weight",
+        "factor",
+        "usage fraction",
+        "wait bonus",
+        "priority",
+    ):
         assert term in out
     assert re.search(r"ws1 ✓\s+150.5\s+100\s+25\s+20\s+15\s+10\s+0\s+0", out)
     assert re.search(r"ws2\s+80.2\s+0\s+40", out)
@@ -427,19 +501,55 @@ def test_import_checks_every_entry_first(fake: FakeDaemon, tmp_path: Path) -> No
 
 def test_import_dry_run_and_json_files(fake: FakeDaemon, tmp_path: Path) -> None:
     file = tmp_path / "in.json"
-    file.write_text(json.dumps({"groups": [{"name": "phd", "weight": 2, "users": 0}],
-                                "users": [{"name": "zoe", "group": "phd", "weight": 2, "weight_override": None, "keys": 3}]}))
+    file.write_text(
+        json.dumps(
+            {
+                "groups": [{"name": "phd", "weight": 2, "users": 0}],
+                "users": [{"name": "zoe", "group": "phd", "weight": 2, "weight_override": None, "keys": 3}],
+            }
+        )
+    )
     run = mr("import", str(file), "--dry-run")
     assert run.exit_code == 0 and "would import 1 groups, 1 users and 0 backends" in run.stdout
     assert sent(fake) == []
     assert mr("import", str(file), "--json").json() == {"groups": 1, "users": 1, "backends": 0}
-    assert sent(fake)[-1][2] == {"version": 1, "groups": [{"name": "phd", "scheduler_weight": 2.0}], "users": [{"name": "zoe", "group": "phd"}], "backends": []}
+    assert sent(fake)[-1][2] == {
+        "version": 1,
+        "groups": [{"name": "phd", "scheduler_weight": 2.0}],
+        "users": [{"name": "zoe", "group": "phd"}],
+        "backends": [],
+    }
 
 
 def test_normalize_accepts_listing_rows() -> None:
-    body = normalize({"backends": [{"id": 1, "name": "ws1", "url": "http://ws1:11434", "engine": "ollama", "status": "healthy", "gpus": [0],
-                                    "node": None, "max_concurrent": 4, "priority": 0, "models": ["x"]}]})
-    assert body["backends"] == [{"name": "ws1", "url": "http://ws1:11434", "engine": "ollama", "gpus": [0], "max_concurrent": 4, "priority": 0.0}]
+    body = normalize(
+        {
+            "backends": [
+                {
+                    "id": 1,
+                    "name": "ws1",
+                    "url": "http://ws1:11434",
+                    "engine": "ollama",
+                    "status": "healthy",
+                    "gpus": [0],
+                    "node": None,
+                    "max_concurrent": 4,
+                    "priority": 0,
+                    "models": ["x"],
+                }
+            ]
+        }
+    )
+    assert body["backends"] == [
+        {
+            "name": "ws1",
+            "url": "http://ws1:11434",
+            "engine": "ollama",
+            "gpus": [0],
+            "max_concurrent": 4,
+            "priority": 0.0,
+        }
+    ]
 
 
 # -- colour and the real entry point ------------------------------------------------------------
@@ -454,8 +564,13 @@ def test_no_color_and_force_color(fake: FakeDaemon) -> None:
 
 
 def _main(*args: str, env: dict[str, str]) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-c", "from mindrouter.cli import main; main()", *args], capture_output=True, text=True,
-                          env={**os.environ, **env}, timeout=30)
+    return subprocess.run(
+        [sys.executable, "-c", "from mindrouter.cli import main; main()", *args],
+        capture_output=True,
+        text=True,
+        env={**os.environ, **env},
+        timeout=30,
+    )
 
 
 def test_main_prints_one_line_and_exit_codes(fake: FakeDaemon, tmp_path: Path) -> None:
@@ -463,19 +578,33 @@ def test_main_prints_one_line_and_exit_codes(fake: FakeDaemon, tmp_path: Path) -
     ok = _main("group", "list", "--json", env=env)
     assert ok.returncode == 0 and json.loads(ok.stdout)
     usage = _main("group", "add", "x", "--weight", "0", env=env)
-    assert (usage.returncode, usage.stderr) == (2, "mr: weight '0' must be a finite number greater than 0, such as 1 or 2.5\n")
+    assert (usage.returncode, usage.stderr) == (
+        2,
+        "mr: weight '0' must be a finite number greater than 0, such as 1 or 2.5\n",
+    )
     missing = _main("user", "rm", "zed", env=env)
-    assert (missing.returncode, missing.stderr) == (1, "mr: user 'zed' does not exist; `mr user list` shows the users\n")
+    assert (missing.returncode, missing.stderr) == (
+        1,
+        "mr: user 'zed' does not exist; `mr user list` shows the users\n",
+    )
     (tmp_path / "gone.toml").write_text(f'[server]\nsocket = "{tmp_path}/gone.sock"\n')
     away = _main("status", env={"MR_CONFIG": str(tmp_path / "gone.toml")})
-    assert (away.returncode, away.stderr) == (3, f"mr: cannot reach the daemon at {tmp_path}/gone.sock; is `mr serve` running?\n")
+    assert (away.returncode, away.stderr) == (
+        3,
+        f"mr: cannot reach the daemon at {tmp_path}/gone.sock; is `mr serve` running?\n",
+    )
 
 
 def test_follow_ends_on_sigint_with_exit_0(fake: FakeDaemon) -> None:
     fake.stream_records = [decision("live-9")]
     fake.stream_hold = 30
-    proc = subprocess.Popen([sys.executable, "-c", "from mindrouter.cli import main; main()", "decisions", "--follow", "--json"],
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env={**os.environ})
+    proc = subprocess.Popen(
+        [sys.executable, "-c", "from mindrouter.cli import main; main()", "decisions", "--follow", "--json"],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env={**os.environ},
+    )
     try:
         seen = [proc.stdout.readline() for _ in range(3)]  # type: ignore[union-attr]
         assert json.loads(seen[-1])["request_id"] == "live-9"

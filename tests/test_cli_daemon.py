@@ -41,7 +41,9 @@ class ThreadDaemon:
         self.fake = FakeOllama(models=["llama3", "mistral"], loaded=["llama3"])
         await self.fake.start()
         config = daemon_config(self.tmp)
-        self.config_file.write_text(f'[server]\nsocket = "{config.server.socket_path}"\nstate_dir = "{config.server.state_path}"\n')
+        self.config_file.write_text(
+            f'[server]\nsocket = "{config.server.socket_path}"\nstate_dir = "{config.server.state_path}"\n'
+        )
         self.app = await create_app(config, nvml=FakeNvml(init_error=FakeNvml.NVML_ERROR_LIBRARY_NOT_FOUND))
         self.runner = web.AppRunner(self.app, handler_cancellation=True, handle_signals=False)
         await self.runner.setup()
@@ -85,7 +87,9 @@ def test_every_command_against_a_running_daemon(live: ThreadDaemon) -> None:
     assert run(live, "group", "set-weight", "phd", "2.5").exit_code == 0
     groups = run(live, "group", "list", "--json").json()
     assert {"name": "phd", "scheduler_weight": 2.5} in [{k: g[k] for k in ("name", "scheduler_weight")} for g in groups]
-    r = run(live, "backend", "add", "ws1", live.fake.url, "--engine", "ollama", "--max-concurrent", "3", "--priority", "1")
+    r = run(
+        live, "backend", "add", "ws1", live.fake.url, "--engine", "ollama", "--max-concurrent", "3", "--priority", "1"
+    )
     assert r.exit_code == 0, r
     assert run(live, "user", "add", "alice", "--group", "faculty").exit_code == 0
     assert run(live, "user", "add", "bob", "--group", "phd", "--weight", "4").exit_code == 0
@@ -98,18 +102,30 @@ def test_every_command_against_a_running_daemon(live: ThreadDaemon) -> None:
 
     # Traffic, so there is something to show.
     async def chat() -> str:
-        async with aiohttp.ClientSession() as s:
-            async with s.post(f"http://127.0.0.1:{live.port}/v1/chat/completions", json={"model": "llama3", "messages": [{"role": "user", "content": "a b c"}], "max_tokens": 3}, headers={"Authorization": f"Bearer {key['key']}"}) as resp:
-                assert resp.status == 200
-                return resp.headers["X-Request-Id"]
+        async with aiohttp.ClientSession() as s, s.post(
+            f"http://127.0.0.1:{live.port}/v1/chat/completions",
+            json={"model": "llama3", "messages": [{"role": "user", "content": "a b c"}], "max_tokens": 3},
+            headers={"Authorization": f"Bearer {key['key']}"},
+        ) as resp:
+            assert resp.status == 200
+            return resp.headers["X-Request-Id"]
 
     rid = live.call(chat())
 
     status = run(live, "status", "--json").json()
     assert status["backends"] == 1 and status["queue_total"] == 0 and status["requests_total"] == 1
     backends = run(live, "backend", "list", "--json").json()
-    assert {k: backends[0][k] for k in ("name", "engine", "status", "healthy", "max_concurrent", "models", "loaded_models")} == {
-        "name": "ws1", "engine": "ollama", "status": "healthy", "healthy": True, "max_concurrent": 3, "models": ["llama3", "mistral"], "loaded_models": ["llama3"]}
+    assert {
+        k: backends[0][k] for k in ("name", "engine", "status", "healthy", "max_concurrent", "models", "loaded_models")
+    } == {
+        "name": "ws1",
+        "engine": "ollama",
+        "status": "healthy",
+        "healthy": True,
+        "max_concurrent": 3,
+        "models": ["llama3", "mistral"],
+        "loaded_models": ["llama3"],
+    }
     models = run(live, "models", "--json").json()
     assert [m["model"] for m in models] == ["llama3", "mistral"]
     queue = run(live, "queue", "--json").json()

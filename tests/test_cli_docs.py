@@ -26,7 +26,21 @@ MAN = ROOT / "man" / "mr.1"
 UNIT = ROOT / "docs" / "systemd" / "mindrouter.service"
 
 #: Commands this suite documents; serve, gpu, agent and simulate have their own owners and tests.
-OURS = {"status", "models", "queue", "decisions", "top", "share", "why", "import", "export", "group", "user", "backend", "config"}
+OURS = {
+    "status",
+    "models",
+    "queue",
+    "decisions",
+    "top",
+    "share",
+    "why",
+    "import",
+    "export",
+    "group",
+    "user",
+    "backend",
+    "config",
+}
 
 
 def leaf_commands() -> list[tuple[tuple[str, ...], object]]:
@@ -34,7 +48,9 @@ def leaf_commands() -> list[tuple[tuple[str, ...], object]]:
 
 
 def test_man_page_is_generated_from_the_current_commands() -> None:
-    assert MAN.read_text(encoding="utf-8") == _manpage.render(), "man/mr.1 is out of date; run: python -m mindrouter.cli._manpage -o man/mr.1"
+    assert MAN.read_text(encoding="utf-8") == _manpage.render(), (
+        "man/mr.1 is out of date; run: python -m mindrouter.cli._manpage -o man/mr.1"
+    )
 
 
 def test_man_page_names_every_command_and_option() -> None:
@@ -50,7 +66,11 @@ def test_man_page_names_every_command_and_option() -> None:
         for param in cmd.params:  # type: ignore[attr-defined]
             if getattr(param, "hidden", False):
                 continue
-            names = [*param.opts, *param.secondary_opts] if param.param_type_name == "option" else [_manpage._metavar(param).strip("[]")]
+            names = (
+                [*param.opts, *param.secondary_opts]
+                if param.param_type_name == "option"
+                else [_manpage._metavar(param).strip("[]")]
+            )
             for name in names:
                 assert _manpage._esc(name) in body, f"{name} of mr {' '.join(path)} is missing from man/mr.1"
     for code in ("0", "1", "2", "3"):
@@ -59,8 +79,13 @@ def test_man_page_names_every_command_and_option() -> None:
 
 @pytest.mark.skipif(shutil.which("man") is None, reason="needs man")
 def test_man_page_renders_without_warnings() -> None:
-    run = subprocess.run(["man", "--warnings", "-l", str(MAN)], capture_output=True, text=True, timeout=30,
-                         env={**os.environ, "MANPAGER": "cat", "PAGER": "cat", "MANWIDTH": "80"})
+    run = subprocess.run(
+        ["man", "--warnings", "-l", str(MAN)],
+        capture_output=True,
+        text=True,
+        timeout=30,
+        env={**os.environ, "MANPAGER": "cat", "PAGER": "cat", "MANWIDTH": "80"},
+    )
     assert run.returncode == 0, run.stderr
     assert run.stderr == ""
     assert "mr group set-weight NAME W" in re.sub(r".\x08", "", run.stdout)
@@ -82,8 +107,21 @@ def test_every_command_has_help_with_an_example(path: tuple[str, ...]) -> None:
 
 
 def test_json_on_every_reading_command() -> None:
-    readers = {("status",), ("models",), ("queue",), ("decisions",), ("top",), ("share",), ("why",), ("export",), ("group", "list"),
-               ("user", "list"), ("backend", "list"), ("config", "show"), ("config", "path")}
+    readers = {
+        ("status",),
+        ("models",),
+        ("queue",),
+        ("decisions",),
+        ("top",),
+        ("share",),
+        ("why",),
+        ("export",),
+        ("group", "list"),
+        ("user", "list"),
+        ("backend", "list"),
+        ("config", "show"),
+        ("config", "path"),
+    }
     commands = dict(leaf_commands())
     for path in readers:
         assert "--json" in [o for p in commands[path].params for o in p.opts], path  # type: ignore[attr-defined]
@@ -94,15 +132,19 @@ def test_shell_completion_offers_names_from_the_daemon(fake: object) -> None:
     if not script.exists():
         pytest.skip("the mr console script is not installed next to this Python")
     env = {**os.environ, "_MR_COMPLETE": "complete_bash", "COMP_WORDS": "mr group set-weight ", "COMP_CWORD": "3"}
-    run = subprocess.run([str(script)], env=env,
-                         capture_output=True, text=True, timeout=30)
+    run = subprocess.run([str(script)], env=env, capture_output=True, text=True, timeout=30)
     assert {"student", "faculty"} <= set(run.stdout.split()), run
 
 
 def test_systemd_unit_example() -> None:
     text = UNIT.read_text()
     assert re.search(r"^ExecStart=\S+/mr serve --config /etc/mindrouter/config.toml$", text, re.M)
-    for key in ("RuntimeDirectory=mindrouter", "StateDirectory=mindrouter", "WantedBy=multi-user.target", "User=mindrouter"):
+    for key in (
+        "RuntimeDirectory=mindrouter",
+        "StateDirectory=mindrouter",
+        "WantedBy=multi-user.target",
+        "User=mindrouter",
+    ):
         assert key in text
     if shutil.which("systemd-analyze") is None:
         return
@@ -110,6 +152,9 @@ def test_systemd_unit_example() -> None:
         run = subprocess.run(["systemd-analyze", "verify", str(UNIT)], capture_output=True, text=True, timeout=30)
     except (OSError, subprocess.TimeoutExpired):
         return
-    problems = [line for line in run.stderr.splitlines()
-                if line.strip() and "is not executable" not in line and "man " not in line and "Failed to" not in line]
+    problems = [
+        line
+        for line in run.stderr.splitlines()
+        if line.strip() and "is not executable" not in line and "man " not in line and "Failed to" not in line
+    ]
     assert problems == [], problems

@@ -31,33 +31,89 @@ from mindrouter.errors import DaemonUnreachable, MindRouterError, RequestError
 NOW = 1_767_000_000.0
 
 
-def decision(request_id: str, user: str = "alice", group: str = "faculty", backend: int = 1, wall: float = NOW, **extra: Any) -> dict[str, Any]:
+def decision(
+    request_id: str, user: str = "alice", group: str = "faculty", backend: int = 1, wall: float = NOW, **extra: Any
+) -> dict[str, Any]:
     """A decision record in the daemon's shape (DESIGN §7 plus the added fields)."""
     record = {
-        "request_id": request_id, "selected_backend_id": backend, "candidate_backends": [1, 2],
-        "scores": {"1": 150.5, "2": 80.25}, "user_deficit": -1000.0, "user_weight": 3.0, "user_group": group,
-        "user_recent_usage": 30000, "user_id": 7, "user": user, "model": "llama3.2", "time": 12.5,
-        "queue_wait": 1.25, "attempt": 1,
-        "priority": {"deficit": -1000.0, "inflight_charge": 200.0, "burst_credits": 30.0, "weight": 3.0, "factor": 0.8,
-                     "usage_fraction": 0.6, "reference": -100.0, "wait_bonus": 0.0625, "priority": -300.1},
+        "request_id": request_id,
+        "selected_backend_id": backend,
+        "candidate_backends": [1, 2],
+        "scores": {"1": 150.5, "2": 80.25},
+        "user_deficit": -1000.0,
+        "user_weight": 3.0,
+        "user_group": group,
+        "user_recent_usage": 30000,
+        "user_id": 7,
+        "user": user,
+        "model": "llama3.2",
+        "time": 12.5,
+        "queue_wait": 1.25,
+        "attempt": 1,
+        "priority": {
+            "deficit": -1000.0,
+            "inflight_charge": 200.0,
+            "burst_credits": 30.0,
+            "weight": 3.0,
+            "factor": 0.8,
+            "usage_fraction": 0.6,
+            "reference": -100.0,
+            "wait_bonus": 0.0625,
+            "priority": -300.1,
+        },
         "score_components": {
-            "1": {"total": 150.5, "model_loaded": 100.0, "low_utilization": 25.0, "latency": 20.0, "short_queue": 15.0,
-                  "high_throughput": 10.0, "priority": 0.0, "penalty": 0.0},
-            "2": {"total": 80.25, "model_loaded": 0.0, "low_utilization": 40.0, "latency": 20.0, "short_queue": 10.25,
-                  "high_throughput": 10.0, "priority": 0.0, "penalty": 0.0},
+            "1": {
+                "total": 150.5,
+                "model_loaded": 100.0,
+                "low_utilization": 25.0,
+                "latency": 20.0,
+                "short_queue": 15.0,
+                "high_throughput": 10.0,
+                "priority": 0.0,
+                "penalty": 0.0,
+            },
+            "2": {
+                "total": 80.25,
+                "model_loaded": 0.0,
+                "low_utilization": 40.0,
+                "latency": 20.0,
+                "short_queue": 10.25,
+                "high_throughput": 10.0,
+                "priority": 0.0,
+                "penalty": 0.0,
+            },
         },
         "rejected": {"3": ["model not available", "unhealthy"]},
-        "wall_time": wall, "selected_backend": {1: "ws1", 2: "ws2"}.get(backend, f"b{backend}"),
+        "wall_time": wall,
+        "selected_backend": {1: "ws1", 2: "ws2"}.get(backend, f"b{backend}"),
     }
     record.update(extra)
     return record
 
 
 def _backend_row(id_: int, name: str, url: str, engine: str, **kw: Any) -> dict[str, Any]:
-    row = {"id": id_, "name": name, "url": url, "engine": engine, "status": "healthy", "healthy": True, "in_flight": 0,
-           "max_concurrent": 4, "models": ["llama3.2", "mistral"], "loaded_models": ["llama3.2"], "latency_ema": 0.42,
-           "tokens_per_second": 55.5, "priority": 0.0, "gpus": [], "node": None, "error": None, "utilization": 0.35,
-           "vram_free": 8 << 30, "vram_total": 24 << 30, "waiting": 0}
+    row = {
+        "id": id_,
+        "name": name,
+        "url": url,
+        "engine": engine,
+        "status": "healthy",
+        "healthy": True,
+        "in_flight": 0,
+        "max_concurrent": 4,
+        "models": ["llama3.2", "mistral"],
+        "loaded_models": ["llama3.2"],
+        "latency_ema": 0.42,
+        "tokens_per_second": 55.5,
+        "priority": 0.0,
+        "gpus": [],
+        "node": None,
+        "error": None,
+        "utilization": 0.35,
+        "vram_free": 8 << 30,
+        "vram_total": 24 << 30,
+        "waiting": 0,
+    }
     row.update(kw)
     return row
 
@@ -85,68 +141,222 @@ class FakeDaemon:
         self.stream_records = []
         self.stream_hold = 0.0
         self.groups = {"student": 1.0, "staff": 2.0, "faculty": 3.0, "admin": 10.0}
-        self.users = {"alice": {"group": "faculty", "weight_override": None, "keys": 1},
-                      "bob": {"group": "student", "weight_override": 2.0, "keys": 0}}
+        self.users = {
+            "alice": {"group": "faculty", "weight_override": None, "keys": 1},
+            "bob": {"group": "student", "weight_override": 2.0, "keys": 0},
+        }
         self.backends = {
             "ws1": _backend_row(1, "ws1", "http://ws1.lab:11434", "ollama", in_flight=2, gpus=[0]),
-            "ws2": _backend_row(2, "ws2", "http://ws2.lab:8000", "vllm", status="draining", max_concurrent=8, loaded_models=[],
-                                utilization=None, vram_free=None, vram_total=None, latency_ema=None, tokens_per_second=None),
-            "old": _backend_row(3, "old", "http://old.lab:8080", "llamacpp", status="unhealthy", healthy=False,
-                                error="connection refused", models=[], loaded_models=[], in_flight=0),
+            "ws2": _backend_row(
+                2,
+                "ws2",
+                "http://ws2.lab:8000",
+                "vllm",
+                status="draining",
+                max_concurrent=8,
+                loaded_models=[],
+                utilization=None,
+                vram_free=None,
+                vram_total=None,
+                latency_ema=None,
+                tokens_per_second=None,
+            ),
+            "old": _backend_row(
+                3,
+                "old",
+                "http://old.lab:8080",
+                "llamacpp",
+                status="unhealthy",
+                healthy=False,
+                error="connection refused",
+                models=[],
+                loaded_models=[],
+                in_flight=0,
+            ),
         }
         self.next_id = 4
-        self.decisions = [decision("req-1", wall=NOW - 5), decision("req-2", user="bob", group="student", backend=2, wall=NOW - 2,
-                                                                  priority={"priority": 12.5}, score_components={}, rejected={})]
+        self.decisions = [
+            decision("req-1", wall=NOW - 5),
+            decision(
+                "req-2",
+                user="bob",
+                group="student",
+                backend=2,
+                wall=NOW - 2,
+                priority={"priority": 12.5},
+                score_components={},
+                rejected={},
+            ),
+        ]
 
     def user_row(self, name: str) -> dict[str, Any]:
         u = self.users[name]
         weight = u["weight_override"] if u["weight_override"] is not None else self.groups[u["group"]]
-        return {"name": name, "group": u["group"], "weight_override": u["weight_override"], "weight": weight,
-                "keys": u["keys"], "queued": 1 if name == "alice" else 0, "running": 1 if name == "bob" else 0,
-                "recent_tokens": 30000 if name == "alice" else 12000}
+        return {
+            "name": name,
+            "group": u["group"],
+            "weight_override": u["weight_override"],
+            "weight": weight,
+            "keys": u["keys"],
+            "queued": 1 if name == "alice" else 0,
+            "running": 1 if name == "bob" else 0,
+            "recent_tokens": 30000 if name == "alice" else 12000,
+        }
 
     def group_row(self, name: str) -> dict[str, Any]:
-        return {"name": name, "scheduler_weight": self.groups[name], "users": sum(1 for u in self.users.values() if u["group"] == name)}
+        return {
+            "name": name,
+            "scheduler_weight": self.groups[name],
+            "users": sum(1 for u in self.users.values() if u["group"] == name),
+        }
 
     def status(self) -> dict[str, Any]:
-        return {"version": "0.1.0", "uptime_seconds": 3725.0, "backends": len(self.backends),
-                "backends_healthy": sum(1 for b in self.backends.values() if b["status"] == "healthy"), "queue_total": 3,
-                "running": 2, "users": len(self.users), "requests_total": 1234, "tokens_total": 456789,
-                "requests_per_second": 2.5, "tokens_per_second": 310.0, "listen": "http://127.0.0.1:8484", "socket": self.socket_path}
+        return {
+            "version": "0.1.0",
+            "uptime_seconds": 3725.0,
+            "backends": len(self.backends),
+            "backends_healthy": sum(1 for b in self.backends.values() if b["status"] == "healthy"),
+            "queue_total": 3,
+            "running": 2,
+            "users": len(self.users),
+            "requests_total": 1234,
+            "tokens_total": 456789,
+            "requests_per_second": 2.5,
+            "tokens_per_second": 310.0,
+            "listen": "http://127.0.0.1:8484",
+            "socket": self.socket_path,
+        }
 
     def queue(self) -> dict[str, Any]:
-        return {"queue": {"total": 3, "by_user": {"7": 2, "8": 1}, "by_model": {"llama3.2": 2, "mistral": 1}, "average_wait_seconds": 2.5,
-                          "running": 2, "by_user_name": {"alice": 2, "bob": 1}, "oldest_wait_seconds": 4.75,
-                          "by_user_model": {"alice": {"llama3.2": 2}, "bob": {"mistral": 1}},
-                          "oldest_wait_by_user_model": {"alice": {"llama3.2": 4.75}, "bob": {"mistral": 0.5}}},
-                "fair_share": {"total_users": 2, "global_recent_tokens": 42000,
-                               "user_stats": [{"user_id": 7, "name": "alice", "weight": 3.0, "deficit": -1000.0, "recent_tokens": 30000, "group": "faculty"},
-                                              {"user_id": 8, "name": "bob", "weight": 2.0, "deficit": 250.0, "recent_tokens": 12000, "group": "student"}]}}
+        return {
+            "queue": {
+                "total": 3,
+                "by_user": {"7": 2, "8": 1},
+                "by_model": {"llama3.2": 2, "mistral": 1},
+                "average_wait_seconds": 2.5,
+                "running": 2,
+                "by_user_name": {"alice": 2, "bob": 1},
+                "oldest_wait_seconds": 4.75,
+                "by_user_model": {"alice": {"llama3.2": 2}, "bob": {"mistral": 1}},
+                "oldest_wait_by_user_model": {"alice": {"llama3.2": 4.75}, "bob": {"mistral": 0.5}},
+            },
+            "fair_share": {
+                "total_users": 2,
+                "global_recent_tokens": 42000,
+                "user_stats": [
+                    {
+                        "user_id": 7,
+                        "name": "alice",
+                        "weight": 3.0,
+                        "deficit": -1000.0,
+                        "recent_tokens": 30000,
+                        "group": "faculty",
+                    },
+                    {
+                        "user_id": 8,
+                        "name": "bob",
+                        "weight": 2.0,
+                        "deficit": 250.0,
+                        "recent_tokens": 12000,
+                        "group": "student",
+                    },
+                ],
+            },
+        }
 
     def share(self) -> dict[str, Any]:
-        return {"window_seconds": 300.0, "global_recent_tokens": 42000,
-                "groups": [{"name": "faculty", "weight": 3.0, "normalized_share": 0.6, "recent_tokens": 30000, "actual_share": 0.7143, "users": 1},
-                           {"name": "student", "weight": 1.0, "normalized_share": 0.4, "recent_tokens": 12000, "actual_share": 0.2857, "users": 1}],
-                "users": [{"name": "alice", "group": "faculty", "weight": 3.0, "normalized_share": 0.6, "recent_tokens": 30000, "actual_share": 0.7143,
-                           "deficit": -1000.0, "burst_credits": 30.0, "factor": 0.57, "queued": 2, "running": 1},
-                          {"name": "bob", "group": "student", "weight": 2.0, "normalized_share": 0.4, "recent_tokens": 12000, "actual_share": 0.2857,
-                           "deficit": 250.0, "burst_credits": 20.0, "factor": 1.0, "queued": 1, "running": 1}]}
+        return {
+            "window_seconds": 300.0,
+            "global_recent_tokens": 42000,
+            "groups": [
+                {
+                    "name": "faculty",
+                    "weight": 3.0,
+                    "normalized_share": 0.6,
+                    "recent_tokens": 30000,
+                    "actual_share": 0.7143,
+                    "users": 1,
+                },
+                {
+                    "name": "student",
+                    "weight": 1.0,
+                    "normalized_share": 0.4,
+                    "recent_tokens": 12000,
+                    "actual_share": 0.2857,
+                    "users": 1,
+                },
+            ],
+            "users": [
+                {
+                    "name": "alice",
+                    "group": "faculty",
+                    "weight": 3.0,
+                    "normalized_share": 0.6,
+                    "recent_tokens": 30000,
+                    "actual_share": 0.7143,
+                    "deficit": -1000.0,
+                    "burst_credits": 30.0,
+                    "factor": 0.57,
+                    "queued": 2,
+                    "running": 1,
+                },
+                {
+                    "name": "bob",
+                    "group": "student",
+                    "weight": 2.0,
+                    "normalized_share": 0.4,
+                    "recent_tokens": 12000,
+                    "actual_share": 0.2857,
+                    "deficit": 250.0,
+                    "burst_credits": 20.0,
+                    "factor": 1.0,
+                    "queued": 1,
+                    "running": 1,
+                },
+            ],
+        }
 
     def gpus(self) -> list[dict[str, Any]]:
-        return [{"node": "local", "stale": False, "gpus": [
-            {"index": 0, "name": "NVIDIA RTX 4090", "memory_total": 24 << 30, "memory_used": 16 << 30, "memory_free": 8 << 30,
-             "utilization_gpu": 35, "utilization_memory": 20, "temperature_c": 61, "power_w": 220.0, "power_limit_w": 450.0, "processes": []}]}]
+        return [
+            {
+                "node": "local",
+                "stale": False,
+                "gpus": [
+                    {
+                        "index": 0,
+                        "name": "NVIDIA RTX 4090",
+                        "memory_total": 24 << 30,
+                        "memory_used": 16 << 30,
+                        "memory_free": 8 << 30,
+                        "utilization_gpu": 35,
+                        "utilization_memory": 20,
+                        "temperature_c": 61,
+                        "power_w": 220.0,
+                        "power_limit_w": 450.0,
+                        "processes": [],
+                    }
+                ],
+            }
+        ]
 
     def top(self) -> dict[str, Any]:
-        return {"status": self.status(), "backends": list(self.backends.values()), "gpus": self.gpus(), "queue": self.queue(),
-                "share": self.share(), "decisions": self.decisions[-10:]}
+        return {
+            "status": self.status(),
+            "backends": list(self.backends.values()),
+            "gpus": self.gpus(),
+            "queue": self.queue(),
+            "share": self.share(),
+            "decisions": self.decisions[-10:],
+        }
 
     # -- HTTP -------------------------------------------------------------------------
 
     @staticmethod
     def error(message: str, status: int) -> web.Response:
         code = {400: "bad_request", 404: "not_found", 409: "conflict"}.get(status, "error")
-        return web.json_response({"error": {"message": message, "type": "invalid_request_error", "code": code}}, status=status)
+        return web.json_response(
+            {"error": {"message": message, "type": "invalid_request_error", "code": code}}, status=status
+        )
 
     def build(self) -> web.Application:
         app = web.Application()
@@ -179,7 +389,9 @@ class FakeDaemon:
                 return j([self.group_row(g) for g in self.groups])
             case "POST", ["groups"]:
                 if body["name"] in self.groups:
-                    return self.error(f"group {body['name']!r} already exists; change its weight with `mr group set-weight`", 409)
+                    return self.error(
+                        f"group {body['name']!r} already exists; change its weight with `mr group set-weight`", 409
+                    )
                 self.groups[body["name"]] = float(body["weight"])
                 return j(self.group_row(body["name"]), status=201)
             case "PUT", ["groups", name]:
@@ -198,7 +410,9 @@ class FakeDaemon:
                 return j([self.user_row(u) for u in self.users])
             case "POST", ["users"]:
                 if body.get("group") not in self.groups:
-                    raise KeyError(f"group {body.get('group')!r} does not exist; create it with `mr group add NAME --weight 1`")
+                    raise KeyError(
+                        f"group {body.get('group')!r} does not exist; create it with `mr group add NAME --weight 1`"
+                    )
                 self.users[body["name"]] = {"group": body["group"], "weight_override": body.get("weight"), "keys": 0}
                 return j(self.user_row(body["name"]), status=201)
             case "PUT", ["users", name]:
@@ -208,7 +422,9 @@ class FakeDaemon:
                     self.users[name]["weight_override"] = body["weight"]
                 if "group" in body:
                     if body["group"] not in self.groups:
-                        raise KeyError(f"group {body['group']!r} does not exist; create it with `mr group add NAME --weight 1`")
+                        raise KeyError(
+                            f"group {body['group']!r} does not exist; create it with `mr group add NAME --weight 1`"
+                        )
                     self.users[name]["group"] = body["group"]
                 return j(self.user_row(name))
             case "DELETE", ["users", name]:
@@ -224,7 +440,13 @@ class FakeDaemon:
             case "GET", ["backends"]:
                 return j(list(self.backends.values()))
             case "POST", ["backends"]:
-                row = _backend_row(self.next_id, body["name"], body["url"], body["engine"], **{k: v for k, v in body.items() if k in ("max_concurrent", "gpus", "node", "priority")})
+                row = _backend_row(
+                    self.next_id,
+                    body["name"],
+                    body["url"],
+                    body["engine"],
+                    **{k: v for k, v in body.items() if k in ("max_concurrent", "gpus", "node", "priority")},
+                )
                 self.next_id += 1
                 self.backends[body["name"]] = row
                 return j(row, status=201)
@@ -239,8 +461,12 @@ class FakeDaemon:
                 del self.backends[name]
                 return j({"removed": name})
             case "GET", ["models"]:
-                return j([{"model": "mistral", "backends": ["ws1", "ws2"], "loaded_on": []},
-                          {"model": "llama3.2", "backends": ["ws1", "ws2"], "loaded_on": ["ws1"]}])
+                return j(
+                    [
+                        {"model": "mistral", "backends": ["ws1", "ws2"], "loaded_on": []},
+                        {"model": "llama3.2", "backends": ["ws1", "ws2"], "loaded_on": ["ws1"]},
+                    ]
+                )
             case "GET", ["queue"]:
                 return j(self.queue())
             case "GET", ["share"]:
@@ -256,7 +482,9 @@ class FakeDaemon:
                 for record in self.stream_records:
                     await resp.write((json.dumps(record) + "\n").encode())
                 generation, deadline = self.generation, asyncio.get_running_loop().time() + self.stream_hold
-                while self.generation == generation and not self.stopping and asyncio.get_running_loop().time() < deadline:
+                while (
+                    self.generation == generation and not self.stopping and asyncio.get_running_loop().time() < deadline
+                ):
                     await asyncio.sleep(0.05)
                 await resp.write_eof()
                 return resp
@@ -270,9 +498,28 @@ class FakeDaemon:
             case "GET", ["top"]:
                 return j(self.top())
             case "GET", ["export"]:
-                return j({"version": 1, "groups": [{"name": g, "scheduler_weight": w} for g, w in self.groups.items()],
-                          "users": [{"name": n, "group": u["group"], **({"weight_override": u["weight_override"]} if u["weight_override"] else {})} for n, u in self.users.items()],
-                          "backends": [{k: b[k] for k in ("id", "name", "url", "engine", "max_concurrent", "gpus", "node", "priority")} | {"state": "enabled"} for b in self.backends.values()]})
+                return j(
+                    {
+                        "version": 1,
+                        "groups": [{"name": g, "scheduler_weight": w} for g, w in self.groups.items()],
+                        "users": [
+                            {
+                                "name": n,
+                                "group": u["group"],
+                                **({"weight_override": u["weight_override"]} if u["weight_override"] else {}),
+                            }
+                            for n, u in self.users.items()
+                        ],
+                        "backends": [
+                            {
+                                k: b[k]
+                                for k in ("id", "name", "url", "engine", "max_concurrent", "gpus", "node", "priority")
+                            }
+                            | {"state": "enabled"}
+                            for b in self.backends.values()
+                        ],
+                    }
+                )
             case "POST", ["import"]:
                 return j({k: len(body.get(k, [])) for k in ("groups", "users", "backends")})
             case "GET", ["boom"]:

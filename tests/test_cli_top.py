@@ -29,7 +29,9 @@ SECTIONS = ("Backends", "GPUs", "Queue", "Fair share", "Last decisions")
 
 def frame(data: Any, width: int, height: int, **kw: Any) -> list[str]:
     """Render one frame on a recorded console of exactly ``width`` x ``height`` and return its lines."""
-    console = Console(width=width, height=height, file=io.StringIO(), record=True, color_system=None, legacy_windows=False)
+    console = Console(
+        width=width, height=height, file=io.StringIO(), record=True, color_system=None, legacy_windows=False
+    )
     console.print(render_top(data, width, height, **kw))
     return console.export_text().splitlines()
 
@@ -154,10 +156,29 @@ def test_live_top_under_tmux_quits_on_q_and_restores_the_terminal(tmp_path: Path
     config.write_text(f'[server]\nsocket = "{server.socket_path}"\n')
     mr_cmd = f"{shlex.quote(sys.executable)} -c 'from mindrouter.cli import main; main()' top --interval 0.3"
     try:
-        _tmux(tmux_sock, "-f", "/dev/null", "new-session", "-d", "-s", "t", "-x", "120", "-y", "40",
-              f"env -i PATH={shlex.quote(os.environ.get('PATH', ''))} HOME={shlex.quote(str(tmp_path))} TERM=xterm-256color "
-              f"MR_CONFIG={shlex.quote(str(config))} PS1='$ ' bash --norc --noprofile")
-        _tmux(tmux_sock, "send-keys", "-t", "t", f"cd {shlex.quote(str(tmp_path))}; stty -g > before.txt; {mr_cmd}; echo EXIT=$?", "Enter")
+        _tmux(
+            tmux_sock,
+            "-f",
+            "/dev/null",
+            "new-session",
+            "-d",
+            "-s",
+            "t",
+            "-x",
+            "120",
+            "-y",
+            "40",
+            f"env -i PATH={shlex.quote(os.environ.get('PATH', ''))} HOME={shlex.quote(str(tmp_path))} TERM=xterm-256color "
+            f"MR_CONFIG={shlex.quote(str(config))} PS1='$ ' bash --norc --noprofile",
+        )
+        _tmux(
+            tmux_sock,
+            "send-keys",
+            "-t",
+            "t",
+            f"cd {shlex.quote(str(tmp_path))}; stty -g > before.txt; {mr_cmd}; echo EXIT=$?",
+            "Enter",
+        )
         screen = _wait_for(tmux_sock, lambda s: "Last decisions" in s and "Fair share" in s)
         for title in SECTIONS:
             assert title in screen
@@ -176,7 +197,7 @@ def test_live_top_under_tmux_quits_on_q_and_restores_the_terminal(tmp_path: Path
         _tmux(tmux_sock, "send-keys", "-t", "t", "q")
         screen = _wait_for(tmux_sock, lambda s: "EXIT=0" in s)
         assert "Backends" not in screen  # the alternate screen is gone
-        _tmux(tmux_sock, "send-keys", "-t", "t", "stty -g > after.txt; echo SAV\"\"ED", "Enter")
+        _tmux(tmux_sock, "send-keys", "-t", "t", 'stty -g > after.txt; echo SAV""ED', "Enter")
         _wait_for(tmux_sock, lambda s: "SAVED" in s.split("EXIT=0")[-1])
         assert (tmp_path / "before.txt").read_text() == (tmp_path / "after.txt").read_text()  # cbreak undone
     finally:

@@ -29,7 +29,9 @@ def test_example_names_every_setting_with_its_default():
 
 def test_layers_defaults_file_environment_flags(tmp_path):
     cfg = tmp_path / "c.toml"
-    cfg.write_text("[server]\nport = 9000\nhost = '0.0.0.0'\n[scheduler]\nfairness_window = 60\n[scheduler.scores]\nlatency = 7\n")
+    cfg.write_text(
+        "[server]\nport = 9000\nhost = '0.0.0.0'\n[scheduler]\nfairness_window = 60\n[scheduler.scores]\nlatency = 7\n"
+    )
     env = {"SCHEDULER_FAIRNESS_WINDOW": "120", "SCHEDULER_SCORE_MODEL_LOADED": "5", "SCHEDULER_WEIGHT_FACULTY": "4"}
     c = load_config(cfg, environ=env, overrides={"port": 9100, "host": None})
     assert c.server.port == 9100 and c.server.host == "0.0.0.0"

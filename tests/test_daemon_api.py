@@ -28,10 +28,17 @@ async def test_openai_client_both_engines_stream_and_not(daemon, engine):
         await daemon.backend("b1", fake.url, engine)
         key = await daemon.user("alice", "faculty")
         client = oai(daemon, key)
-        reply = await client.chat.completions.create(model="llama3", messages=[{"role": "user", "content": "one two three"}], max_tokens=5)
+        reply = await client.chat.completions.create(
+            model="llama3", messages=[{"role": "user", "content": "one two three"}], max_tokens=5
+        )
         assert reply.choices[0].message.content == "tok0 tok1 tok2 tok3 tok4"
         assert reply.usage.prompt_tokens == 3 and reply.usage.completion_tokens == 5
-        chunks = [c async for c in await client.chat.completions.create(model="llama3", messages=[{"role": "user", "content": "a b"}], max_tokens=4, stream=True)]
+        chunks = [
+            c
+            async for c in await client.chat.completions.create(
+                model="llama3", messages=[{"role": "user", "content": "a b"}], max_tokens=4, stream=True
+            )
+        ]
         text = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
         assert text.split() == ["tok0", "tok1", "tok2", "tok3"]
         assert all(c.usage is None for c in chunks)  # usage hidden: the client did not ask
@@ -47,10 +54,17 @@ async def test_ollama_client_both_engines_stream_and_not(daemon, engine):
         await daemon.backend("b1", fake.url, engine)
         key = await daemon.user("bob")
         client = oll(daemon, key)
-        reply = await client.chat(model="llama3", messages=[{"role": "user", "content": "x y z w"}], options={"num_predict": 3})
+        reply = await client.chat(
+            model="llama3", messages=[{"role": "user", "content": "x y z w"}], options={"num_predict": 3}
+        )
         assert reply.message.content == "tok0 tok1 tok2"
         assert reply.prompt_eval_count == 4 and reply.eval_count == 3
-        parts = [p async for p in await client.generate(model="llama3", prompt="hello there", stream=True, options={"num_predict": 2})]
+        parts = [
+            p
+            async for p in await client.generate(
+                model="llama3", prompt="hello there", stream=True, options={"num_predict": 2}
+            )
+        ]
         assert "".join(p.response for p in parts).split() == ["tok0", "tok1"]
         assert parts[-1].done and parts[-1].eval_count == 2
         state = next(u for u in daemon.scheduler.fair if u.name == "bob")
@@ -79,13 +93,21 @@ async def test_error_statuses_in_each_dialect(daemon):
         c = daemon.client
         r = await c.post("/v1/chat/completions", json={"model": "llama3", "messages": []})
         assert r.status == 401 and (await r.json())["error"]["type"] == "authentication_error"
-        r = await c.post("/api/chat", json={"model": "llama3", "messages": []}, headers={"Authorization": "Bearer nope"})
+        r = await c.post(
+            "/api/chat", json={"model": "llama3", "messages": []}, headers={"Authorization": "Bearer nope"}
+        )
         assert r.status == 401 and isinstance((await r.json())["error"], str)
         r = await c.post("/v1/chat/completions", data=b"{not json", headers=auth)
         assert r.status == 400 and "JSON" in (await r.json())["error"]["message"]
-        r = await c.post("/v1/chat/completions", json={"model": "gpt-99", "messages": [{"role": "user", "content": "x"}]}, headers=auth)
+        r = await c.post(
+            "/v1/chat/completions",
+            json={"model": "gpt-99", "messages": [{"role": "user", "content": "x"}]},
+            headers=auth,
+        )
         assert r.status == 404 and "gpt-99" in (await r.json())["error"]["message"]
-        r = await c.post("/api/chat", json={"model": "gpt-99", "messages": [{"role": "user", "content": "x"}]}, headers=auth)
+        r = await c.post(
+            "/api/chat", json={"model": "gpt-99", "messages": [{"role": "user", "content": "x"}]}, headers=auth
+        )
         assert r.status == 404 and "gpt-99" in (await r.json())["error"]
         big = "x" * (daemon.config.server.max_body_bytes + 10)
         r = await c.post("/v1/chat/completions", data=big.encode(), headers=auth)
@@ -103,5 +125,9 @@ async def test_503_when_every_backend_is_down(daemon):
         if not daemon.registry.healthy(next(iter(daemon.registry.entries.values()))):
             break
         await asyncio.sleep(0.1)
-    r = await daemon.client.post("/v1/chat/completions", json={"model": "llama3", "messages": [{"role": "user", "content": "x"}]}, headers={"Authorization": f"Bearer {key}"})
+    r = await daemon.client.post(
+        "/v1/chat/completions",
+        json={"model": "llama3", "messages": [{"role": "user", "content": "x"}]},
+        headers={"Authorization": f"Bearer {key}"},
+    )
     assert r.status == 503 and r.headers.get("Retry-After")

@@ -19,14 +19,19 @@ async def until(predicate, timeout: float = 5.0) -> None:
 
 
 async def test_failures_open_the_circuit_and_a_probe_closes_it(daemon):
-    async with FakeOpenAI(flavor="vllm", models=["llama3"]) as flaky, FakeOpenAI(flavor="vllm", models=["llama3"]) as steady:
+    async with (
+        FakeOpenAI(flavor="vllm", models=["llama3"]) as flaky,
+        FakeOpenAI(flavor="vllm", models=["llama3"]) as steady,
+    ):
         row = await daemon.backend("flaky", flaky.url, "vllm", priority=100)
         await daemon.backend("steady", steady.url, "vllm")
         key = await daemon.user("c")
         client = openai.AsyncOpenAI(base_url=daemon.url + "/v1", api_key=key, max_retries=0)
         flaky.fail_next(3, 503)
         for _ in range(3):  # each fails over to steady; the third failure in a row opens flaky's circuit
-            reply = await client.chat.completions.create(model="llama3", messages=[{"role": "user", "content": "x"}], max_tokens=1)
+            reply = await client.chat.completions.create(
+                model="llama3", messages=[{"role": "user", "content": "x"}], max_tokens=1
+            )
             assert reply.choices[0].message.content == "tok0"
         entry = daemon.registry.entries[row["id"]]
         assert entry.circuit_open and not daemon.scheduler.backend(row["id"]).healthy
@@ -43,12 +48,17 @@ async def test_failures_open_the_circuit_and_a_probe_closes_it(daemon):
 
 
 async def test_a_drained_backend_takes_no_new_work_and_is_disabled_once_idle(daemon):
-    async with FakeOpenAI(flavor="vllm", models=["llama3"], tokens_per_second=40, completion_tokens=20) as a, FakeOpenAI(flavor="vllm", models=["llama3"]) as b:
+    async with (
+        FakeOpenAI(flavor="vllm", models=["llama3"], tokens_per_second=40, completion_tokens=20) as a,
+        FakeOpenAI(flavor="vllm", models=["llama3"]) as b,
+    ):
         row = await daemon.backend("a", a.url, "vllm", priority=100)
         await daemon.backend("b", b.url, "vllm")
         key = await daemon.user("d")
         client = openai.AsyncOpenAI(base_url=daemon.url + "/v1", api_key=key, max_retries=0)
-        running = asyncio.create_task(client.chat.completions.create(model="llama3", messages=[{"role": "user", "content": "x"}], max_tokens=20))
+        running = asyncio.create_task(
+            client.chat.completions.create(model="llama3", messages=[{"role": "user", "content": "x"}], max_tokens=20)
+        )
         await until(lambda: a.in_flight == 1)
         drained = await daemon.admin("POST", "/admin/backends/a/drain")
         assert drained["status"] == "draining"

@@ -16,7 +16,9 @@ from .fakes import FakeOllama
 @pytest.fixture
 def nvml() -> FakeNvml:
     # GPU 0 is nearly full (1 GiB free), GPU 1 has 40 GiB free and is less busy.
-    return FakeNvml([gpu(0, total=48 * GIB, used=47 * GIB, util_gpu=90), gpu(1, total=48 * GIB, used=8 * GIB, util_gpu=10)])
+    return FakeNvml(
+        [gpu(0, total=48 * GIB, used=47 * GIB, util_gpu=90), gpu(1, total=48 * GIB, used=8 * GIB, util_gpu=10)]
+    )
 
 
 async def until(predicate, timeout: float = 5.0) -> None:
@@ -29,7 +31,10 @@ async def until(predicate, timeout: float = 5.0) -> None:
 
 async def test_a_backend_whose_gpus_lack_the_vram_is_refused_and_a_loaded_model_is_preferred(daemon):
     size = 4 * GIB  # on disk; the estimate adds KV cache and runtime overhead
-    async with FakeOllama(models={"llama3": size}, loaded=[]) as full, FakeOllama(models={"llama3": size}, loaded=[]) as roomy:
+    async with (
+        FakeOllama(models={"llama3": size}, loaded=[]) as full,
+        FakeOllama(models={"llama3": size}, loaded=[]) as roomy,
+    ):
         await daemon.backend("full", full.url, "ollama", gpus=[0])
         await daemon.backend("roomy", roomy.url, "ollama", gpus=[1])
         await until(lambda: all(b.vram_free is not None for b in daemon.scheduler.backends.values()))
@@ -46,7 +51,12 @@ async def test_a_backend_whose_gpus_lack_the_vram_is_refused_and_a_loaded_model_
         full.loaded = {"llama3"}
         roomy.loaded = set()  # the fake had loaded it to answer; Ollama would unload it after keep_alive
         roomy_id = str(next(b["id"] for b in await daemon.admin("GET", "/admin/backends") if b["name"] == "roomy"))
-        await until(lambda: "llama3" in daemon.scheduler.backend(int(full_id)).loaded_models and not daemon.scheduler.backend(int(roomy_id)).loaded_models)
+        await until(
+            lambda: (
+                "llama3" in daemon.scheduler.backend(int(full_id)).loaded_models
+                and not daemon.scheduler.backend(int(roomy_id)).loaded_models
+            )
+        )
         await client.chat.completions.create(model="llama3", messages=[{"role": "user", "content": "hi"}], max_tokens=2)
         record = await daemon.admin("GET", f"/admin/decisions/{reply_id(daemon)}")
         assert record["selected_backend"] == "full"

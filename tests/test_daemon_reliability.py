@@ -17,7 +17,13 @@ CHAT = "/v1/chat/completions"
 
 
 def body(model: str = "llama3", stream: bool = False, max_tokens: int = 8, **kw) -> dict:
-    return {"model": model, "messages": [{"role": "user", "content": "hello world"}], "stream": stream, "max_tokens": max_tokens, **kw}
+    return {
+        "model": model,
+        "messages": [{"role": "user", "content": "hello world"}],
+        "stream": stream,
+        "max_tokens": max_tokens,
+        **kw,
+    }
 
 
 async def settle(predicate, timeout: float = 5.0) -> None:
@@ -43,7 +49,9 @@ async def test_50_streaming_clients_that_leave_after_the_first_chunk_leak_nothin
 
         async with aiohttp.ClientSession() as session:
             await asyncio.gather(*(leave_after_first_chunk(session) for _ in range(50)))
-        await settle(lambda: daemon.scheduler.running_count == 0 and daemon.scheduler.queued_count == 0 and fake.in_flight == 0)
+        await settle(
+            lambda: daemon.scheduler.running_count == 0 and daemon.scheduler.queued_count == 0 and fake.in_flight == 0
+        )
         assert fake.cancelled >= 40  # upstream connections were closed, not left generating
         assert daemon.scheduler.load(1).in_flight == 0
         # The queue keeps flowing: a normal request still gets its answer.
@@ -71,7 +79,10 @@ async def test_queued_client_that_leaves_leaves_the_queue(daemon):
 
 
 async def test_a_backend_failing_with_500_is_failed_over(daemon):
-    async with FakeOpenAI(flavor="vllm", models=["llama3"]) as bad, FakeOpenAI(flavor="vllm", models=["llama3"]) as good:
+    async with (
+        FakeOpenAI(flavor="vllm", models=["llama3"]) as bad,
+        FakeOpenAI(flavor="vllm", models=["llama3"]) as good,
+    ):
         await daemon.backend("bad", bad.url, "vllm", priority=100)  # preferred until it fails
         await daemon.backend("good", good.url, "vllm")
         key = await daemon.user("f")
@@ -90,10 +101,11 @@ async def test_a_backend_killed_mid_stream_ends_the_stream_cleanly(daemon):
         await daemon.backend("b1", fake.url, "ollama")
         key = await daemon.user("k")
         fake.drop_next(after_chunks=3)
-        async with aiohttp.ClientSession() as session:
-            async with session.post(daemon.url + CHAT, json=body(stream=True, max_tokens=20), headers={"Authorization": f"Bearer {key}"}) as resp:
-                assert resp.status == 200
-                raw = await resp.read()
+        async with aiohttp.ClientSession() as session, session.post(
+            daemon.url + CHAT, json=body(stream=True, max_tokens=20), headers={"Authorization": f"Bearer {key}"}
+        ) as resp:
+            assert resp.status == 200
+            raw = await resp.read()
         events = [line[6:] for line in raw.decode().splitlines() if line.startswith("data: ")]
         assert events[-1] == "[DONE]"
         assert "error" in json.loads(events[-2])
@@ -166,7 +178,9 @@ async def test_decisions_are_recorded_and_followed_live(daemon):
         await daemon.backend("b1", fake.url, "ollama")
         key = await daemon.user("w", "faculty")
         async with aiohttp.ClientSession() as session:
-            follow = await session.get(daemon.url + "/admin/decisions/stream", headers={"Authorization": "Bearer test-admin-key"})
+            follow = await session.get(
+                daemon.url + "/admin/decisions/stream", headers={"Authorization": "Bearer test-admin-key"}
+            )
             client = openai.AsyncOpenAI(base_url=daemon.url + "/v1", api_key=key, max_retries=0)
             reply = await client.chat.completions.create(**body(max_tokens=2))
             line = await asyncio.wait_for(follow.content.readline(), 5)
@@ -175,7 +189,16 @@ async def test_decisions_are_recorded_and_followed_live(daemon):
         assert live["user"] == "w" and live["user_group"] == "faculty" and live["selected_backend"] == "b1"
         rid = live["request_id"]
         stored = await daemon.admin("GET", f"/admin/decisions/{rid}")
-        for key_ in ("request_id", "selected_backend_id", "candidate_backends", "scores", "user_deficit", "user_weight", "user_group", "user_recent_usage"):
+        for key_ in (
+            "request_id",
+            "selected_backend_id",
+            "candidate_backends",
+            "scores",
+            "user_deficit",
+            "user_weight",
+            "user_group",
+            "user_recent_usage",
+        ):
             assert key_ in stored
         assert stored["user_weight"] == 3
         assert reply.id  # the answer itself is the backend's
@@ -188,7 +211,9 @@ async def test_metrics_need_no_key_and_carry_counts_only(daemon):
         await daemon.backend("b1", fake.url, "ollama")
         key = await daemon.user("m")
         client = openai.AsyncOpenAI(base_url=daemon.url + "/v1", api_key=key, max_retries=0)
-        await client.chat.completions.create(**body(max_tokens=3, messages=[{"role": "user", "content": "secret prompt words"}]))
+        await client.chat.completions.create(
+            **body(max_tokens=3, messages=[{"role": "user", "content": "secret prompt words"}])
+        )
         text = await (await daemon.client.get("/metrics")).text()
         assert "mindrouter_requests_total 1.0" in text
         assert 'mindrouter_tokens_total{kind="completion"} 3.0' in text
@@ -198,14 +223,21 @@ async def test_metrics_need_no_key_and_carry_counts_only(daemon):
 
 async def test_a_retry_waits_for_the_healthy_backend_instead_of_the_dead_one(daemon):
     """The only free slot is on a backend that just died: the retry waits for the live one."""
-    async with FakeOpenAI(flavor="llamacpp", models=["m"], tokens_per_second=20, completion_tokens=10) as good, FakeOpenAI(flavor="llamacpp", models=["m"]) as dead:
+    async with (
+        FakeOpenAI(flavor="llamacpp", models=["m"], tokens_per_second=20, completion_tokens=10) as good,
+        FakeOpenAI(flavor="llamacpp", models=["m"]) as dead,
+    ):
         await daemon.backend("good", good.url, "llamacpp", max_concurrent=1, priority=10)
         await daemon.backend("dead", dead.url, "llamacpp", max_concurrent=1)
         key = await daemon.user("u")
         client = openai.AsyncOpenAI(base_url=daemon.url + "/v1", api_key=key, max_retries=0)
-        busy = asyncio.create_task(client.chat.completions.create(model="m", messages=[{"role": "user", "content": "x"}], max_tokens=10))
+        busy = asyncio.create_task(
+            client.chat.completions.create(model="m", messages=[{"role": "user", "content": "x"}], max_tokens=10)
+        )
         await settle(lambda: good.in_flight == 1)
         await dead.go_down()  # refused from now on; its next probe is up to poll_interval away
-        reply = await client.chat.completions.create(model="m", messages=[{"role": "user", "content": "y"}], max_tokens=2)
+        reply = await client.chat.completions.create(
+            model="m", messages=[{"role": "user", "content": "y"}], max_tokens=2
+        )
         assert reply.usage.completion_tokens == 2 and good.completed >= 1
         assert (await busy).usage.completion_tokens == 10

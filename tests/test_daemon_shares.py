@@ -32,7 +32,9 @@ async def test_weights_3_2_1_get_50_33_17_within_5_points(daemon):
         async def worker(name: str) -> None:
             client = openai.AsyncOpenAI(base_url=daemon.url + "/v1", api_key=keys[name], max_retries=0)
             while time.monotonic() < stop:
-                reply = await client.chat.completions.create(model="llama3", messages=[{"role": "user", "content": "one two three four five"}], max_tokens=40)
+                reply = await client.chat.completions.create(
+                    model="llama3", messages=[{"role": "user", "content": "one two three four five"}], max_tokens=40
+                )
                 if time.monotonic() - start > WARMUP:
                     tokens[name] += reply.usage.prompt_tokens + reply.usage.completion_tokens
             await client.close()

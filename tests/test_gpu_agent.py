@@ -11,12 +11,13 @@ from typer.testing import CliRunner
 
 import mindrouter.gpu.agent as agent_mod
 import mindrouter.gpu.probe as probe_mod
-from .fake_nvml import GIB, NVML_ERROR_LIBRARY_NOT_FOUND, FakeNvml, gpu
 from mindrouter.cli import app as cli_app
 from mindrouter.errors import MindRouterError, UsageError
 from mindrouter.gpu import GpuProbe, GpuReading, NodeReadings
 from mindrouter.gpu.agent import AGENT_STATE, create_agent_app, run_agent
 from mindrouter.gpu.client import AgentClient, AgentError, agent_base_url, fetch_agent
+
+from .fake_nvml import GIB, NVML_ERROR_LIBRARY_NOT_FOUND, FakeNvml, gpu
 
 KEY = "s3cret-agent-key"
 
@@ -156,8 +157,13 @@ def test_node_readings_stale_logic() -> None:
     node.record_failure("timeout", now=70)
     assert node.failures == 2 and node.last_error == "timeout" and not node.stale(75)
     snap = node.snapshot(90)
-    assert snap == {"node": "http://lab-2:8485", "stale": True, "gpus": [GpuReading(index=0).to_dict()],
-                    "age_seconds": 40, "error": "timeout"}
+    assert snap == {
+        "node": "http://lab-2:8485",
+        "stale": True,
+        "gpus": [GpuReading(index=0).to_dict()],
+        "age_seconds": 40,
+        "error": "timeout",
+    }
     node.record([], now=95)
     assert node.failures == 0 and node.last_error is None and not node.stale(95)
     with pytest.raises(ValueError):

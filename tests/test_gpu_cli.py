@@ -11,10 +11,11 @@ from rich.console import Console
 from typer.testing import CliRunner
 
 import mindrouter.gpu.probe as probe_mod
-from .fake_nvml import GIB, NVML_ERROR_LIBRARY_NOT_FOUND, NVML_ERROR_NOT_SUPPORTED, FakeNvml, gpu
 from mindrouter.cli import app
 from mindrouter.gpu import GpuReading
 from mindrouter.gpu.render import gpu_table, vram_bar
+
+from .fake_nvml import GIB, NVML_ERROR_LIBRARY_NOT_FOUND, NVML_ERROR_NOT_SUPPORTED, FakeNvml, gpu
 
 ENV = {"COLUMNS": "120", "NO_COLOR": "1"}
 
@@ -30,9 +31,22 @@ def use(monkeypatch: pytest.MonkeyPatch, fake: FakeNvml) -> FakeNvml:
 
 
 def test_table(monkeypatch: pytest.MonkeyPatch) -> None:
-    use(monkeypatch, FakeNvml([gpu(0, name="NVIDIA H100 80GB HBM3", total=80 * GIB, used=40 * GIB, util_gpu=97,
-                                   processes=[(11, GIB), (12, GIB)]),
-                               gpu(1, fail={"temperature": NVML_ERROR_NOT_SUPPORTED})]))
+    use(
+        monkeypatch,
+        FakeNvml(
+            [
+                gpu(
+                    0,
+                    name="NVIDIA H100 80GB HBM3",
+                    total=80 * GIB,
+                    used=40 * GIB,
+                    util_gpu=97,
+                    processes=[(11, GIB), (12, GIB)],
+                ),
+                gpu(1, fail={"temperature": NVML_ERROR_NOT_SUPPORTED}),
+            ]
+        ),
+    )
     result = CliRunner().invoke(app, ["gpu"], env=ENV)
     assert result.exit_code == 0, result.output
     lines = result.output.splitlines()
@@ -57,8 +71,9 @@ def test_no_driver(monkeypatch: pytest.MonkeyPatch) -> None:
     use(monkeypatch, FakeNvml(init_error=NVML_ERROR_LIBRARY_NOT_FOUND))
     result = CliRunner().invoke(app, ["gpu"], env=ENV)
     assert result.exit_code == 0
-    assert result.output == ("No NVIDIA GPU found on this machine (NVML: NVML Shared Library Not Found); "
-                             "GPU columns will read n/a.\n")
+    assert result.output == (
+        "No NVIDIA GPU found on this machine (NVML: NVML Shared Library Not Found); GPU columns will read n/a.\n"
+    )
     result = CliRunner().invoke(app, ["gpu", "--json"], env=ENV)
     assert result.exit_code == 0 and json.loads(result.output) == []
 

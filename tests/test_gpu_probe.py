@@ -9,9 +9,19 @@ import sys
 import pytest
 
 import mindrouter.gpu.probe as probe_mod
-from .fake_nvml import GIB, NVML_ERROR_DRIVER_NOT_LOADED, NVML_ERROR_GPU_IS_LOST, NVML_ERROR_LIBRARY_NOT_FOUND
-from .fake_nvml import NVML_ERROR_NO_PERMISSION, NVML_ERROR_NOT_SUPPORTED, FakeGpu, FakeNvml, gpu
 from mindrouter.gpu import GpuProbe, GpuProcess, GpuReading, read_gpus, readings_from_json
+
+from .fake_nvml import (
+    GIB,
+    NVML_ERROR_DRIVER_NOT_LOADED,
+    NVML_ERROR_GPU_IS_LOST,
+    NVML_ERROR_LIBRARY_NOT_FOUND,
+    NVML_ERROR_NO_PERMISSION,
+    NVML_ERROR_NOT_SUPPORTED,
+    FakeGpu,
+    FakeNvml,
+    gpu,
+)
 
 
 @pytest.fixture(autouse=True)
@@ -28,16 +38,39 @@ class Clock:
 
 
 def test_one_gpu_every_field() -> None:
-    fake = FakeNvml([FakeGpu(name="NVIDIA H100 80GB HBM3", uuid="GPU-abc", total=80 * GIB, used=20 * GIB,
-                             util_gpu=75, util_memory=40, temperature=61, power_mw=350_500, limit_mw=700_000,
-                             processes=[(4242, 18 * GIB), (4343, None)])])
+    fake = FakeNvml(
+        [
+            FakeGpu(
+                name="NVIDIA H100 80GB HBM3",
+                uuid="GPU-abc",
+                total=80 * GIB,
+                used=20 * GIB,
+                util_gpu=75,
+                util_memory=40,
+                temperature=61,
+                power_mw=350_500,
+                limit_mw=700_000,
+                processes=[(4242, 18 * GIB), (4343, None)],
+            )
+        ]
+    )
     names = {4242: "ollama"}
     with GpuProbe(fake, process_name=names.get) as probe:
         [r] = probe.read()
-    assert r == GpuReading(index=0, name="NVIDIA H100 80GB HBM3", uuid="GPU-abc", memory_total=80 * GIB,
-                           memory_used=20 * GIB, memory_free=60 * GIB, utilization_gpu=75, utilization_memory=40,
-                           temperature_c=61, power_w=350.5, power_limit_w=700.0,
-                           processes=(GpuProcess(4242, 18 * GIB, "ollama"), GpuProcess(4343, None, None)))
+    assert r == GpuReading(
+        index=0,
+        name="NVIDIA H100 80GB HBM3",
+        uuid="GPU-abc",
+        memory_total=80 * GIB,
+        memory_used=20 * GIB,
+        memory_free=60 * GIB,
+        utilization_gpu=75,
+        utilization_memory=40,
+        temperature_c=61,
+        power_w=350.5,
+        power_limit_w=700.0,
+        processes=(GpuProcess(4242, 18 * GIB, "ollama"), GpuProcess(4343, None, None)),
+    )
     assert probe.unavailable_reason is None
     assert fake.initialized == 0  # nvmlShutdown on close
 
@@ -54,9 +87,20 @@ def test_several_gpus_in_index_order() -> None:
 
 
 def test_a_failing_field_is_none_and_hides_nothing_else() -> None:
-    fake = FakeNvml([gpu(0, fail={"temperature": NVML_ERROR_NOT_SUPPORTED, "power": NVML_ERROR_NO_PERMISSION,
-                                  "utilization": NVML_ERROR_NOT_SUPPORTED, "processes": NVML_ERROR_NO_PERMISSION}),
-                     gpu(1)])
+    fake = FakeNvml(
+        [
+            gpu(
+                0,
+                fail={
+                    "temperature": NVML_ERROR_NOT_SUPPORTED,
+                    "power": NVML_ERROR_NO_PERMISSION,
+                    "utilization": NVML_ERROR_NOT_SUPPORTED,
+                    "processes": NVML_ERROR_NO_PERMISSION,
+                },
+            ),
+            gpu(1),
+        ]
+    )
     a, b = read_gpus(fake)
     assert (a.temperature_c, a.power_w, a.utilization_gpu, a.utilization_memory, a.processes) == (None,) * 5
     assert (a.name, a.memory_free, a.power_limit_w) == ("NVIDIA RTX A6000", 40 * GIB, 300.0)
@@ -168,11 +212,31 @@ def test_json_round_trip_and_tolerance() -> None:
         [r] = probe.read()
     data = r.to_dict()
     assert data["processes"] == [{"pid": 7, "used_memory": GIB, "name": None}]
-    assert list(data) == ["index", "name", "uuid", "memory_total", "memory_used", "memory_free", "utilization_gpu",
-                          "utilization_memory", "temperature_c", "power_w", "power_limit_w", "processes"]
+    assert list(data) == [
+        "index",
+        "name",
+        "uuid",
+        "memory_total",
+        "memory_used",
+        "memory_free",
+        "utilization_gpu",
+        "utilization_memory",
+        "temperature_c",
+        "power_w",
+        "power_limit_w",
+        "processes",
+    ]
     assert GpuReading.from_dict(data) == r
-    odd = GpuReading.from_dict({"index": 0, "memory_free": "lots", "power_w": 100, "temperature_c": True,
-                                "processes": [{"pid": "x"}, {"pid": 3}], "extra": 1})
+    odd = GpuReading.from_dict(
+        {
+            "index": 0,
+            "memory_free": "lots",
+            "power_w": 100,
+            "temperature_c": True,
+            "processes": [{"pid": "x"}, {"pid": 3}],
+            "extra": 1,
+        }
+    )
     assert odd == GpuReading(index=0, power_w=100.0, processes=(GpuProcess(3, None, None),))
     assert readings_from_json([]) == []
     with pytest.raises(ValueError):

@@ -43,18 +43,36 @@ LLAMA31_SIZE = 4_920_753_328  # /api/tags size of llama3.1:8b
 
 def test_parse_ollama_show() -> None:
     shape = parse_ollama_show(LLAMA31_SHOW)
-    assert shape == ModelShape(architecture="llama", n_layers=32, n_embd=4096, n_heads=32, n_kv_heads=8,
-                               head_dim=None, context_length=131072, default_context=None,
-                               parameter_count=8030261248, quantization="Q4_K_M")
+    assert shape == ModelShape(
+        architecture="llama",
+        n_layers=32,
+        n_embd=4096,
+        n_heads=32,
+        n_kv_heads=8,
+        head_dim=None,
+        context_length=131072,
+        default_context=None,
+        parameter_count=8030261248,
+        quantization="Q4_K_M",
+    )
     assert shape.kv_dims == (32, 8, 128, 128)
 
 
 def test_parse_ollama_show_tolerates_junk() -> None:
     assert parse_ollama_show({}) == ModelShape()
     assert parse_ollama_show("nope") == ModelShape()  # type: ignore[arg-type]
-    shape = parse_ollama_show({"parameters": "num_ctx 8192\ntemperature 0.2", "details": {"family": "qwen2"},
-                               "model_info": {"qwen2.block_count": "28", "qwen2.attention.head_count_kv": [4, 4, 8],
-                                              "qwen2.attention.key_length": 128, "qwen2.attention.value_length": 64}})
+    shape = parse_ollama_show(
+        {
+            "parameters": "num_ctx 8192\ntemperature 0.2",
+            "details": {"family": "qwen2"},
+            "model_info": {
+                "qwen2.block_count": "28",
+                "qwen2.attention.head_count_kv": [4, 4, 8],
+                "qwen2.attention.key_length": 128,
+                "qwen2.attention.value_length": 64,
+            },
+        }
+    )
     assert (shape.architecture, shape.n_layers, shape.n_kv_heads, shape.default_context) == ("qwen2", None, 8, 8192)
     assert shape.value_dim == 64 and shape.kv_dims is None
 
@@ -66,12 +84,19 @@ def test_estimate_with_the_models_shape() -> None:
     need = estimate_model_vram(LLAMA31_SIZE, shape=shape)
     assert need == LLAMA31_SIZE + kv + RUNTIME_OVERHEAD_BYTES  # about 5.99 GB
     # A bigger context costs KV cache in proportion; parallel slots multiply it; q8_0 roughly halves it.
-    assert estimate_model_vram(LLAMA31_SIZE, shape=shape, context_tokens=32768) == LLAMA31_SIZE + 8 * kv + RUNTIME_OVERHEAD_BYTES
+    assert (
+        estimate_model_vram(LLAMA31_SIZE, shape=shape, context_tokens=32768)
+        == LLAMA31_SIZE + 8 * kv + RUNTIME_OVERHEAD_BYTES
+    )
     assert estimate_model_vram(LLAMA31_SIZE, shape=shape, parallel=4) == LLAMA31_SIZE + 4 * kv + RUNTIME_OVERHEAD_BYTES
-    assert estimate_model_vram(LLAMA31_SIZE, shape=shape, kv_bytes_per_element=1.0) == LLAMA31_SIZE + kv // 2 + RUNTIME_OVERHEAD_BYTES
+    assert (
+        estimate_model_vram(LLAMA31_SIZE, shape=shape, kv_bytes_per_element=1.0)
+        == LLAMA31_SIZE + kv // 2 + RUNTIME_OVERHEAD_BYTES
+    )
     # Capped at the trained context.
-    assert estimate_model_vram(LLAMA31_SIZE, shape=shape, context_tokens=10**7) == \
-        estimate_model_vram(LLAMA31_SIZE, shape=shape, context_tokens=131072)
+    assert estimate_model_vram(LLAMA31_SIZE, shape=shape, context_tokens=10**7) == estimate_model_vram(
+        LLAMA31_SIZE, shape=shape, context_tokens=131072
+    )
 
 
 def test_estimate_from_single_dimensions() -> None:
@@ -80,20 +105,30 @@ def test_estimate_from_single_dimensions() -> None:
     assert mha == 3 * GIB + 2 * 32 * 2048 * 32 * 128 * 2
     # Different key and value widths are added, not doubled.
     shape = ModelShape(n_layers=10, n_kv_heads=2, head_dim=192, value_dim=128)
-    assert estimate_model_vram(0, shape=shape, context_tokens=1000, runtime_overhead=0) == 10 * 1000 * 2 * (192 + 128) * 2
+    assert (
+        estimate_model_vram(0, shape=shape, context_tokens=1000, runtime_overhead=0) == 10 * 1000 * 2 * (192 + 128) * 2
+    )
     # The Modelfile's num_ctx is the default context.
-    assert estimate_model_vram(0, shape=ModelShape(n_layers=1, n_kv_heads=1, head_dim=1, default_context=100),
-                               runtime_overhead=0) == 2 * 100 * 2
+    assert (
+        estimate_model_vram(
+            0, shape=ModelShape(n_layers=1, n_kv_heads=1, head_dim=1, default_context=100), runtime_overhead=0
+        )
+        == 2 * 100 * 2
+    )
 
 
 def test_estimate_without_a_shape_uses_a_flat_fraction() -> None:
     size = 10 * GIB
     assert estimate_model_vram(size) == size + int(size * 0.15) + RUNTIME_OVERHEAD_BYTES
-    assert estimate_model_vram(size, context_tokens=2 * DEFAULT_CONTEXT) == size + int(size * 0.30) + RUNTIME_OVERHEAD_BYTES
+    assert (
+        estimate_model_vram(size, context_tokens=2 * DEFAULT_CONTEXT)
+        == size + int(size * 0.30) + RUNTIME_OVERHEAD_BYTES
+    )
 
 
-@pytest.mark.parametrize("kwargs", [{"size_bytes": -1}, {"size_bytes": 1, "context_tokens": 0},
-                                    {"size_bytes": 1, "parallel": 0}])
+@pytest.mark.parametrize(
+    "kwargs", [{"size_bytes": -1}, {"size_bytes": 1, "context_tokens": 0}, {"size_bytes": 1, "parallel": 0}]
+)
 def test_estimate_refuses_nonsense(kwargs: dict) -> None:
     with pytest.raises(ValueError):
         estimate_model_vram(**kwargs)

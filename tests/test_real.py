@@ -135,7 +135,12 @@ async def test_openai_client_stream_and_not_charged_by_the_servers_own_counts(po
     charged = reply.usage.prompt_tokens + reply.usage.completion_tokens
 
     stream = await client.chat.completions.create(
-        model=MODEL, messages=MESSAGES, max_tokens=9, stream=True, stream_options={"include_usage": True}, extra_body=EXACT
+        model=MODEL,
+        messages=MESSAGES,
+        max_tokens=9,
+        stream=True,
+        stream_options={"include_usage": True},
+        extra_body=EXACT,
     )
     chunks = [c async for c in stream]
     text = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
@@ -147,7 +152,9 @@ async def test_openai_client_stream_and_not_charged_by_the_servers_own_counts(po
     assert deficit(d, "alice") == -charged
 
     # A stream whose client did not ask for usage: mindrouter asks for it, charges it, hides it.
-    stream = await client.chat.completions.create(model=MODEL, messages=MESSAGES, max_tokens=7, stream=True, extra_body=EXACT)
+    stream = await client.chat.completions.create(
+        model=MODEL, messages=MESSAGES, max_tokens=7, stream=True, extra_body=EXACT
+    )
     chunks = [c async for c in stream]
     assert all(c.usage is None for c in chunks)
     assert LETTERS.fullmatch("".join(c.choices[0].delta.content or "" for c in chunks if c.choices))
@@ -169,13 +176,20 @@ async def test_ollama_client_stream_and_not_charged_by_the_servers_own_counts(po
     assert reply.prompt_eval_count > 0 and 0 < reply.eval_count <= 8
     charged = reply.prompt_eval_count + reply.eval_count
 
-    parts = [p async for p in await client.generate(model=MODEL, prompt="once upon a time", stream=True, options={"num_predict": 6})]
+    parts = [
+        p
+        async for p in await client.generate(
+            model=MODEL, prompt="once upon a time", stream=True, options={"num_predict": 6}
+        )
+    ]
     last = parts[-1]
     assert last.done and all(not p.done for p in parts[:-1])
     assert last.prompt_eval_count > 0 and 0 < last.eval_count <= 6
     charged += last.prompt_eval_count + last.eval_count
 
-    parts = [p async for p in await client.chat(model=MODEL, messages=MESSAGES, stream=True, options={"num_predict": 5})]
+    parts = [
+        p async for p in await client.chat(model=MODEL, messages=MESSAGES, stream=True, options={"num_predict": 5})
+    ]
     last = parts[-1]
     assert last.done and last.prompt_eval_count == reply.prompt_eval_count and 0 < last.eval_count <= 5
     charged += last.prompt_eval_count + last.eval_count
@@ -188,7 +202,12 @@ async def test_queue_and_decisions_reflect_concurrent_traffic_on_both_servers(po
     key = await d.user("carol", "staff")
     client = oai(d, key)
     n, tokens = 8, 600
-    tasks = [asyncio.create_task(client.chat.completions.create(model=MODEL, messages=MESSAGES, max_tokens=tokens, extra_body=EXACT)) for _ in range(n)]
+    tasks = [
+        asyncio.create_task(
+            client.chat.completions.create(model=MODEL, messages=MESSAGES, max_tokens=tokens, extra_body=EXACT)
+        )
+        for _ in range(n)
+    ]
 
     # 4 slots in all: 4 run, 4 wait in mindrouter's queue (not in the servers').
     queue = None
@@ -289,8 +308,12 @@ async def test_one_server_killed_and_traffic_continues_on_the_other(pool):
     async def worker() -> None:
         while len(replies) + len(errors) < before_kill + after_kill:
             try:
-                replies.append(await client.chat.completions.create(model=MODEL, messages=MESSAGES, max_tokens=tokens, extra_body=EXACT))
-            except Exception as exc:  # noqa: BLE001 (collected and reported)
+                replies.append(
+                    await client.chat.completions.create(
+                        model=MODEL, messages=MESSAGES, max_tokens=tokens, extra_body=EXACT
+                    )
+                )
+            except Exception as exc:
                 errors.append(exc)
             if len(replies) >= before_kill and not killed_at:
                 killed_at.append(time.time())
@@ -309,7 +332,9 @@ async def test_one_server_killed_and_traffic_continues_on_the_other(pool):
     records = await d.admin("GET", "/admin/decisions?user=erin&limit=500")
     late = [r for r in records if r["wall_time"] > killed_at[0] + 1.0]  # once the probes have noticed
     retried = [r for r in records if r["attempt"] > 1]
-    print(f"{len(replies)} replies; retries after the kill went to", dict(Counter(r["selected_backend"] for r in retried)))
+    print(
+        f"{len(replies)} replies; retries after the kill went to", dict(Counter(r["selected_backend"] for r in retried))
+    )
     assert len(late) >= 3, len(late)  # how many fall after the first second depends on the machine's speed
     assert {r["selected_backend"] for r in late} == {NAMES[1]}
     # And still: one more, after the dust settled.
@@ -327,13 +352,20 @@ async def test_requests_in_flight_on_a_killed_server_are_retried_on_the_other(po
     client = oai(d, key)
     victim = pool.servers[NAMES[0]]
     tokens = 1500  # about a second at 4 streams on this machine
-    tasks = [asyncio.create_task(client.chat.completions.create(model=MODEL, messages=MESSAGES, max_tokens=tokens, extra_body=EXACT)) for _ in range(2 * SLOTS)]
+    tasks = [
+        asyncio.create_task(
+            client.chat.completions.create(model=MODEL, messages=MESSAGES, max_tokens=tokens, extra_body=EXACT)
+        )
+        for _ in range(2 * SLOTS)
+    ]
     await until(lambda: _all_busy(list(pool.servers.values())), 10, "both servers busy on all slots")
     victim.kill()  # two of the four die with it; the survivor stays full for about a second
     results = await asyncio.wait_for(asyncio.gather(*tasks, return_exceptions=True), 30)
     errors = [r for r in results if isinstance(r, BaseException)]
     records = await d.admin("GET", "/admin/decisions?user=fred&limit=50")
-    attempts = [(r["request_id"], r["attempt"], r["selected_backend"]) for r in sorted(records, key=lambda r: r["time"])]
+    attempts = [
+        (r["request_id"], r["attempt"], r["selected_backend"]) for r in sorted(records, key=lambda r: r["time"])
+    ]
     assert not errors, (errors, attempts)
     assert all(r.usage.completion_tokens == tokens for r in results)
     last = {rid: backend for rid, _, backend in attempts}  # each request's final attempt
@@ -347,7 +379,7 @@ async def _idle(server: Any) -> bool:
     """No slot busy; a /slots answer slower than its timeout (llama-server queues it) counts as not yet."""
     try:
         return await server.busy_slots() == 0
-    except (asyncio.TimeoutError, aiohttp.ClientError):
+    except (TimeoutError, aiohttp.ClientError):
         return False
 
 
@@ -372,7 +404,9 @@ async def test_weights_3_2_1_saturating_two_servers_get_50_33_17(pool):
     async def worker(name: str) -> None:
         client = oai(d, keys[name])
         while time.monotonic() < stop:
-            reply = await client.chat.completions.create(model=MODEL, messages=MESSAGES, max_tokens=150, extra_body=EXACT)
+            reply = await client.chat.completions.create(
+                model=MODEL, messages=MESSAGES, max_tokens=150, extra_body=EXACT
+            )
             assert reply.usage.completion_tokens == 150
             if time.monotonic() - start > SHARE_WARMUP:
                 tokens[name] += reply.usage.prompt_tokens + reply.usage.completion_tokens
@@ -383,7 +417,15 @@ async def test_weights_3_2_1_saturating_two_servers_get_50_33_17(pool):
     total = sum(tokens.values())
     shares = {name: tokens[name] / total for name in users}
     elapsed = time.monotonic() - start - SHARE_WARMUP
-    print("shares", {k: round(v * 100, 1) for k, v in shares.items()}, "tokens", total, "requests", requests, f"{total / elapsed:.0f} tokens/s")
+    print(
+        "shares",
+        {k: round(v * 100, 1) for k, v in shares.items()},
+        "tokens",
+        total,
+        "requests",
+        requests,
+        f"{total / elapsed:.0f} tokens/s",
+    )
     rows = {r["name"]: r for r in await d.admin("GET", "/admin/backends")}
     assert all(rows[name]["completed"] > 0 and rows[name]["status"] == "healthy" for name in NAMES), rows
     for name, (_, weight) in users.items():

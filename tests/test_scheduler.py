@@ -33,7 +33,15 @@ _ids = iter(range(10**9))
 
 
 def job(user, t=0.0, model="llama3", prompt=100, max_tokens=None, **kw) -> Job:
-    return Job(id=f"j{next(_ids)}", user_id=user, model=model, submitted_at=t, prompt_tokens=prompt, max_tokens=max_tokens, **kw)
+    return Job(
+        id=f"j{next(_ids)}",
+        user_id=user,
+        model=model,
+        submitted_at=t,
+        prompt_tokens=prompt,
+        max_tokens=max_tokens,
+        **kw,
+    )
 
 
 # -- formulas -----------------------------------------------------------------
@@ -104,7 +112,7 @@ def test_completing_500_tokens_moves_deficit_to_minus_500():
     s = make()
     s.set_user("u", 1)
     s.submit(j := job("u"), 0)
-    [d] = s.dispatch(0)
+    [_d] = s.dispatch(0)
     assert s.user("u").inflight_charge > 0  # the estimate counts while it runs
     s.complete(j.id, 5, prompt_tokens=200, completion_tokens=300)
     assert s.user("u").deficit == -500
@@ -400,7 +408,16 @@ def test_record_has_the_seed_shape_and_the_priority_terms():
     s.submit(j := job("u"), 0)
     [d] = s.dispatch(2.0)
     rec = d.record.to_dict()
-    for key in ("request_id", "selected_backend_id", "candidate_backends", "scores", "user_deficit", "user_weight", "user_group", "user_recent_usage"):
+    for key in (
+        "request_id",
+        "selected_backend_id",
+        "candidate_backends",
+        "scores",
+        "user_deficit",
+        "user_weight",
+        "user_group",
+        "user_recent_usage",
+    ):
         assert key in rec
     assert rec["request_id"] == j.id and rec["selected_backend_id"] == 1
     assert rec["candidate_backends"] == [1] and rec["user_weight"] == 3 and rec["user_group"] == "faculty"
@@ -477,7 +494,9 @@ def test_snapshot_has_the_seed_shape():
     assert snap["queue"]["by_model"] == {"llama3": 3}
     assert snap["queue"]["average_wait_seconds"] == pytest.approx((3 + 3 + 2) / 3, abs=1e-3)
     fs = snap["fair_share"]
-    assert fs["total_users"] == 2 and {"user_id", "weight", "deficit", "recent_tokens", "group"} <= set(fs["user_stats"][0])
+    assert fs["total_users"] == 2 and {"user_id", "weight", "deficit", "recent_tokens", "group"} <= set(
+        fs["user_stats"][0]
+    )
 
 
 def test_weights_must_be_finite_and_positive():

@@ -13,7 +13,9 @@ MODELS = ("a", "b")
 
 ops = st.lists(
     st.tuples(
-        st.sampled_from(["submit", "submit", "submit", "dispatch", "complete", "cancel", "fail", "expire", "backend", "weight"]),
+        st.sampled_from(
+            ["submit", "submit", "submit", "dispatch", "complete", "cancel", "fail", "expire", "backend", "weight"]
+        ),
         st.integers(0, 1000),
     ),
     min_size=1,
@@ -40,7 +42,14 @@ def test_no_job_lost_or_run_twice_and_capacity_never_exceeded(sequence):
         now += arg / 100
         if op == "submit":
             n += 1
-            job = Job(id=f"j{n}", user_id=arg % 4, model=MODELS[arg % 2], submitted_at=now, prompt_tokens=arg % 300, max_tokens=arg % 500 or None)
+            job = Job(
+                id=f"j{n}",
+                user_id=arg % 4,
+                model=MODELS[arg % 2],
+                submitted_at=now,
+                prompt_tokens=arg % 300,
+                max_tokens=arg % 500 or None,
+            )
             if s.submit(job, now) is None:
                 submitted.add(job.id)
         elif op == "dispatch":
@@ -74,7 +83,11 @@ def test_no_job_lost_or_run_twice_and_capacity_never_exceeded(sequence):
         elif op == "backend":
             bid = arg % 3
             old = s.backend(bid)
-            s.set_backend(Backend(id=bid, name=old.name, models=old.models, max_concurrent=old.max_concurrent, healthy=arg % 5 != 0))
+            s.set_backend(
+                Backend(
+                    id=bid, name=old.name, models=old.models, max_concurrent=old.max_concurrent, healthy=arg % 5 != 0
+                )
+            )
         elif op == "weight":
             s.set_user(arg % 4, 1 + arg % 7)
         s.check()
@@ -96,7 +109,7 @@ def test_a_backlogged_user_is_never_starved(seed, weights):
     s = Scheduler(SchedulerSettings(deprioritize_threshold=1.0))
     s.set_backend(Backend(id=1, name="b", models=frozenset({"m"}), max_concurrent=2))
     users = list(range(len(weights)))
-    for uid, w in zip(users, weights):
+    for uid, w in zip(users, weights, strict=False):
         s.set_user(uid, w)
     n = 0
     now = 0.0
@@ -113,10 +126,13 @@ def test_a_backlogged_user_is_never_starved(seed, weights):
             running.append(d.job.id)
             last_served[d.job.user_id] = step
             n += 1
-            s.submit(Job(id=f"j{n}", user_id=d.job.user_id, model="m", submitted_at=now, prompt_tokens=50, max_tokens=100), now)
+            s.submit(
+                Job(id=f"j{n}", user_id=d.job.user_id, model="m", submitted_at=now, prompt_tokens=50, max_tokens=100),
+                now,
+            )
         done = running.pop(rng.randrange(len(running)))
         s.complete(done, now, prompt_tokens=rng.randint(10, 100), completion_tokens=rng.randint(10, 150))
-        for uid, w in zip(users, weights):
+        for uid, w in zip(users, weights, strict=False):
             # A user with weight w gets about w/total of the decisions; allow generous slack.
             bound = 10 + 6 * total_weight / w
             assert step - last_served[uid] <= bound, (uid, w, step, last_served)

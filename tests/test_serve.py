@@ -29,7 +29,9 @@ def free_port() -> int:
 def served(tmp_path: Path):
     port = free_port()
     config = tmp_path / "config.toml"
-    config.write_text(f'[server]\nport = {port}\nsocket = "{tmp_path / "mr.sock"}"\nstate_dir = "{tmp_path / "state"}"\nshutdown_grace_seconds = 10\n[backends]\npoll_interval = 0.5\n')
+    config.write_text(
+        f'[server]\nport = {port}\nsocket = "{tmp_path / "mr.sock"}"\nstate_dir = "{tmp_path / "state"}"\nshutdown_grace_seconds = 10\n[backends]\npoll_interval = 0.5\n'
+    )
     log = open(tmp_path / "serve.log", "w")
     proc = subprocess.Popen([*MR, "serve", "--config", str(config), "--no-discover"], stderr=log, stdout=log)
     deadline = time.monotonic() + 20
@@ -64,7 +66,13 @@ async def test_cli_manages_a_running_daemon_and_sigterm_lets_requests_finish(ser
 
         async with aiohttp.ClientSession() as session:
             # A 1 s generation is in flight when SIGTERM arrives: it must still complete.
-            request = asyncio.create_task(session.post(f"http://127.0.0.1:{port}/v1/chat/completions", json={"model": "llama3", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 20}, headers={"Authorization": f"Bearer {key}"}))
+            request = asyncio.create_task(
+                session.post(
+                    f"http://127.0.0.1:{port}/v1/chat/completions",
+                    json={"model": "llama3", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 20},
+                    headers={"Authorization": f"Bearer {key}"},
+                )
+            )
             for _ in range(100):
                 if fake.in_flight:
                     break
@@ -95,5 +103,10 @@ def test_cli_exits_3_when_no_daemon_answers(tmp_path):
 
 def test_a_second_daemon_on_the_same_socket_is_refused(served):
     _, config, _, _ = served
-    r = subprocess.run([*MR, "serve", "--config", str(config), "--no-discover", "--port", str(free_port())], capture_output=True, text=True, timeout=30)
+    r = subprocess.run(
+        [*MR, "serve", "--config", str(config), "--no-discover", "--port", str(free_port())],
+        capture_output=True,
+        text=True,
+        timeout=30,
+    )
     assert r.returncode == 1 and "already listening" in r.stderr

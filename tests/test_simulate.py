@@ -97,11 +97,17 @@ def test_partial_load_decisions_stay_within_the_bound():
     return credit (one request) plus one request, with exact size estimates.
     """
     users = "".join(
-        f'[[users]]\nname = "{n}"\nweight = {w}\nmodel = "llama3"\nrate = 0.35\n' for n, w in (("prof", 3), ("postdoc", 2), ("student", 1))
+        f'[[users]]\nname = "{n}"\nweight = {w}\nmodel = "llama3"\nrate = 0.35\n'
+        for n, w in (("prof", 3), ("postdoc", 2), ("student", 1))
     )
     base = load_example("scenario3")
-    sc = parse_scenario(f"duration = 1800\nseed = 2\n{users}[scheduler]\ndeprioritize_threshold = 1.0\n" + "".join(
-        f'[[backends]]\nname = "{b.name}"\nmodels = ["llama3"]\nmax_concurrent = 4\ntokens_per_second = 50\n' for b in base.backends))
+    sc = parse_scenario(
+        f"duration = 1800\nseed = 2\n{users}[scheduler]\ndeprioritize_threshold = 1.0\n"
+        + "".join(
+            f'[[backends]]\nname = "{b.name}"\nmodels = ["llama3"]\nmax_concurrent = 4\ntokens_per_second = 50\n'
+            for b in base.backends
+        )
+    )
     run = simulate(sc)
     assert run.dispatch_gap.max <= 2 * run.max_request_cost + 1e-6, run.dispatch_gap.max
     assert all(u.backlogged_seconds < 0.9 * sc.duration for u in run.users)  # really partial load
@@ -124,8 +130,10 @@ def test_scenario2_light_user_gets_the_next_freed_slot():
         next_free = min(t for t in completions if t >= req.submitted)
         assert req.dispatched == next_free, (req.submitted, req.dispatched, next_free)
         # ... ahead of the heavy user's older requests still waiting then.
-        assert any(r.user == prof and r.submitted < req.submitted and (r.dispatched is None or r.dispatched > req.dispatched)
-                   for r in trace)
+        assert any(
+            r.user == prof and r.submitted < req.submitted and (r.dispatched is None or r.dispatched > req.dispatched)
+            for r in trace
+        )
     result = build(run)
     row = next(u for u in result["users"] if u["name"] == "student")
     assert row["max_slots_skipped"] == 0 and row["waited_requests"] == len(mine)
@@ -264,11 +272,11 @@ def test_cli_json_matches_the_contract():
     data = json.loads(result.stdout)  # exactly one JSON object
     again = runner.invoke(app, ["simulate", "--example", "scenario3", "--json", "--duration", "600", "--seed", "4"])
     assert again.stdout == result.stdout  # same file and seed, same bytes
-    assert TOP_KEYS <= set(data)
+    assert set(data) >= TOP_KEYS
     assert data["duration"] == 600 and data["seed"] == 4 and data["counting"] == "as_generated"
     assert [u["name"] for u in data["users"]] == ["prof", "postdoc", "student"]
     for user in data["users"]:
-        assert USER_KEYS <= set(user)
+        assert set(user) >= USER_KEYS
     assert len(data["windows"]) == 10
     for window in data["windows"]:
         assert set(window) == {"start", "shares"}
@@ -288,7 +296,14 @@ def test_cli_table_for_a_file(tmp_path):
 def test_cli_example_scenario3_table():
     result = runner.invoke(app, ["simulate", "--example", "scenario3"], env={"COLUMNS": "100"})
     assert result.exit_code == 0, result.output
-    for text in ("prof", "faculty (3)", "50.0%", "33.3%", "16.7%", "Service gap 500 (bound: 2 x max request cost = 1,000;"):
+    for text in (
+        "prof",
+        "faculty (3)",
+        "50.0%",
+        "33.3%",
+        "16.7%",
+        "Service gap 500 (bound: 2 x max request cost = 1,000;",
+    ):
         assert text in result.output
 
 
@@ -357,9 +372,19 @@ def test_service_gap_matches_a_brute_force_replay():
         return sum(r.prompt + r.completion for r in reqs if r.user == user and r.dispatched <= t) / weights[user]
 
     def backlogged(user, t):  # just after t
-        return sum(r.submitted <= t for r in run.trace if r.user == user) > sum(r.dispatched <= t for r in reqs if r.user == user)
+        return sum(r.submitted <= t for r in run.trace if r.user == user) > sum(
+            r.dispatched <= t for r in reqs if r.user == user
+        )
 
-    times = sorted({t for r in reqs for t in (r.submitted, r.dispatched, r.prefill_end, r.done) if t is not None and t <= sc.duration} | {sc.duration})
+    times = sorted(
+        {
+            t
+            for r in reqs
+            for t in (r.submitted, r.dispatched, r.prefill_end, r.done)
+            if t is not None and t <= sc.duration
+        }
+        | {sc.duration}
+    )
     n = len(sc.users)
     for service, tracker in ((generated, run.gap), (dispatched, run.dispatch_gap)):
         base: dict[tuple[int, int], float] = {}

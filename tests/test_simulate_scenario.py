@@ -51,7 +51,9 @@ def test_weights_from_builtin_groups_explicit_weight_and_ranges():
 
 
 def test_scheduler_table_overrides_settings():
-    sc = parse_scenario(BASE + "[scheduler]\ndeprioritize_threshold = 1.0\nqueue_timeout = 30\n[scheduler.scores]\nmodel_loaded = 5\n")
+    sc = parse_scenario(
+        BASE + "[scheduler]\ndeprioritize_threshold = 1.0\nqueue_timeout = 30\n[scheduler.scores]\nmodel_loaded = 5\n"
+    )
     assert sc.settings.deprioritize_threshold == 1.0
     assert sc.settings.queue_timeout == 30
     assert sc.settings.scores.model_loaded == 5
@@ -67,15 +69,27 @@ def test_scheduler_table_overrides_settings():
         (lambda t: t.replace("seed = 3", "seed = 1.5"), "seed must be a whole number"),
         (lambda t: t.replace("faculty = 3", "faculty = 0"), "groups.faculty must be greater than 0"),
         (lambda t: t.replace("tokens_per_second = 50", ""), "backends[0].tokens_per_second is missing"),
-        (lambda t: t.replace("max_concurrent = 4", "max_concurrent = 0"), "backends[0].max_concurrent must be at least 1"),
+        (
+            lambda t: t.replace("max_concurrent = 4", "max_concurrent = 0"),
+            "backends[0].max_concurrent must be at least 1",
+        ),
         (lambda t: t.replace('models = ["llama3"]', 'models = "llama3"'), "backends[0].models must be a list"),
         (lambda t: t.replace("max_concurrent = 4", "max_concurrent = 4\nslots = 2"), "unknown key backends[0].slots"),
-        (lambda t: t.replace("max_concurrent = 4", 'max_concurrent = 4\nloaded_models = ["phi"]'), "loaded_models names 'phi'"),
+        (
+            lambda t: t.replace("max_concurrent = 4", 'max_concurrent = 4\nloaded_models = ["phi"]'),
+            "loaded_models names 'phi'",
+        ),
         (lambda t: t.replace("concurrency = 2", "concurrency = 2\nrate = 1"), "exactly one of concurrency"),
         (lambda t: t.replace("concurrency = 2", ""), "exactly one of concurrency"),
-        (lambda t: t.replace("concurrency = 2", "concurrency = true"), "users[0] (prof).concurrency must be a whole number"),
+        (
+            lambda t: t.replace("concurrency = 2", "concurrency = true"),
+            "users[0] (prof).concurrency must be a whole number",
+        ),
         (lambda t: t.replace("concurrency = 2", "rate = 1\nthink_time = 3"), "think_time only applies"),
-        (lambda t: t.replace('model = "llama3"\nconcurrency', 'model = "phi"\nconcurrency'), "users[0] (prof).model 'phi' is served by no backend"),
+        (
+            lambda t: t.replace('model = "llama3"\nconcurrency', 'model = "phi"\nconcurrency'),
+            "users[0] (prof).model 'phi' is served by no backend",
+        ),
         (lambda t: t.replace('group = "faculty"', 'group = "visitors"'), "group 'visitors' has no weight"),
         (lambda t: t.replace('group = "faculty"', "weight = -1"), "weight must be greater than 0"),
         (lambda t: t + "prompt_tokens = [300, 100]\n", "prompt_tokens must be [min, max] with min <= max"),
@@ -83,15 +97,30 @@ def test_scheduler_table_overrides_settings():
         (lambda t: t + 'prompt_tokens = "many"\n', "prompt_tokens must be a whole number"),
         (lambda t: t + "start = 50\nstop = 10\n", "stop (10) must be after start (50)"),
         (lambda t: t + "colour = 'red'\n", "unknown key users[0] (prof).colour"),
-        (lambda t: t + '[[users]]\nname = "prof"\nweight = 1\nmodel = "llama3"\nrate = 1\n', "two users are named 'prof'"),
+        (
+            lambda t: t + '[[users]]\nname = "prof"\nweight = 1\nmodel = "llama3"\nrate = 1\n',
+            "two users are named 'prof'",
+        ),
         (lambda t: t + "[scheduler]\nfairness_windw = 3\n", "unknown key [scheduler] fairness_windw"),
-        (lambda t: t + "[scheduler]\ndeprioritize_threshold = 'high'\n", "[scheduler] deprioritize_threshold must be a number"),
-        (lambda t: t + "[scheduler]\nmin_deprioritization = 0\n", "[scheduler] min_deprioritization must be greater than 0"),
-        (lambda t: t + "[scheduler]\nmax_queued_per_user = 2.5\n", "[scheduler] max_queued_per_user must be a whole number"),
+        (
+            lambda t: t + "[scheduler]\ndeprioritize_threshold = 'high'\n",
+            "[scheduler] deprioritize_threshold must be a number",
+        ),
+        (
+            lambda t: t + "[scheduler]\nmin_deprioritization = 0\n",
+            "[scheduler] min_deprioritization must be greater than 0",
+        ),
+        (
+            lambda t: t + "[scheduler]\nmax_queued_per_user = 2.5\n",
+            "[scheduler] max_queued_per_user must be a whole number",
+        ),
         (lambda t: t + "[scheduler]\ngroup_weights = 1\n", "unknown key [scheduler] group_weights"),
         (lambda t: t + "[scheduler.scores]\nloaded = 1\n", "unknown key [scheduler.scores] loaded"),
         (lambda t: t.replace("duration = 600", "duration = = 600"), "is not valid TOML"),
-        (lambda t: t + "[[backends]]\nname = 'gpu1'\nmodels = ['x']\nmax_concurrent = 1\ntokens_per_second = 1\n", "two backends are named 'gpu1'"),
+        (
+            lambda t: t + "[[backends]]\nname = 'gpu1'\nmodels = ['x']\nmax_concurrent = 1\ntokens_per_second = 1\n",
+            "two backends are named 'gpu1'",
+        ),
     ],
 )
 def test_refusals_name_the_key_in_one_sentence(change, needle):

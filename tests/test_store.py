@@ -221,8 +221,13 @@ def test_user_errors(st: Store) -> None:
         st.add_user("bob", "staff", weight=0)
     with pytest.raises(InvalidValue):
         st.set_user_weight("alice", -2)
-    for op in (lambda: st.set_user_weight("zed", 1), lambda: st.set_user_group("zed", "staff"),
-               lambda: st.remove_user("zed"), lambda: st.create_key("zed"), lambda: st.revoke_keys("zed")):
+    for op in (
+        lambda: st.set_user_weight("zed", 1),
+        lambda: st.set_user_group("zed", "staff"),
+        lambda: st.remove_user("zed"),
+        lambda: st.create_key("zed"),
+        lambda: st.revoke_keys("zed"),
+    ):
         with pytest.raises(NotFound, match="user 'zed'"):
             op()
 
@@ -270,7 +275,7 @@ def test_plaintext_key_is_nowhere_on_disk(path: Path) -> None:
         s.ensure_default_groups()
         s.add_user("alice", "staff")
         key = s.create_key("alice")
-        secret = key[len("mr-") + 6:].encode()  # the part that is not the display prefix
+        secret = key[len("mr-") + 6 :].encode()  # the part that is not the display prefix
         assert s.user_for_key(key) is not None
 
         def on_disk() -> bytes:
@@ -280,6 +285,7 @@ def test_plaintext_key_is_nowhere_on_disk(path: Path) -> None:
         assert secret[:16] not in on_disk()
     assert secret not in on_disk() and key.encode() not in on_disk()
     import hashlib
+
     assert hashlib.sha256(key.encode()).hexdigest().encode() in on_disk()
 
 
@@ -287,18 +293,40 @@ def test_plaintext_key_is_nowhere_on_disk(path: Path) -> None:
 
 
 def test_backend_operations(st: Store) -> None:
-    b = st.add_backend("gpu1", "http://10.0.0.5:11434/", "ollama", max_concurrent=2, gpus=[0, 1],
-                       node="http://10.0.0.5:8485", priority=5)
-    assert b.to_dict() == {"id": b.id, "name": "gpu1", "url": "http://10.0.0.5:11434", "engine": "ollama",
-                           "max_concurrent": 2, "gpus": [0, 1], "node": "http://10.0.0.5:8485",
-                           "priority": 5.0, "state": "enabled"}
+    b = st.add_backend(
+        "gpu1",
+        "http://10.0.0.5:11434/",
+        "ollama",
+        max_concurrent=2,
+        gpus=[0, 1],
+        node="http://10.0.0.5:8485",
+        priority=5,
+    )
+    assert b.to_dict() == {
+        "id": b.id,
+        "name": "gpu1",
+        "url": "http://10.0.0.5:11434",
+        "engine": "ollama",
+        "max_concurrent": 2,
+        "gpus": [0, 1],
+        "node": "http://10.0.0.5:8485",
+        "priority": 5.0,
+        "state": "enabled",
+    }
     assert st.get_backend("gpu1") == b == st.get_backend(b.id)
     c = st.add_backend("vllm1", "https://box:8000", "vllm")
     assert (c.max_concurrent, c.gpus, c.node, c.priority, c.state) == (4, (), "", 0.0, "enabled")
     assert [x.name for x in st.list_backends()] == ["gpu1", "vllm1"]
     u = st.update_backend("gpu1", url="http://10.0.0.6:11434", max_concurrent=8, gpus=[], node="", priority=-1)
-    assert (u.id, u.url, u.max_concurrent, u.gpus, u.node, u.priority, u.engine) == \
-        (b.id, "http://10.0.0.6:11434", 8, (), "", -1.0, "ollama")
+    assert (u.id, u.url, u.max_concurrent, u.gpus, u.node, u.priority, u.engine) == (
+        b.id,
+        "http://10.0.0.6:11434",
+        8,
+        (),
+        "",
+        -1.0,
+        "ollama",
+    )
     assert st.set_backend_state("gpu1", "draining").state == "draining"
     assert st.set_backend_state(b.id, "disabled").state == "disabled"
     assert st.update_backend(b.id, engine="llamacpp").engine == "llamacpp"
@@ -310,12 +338,27 @@ def test_backend_operations(st: Store) -> None:
     assert d.id not in (b.id, c.id)  # decision records keep meaning the old backend
 
 
-@pytest.mark.parametrize("kw", [
-    {"url": "ftp://h"}, {"url": "localhost:11434"}, {"url": ""}, {"url": "http://h x"}, {"engine": "tgi"},
-    {"max_concurrent": 0}, {"max_concurrent": 1.5}, {"max_concurrent": True}, {"gpus": [-1]}, {"gpus": [0, 0]},
-    {"gpus": "0,1"}, {"gpus": [True]}, {"node": "box"}, {"priority": float("nan")}, {"priority": "high"},
-    {"state": "on"},
-])
+@pytest.mark.parametrize(
+    "kw",
+    [
+        {"url": "ftp://h"},
+        {"url": "localhost:11434"},
+        {"url": ""},
+        {"url": "http://h x"},
+        {"engine": "tgi"},
+        {"max_concurrent": 0},
+        {"max_concurrent": 1.5},
+        {"max_concurrent": True},
+        {"gpus": [-1]},
+        {"gpus": [0, 0]},
+        {"gpus": "0,1"},
+        {"gpus": [True]},
+        {"node": "box"},
+        {"priority": float("nan")},
+        {"priority": "high"},
+        {"state": "on"},
+    ],
+)
 def test_bad_backend_fields_are_refused(st: Store, kw: dict) -> None:
     args = {"url": "http://h:1", "engine": "ollama", **kw}
     with pytest.raises(InvalidValue) as info:
@@ -331,8 +374,12 @@ def test_backend_errors(st: Store) -> None:
     st.add_backend("gpu1", "http://h:1", "ollama")
     with pytest.raises(AlreadyExists):
         st.add_backend("GPU1", "http://h:2", "vllm")
-    for op in (lambda: st.update_backend("x", priority=1), lambda: st.set_backend_state("x", "enabled"),
-               lambda: st.remove_backend("x"), lambda: st.get_backend(999)):
+    for op in (
+        lambda: st.update_backend("x", priority=1),
+        lambda: st.set_backend_state("x", "enabled"),
+        lambda: st.remove_backend("x"),
+        lambda: st.get_backend(999),
+    ):
         with pytest.raises(NotFound):
             op()
 
@@ -349,9 +396,20 @@ def test_usage(st: Store) -> None:
     assert st.recent_usage(150.0) == [UsageRow(b, 5, 150.0), UsageRow(a, 3, 200.0)]
     assert st.recent_usage(0) == [(a, 30, 100.0), (b, 5, 150.0), (a, 3, 200.0)]
     totals = st.usage_totals(0)
-    assert (totals[a].requests, totals[a].prompt_tokens, totals[a].completion_tokens, totals[a].tokens) == (2, 11, 22, 33)
-    assert totals[b].to_dict() == {"user_id": b, "user": "bob", "requests": 1, "prompt_tokens": 5,
-                                   "completion_tokens": 0, "tokens": 5}
+    assert (totals[a].requests, totals[a].prompt_tokens, totals[a].completion_tokens, totals[a].tokens) == (
+        2,
+        11,
+        22,
+        33,
+    )
+    assert totals[b].to_dict() == {
+        "user_id": b,
+        "user": "bob",
+        "requests": 1,
+        "prompt_tokens": 5,
+        "completion_tokens": 0,
+        "tokens": 5,
+    }
     assert set(st.usage_totals(160)) == {a}
     st.remove_user("bob")  # usage stays for accounting, and recording for a removed user never fails
     st.record_usage(b, "r4", "llama3", 1, 1, 1, at=210.0)
@@ -380,9 +438,19 @@ def test_usage_prunes_itself_as_it_grows(path: Path, monkeypatch: pytest.MonkeyP
 
 
 def decision(i: int, user: str = "alice") -> dict:
-    return {"request_id": f"req{i}", "selected_backend_id": 1, "candidate_backends": [1, 2],
-            "scores": {"1": 150.0, "2": 80.0}, "user_deficit": -1000, "user_weight": 3, "user_group": "faculty",
-            "user_recent_usage": 30000, "user": user, "time": 12.5, "wall_time": 1_700_000_000.0 + i}
+    return {
+        "request_id": f"req{i}",
+        "selected_backend_id": 1,
+        "candidate_backends": [1, 2],
+        "scores": {"1": 150.0, "2": 80.0},
+        "user_deficit": -1000,
+        "user_weight": 3,
+        "user_group": "faculty",
+        "user_recent_usage": 30000,
+        "user": user,
+        "time": 12.5,
+        "wall_time": 1_700_000_000.0 + i,
+    }
 
 
 def test_decisions(st: Store) -> None:
@@ -463,8 +531,13 @@ def test_sigkill_loses_nothing_that_returned(path: Path) -> None:
         print(key, flush=True)
         time.sleep(60)
     """)
-    proc = subprocess.Popen([sys.executable, "-c", child], stdout=subprocess.PIPE, text=True, cwd=ROOT,
-                            env={**os.environ, "PYTHONPATH": str(ROOT)})
+    proc = subprocess.Popen(
+        [sys.executable, "-c", child],
+        stdout=subprocess.PIPE,
+        text=True,
+        cwd=ROOT,
+        env={**os.environ, "PYTHONPATH": str(ROOT)},
+    )
     try:
         key = proc.stdout.readline().strip()  # type: ignore[union-attr]
         assert key.startswith("mr-"), key
@@ -493,12 +566,15 @@ def test_export_shape_and_round_trip(st: Store, tmp_path: Path) -> None:
     data = st.export()
     assert set(data) == {"version", "groups", "users", "backends"}
     assert {"name": "staff", "scheduler_weight": 2.0} in data["groups"]
-    assert data["users"] == [{"name": "alice", "group": "faculty"},
-                             {"name": "bob", "group": "staff", "weight_override": 0.5}]
+    assert data["users"] == [
+        {"name": "alice", "group": "faculty"},
+        {"name": "bob", "group": "staff", "weight_override": 0.5},
+    ]
     assert "mr-" not in json.dumps(data)
     import tomllib
 
     import tomli_w
+
     text = tomli_w.dumps(data)  # TOML can hold it: no nulls
     with Store(tmp_path / "other.db") as other:
         assert other.import_(tomllib.loads(text)) == {"groups": 4, "users": 2, "backends": 1}
@@ -510,11 +586,13 @@ def test_import_upserts_by_name(st: Store) -> None:
     st.add_user("alice", "staff", weight=4)
     st.add_user("carol", "staff")
     st.add_backend("gpu1", "http://h:1", "ollama", priority=3)
-    result = st.import_({
-        "groups": [{"name": "PhD", "scheduler_weight": 1.5}, {"name": "staff", "scheduler_weight": 2.5}],
-        "users": [{"name": "alice", "group": "phd"}, {"name": "bob", "group": "faculty", "weight": 99}],
-        "backends": [{"id": 77, "name": "gpu1", "url": "http://h:2", "engine": "vllm"}],
-    })
+    result = st.import_(
+        {
+            "groups": [{"name": "PhD", "scheduler_weight": 1.5}, {"name": "staff", "scheduler_weight": 2.5}],
+            "users": [{"name": "alice", "group": "phd"}, {"name": "bob", "group": "faculty", "weight": 99}],
+            "backends": [{"id": 77, "name": "gpu1", "url": "http://h:2", "engine": "vllm"}],
+        }
+    )
     assert result == {"groups": 2, "users": 2, "backends": 1}
     alice = st.get_user("alice")
     assert (alice.group, alice.weight_override, alice.weight) == ("phd", None, 1.5)  # a left-out field is its default
@@ -525,9 +603,11 @@ def test_import_upserts_by_name(st: Store) -> None:
     assert st.import_({}) == {"groups": 0, "users": 0, "backends": 0}
 
 
-GOOD = {"groups": [{"name": "new", "scheduler_weight": 1}, {"name": "staff", "scheduler_weight": 9}],
-        "users": [{"name": "alice", "group": "new"}, {"name": "zed", "group": "new"}],
-        "backends": [{"name": "gpu1", "url": "http://h:9", "engine": "vllm"}]}
+GOOD = {
+    "groups": [{"name": "new", "scheduler_weight": 1}, {"name": "staff", "scheduler_weight": 9}],
+    "users": [{"name": "alice", "group": "new"}, {"name": "zed", "group": "new"}],
+    "backends": [{"name": "gpu1", "url": "http://h:9", "engine": "vllm"}],
+}
 
 
 def plus(section: str, entry: object) -> dict:
@@ -535,23 +615,29 @@ def plus(section: str, entry: object) -> dict:
     return {**GOOD, section: [*GOOD[section], entry]}
 
 
-@pytest.mark.parametrize("doc, needle", [
-    ([], "must be a table"),
-    ({**GOOD, "secrets": []}, "unknown section 'secrets'"),
-    ({**GOOD, "version": 2}, "version 2"),
-    ({**GOOD, "groups": {"name": "x"}}, "must be a list"),
-    (plus("groups", "x"), "groups[2] must be a table"),
-    (plus("groups", {"name": "x"}), "lacks 'scheduler_weight'"),
-    (plus("groups", {"name": "x", "scheduler_weight": 1, "color": "red"}), "unknown field 'color'"),
-    (plus("groups", {"name": "x y", "scheduler_weight": 1}), "groups[2]: group name"),
-    (plus("groups", {"name": "x", "scheduler_weight": -1}), "groups[2]: cannot set the weight"),
-    (plus("groups", {"name": "NEW", "scheduler_weight": 2}), "repeats"),
-    (plus("users", {"name": "eve", "group": "nobody"}), "group 'nobody'"),
-    (plus("users", {"name": "eve", "group": "staff", "weight_override": 0}), "users[2]"),
-    (plus("backends", {"name": "b", "url": "nope", "engine": "ollama"}), "backends[1]"),
-    (plus("backends", {"name": "b", "url": "http://h:1", "engine": "tgi"}), "engine 'tgi'"),
-    (plus("backends", {"name": "b", "url": "http://h:1", "engine": "ollama", "max_concurrent": 0}), "max_concurrent"),
-])
+@pytest.mark.parametrize(
+    "doc, needle",
+    [
+        ([], "must be a table"),
+        ({**GOOD, "secrets": []}, "unknown section 'secrets'"),
+        ({**GOOD, "version": 2}, "version 2"),
+        ({**GOOD, "groups": {"name": "x"}}, "must be a list"),
+        (plus("groups", "x"), "groups[2] must be a table"),
+        (plus("groups", {"name": "x"}), "lacks 'scheduler_weight'"),
+        (plus("groups", {"name": "x", "scheduler_weight": 1, "color": "red"}), "unknown field 'color'"),
+        (plus("groups", {"name": "x y", "scheduler_weight": 1}), "groups[2]: group name"),
+        (plus("groups", {"name": "x", "scheduler_weight": -1}), "groups[2]: cannot set the weight"),
+        (plus("groups", {"name": "NEW", "scheduler_weight": 2}), "repeats"),
+        (plus("users", {"name": "eve", "group": "nobody"}), "group 'nobody'"),
+        (plus("users", {"name": "eve", "group": "staff", "weight_override": 0}), "users[2]"),
+        (plus("backends", {"name": "b", "url": "nope", "engine": "ollama"}), "backends[1]"),
+        (plus("backends", {"name": "b", "url": "http://h:1", "engine": "tgi"}), "engine 'tgi'"),
+        (
+            plus("backends", {"name": "b", "url": "http://h:1", "engine": "ollama", "max_concurrent": 0}),
+            "max_concurrent",
+        ),
+    ],
+)
 def test_bad_import_changes_nothing(st: Store, doc: object, needle: str) -> None:
     st.add_user("alice", "staff")
     st.add_backend("gpu1", "http://h:1", "ollama")
@@ -574,11 +660,15 @@ def test_import_rolls_back_when_a_write_fails(st: Store, monkeypatch: pytest.Mon
 
     monkeypatch.setattr(store_module, "_validate_import", sneaky)
     with pytest.raises(sqlite3.IntegrityError):
-        st.import_({"groups": [{"name": "new", "scheduler_weight": 1}],
-                    "backends": [{"name": "b", "url": "http://h:1", "engine": "ollama"}]})
+        st.import_(
+            {
+                "groups": [{"name": "new", "scheduler_weight": 1}],
+                "backends": [{"name": "b", "url": "http://h:1", "engine": "ollama"}],
+            }
+        )
     assert st.export() == before
 
 
 def test_exported_members() -> None:
     assert all(hasattr(store_module, name) for name in store_module.__all__)
-    assert sorted(store_module.__all__) == store_module.__all__
+    assert len(set(store_module.__all__)) == len(store_module.__all__)

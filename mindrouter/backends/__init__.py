@@ -13,13 +13,13 @@ from .openai import OpenAIAdapter
 from .vllm import VllmAdapter
 
 __all__ = [
+    "ENGINES",
+    "INFERENCE_PATHS",
     "Adapter",
     "BackendError",
     "Call",
     "Dialect",
-    "ENGINES",
     "Family",
-    "INFERENCE_PATHS",
     "Kind",
     "LlamaCppAdapter",
     "OllamaAdapter",

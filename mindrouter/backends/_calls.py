@@ -40,7 +40,7 @@ def _text_of(content: Any, where: str) -> tuple[int, bool]:
     chars, image = 0, False
     for part in content:
         if not isinstance(part, dict):
-            raise _fail(f"{where} content parts must be objects with a \"type\".")
+            raise _fail(f'{where} content parts must be objects with a "type".')
         kind = part.get("type")
         if kind == "text":
             text = part.get("text")
@@ -65,7 +65,7 @@ def _messages(body: dict[str, Any], required: bool) -> tuple[int, bool]:
         n, has = _text_of(message.get("content"), f"messages[{i}]")
         images = message.get("images")
         if images is not None and not (isinstance(images, list) and all(isinstance(x, str) for x in images)):
-            raise _fail(f'messages[{i}].images must be a list of base64 strings.')
+            raise _fail(f"messages[{i}].images must be a list of base64 strings.")
         chars += n
         image = image or has or bool(images)
     return chars, image
@@ -129,7 +129,11 @@ def inspect_body(dialect: Dialect, kind: Kind, path: str, body: dict[str, Any]) 
         _optional(options, key, (int, float), "a number")
     _optional(options, "seed", int, "an integer")
     stop = options.get("stop")
-    if stop is not None and not isinstance(stop, str) and not (isinstance(stop, list) and all(isinstance(s, str) for s in stop)):
+    if (
+        stop is not None
+        and not isinstance(stop, str)
+        and not (isinstance(stop, list) and all(isinstance(s, str) for s in stop))
+    ):
         raise _fail('"stop" must be a string or a list of strings.')
 
     chars, image = 0, False

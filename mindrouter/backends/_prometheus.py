@@ -23,7 +23,11 @@ class Samples:
         if not reply.ok:
             return
         text = reply.body.decode(errors="replace")
-        keep = [line for line in text.splitlines() if line.startswith(names) or (line.startswith("#") and any(n in line for n in names))]
+        keep = [
+            line
+            for line in text.splitlines()
+            if line.startswith(names) or (line.startswith("#") and any(n in line for n in names))
+        ]
         try:
             for family in text_string_to_metric_families("\n".join(keep) + "\n"):
                 for sample in family.samples:

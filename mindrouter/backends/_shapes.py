@@ -34,7 +34,13 @@ __all__ = [
 ]
 
 DONE = b"data: [DONE]\n\n"
-_ERROR_TYPES = {400: "invalid_request_error", 401: "authentication_error", 403: "permission_error", 404: "not_found_error", 429: "rate_limit_error"}
+_ERROR_TYPES = {
+    400: "invalid_request_error",
+    401: "authentication_error",
+    403: "permission_error",
+    404: "not_found_error",
+    429: "rate_limit_error",
+}
 OPENAI_USAGE = (re.compile(rb'"prompt_tokens"\s*:\s*(\d+)'), re.compile(rb'"completion_tokens"\s*:\s*(\d+)'))
 OLLAMA_USAGE = (re.compile(rb'"prompt_eval_count"\s*:\s*(\d+)'), re.compile(rb'"eval_count"\s*:\s*(\d+)'))
 
@@ -134,7 +140,16 @@ def openai_tool_calls(calls: list[dict[str, Any]], start: int = 0) -> list[dict[
     for i, c in enumerate(calls, start):
         fn = c.get("function") or {}
         args = fn.get("arguments")
-        out.append({"id": f"call_{i + 1}", "type": "function", "function": {"name": fn.get("name", ""), "arguments": args if isinstance(args, str) else json.dumps(args or {})}})
+        out.append(
+            {
+                "id": f"call_{i + 1}",
+                "type": "function",
+                "function": {
+                    "name": fn.get("name", ""),
+                    "arguments": args if isinstance(args, str) else json.dumps(args or {}),
+                },
+            }
+        )
     return out
 
 
@@ -142,5 +157,3 @@ def openai_finish(obj: dict[str, Any], tool_calls: int) -> str:
     if tool_calls:
         return "tool_calls"
     return "length" if obj.get("done_reason") == "length" else "stop"
-
-

@@ -54,12 +54,12 @@ from ._types import Dialect, Family, Kind, StreamFailed, Usage
 from .upstream import MALFORMED, Upstream, describe
 
 __all__ = [
+    "INFERENCE_PATHS",
     "Adapter",
     "BackendError",
     "Call",
     "Dialect",
     "Family",
-    "INFERENCE_PATHS",
     "Kind",
     "Probe",
     "Upstream",
@@ -283,7 +283,9 @@ class Adapter(ABC):
             return Upstream(dialect=call.dialect, body=plan.synthetic, opened_at=opened_at)
         timeout = self._stream_timeout if plan.stream else self._body_timeout
         try:
-            resp = await self.session.post(self.base_url + plan.path, data=plan.data, headers=self._headers, timeout=timeout)
+            resp = await self.session.post(
+                self.base_url + plan.path, data=plan.data, headers=self._headers, timeout=timeout
+            )
         except _NETWORK_ERRORS as exc:
             raise BackendError(describe(exc)) from exc
         try:
@@ -314,4 +316,6 @@ class Adapter(ABC):
         except BaseException:
             resp.close()
             raise
-        return Upstream(dialect=call.dialect, first=first, events=events, response=resp, usage=rel.usage, opened_at=opened_at)
+        return Upstream(
+            dialect=call.dialect, first=first, events=events, response=resp, usage=rel.usage, opened_at=opened_at
+        )

@@ -49,7 +49,9 @@ class OllamaAdapter(Adapter):
         data = tags.json()
         listed = data.get("models") if isinstance(data, dict) else None
         if not isinstance(listed, list):
-            return Probe(healthy=False, error=f"{self.base_url}/api/tags did not list models; is this an Ollama server?")
+            return Probe(
+                healthy=False, error=f"{self.base_url}/api/tags did not list models; is this an Ollama server?"
+            )
         models: set[str] = set()
         sizes: dict[str, int] = {}
         for entry in listed:
@@ -88,10 +90,14 @@ class OllamaAdapter(Adapter):
                 ask.setdefault(key, names[0])
                 key_of.update((n, key) for n in names)
         asked = [(k, n) for k, n in ask.items() if k not in self._capabilities][:_SHOW_PER_POLL]
-        replies = await asyncio.gather(*(self.get("/api/show", method="POST", json_body={"model": n}) for _, n in asked))
+        replies = await asyncio.gather(
+            *(self.get("/api/show", method="POST", json_body={"model": n}) for _, n in asked)
+        )
         for (key, _), reply in zip(asked, replies, strict=True):
             info = reply.json() if reply.ok else None
             if isinstance(info, dict):
                 caps = info.get("capabilities")
-                self._capabilities[key] = frozenset(c for c in caps if isinstance(c, str)) if isinstance(caps, list) else frozenset()
+                self._capabilities[key] = (
+                    frozenset(c for c in caps if isinstance(c, str)) if isinstance(caps, list) else frozenset()
+                )
         return {n: self._capabilities[k] for n, k in key_of.items() if k in self._capabilities}

@@ -33,9 +33,14 @@ class OpenAIAdapter(Adapter):
         data = listed.json()
         entries = data.get("data") if isinstance(data, dict) else None
         if not isinstance(entries, list):
-            return Probe(healthy=False, error=f"{self.base_url}/v1/models did not list models; is this an OpenAI-compatible server?")
+            return Probe(
+                healthy=False,
+                error=f"{self.base_url}/v1/models did not list models; is this an OpenAI-compatible server?",
+            )
         ids = frozenset(e["id"] for e in entries if isinstance(e, dict) and isinstance(e.get("id"), str))
-        return self.telemetry(Probe(healthy=True, models=ids, loaded_models=ids), dict(zip(self.extra_paths, extra, strict=True)))
+        return self.telemetry(
+            Probe(healthy=True, models=ids, loaded_models=ids), dict(zip(self.extra_paths, extra, strict=True))
+        )
 
     def telemetry(self, probe: Probe, replies: dict[str, Reply]) -> Probe:
         """Add what the extra endpoints say to a healthy probe."""

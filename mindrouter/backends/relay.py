@@ -44,7 +44,16 @@ from ._shapes import (
 )
 from ._types import Plan, StreamFailed, Usage
 
-__all__ = ["NdjsonPassthrough", "OllamaToOpenAI", "OpenAIToOllama", "Relay", "SsePassthrough", "convert_body", "events", "make_relay"]
+__all__ = [
+    "NdjsonPassthrough",
+    "OllamaToOpenAI",
+    "OpenAIToOllama",
+    "Relay",
+    "SsePassthrough",
+    "convert_body",
+    "events",
+    "make_relay",
+]
 
 
 class Relay:
@@ -137,7 +146,10 @@ class OllamaToOpenAI(Relay):
         if message.get("thinking"):
             delta["reasoning_content"] = message["thinking"]
         if message.get("tool_calls"):
-            delta["tool_calls"] = [dict(c, index=self.tools + i) for i, c in enumerate(openai_tool_calls(message["tool_calls"], self.tools))]
+            delta["tool_calls"] = [
+                dict(c, index=self.tools + i)
+                for i, c in enumerate(openai_tool_calls(message["tool_calls"], self.tools))
+            ]
             self.tools += len(delta["tool_calls"])
         return {"index": 0, "delta": delta, "logprobs": None, "finish_reason": finish}
 
@@ -217,7 +229,9 @@ class OpenAIToOllama(Relay):
         first = self.first_ns or now
         obj = ollama_done(self.plan, "", self.finish, self.usage)
         if self.calls and self.key == "message":
-            obj["message"]["tool_calls"] = [ollama_tool_call(c["name"], c["arguments"]) for _, c in sorted(self.calls.items())]
+            obj["message"]["tool_calls"] = [
+                ollama_tool_call(c["name"], c["arguments"]) for _, c in sorted(self.calls.items())
+            ]
         obj.update(
             total_duration=now - self.started_ns,
             load_duration=0,
@@ -325,13 +339,21 @@ def _ollama_answer(plan: Plan, obj: dict[str, Any], usage: Usage, elapsed_ns: in
         vectors = [d.get("embedding") for d in sorted(obj.get("data") or (), key=lambda d: d.get("index", 0))]
         if plan.legacy_embeddings:
             return {"embedding": vectors[0] if vectors else []}
-        return {"model": plan.model, "embeddings": vectors, "total_duration": elapsed_ns, "load_duration": 0, "prompt_eval_count": usage.prompt_tokens or 0}
+        return {
+            "model": plan.model,
+            "embeddings": vectors,
+            "total_duration": elapsed_ns,
+            "load_duration": 0,
+            "prompt_eval_count": usage.prompt_tokens or 0,
+        }
     choice = (obj.get("choices") or [{}])[0]
     message = choice.get("message") or {}
     text = (message.get("content") if plan.upstream_kind == "chat" else choice.get("text")) or ""
     out = ollama_done(plan, text, choice.get("finish_reason"), usage)
     if message.get("tool_calls") and plan.client_kind == "chat":
-        out["message"]["tool_calls"] = [ollama_tool_call(c["function"]["name"], c["function"].get("arguments")) for c in message["tool_calls"]]
+        out["message"]["tool_calls"] = [
+            ollama_tool_call(c["function"]["name"], c["function"].get("arguments")) for c in message["tool_calls"]
+        ]
     thinking = message.get("reasoning_content") or message.get("reasoning")
     if thinking and plan.client_kind == "chat":
         out["message"]["thinking"] = thinking

@@ -57,7 +57,9 @@ def plan(call: Call, model: str, family: Family) -> Plan:
     return _to_openai(call, model)
 
 
-def _plan(call: Call, path: str, body: dict[str, Any] | bytes, family: Family, upstream_kind: str, **extra: Any) -> Plan:
+def _plan(
+    call: Call, path: str, body: dict[str, Any] | bytes, family: Family, upstream_kind: str, **extra: Any
+) -> Plan:
     data = body if isinstance(body, bytes) else dumps(body)
     return Plan(
         path=path,
@@ -103,7 +105,9 @@ def _to_ollama(call: Call, model: str) -> Plan:
         out: dict[str, Any] = {"model": model, "input": inputs}
         if b.get("dimensions"):
             out["dimensions"] = b["dimensions"]
-        return _plan(call, "/api/embed", out, "ollama", "embeddings", base64_embeddings=b.get("encoding_format") == "base64")
+        return _plan(
+            call, "/api/embed", out, "ollama", "embeddings", base64_embeddings=b.get("encoding_format") == "base64"
+        )
     out = {"model": model, "stream": call.stream}
     options = {k: b[k] for k in _SHARED_OPTIONS if b.get(k) is not None}
     limit = b.get("max_completion_tokens") or b.get("max_tokens")
@@ -161,7 +165,8 @@ def _ollama_message(m: dict[str, Any], i: int) -> dict[str, Any]:
     calls = m.get("tool_calls")
     if calls:
         out["tool_calls"] = [
-            {"function": {"name": c["function"]["name"], "arguments": _arguments(c["function"].get("arguments"), i)}} for c in calls
+            {"function": {"name": c["function"]["name"], "arguments": _arguments(c["function"].get("arguments"), i)}}
+            for c in calls
         ]
     if role == "tool" and m.get("name"):
         out["tool_name"] = m["name"]
@@ -188,7 +193,13 @@ def _to_openai(call: Call, model: str) -> Plan:
         if b.get("dimensions"):
             out["dimensions"] = b["dimensions"]
         return _plan(call, "/v1/embeddings", out, "openai", "embeddings")
-    if call.kind == "chat" and not b.get("messages") or call.kind == "completion" and not b.get("prompt") and not b.get("images"):
+    if (
+        (call.kind == "chat"
+        and not b.get("messages"))
+        or (call.kind == "completion"
+        and not b.get("prompt")
+        and not b.get("images"))
+    ):
         return _plan(call, "", b"", "openai", call.kind, synthetic=_load_answer(call))  # Ollama's "load the model" call
     out = {"model": model}
     o = b.get("options") or {}
@@ -216,7 +227,9 @@ def _to_openai(call: Call, model: str) -> Plan:
             out["tools"] = b["tools"]
     else:
         user: dict[str, Any] = {"role": "user", "content": b.get("prompt") or "", "images": b.get("images")}
-        out["messages"] = _openai_messages([{"role": "system", "content": b["system"]}, user] if b.get("system") else [user])
+        out["messages"] = _openai_messages(
+            [{"role": "system", "content": b["system"]}, user] if b.get("system") else [user]
+        )
     return _plan(call, "/v1/chat/completions", out, "openai", "chat")
 
 
@@ -257,7 +270,14 @@ def _openai_messages(messages: list[dict[str, Any]]) -> list[dict[str, Any]]:
                 pending.append((call_id, fn.get("name", "")))
                 args = fn.get("arguments")
                 msg["tool_calls"].append(
-                    {"id": call_id, "type": "function", "function": {"name": fn.get("name", ""), "arguments": args if isinstance(args, str) else json.dumps(args or {})}}
+                    {
+                        "id": call_id,
+                        "type": "function",
+                        "function": {
+                            "name": fn.get("name", ""),
+                            "arguments": args if isinstance(args, str) else json.dumps(args or {}),
+                        },
+                    }
                 )
         if m["role"] == "tool":
             match = next((p for p in pending if p[1] == m.get("tool_name")), pending[0] if pending else None)

@@ -38,8 +38,24 @@ def _register_all() -> None:
 
 
 #: Command modules, in the order their commands appear in ``mr --help``.
-_COMMAND_MODULES = ["serve", "status", "group", "user", "backend", "models", "gpu", "queue", "decisions",
-                    "top", "share", "why", "simulate", "agent", "config_cmd", "transfer"]
+_COMMAND_MODULES = [
+    "serve",
+    "status",
+    "group",
+    "user",
+    "backend",
+    "models",
+    "gpu",
+    "queue",
+    "decisions",
+    "top",
+    "share",
+    "why",
+    "simulate",
+    "agent",
+    "config_cmd",
+    "transfer",
+]
 
 _register_all()
 

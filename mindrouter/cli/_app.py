@@ -58,7 +58,12 @@ class Application:
 
 ConfigOption = Annotated[
     Path | None,
-    typer.Option("--config", metavar="FILE", help="Settings file (also $MR_CONFIG); it names the daemon's socket.", show_default=False),
+    typer.Option(
+        "--config",
+        metavar="FILE",
+        help="Settings file (also $MR_CONFIG); it names the daemon's socket.",
+        show_default=False,
+    ),
 ]
 JsonOption = Annotated[bool, typer.Option("--json", help="Print JSON instead of a table.")]
 
@@ -77,7 +82,9 @@ def _root(ctx: typer.Context, config: ConfigOption = None) -> None:
     ctx.obj = Application(config_arg=config)
 
 
-ROOT_EPILOG = "Run `mr COMMAND --help` for a command's options and an example.\n\nExample: mr --config ~/lab.toml status"
+ROOT_EPILOG = (
+    "Run `mr COMMAND --help` for a command's options and an example.\n\nExample: mr --config ~/lab.toml status"
+)
 
 
 def install(app: typer.Typer) -> None:

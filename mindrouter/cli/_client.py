@@ -93,7 +93,10 @@ class AdminClient:
         try:
             return json.loads(data)
         except ValueError as exc:
-            raise RequestError(f"the daemon sent {method} {path} an answer that is not JSON; is the socket {self.socket_path} really `mr serve`'s?", status=502) from exc
+            raise RequestError(
+                f"the daemon sent {method} {path} an answer that is not JSON; is the socket {self.socket_path} really `mr serve`'s?",
+                status=502,
+            ) from exc
 
     def stream(self, path: str, **query: Any) -> Iterator[dict[str, Any]]:
         """Yield the JSON objects of an NDJSON stream, one per line, until the daemon closes it.
@@ -110,7 +113,9 @@ class AdminClient:
                 try:
                     line = resp.readline()
                 except (OSError, http.client.HTTPException) as exc:
-                    raise DaemonUnreachable(f"the daemon at {self.socket_path} closed the stream ({_reason(exc)}); run the command again once `mr serve` is back") from exc
+                    raise DaemonUnreachable(
+                        f"the daemon at {self.socket_path} closed the stream ({_reason(exc)}); run the command again once `mr serve` is back"
+                    ) from exc
                 if not line:
                     return
                 line = line.strip()
@@ -124,7 +129,9 @@ class AdminClient:
 
     # -- plumbing ------------------------------------------------------------
 
-    def _open(self, method: str, path: str, body: Any, timeout: float | None | str = "default") -> tuple[_UnixConnection, http.client.HTTPResponse]:
+    def _open(
+        self, method: str, path: str, body: Any, timeout: float | str | None = "default"
+    ) -> tuple[_UnixConnection, http.client.HTTPResponse]:
         conn = _UnixConnection(self.socket_path, self.timeout if timeout == "default" else timeout)  # type: ignore[arg-type]
         headers = {"Accept": "application/json"}
         payload = None
@@ -136,10 +143,14 @@ class AdminClient:
             return conn, conn.getresponse()
         except PermissionError as exc:
             conn.close()
-            raise DaemonUnreachable(f"no permission to use the daemon's socket {self.socket_path}; run mr as the user that runs `mr serve`") from exc
+            raise DaemonUnreachable(
+                f"no permission to use the daemon's socket {self.socket_path}; run mr as the user that runs `mr serve`"
+            ) from exc
         except TimeoutError as exc:
             conn.close()
-            raise DaemonUnreachable(f"the daemon at {self.socket_path} did not answer within {self.timeout:g} s; is `mr serve` stuck?") from exc
+            raise DaemonUnreachable(
+                f"the daemon at {self.socket_path} did not answer within {self.timeout:g} s; is `mr serve` stuck?"
+            ) from exc
         except (OSError, http.client.HTTPException) as exc:
             conn.close()
             raise DaemonUnreachable(f"cannot reach the daemon at {self.socket_path}; is `mr serve` running?") from exc
@@ -148,9 +159,13 @@ class AdminClient:
         try:
             return resp.read()
         except TimeoutError as exc:
-            raise DaemonUnreachable(f"the daemon at {self.socket_path} did not finish answering {method} {path} within {self.timeout:g} s") from exc
+            raise DaemonUnreachable(
+                f"the daemon at {self.socket_path} did not finish answering {method} {path} within {self.timeout:g} s"
+            ) from exc
         except (OSError, http.client.HTTPException) as exc:
-            raise DaemonUnreachable(f"the daemon at {self.socket_path} hung up while answering {method} {path}; is `mr serve` still running?") from exc
+            raise DaemonUnreachable(
+                f"the daemon at {self.socket_path} hung up while answering {method} {path}; is `mr serve` still running?"
+            ) from exc
 
     def _error(self, status: int, data: bytes, method: str, path: str) -> RequestError:
         message = code = None

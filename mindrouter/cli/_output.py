@@ -95,11 +95,28 @@ class Column:
         return NA if value is None else str(value)
 
 
-def table(rows: Sequence[Mapping[str, Any]], columns: Sequence[Column], *, title: str | None = None, empty: str | None = None) -> Table:
+def table(
+    rows: Sequence[Mapping[str, Any]], columns: Sequence[Column], *, title: str | None = None, empty: str | None = None
+) -> Table:
     """A rich table of ``rows``; ``empty`` is shown as its only row when there are none."""
-    t = Table(title=title, box=box.SIMPLE_HEAD, show_edge=False, title_justify="left", title_style="bold", header_style="bold", pad_edge=False)
+    t = Table(
+        title=title,
+        box=box.SIMPLE_HEAD,
+        show_edge=False,
+        title_justify="left",
+        title_style="bold",
+        header_style="bold",
+        pad_edge=False,
+    )
     for col in columns:
-        t.add_column(col.header, justify=col.justify, style=col.style, min_width=col.min_width, max_width=col.max_width, overflow="fold")  # type: ignore[arg-type]
+        t.add_column(
+            col.header,
+            justify=col.justify,
+            style=col.style,
+            min_width=col.min_width,
+            max_width=col.max_width,
+            overflow="fold",
+        )  # type: ignore[arg-type]
     for row in rows:
         t.add_row(*(col.cell(row) for col in columns))
     if not rows and empty:
@@ -107,7 +124,14 @@ def table(rows: Sequence[Mapping[str, Any]], columns: Sequence[Column], *, title
     return t
 
 
-def print_rows(rows: Sequence[Mapping[str, Any]], columns: Sequence[Column], *, as_json: bool, title: str | None = None, empty: str | None = None) -> None:
+def print_rows(
+    rows: Sequence[Mapping[str, Any]],
+    columns: Sequence[Column],
+    *,
+    as_json: bool,
+    title: str | None = None,
+    empty: str | None = None,
+) -> None:
     """The list commands' output: a JSON array of the rows, or their table."""
     if as_json:
         print_json(list(rows))

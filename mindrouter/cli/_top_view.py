@@ -158,7 +158,9 @@ def _gpus(data: Mapping[str, Any], bars: int) -> Section:
         _Col("gpu", lambda r: f"{fmt_num(r.get('index'))} {r.get('name') or ''}".strip(), 5, ratio=2),
         _Col("util", lambda r: bar(_gpu_util(r), bars), bars + 5),
         _Col("memory", lambda r: bar(_gpu_mem(r), bars), bars + 5, drop=2),
-        _Col("temp", lambda r: "n/a" if r.get("temperature_c") is None else f"{r['temperature_c']}°C", 5, "right", drop=3),
+        _Col(
+            "temp", lambda r: "n/a" if r.get("temperature_c") is None else f"{r['temperature_c']}°C", 5, "right", drop=3
+        ),
         _Col("", lambda r: Text("stale", style="yellow") if r.get("_stale") else "", 5, drop=1),
     ]
     return Section(Text("GPUs", style="bold"), cols, rows, "no GPU readings", rank=3)
@@ -174,8 +176,15 @@ def _queue(data: Mapping[str, Any]) -> Section:
         _Col("oldest wait", lambda r: fmt_duration(r.get("oldest_wait_seconds")), 11, "right", drop=1),
     ]
     title = Text("Queue", style="bold")
-    title.append(f"  {fmt_num(q.get('total', 0))} queued · {fmt_num(q.get('running', 0))} running"
-                 + (f" · avg wait {fmt_duration(q.get('average_wait_seconds'))} · oldest {fmt_duration(q.get('oldest_wait_seconds'))}" if q.get("total") else ""), style="dim")
+    title.append(
+        f"  {fmt_num(q.get('total', 0))} queued · {fmt_num(q.get('running', 0))} running"
+        + (
+            f" · avg wait {fmt_duration(q.get('average_wait_seconds'))} · oldest {fmt_duration(q.get('oldest_wait_seconds'))}"
+            if q.get("total")
+            else ""
+        ),
+        style="dim",
+    )
     return Section(title, cols, rows, "nothing queued", rank=2)
 
 
@@ -193,7 +202,10 @@ def _share(data: Mapping[str, Any]) -> Section:
         _Col("factor", lambda r: factor_text(r.get("factor")), 6, "right", drop=1),
     ]
     title = Text("Fair share", style="bold")
-    title.append(f"  last {fmt_duration(share.get('window_seconds'))} · {fmt_tokens(share.get('global_recent_tokens'))} tokens", style="dim")
+    title.append(
+        f"  last {fmt_duration(share.get('window_seconds'))} · {fmt_tokens(share.get('global_recent_tokens'))} tokens",
+        style="dim",
+    )
     return Section(title, cols, rows, "no users yet", rank=1)
 
 
@@ -204,7 +216,12 @@ def _decisions(data: Mapping[str, Any]) -> Section:
         _Col("request", lambda r: str(r.get("request_id")), 8, ratio=2),
         _Col("user", lambda r: str(r.get("user") or r.get("user_id")), 6, ratio=1),
         _Col("model", lambda r: str(r.get("model")), 6, ratio=2, drop=2),
-        _Col("backend", lambda r: Text(str(r.get("selected_backend") or r.get("selected_backend_id")), style="cyan"), 7, ratio=1),
+        _Col(
+            "backend",
+            lambda r: Text(str(r.get("selected_backend") or r.get("selected_backend_id")), style="cyan"),
+            7,
+            ratio=1,
+        ),
         _Col("waited", lambda r: fmt_duration(r.get("queue_wait")), 6, "right", drop=1),
         _Col("score", lambda r: fmt_num(_selected_score(r), 1), 6, "right", drop=4),
     ]
@@ -238,10 +255,21 @@ def _table(section: Section, width: int, rows: int) -> RenderableType:
         empty = Text(section.empty, style="dim")
         empty.truncate(width, overflow="ellipsis")
         return Group(title, empty)
-    t = Table(box=None, show_edge=False, pad_edge=False, padding=(0, 1, 0, 0), expand=True, width=width, header_style="bold dim",
-              title=title, title_justify="left")
+    t = Table(
+        box=None,
+        show_edge=False,
+        pad_edge=False,
+        padding=(0, 1, 0, 0),
+        expand=True,
+        width=width,
+        header_style="bold dim",
+        title=title,
+        title_justify="left",
+    )
     for col in cols:
-        t.add_column(col.header, justify=col.justify, no_wrap=True, overflow="ellipsis", min_width=col.min_width, ratio=col.ratio)  # type: ignore[arg-type]
+        t.add_column(
+            col.header, justify=col.justify, no_wrap=True, overflow="ellipsis", min_width=col.min_width, ratio=col.ratio
+        )  # type: ignore[arg-type]
     items = section.rows
     cut = 1 < rows < len(items)  # one line left: better the top row than only "… N more"
     for row in items[: rows - 1 if cut else rows]:
@@ -274,7 +302,15 @@ def _header(data: Mapping[str, Any] | None, width: int, now: float | None) -> Te
     return text
 
 
-def render_top(data: Mapping[str, Any] | None, width: int, height: int, *, socket: str = "", error: str | None = None, now: float | None = None) -> RenderableType:
+def render_top(
+    data: Mapping[str, Any] | None,
+    width: int,
+    height: int,
+    *,
+    socket: str = "",
+    error: str | None = None,
+    now: float | None = None,
+) -> RenderableType:
     """One frame of ``mr top``.
 
     Args:

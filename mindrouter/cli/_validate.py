@@ -39,7 +39,9 @@ def weight(value: object, what: str = "weight") -> float:
 def name(value: str, what: str) -> str:
     """A group, user or backend name: 1 to 64 letters, digits and . _ - @ +."""
     if not _NAME.match(value):
-        raise UsageError(f"{what} name {value!r} is not valid; use 1 to 64 letters, digits, '.', '_', '-', '@' or '+', starting with a letter or digit")
+        raise UsageError(
+            f"{what} name {value!r} is not valid; use 1 to 64 letters, digits, '.', '_', '-', '@' or '+', starting with a letter or digit"
+        )
     return value
 
 
@@ -80,7 +82,11 @@ def _int(value: str, option: str, minimum: int, example: str, maximum: int | Non
 
 def max_concurrent(value: str | None) -> int | None:
     """Requests a backend may serve at once: a whole number of at least 1."""
-    return None if value is None else _int(value, "--max-concurrent", 1, "a whole number of at least 1, such as 4", 100_000)
+    return (
+        None
+        if value is None
+        else _int(value, "--max-concurrent", 1, "a whole number of at least 1, such as 4", 100_000)
+    )
 
 
 def limit(value: str | None, option: str = "--limit") -> int | None:
@@ -110,7 +116,9 @@ def priority(value: str | None) -> float | None:
     try:
         number = float(value)
     except ValueError:
-        raise UsageError(f"--priority {value!r} is not a number; use points such as 10, or -10 for a fallback backend") from None
+        raise UsageError(
+            f"--priority {value!r} is not a number; use points such as 10, or -10 for a fallback backend"
+        ) from None
     if not math.isfinite(number):
         raise UsageError(f"--priority {value!r} must be a finite number, such as 10 or -10")
     return number

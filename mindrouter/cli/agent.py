@@ -27,9 +27,18 @@ def agent(
     ctx: typer.Context,
     host: Annotated[str, typer.Option(help="Address to listen on; 0.0.0.0 for every interface.")] = "127.0.0.1",
     port: Annotated[int, typer.Option(min=1, max=65535, help="TCP port.")] = 8485,
-    key: Annotated[str | None, typer.Option(envvar="MR_AGENT_KEY", show_envvar=True,
-                                            help="Require Authorization: Bearer KEY on every request.")] = None,
-    interval: Annotated[float | None, typer.Option(help="Seconds between NVML reads (default: gpu_poll_interval from the config's server section, 5).")] = None,
+    key: Annotated[
+        str | None,
+        typer.Option(
+            envvar="MR_AGENT_KEY", show_envvar=True, help="Require Authorization: Bearer KEY on every request."
+        ),
+    ] = None,
+    interval: Annotated[
+        float | None,
+        typer.Option(
+            help="Seconds between NVML reads (default: gpu_poll_interval from the config's server section, 5)."
+        ),
+    ] = None,
     config: ConfigOption = None,
 ) -> None:
     """Serve this machine's NVML readings at GET /gpus for a daemon on another machine (a backend's --node).
@@ -48,7 +57,10 @@ def agent(
     if key is None and not _is_loopback(host):
         logging.getLogger(__name__).warning(
             "listening on %s without a key: anyone who can reach port %d can read this machine's GPU readings; "
-            "set --key or MR_AGENT_KEY", host, port)
+            "set --key or MR_AGENT_KEY",
+            host,
+            port,
+        )
     run_agent(host, port, key, poll_interval=interval)
 
 

@@ -11,7 +11,18 @@ from rich.text import Text
 from . import _validate
 from ._app import ConfigOption, JsonOption, complete_from, get_app
 from ._client import quote_name
-from ._output import Column, console, fmt_duration, fmt_list, fmt_num, fmt_pct, print_changed, print_json, print_rows, status_text
+from ._output import (
+    Column,
+    console,
+    fmt_duration,
+    fmt_list,
+    fmt_num,
+    fmt_pct,
+    print_changed,
+    print_json,
+    print_rows,
+    status_text,
+)
 
 __all__ = ["COLUMNS", "backend_app", "register"]
 
@@ -45,7 +56,12 @@ COLUMNS = [
     Column("url", "url", style="dim"),
 ]
 
-BackendName = Annotated[str, typer.Argument(metavar="NAME", help="The backend's name.", autocompletion=complete_from("/admin/backends"), show_default=False)]
+BackendName = Annotated[
+    str,
+    typer.Argument(
+        metavar="NAME", help="The backend's name.", autocompletion=complete_from("/admin/backends"), show_default=False
+    ),
+]
 
 
 @backend_app.command("list")
@@ -61,14 +77,62 @@ def list_backends(ctx: typer.Context, json: JsonOption = False, config: ConfigOp
 @backend_app.command("add")
 def add(
     ctx: typer.Context,
-    name: Annotated[str, typer.Argument(metavar="NAME", help="A short name for the backend, such as ws3-ollama.", show_default=False)],
-    url: Annotated[str, typer.Argument(metavar="URL", help="The server's base URL, such as http://ws3.lab:11434.", show_default=False)],
-    engine: Annotated[str | None, typer.Option("--engine", "-e", metavar="ENGINE", help=f"Which server runs there: {', '.join(_validate.ENGINES)}.", show_default=False)] = None,
-    max_concurrent: Annotated[str | None, typer.Option(
-        "--max-concurrent", "-c", metavar="N", help="Requests it may serve at once (at least 1); the daemon's default when omitted.", show_default=False)] = None,
-    gpus: Annotated[str | None, typer.Option("--gpus", metavar="0,1", help="Indexes of the GPUs it runs on, so their utilization and free memory count.", show_default=False)] = None,
-    node: Annotated[str | None, typer.Option("--node", metavar="URL", help="The `mr agent` URL of the machine it runs on, when that is not this one.", show_default=False)] = None,
-    priority: Annotated[str | None, typer.Option("--priority", "-p", metavar="P", help="Points added to its score; negative makes it a fallback.", show_default=False)] = None,
+    name: Annotated[
+        str,
+        typer.Argument(metavar="NAME", help="A short name for the backend, such as ws3-ollama.", show_default=False),
+    ],
+    url: Annotated[
+        str,
+        typer.Argument(metavar="URL", help="The server's base URL, such as http://ws3.lab:11434.", show_default=False),
+    ],
+    engine: Annotated[
+        str | None,
+        typer.Option(
+            "--engine",
+            "-e",
+            metavar="ENGINE",
+            help=f"Which server runs there: {', '.join(_validate.ENGINES)}.",
+            show_default=False,
+        ),
+    ] = None,
+    max_concurrent: Annotated[
+        str | None,
+        typer.Option(
+            "--max-concurrent",
+            "-c",
+            metavar="N",
+            help="Requests it may serve at once (at least 1); the daemon's default when omitted.",
+            show_default=False,
+        ),
+    ] = None,
+    gpus: Annotated[
+        str | None,
+        typer.Option(
+            "--gpus",
+            metavar="0,1",
+            help="Indexes of the GPUs it runs on, so their utilization and free memory count.",
+            show_default=False,
+        ),
+    ] = None,
+    node: Annotated[
+        str | None,
+        typer.Option(
+            "--node",
+            metavar="URL",
+            help="The `mr agent` URL of the machine it runs on, when that is not this one.",
+            show_default=False,
+        ),
+    ] = None,
+    priority: Annotated[
+        str | None,
+        typer.Option(
+            "--priority",
+            "-p",
+            metavar="P",
+            help="Points added to its score; negative makes it a fallback.",
+            show_default=False,
+        ),
+    ] = None,
     json: JsonOption = False,
     config: ConfigOption = None,
 ) -> None:
@@ -95,9 +159,13 @@ def add(
     models = row.get("models") or []
     state = row.get("status", "unknown")
     note = f"{len(models)} model{'s' if len(models) != 1 else ''}" if models else "no models yet"
-    console().print(f"added backend [bold]{escape(name)}[/] ({escape(body['engine'])}, {escape(body['url'])}): {state}, {note}")
+    console().print(
+        f"added backend [bold]{escape(name)}[/] ({escape(body['engine'])}, {escape(body['url'])}): {state}, {note}"
+    )
     if state == "unhealthy" and row.get("error"):
-        console(stderr=True).print(f"[yellow]warning:[/] {escape(name)} did not answer its first probe: {escape(str(row['error']))}")
+        console(stderr=True).print(
+            f"[yellow]warning:[/] {escape(name)} did not answer its first probe: {escape(str(row['error']))}"
+        )
 
 
 @backend_app.command("drain")
@@ -107,7 +175,9 @@ def drain(ctx: typer.Context, name: BackendName, json: JsonOption = False, confi
     Example: mr backend drain ws3
     """
     row = get_app(ctx, config).client.post(f"/admin/backends/{quote_name(name)}/drain")
-    print_changed(row, json, f"draining [bold]{escape(name)}[/]: no new requests; {fmt_num(row.get('in_flight'))} still in flight")
+    print_changed(
+        row, json, f"draining [bold]{escape(name)}[/]: no new requests; {fmt_num(row.get('in_flight'))} still in flight"
+    )
 
 
 @backend_app.command("enable")

@@ -11,6 +11,7 @@ from __future__ import annotations
 import ast
 import dataclasses
 import inspect
+import itertools
 import os
 import tempfile
 import textwrap
@@ -49,7 +50,10 @@ _NOT_IN_FILE = {"scheduler": {"scores", "group_weights"}}
 
 #: What a field means, where its dataclass has no docstring for it.
 _EXTRA_DOCS = {
-    ("server", "host"): "Address the inference API (OpenAI- and Ollama-compatible) listens on; 0.0.0.0 for the whole lab network.",
+    (
+        "server",
+        "host",
+    ): "Address the inference API (OpenAI- and Ollama-compatible) listens on; 0.0.0.0 for the whole lab network.",
     ("server", "port"): "TCP port of the inference API.",
     ("server", "max_body_bytes"): "Largest request body accepted, in bytes.",
     ("server", "shutdown_grace_seconds"): "Seconds running requests may finish after a stop signal.",
@@ -77,10 +81,13 @@ def field_docs(cls: type) -> dict[str, str]:
         return {}
     body = tree.body[0].body if tree.body and isinstance(tree.body[0], ast.ClassDef) else []
     docs: dict[str, str] = {}
-    for node, after in zip(body, body[1:], strict=False):
-        if isinstance(node, ast.AnnAssign) and isinstance(node.target, ast.Name):
-            if isinstance(after, ast.Expr) and isinstance(after.value, ast.Constant) and isinstance(after.value.value, str):
-                docs[node.target.id] = " ".join(after.value.value.split())
+    for node, after in itertools.pairwise(body):
+        if isinstance(node, ast.AnnAssign) and isinstance(node.target, ast.Name) and (
+            isinstance(after, ast.Expr)
+            and isinstance(after.value, ast.Constant)
+            and isinstance(after.value.value, str)
+        ):
+            docs[node.target.id] = " ".join(after.value.value.split())
     return docs
 
 
@@ -110,7 +117,7 @@ def render_config(config: Config | None = None) -> str:
     lines = [
         f"# mindrouter settings, written by `mr config init` (mindrouter {VERSION}).",
         "# Every key is optional: each is shown commented out at its default.",
-        "# Remove the leading \"# \" of a line to change that setting.",
+        '# Remove the leading "# " of a line to change that setting.',
         "# SCHEDULER_* environment variables override this file; `mr config show`",
         "# prints the settings in effect.",
     ]
@@ -139,7 +146,12 @@ def render_config(config: Config | None = None) -> str:
 def effective_settings(config: Config) -> dict[str, Any]:
     """The settings in effect as plain data, the admin key masked."""
     out: dict[str, Any] = {"path": str(config.path) if config.path else None}
-    objects = {"server": config.server, "scheduler": config.scheduler, "scheduler.scores": config.scheduler.scores, "backends": config.backends}
+    objects = {
+        "server": config.server,
+        "scheduler": config.scheduler,
+        "scheduler.scores": config.scheduler.scores,
+        "backends": config.backends,
+    }
     for section, obj in objects.items():
         values = {f.name: getattr(obj, f.name) for f in _fields(section, type(obj))}
         if section == "server":
@@ -180,12 +192,22 @@ def init(
         os.chmod(tmp, 0o600)  # it may come to hold the admin key
         os.replace(tmp, target)
     except OSError as exc:
-        raise MindRouterError(f"cannot write {target}: {exc.strerror or exc}; choose another place with --config") from exc
+        raise MindRouterError(
+            f"cannot write {target}: {exc.strerror or exc}; choose another place with --config"
+        ) from exc
     console().print(f"wrote {escape(str(target))}")
 
 
 def _section_table(title: str, values: dict[str, Any], defaults: dict[str, Any]) -> Table:
-    t = Table(title=Text(f"[{title}]"), title_justify="left", title_style="bold", box=box.SIMPLE_HEAD, show_edge=False, header_style="bold", pad_edge=False)
+    t = Table(
+        title=Text(f"[{title}]"),
+        title_justify="left",
+        title_style="bold",
+        box=box.SIMPLE_HEAD,
+        show_edge=False,
+        header_style="bold",
+        pad_edge=False,
+    )
     t.add_column("key")
     t.add_column("value")
     t.add_column("default", style="dim")
@@ -194,7 +216,11 @@ def _section_table(title: str, values: dict[str, Any], defaults: dict[str, Any])
             continue
         default = defaults.get(key, value)
         changed = key in defaults and value != default
-        t.add_row(key, f"[bold]{escape(repr(value))}[/]" if changed else escape(repr(value)), escape(repr(default)) if changed else "")
+        t.add_row(
+            key,
+            f"[bold]{escape(repr(value))}[/]" if changed else escape(repr(value)),
+            escape(repr(default)) if changed else "",
+        )
     return t
 
 

@@ -58,9 +58,9 @@ def decision_line(record: Mapping[str, Any]) -> Text:
     """One decision on one line, for ``--follow`` where a table cannot grow."""
     text = Text()
     text.append(f"{fmt_time(record.get('wall_time')):>8}  ", style="dim")
-    text.append(f"{str(record.get('request_id', 'n/a')):<20} ", style="bold")
+    text.append(f"{record.get('request_id', 'n/a')!s:<20} ", style="bold")
     text.append(f"{_user(record):<22} ")
-    text.append(f"{str(record.get('model', 'n/a')):<18} ")
+    text.append(f"{record.get('model', 'n/a')!s:<18} ")
     text.append(f"→ {_backend(record):<14}", style="cyan")
     text.append(f" waited {fmt_duration(record.get('queue_wait')):>7}")
     text.append(f"  priority {fmt_num(_priority(record), 1)}  score {fmt_num(_score(record), 1)}", style="dim")
@@ -73,9 +73,30 @@ def _key(record: Mapping[str, Any]) -> tuple[Any, Any]:
 
 def decisions(
     ctx: typer.Context,
-    follow: Annotated[bool, typer.Option("--follow", "-f", help="Keep printing decisions as they happen, until Ctrl-C.")] = False,
-    limit: Annotated[str | None, typer.Option("--limit", "-n", metavar="N", help="How many recent decisions to show first (default 20, or 10 with --follow).", show_default=False)] = None,
-    user: Annotated[str | None, typer.Option("--user", "-u", metavar="U", help="Only this user's requests.", autocompletion=complete_from("/admin/users"), show_default=False)] = None,
+    follow: Annotated[
+        bool, typer.Option("--follow", "-f", help="Keep printing decisions as they happen, until Ctrl-C.")
+    ] = False,
+    limit: Annotated[
+        str | None,
+        typer.Option(
+            "--limit",
+            "-n",
+            metavar="N",
+            help="How many recent decisions to show first (default 20, or 10 with --follow).",
+            show_default=False,
+        ),
+    ] = None,
+    user: Annotated[
+        str | None,
+        typer.Option(
+            "--user",
+            "-u",
+            metavar="U",
+            help="Only this user's requests.",
+            autocompletion=complete_from("/admin/users"),
+            show_default=False,
+        ),
+    ] = None,
     json: Annotated[bool, typer.Option("--json", help="Print one JSON record per line.")] = False,
     config: ConfigOption = None,
 ) -> None:
@@ -106,7 +127,9 @@ def decisions(
             _show([record], json, out)
     except KeyboardInterrupt:
         return
-    raise DaemonUnreachable(f"the daemon at {client.socket_path} closed the decision stream; is `mr serve` still running?")
+    raise DaemonUnreachable(
+        f"the daemon at {client.socket_path} closed the decision stream; is `mr serve` still running?"
+    )
 
 
 def _show(records: Iterable[Mapping[str, Any]], as_json: bool, out: Any) -> None:

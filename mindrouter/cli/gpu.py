@@ -16,7 +16,9 @@ __all__ = ["register"]
 
 
 def gpu(
-    json_output: Annotated[bool, typer.Option("--json", help="Print a JSON array of readings instead of a table.")] = False,
+    json_output: Annotated[
+        bool, typer.Option("--json", help="Print a JSON array of readings instead of a table.")
+    ] = False,
     config: ConfigOption = None,
 ) -> None:
     """Show this machine's NVIDIA GPUs: memory, utilization, temperature, power, processes.

@@ -22,7 +22,12 @@ COLUMNS = [
     Column("users", "users", fmt=fmt_count, justify="right"),
 ]
 
-GroupName = Annotated[str, typer.Argument(metavar="NAME", help="The group's name.", autocompletion=complete_from("/admin/groups"), show_default=False)]
+GroupName = Annotated[
+    str,
+    typer.Argument(
+        metavar="NAME", help="The group's name.", autocompletion=complete_from("/admin/groups"), show_default=False
+    ),
+]
 
 
 @group_app.command("list")
@@ -39,7 +44,15 @@ def list_groups(ctx: typer.Context, json: JsonOption = False, config: ConfigOpti
 def add(
     ctx: typer.Context,
     name: Annotated[str, typer.Argument(metavar="NAME", help="The new group's name.", show_default=False)],
-    weight: Annotated[str, typer.Option("--weight", "-w", metavar="W", help="Fair-share weight, a number greater than 0; a group of weight 3 gets three times the share of weight 1.")] = "1",
+    weight: Annotated[
+        str,
+        typer.Option(
+            "--weight",
+            "-w",
+            metavar="W",
+            help="Fair-share weight, a number greater than 0; a group of weight 3 gets three times the share of weight 1.",
+        ),
+    ] = "1",
     json: JsonOption = False,
     config: ConfigOption = None,
 ) -> None:
@@ -49,14 +62,20 @@ def add(
     """
     body = {"name": _validate.name(name, "group"), "weight": _validate.weight(weight)}
     row = get_app(ctx, config).client.post("/admin/groups", body)
-    print_changed(row, json, f"added group [bold]{escape(name)}[/] with weight {fmt_num(row.get('scheduler_weight', body['weight']))}")
+    print_changed(
+        row,
+        json,
+        f"added group [bold]{escape(name)}[/] with weight {fmt_num(row.get('scheduler_weight', body['weight']))}",
+    )
 
 
 @group_app.command("set-weight", context_settings={"ignore_unknown_options": True})  # so "-1" reaches the weight check
 def set_weight(
     ctx: typer.Context,
     name: GroupName,
-    weight: Annotated[str, typer.Argument(metavar="W", help="The new weight, a number greater than 0.", show_default=False)],
+    weight: Annotated[
+        str, typer.Argument(metavar="W", help="The new weight, a number greater than 0.", show_default=False)
+    ],
     json: JsonOption = False,
     config: ConfigOption = None,
 ) -> None:
@@ -68,7 +87,9 @@ def set_weight(
     """
     value = _validate.weight(weight)
     row = get_app(ctx, config).client.put(f"/admin/groups/{quote_name(name)}", {"weight": value})
-    print_changed(row, json, f"group [bold]{escape(name)}[/] now has weight {fmt_num(row.get('scheduler_weight', value))}")
+    print_changed(
+        row, json, f"group [bold]{escape(name)}[/] now has weight {fmt_num(row.get('scheduler_weight', value))}"
+    )
 
 
 @group_app.command("rm")

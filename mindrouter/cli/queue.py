@@ -34,7 +34,15 @@ def user_model_rows(queue: dict[str, Any]) -> list[dict[str, Any]]:
                 rows.append({"user": user, "model": model, "queued": count, "oldest_wait_seconds": wait})
     elif isinstance(pairs, list):
         rows = [dict(r) for r in pairs if isinstance(r, dict)]
-    return sorted(rows, key=lambda r: (-float(r.get("oldest_wait_seconds") or 0), -float(r.get("queued") or 0), str(r.get("user")), str(r.get("model"))))
+    return sorted(
+        rows,
+        key=lambda r: (
+            -float(r.get("oldest_wait_seconds") or 0),
+            -float(r.get("queued") or 0),
+            str(r.get("user")),
+            str(r.get("model")),
+        ),
+    )
 
 
 def queue_view(data: dict[str, Any]) -> Group:
@@ -52,29 +60,52 @@ def queue_view(data: dict[str, Any]) -> Group:
     parts: list[Any] = [summary]
     pairs = user_model_rows(q)
     if pairs:
-        parts.append(table(pairs, [
-            Column("user", "user", style="bold"), Column("model", "model"),
-            Column("queued", "queued", fmt=fmt_num, justify="right"),
-            Column("oldest_wait_seconds", "oldest wait", fmt=fmt_duration, justify="right"),
-        ], title="by user and model"))
+        parts.append(
+            table(
+                pairs,
+                [
+                    Column("user", "user", style="bold"),
+                    Column("model", "model"),
+                    Column("queued", "queued", fmt=fmt_num, justify="right"),
+                    Column("oldest_wait_seconds", "oldest wait", fmt=fmt_duration, justify="right"),
+                ],
+                title="by user and model",
+            )
+        )
     else:
         by_user = q.get("by_user_name") or q.get("by_user") or {}
-        parts.append(table([{"user": k, "queued": v} for k, v in sorted(by_user.items(), key=lambda kv: -kv[1])],
-                           [Column("user", "user", style="bold"), Column("queued", "queued", fmt=fmt_num, justify="right")],
-                           title="by user", empty="nothing queued"))
+        parts.append(
+            table(
+                [{"user": k, "queued": v} for k, v in sorted(by_user.items(), key=lambda kv: -kv[1])],
+                [Column("user", "user", style="bold"), Column("queued", "queued", fmt=fmt_num, justify="right")],
+                title="by user",
+                empty="nothing queued",
+            )
+        )
         by_model = q.get("by_model") or {}
-        parts.append(table([{"model": k, "queued": v} for k, v in sorted(by_model.items(), key=lambda kv: -kv[1])],
-                           [Column("model", "model", style="bold"), Column("queued", "queued", fmt=fmt_num, justify="right")],
-                           title="by model", empty="nothing queued"))
+        parts.append(
+            table(
+                [{"model": k, "queued": v} for k, v in sorted(by_model.items(), key=lambda kv: -kv[1])],
+                [Column("model", "model", style="bold"), Column("queued", "queued", fmt=fmt_num, justify="right")],
+                title="by model",
+                empty="nothing queued",
+            )
+        )
     stats = fair.get("user_stats") or []
     if stats:
-        parts.append(table(stats, [
-            Column("name", "user", getter=lambda r: r.get("name") or r.get("user_id"), style="bold"),
-            Column("group", "group"),
-            Column("weight", "weight", fmt=fmt_num, justify="right"),
-            Column("recent_tokens", "recent tokens", fmt=fmt_tokens, justify="right"),
-            Column("deficit", "deficit", fmt=lambda v: fmt_num(v, 0), justify="right"),
-        ], title=f"fair share ({fmt_tokens(fair.get('global_recent_tokens'))} recent tokens, {fmt_num(fair.get('total_users'))} users)"))
+        parts.append(
+            table(
+                stats,
+                [
+                    Column("name", "user", getter=lambda r: r.get("name") or r.get("user_id"), style="bold"),
+                    Column("group", "group"),
+                    Column("weight", "weight", fmt=fmt_num, justify="right"),
+                    Column("recent_tokens", "recent tokens", fmt=fmt_tokens, justify="right"),
+                    Column("deficit", "deficit", fmt=lambda v: fmt_num(v, 0), justify="right"),
+                ],
+                title=f"fair share ({fmt_tokens(fair.get('global_recent_tokens'))} recent tokens, {fmt_num(fair.get('total_users'))} users)",
+            )
+        )
     spaced: list[Any] = []
     for part in parts:
         spaced += [part, Text()]

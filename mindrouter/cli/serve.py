@@ -19,8 +19,16 @@ def serve(
     port: Annotated[int | None, typer.Option(help="TCP port for the inference API. [default: 8484]")] = None,
     socket: Annotated[str | None, typer.Option("--socket", help="Unix socket for the admin API.")] = None,
     state_dir: Annotated[str | None, typer.Option("--state-dir", help="Folder for the SQLite state.")] = None,
-    log_level: Annotated[str | None, typer.Option("--log-level", help="debug, info, warning or error. [default: info]")] = None,
-    discover: Annotated[bool, typer.Option("--discover/--no-discover", help="With no backend configured, look for Ollama (11434) and OpenAI-compatible servers (8000, 8080) on this machine.")] = True,
+    log_level: Annotated[
+        str | None, typer.Option("--log-level", help="debug, info, warning or error. [default: info]")
+    ] = None,
+    discover: Annotated[
+        bool,
+        typer.Option(
+            "--discover/--no-discover",
+            help="With no backend configured, look for Ollama (11434) and OpenAI-compatible servers (8000, 8080) on this machine.",
+        ),
+    ] = True,
 ) -> None:
     """Run the daemon: the inference API on TCP and the admin API on a Unix socket.
 

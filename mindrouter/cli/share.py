@@ -20,7 +20,18 @@ from ._output import console, factor_text, fmt_duration, fmt_num, fmt_pct, fmt_t
 
 __all__ = ["register", "share_rows", "share_table"]
 
-HEADERS = ["group / user", "weight", "norm share", "recent tokens", "actual share", "deficit", "burst", "factor", "queued", "running"]
+HEADERS = [
+    "group / user",
+    "weight",
+    "norm share",
+    "recent tokens",
+    "actual share",
+    "deficit",
+    "burst",
+    "factor",
+    "queued",
+    "running",
+]
 
 
 def share_rows(data: dict[str, Any]) -> list[tuple[str, dict[str, Any]]]:
@@ -32,25 +43,53 @@ def share_rows(data: dict[str, Any]) -> list[tuple[str, dict[str, Any]]]:
     for group in sorted(groups, key=lambda g: (-float(g.get("weight") or 0), str(g.get("name")))):
         out.append(("group", group))
         members = [u for u in users if u.get("group") == group.get("name")]
-        out.extend(("user", u) for u in sorted(members, key=lambda u: (-float(u.get("recent_tokens") or 0), str(u.get("name")))))
+        out.extend(
+            ("user", u)
+            for u in sorted(members, key=lambda u: (-float(u.get("recent_tokens") or 0), str(u.get("name"))))
+        )
     out.extend(("user", u) for u in users if u.get("group") not in known)
     return out
 
 
 def share_table(data: dict[str, Any]) -> Table:
-    t = Table(box=box.SIMPLE_HEAD, show_edge=False, header_style="bold", pad_edge=False,
-              title=f"fair share over the last {fmt_duration(data.get('window_seconds'))} ({fmt_tokens(data.get('global_recent_tokens'))} tokens)",
-              title_justify="left", title_style="bold")
+    t = Table(
+        box=box.SIMPLE_HEAD,
+        show_edge=False,
+        header_style="bold",
+        pad_edge=False,
+        title=f"fair share over the last {fmt_duration(data.get('window_seconds'))} ({fmt_tokens(data.get('global_recent_tokens'))} tokens)",
+        title_justify="left",
+        title_style="bold",
+    )
     for i, header in enumerate(HEADERS):
         t.add_column(header, justify="left" if i == 0 else "right", no_wrap=True)
     for kind, row in share_rows(data):
         if kind == "group":
-            t.add_row(Text(str(row.get("name")), style="bold"), fmt_num(row.get("weight")), fmt_pct(row.get("normalized_share"), 1),
-                      fmt_tokens(row.get("recent_tokens")), fmt_pct(row.get("actual_share"), 1), "", "", "", "", "")
+            t.add_row(
+                Text(str(row.get("name")), style="bold"),
+                fmt_num(row.get("weight")),
+                fmt_pct(row.get("normalized_share"), 1),
+                fmt_tokens(row.get("recent_tokens")),
+                fmt_pct(row.get("actual_share"), 1),
+                "",
+                "",
+                "",
+                "",
+                "",
+            )
         else:
-            t.add_row(f"  {row.get('name')}", fmt_num(row.get("weight")), fmt_pct(row.get("normalized_share"), 1),
-                      fmt_tokens(row.get("recent_tokens")), fmt_pct(row.get("actual_share"), 1), fmt_num(row.get("deficit"), 0),
-                      fmt_tokens(row.get("burst_credits")), factor_text(row.get("factor")), fmt_num(row.get("queued")), fmt_num(row.get("running")))
+            t.add_row(
+                f"  {row.get('name')}",
+                fmt_num(row.get("weight")),
+                fmt_pct(row.get("normalized_share"), 1),
+                fmt_tokens(row.get("recent_tokens")),
+                fmt_pct(row.get("actual_share"), 1),
+                fmt_num(row.get("deficit"), 0),
+                fmt_tokens(row.get("burst_credits")),
+                factor_text(row.get("factor")),
+                fmt_num(row.get("queued")),
+                fmt_num(row.get("running")),
+            )
     if not data.get("groups") and not data.get("users"):
         t.add_row(Text("no groups or users yet", style="dim"), *[""] * (len(HEADERS) - 1))
     return t

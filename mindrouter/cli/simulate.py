@@ -6,7 +6,7 @@ import json
 import sys
 import time
 from pathlib import Path
-from typing import Annotated, Optional
+from typing import Annotated
 
 import typer
 from rich.console import Console
@@ -40,9 +40,14 @@ class _LazyProgress:
         if self.progress is None:
             if time.perf_counter() - self.began < self.after:
                 return
-            self.progress = Progress(TextColumn("{task.description}"), BarColumn(),
-                                     TextColumn("{task.completed:.0f}/{task.total:.0f} s"), TimeRemainingColumn(),
-                                     console=self.console, transient=True)
+            self.progress = Progress(
+                TextColumn("{task.description}"),
+                BarColumn(),
+                TextColumn("{task.completed:.0f}/{task.total:.0f} s"),
+                TimeRemainingColumn(),
+                console=self.console,
+                transient=True,
+            )
             self.progress.start()
         task = self.tasks.get(phase)
         if task is None:
@@ -55,10 +60,22 @@ class _LazyProgress:
 
 
 def simulate(
-    scenario: Annotated[Optional[Path], typer.Argument(help="Scenario TOML file (its format: `python -m pydoc mindrouter.simulate`).", show_default=False)] = None,
-    example: Annotated[Optional[str], typer.Option("--example", help="Run a scenario shipped with mindrouter instead: scenario1, scenario2 or scenario3.")] = None,
-    duration: Annotated[Optional[float], typer.Option("--duration", help="Simulated seconds (overrides the file's duration).")] = None,
-    seed: Annotated[Optional[int], typer.Option("--seed", help="Random seed (overrides the file's seed).")] = None,
+    scenario: Annotated[
+        Path | None,
+        typer.Argument(
+            help="Scenario TOML file (its format: `python -m pydoc mindrouter.simulate`).", show_default=False
+        ),
+    ] = None,
+    example: Annotated[
+        str | None,
+        typer.Option(
+            "--example", help="Run a scenario shipped with mindrouter instead: scenario1, scenario2 or scenario3."
+        ),
+    ] = None,
+    duration: Annotated[
+        float | None, typer.Option("--duration", help="Simulated seconds (overrides the file's duration).")
+    ] = None,
+    seed: Annotated[int | None, typer.Option("--seed", help="Random seed (overrides the file's seed).")] = None,
     as_json: Annotated[bool, typer.Option("--json", help="Print one JSON object instead of a table.")] = False,
     config: ConfigOption = None,
 ) -> None:
@@ -72,7 +89,9 @@ def simulate(
     from ..simulate.scenario import example_names, load_example, load_scenario
 
     if (scenario is None) == (example is None):
-        raise UsageError("give a scenario file or --example NAME (one of " + ", ".join(example_names()) + "), not both or neither")
+        raise UsageError(
+            "give a scenario file or --example NAME (one of " + ", ".join(example_names()) + "), not both or neither"
+        )
     sc = load_example(example) if example is not None else load_scenario(scenario)  # type: ignore[arg-type]
     if duration is not None:
         if not duration > 0 or duration != duration or duration == float("inf"):
@@ -98,4 +117,7 @@ def simulate(
 
 
 def register(app: typer.Typer) -> None:
-    app.command("simulate", epilog="Example: mr simulate --example scenario3, or mr simulate examples/scenario3.toml --json --seed 2.")(simulate)
+    app.command(
+        "simulate",
+        epilog="Example: mr simulate --example scenario3, or mr simulate examples/scenario3.toml --json --seed 2.",
+    )(simulate)

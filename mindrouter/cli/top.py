@@ -129,8 +129,13 @@ def _interval(value: str) -> float:
 
 def top(
     ctx: typer.Context,
-    once: Annotated[bool, typer.Option("--once", help="Print one frame and exit (what happens anyway when stdout is not a terminal).")] = False,
-    interval: Annotated[str, typer.Option("--interval", "-i", metavar="SECONDS", help="Seconds between refreshes.")] = "1",
+    once: Annotated[
+        bool,
+        typer.Option("--once", help="Print one frame and exit (what happens anyway when stdout is not a terminal)."),
+    ] = False,
+    interval: Annotated[
+        str, typer.Option("--interval", "-i", metavar="SECONDS", help="Seconds between refreshes.")
+    ] = "1",
     json: Annotated[bool, typer.Option("--json", help="Print the /admin/top answer as JSON once and exit.")] = False,
     config: ConfigOption = None,
 ) -> None:
@@ -169,7 +174,10 @@ def _live(client: AdminClient, out: Console, seconds: float) -> None:
         width, height = out.size
         return render_top(data, width, height, socket=client.socket_path, error=error, now=time.time())
 
-    with KeyReader() as keys, Live(console=out, screen=True, auto_refresh=False, redirect_stdout=False, redirect_stderr=False) as live:
+    with (
+        KeyReader() as keys,
+        Live(console=out, screen=True, auto_refresh=False, redirect_stdout=False, redirect_stderr=False) as live,
+    ):
         while True:
             fresh, error = poll(client)
             data = fresh if fresh is not None else data

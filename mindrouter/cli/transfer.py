@@ -42,8 +42,23 @@ SETTABLE = {
 READ_ONLY = {
     "groups": {"users", "id"},
     "users": {"weight", "keys", "queued", "running", "recent_tokens", "id"},
-    "backends": {"id", "status", "healthy", "in_flight", "models", "loaded_models", "latency_ema", "tokens_per_second",
-                 "error", "utilization", "vram_free", "vram_total", "waiting", "completed", "failed"},
+    "backends": {
+        "id",
+        "status",
+        "healthy",
+        "in_flight",
+        "models",
+        "loaded_models",
+        "latency_ema",
+        "tokens_per_second",
+        "error",
+        "utilization",
+        "vram_free",
+        "vram_total",
+        "waiting",
+        "completed",
+        "failed",
+    },
 }
 #: Other names for a settable key (``mr group add`` says ``--weight``).
 ALIASES = {"groups": {"weight": "scheduler_weight"}, "users": {}, "backends": {}}
@@ -75,7 +90,7 @@ def _entry(kind: str, index: int, raw: Any) -> dict[str, Any]:
             entry["scheduler_weight"] = _validate.weight(entry["scheduler_weight"], where)
         elif kind == "users":
             if not isinstance(entry.get("group"), str):
-                raise UsageError(f"{where} needs a group, such as group = \"student\"")
+                raise UsageError(f'{where} needs a group, such as group = "student"')
             if entry.get("weight_override") is None:
                 entry.pop("weight_override", None)
             else:
@@ -140,8 +155,10 @@ def _drop_none(value: Any) -> Any:
 
 def to_toml(data: dict[str, Any]) -> str:
     """An export as TOML (nulls, which TOML cannot hold, are left out)."""
-    header = (f"# mindrouter pool exported {time.strftime('%Y-%m-%d %H:%M:%S %z')} by mindrouter {VERSION}.\n"
-              "# Groups, users (without their API keys) and backends; load it with `mr import FILE.toml`.\n\n")
+    header = (
+        f"# mindrouter pool exported {time.strftime('%Y-%m-%d %H:%M:%S %z')} by mindrouter {VERSION}.\n"
+        "# Groups, users (without their API keys) and backends; load it with `mr import FILE.toml`.\n\n"
+    )
     body: dict[str, Any] = {"version": data.get("version", 1)}
     body.update({kind: _drop_none(data.get(kind) or []) for kind in ("groups", "users", "backends")})
     return header + tomli_w.dumps(body)
@@ -163,8 +180,17 @@ def _read(file: Path) -> Any:
 
 def import_(
     ctx: typer.Context,
-    file: Annotated[Path, typer.Argument(metavar="FILE.toml", help="A file written by `mr export` (TOML, or JSON when it ends in .json).", show_default=False)],
-    dry_run: Annotated[bool, typer.Option("--dry-run", help="Check the file and say what it holds, without sending it.")] = False,
+    file: Annotated[
+        Path,
+        typer.Argument(
+            metavar="FILE.toml",
+            help="A file written by `mr export` (TOML, or JSON when it ends in .json).",
+            show_default=False,
+        ),
+    ],
+    dry_run: Annotated[
+        bool, typer.Option("--dry-run", help="Check the file and say what it holds, without sending it.")
+    ] = False,
     json: JsonOption = False,
     config: ConfigOption = None,
 ) -> None:
@@ -184,12 +210,17 @@ def import_(
         print_json(answer)
         return
     verb = "would import" if dry_run else "imported"
-    console().print(f"{verb} {answer.get('groups', 0)} groups, {answer.get('users', 0)} users and {answer.get('backends', 0)} backends from {escape(str(file))}")
+    console().print(
+        f"{verb} {answer.get('groups', 0)} groups, {answer.get('users', 0)} users and {answer.get('backends', 0)} backends from {escape(str(file))}"
+    )
 
 
 def export(
     ctx: typer.Context,
-    output: Annotated[Path | None, typer.Option("--output", "-o", metavar="FILE", help="Write to FILE instead of stdout.", show_default=False)] = None,
+    output: Annotated[
+        Path | None,
+        typer.Option("--output", "-o", metavar="FILE", help="Write to FILE instead of stdout.", show_default=False),
+    ] = None,
     json: JsonOption = False,
     config: ConfigOption = None,
 ) -> None:

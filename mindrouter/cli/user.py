@@ -34,10 +34,23 @@ COLUMNS = [
     Column("recent_tokens", "recent tokens", fmt=fmt_tokens, justify="right"),
 ]
 
-UserName = Annotated[str, typer.Argument(metavar="NAME", help="The user's name.", autocompletion=complete_from("/admin/users"), show_default=False)]
-GroupOption = Annotated[str | None, typer.Option(
-    "--group", "-g", metavar="G", help="The group the user belongs to (its weight applies unless the user has one).",
-    autocompletion=complete_from("/admin/groups"), show_default=False)]
+UserName = Annotated[
+    str,
+    typer.Argument(
+        metavar="NAME", help="The user's name.", autocompletion=complete_from("/admin/users"), show_default=False
+    ),
+]
+GroupOption = Annotated[
+    str | None,
+    typer.Option(
+        "--group",
+        "-g",
+        metavar="G",
+        help="The group the user belongs to (its weight applies unless the user has one).",
+        autocompletion=complete_from("/admin/groups"),
+        show_default=False,
+    ),
+]
 
 
 def _weight_note(row: dict[str, Any]) -> str:
@@ -63,7 +76,16 @@ def add(
     ctx: typer.Context,
     name: Annotated[str, typer.Argument(metavar="NAME", help="The new user's name.", show_default=False)],
     group: GroupOption = None,
-    weight: Annotated[str | None, typer.Option("--weight", "-w", metavar="W", help="A weight of the user's own instead of the group's, greater than 0.", show_default=False)] = None,
+    weight: Annotated[
+        str | None,
+        typer.Option(
+            "--weight",
+            "-w",
+            metavar="W",
+            help="A weight of the user's own instead of the group's, greater than 0.",
+            show_default=False,
+        ),
+    ] = None,
     json: JsonOption = False,
     config: ConfigOption = None,
 ) -> None:
@@ -78,15 +100,23 @@ def add(
     if weight is not None:
         body["weight"] = _validate.weight(weight)
     row = get_app(ctx, config).client.post("/admin/users", body)
-    print_changed(row, json, f"added user [bold]{escape(name)}[/] to group {escape(group)} ({_weight_note(row)}); create a key with `mr user key {escape(name)}`")
+    print_changed(
+        row,
+        json,
+        f"added user [bold]{escape(name)}[/] to group {escape(group)} ({_weight_note(row)}); create a key with `mr user key {escape(name)}`",
+    )
 
 
 @user_app.command("set-weight", context_settings={"ignore_unknown_options": True})  # so "-1" reaches the weight check
 def set_weight(
     ctx: typer.Context,
     name: UserName,
-    weight: Annotated[str | None, typer.Argument(metavar="[W]", help="The user's own weight, greater than 0.", show_default=False)] = None,
-    clear: Annotated[bool, typer.Option("--clear", help="Remove the user's own weight, so the group's applies again.")] = False,
+    weight: Annotated[
+        str | None, typer.Argument(metavar="[W]", help="The user's own weight, greater than 0.", show_default=False)
+    ] = None,
+    clear: Annotated[
+        bool, typer.Option("--clear", help="Remove the user's own weight, so the group's applies again.")
+    ] = False,
     json: JsonOption = False,
     config: ConfigOption = None,
 ) -> None:
@@ -97,7 +127,9 @@ def set_weight(
     if clear and weight is not None:
         raise UsageError("give either a weight or --clear, not both")
     if not clear and weight is None:
-        raise UsageError("give the user's new weight, such as `mr user set-weight alice 2`, or --clear to use the group's")
+        raise UsageError(
+            "give the user's new weight, such as `mr user set-weight alice 2`, or --clear to use the group's"
+        )
     value = None if clear else _validate.weight(weight)
     row = get_app(ctx, config).client.put(f"/admin/users/{quote_name(name)}", {"weight": value})
     print_changed(row, json, f"user [bold]{escape(name)}[/] now has {_weight_note(row)}")
@@ -107,7 +139,12 @@ def set_weight(
 def set_group(
     ctx: typer.Context,
     name: UserName,
-    group: Annotated[str, typer.Argument(metavar="G", help="The user's new group.", autocompletion=complete_from("/admin/groups"), show_default=False)],
+    group: Annotated[
+        str,
+        typer.Argument(
+            metavar="G", help="The user's new group.", autocompletion=complete_from("/admin/groups"), show_default=False
+        ),
+    ],
     json: JsonOption = False,
     config: ConfigOption = None,
 ) -> None:
@@ -116,7 +153,11 @@ def set_group(
     Example: mr user set-group bob staff
     """
     row = get_app(ctx, config).client.put(f"/admin/users/{quote_name(name)}", {"group": group})
-    print_changed(row, json, f"user [bold]{escape(name)}[/] is now in group {escape(str(row.get('group', group)))} ({_weight_note(row)})")
+    print_changed(
+        row,
+        json,
+        f"user [bold]{escape(name)}[/] is now in group {escape(str(row.get('group', group)))} ({_weight_note(row)})",
+    )
 
 
 @user_app.command("key")

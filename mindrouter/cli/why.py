@@ -46,7 +46,12 @@ PRIORITY_TERMS = [
     ("factor", "factor", "deprioritization for heavy use (1 = none)", lambda v: fmt_num(v, 3)),
     ("burst_credits", "burst credits", "idle-time credit (the same per unit of weight for all)", fmt_tokens),
     ("wait_bonus", "wait bonus", "added for time spent waiting", lambda v: fmt_num(v, 3)),
-    ("priority", "priority", "(deficit - in-flight) / weight - reference, lowered by factor, + wait bonus", lambda v: fmt_num(v, 3)),
+    (
+        "priority",
+        "priority",
+        "(deficit - in-flight) / weight - reference, lowered by factor, + wait bonus",
+        lambda v: fmt_num(v, 3),
+    ),
 ]
 
 
@@ -57,8 +62,11 @@ def _names(backends: list[Mapping[str, Any]]) -> dict[str, str]:
 def why_view(record: Mapping[str, Any], names: Mapping[str, str]) -> Group:
     """The explanation of one decision record as a rich renderable."""
     chosen = str(record.get("selected_backend_id"))
+
     def label(bid: str) -> str:
-        return names.get(bid) or (str(record.get("selected_backend")) if bid == chosen and record.get("selected_backend") else f"#{bid}")
+        return names.get(bid) or (
+            str(record.get("selected_backend")) if bid == chosen and record.get("selected_backend") else f"#{bid}"
+        )
 
     user = str(record.get("user") or record.get("user_id") or "n/a")
     group = record.get("user_group")
@@ -73,8 +81,15 @@ def why_view(record: Mapping[str, Any], names: Mapping[str, str]) -> Group:
 
     raw_terms = record.get("priority")
     terms: Mapping[str, Any] = raw_terms if isinstance(raw_terms, Mapping) else {}
-    prio = Table(title="priority terms (the highest priority is served first)", title_justify="left", title_style="bold",
-                 box=box.SIMPLE_HEAD, show_edge=False, header_style="bold", pad_edge=False)
+    prio = Table(
+        title="priority terms (the highest priority is served first)",
+        title_justify="left",
+        title_style="bold",
+        box=box.SIMPLE_HEAD,
+        show_edge=False,
+        header_style="bold",
+        pad_edge=False,
+    )
     prio.add_column("term")
     prio.add_column("value", justify="right")
     prio.add_column("meaning", style="dim")
@@ -90,8 +105,15 @@ def why_view(record: Mapping[str, Any], names: Mapping[str, str]) -> Group:
     scores = record.get("scores") or {}
     ids = [str(b) for b in record.get("candidate_backends") or []] or list(components) or list(scores)
     ids.sort(key=lambda b: -float((components.get(b) or {}).get("total", scores.get(b, 0)) or 0))
-    cand = Table(title="backends that could serve it (the highest total wins)", title_justify="left", title_style="bold",
-                 box=box.SIMPLE_HEAD, show_edge=False, header_style="bold", pad_edge=False)
+    cand = Table(
+        title="backends that could serve it (the highest total wins)",
+        title_justify="left",
+        title_style="bold",
+        box=box.SIMPLE_HEAD,
+        show_edge=False,
+        header_style="bold",
+        pad_edge=False,
+    )
     cand.add_column("backend")
     cand.add_column("total", justify="right")
     for _, header, _ in SCORE_TERMS:
@@ -102,7 +124,10 @@ def why_view(record: Mapping[str, Any], names: Mapping[str, str]) -> Group:
         cell = Text(label(bid), style="bold cyan" if bid == chosen else "")
         if bid == chosen:
             cell.append(" ✓", style="green")
-        cells = [fmt_num(row.get(key), 1) if key != "penalty" or not row.get(key) else f"-{fmt_num(row.get(key), 1)}" for key, _, _ in SCORE_TERMS]
+        cells = [
+            fmt_num(row.get(key), 1) if key != "penalty" or not row.get(key) else f"-{fmt_num(row.get(key), 1)}"
+            for key, _, _ in SCORE_TERMS
+        ]
         cand.add_row(cell, Text(fmt_num(total, 1), style="bold"), *cells)
     if not ids:
         cand.add_row(Text("none", style="dim"), *[""] * (len(SCORE_TERMS) + 1))
@@ -110,11 +135,21 @@ def why_view(record: Mapping[str, Any], names: Mapping[str, str]) -> Group:
     parts: list[Any] = [head, Text(), prio, Text(), cand]
     rejected = record.get("rejected") or {}
     if rejected:
-        refused = Table(title="backends refused", title_justify="left", title_style="bold", box=box.SIMPLE_HEAD, show_edge=False, header_style="bold", pad_edge=False)
+        refused = Table(
+            title="backends refused",
+            title_justify="left",
+            title_style="bold",
+            box=box.SIMPLE_HEAD,
+            show_edge=False,
+            header_style="bold",
+            pad_edge=False,
+        )
         refused.add_column("backend")
         refused.add_column("why not")
         for bid, reasons in sorted(rejected.items(), key=lambda kv: label(str(kv[0]))):
-            refused.add_row(label(str(bid)), "; ".join(map(str, reasons)) if isinstance(reasons, list) else str(reasons))
+            refused.add_row(
+                label(str(bid)), "; ".join(map(str, reasons)) if isinstance(reasons, list) else str(reasons)
+            )
         parts += [Text(), refused]
     legend = Text("score terms: " + "; ".join(f"{h} = {m}" for _, h, m in SCORE_TERMS), style="dim")
     parts += [Text(), legend]
@@ -123,7 +158,14 @@ def why_view(record: Mapping[str, Any], names: Mapping[str, str]) -> Group:
 
 def why(
     ctx: typer.Context,
-    request_id: Annotated[str, typer.Argument(metavar="REQUEST_ID", help="The request's id, from `mr decisions` or the X-Request-Id response header.", show_default=False)],
+    request_id: Annotated[
+        str,
+        typer.Argument(
+            metavar="REQUEST_ID",
+            help="The request's id, from `mr decisions` or the X-Request-Id response header.",
+            show_default=False,
+        ),
+    ],
     json: JsonOption = False,
     config: ConfigOption = None,
 ) -> None:

@@ -21,7 +21,7 @@ from ..store import AlreadyExists, InUse, InvalidValue, NotFound, StoreError
 from .keys import AUTH, CONFIG, DECISIONS, DISPATCHER, GPUS, REGISTRY, SCHEDULER, STATS, STORE
 from .responses import json_error
 
-__all__ = ["setup_admin_routes", "admin_middleware"]
+__all__ = ["admin_middleware", "setup_admin_routes"]
 
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 
@@ -34,7 +34,11 @@ async def admin_middleware(request: web.Request, handler: Handler) -> web.Stream
     if not isinstance(request.transport.get_extra_info("sockname") if request.transport else None, str):
         key = request.app[CONFIG].server.admin_key
         if not key or request.headers.get("Authorization", "") != f"Bearer {key}":
-            return json_error("admin calls on the TCP port need `Authorization: Bearer <admin_key>`; use the Unix socket (`mr` does) or set [server] admin_key", 401, "admin_key_required")
+            return json_error(
+                "admin calls on the TCP port need `Authorization: Bearer <admin_key>`; use the Unix socket (`mr` does) or set [server] admin_key",
+                401,
+                "admin_key_required",
+            )
     try:
         return await handler(request)
     except NotFound as exc:
@@ -155,7 +159,9 @@ async def list_users(request: web.Request) -> web.Response:
 async def add_user(request: web.Request) -> web.Response:
     data = await _body(request)
     weight = data.get("weight")
-    user = request.app[STORE].add_user(data.get("name"), data.get("group"), None if weight is None else check_weight(weight))
+    user = request.app[STORE].add_user(
+        data.get("name"), data.get("group"), None if weight is None else check_weight(weight)
+    )
     return web.json_response(_user_dict(request.app, user, {}), status=201)
 
 
@@ -164,7 +170,7 @@ async def set_user(request: web.Request) -> web.Response:
     name = request.match_info["name"]
     store = request.app[STORE]
     if not ("weight" in data or "group" in data):
-        raise InvalidValue("give a new \"weight\" (a number, or null to use the group's) or a new \"group\"")
+        raise InvalidValue('give a new "weight" (a number, or null to use the group\'s) or a new "group"')
     if "weight" in data:
         weight = data["weight"]
         store.set_user_weight(name, None if weight is None else check_weight(weight))
@@ -293,33 +299,44 @@ def share_dict(app: web.Application) -> dict[str, Any]:
     for user in users:
         s = stats.get(user.id, {})
         recent = s.get("recent_tokens", 0.0)
-        rows.append({
-            "name": user.name,
-            "group": user.group,
-            "weight": user.weight,
-            "normalized_share": round(user.weight / total_weight, 4),
-            "recent_tokens": recent,
-            "actual_share": round(recent / total, 4) if total else 0.0,
-            "deficit": s.get("deficit", 0.0),
-            "burst_credits": s.get("burst_credits", round(scheduler.fair.current_burst(now) * user.weight, 3)),
-            "factor": s.get("factor", 1.0),
-            "queued": s.get("queued", 0),
-            "running": s.get("running", 0),
-        })
+        rows.append(
+            {
+                "name": user.name,
+                "group": user.group,
+                "weight": user.weight,
+                "normalized_share": round(user.weight / total_weight, 4),
+                "recent_tokens": recent,
+                "actual_share": round(recent / total, 4) if total else 0.0,
+                "deficit": s.get("deficit", 0.0),
+                "burst_credits": s.get("burst_credits", round(scheduler.fair.current_burst(now) * user.weight, 3)),
+                "factor": s.get("factor", 1.0),
+                "queued": s.get("queued", 0),
+                "running": s.get("running", 0),
+            }
+        )
     groups = []
-    group_weight_total = sum(g.scheduler_weight for g in store.list_groups() if any(u.group == g.name for u in users)) or 1.0
+    group_weight_total = (
+        sum(g.scheduler_weight for g in store.list_groups() if any(u.group == g.name for u in users)) or 1.0
+    )
     for group in store.list_groups():
         members = [r for r in rows if r["group"] == group.name]
         recent = sum(r["recent_tokens"] for r in members)
-        groups.append({
-            "name": group.name,
-            "weight": group.scheduler_weight,
-            "normalized_share": round(group.scheduler_weight / group_weight_total, 4) if members else 0.0,
-            "recent_tokens": recent,
-            "actual_share": round(recent / total, 4) if total else 0.0,
-            "users": len(members),
-        })
-    return {"window_seconds": scheduler.settings.fairness_window, "global_recent_tokens": total, "groups": groups, "users": rows}
+        groups.append(
+            {
+                "name": group.name,
+                "weight": group.scheduler_weight,
+                "normalized_share": round(group.scheduler_weight / group_weight_total, 4) if members else 0.0,
+                "recent_tokens": recent,
+                "actual_share": round(recent / total, 4) if total else 0.0,
+                "users": len(members),
+            }
+        )
+    return {
+        "window_seconds": scheduler.settings.fairness_window,
+        "global_recent_tokens": total,
+        "groups": groups,
+        "users": rows,
+    }
 
 
 async def get_share(request: web.Request) -> web.Response:
@@ -372,14 +389,17 @@ async def get_gpus(request: web.Request) -> web.Response:
 async def get_top(request: web.Request) -> web.Response:
     app = request.app
     registry = app[REGISTRY]
-    return web.json_response({
-        "status": status_dict(app),
-        "backends": [registry.row_dict(e) for e in registry.entries.values()],
-        "gpus": app[GPUS].nodes(),
-        "queue": queue_dict(app),
-        "share": share_dict(app),
-        "decisions": app[DECISIONS].recent(10),
-    }, dumps=lambda o: json.dumps(o, default=_finite))
+    return web.json_response(
+        {
+            "status": status_dict(app),
+            "backends": [registry.row_dict(e) for e in registry.entries.values()],
+            "gpus": app[GPUS].nodes(),
+            "queue": queue_dict(app),
+            "share": share_dict(app),
+            "decisions": app[DECISIONS].recent(10),
+        },
+        dumps=lambda o: json.dumps(o, default=_finite),
+    )
 
 
 def _finite(value: Any) -> Any:

@@ -79,10 +79,23 @@ async def create_app(config: Config, *, nvml: Any = None, discover: bool | None 
     registry: Registry
     decisions = DecisionLog(store, lambda bid: registry.entries[bid].row.name if bid in registry.entries else None)
     dispatcher = Dispatcher(scheduler, on_dispatch=decisions.on_dispatch)
-    gpus = GpuState(GpuProbe(nvml), session, poll_interval=server.gpu_poll_interval, agent_key=server.agent_key or None,
-                    nodes=lambda: {e.row.node for e in registry.entries.values() if e.row.node},
-                    on_change=lambda: registry.republish_all())
-    registry = Registry(scheduler, store, session, config.backends, on_change=dispatcher.pump, gpu_lookup=gpus.lookup, vram_estimate=gpus.vram_estimate)
+    gpus = GpuState(
+        GpuProbe(nvml),
+        session,
+        poll_interval=server.gpu_poll_interval,
+        agent_key=server.agent_key or None,
+        nodes=lambda: {e.row.node for e in registry.entries.values() if e.row.node},
+        on_change=lambda: registry.republish_all(),
+    )
+    registry = Registry(
+        scheduler,
+        store,
+        session,
+        config.backends,
+        on_change=dispatcher.pump,
+        gpu_lookup=gpus.lookup,
+        vram_estimate=gpus.vram_estimate,
+    )
 
     app[CONFIG] = config
     app[STORE] = store
@@ -101,7 +114,14 @@ async def create_app(config: Config, *, nvml: Any = None, discover: bool | None 
         try:
             if want_discovery and not store.list_backends():
                 for row in await discover_local_backends(session, store):
-                    log.info("found %s at %s (%s) and added it as backend %r; `mr backend rm %s` removes it", row.engine, row.url, row.engine, row.name, row.name)
+                    log.info(
+                        "found %s at %s (%s) and added it as backend %r; `mr backend rm %s` removes it",
+                        row.engine,
+                        row.url,
+                        row.engine,
+                        row.name,
+                        row.name,
+                    )
             await registry.start(first_probe_timeout=config.backends.connect_timeout)
             yield
         finally:
@@ -127,7 +147,9 @@ def _restore_usage(store: Store, scheduler: Scheduler, config: Config) -> None:
     for row in rows:
         scheduler.fair.add_usage(row.user_id, row.tokens, mono - (wall - row.at))
     if rows:
-        log.info("restored %d usage records from the last %.0f s for fair share", len(rows), config.scheduler.fairness_window)
+        log.info(
+            "restored %d usage records from the last %.0f s for fair share", len(rows), config.scheduler.fairness_window
+        )
 
 
 def _claim_socket(path: Path) -> None:
@@ -149,8 +171,12 @@ def _claim_socket(path: Path) -> None:
 async def _run(config: Config, *, discover: bool | None) -> None:
     server = config.server
     app = await create_app(config, discover=discover)
-    runner = web.AppRunner(app, handler_cancellation=True, shutdown_timeout=server.shutdown_grace_seconds,
-                           access_log=logging.getLogger("mindrouter.access") if server.log_level == "debug" else None)
+    runner = web.AppRunner(
+        app,
+        handler_cancellation=True,
+        shutdown_timeout=server.shutdown_grace_seconds,
+        access_log=logging.getLogger("mindrouter.access") if server.log_level == "debug" else None,
+    )
     await runner.setup()
     socket_path = server.socket_path
     try:
@@ -167,19 +193,33 @@ async def _run(config: Config, *, discover: bool | None) -> None:
     except OSError as exc:
         await runner.cleanup()
         if exc.errno == errno.EADDRINUSE:
-            raise ConfigError(f"port {server.port} on {server.host} is already in use; stop the other server or pass --port") from None
-        raise ConfigError(f"cannot listen on {server.host}:{server.port} or {socket_path}: {exc.strerror or exc}") from None
+            raise ConfigError(
+                f"port {server.port} on {server.host} is already in use; stop the other server or pass --port"
+            ) from None
+        raise ConfigError(
+            f"cannot listen on {server.host}:{server.port} or {socket_path}: {exc.strerror or exc}"
+        ) from None
     except ConfigError:
         await runner.cleanup()
         raise
-    log.info("mindrouter %s serving http://%s:%d (inference) and %s (admin)", __version__, server.host, server.port, socket_path)
+    log.info(
+        "mindrouter %s serving http://%s:%d (inference) and %s (admin)",
+        __version__,
+        server.host,
+        server.port,
+        socket_path,
+    )
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, stop.set)
     try:
         await stop.wait()
-        log.info("shutting down: no new requests; waiting up to %.0f s for %d in flight", server.shutdown_grace_seconds, app[SCHEDULER].running_count)
+        log.info(
+            "shutting down: no new requests; waiting up to %.0f s for %d in flight",
+            server.shutdown_grace_seconds,
+            app[SCHEDULER].running_count,
+        )
     finally:
         await runner.cleanup()
         with contextlib.suppress(OSError):

@@ -43,7 +43,12 @@ class Auth:
             RequestError: 401 when the header is missing or the key is unknown.
         """
         if not authorization or not authorization[:7].lower() == "bearer ":
-            raise RequestError("missing API key; send `Authorization: Bearer <key>` (an admin creates one with `mr user key NAME`)", status=401, type="authentication_error", code="missing_api_key")
+            raise RequestError(
+                "missing API key; send `Authorization: Bearer <key>` (an admin creates one with `mr user key NAME`)",
+                status=401,
+                type="authentication_error",
+                code="missing_api_key",
+            )
         key = authorization[7:].strip()
         digest = hash_key(key)
         try:
@@ -55,5 +60,10 @@ class Auth:
                 self._cache.clear()
             self._cache[digest] = caller
         if caller is None:
-            raise RequestError("invalid API key; ask an admin for a new one (`mr user key NAME`)", status=401, type="authentication_error", code="invalid_api_key")
+            raise RequestError(
+                "invalid API key; ask an admin for a new one (`mr user key NAME`)",
+                status=401,
+                type="authentication_error",
+                code="invalid_api_key",
+            )
         return caller

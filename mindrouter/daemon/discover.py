@@ -8,7 +8,7 @@ from typing import Any
 
 import aiohttp
 
-__all__ = ["discover_local_backends", "CANDIDATES"]
+__all__ = ["CANDIDATES", "discover_local_backends"]
 
 log = logging.getLogger(__name__)
 
@@ -24,17 +24,21 @@ async def _answers(session: aiohttp.ClientSession, url: str) -> bool:
     try:
         async with session.get(url, timeout=aiohttp.ClientTimeout(total=1.5)) as response:
             return response.status == 200
-    except (aiohttp.ClientError, asyncio.TimeoutError, OSError):
+    except (TimeoutError, aiohttp.ClientError, OSError):
         return False
 
 
-async def discover_local_backends(session: aiohttp.ClientSession, store: Any, candidates: tuple[tuple[str, str, str, str], ...] = CANDIDATES) -> list[Any]:
+async def discover_local_backends(
+    session: aiohttp.ClientSession, store: Any, candidates: tuple[tuple[str, str, str, str], ...] = CANDIDATES
+) -> list[Any]:
     """Add each candidate that answers as a backend; returns the rows added."""
     found = await asyncio.gather(*(_answers(session, url + path) for _, url, _, path in candidates))
     rows = []
-    for (name, url, engine, _), ok in zip(candidates, found):
+    for (name, url, engine, _), ok in zip(candidates, found, strict=False):
         if ok:
             rows.append(store.add_backend(name, url, engine))
     if not rows:
-        log.info("no backend configured and none found on this machine; add one with `mr backend add NAME URL --engine ollama`")
+        log.info(
+            "no backend configured and none found on this machine; add one with `mr backend add NAME URL --engine ollama`"
+        )
     return rows

@@ -25,7 +25,13 @@ log = logging.getLogger(__name__)
 
 
 class Dispatcher:
-    def __init__(self, scheduler: Scheduler, *, clock: Callable[[], float] = time.monotonic, on_dispatch: Callable[[Dispatch], None] | None = None) -> None:
+    def __init__(
+        self,
+        scheduler: Scheduler,
+        *,
+        clock: Callable[[], float] = time.monotonic,
+        on_dispatch: Callable[[Dispatch], None] | None = None,
+    ) -> None:
         self.scheduler = scheduler
         self.clock = clock
         self._waiters: dict[str, asyncio.Future[Dispatch]] = {}
@@ -43,7 +49,13 @@ class Dispatcher:
         """
         rejection = self.scheduler.submit(job, self.clock())
         if rejection is not None:
-            raise RequestError(rejection.message, status=rejection.status, type=_TYPES.get(rejection.status, "invalid_request_error"), code=rejection.code, retry_after=rejection.retry_after)
+            raise RequestError(
+                rejection.message,
+                status=rejection.status,
+                type=_TYPES.get(rejection.status, "invalid_request_error"),
+                code=rejection.code,
+                retry_after=rejection.retry_after,
+            )
         future: asyncio.Future[Dispatch] = asyncio.get_running_loop().create_future()
         self._waiters[job.id] = future
         self.pump()
@@ -70,13 +82,30 @@ class Dispatcher:
         self.pump()
         return future
 
-    def finish(self, job_id: str, *, prompt_tokens: int | None, completion_tokens: int | None, latency: float | None, duration: float | None) -> None:
-        if self.scheduler.complete(job_id, self.clock(), prompt_tokens=prompt_tokens, completion_tokens=completion_tokens, latency=latency, duration=duration):
+    def finish(
+        self,
+        job_id: str,
+        *,
+        prompt_tokens: int | None,
+        completion_tokens: int | None,
+        latency: float | None,
+        duration: float | None,
+    ) -> None:
+        if self.scheduler.complete(
+            job_id,
+            self.clock(),
+            prompt_tokens=prompt_tokens,
+            completion_tokens=completion_tokens,
+            latency=latency,
+            duration=duration,
+        ):
             self.pump()
 
     def fail(self, job_id: str, *, retry: bool, prompt_tokens: int = 0, completion_tokens: int = 0) -> bool:
         """The backend failed; True when the job is queued again (call ``requeued``)."""
-        again = self.scheduler.fail(job_id, self.clock(), retry=retry, prompt_tokens=prompt_tokens, completion_tokens=completion_tokens)
+        again = self.scheduler.fail(
+            job_id, self.clock(), retry=retry, prompt_tokens=prompt_tokens, completion_tokens=completion_tokens
+        )
         if not again:  # a job queued again is pumped by ``requeued``, once its waiter exists
             self.pump()
         return again
@@ -84,7 +113,9 @@ class Dispatcher:
     def abandon(self, job_id: str, *, prompt_tokens: int | None = None, completion_tokens: int = 0) -> None:
         """The client went away: free whatever the job holds (a no-op if it already ended)."""
         self._waiters.pop(job_id, None)
-        if self.scheduler.cancel(job_id, self.clock(), prompt_tokens=prompt_tokens, completion_tokens=completion_tokens):
+        if self.scheduler.cancel(
+            job_id, self.clock(), prompt_tokens=prompt_tokens, completion_tokens=completion_tokens
+        ):
             self.pump()
 
     # -- deciding ----------------------------------------------------------
@@ -108,9 +139,14 @@ class Dispatcher:
         for item in expired:
             future = self._waiters.pop(item.job.id, None)
             if future is not None and not future.done():
-                future.set_exception(RequestError(
-                    f"request waited {item.waited:.0f} s in the queue without a free backend; try again later or ask an admin to add capacity",
-                    status=504, type="timeout", code="queue_timeout"))
+                future.set_exception(
+                    RequestError(
+                        f"request waited {item.waited:.0f} s in the queue without a free backend; try again later or ask an admin to add capacity",
+                        status=504,
+                        type="timeout",
+                        code="queue_timeout",
+                    )
+                )
         self.expired_total += len(expired)
         return len(expired)
 
@@ -141,4 +177,10 @@ class Dispatcher:
         return len(self._waiters)
 
 
-_TYPES = {400: "invalid_request_error", 404: "invalid_request_error", 429: "rate_limit_error", 503: "service_unavailable", 504: "timeout"}
+_TYPES = {
+    400: "invalid_request_error",
+    404: "invalid_request_error",
+    429: "rate_limit_error",
+    503: "service_unavailable",
+    504: "timeout",
+}

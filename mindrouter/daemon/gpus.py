@@ -31,9 +31,17 @@ _LOCAL_HOSTS = {"127.0.0.1", "localhost", "::1", "0.0.0.0"}
 
 
 class GpuState:
-    def __init__(self, probe: GpuProbe, session: aiohttp.ClientSession, *, poll_interval: float, agent_key: str | None = None,
-                 nodes: Callable[[], set[str]] = set, on_change: Callable[[], None] = lambda: None,
-                 clock: Callable[[], float] = time.monotonic) -> None:
+    def __init__(
+        self,
+        probe: GpuProbe,
+        session: aiohttp.ClientSession,
+        *,
+        poll_interval: float,
+        agent_key: str | None = None,
+        nodes: Callable[[], set[str]] = set,
+        on_change: Callable[[], None] = lambda: None,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
         self.probe = probe
         self.session = session
         self.poll_interval = poll_interval
@@ -56,11 +64,17 @@ class GpuState:
         for url in wanted:
             agent = self.agents.get(url)
             if agent is None:
-                agent = self.agents[url] = AgentClient(self.session, url, self.agent_key, poll_interval=self.poll_interval)
+                agent = self.agents[url] = AgentClient(
+                    self.session, url, self.agent_key, poll_interval=self.poll_interval
+                )
             was_stale = agent.node.stale(now)
             await agent.poll(now)
             if agent.node.stale(self.clock()) and not was_stale:
-                log.warning("node=%s GPU agent stopped answering (%s); its backends' VRAM is now unknown", url, agent.node.last_error)
+                log.warning(
+                    "node=%s GPU agent stopped answering (%s); its backends' VRAM is now unknown",
+                    url,
+                    agent.node.last_error,
+                )
         self.on_change()
 
     async def poll_ctx(self, _app: Any) -> AsyncIterator[None]:

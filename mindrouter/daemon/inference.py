@@ -101,11 +101,23 @@ async def _serve(request: web.Request, call: Call, job: Job, caller: Any, dialec
                 break
             except (BackendError, KeyError) as exc:
                 error = str(exc) if isinstance(exc, BackendError) else "backend was removed"
-                log.warning("request=%s user=%s backend=%s failed before the first byte: %s", job.id, caller.name, dispatch.backend_id, error)
+                log.warning(
+                    "request=%s user=%s backend=%s failed before the first byte: %s",
+                    job.id,
+                    caller.name,
+                    dispatch.backend_id,
+                    error,
+                )
                 registry.request_failed(dispatch.backend_id, error)
                 attempt += 1
                 if not dispatcher.fail(job.id, retry=attempt <= max_retries):
-                    raise RequestError(f"the backend failed ({error}) and no other backend could take the request; try again shortly", status=503, type="service_unavailable", code="backend_failed", retry_after=5) from None
+                    raise RequestError(
+                        f"the backend failed ({error}) and no other backend could take the request; try again shortly",
+                        status=503,
+                        type="service_unavailable",
+                        code="backend_failed",
+                        retry_after=5,
+                    ) from None
                 registry.released(dispatch.backend_id)
                 dispatch = await dispatcher.wait(job, dispatcher.requeued(job))
         registry.request_succeeded(dispatch.backend_id)
@@ -127,10 +139,27 @@ async def _serve(request: web.Request, call: Call, job: Job, caller: Any, dialec
         usage = upstream.usage
         duration = time.monotonic() - started
         if upstream.error is not None:
-            log.warning("request=%s user=%s backend=%s stream ended with an error: %s", job.id, caller.name, dispatch.backend_id, upstream.error)
-            dispatcher.fail(job.id, retry=False, prompt_tokens=usage.prompt_tokens or 0, completion_tokens=usage.completion_tokens or 0)
+            log.warning(
+                "request=%s user=%s backend=%s stream ended with an error: %s",
+                job.id,
+                caller.name,
+                dispatch.backend_id,
+                upstream.error,
+            )
+            dispatcher.fail(
+                job.id,
+                retry=False,
+                prompt_tokens=usage.prompt_tokens or 0,
+                completion_tokens=usage.completion_tokens or 0,
+            )
         else:
-            dispatcher.finish(job.id, prompt_tokens=usage.prompt_tokens, completion_tokens=usage.completion_tokens, latency=first_byte, duration=duration)
+            dispatcher.finish(
+                job.id,
+                prompt_tokens=usage.prompt_tokens,
+                completion_tokens=usage.completion_tokens,
+                latency=first_byte,
+                duration=duration,
+            )
         stats.completed(caller, job, dispatch.backend_id, usage, upstream.status)
         return response
     finally:
@@ -139,7 +168,11 @@ async def _serve(request: web.Request, call: Call, job: Job, caller: Any, dialec
                 await upstream.close()
         if dispatcher.scheduler.is_running(job.id) or dispatcher.scheduler.is_queued(job.id):
             usage = upstream.usage if upstream is not None else None
-            dispatcher.abandon(job.id, prompt_tokens=(usage.prompt_tokens if usage else None), completion_tokens=(usage.completion_tokens or 0) if usage else 0)
+            dispatcher.abandon(
+                job.id,
+                prompt_tokens=(usage.prompt_tokens if usage else None),
+                completion_tokens=(usage.completion_tokens or 0) if usage else 0,
+            )
             stats.cancelled += 1
         if upstream is not None:
             registry.released(dispatch.backend_id)
@@ -157,7 +190,9 @@ async def _prepare_waiting_stream(request: web.Request, job: Job, dialect: str) 
     return response
 
 
-async def _wait_telling_position(request: web.Request, response: web.StreamResponse, job: Job, future: asyncio.Future, dialect: str) -> Any:
+async def _wait_telling_position(
+    request: web.Request, response: web.StreamResponse, job: Job, future: asyncio.Future, dialect: str
+) -> Any:
     """Wait for dispatch; OpenAI streams get an SSE comment with the position every 2 s."""
     dispatcher = request.app[DISPATCHER]
     scheduler = request.app[SCHEDULER]
@@ -187,7 +222,9 @@ def _all_models(app: web.Application) -> dict[str, list[Any]]:
 
 async def handle_openai_models(request: web.Request) -> web.Response:
     request.app[AUTH].caller(request.headers.get("Authorization"))
-    data = [{"id": m, "object": "model", "created": 0, "owned_by": "mindrouter"} for m in sorted(_all_models(request.app))]
+    data = [
+        {"id": m, "object": "model", "created": 0, "owned_by": "mindrouter"} for m in sorted(_all_models(request.app))
+    ]
     return web.json_response({"object": "list", "data": data})
 
 
@@ -196,7 +233,16 @@ async def handle_ollama_tags(request: web.Request) -> web.Response:
     out = []
     for model, entries in sorted(_all_models(request.app).items()):
         size = next((e.probe.model_sizes.get(model) for e in entries if e.probe.model_sizes.get(model)), 0)
-        out.append({"name": model, "model": model, "modified_at": "1970-01-01T00:00:00Z", "size": size or 0, "digest": "", "details": {}})
+        out.append(
+            {
+                "name": model,
+                "model": model,
+                "modified_at": "1970-01-01T00:00:00Z",
+                "size": size or 0,
+                "digest": "",
+                "details": {},
+            }
+        )
     return web.json_response({"models": out})
 
 
@@ -209,7 +255,18 @@ async def handle_ollama_ps(request: web.Request) -> web.Response:
             continue
         for model in sorted(probe.loaded_models):
             vram = probe.loaded_vram.get(model, 0)
-            out.append({"name": model, "model": model, "size": vram, "size_vram": vram, "digest": "", "details": {}, "expires_at": "0001-01-01T00:00:00Z", "backend": entry.row.name})
+            out.append(
+                {
+                    "name": model,
+                    "model": model,
+                    "size": vram,
+                    "size_vram": vram,
+                    "digest": "",
+                    "details": {},
+                    "expires_at": "0001-01-01T00:00:00Z",
+                    "backend": entry.row.name,
+                }
+            )
     return web.json_response({"models": out})
 
 

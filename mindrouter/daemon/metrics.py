@@ -31,17 +31,29 @@ class _Collector(Collector):
         tokens.add_metric(["prompt"], stats.prompt_tokens_total)
         tokens.add_metric(["completion"], stats.completion_tokens_total)
         yield tokens
-        errors = CounterMetricFamily("mindrouter_errors", "Requests that ended with an error status.", labels=["status"])
+        errors = CounterMetricFamily(
+            "mindrouter_errors", "Requests that ended with an error status.", labels=["status"]
+        )
         for status, count in sorted(stats.errors.items()):
             errors.add_metric([str(status)], count)
         yield errors
         yield CounterMetricFamily("mindrouter_cancelled", "Requests whose client went away.", value=stats.cancelled)
-        yield CounterMetricFamily("mindrouter_queue_timeouts", "Requests that waited past the queue timeout.", value=app[DISPATCHER].expired_total)
-        yield GaugeMetricFamily("mindrouter_queue_depth", "Requests waiting in the scheduler's queue.", value=scheduler.queued_count)
+        yield CounterMetricFamily(
+            "mindrouter_queue_timeouts",
+            "Requests that waited past the queue timeout.",
+            value=app[DISPATCHER].expired_total,
+        )
+        yield GaugeMetricFamily(
+            "mindrouter_queue_depth", "Requests waiting in the scheduler's queue.", value=scheduler.queued_count
+        )
         yield GaugeMetricFamily("mindrouter_running", "Requests in flight at backends.", value=scheduler.running_count)
-        in_flight = GaugeMetricFamily("mindrouter_backend_in_flight", "Requests in flight per backend.", labels=["backend"])
+        in_flight = GaugeMetricFamily(
+            "mindrouter_backend_in_flight", "Requests in flight per backend.", labels=["backend"]
+        )
         healthy = GaugeMetricFamily("mindrouter_backend_healthy", "1 when the backend is healthy.", labels=["backend"])
-        latency = GaugeMetricFamily("mindrouter_backend_latency_seconds", "Moving average of response latency.", labels=["backend"])
+        latency = GaugeMetricFamily(
+            "mindrouter_backend_latency_seconds", "Moving average of response latency.", labels=["backend"]
+        )
         for entry in registry.entries.values():
             name = entry.row.name
             load = scheduler.load(entry.row.id)
@@ -52,7 +64,9 @@ class _Collector(Collector):
         yield in_flight
         yield healthy
         yield latency
-        recent = GaugeMetricFamily("mindrouter_user_recent_tokens", "Tokens per user in the fairness window.", labels=["user", "group"])
+        recent = GaugeMetricFamily(
+            "mindrouter_user_recent_tokens", "Tokens per user in the fairness window.", labels=["user", "group"]
+        )
         for user in scheduler.fair:
             recent.add_metric([user.name, user.group or ""], user.recent)
         yield recent

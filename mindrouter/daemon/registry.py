@@ -26,7 +26,7 @@ from ..backends.base import Adapter, Probe
 from ..config import BackendSettings
 from ..scheduler import Backend, Scheduler
 
-__all__ = ["Registry", "Entry"]
+__all__ = ["Entry", "Registry"]
 
 log = logging.getLogger(__name__)
 
@@ -82,7 +82,9 @@ class Registry:
             self.add(row)
         if self.entries:
             with contextlib.suppress(asyncio.TimeoutError):
-                await asyncio.wait_for(asyncio.gather(*(e.probed.wait() for e in self.entries.values())), first_probe_timeout)
+                await asyncio.wait_for(
+                    asyncio.gather(*(e.probed.wait() for e in self.entries.values())), first_probe_timeout
+                )
 
     async def stop(self) -> None:
         tasks = [e.task for e in self.entries.values() if e.task is not None]
@@ -93,7 +95,13 @@ class Registry:
                 await task
 
     def add(self, row: Any) -> Entry:
-        adapter = make_adapter(row.engine, row.url, self.session, request_timeout=self.settings.request_timeout, connect_timeout=self.settings.connect_timeout)
+        adapter = make_adapter(
+            row.engine,
+            row.url,
+            self.session,
+            request_timeout=self.settings.request_timeout,
+            connect_timeout=self.settings.connect_timeout,
+        )
         entry = Entry(row, adapter)
         self.entries[row.id] = entry
         self._publish(entry)
@@ -149,7 +157,12 @@ class Registry:
             entry.error = probe.error or "probe failed"
             self._count_failure(entry)
         if was_healthy != self.healthy(entry):
-            log.info("backend=%s is now %s%s", entry.row.name, "healthy" if self.healthy(entry) else "unhealthy", "" if self.healthy(entry) else f" ({entry.error})")
+            log.info(
+                "backend=%s is now %s%s",
+                entry.row.name,
+                "healthy" if self.healthy(entry) else "unhealthy",
+                "" if self.healthy(entry) else f" ({entry.error})",
+            )
         self._disable_if_drained(entry)
         self._publish(entry)
         entry.probed.set()
@@ -159,7 +172,9 @@ class Registry:
         if entry.failures >= self.settings.circuit_failures and not entry.circuit_open:
             entry.circuit_open = True
             entry.open_until = self.clock() + self.settings.circuit_cooldown
-            log.warning("backend=%s circuit opened after %d failures in a row (%s)", entry.row.name, entry.failures, entry.error)
+            log.warning(
+                "backend=%s circuit opened after %d failures in a row (%s)", entry.row.name, entry.failures, entry.error
+            )
 
     def request_failed(self, backend_id: int, error: str) -> None:
         """A request failed before its first byte on this backend."""
@@ -178,9 +193,8 @@ class Registry:
     def released(self, backend_id: int) -> None:
         """A slot on this backend was freed: a draining backend may now be idle."""
         entry = self.entries.get(backend_id)
-        if entry is not None and entry.row.state == "draining":
-            if self._disable_if_drained(entry):
-                self._publish(entry)
+        if entry is not None and entry.row.state == "draining" and self._disable_if_drained(entry):
+            self._publish(entry)
 
     def _disable_if_drained(self, entry: Entry) -> bool:
         load = self.scheduler.load(entry.row.id)
@@ -208,22 +222,24 @@ class Registry:
                 need = self.vram_estimate(row, model, probe)
                 if need is not None:
                     model_vram[model] = need
-        self.scheduler.set_backend(Backend(
-            id=row.id,
-            name=row.name,
-            models=models,
-            loaded_models=probe.loaded_models if probe is not None else frozenset(),
-            max_concurrent=row.max_concurrent,
-            priority=row.priority,
-            healthy=self.healthy(entry),
-            draining=row.state == "draining",
-            enabled=row.state != "disabled",
-            vram_free=vram_free,
-            vram_total=vram_total,
-            model_vram=model_vram,
-            utilization=utilization,
-            backend_waiting=(probe.waiting or 0) if probe is not None else 0,
-        ))
+        self.scheduler.set_backend(
+            Backend(
+                id=row.id,
+                name=row.name,
+                models=models,
+                loaded_models=probe.loaded_models if probe is not None else frozenset(),
+                max_concurrent=row.max_concurrent,
+                priority=row.priority,
+                healthy=self.healthy(entry),
+                draining=row.state == "draining",
+                enabled=row.state != "disabled",
+                vram_free=vram_free,
+                vram_total=vram_total,
+                model_vram=model_vram,
+                utilization=utilization,
+                backend_waiting=(probe.waiting or 0) if probe is not None else 0,
+            )
+        )
         self.on_change()
 
     def republish_all(self) -> None:

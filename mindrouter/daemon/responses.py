@@ -18,7 +18,9 @@ def error_response(exc: RequestError, dialect: str) -> web.Response:
     else:
         body = {"error": {"message": exc.message, "type": exc.type, "code": exc.code}}
     headers = {"Retry-After": str(int(exc.retry_after))} if exc.retry_after else None
-    return web.Response(body=json.dumps(body).encode(), status=exc.status, content_type="application/json", headers=headers)
+    return web.Response(
+        body=json.dumps(body).encode(), status=exc.status, content_type="application/json", headers=headers
+    )
 
 
 def json_error(message: str, status: int, code: str) -> web.Response:

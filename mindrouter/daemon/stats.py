@@ -15,7 +15,9 @@ __all__ = ["Stats"]
 
 
 class Stats:
-    def __init__(self, store: Any, *, clock: Callable[[], float] = time.monotonic, wall: Callable[[], float] = time.time) -> None:
+    def __init__(
+        self, store: Any, *, clock: Callable[[], float] = time.monotonic, wall: Callable[[], float] = time.time
+    ) -> None:
         self.store = store
         self.clock = clock
         self.wall = wall

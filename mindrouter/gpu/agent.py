@@ -79,12 +79,16 @@ def _auth_middleware(key: str) -> Callable[..., Awaitable[web.StreamResponse]]:
     expected = f"Bearer {key}".encode()
 
     @web.middleware
-    async def auth(request: web.Request, handler: Callable[[web.Request], Awaitable[web.StreamResponse]]) -> web.StreamResponse:
+    async def auth(
+        request: web.Request, handler: Callable[[web.Request], Awaitable[web.StreamResponse]]
+    ) -> web.StreamResponse:
         given = request.headers.get("Authorization", "").encode("utf-8", "replace")
         if not hmac.compare_digest(given, expected):
             return web.json_response(
                 {"error": "missing or wrong key; send Authorization: Bearer <the key given to mr agent --key>"},
-                status=401, headers={"WWW-Authenticate": 'Bearer realm="mr agent"'})
+                status=401,
+                headers={"WWW-Authenticate": 'Bearer realm="mr agent"'},
+            )
         return await handler(request)
 
     return auth
@@ -99,17 +103,24 @@ async def _gpus(request: web.Request) -> web.Response:
 
 async def _health(request: web.Request) -> web.Response:
     state = request.app[AGENT_STATE]
-    return web.json_response({
-        "status": "ok",
-        "version": __version__,
-        "gpus": len(state.readings),
-        "nvml": state.probe.unavailable_reason or "ok",
-        "reading_age_seconds": state.age(),
-    })
+    return web.json_response(
+        {
+            "status": "ok",
+            "version": __version__,
+            "gpus": len(state.readings),
+            "nvml": state.probe.unavailable_reason or "ok",
+            "reading_age_seconds": state.age(),
+        }
+    )
 
 
-def create_agent_app(probe: GpuProbe | None = None, *, key: str | None = None, poll_interval: float = 5.0,
-                     clock: Callable[[], float] = time.monotonic) -> web.Application:
+def create_agent_app(
+    probe: GpuProbe | None = None,
+    *,
+    key: str | None = None,
+    poll_interval: float = 5.0,
+    clock: Callable[[], float] = time.monotonic,
+) -> web.Application:
     """Build the agent's app; it owns ``probe`` and closes it at cleanup.
 
     Args:
@@ -131,8 +142,14 @@ def create_agent_app(probe: GpuProbe | None = None, *, key: str | None = None, p
     return app
 
 
-def run_agent(host: str = DEFAULT_AGENT_HOST, port: int = DEFAULT_AGENT_PORT, key: str | None = None, *,
-              poll_interval: float = 5.0, probe: GpuProbe | None = None) -> None:
+def run_agent(
+    host: str = DEFAULT_AGENT_HOST,
+    port: int = DEFAULT_AGENT_PORT,
+    key: str | None = None,
+    *,
+    poll_interval: float = 5.0,
+    probe: GpuProbe | None = None,
+) -> None:
     """Serve until interrupted.
 
     Raises:
@@ -142,13 +159,18 @@ def run_agent(host: str = DEFAULT_AGENT_HOST, port: int = DEFAULT_AGENT_PORT, ke
 
     async def announce(app: web.Application) -> None:
         state = app[AGENT_STATE]
-        found = f"{len(state.readings)} GPU(s)" if state.readings else f"no GPU ({state.probe.unavailable_reason or 'none found'})"
-        log.info("serving %s at http://%s:%d/gpus, %s", found, host, port,
-                 "key required" if key else "no key")
+        found = (
+            f"{len(state.readings)} GPU(s)"
+            if state.readings
+            else f"no GPU ({state.probe.unavailable_reason or 'none found'})"
+        )
+        log.info("serving %s at http://%s:%d/gpus, %s", found, host, port, "key required" if key else "no key")
 
     app.on_startup.append(announce)
     try:
         web.run_app(app, host=host, port=port, print=None, access_log=None)
     except OSError as exc:
-        raise MindRouterError(f"cannot listen on {host}:{port} ({exc.strerror or exc}); "
-                              "is another `mr agent` running? Choose another --port") from exc
+        raise MindRouterError(
+            f"cannot listen on {host}:{port} ({exc.strerror or exc}); "
+            "is another `mr agent` running? Choose another --port"
+        ) from exc

@@ -7,7 +7,6 @@ boundary, so the daemon's poller needs a single ``except``.
 
 from __future__ import annotations
 
-import asyncio
 import json
 
 import aiohttp
@@ -31,8 +30,9 @@ def agent_base_url(url: str) -> str:
     return url
 
 
-async def fetch_agent(session: aiohttp.ClientSession, url: str, key: str | None = None, *,
-                      timeout: float = 5.0) -> list[GpuReading]:
+async def fetch_agent(
+    session: aiohttp.ClientSession, url: str, key: str | None = None, *, timeout: float = 5.0
+) -> list[GpuReading]:
     """Ask the agent at ``url`` for its readings (``GET /gpus``).
 
     Args:
@@ -47,16 +47,17 @@ async def fetch_agent(session: aiohttp.ClientSession, url: str, key: str | None 
     base = agent_base_url(url)
     headers = {"Authorization": f"Bearer {key}"} if key else {}
     try:
-        async with session.get(f"{base}/gpus", headers=headers,
-                               timeout=aiohttp.ClientTimeout(total=timeout)) as resp:
+        async with session.get(f"{base}/gpus", headers=headers, timeout=aiohttp.ClientTimeout(total=timeout)) as resp:
             if resp.status == 401:
-                raise AgentError(f"GPU agent at {base} refused the key (401); give the node the key its `mr agent --key` uses")
+                raise AgentError(
+                    f"GPU agent at {base} refused the key (401); give the node the key its `mr agent --key` uses"
+                )
             if resp.status != 200:
                 raise AgentError(f"GPU agent at {base} answered HTTP {resp.status}; is `mr agent` what listens there?")
             body = await resp.read()
     except AgentError:
         raise
-    except asyncio.TimeoutError as exc:
+    except TimeoutError as exc:
         raise AgentError(f"GPU agent at {base} did not answer within {timeout:g} s") from exc
     except aiohttp.ClientError as exc:
         raise AgentError(f"cannot reach GPU agent at {base} ({exc}); is `mr agent` running there?") from exc
@@ -78,8 +79,16 @@ class AgentClient:
         timeout: seconds per request. Defaults to the poll interval, at most 10.
     """
 
-    def __init__(self, session: aiohttp.ClientSession, url: str, key: str | None = None, *,
-                 poll_interval: float = 5.0, stale_after: int = 3, timeout: float | None = None) -> None:
+    def __init__(
+        self,
+        session: aiohttp.ClientSession,
+        url: str,
+        key: str | None = None,
+        *,
+        poll_interval: float = 5.0,
+        stale_after: int = 3,
+        timeout: float | None = None,
+    ) -> None:
         self.session = session
         self.url = agent_base_url(url)
         self.key = key

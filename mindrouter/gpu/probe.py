@@ -99,15 +99,26 @@ class GpuReading:
             values[f.name] = value if isinstance(value, kind) and not isinstance(value, bool) else None
         procs = data.get("processes")
         if isinstance(procs, list):
-            values["processes"] = tuple(_process_from(p) for p in procs if isinstance(p, Mapping) and _is_int(p.get("pid")))
+            values["processes"] = tuple(
+                _process_from(p) for p in procs if isinstance(p, Mapping) and _is_int(p.get("pid"))
+            )
         else:
             values["processes"] = None
         return cls(**values)
 
 
 _FIELD_TYPES: dict[str, type] = {
-    "index": int, "name": str, "uuid": str, "memory_total": int, "memory_used": int, "memory_free": int,
-    "utilization_gpu": int, "utilization_memory": int, "temperature_c": int, "power_w": float, "power_limit_w": float,
+    "index": int,
+    "name": str,
+    "uuid": str,
+    "memory_total": int,
+    "memory_used": int,
+    "memory_free": int,
+    "utilization_gpu": int,
+    "utilization_memory": int,
+    "temperature_c": int,
+    "power_w": float,
+    "power_limit_w": float,
 }
 
 
@@ -215,8 +226,10 @@ class GpuProbe:
 
     def _unavailable(self, reason: str) -> bool:
         self.unavailable_reason = reason
-        _explain_once(f"No NVIDIA GPU readings on this machine (NVML: {reason}); GPU readings stay empty, "
-                      "so memory fit and utilization read as unknown, until NVML can start.")
+        _explain_once(
+            f"No NVIDIA GPU readings on this machine (NVML: {reason}); GPU readings stay empty, "
+            "so memory fit and utilization read as unknown, until NVML can start."
+        )
         return False
 
     def close(self) -> None:

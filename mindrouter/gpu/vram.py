@@ -128,7 +128,11 @@ def parse_ollama_show(show_json: Mapping[str, Any]) -> ModelShape:
     details = show_json.get("details")
     details = details if isinstance(details, Mapping) else {}
     arch = info.get("general.architecture")
-    arch = arch if isinstance(arch, str) and arch else (details.get("family") if isinstance(details.get("family"), str) else None)
+    arch = (
+        arch
+        if isinstance(arch, str) and arch
+        else (details.get("family") if isinstance(details.get("family"), str) else None)
+    )
 
     def key(name: str) -> int | None:
         return _positive_int(info.get(f"{arch}.{name}")) if arch else None

@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 
 from .jobs import Modality
 
-__all__ = ["Backend", "BackendLoad", "ALL_MODALITIES"]
+__all__ = ["ALL_MODALITIES", "Backend", "BackendLoad"]
 
 ALL_MODALITIES: frozenset[Modality] = frozenset({Modality.CHAT, Modality.COMPLETION, Modality.EMBEDDINGS})
 

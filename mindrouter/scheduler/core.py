@@ -126,7 +126,11 @@ class Scheduler:
         self._backends[backend.id] = backend
         self._loads.setdefault(backend.id, BackendLoad())
         self.scorer.invalidate(backend.id)
-        if old is None or (old.models, old.modalities, old.supports_json) != (backend.models, backend.modalities, backend.supports_json):
+        if old is None or (old.models, old.modalities, old.supports_json) != (
+            backend.models,
+            backend.modalities,
+            backend.supports_json,
+        ):
             self._clear_classes()
         else:
             self._reopen(backend.id)
@@ -200,13 +204,39 @@ class Scheduler:
         info = self._class(key)
         if not info.candidates:
             if not info.model_known:
-                return Rejection(job, 404, "model_not_found", f"model {job.model!r} is not served by any backend; `mr models` lists the models you can use")
-            what = "JSON mode" if job.json_mode and not any(self._backends[b].supports_json for b in self._backends if job.model in self._backends[b].models) else f"{job.modality.value} requests"
+                return Rejection(
+                    job,
+                    404,
+                    "model_not_found",
+                    f"model {job.model!r} is not served by any backend; `mr models` lists the models you can use",
+                )
+            what = (
+                "JSON mode"
+                if job.json_mode
+                and not any(
+                    self._backends[b].supports_json for b in self._backends if job.model in self._backends[b].models
+                )
+                else f"{job.modality.value} requests"
+            )
             return Rejection(job, 400, "unsupported", f"no backend serving {job.model!r} supports {what}")
-        if not any(self._backends[b].healthy and self._backends[b].enabled and not self._backends[b].draining for b in info.candidates):
-            return Rejection(job, 503, "no_backend", f"every backend serving {job.model!r} is unhealthy, draining or disabled; try again shortly", retry_after=5.0)
+        if not any(
+            self._backends[b].healthy and self._backends[b].enabled and not self._backends[b].draining
+            for b in info.candidates
+        ):
+            return Rejection(
+                job,
+                503,
+                "no_backend",
+                f"every backend serving {job.model!r} is unhealthy, draining or disabled; try again shortly",
+                retry_after=5.0,
+            )
         if user.queued >= self.settings.max_queued_per_user:
-            return Rejection(job, 429, "queue_full", f"you already have {user.queued} requests queued, the most allowed; wait for some to finish")
+            return Rejection(
+                job,
+                429,
+                "queue_full",
+                f"you already have {user.queued} requests queued, the most allowed; wait for some to finish",
+            )
         if not self._queued:
             self.fair.contention_started(now)
         returning = user.queued == 0
@@ -305,7 +335,9 @@ class Scheduler:
             out.append(self._start(user, best_key, job, routed, now))
         return out
 
-    def _route(self, key: ClassKey, job: Job) -> tuple[Hashable, tuple[tuple[Any, ...], ...], dict[Hashable, tuple[str, ...]]] | None:
+    def _route(
+        self, key: ClassKey, job: Job
+    ) -> tuple[Hashable, tuple[tuple[Any, ...], ...], dict[Hashable, tuple[str, ...]]] | None:
         info = self._class(key)
         model = key[0]
         backends = self._backends
@@ -341,7 +373,14 @@ class Scheduler:
         reasons = live_rejections(backend, self._loads[bid], model)
         return all(r == REASONS["capacity"] for r in reasons)
 
-    def _start(self, user: UserState, key: ClassKey, job: Job, routed: tuple[Hashable, tuple[tuple[Any, ...], ...], dict[Hashable, tuple[str, ...]]], now: float) -> Dispatch:
+    def _start(
+        self,
+        user: UserState,
+        key: ClassKey,
+        job: Job,
+        routed: tuple[Hashable, tuple[tuple[Any, ...], ...], dict[Hashable, tuple[str, ...]]],
+        now: float,
+    ) -> Dispatch:
         fair = self.fair
         backend_id, rows, live = routed
         reference = fair.reference()
@@ -453,7 +492,11 @@ class Scheduler:
         prompt = job.prompt_tokens if prompt_tokens is None else prompt_tokens
         if completion_tokens is None:
             completion = running.estimate - self.settings.cost(prompt, 0) if estimated else 0
-            completion = max(0.0, completion / self.settings.completion_token_cost) if self.settings.completion_token_cost else 0.0
+            completion = (
+                max(0.0, completion / self.settings.completion_token_cost)
+                if self.settings.completion_token_cost
+                else 0.0
+            )
         else:
             completion = completion_tokens
         self._end(running, now, prompt, completion, None if estimated else completion_tokens)
@@ -462,10 +505,16 @@ class Scheduler:
             load.completed += 1
             alpha = self.settings.latency_ema_alpha
             if latency is not None and latency >= 0:
-                load.latency_ema = latency if load.latency_ema is None else load.latency_ema + alpha * (latency - load.latency_ema)
+                load.latency_ema = (
+                    latency if load.latency_ema is None else load.latency_ema + alpha * (latency - load.latency_ema)
+                )
             if duration and duration > 0 and completion_tokens:
                 tps = completion_tokens / duration
-                load.tokens_per_second = tps if load.tokens_per_second is None else load.tokens_per_second + alpha * (tps - load.tokens_per_second)
+                load.tokens_per_second = (
+                    tps
+                    if load.tokens_per_second is None
+                    else load.tokens_per_second + alpha * (tps - load.tokens_per_second)
+                )
             self.scorer.invalidate(running.backend_id)
         self._excluded.pop(job_id, None)
         self._attempts.pop(job_id, None)
@@ -522,14 +571,23 @@ class Scheduler:
         self._attempts.pop(job_id, None)
         return True
 
-    def _end(self, running: _Running, now: float, prompt: float, completion: float, completion_tokens: float | None) -> None:
+    def _end(
+        self, running: _Running, now: float, prompt: float, completion: float, completion_tokens: float | None
+    ) -> None:
         load = self._loads.get(running.backend_id)
         if load is not None:
             load.in_flight -= 1
             self._reopen_after_load(running.backend_id)
         user = self.fair.users.get(running.job.user_id)
         if user is not None:
-            self.fair.charge_end(user, running.estimate, self.settings.cost(prompt, completion), now, prompt + completion, completion_tokens)
+            self.fair.charge_end(
+                user,
+                running.estimate,
+                self.settings.cost(prompt, completion),
+                now,
+                prompt + completion,
+                completion_tokens,
+            )
             self._rekey(user)
 
     def _unqueue(self, job: Job, now: float) -> None:

@@ -30,7 +30,7 @@ from dataclasses import dataclass
 
 from .settings import SchedulerSettings
 
-__all__ = ["UserState", "FairShare", "apply_factor", "heavy_factor", "seed_priority"]
+__all__ = ["FairShare", "UserState", "apply_factor", "heavy_factor", "seed_priority"]
 
 
 def heavy_factor(usage_fraction: float, threshold: float, floor: float = 0.1) -> float:
@@ -201,7 +201,9 @@ class FairShare:
         user.running += 1
         self.touch(user)
 
-    def charge_end(self, user: UserState, estimate: float, cost: float, now: float, tokens: float, completion_tokens: float | None) -> None:
+    def charge_end(
+        self, user: UserState, estimate: float, cost: float, now: float, tokens: float, completion_tokens: float | None
+    ) -> None:
         """A running job ended: replace its estimate with what it really cost."""
         user.inflight_charge -= estimate
         if user.inflight_charge < 1e-9:
@@ -265,7 +267,11 @@ class FairShare:
             user = users.get(uid)
             if user is None:
                 continue
-            factor = heavy_factor(user.recent / total, threshold, self.settings.min_deprioritization) if uid in heavy and total > 0 else 1.0
+            factor = (
+                heavy_factor(user.recent / total, threshold, self.settings.min_deprioritization)
+                if uid in heavy and total > 0
+                else 1.0
+            )
             if factor != user.factor:
                 user.factor = factor
                 self.touch(user)

@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 from enum import Enum
 from typing import Any
 
-__all__ = ["Modality", "Job", "Dispatch", "Rejection", "Expired", "Outcome"]
+__all__ = ["Dispatch", "Expired", "Job", "Modality", "Outcome", "Rejection"]
 
 
 class Modality(str, Enum):

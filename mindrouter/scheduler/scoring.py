@@ -18,12 +18,12 @@ from .jobs import Modality
 from .settings import SchedulerSettings
 
 __all__ = [
+    "REASONS",
+    "BackendScorer",
     "ClassKey",
     "ScoreRow",
-    "BackendScorer",
-    "static_rejections",
     "live_rejections",
-    "REASONS",
+    "static_rejections",
 ]
 
 #: (model, modality, json_mode): jobs of one class are interchangeable for routing.
@@ -150,10 +150,14 @@ class BackendScorer:
     def row(self, backend: Backend, load: BackendLoad, model: str, penalty: float = 0.0) -> ScoreRow:
         total, loaded, low_util, latency, throughput = self.static_terms(backend, load, model)
         queue = self.settings.scores.short_queue / (1 + load.in_flight + backend.backend_waiting)
-        return ScoreRow(backend.id, total + queue - penalty, loaded, low_util, latency, queue, throughput, backend.priority, penalty)
+        return ScoreRow(
+            backend.id, total + queue - penalty, loaded, low_util, latency, queue, throughput, backend.priority, penalty
+        )
 
 
-def rejected_map(static: Mapping[Hashable, tuple[str, ...]], live: Mapping[Hashable, tuple[str, ...]]) -> dict[str, list[str]]:
+def rejected_map(
+    static: Mapping[Hashable, tuple[str, ...]], live: Mapping[Hashable, tuple[str, ...]]
+) -> dict[str, list[str]]:
     """Merge static and live rejections into a record's ``rejected`` field."""
     out = {str(bid): list(reasons) for bid, reasons in static.items()}
     for bid, reasons in live.items():

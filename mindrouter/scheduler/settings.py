@@ -9,7 +9,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field
 
-__all__ = ["ScoreWeights", "SchedulerSettings", "check_weight", "DEFAULT_GROUP_WEIGHTS"]
+__all__ = ["DEFAULT_GROUP_WEIGHTS", "SchedulerSettings", "ScoreWeights", "check_weight"]
 
 #: The seed's fallback weights (``SCHEDULER_WEIGHT_<GROUP>``).
 DEFAULT_GROUP_WEIGHTS: dict[str, float] = {"student": 1.0, "staff": 2.0, "faculty": 3.0, "admin": 10.0}
@@ -22,7 +22,9 @@ def check_weight(value: object) -> float:
     try:
         weight = float(value)  # type: ignore[arg-type]
     except (TypeError, ValueError):
-        raise ValueError(f"weight {value!r} is not a number; use a finite number greater than 0, such as 1 or 2.5") from None
+        raise ValueError(
+            f"weight {value!r} is not a number; use a finite number greater than 0, such as 1 or 2.5"
+        ) from None
     if not math.isfinite(weight) or weight <= 0:
         raise ValueError(f"weight {value!r} must be a finite number greater than 0, such as 1 or 2.5")
     return weight

@@ -87,7 +87,16 @@ running at the end count for what they had produced (``"counting":
 
 from .engine import RequestTrace, Run, simulate
 from .report import build, run_scenario
-from .scenario import BackendSpec, Scenario, ScenarioError, UserSpec, example_names, load_example, load_scenario, parse_scenario
+from .scenario import (
+    BackendSpec,
+    Scenario,
+    ScenarioError,
+    UserSpec,
+    example_names,
+    load_example,
+    load_scenario,
+    parse_scenario,
+)
 
 __all__ = [
     "BackendSpec",

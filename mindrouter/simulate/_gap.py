@@ -76,7 +76,7 @@ class GapTracker:
             for i, (ai, bi) in self._pre.items():
                 a[i] = ai
                 b[i] = bi
-        return [ai + bi * t for ai, bi in zip(a, b)]
+        return [ai + bi * t for ai, bi in zip(a, b, strict=False)]
 
     def _scan(self, users: list[int], x: list[float], t: float) -> None:
         partners = self._partners

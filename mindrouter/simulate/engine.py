@@ -40,7 +40,7 @@ from ..scheduler import Backend, Job, Scheduler
 from ._gap import GapTracker
 from .scenario import BackendSpec, Scenario, UserSpec
 
-__all__ = ["RequestTrace", "Run", "UserRun", "BackendRun", "WindowRun", "simulate"]
+__all__ = ["BackendRun", "RequestTrace", "Run", "UserRun", "WindowRun", "simulate"]
 
 # Event kinds; the first number is the order among events at the same instant.
 _WINDOW = 0  # window boundaries see the state before anything else at that instant
@@ -168,15 +168,26 @@ class _Sim:
         self.sched = Scheduler(scenario.settings)
         self.settings = scenario.settings
         self.users = [
-            UserRun(spec, i, random.Random(f"{scenario.seed}/{spec.name}"), scenario.duration if spec.stop is None else spec.stop)
+            UserRun(
+                spec,
+                i,
+                random.Random(f"{scenario.seed}/{spec.name}"),
+                scenario.duration if spec.stop is None else spec.stop,
+            )
             for i, spec in enumerate(scenario.users)
         ]
         self.backends = {b.name: BackendRun(b) for b in scenario.backends}
         for spec in scenario.backends:
-            self.sched.set_backend(Backend(
-                id=spec.name, name=spec.name, models=frozenset(spec.models), loaded_models=frozenset(spec.loaded_models),
-                max_concurrent=spec.max_concurrent, priority=spec.priority,
-            ))
+            self.sched.set_backend(
+                Backend(
+                    id=spec.name,
+                    name=spec.name,
+                    models=frozenset(spec.models),
+                    loaded_models=frozenset(spec.loaded_models),
+                    max_concurrent=spec.max_concurrent,
+                    priority=spec.priority,
+                )
+            )
         for user in self.users:
             self.sched.set_user(user.index, user.spec.weight, name=user.spec.name, group=user.spec.group)
         self.heap: list[tuple[float, int, int, object]] = []
@@ -323,8 +334,14 @@ class _Sim:
         backend.tokens += req.prompt + req.completion
         self.freed_models.update(backend.spec.models)
         assert req.dispatched is not None and req.prefill_end is not None
-        self.sched.complete(req.id, now, prompt_tokens=req.prompt, completion_tokens=req.completion,
-                            latency=now - req.dispatched, duration=now - req.prefill_end)
+        self.sched.complete(
+            req.id,
+            now,
+            prompt_tokens=req.prompt,
+            completion_tokens=req.completion,
+            latency=now - req.dispatched,
+            duration=now - req.prefill_end,
+        )
         self.next_request(user, now)
 
     def next_request(self, user: UserRun, now: float) -> None:
@@ -489,8 +506,9 @@ class _Sim:
                 user.deprioritized_seconds += end - user.deprioritized_since
 
 
-def simulate(scenario: Scenario, *, trace: bool = False, window: float = 60.0,
-             progress: Callable[[float], None] | None = None) -> Run:
+def simulate(
+    scenario: Scenario, *, trace: bool = False, window: float = 60.0, progress: Callable[[float], None] | None = None
+) -> Run:
     """Run ``scenario`` once and return what happened.
 
     Args:

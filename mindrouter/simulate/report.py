@@ -24,7 +24,7 @@ from rich.table import Table
 from .engine import Run, UserRun, simulate
 from .scenario import Scenario
 
-__all__ = ["build", "percentile", "jain", "render", "run_scenario", "worst_window"]
+__all__ = ["build", "jain", "percentile", "render", "run_scenario", "worst_window"]
 
 
 def percentile(values: Sequence[float], q: float) -> float | None:
@@ -61,11 +61,16 @@ def worst_window(run: Run) -> dict[str, Any] | None:
         total = sum(window.tokens)
         if total <= 0:
             continue
-        for user, tokens, target in zip(run.users, window.tokens, window.targets):
+        for user, tokens, target in zip(run.users, window.tokens, window.targets, strict=False):
             deviation = abs(tokens - target) / total
             if worst is None or deviation > worst["deviation"]:
-                worst = {"start": window.start, "user": user.spec.name, "share": round(tokens / total, 6),
-                         "target": round(target / total, 6), "deviation": round(deviation, 6)}
+                worst = {
+                    "start": window.start,
+                    "user": user.spec.name,
+                    "share": round(tokens / total, 6),
+                    "target": round(target / total, 6),
+                    "deviation": round(deviation, 6),
+                }
     return worst
 
 
@@ -111,8 +116,12 @@ def build(run: Run, baseline: Run | None = None) -> dict[str, Any]:
     windows = []
     for window in run.windows:
         wtotal = sum(window.tokens)
-        windows.append({"start": round(window.start, 6),
-                        "shares": {n: round(t / wtotal, 6) if wtotal else 0.0 for n, t in zip(names, window.tokens)}})
+        windows.append(
+            {
+                "start": round(window.start, 6),
+                "shares": {n: round(t / wtotal, 6) if wtotal else 0.0 for n, t in zip(names, window.tokens, strict=False)},
+            }
+        )
     pair = run.gap.pair
     dpair = run.dispatch_gap.pair
     out: dict[str, Any] = {
@@ -162,7 +171,11 @@ def _deprioritization(run: Run, baseline: Run | None, total: float) -> dict[str,
     if baseline is not None:
         btotal = sum(u.tokens(baseline.duration) for u in baseline.users)
         shares = {u.spec.name: u.tokens(baseline.duration) / btotal if btotal else 0.0 for u in baseline.users}
-        shift = max((abs(u.tokens(run.duration) / total - shares[u.spec.name]) for u in run.users), default=0.0) if total else 0.0
+        shift = (
+            max((abs(u.tokens(run.duration) / total - shares[u.spec.name]) for u in run.users), default=0.0)
+            if total
+            else 0.0
+        )
         info["without"] = {
             "shares": {n: round(s, 6) for n, s in shares.items()},
             "max_share_shift": round(shift, 6),
@@ -173,8 +186,9 @@ def _deprioritization(run: Run, baseline: Run | None, total: float) -> dict[str,
     return info
 
 
-def run_scenario(scenario: Scenario, *, compare: bool = True,
-                 progress: Callable[[str, float], None] | None = None) -> tuple[dict[str, Any], Run]:
+def run_scenario(
+    scenario: Scenario, *, compare: bool = True, progress: Callable[[str, float], None] | None = None
+) -> tuple[dict[str, Any], Run]:
     """Simulate ``scenario``; if heavy-user deprioritization was in play, run it again without to show its effect.
 
     Args:
@@ -185,7 +199,11 @@ def run_scenario(scenario: Scenario, *, compare: bool = True,
     """
     run = simulate(scenario, progress=None if progress is None else partial(progress, "run"))
     baseline = None
-    if compare and any(u.deprioritized_seconds > 0 for u in run.users) and scenario.settings.deprioritize_threshold < 1.0:
+    if (
+        compare
+        and any(u.deprioritized_seconds > 0 for u in run.users)
+        and scenario.settings.deprioritize_threshold < 1.0
+    ):
         off = scenario.replace(settings=dataclasses.replace(scenario.settings, deprioritize_threshold=1.0))
         baseline = simulate(off, progress=None if progress is None else partial(progress, "baseline"))
     return build(run, baseline), run
@@ -202,40 +220,66 @@ def _sec(value: float | None) -> str:
 def render(result: dict[str, Any], console: Console, *, wall_seconds: float | None = None) -> None:
     """Print ``result`` as a rich table and a summary (what ``mr simulate`` shows without --json)."""
     title = f"{result['scenario']}: {result['duration']:g} s simulated, seed {result['seed']}"
-    table = Table(title=title, title_justify="left", box=box.SIMPLE_HEAD, show_edge=False, pad_edge=False, padding=(0, 1), collapse_padding=True)
+    table = Table(
+        title=title,
+        title_justify="left",
+        box=box.SIMPLE_HEAD,
+        show_edge=False,
+        pad_edge=False,
+        padding=(0, 1),
+        collapse_padding=True,
+    )
     table.add_column("user", no_wrap=True)
     table.add_column("group (w)", no_wrap=True)
     for header in ("target", "share", "tokens", "reqs", "wait p50", "p95", "max"):
         table.add_column(header, justify="right", no_wrap=True)
     for row in result["users"]:
         group = f"{row['group']} ({row['weight']:g})" if row["group"] else f"({row['weight']:g})"
-        table.add_row(row["name"], group, _pct(row["target_share"]), _pct(row["share"]), f"{row['tokens']:,}",
-                      f"{row['requests']:,}", _sec(row["wait_p50"]), _sec(row["wait_p95"]), _sec(row["wait_max"]))
+        table.add_row(
+            row["name"],
+            group,
+            _pct(row["target_share"]),
+            _pct(row["share"]),
+            f"{row['tokens']:,}",
+            f"{row['requests']:,}",
+            _sec(row["wait_p50"]),
+            _sec(row["wait_p95"]),
+            _sec(row["wait_max"]),
+        )
     console.print(table)
     gap = result["max_service_gap"]
     bound = result["gap_bound"]
     jain_index = result["jain_index"]
-    console.print(f"Service gap {gap:,.0f} (bound: 2 x max request cost = {bound:,.0f}; "
-                  f"{result['max_dispatch_gap']:,.0f} counting requests whole at dispatch).")
+    console.print(
+        f"Service gap {gap:,.0f} (bound: 2 x max request cost = {bound:,.0f}; "
+        f"{result['max_dispatch_gap']:,.0f} counting requests whole at dispatch)."
+    )
     line = "Jain index " + ("-" if jain_index is None else f"{jain_index:.4f}")
     worst = result["worst_window"]
     if worst is not None:
-        line += f"; worst 60 s window {100 * worst['deviation']:.1f} points off ({worst['user']} at t={worst['start']:g})"
+        line += (
+            f"; worst 60 s window {100 * worst['deviation']:.1f} points off ({worst['user']} at t={worst['start']:g})"
+        )
     console.print(line + ". Tokens count as generated.")
     backends = ", ".join(f"{b['name']} {100 * b['utilization']:.0f}% busy" for b in result["backends"])
     console.print(f"Backends: {backends}.")
     skipped = [r for r in result["users"] if r["waited_requests"]]
     if skipped:
-        console.print("Slots that went to others while a request waited (most, per user): "
-                      + ", ".join(f"{r['name']} {r['max_slots_skipped']}" for r in skipped) + ".")
+        console.print(
+            "Slots that went to others while a request waited (most, per user): "
+            + ", ".join(f"{r['name']} {r['max_slots_skipped']}" for r in skipped)
+            + "."
+        )
     dep = result["deprioritization"]
     if dep["in_play"]:
         heavy = ", ".join(f"{n} {s:.0f} s" for n, s in dep["seconds"].items() if s)
         line = f"Heavy-user deprioritization was in play ({heavy})"
         without = dep["without"]
         if without is not None:
-            line += (f"; without it shares move by at most {100 * without['max_share_shift']:.2f} points"
-                     f" and the service gap is {without['max_service_gap']:,.0f}")
+            line += (
+                f"; without it shares move by at most {100 * without['max_share_shift']:.2f} points"
+                f" and the service gap is {without['max_service_gap']:,.0f}"
+            )
         console.print(line + ".")
     if wall_seconds is not None:
         console.print(f"[dim]Simulated in {wall_seconds:.2f} s ({result['events']:,} events).[/dim]")

@@ -20,7 +20,16 @@ from typing import Any
 from ..errors import UsageError
 from ..scheduler.settings import DEFAULT_GROUP_WEIGHTS, SchedulerSettings, ScoreWeights
 
-__all__ = ["BackendSpec", "Scenario", "ScenarioError", "UserSpec", "example_names", "load_example", "load_scenario", "parse_scenario"]
+__all__ = [
+    "BackendSpec",
+    "Scenario",
+    "ScenarioError",
+    "UserSpec",
+    "example_names",
+    "load_example",
+    "load_scenario",
+    "parse_scenario",
+]
 
 #: A token count: fixed, or drawn uniformly from an inclusive [min, max].
 Tokens = tuple[int, int]
@@ -125,14 +134,44 @@ def parse_scenario(text: str, *, source: str = "scenario", name: str = "scenario
 
 
 _TOP = {"duration", "seed", "name", "description", "groups", "backends", "users", "scheduler"}
-_BACKEND = {"name", "models", "max_concurrent", "tokens_per_second", "prefill_tokens_per_second", "loaded_models", "priority"}
-_USER = {"name", "group", "weight", "model", "concurrency", "rate", "prompt_tokens", "completion_tokens", "start", "stop",
-         "max_tokens", "think_time", "requests"}
+_BACKEND = {
+    "name",
+    "models",
+    "max_concurrent",
+    "tokens_per_second",
+    "prefill_tokens_per_second",
+    "loaded_models",
+    "priority",
+}
+_USER = {
+    "name",
+    "group",
+    "weight",
+    "model",
+    "concurrency",
+    "rate",
+    "prompt_tokens",
+    "completion_tokens",
+    "start",
+    "stop",
+    "max_tokens",
+    "think_time",
+    "requests",
+}
 #: SchedulerSettings fields a scenario may not set ([groups] sets the weights; scores are a sub-table).
 _SETTINGS_SKIP = {"group_weights", "scores"}
 #: Settings that must be above zero, not merely at least zero.
-_POSITIVE = {"fairness_window", "queue_timeout", "max_queued_per_user", "min_deprioritization", "latency_reference",
-             "throughput_reference", "max_decision_records", "heavy_refresh_interval", "deficit_shift_threshold"}
+_POSITIVE = {
+    "fairness_window",
+    "queue_timeout",
+    "max_queued_per_user",
+    "min_deprioritization",
+    "latency_reference",
+    "throughput_reference",
+    "max_decision_records",
+    "heavy_refresh_interval",
+    "deficit_shift_threshold",
+}
 
 
 class _Parser:
@@ -167,7 +206,7 @@ class _Parser:
 
     def strings(self, key: str, value: Any) -> tuple[str, ...]:
         if not isinstance(value, list) or not all(isinstance(v, str) and v for v in value):
-            raise self.fail(f"{key} must be a list of model names such as [\"llama3\"], not {value!r}")
+            raise self.fail(f'{key} must be a list of model names such as ["llama3"], not {value!r}')
         return tuple(value)
 
     def tokens(self, key: str, value: Any) -> Tokens:
@@ -211,7 +250,9 @@ class _Parser:
 
         raw_backends = data.get("backends")
         if not isinstance(raw_backends, list) or not raw_backends:
-            raise self.fail("[[backends]] is missing; add at least one backend with name, models, max_concurrent and tokens_per_second")
+            raise self.fail(
+                "[[backends]] is missing; add at least one backend with name, models, max_concurrent and tokens_per_second"
+            )
         backends = tuple(self.backend(i, b) for i, b in enumerate(raw_backends))
         names = [b.name for b in backends]
         for b in backends:
@@ -228,7 +269,9 @@ class _Parser:
             if user_names.count(u.name) > 1:
                 raise self.fail(f"two users are named {u.name!r}; give each a unique name")
             if u.model not in served:
-                raise self.fail(f"users[{i}] ({u.name}).model {u.model!r} is served by no backend; the models are {', '.join(sorted(served))}")
+                raise self.fail(
+                    f"users[{i}] ({u.name}).model {u.model!r} is served by no backend; the models are {', '.join(sorted(served))}"
+                )
 
         settings = self.settings(self.table("[scheduler]", data.get("scheduler", {})))
         settings = dataclasses.replace(settings, group_weights={**DEFAULT_GROUP_WEIGHTS, **groups})
@@ -246,7 +289,9 @@ class _Parser:
         if not models:
             raise self.fail(f"{where}.models is empty; list the models backend {name!r} serves")
         tps = self.number(f"{where}.tokens_per_second", raw["tokens_per_second"], positive=True)
-        prefill = self.number(f"{where}.prefill_tokens_per_second", raw.get("prefill_tokens_per_second", 10 * tps), positive=True)
+        prefill = self.number(
+            f"{where}.prefill_tokens_per_second", raw.get("prefill_tokens_per_second", 10 * tps), positive=True
+        )
         loaded = self.strings(f"{where}.loaded_models", raw["loaded_models"]) if "loaded_models" in raw else models
         for model in loaded:
             if model not in models:
@@ -280,7 +325,9 @@ class _Parser:
             elif group in DEFAULT_GROUP_WEIGHTS:
                 weight = DEFAULT_GROUP_WEIGHTS[group]
             else:
-                raise self.fail(f"{where}.group {group!r} has no weight; add it under [groups] or give the user a weight")
+                raise self.fail(
+                    f"{where}.group {group!r} has no weight; add it under [groups] or give the user a weight"
+                )
         else:
             weight = 1.0
         if ("concurrency" in raw) == ("rate" in raw):
@@ -328,5 +375,7 @@ class _Parser:
             raise self.fail("[scheduler] min_deprioritization must be at most 1, the factor of a user who is not heavy")
         score_fields = {f.name for f in dataclasses.fields(ScoreWeights)}
         self.unknown("[scheduler.scores] ", scores_raw, score_fields)
-        scores = ScoreWeights(**{k: self.number(f"[scheduler.scores] {k}", v, minimum=-math.inf) for k, v in scores_raw.items()})
+        scores = ScoreWeights(
+            **{k: self.number(f"[scheduler.scores] {k}", v, minimum=-math.inf) for k, v in scores_raw.items()}
+        )
         return dataclasses.replace(defaults, scores=scores, **changes)
