@@ -27,6 +27,8 @@ from mindrouter.store import (
     StoreError,
     UsageRow,
 )
+from mindrouter.store import db as db_module
+from mindrouter.store import schema as schema_module
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -82,23 +84,23 @@ def test_newer_schema_is_refused(path: Path) -> None:
 def test_migration_steps_run_in_order(path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     Store(path).close()
     step = ("ALTER TABLE groups ADD COLUMN note TEXT NOT NULL DEFAULT ''",)
-    monkeypatch.setattr(store_module, "_MIGRATIONS", [*store_module._MIGRATIONS, step])
-    monkeypatch.setattr(store_module, "SCHEMA_VERSION", SCHEMA_VERSION + 1)
+    monkeypatch.setattr(schema_module, "_MIGRATIONS", [*schema_module._MIGRATIONS, step])
+    monkeypatch.setattr(schema_module, "SCHEMA_VERSION", SCHEMA_VERSION + 1)
     db = sqlite3.connect(path, isolation_level=None)
-    assert store_module.migrate(db) == SCHEMA_VERSION
+    assert schema_module.migrate(db) == SCHEMA_VERSION
     assert db.execute("PRAGMA user_version").fetchone()[0] == SCHEMA_VERSION + 1
     assert "note" in [r[1] for r in db.execute("PRAGMA table_info(groups)")]
-    assert store_module.migrate(db) == SCHEMA_VERSION + 1  # nothing left to do
+    assert schema_module.migrate(db) == SCHEMA_VERSION + 1  # nothing left to do
     db.close()
 
 
 def test_failed_migration_leaves_version(path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     Store(path).close()
-    monkeypatch.setattr(store_module, "_MIGRATIONS", [*store_module._MIGRATIONS, ("CREATE TABLE x (a)", "BOGUS")])
-    monkeypatch.setattr(store_module, "SCHEMA_VERSION", SCHEMA_VERSION + 1)
+    monkeypatch.setattr(schema_module, "_MIGRATIONS", [*schema_module._MIGRATIONS, ("CREATE TABLE x (a)", "BOGUS")])
+    monkeypatch.setattr(schema_module, "SCHEMA_VERSION", SCHEMA_VERSION + 1)
     db = sqlite3.connect(path, isolation_level=None)
     with pytest.raises(sqlite3.OperationalError):
-        store_module.migrate(db)
+        schema_module.migrate(db)
     assert db.execute("PRAGMA user_version").fetchone()[0] == SCHEMA_VERSION
     assert db.execute("SELECT name FROM sqlite_master WHERE name = 'x'").fetchone() is None
     db.close()
@@ -652,13 +654,13 @@ def test_bad_import_changes_nothing(st: Store, doc: object, needle: str) -> None
 
 def test_import_rolls_back_when_a_write_fails(st: Store, monkeypatch: pytest.MonkeyPatch) -> None:
     before = st.export()
-    real = store_module._validate_import
+    real = db_module._validate_import
 
     def sneaky(data, groups):  # validation passes, then the database refuses a row
         g, u, b = real(data, groups)
         return g, u, [(name, (f[0], "tgi", *f[2:])) for name, f in b]
 
-    monkeypatch.setattr(store_module, "_validate_import", sneaky)
+    monkeypatch.setattr(db_module, "_validate_import", sneaky)
     with pytest.raises(sqlite3.IntegrityError):
         st.import_(
             {

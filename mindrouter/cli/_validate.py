@@ -21,7 +21,7 @@ __all__ = ["ENGINES", "engine", "gpus", "limit", "max_concurrent", "name", "prio
 #: The backend engines mindrouter has adapters for.
 ENGINES = ("ollama", "vllm", "llamacpp", "openai")
 
-#: The daemon's rule for names (mindrouter/store.py), checked here too so a bad one never reaches it.
+#: The daemon's rule for names (mindrouter/store/validate.py), checked here too so a bad one never reaches it.
 _NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._@+-]{0,63}\Z")
 
 

@@ -1,0 +1,42 @@
+"""Durable state in one SQLite file: groups, users, API keys, backends, usage and decisions.
+
+The daemon owns the file and calls the store from its event loop, so every
+call is one or two indexed statements on one long-lived connection (the
+sqlite3 module caches the prepared statements). WAL with ``synchronous=NORMAL``
+makes each call's commit survive a SIGKILL of the process once it returns
+(not a power cut, which may lose the last commits but never corrupts).
+
+Invariants:
+    - API keys are stored only as SHA-256 hex plus a short display prefix.
+    - User and backend ids are never reused (AUTOINCREMENT), because usage
+      rows and decision records refer to them after a removal.
+    - Decision records are pruned as a prefix of ids, in batches, so an
+      insert is O(1) amortized and at most ``max_decisions + batch`` are kept.
+    - ``import_`` validates everything before it writes, then writes in one
+      transaction: bad input changes nothing.
+"""
+
+from .db import Store
+from .errors import AlreadyExists, InUse, InvalidValue, NotFound, StoreError
+from .rows import ApiKeyInfo, BackendRow, Group, UsageRow, UsageTotal, User
+from .schema import SCHEMA_VERSION, migrate
+from .validate import ENGINES, STATES
+
+__all__ = [
+    "ENGINES",
+    "SCHEMA_VERSION",
+    "STATES",
+    "AlreadyExists",
+    "ApiKeyInfo",
+    "BackendRow",
+    "Group",
+    "InUse",
+    "InvalidValue",
+    "NotFound",
+    "Store",
+    "StoreError",
+    "UsageRow",
+    "UsageTotal",
+    "User",
+    "migrate",
+]

@@ -1,0 +1,389 @@
+"""The Store: groups, users, API keys and backends on the daemon's one SQLite connection.
+
+Usage rows and decision records are in ``records.py``; the schema in ``schema.py``.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import secrets
+import sqlite3
+import time
+from collections.abc import Callable, Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+from ..scheduler.settings import DEFAULT_GROUP_WEIGHTS
+from .errors import AlreadyExists, InUse, InvalidValue, NotFound
+from .records import Records
+from .rows import ApiKeyInfo, BackendRow, Group, User
+from .schema import migrate
+from .validate import _backend_fields, _name, _validate_import, _weight
+
+KEY_PREFIX = "mr-"
+DAY = 86_400.0
+
+
+def _hash(key: str) -> str:
+    return hashlib.sha256(key.encode()).hexdigest()
+
+
+_USER_SELECT = (
+    "SELECT u.id, u.name, g.name, u.weight_override, g.scheduler_weight, u.created"
+    " FROM users u JOIN groups g ON g.id = u.group_id"
+)
+_BACKEND_SELECT = "SELECT id, name, url, engine, max_concurrent, gpus, node, priority, state FROM backends"
+
+
+def _backend(row: tuple[Any, ...]) -> BackendRow:
+    return BackendRow(row[0], row[1], row[2], row[3], row[4], tuple(json.loads(row[5])), row[6], row[7], row[8])
+
+
+class Store(Records):
+    """The daemon's durable state, on one connection; not for use from several threads.
+
+    Args:
+        path: the SQLite file; parent folders are created (mode 0700).
+        max_decisions: decision records kept (newest first). Defaults to 100,000.
+        usage_retention: seconds of usage kept; older rows are pruned as new ones arrive.
+            Defaults to 30 days.
+        clock: wall-clock seconds for ``created`` times. Defaults to ``time.time``.
+
+    Raises:
+        StoreError: the file was written by a newer schema.
+    """
+
+    def __init__(
+        self,
+        path: Path,
+        *,
+        max_decisions: int = 100_000,
+        usage_retention: float = 30 * DAY,
+        clock: Callable[[], float] = time.time,
+    ) -> None:
+        if max_decisions < 1:
+            raise InvalidValue(f"max_decisions {max_decisions!r} must be at least 1")
+        self.path = Path(path)
+        self.max_decisions = max_decisions
+        self.usage_retention = usage_retention
+        self._clock = clock
+        self.path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
+        fresh = not self.path.exists()
+        # isolation_level=None: every statement commits on its own unless we BEGIN.
+        self._db = sqlite3.connect(self.path, isolation_level=None, cached_statements=256)
+        if fresh:
+            os.chmod(self.path, 0o600)  # key hashes and usage; SQLite gives -wal/-shm the same mode
+        self._db.execute("PRAGMA journal_mode = WAL")
+        self._db.execute("PRAGMA synchronous = NORMAL")
+        self._db.execute("PRAGMA foreign_keys = ON")
+        migrate(self._db)
+        self._decision_batch = max(1, min(1000, max_decisions // 10))
+        low = self._db.execute("SELECT min(id) FROM decisions").fetchone()[0]
+        self._decisions_below = 0 if low is None else low - 1
+        self._usage_inserts = 0
+
+    # ------------------------------------------------------------ lifecycle
+
+    def close(self) -> None:
+        """Close the connection (idempotent); WAL content is checkpointed into the main file."""
+        if self._db is None:
+            return
+        try:
+            self._db.execute("PRAGMA optimize")
+        finally:
+            self._db.close()
+            self._db = None  # type: ignore[assignment]
+
+    def __enter__(self) -> Store:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    @property
+    def schema_version(self) -> int:
+        return self._db.execute("PRAGMA user_version").fetchone()[0]
+
+    # ------------------------------------------------------------ groups
+
+    def ensure_default_groups(self, weights: Mapping[str, float] = DEFAULT_GROUP_WEIGHTS) -> list[str]:
+        """Create the given groups on the first start only, so later admin edits and removals stick.
+
+        Returns the names created (empty on every later start).
+        """
+        checked = {_name("group", name).lower(): _weight(f"group {name!r}", w) for name, w in weights.items()}
+        created: list[str] = []
+        with self._transaction() as db:
+            if db.execute("SELECT 1 FROM meta WHERE key = 'default_groups'").fetchone():
+                return created
+            for name, weight in checked.items():
+                if db.execute(
+                    "INSERT OR IGNORE INTO groups (name, scheduler_weight) VALUES (?, ?)", (name, weight)
+                ).rowcount:
+                    created.append(name)
+            db.execute("INSERT INTO meta (key, value) VALUES ('default_groups', '1')")
+        return created
+
+    def _group_id(self, name: str) -> int:
+        row = self._db.execute("SELECT id FROM groups WHERE name = ?", (name,)).fetchone()
+        if row is None:
+            raise NotFound(f"group {name!r} does not exist; create it with `mr group add {name} --weight 1`")
+        return row[0]
+
+    def add_group(self, name: str, weight: float) -> Group:
+        name = _name("group", name).lower()
+        weight = _weight(f"group {name!r}", weight)
+        if self._db.execute("SELECT 1 FROM groups WHERE name = ?", (name,)).fetchone():
+            raise AlreadyExists(
+                f"group {name!r} already exists; change its weight with `mr group set-weight {name} {weight:g}`"
+            )
+        cur = self._db.execute("INSERT INTO groups (name, scheduler_weight) VALUES (?, ?)", (name, weight))
+        return Group(cur.lastrowid, name, weight)  # type: ignore[arg-type]
+
+    def set_group_weight(self, name: str, weight: float) -> Group:
+        weight = _weight(f"group {name!r}", weight)
+        if not self._db.execute("UPDATE groups SET scheduler_weight = ? WHERE name = ?", (weight, name)).rowcount:
+            self._group_id(name)
+        return self.get_group(name)
+
+    def remove_group(self, name: str) -> None:
+        """Remove an empty group; one that still has users is refused (InUse)."""
+        group_id = self._group_id(name)
+        users = [
+            r[0]
+            for r in self._db.execute("SELECT name FROM users WHERE group_id = ? ORDER BY name LIMIT 4", (group_id,))
+        ]
+        if users:
+            count = self._db.execute("SELECT count(*) FROM users WHERE group_id = ?", (group_id,)).fetchone()[0]
+            shown = ", ".join(users[:3]) + (", ..." if count > 3 else "")
+            raise InUse(
+                f"group {name!r} still has {count} user{'s' * (count != 1)} ({shown}); move them to another "
+                "group or remove them with `mr user rm NAME` first"
+            )
+        self._db.execute("DELETE FROM groups WHERE id = ?", (group_id,))
+
+    def get_group(self, name: str) -> Group:
+        row = self._db.execute("SELECT id, name, scheduler_weight FROM groups WHERE name = ?", (name,)).fetchone()
+        if row is None:
+            self._group_id(name)
+        return Group(*row)
+
+    def list_groups(self) -> list[Group]:
+        return [Group(*r) for r in self._db.execute("SELECT id, name, scheduler_weight FROM groups ORDER BY name")]
+
+    # ------------------------------------------------------------ users
+
+    def _user_id(self, name: str) -> int:
+        row = self._db.execute("SELECT id FROM users WHERE name = ?", (name,)).fetchone()
+        if row is None:
+            raise NotFound(f"user {name!r} does not exist; create it with `mr user add {name} --group student`")
+        return row[0]
+
+    def add_user(self, name: str, group: str, weight: float | None = None) -> User:
+        name = _name("user", name)
+        override = None if weight is None else _weight(f"user {name!r}", weight)
+        group_id = self._group_id(group)
+        if self._db.execute("SELECT 1 FROM users WHERE name = ?", (name,)).fetchone():
+            raise AlreadyExists(f"user {name!r} already exists; give it a new key with `mr user key {name}`")
+        self._db.execute(
+            "INSERT INTO users (name, group_id, weight_override, created) VALUES (?, ?, ?, ?)",
+            (name, group_id, override, self._clock()),
+        )
+        return self.get_user(name)
+
+    def set_user_weight(self, name: str, weight: float | None) -> User:
+        """Set the user's own weight; None clears it so the group's weight applies."""
+        override = None if weight is None else _weight(f"user {name!r}", weight)
+        if not self._db.execute("UPDATE users SET weight_override = ? WHERE name = ?", (override, name)).rowcount:
+            self._user_id(name)
+        return self.get_user(name)
+
+    def set_user_group(self, name: str, group: str) -> User:
+        group_id = self._group_id(group)
+        if not self._db.execute("UPDATE users SET group_id = ? WHERE name = ?", (group_id, name)).rowcount:
+            self._user_id(name)
+        return self.get_user(name)
+
+    def remove_user(self, name: str) -> None:
+        """Remove the user and all its keys; its usage rows stay for accounting."""
+        if not self._db.execute("DELETE FROM users WHERE name = ?", (name,)).rowcount:
+            self._user_id(name)
+
+    def get_user(self, name: str) -> User:
+        row = self._db.execute(_USER_SELECT + " WHERE u.name = ?", (name,)).fetchone()
+        if row is None:
+            self._user_id(name)
+        return User(*row)
+
+    def list_users(self, group: str | None = None) -> list[User]:
+        if group is None:
+            return [User(*r) for r in self._db.execute(_USER_SELECT + " ORDER BY u.name")]
+        group_id = self._group_id(group)
+        return [User(*r) for r in self._db.execute(_USER_SELECT + " WHERE u.group_id = ? ORDER BY u.name", (group_id,))]
+
+    # ------------------------------------------------------------ keys
+
+    def create_key(self, user: str) -> str:
+        """Make a new key for ``user`` and return it: the only time it exists outside the client."""
+        user_id = self._user_id(user)
+        key = KEY_PREFIX + secrets.token_urlsafe(32)
+        self._db.execute(
+            "INSERT INTO api_keys (user_id, hash, prefix, created) VALUES (?, ?, ?, ?)",
+            (user_id, _hash(key), key[: len(KEY_PREFIX) + 6], self._clock()),
+        )
+        return key
+
+    def user_for_key(self, key: str) -> User | None:
+        """The user a key belongs to, or None; the lookup is by hash, so timing says nothing about the key."""
+        if not isinstance(key, str) or not key.startswith(KEY_PREFIX) or len(key) > 256:
+            return None
+        row = self._db.execute(
+            _USER_SELECT + " JOIN api_keys k ON k.user_id = u.id WHERE k.hash = ?", (_hash(key),)
+        ).fetchone()
+        return None if row is None else User(*row)
+
+    def list_keys(self, user: str | None = None) -> list[ApiKeyInfo]:
+        sql = "SELECT k.id, u.name, k.prefix, k.created FROM api_keys k JOIN users u ON u.id = k.user_id"
+        if user is None:
+            return [ApiKeyInfo(*r) for r in self._db.execute(sql + " ORDER BY k.id")]
+        user_id = self._user_id(user)
+        return [ApiKeyInfo(*r) for r in self._db.execute(sql + " WHERE k.user_id = ? ORDER BY k.id", (user_id,))]
+
+    def revoke_keys(self, user: str) -> int:
+        """Delete every key of ``user``; returns how many there were."""
+        return self._db.execute("DELETE FROM api_keys WHERE user_id = ?", (self._user_id(user),)).rowcount
+
+    # ------------------------------------------------------------ backends
+
+    def _backend_row(self, key: str | int) -> tuple[Any, ...]:
+        column = "id" if isinstance(key, int) else "name"
+        row = self._db.execute(f"{_BACKEND_SELECT} WHERE {column} = ?", (key,)).fetchone()
+        if row is None:
+            raise NotFound(f"backend {key!r} does not exist; see the configured ones with `mr backend list`")
+        return row
+
+    def add_backend(
+        self,
+        name: str,
+        url: str,
+        engine: str,
+        *,
+        max_concurrent: int = 4,
+        gpus: Sequence[int] = (),
+        node: str = "",
+        priority: float = 0.0,
+        state: str = "enabled",
+    ) -> BackendRow:
+        name = _name("backend", name)
+        fields = _backend_fields(name, url, engine, max_concurrent, gpus, node, priority, state)
+        if self._db.execute("SELECT 1 FROM backends WHERE name = ?", (name,)).fetchone():
+            raise AlreadyExists(
+                f"backend {name!r} already exists; pick another name or remove it with `mr backend rm {name}` first"
+            )
+        cur = self._db.execute(
+            "INSERT INTO backends (name, url, engine, max_concurrent, gpus, node, priority, state)"
+            " VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
+            (name, *fields),
+        )
+        return self.get_backend(cur.lastrowid)  # type: ignore[arg-type]
+
+    def update_backend(
+        self,
+        key: str | int,
+        *,
+        url: str | None = None,
+        engine: str | None = None,
+        max_concurrent: int | None = None,
+        gpus: Sequence[int] | None = None,
+        node: str | None = None,
+        priority: float | None = None,
+        state: str | None = None,
+    ) -> BackendRow:
+        """Change the given fields (None leaves one as it is; ``node=""`` clears the node)."""
+        old = _backend(self._backend_row(key))
+        fields = _backend_fields(
+            old.name,
+            old.url if url is None else url,
+            old.engine if engine is None else engine,
+            old.max_concurrent if max_concurrent is None else max_concurrent,
+            old.gpus if gpus is None else gpus,
+            old.node if node is None else node,
+            old.priority if priority is None else priority,
+            old.state if state is None else state,
+        )
+        self._db.execute(
+            "UPDATE backends SET url = ?, engine = ?, max_concurrent = ?, gpus = ?, node = ?,"
+            " priority = ?, state = ? WHERE id = ?",
+            (*fields, old.id),
+        )
+        return self.get_backend(old.id)
+
+    def set_backend_state(self, key: str | int, state: str) -> BackendRow:
+        return self.update_backend(key, state=state)
+
+    def remove_backend(self, key: str | int) -> None:
+        self._db.execute("DELETE FROM backends WHERE id = ?", (self._backend_row(key)[0],))
+
+    def get_backend(self, key: str | int) -> BackendRow:
+        """A backend by name, or by id (an int, as decision records show it)."""
+        return _backend(self._backend_row(key))
+
+    def list_backends(self) -> list[BackendRow]:
+        return [_backend(r) for r in self._db.execute(_BACKEND_SELECT + " ORDER BY id")]
+
+    # ------------------------------------------------------------ export / import
+
+    def export(self) -> dict[str, Any]:
+        """Groups, users (never keys) and backends, in the shape ``import_`` takes and TOML can hold."""
+        users = []
+        for user in self.list_users():
+            row: dict[str, Any] = {"name": user.name, "group": user.group}
+            if user.weight_override is not None:  # TOML has no null
+                row["weight_override"] = user.weight_override
+            users.append(row)
+        return {
+            "version": 1,
+            "groups": [g.to_dict() for g in self.list_groups()],
+            "users": users,
+            "backends": [b.to_dict() for b in self.list_backends()],
+        }
+
+    def import_(self, data: Mapping[str, Any]) -> dict[str, int]:
+        """Create or replace, by name, every group, user and backend in ``data``; nothing else is touched.
+
+        Each entry describes the whole thing: a field it leaves out takes its default. Derived
+        fields that ``export`` or ``to_dict`` write (a backend's ``id``, a user's ``weight``) are
+        ignored. Everything is validated before anything is written, then written in one
+        transaction. Returns how many of each were imported.
+
+        Raises:
+            InvalidValue: naming the first bad entry; the database is unchanged.
+        """
+        groups, users, backends = _validate_import(data, {g.name for g in self.list_groups()})
+        with self._transaction() as db:
+            for name, weight in groups:
+                db.execute(
+                    "INSERT INTO groups (name, scheduler_weight) VALUES (?, ?)"
+                    " ON CONFLICT (name) DO UPDATE SET scheduler_weight = excluded.scheduler_weight",
+                    (name, weight),
+                )
+            for name, group, override in users:
+                group_id = db.execute("SELECT id FROM groups WHERE name = ?", (group,)).fetchone()[0]
+                db.execute(
+                    "INSERT INTO users (name, group_id, weight_override, created) VALUES (?, ?, ?, ?)"
+                    " ON CONFLICT (name) DO UPDATE SET group_id = excluded.group_id,"
+                    " weight_override = excluded.weight_override",
+                    (name, group_id, override, self._clock()),
+                )
+            for name, fields in backends:
+                db.execute(
+                    "INSERT INTO backends (name, url, engine, max_concurrent, gpus, node, priority, state)"
+                    " VALUES (?, ?, ?, ?, ?, ?, ?, ?) ON CONFLICT (name) DO UPDATE SET url = excluded.url,"
+                    " engine = excluded.engine, max_concurrent = excluded.max_concurrent,"
+                    " gpus = excluded.gpus, node = excluded.node, priority = excluded.priority,"
+                    " state = excluded.state",
+                    (name, *fields),
+                )
+        return {"groups": len(groups), "users": len(users), "backends": len(backends)}

@@ -1,0 +1,105 @@
+"""Rows read from the store: frozen values the daemon and the admin API pass around."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, NamedTuple
+
+
+@dataclass(frozen=True, slots=True)
+class Group:
+    id: int
+    name: str
+    scheduler_weight: float
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"name": self.name, "scheduler_weight": self.scheduler_weight}
+
+
+@dataclass(frozen=True, slots=True)
+class User:
+    id: int
+    name: str
+    group: str
+    weight_override: float | None
+    group_weight: float
+    created: float
+    """Wall-clock epoch seconds."""
+
+    @property
+    def weight(self) -> float:
+        """The scheduler weight: the override if set, else the group's weight."""
+        return self.group_weight if self.weight_override is None else self.weight_override
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"name": self.name, "group": self.group, "weight_override": self.weight_override, "weight": self.weight}
+
+
+@dataclass(frozen=True, slots=True)
+class ApiKeyInfo:
+    """What may be shown about a key: never the key itself."""
+
+    id: int
+    user: str
+    prefix: str
+    created: float
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"id": self.id, "user": self.user, "prefix": self.prefix, "created": self.created}
+
+
+@dataclass(frozen=True, slots=True)
+class BackendRow:
+    id: int
+    name: str
+    url: str
+    engine: str
+    max_concurrent: int
+    gpus: tuple[int, ...]
+    node: str
+    """URL of the ``mr agent`` that reports this backend's GPUs; empty for this machine."""
+    priority: float
+    state: str
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "id": self.id,
+            "name": self.name,
+            "url": self.url,
+            "engine": self.engine,
+            "max_concurrent": self.max_concurrent,
+            "gpus": list(self.gpus),
+            "node": self.node,
+            "priority": self.priority,
+            "state": self.state,
+        }
+
+
+class UsageRow(NamedTuple):
+    user_id: int
+    tokens: int
+    at: float
+
+
+@dataclass(frozen=True, slots=True)
+class UsageTotal:
+    user_id: int
+    user: str | None
+    """None once the user has been removed."""
+    requests: int
+    prompt_tokens: int
+    completion_tokens: int
+
+    @property
+    def tokens(self) -> int:
+        return self.prompt_tokens + self.completion_tokens
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "user_id": self.user_id,
+            "user": self.user,
+            "requests": self.requests,
+            "prompt_tokens": self.prompt_tokens,
+            "completion_tokens": self.completion_tokens,
+            "tokens": self.tokens,
+        }

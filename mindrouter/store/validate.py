@@ -1,0 +1,178 @@
+"""Checks on every value the store accepts, and on a whole import document before it is written."""
+
+from __future__ import annotations
+
+import json
+import math
+import re
+from collections.abc import Callable, Mapping
+from typing import Any
+from urllib.parse import urlsplit
+
+from ..scheduler.settings import check_weight
+from .errors import InvalidValue
+
+ENGINES = ("ollama", "vllm", "llamacpp", "openai")
+STATES = ("enabled", "draining", "disabled")
+
+_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._@+-]{0,63}\Z")
+
+
+def _name(kind: str, value: object) -> str:
+    if not isinstance(value, str) or not _NAME.match(value):
+        raise InvalidValue(
+            f"{kind} name {value!r} is not valid; use 1 to 64 letters, digits, '.', '_', '-', "
+            "'@' or '+', starting with a letter or digit"
+        )
+    return value
+
+
+def _weight(what: str, value: object) -> float:
+    try:
+        return check_weight(value)
+    except ValueError as exc:
+        raise InvalidValue(f"cannot set the weight of {what}: {exc}") from None
+
+
+def _url(what: str, value: object, *, empty_ok: bool = False) -> str:
+    if empty_ok and value == "":
+        return ""
+    if isinstance(value, str) and not any(c.isspace() for c in value):
+        parts = urlsplit(value)
+        if parts.scheme in ("http", "https") and parts.netloc:
+            return value.rstrip("/")
+    raise InvalidValue(f"{what} {value!r} is not an http(s) URL; give one such as http://127.0.0.1:11434")
+
+
+def _backend_fields(
+    name: str,
+    url: object,
+    engine: object,
+    max_concurrent: object,
+    gpus: object,
+    node: object,
+    priority: object,
+    state: object,
+) -> tuple[str, str, int, str, str, float, str]:
+    """Validate a backend's fields; returns (url, engine, max_concurrent, gpus_json, node, priority, state)."""
+    what = f"backend {name!r}"
+    url = _url(f"the URL of {what}", url)
+    if engine not in ENGINES:
+        raise InvalidValue(f"engine {engine!r} of {what} is not known; use one of {', '.join(ENGINES)}")
+    if isinstance(max_concurrent, bool) or not isinstance(max_concurrent, int) or not 1 <= max_concurrent <= 100_000:
+        raise InvalidValue(f"max_concurrent {max_concurrent!r} of {what} must be a whole number from 1 to 100000")
+    if (
+        not isinstance(gpus, (list, tuple))
+        or any(isinstance(g, bool) or not isinstance(g, int) or g < 0 for g in gpus)
+        or len(set(gpus)) != len(gpus)
+    ):
+        raise InvalidValue(f"gpus {gpus!r} of {what} must be distinct GPU indices such as [0, 1]")
+    node = _url(f"the node of {what}", node, empty_ok=True)
+    if isinstance(priority, bool) or not isinstance(priority, (int, float)) or not math.isfinite(priority):
+        raise InvalidValue(f"priority {priority!r} of {what} must be a finite number such as 0 or 10")
+    if state not in STATES:
+        raise InvalidValue(f"state {state!r} of {what} is not known; use one of {', '.join(STATES)}")
+    return url, engine, max_concurrent, json.dumps(list(gpus)), node, float(priority), state
+
+
+def _decision_params(record: Mapping[str, Any], at: float | None) -> tuple[Any, ...]:
+    request_id = record.get("request_id")
+    if not isinstance(request_id, str) or not request_id:
+        raise InvalidValue(f"a decision record needs a request_id string, not {request_id!r}")
+    user = record.get("user")
+    when = at if at is not None else record.get("wall_time")
+    return (
+        request_id,
+        user if isinstance(user, str) else None,
+        when if isinstance(when, (int, float)) and not isinstance(when, bool) else None,
+        json.dumps(record, separators=(",", ":"), default=str),
+    )
+
+
+_IMPORT_FIELDS = {
+    "groups": ({"name", "scheduler_weight"}, {"name", "scheduler_weight"}, set()),
+    "users": ({"name", "group"}, {"name", "group", "weight_override"}, {"weight"}),
+    "backends": (
+        {"name", "url", "engine"},
+        {"name", "url", "engine", "max_concurrent", "gpus", "node", "priority", "state"},
+        {"id"},
+    ),
+}
+
+
+def _validate_import(data: Mapping[str, Any], existing_groups: set[str]) -> tuple[list[Any], list[Any], list[Any]]:
+    """Check an import document completely; returns the normalized groups, users and backends."""
+    if not isinstance(data, Mapping):
+        raise InvalidValue("the import data must be a table with groups, users and backends lists")
+    unknown = set(data) - {"version", "groups", "users", "backends"}
+    if unknown:
+        raise InvalidValue(
+            f"the import data has unknown section {sorted(unknown)[0]!r}; use only groups, users and backends"
+        )
+    if data.get("version", 1) != 1:
+        raise InvalidValue(f"the import data has version {data.get('version')!r}; this mindrouter reads version 1")
+    sections: dict[str, list[Mapping[str, Any]]] = {}
+    for section, (required, allowed, ignored) in _IMPORT_FIELDS.items():
+        entries = data.get(section, [])
+        if not isinstance(entries, list):
+            raise InvalidValue(f"the import data's {section} must be a list of tables")
+        seen: set[str] = set()
+        for i, entry in enumerate(entries):
+            where = f"{section}[{i}]"
+            if not isinstance(entry, Mapping):
+                raise InvalidValue(f"{where} must be a table with at least {', '.join(sorted(required))}")
+            if missing := required - set(entry):
+                raise InvalidValue(f"{where} lacks {sorted(missing)[0]!r}; give {', '.join(sorted(required))}")
+            if extra := set(entry) - allowed - ignored:
+                raise InvalidValue(f"{where} has unknown field {sorted(extra)[0]!r}; use {', '.join(sorted(allowed))}")
+            try:
+                name = _name(section[:-1], entry["name"]).lower()
+            except InvalidValue as exc:
+                raise InvalidValue(f"{where}: {exc}") from None
+            if name in seen:
+                raise InvalidValue(f"{where} repeats the name {entry['name']!r}; give each {section[:-1]} once")
+            seen.add(name)
+        sections[section] = entries
+
+    def checked(where: str, fn: Callable[..., Any], *args: Any) -> Any:
+        try:
+            return fn(*args)
+        except InvalidValue as exc:
+            raise InvalidValue(f"{where}: {exc}") from None
+
+    groups = [
+        (e["name"].lower(), checked(f"groups[{i}]", _weight, f"group {e['name']!r}", e["scheduler_weight"]))
+        for i, e in enumerate(sections["groups"])
+    ]
+    known = {g.lower() for g in existing_groups} | {name for name, _ in groups}
+    users = []
+    for i, e in enumerate(sections["users"]):
+        group = e["group"]
+        if not isinstance(group, str) or group.lower() not in known:
+            raise InvalidValue(
+                f"users[{i}]: group {group!r} of user {e['name']!r} does not exist; add it to the "
+                "file's groups or create it with `mr group add NAME --weight 1`"
+            )
+        override = e.get("weight_override")
+        if override is not None:
+            override = checked(f"users[{i}]", _weight, f"user {e['name']!r}", override)
+        users.append((e["name"], group.lower(), override))
+    backends = [
+        (
+            e["name"],
+            checked(
+                f"backends[{i}]",
+                _backend_fields,
+                e["name"],
+                e["url"],
+                e["engine"],
+                e.get("max_concurrent", 4),
+                e.get("gpus", []),
+                e.get("node", ""),
+                e.get("priority", 0.0),
+                e.get("state", "enabled"),
+            ),
+        )
+        for i, e in enumerate(sections["backends"])
+    ]
+    return groups, users, backends
