@@ -33,6 +33,7 @@ from ..scheduler import Scheduler
 from ..store import Store
 from .admin import admin_middleware, setup_admin_routes
 from .auth import Auth
+from .catalog import setup_catalog_routes
 from .decisions import DecisionLog
 from .discover import discover_local_backends
 from .dispatcher import Dispatcher
@@ -135,6 +136,7 @@ async def create_app(config: Config, *, nvml: Any = None, discover: bool | None 
     app.cleanup_ctx.append(dispatcher.timer_ctx)
     app.cleanup_ctx.append(gpus.poll_ctx)
     setup_inference_routes(app)
+    setup_catalog_routes(app)
     setup_admin_routes(app)
     setup_metrics(app)
     return app

@@ -19,12 +19,11 @@ from typing import Any
 
 from aiohttp import web
 
-from .. import __version__
 from ..backends.base import INFERENCE_PATHS, BackendError, Call
 from ..errors import RequestError
 from ..scheduler import Job, Modality
 from .keys import AUTH, CONFIG, DISPATCHER, REGISTRY, SCHEDULER, STATS
-from .responses import error_response
+from .responses import dialect_of, error_response
 
 __all__ = ["setup_inference_routes"]
 
@@ -39,12 +38,8 @@ def _request_id() -> str:
     return f"mr-{_prefix}{next(_counter):x}"
 
 
-def _dialect(path: str) -> str:
-    return "ollama" if path.startswith("/api/") else "openai"
-
-
 async def handle_inference(request: web.Request) -> web.StreamResponse:
-    dialect = _dialect(request.path)
+    dialect = dialect_of(request.path)
     rid = _request_id()
     app = request.app
     try:
@@ -206,90 +201,6 @@ async def _wait_telling_position(
             return await dispatcher.wait(job, future)
 
 
-# -- requests that need no GPU ---------------------------------------------------
-
-
-def _all_models(app: web.Application) -> dict[str, list[Any]]:
-    models: dict[str, list[Any]] = {}
-    registry = app[REGISTRY]
-    for entry in registry.entries.values():
-        if entry.probe is None or entry.row.state == "disabled":
-            continue
-        for model in entry.probe.models:
-            models.setdefault(model, []).append(entry)
-    return models
-
-
-async def handle_openai_models(request: web.Request) -> web.Response:
-    request.app[AUTH].caller(request.headers.get("Authorization"))
-    data = [
-        {"id": m, "object": "model", "created": 0, "owned_by": "mindrouter"} for m in sorted(_all_models(request.app))
-    ]
-    return web.json_response({"object": "list", "data": data})
-
-
-async def handle_ollama_tags(request: web.Request) -> web.Response:
-    request.app[AUTH].caller(request.headers.get("Authorization"))
-    out = []
-    for model, entries in sorted(_all_models(request.app).items()):
-        size = next((e.probe.model_sizes.get(model) for e in entries if e.probe.model_sizes.get(model)), 0)
-        out.append(
-            {
-                "name": model,
-                "model": model,
-                "modified_at": "1970-01-01T00:00:00Z",
-                "size": size or 0,
-                "digest": "",
-                "details": {},
-            }
-        )
-    return web.json_response({"models": out})
-
-
-async def handle_ollama_ps(request: web.Request) -> web.Response:
-    request.app[AUTH].caller(request.headers.get("Authorization"))
-    out = []
-    for entry in request.app[REGISTRY].entries.values():
-        probe = entry.probe
-        if probe is None:
-            continue
-        for model in sorted(probe.loaded_models):
-            vram = probe.loaded_vram.get(model, 0)
-            out.append(
-                {
-                    "name": model,
-                    "model": model,
-                    "size": vram,
-                    "size_vram": vram,
-                    "digest": "",
-                    "details": {},
-                    "expires_at": "0001-01-01T00:00:00Z",
-                    "backend": entry.row.name,
-                }
-            )
-    return web.json_response({"models": out})
-
-
-async def handle_ollama_version(request: web.Request) -> web.Response:
-    return web.json_response({"version": __version__})
-
-
-def _guard(handler: Any) -> Any:
-    """Turn a RequestError from a no-GPU handler into the dialect's error body."""
-
-    async def wrapped(request: web.Request) -> web.StreamResponse:
-        try:
-            return await handler(request)
-        except RequestError as exc:
-            return error_response(exc, _dialect(request.path))
-
-    return wrapped
-
-
 def setup_inference_routes(app: web.Application) -> None:
     for path in sorted(INFERENCE_PATHS):
         app.router.add_post(path, handle_inference)
-    app.router.add_get("/v1/models", _guard(handle_openai_models))
-    app.router.add_get("/api/tags", _guard(handle_ollama_tags))
-    app.router.add_get("/api/ps", _guard(handle_ollama_ps))
-    app.router.add_get("/api/version", handle_ollama_version)

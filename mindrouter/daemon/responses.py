@@ -8,7 +8,12 @@ from aiohttp import web
 
 from ..errors import RequestError
 
-__all__ = ["error_response", "json_error"]
+__all__ = ["dialect_of", "error_response", "json_error"]
+
+
+def dialect_of(path: str) -> str:
+    """Which client dialect a path speaks: Ollama's ``/api/...`` or OpenAI's everything else."""
+    return "ollama" if path.startswith("/api/") else "openai"
 
 
 def error_response(exc: RequestError, dialect: str) -> web.Response:
