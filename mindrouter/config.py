@@ -51,7 +51,9 @@ def default_socket_path() -> Path:
 @dataclass(frozen=True, slots=True)
 class ServerSettings:
     host: str = "127.0.0.1"
+    """Address the inference API (OpenAI- and Ollama-compatible) listens on; 0.0.0.0 for the whole lab network."""
     port: int = 8484
+    """TCP port of the inference API."""
     socket: str = ""
     """Unix socket for the admin API; empty means platformdirs' user runtime dir."""
     state_dir: str = ""
@@ -59,11 +61,15 @@ class ServerSettings:
     admin_key: str = ""
     """When set, admin calls are also accepted on TCP with this key."""
     max_body_bytes: int = 16 * 1024 * 1024
+    """Largest request body accepted, in bytes."""
     shutdown_grace_seconds: float = 30.0
+    """Seconds running requests may finish after a stop signal."""
     log_level: str = "info"
+    """debug, info, warning or error."""
     discover: bool = True
     """On first start with no backend, look for Ollama and OpenAI-compatible servers on this machine."""
     gpu_poll_interval: float = 5.0
+    """Seconds between readings of the local GPUs (NVML) and of `mr agent` nodes."""
     agent_key: str = ""
     """Key the daemon sends to the `mr agent` of other workstations (`mr agent --key`)."""
     decision_retention: int = 100_000
@@ -81,9 +87,13 @@ class ServerSettings:
 @dataclass(frozen=True, slots=True)
 class BackendSettings:
     poll_interval: float = 10.0
+    """Seconds between health and model probes of each backend."""
     request_timeout: float = 600.0
+    """Seconds a backend may take to finish one request."""
     max_retries: int = 2
+    """Other backends tried when one fails before its first byte."""
     connect_timeout: float = 5.0
+    """Seconds to wait for a backend to accept a connection."""
     circuit_failures: int = 3
     """Consecutive failures that open a backend's circuit (mark it unhealthy)."""
     circuit_cooldown: float = 30.0

@@ -10,19 +10,12 @@ checked here, rather than by typer, so that every refusal reads the same way
 from __future__ import annotations
 
 import math
-import re
-from urllib.parse import urlsplit
 
+from .. import names
 from ..errors import UsageError
 from ..scheduler.settings import check_weight
 
-__all__ = ["ENGINES", "engine", "gpus", "limit", "max_concurrent", "name", "priority", "url", "weight"]
-
-#: The backend engines mindrouter has adapters for.
-ENGINES = ("ollama", "vllm", "llamacpp", "openai")
-
-#: The daemon's rule for names (mindrouter/store/validate.py), checked here too so a bad one never reaches it.
-_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._@+-]{0,63}\Z")
+__all__ = ["engine", "gpus", "limit", "max_concurrent", "name", "priority", "url", "weight"]
 
 
 def weight(value: object, what: str = "weight") -> float:
@@ -38,33 +31,28 @@ def weight(value: object, what: str = "weight") -> float:
 
 def name(value: str, what: str) -> str:
     """A group, user or backend name: 1 to 64 letters, digits and . _ - @ +."""
-    if not _NAME.match(value):
-        raise UsageError(
-            f"{what} name {value!r} is not valid; use 1 to 64 letters, digits, '.', '_', '-', '@' or '+', starting with a letter or digit"
-        )
-    return value
+    try:
+        return names.check_name(what, value)
+    except ValueError as exc:
+        raise UsageError(str(exc)) from None
 
 
 def url(value: str, option: str = "URL") -> str:
     """An http(s) URL with a host, without a trailing slash."""
-    parts = urlsplit(value.strip())
-    if parts.scheme not in ("http", "https") or not parts.hostname:
-        raise UsageError(f"{option} {value!r} is not an http(s) URL with a host; write it like http://ws3.lab:11434")
     try:
-        parts.port  # noqa: B018 - raises for a port out of range
-    except ValueError:
-        raise UsageError(f"{option} {value!r} has a port that is not a number from 1 to 65535") from None
-    return value.strip().rstrip("/")
+        return names.check_url(value, option)
+    except ValueError as exc:
+        raise UsageError(str(exc)) from None
 
 
 def engine(value: str | None) -> str:
     if value is None:
-        raise UsageError(f"--engine is required; say which server runs there: {', '.join(ENGINES)}")
+        raise UsageError(f"--engine is required; say which server runs there: {', '.join(names.ENGINES)}")
     clean = value.strip().lower().replace(".", "").replace("-", "")
     if clean == "llamacppserver" or clean == "llamaserver":
         clean = "llamacpp"
-    if clean not in ENGINES:
-        raise UsageError(f"--engine {value!r} is not known; use one of {', '.join(ENGINES)}")
+    if clean not in names.ENGINES:
+        raise UsageError(f"--engine {value!r} is not known; use one of {', '.join(names.ENGINES)}")
     return clean
 
 

@@ -8,6 +8,7 @@ import typer
 from rich.markup import escape
 from rich.text import Text
 
+from .. import names
 from . import _validate
 from ._app import ConfigOption, JsonOption, complete_from, get_app
 from ._client import quote_name
@@ -91,7 +92,7 @@ def add(
             "--engine",
             "-e",
             metavar="ENGINE",
-            help=f"Which server runs there: {', '.join(_validate.ENGINES)}.",
+            help=f"Which server runs there: {', '.join(names.ENGINES)}.",
             show_default=False,
         ),
     ] = None,

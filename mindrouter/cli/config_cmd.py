@@ -48,26 +48,6 @@ SECTIONS: list[tuple[str, type]] = [
 #: Fields config.toml cannot set (they come from elsewhere).
 _NOT_IN_FILE = {"scheduler": {"scores", "group_weights"}}
 
-#: What a field means, where its dataclass has no docstring for it.
-_EXTRA_DOCS = {
-    (
-        "server",
-        "host",
-    ): "Address the inference API (OpenAI- and Ollama-compatible) listens on; 0.0.0.0 for the whole lab network.",
-    ("server", "port"): "TCP port of the inference API.",
-    ("server", "max_body_bytes"): "Largest request body accepted, in bytes.",
-    ("server", "shutdown_grace_seconds"): "Seconds running requests may finish after a stop signal.",
-    ("server", "log_level"): "debug, info, warning or error.",
-    ("server", "gpu_poll_interval"): "Seconds between readings of the local GPUs (NVML) and of `mr agent` nodes.",
-    ("scheduler", "prompt_token_cost"): "Fair-share cost of one prompt token.",
-    ("scheduler", "completion_token_cost"): "Fair-share cost of one completion token.",
-    ("backends", "poll_interval"): "Seconds between health and model probes of each backend.",
-    ("backends", "request_timeout"): "Seconds a backend may take to finish one request.",
-    ("backends", "max_retries"): "Other backends tried when one fails before its first byte.",
-    ("backends", "connect_timeout"): "Seconds to wait for a backend to accept a connection.",
-}
-
-
 #: Example values shown for settings that are unset by default.
 _UNSET_EXAMPLES: dict[str, Any] = {"return_credit": 2048.0}
 
@@ -77,15 +57,19 @@ def field_docs(cls: type) -> dict[str, str]:
     """The attribute docstrings of a dataclass (the string literal after each field)."""
     try:
         tree = ast.parse(textwrap.dedent(inspect.getsource(cls)))
-    except (OSError, TypeError, SyntaxError):  # no source shipped: fall back to _EXTRA_DOCS
+    except (OSError, TypeError, SyntaxError):  # no source shipped: settings go undocumented
         return {}
     body = tree.body[0].body if tree.body and isinstance(tree.body[0], ast.ClassDef) else []
     docs: dict[str, str] = {}
     for node, after in itertools.pairwise(body):
-        if isinstance(node, ast.AnnAssign) and isinstance(node.target, ast.Name) and (
-            isinstance(after, ast.Expr)
-            and isinstance(after.value, ast.Constant)
-            and isinstance(after.value.value, str)
+        if (
+            isinstance(node, ast.AnnAssign)
+            and isinstance(node.target, ast.Name)
+            and (
+                isinstance(after, ast.Expr)
+                and isinstance(after.value, ast.Constant)
+                and isinstance(after.value.value, str)
+            )
         ):
             docs[node.target.id] = " ".join(after.value.value.split())
     return docs
@@ -127,7 +111,7 @@ def render_config(config: Config | None = None) -> str:
         for i, f in enumerate(_fields(section, cls)):
             if i:
                 lines.append("")
-            doc = docs.get(f.name) or _EXTRA_DOCS.get((section, f.name), "")
+            doc = docs.get(f.name, "")
             if section == "server" and f.name == "socket":
                 doc += f" Here that is {server.socket_path}."
             if section == "server" and f.name == "state_dir":

@@ -7,17 +7,13 @@ groups or keys clears the cache.
 
 from __future__ import annotations
 
-import hashlib
 from dataclasses import dataclass
 from typing import Any
 
 from ..errors import RequestError
+from ..names import hash_key
 
-__all__ = ["Auth", "Caller", "hash_key"]
-
-
-def hash_key(key: str) -> str:
-    return hashlib.sha256(key.encode("utf-8")).hexdigest()
+__all__ = ["Auth", "Caller"]
 
 
 @dataclass(frozen=True, slots=True)

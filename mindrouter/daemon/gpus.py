@@ -18,6 +18,7 @@ from urllib.parse import urlsplit
 
 import aiohttp
 
+from ..names import is_this_machine
 from ..gpu.client import AgentClient
 from ..gpu.node import NodeReadings
 from ..gpu.probe import GpuProbe
@@ -26,8 +27,6 @@ from ..gpu.vram import estimate_model_vram, free_vram, total_vram, utilization
 __all__ = ["GpuState"]
 
 log = logging.getLogger(__name__)
-
-_LOCAL_HOSTS = {"127.0.0.1", "localhost", "::1", "0.0.0.0"}
 
 
 class GpuState:
@@ -99,7 +98,7 @@ class GpuState:
         if row.node:
             agent = self.agents.get(row.node)
             return agent.node if agent is not None else None
-        if row.gpus or (urlsplit(row.url).hostname or "") in _LOCAL_HOSTS:
+        if row.gpus or is_this_machine(urlsplit(row.url).hostname or ""):
             return self.local
         return None
 

@@ -67,7 +67,9 @@ class SchedulerSettings:
     max_queued_per_user: int = 1000
     """Queued jobs one user may hold; more are refused with 429."""
     prompt_token_cost: float = 1.0
+    """Fair-share cost of one prompt token."""
     completion_token_cost: float = 1.0
+    """Fair-share cost of one completion token."""
     return_credit: float | None = None
     """How far (in cost) a returning user may be ahead of the most-owed backlogged user.
     None means one maximum-size request: the largest estimated request cost seen so far."""

@@ -1,0 +1,126 @@
+"""One source for the rules that the CLI, the store, the backends and auth all apply.
+
+Pure functions, no I/O: the engines mindrouter speaks to, what a name may be,
+what a backend URL may be and when two URLs are the same server, and how an
+API key is made and hashed. Each check raises ``ValueError`` with one sentence;
+callers turn it into their own error type (``UsageError`` in the CLI,
+``InvalidValue`` in the store) so the wording is the same everywhere.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import ipaddress
+import re
+import secrets
+from urllib.parse import urlsplit
+
+__all__ = [
+    "ENGINES",
+    "KEY_PREFIX",
+    "LOOPBACK_HOSTS",
+    "check_name",
+    "check_url",
+    "hash_key",
+    "is_loopback",
+    "is_this_machine",
+    "new_key",
+    "same_server",
+    "server_identity",
+]
+
+#: The backend engines mindrouter has adapters for, in the order help texts list them.
+ENGINES = ("ollama", "vllm", "llamacpp", "openai")
+
+#: Group, user and backend names: 1 to 64 letters, digits and ``. _ - @ +``, starting with a letter or digit.
+_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._@+-]{0,63}\Z")
+
+#: Every key starts so, so a key pasted in the wrong place is recognisable.
+KEY_PREFIX = "mr-"
+
+#: Host names that mean this machine.
+LOOPBACK_HOSTS = frozenset({"localhost", "localhost.localdomain", "ip6-localhost"})
+
+_DEFAULT_PORTS = {"http": 80, "https": 443}
+
+
+def check_name(kind: str, value: object) -> str:
+    """``value`` if it is a valid name for a ``kind`` (group, user, backend)."""
+    if not isinstance(value, str) or not _NAME.match(value):
+        raise ValueError(
+            f"{kind} name {value!r} is not valid; use 1 to 64 letters, digits, '.', '_', '-', "
+            "'@' or '+', starting with a letter or digit"
+        )
+    return value
+
+
+def check_url(value: object, what: str = "URL") -> str:
+    """An http(s) URL with a host, stripped of spaces and trailing slashes.
+
+    Raises:
+        ValueError: another scheme (``file:``, ``unix:``...), no host, spaces or a bad port.
+    """
+    example = "write it like http://ws3.lab:11434"
+    if not isinstance(value, str) or any(c.isspace() for c in value.strip()):
+        raise ValueError(f"{what} {value!r} is not an http(s) URL with a host; {example}")
+    text = value.strip()
+    parts = urlsplit(text)
+    if parts.scheme.lower() not in _DEFAULT_PORTS or not parts.hostname:
+        raise ValueError(f"{what} {value!r} is not an http(s) URL with a host; {example}")
+    try:
+        port = parts.port
+    except ValueError:
+        port = 0
+    if port == 0:
+        raise ValueError(f"{what} {value!r} has a port that is not a number from 1 to 65535")
+    if parts.query or parts.fragment or parts.username or parts.password:
+        raise ValueError(f"{what} {value!r} carries a query, fragment or password; {example}")
+    return text.rstrip("/")
+
+
+def _address(host: str) -> ipaddress.IPv4Address | ipaddress.IPv6Address | None:
+    try:
+        return ipaddress.ip_address(host.strip("[]"))
+    except ValueError:
+        return None
+
+
+def is_loopback(host: str) -> bool:
+    """Whether a listener on ``host`` is reachable from this machine only (``localhost``, ``127.x``, ``::1``)."""
+    address = _address(host)
+    return host.lower() in LOOPBACK_HOSTS if address is None else address.is_loopback
+
+
+def is_this_machine(host: str) -> bool:
+    """Whether connecting to ``host`` reaches this machine: loopback, or ``0.0.0.0`` used as a target."""
+    address = _address(host)
+    return is_loopback(host) or (address is not None and address.is_unspecified)
+
+
+def server_identity(url: str) -> tuple[str, int, str]:
+    """What makes two backend URLs the same server: host, port and path, normalized.
+
+    Host case, the default port, a trailing slash and the spelling of this
+    machine (``localhost``, ``127.0.0.1``, ``::1``) do not count.
+    """
+    parts = urlsplit(url.strip())
+    scheme = parts.scheme.lower()
+    host = (parts.hostname or "").lower()
+    if is_this_machine(host):
+        host = "localhost"
+    port = parts.port or _DEFAULT_PORTS.get(scheme, 0)
+    return host, port, parts.path.rstrip("/")
+
+
+def same_server(a: str, b: str) -> bool:
+    return server_identity(a) == server_identity(b)
+
+
+def new_key() -> str:
+    """A new API key: 256 random bits, URL-safe, with :data:`KEY_PREFIX`."""
+    return KEY_PREFIX + secrets.token_urlsafe(32)
+
+
+def hash_key(key: str) -> str:
+    """The stored form of a key (SHA-256, hex): keys are high-entropy, so no salt or stretching is needed."""
+    return hashlib.sha256(key.encode("utf-8", "surrogatepass")).hexdigest()
