@@ -60,12 +60,14 @@ class ServerSettings:
     """Folder of the SQLite state; empty means platformdirs' user data dir."""
     admin_key: str = ""
     """When set, admin calls are also accepted on TCP with this key."""
+    metrics_key: str = ""
+    """Key a Prometheus scraper sends to see per-user series in /metrics when host is not loopback."""
     max_body_bytes: int = 16 * 1024 * 1024
-    """Largest request body accepted, in bytes."""
+    """Largest request body accepted, in bytes; a larger one gets 413."""
     shutdown_grace_seconds: float = 30.0
     """Seconds running requests may finish after a stop signal."""
     log_level: str = "info"
-    """debug, info, warning or error."""
+    """debug, info, warning or error (debug adds an access log line per request)."""
     discover: bool = True
     """On first start with no backend, look for Ollama and OpenAI-compatible servers on this machine."""
     gpu_poll_interval: float = 5.0

@@ -7,11 +7,18 @@ from pathlib import Path
 
 import pytest
 
+from mindrouter.cli.config_cmd import render_config
 from mindrouter.config import BackendSettings, Config, ServerSettings, load_config
 from mindrouter.errors import ConfigError
 from mindrouter.scheduler.settings import SchedulerSettings, ScoreWeights
 
 EXAMPLE = Path(__file__).parent.parent / "config.example.toml"
+
+
+def test_example_is_written_from_the_settings_own_docs():
+    assert EXAMPLE.read_text() == render_config(here=False), (
+        "config.example.toml is out of date; run: python -m mindrouter.cli.config_cmd > config.example.toml"
+    )
 
 
 def test_example_names_every_setting_with_its_default():

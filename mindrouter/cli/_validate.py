@@ -15,7 +15,7 @@ from .. import names
 from ..errors import UsageError
 from ..scheduler.settings import check_weight
 
-__all__ = ["engine", "gpus", "limit", "max_concurrent", "name", "priority", "url", "weight"]
+__all__ = ["engine", "gpus", "key_id", "limit", "max_concurrent", "name", "priority", "url", "weight"]
 
 
 def weight(value: object, what: str = "weight") -> float:
@@ -79,6 +79,11 @@ def max_concurrent(value: str | None) -> int | None:
 
 def limit(value: str | None, option: str = "--limit") -> int | None:
     return None if value is None else _int(value, option, 1, "a whole number of at least 1, such as 50", 10_000)
+
+
+def key_id(value: str) -> int:
+    """A key's id as `mr user keys` lists it."""
+    return _int(value, "--revoke", 1, "an id from `mr user keys NAME`, such as 3")
 
 
 def gpus(value: str | None) -> list[int] | None:

@@ -90,16 +90,20 @@ def _value_line(key: str, value: Any) -> str:
     return tomli_w.dumps({key: value}).strip()
 
 
-def render_config(config: Config | None = None) -> str:
+def render_config(config: Config | None = None, *, here: bool = True) -> str:
     """The text of a commented config.toml with every setting at its default.
 
     Args:
         config: where to read the resolved socket and state paths for the
             comments; defaults to plain defaults.
+        here: name this machine's paths and the version; False gives the
+            generic config.example.toml.
     """
     server = config.server if config else ServerSettings()
     lines = [
-        f"# mindrouter settings, written by `mr config init` (mindrouter {VERSION}).",
+        f"# mindrouter settings, written by `mr config init` (mindrouter {VERSION})."
+        if here
+        else "# mindrouter settings: config.example.toml, written by `python -m mindrouter.cli.config_cmd`.",
         "# Every key is optional: each is shown commented out at its default.",
         '# Remove the leading "# " of a line to change that setting.',
         "# SCHEDULER_* environment variables override this file; `mr config show`",
@@ -112,9 +116,9 @@ def render_config(config: Config | None = None) -> str:
             if i:
                 lines.append("")
             doc = docs.get(f.name, "")
-            if section == "server" and f.name == "socket":
+            if here and section == "server" and f.name == "socket":
                 doc += f" Here that is {server.socket_path}."
-            if section == "server" and f.name == "state_dir":
+            if here and section == "server" and f.name == "state_dir":
                 doc += f" Here that is {server.state_path}."
             for text in textwrap.wrap(doc, 76):
                 lines.append(f"# {text}")
@@ -128,7 +132,7 @@ def render_config(config: Config | None = None) -> str:
 
 
 def effective_settings(config: Config) -> dict[str, Any]:
-    """The settings in effect as plain data, the admin key masked."""
+    """The settings in effect as plain data, the keys masked."""
     out: dict[str, Any] = {"path": str(config.path) if config.path else None}
     objects = {
         "server": config.server,
@@ -139,7 +143,8 @@ def effective_settings(config: Config) -> dict[str, Any]:
     for section, obj in objects.items():
         values = {f.name: getattr(obj, f.name) for f in _fields(section, type(obj))}
         if section == "server":
-            values["admin_key"] = "********" if values["admin_key"] else ""
+            for secret in ("admin_key", "metrics_key", "agent_key"):
+                values[secret] = "********" if values[secret] else ""
             values["socket_path"] = str(config.server.socket_path)
             values["state_path"] = str(config.server.state_path)
         if section == "scheduler":
@@ -248,3 +253,7 @@ def path(ctx: typer.Context, json: JsonOption = False, config: ConfigOption = No
 
 def register(app: typer.Typer) -> None:
     app.add_typer(config_app, name="config")
+
+
+if __name__ == "__main__":
+    print(render_config(here=False), end="")

@@ -12,7 +12,17 @@ from ..errors import UsageError
 from . import _validate
 from ._app import ConfigOption, JsonOption, complete_from, get_app
 from ._client import quote_name
-from ._output import Column, err_console, fmt_count, fmt_num, fmt_tokens, print_changed, print_json, print_rows
+from ._output import (
+    Column,
+    err_console,
+    fmt_count,
+    fmt_num,
+    fmt_time,
+    fmt_tokens,
+    print_changed,
+    print_json,
+    print_rows,
+)
 
 __all__ = ["COLUMNS", "register", "user_app"]
 
@@ -103,7 +113,8 @@ def add(
     print_changed(
         row,
         json,
-        f"added user [bold]{escape(name)}[/] to group {escape(group)} ({_weight_note(row)}); create a key with `mr user key {escape(name)}`",
+        f"added user [bold]{escape(name)}[/] to group {escape(group)} ({_weight_note(row)}); "
+        f"create a key with `mr user key {escape(name)}`",
     )
 
 
@@ -160,15 +171,55 @@ def set_group(
     )
 
 
+KEY_COLUMNS = [
+    Column("id", "id", justify="right", style="bold"),
+    Column("prefix", "starts with"),
+    Column("created", "created", fmt=fmt_time),
+    Column("last_used", "last used", fmt=fmt_time),
+]
+
+
+@user_app.command("keys")
+def keys(ctx: typer.Context, name: UserName, json: JsonOption = False, config: ConfigOption = None) -> None:
+    """List a user's API keys: id, first characters, created, last used; never the key itself.
+
+    Revoke one with `mr user key NAME --revoke ID`.
+
+    Example: mr user keys alice --json
+    """
+    rows = get_app(ctx, config).client.get(f"/admin/users/{quote_name(name)}/keys")
+    print_rows(rows, KEY_COLUMNS, as_json=json, empty=f"{name} has no keys; create one with `mr user key {name}`")
+
+
 @user_app.command("key")
-def key(ctx: typer.Context, name: UserName, json: JsonOption = False, config: ConfigOption = None) -> None:
+def key(
+    ctx: typer.Context,
+    name: UserName,
+    revoke: Annotated[
+        str | None,
+        typer.Option(
+            "--revoke",
+            metavar="KEY_ID",
+            help="Revoke this key (an id from `mr user keys NAME`) instead of creating one.",
+            show_default=False,
+        ),
+    ] = None,
+    json: JsonOption = False,
+    config: ConfigOption = None,
+) -> None:
     """Create a new API key for a user and print it once; it cannot be shown again.
 
     The key goes in the client's Authorization header (OPENAI_API_KEY for
-    OpenAI clients). Earlier keys of the user stay valid.
+    OpenAI clients). Earlier keys of the user stay valid. With --revoke ID,
+    that key alone stops working; the user and its other keys stay.
 
     Example: mr user key alice
     """
+    if revoke is not None:
+        key_id = _validate.key_id(revoke)
+        answer = get_app(ctx, config).client.delete(f"/admin/users/{quote_name(name)}/keys/{key_id}")
+        print_changed(answer, json, f"revoked key {key_id} of user [bold]{escape(name)}[/]; its other keys still work")
+        return
     answer = get_app(ctx, config).client.post(f"/admin/users/{quote_name(name)}/keys")
     if json:
         print_json({"user": answer.get("user", name), "key": answer["key"]})

@@ -18,6 +18,7 @@ from aiohttp import web
 from .. import __version__
 from ..scheduler import check_weight
 from ..store import AlreadyExists, InUse, InvalidValue, NotFound, StoreError
+from .auth import bearer_is
 from .keys import AUTH, CONFIG, DECISIONS, DISPATCHER, GPUS, REGISTRY, SCHEDULER, STATS, STORE
 from .responses import json_error
 
@@ -33,9 +34,10 @@ async def admin_middleware(request: web.Request, handler: Handler) -> web.Stream
         return await handler(request)
     if not isinstance(request.transport.get_extra_info("sockname") if request.transport else None, str):
         key = request.app[CONFIG].server.admin_key
-        if not key or request.headers.get("Authorization", "") != f"Bearer {key}":
+        if not key or not bearer_is(request, key):
             return json_error(
-                "admin calls on the TCP port need `Authorization: Bearer <admin_key>`; use the Unix socket (`mr` does) or set [server] admin_key",
+                "admin calls on the TCP port need `Authorization: Bearer <admin_key>`; "
+                "use the Unix socket (`mr` does) or set [server] admin_key",
                 401,
                 "admin_key_required",
             )
@@ -197,6 +199,21 @@ async def create_key(request: web.Request) -> web.Response:
     key = request.app[STORE].create_key(name)
     request.app[AUTH].clear()
     return web.json_response({"user": name, "key": key}, status=201)
+
+
+async def list_keys(request: web.Request) -> web.Response:
+    """A user's keys: id, prefix, created, last used; never the key (only its hash is stored)."""
+    request.app[AUTH].flush()
+    return web.json_response([k.to_dict() for k in request.app[STORE].list_keys(request.match_info["name"])])
+
+
+async def revoke_key(request: web.Request) -> web.Response:
+    name, key_id = request.match_info["name"], request.match_info["key_id"]
+    if not key_id.isdigit():
+        raise InvalidValue(f"key id {key_id!r} is not a number; see the ids with `mr user keys {name}`")
+    request.app[STORE].revoke_key(name, int(key_id))
+    request.app[AUTH].clear()
+    return web.json_response({"user": name, "revoked": int(key_id)})
 
 
 # -- backends ----------------------------------------------------------------------------
@@ -438,6 +455,8 @@ def setup_admin_routes(app: web.Application) -> None:
     r.add_put("/admin/users/{name}", set_user)
     r.add_delete("/admin/users/{name}", remove_user)
     r.add_post("/admin/users/{name}/keys", create_key)
+    r.add_get("/admin/users/{name}/keys", list_keys)
+    r.add_delete("/admin/users/{name}/keys/{key_id}", revoke_key)
     r.add_get("/admin/backends", list_backends)
     r.add_post("/admin/backends", add_backend)
     r.add_post("/admin/backends/{name}/drain", drain_backend)

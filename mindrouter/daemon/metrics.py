@@ -1,4 +1,4 @@
-"""GET /metrics in Prometheus text format, read from live state at scrape time.
+"""GET /metrics in Prometheus text format, read from live state at scrape time; GET /health.
 
 A custom collector costs nothing per request; it never exposes prompts,
 completions or keys, only counts and gauges.
@@ -14,14 +14,17 @@ from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_l
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.registry import Collector
 
-from .keys import DISPATCHER, REGISTRY, SCHEDULER, STATS
+from ..names import is_loopback
+from .auth import bearer_is
+from .keys import CONFIG, DISPATCHER, REGISTRY, SCHEDULER, STATS
 
 __all__ = ["setup_metrics"]
 
 
 class _Collector(Collector):
-    def __init__(self, app: web.Application) -> None:
+    def __init__(self, app: web.Application, per_user: bool) -> None:
         self.app = app
+        self.per_user = per_user
 
     def collect(self) -> Iterator[Any]:
         app = self.app
@@ -64,6 +67,8 @@ class _Collector(Collector):
         yield in_flight
         yield healthy
         yield latency
+        if not self.per_user:
+            return
         recent = GaugeMetricFamily(
             "mindrouter_user_recent_tokens", "Tokens per user in the fairness window.", labels=["user", "group"]
         )
@@ -73,10 +78,29 @@ class _Collector(Collector):
 
 
 def setup_metrics(app: web.Application) -> None:
-    registry = CollectorRegistry(auto_describe=False)
-    registry.register(_Collector(app))
+    """``GET /metrics``: counts for anyone who can reach the port; per-user series only to a trusted caller.
 
-    async def handle(_request: web.Request) -> web.Response:
-        return web.Response(body=generate_latest(registry), headers={"Content-Type": CONTENT_TYPE_LATEST})
+    Trusted: a daemon that listens on loopback only, the admin socket, or a
+    caller with ``[server] metrics_key`` or ``admin_key`` (who uses what is
+    nobody else's business on a lab network).
+    """
+    full, counts = CollectorRegistry(auto_describe=False), CollectorRegistry(auto_describe=False)
+    full.register(_Collector(app, per_user=True))
+    counts.register(_Collector(app, per_user=False))
+    server = app[CONFIG].server
+
+    async def handle(request: web.Request) -> web.Response:
+        trusted = (
+            is_loopback(server.host)
+            or isinstance(request.transport.get_extra_info("sockname") if request.transport else None, str)
+            or any(key and bearer_is(request, key) for key in (server.metrics_key, server.admin_key))
+        )
+        body = generate_latest(full if trusted else counts)
+        return web.Response(body=body, headers={"Content-Type": CONTENT_TYPE_LATEST})
+
+    async def health(_request: web.Request) -> web.Response:
+        """For load balancers and systemd: 200 while serving, and nothing about the pool."""
+        return web.Response(text="ok\n")
 
     app.router.add_get("/metrics", handle)
+    app.router.add_get("/health", health)

@@ -5,16 +5,15 @@ Usage rows and decision records are in ``records.py``; the schema in ``schema.py
 
 from __future__ import annotations
 
-import hashlib
 import json
 import os
-import secrets
 import sqlite3
 import time
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
+from ..names import KEY_PREFIX, hash_key, new_key, same_server
 from ..scheduler.settings import DEFAULT_GROUP_WEIGHTS
 from .errors import AlreadyExists, InUse, InvalidValue, NotFound
 from .records import Records
@@ -22,13 +21,7 @@ from .rows import ApiKeyInfo, BackendRow, Group, User
 from .schema import migrate
 from .validate import _backend_fields, _name, _validate_import, _weight
 
-KEY_PREFIX = "mr-"
 DAY = 86_400.0
-
-
-def _hash(key: str) -> str:
-    return hashlib.sha256(key.encode()).hexdigest()
-
 
 _USER_SELECT = (
     "SELECT u.id, u.name, g.name, u.weight_override, g.scheduler_weight, u.created"
@@ -228,10 +221,10 @@ class Store(Records):
     def create_key(self, user: str) -> str:
         """Make a new key for ``user`` and return it: the only time it exists outside the client."""
         user_id = self._user_id(user)
-        key = KEY_PREFIX + secrets.token_urlsafe(32)
+        key = new_key()
         self._db.execute(
             "INSERT INTO api_keys (user_id, hash, prefix, created) VALUES (?, ?, ?, ?)",
-            (user_id, _hash(key), key[: len(KEY_PREFIX) + 6], self._clock()),
+            (user_id, hash_key(key), key[: len(KEY_PREFIX) + 6], self._clock()),
         )
         return key
 
@@ -239,17 +232,34 @@ class Store(Records):
         """The user a key belongs to, or None; the lookup is by hash, so timing says nothing about the key."""
         if not isinstance(key, str) or not key.startswith(KEY_PREFIX) or len(key) > 256:
             return None
+        found = self.key_owner(hash_key(key))
+        return None if found is None else found[1]
+
+    def key_owner(self, digest: str) -> tuple[int, User] | None:
+        """(key id, user) for a key's hash (``names.hash_key``), or None."""
         row = self._db.execute(
-            _USER_SELECT + " JOIN api_keys k ON k.user_id = u.id WHERE k.hash = ?", (_hash(key),)
+            _USER_SELECT.replace("SELECT ", "SELECT k.id, ", 1)
+            + " JOIN api_keys k ON k.user_id = u.id WHERE k.hash = ?",
+            (digest,),
         ).fetchone()
-        return None if row is None else User(*row)
+        return None if row is None else (row[0], User(*row[1:]))
+
+    def touch_keys(self, used: Mapping[int, float]) -> None:
+        """Record when keys were last used (key id -> wall-clock time)."""
+        self._db.executemany("UPDATE api_keys SET last_used = ? WHERE id = ?", [(at, kid) for kid, at in used.items()])
 
     def list_keys(self, user: str | None = None) -> list[ApiKeyInfo]:
-        sql = "SELECT k.id, u.name, k.prefix, k.created FROM api_keys k JOIN users u ON u.id = k.user_id"
+        sql = "SELECT k.id, u.name, k.prefix, k.created, k.last_used FROM api_keys k JOIN users u ON u.id = k.user_id"
         if user is None:
             return [ApiKeyInfo(*r) for r in self._db.execute(sql + " ORDER BY k.id")]
         user_id = self._user_id(user)
         return [ApiKeyInfo(*r) for r in self._db.execute(sql + " WHERE k.user_id = ? ORDER BY k.id", (user_id,))]
+
+    def revoke_key(self, user: str, key_id: int) -> None:
+        """Delete one key of ``user``; the user and its other keys stay."""
+        user_id = self._user_id(user)
+        if not self._db.execute("DELETE FROM api_keys WHERE id = ? AND user_id = ?", (key_id, user_id)).rowcount:
+            raise NotFound(f"user {user!r} has no key with id {key_id}; see its keys with `mr user keys {user}`")
 
     def revoke_keys(self, user: str) -> int:
         """Delete every key of ``user``; returns how many there were."""
@@ -282,6 +292,7 @@ class Store(Records):
             raise AlreadyExists(
                 f"backend {name!r} already exists; pick another name or remove it with `mr backend rm {name}` first"
             )
+        self._refuse_same_server(fields[0])
         cur = self._db.execute(
             "INSERT INTO backends (name, url, engine, max_concurrent, gpus, node, priority, state)"
             " VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
@@ -313,12 +324,26 @@ class Store(Records):
             old.priority if priority is None else priority,
             old.state if state is None else state,
         )
+        self._refuse_same_server(fields[0], but=old.id)
         self._db.execute(
             "UPDATE backends SET url = ?, engine = ?, max_concurrent = ?, gpus = ?, node = ?,"
             " priority = ?, state = ? WHERE id = ?",
             (*fields, old.id),
         )
         return self.get_backend(old.id)
+
+    def backend_at(self, url: str) -> BackendRow | None:
+        """The configured backend that is the server at ``url`` (``names.same_server``), if any."""
+        return next((row for row in self.list_backends() if same_server(row.url, url)), None)
+
+    def _refuse_same_server(self, url: str, but: int | None = None) -> None:
+        """One server, one backend: two would each hold their own concurrency cap on the same GPUs."""
+        row = self.backend_at(url)
+        if row is not None and row.id != but:
+            raise AlreadyExists(
+                f"{url} is already in the pool as backend {row.name!r}; change that one with "
+                f"`mr backend` commands or remove it with `mr backend rm {row.name}` first"
+            )
 
     def set_backend_state(self, key: str | int, state: str) -> BackendRow:
         return self.update_backend(key, state=state)
@@ -362,6 +387,13 @@ class Store(Records):
             InvalidValue: naming the first bad entry; the database is unchanged.
         """
         groups, users, backends = _validate_import(data, {g.name for g in self.list_groups()})
+        for name, fields in backends:
+            row = self.backend_at(fields[0])
+            if row is not None and row.name.lower() != name.lower():
+                raise InvalidValue(
+                    f"backend {name!r} ({fields[0]}) is already in the pool as {row.name!r}; "
+                    f"name it {row.name!r} in the file or remove that one first"
+                )
         with self._transaction() as db:
             for name, weight in groups:
                 db.execute(

@@ -43,9 +43,17 @@ class ApiKeyInfo:
     user: str
     prefix: str
     created: float
+    last_used: float | None = None
+    """Wall-clock time of the key's last request, to within a minute; None if never used."""
 
     def to_dict(self) -> dict[str, Any]:
-        return {"id": self.id, "user": self.user, "prefix": self.prefix, "created": self.created}
+        return {
+            "id": self.id,
+            "user": self.user,
+            "prefix": self.prefix,
+            "created": self.created,
+            "last_used": self.last_used,
+        }
 
 
 @dataclass(frozen=True, slots=True)

@@ -35,7 +35,10 @@ _SCHEMA_V1 = (
 )
 
 #: ``_MIGRATIONS[n]`` takes a database at version n to n + 1. Append; never edit a shipped entry.
-_MIGRATIONS: list[Sequence[str] | Callable[[sqlite3.Connection], None]] = [_SCHEMA_V1]
+_MIGRATIONS: list[Sequence[str] | Callable[[sqlite3.Connection], None]] = [
+    _SCHEMA_V1,
+    ("ALTER TABLE api_keys ADD COLUMN last_used REAL",),
+]
 SCHEMA_VERSION = len(_MIGRATIONS)
 
 

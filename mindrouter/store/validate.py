@@ -4,27 +4,22 @@ from __future__ import annotations
 
 import json
 import math
-import re
 from collections.abc import Callable, Mapping
 from typing import Any
-from urllib.parse import urlsplit
 
+from .. import names
+from ..names import ENGINES
 from ..scheduler.settings import check_weight
 from .errors import InvalidValue
 
-ENGINES = ("ollama", "vllm", "llamacpp", "openai")
 STATES = ("enabled", "draining", "disabled")
-
-_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._@+-]{0,63}\Z")
 
 
 def _name(kind: str, value: object) -> str:
-    if not isinstance(value, str) or not _NAME.match(value):
-        raise InvalidValue(
-            f"{kind} name {value!r} is not valid; use 1 to 64 letters, digits, '.', '_', '-', "
-            "'@' or '+', starting with a letter or digit"
-        )
-    return value
+    try:
+        return names.check_name(kind, value)
+    except ValueError as exc:
+        raise InvalidValue(str(exc)) from None
 
 
 def _weight(what: str, value: object) -> float:
@@ -37,11 +32,10 @@ def _weight(what: str, value: object) -> float:
 def _url(what: str, value: object, *, empty_ok: bool = False) -> str:
     if empty_ok and value == "":
         return ""
-    if isinstance(value, str) and not any(c.isspace() for c in value):
-        parts = urlsplit(value)
-        if parts.scheme in ("http", "https") and parts.netloc:
-            return value.rstrip("/")
-    raise InvalidValue(f"{what} {value!r} is not an http(s) URL; give one such as http://127.0.0.1:11434")
+    try:
+        return names.check_url(value, what)
+    except ValueError as exc:
+        raise InvalidValue(str(exc)) from None
 
 
 def _backend_fields(
@@ -175,4 +169,10 @@ def _validate_import(data: Mapping[str, Any], existing_groups: set[str]) -> tupl
         )
         for i, e in enumerate(sections["backends"])
     ]
+    for i, (name, fields) in enumerate(backends):
+        for other, other_fields in backends[:i]:
+            if names.same_server(fields[0], other_fields[0]):
+                raise InvalidValue(
+                    f"backends[{i}]: {name!r} is the same server as {other!r} ({fields[0]}); list each server once"
+                )
     return groups, users, backends

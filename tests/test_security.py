@@ -1,0 +1,105 @@
+"""Who gets in and what leaks (issue 10 item 4): keys, the admin API, /metrics, /health, backend URLs."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+
+from mindrouter.daemon.app import create_app
+
+from .conftest import ADMIN_KEY, Daemon, daemon_config
+from .fakes import FakeOllama
+
+pytestmark = pytest.mark.asyncio
+
+CHAT = {"model": "llama3", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 2}
+
+
+def bearer(key: str) -> dict[str, str]:
+    return {"Authorization": f"Bearer {key}"}
+
+
+async def test_one_key_is_revoked_alone_and_keys_are_listed_without_the_key(daemon):
+    async with FakeOllama(models=["llama3"]) as fake:
+        await daemon.backend("b1", fake.url, "ollama")
+        k1 = await daemon.user("alice")
+        k2 = (await daemon.admin("POST", "/admin/users/alice/keys"))["key"]
+        assert (await daemon.client.post("/v1/chat/completions", json=CHAT, headers=bearer(k1))).status == 200
+        keys = await daemon.admin("GET", "/admin/users/alice/keys")
+        assert [set(k) for k in keys] == [{"id", "user", "prefix", "created", "last_used"}] * 2
+        assert keys[0]["last_used"] is not None and keys[1]["last_used"] is None
+        assert k1 not in str(keys) and k2 not in str(keys) and keys[0]["prefix"] == k1[:9]
+
+        await daemon.admin("DELETE", f"/admin/users/alice/keys/{keys[0]['id']}")
+        assert (await daemon.client.post("/v1/chat/completions", json=CHAT, headers=bearer(k1))).status == 401
+        assert (await daemon.client.post("/v1/chat/completions", json=CHAT, headers=bearer(k2))).status == 200
+        assert [k["id"] for k in await daemon.admin("GET", "/admin/users/alice/keys")] == [keys[1]["id"]]
+        # Another user's key id is not this user's to revoke.
+        await daemon.user("bob")
+        bob_key = (await daemon.admin("GET", "/admin/users/bob/keys"))[0]["id"]
+        answer = await daemon.admin("DELETE", f"/admin/users/alice/keys/{bob_key}", status=404)
+        assert "mr user keys alice" in answer["error"]["message"]
+
+
+@pytest.mark.parametrize(
+    "header", [None, "Bearer wrong", f"Bearer {ADMIN_KEY}x", f"Basic {ADMIN_KEY}", f"Bearer {ADMIN_KEY[:-1]}"]
+)
+async def test_admin_calls_on_tcp_need_the_exact_admin_key(daemon, header):
+    resp = await daemon.client.get("/admin/users", headers={"Authorization": header} if header else {})
+    assert resp.status == 401 and (await resp.json())["error"]["code"] == "admin_key_required"
+
+
+async def test_admin_api_on_tcp_is_closed_without_an_admin_key(tmp_path, aiohttp_client, nvml):
+    config = daemon_config(tmp_path)
+    config = dataclasses.replace(config, server=dataclasses.replace(config.server, admin_key=""))
+    client = await aiohttp_client(await create_app(config, nvml=nvml))
+    for header in ({}, bearer(""), bearer(ADMIN_KEY)):
+        assert (await client.get("/admin/status", headers=header)).status == 401
+
+
+async def test_health_answers_without_a_key_and_says_nothing_more(daemon):
+    resp = await daemon.client.get("/health")
+    assert resp.status == 200 and await resp.text() == "ok\n"
+
+
+@pytest.mark.parametrize("host", ["127.0.0.1", "0.0.0.0"])
+async def test_metrics_show_who_uses_what_only_to_a_trusted_caller(tmp_path, aiohttp_client, nvml, host):
+    config = daemon_config(tmp_path)
+    server = dataclasses.replace(config.server, host=host, metrics_key="scrape-me")
+    config = dataclasses.replace(config, server=server)
+    app = await create_app(config, nvml=nvml)
+    d = Daemon(await aiohttp_client(app), app, config)
+    async with FakeOllama(models=["llama3"]) as fake:
+        await d.backend("b1", fake.url, "ollama")
+        key = await d.user("alice")
+        assert (await d.client.post("/v1/chat/completions", json=CHAT, headers=bearer(key))).status == 200
+    anonymous = await (await d.client.get("/metrics")).text()
+    assert "mindrouter_requests_total 1.0" in anonymous  # counts for everyone
+    assert ('user="alice"' in anonymous) is (host == "127.0.0.1")
+    for secret in ("scrape-me", ADMIN_KEY):
+        assert 'user="alice"' in await (await d.client.get("/metrics", headers=bearer(secret))).text()
+    with_user_key = await (await d.client.get("/metrics", headers=bearer(key))).text()
+    assert ('user="alice"' in with_user_key) is (host == "127.0.0.1")  # a user's key is not a metrics key
+
+
+@pytest.mark.parametrize("url", ["file:///etc/passwd", "unix:///run/ollama.sock", "ftp://ws3:21", "http://"])
+async def test_backend_urls_are_http_only(daemon, url):
+    answer = await daemon.admin("POST", "/admin/backends", {"name": "b", "url": url, "engine": "ollama"}, status=400)
+    assert "http(s) URL" in answer["error"]["message"]
+
+
+@pytest.mark.parametrize(
+    "again", ["http://localhost:{port}", "http://127.0.0.1:{port}/", "http://LOCALHOST:{port}//", "http://[::1]:{port}"]
+)
+async def test_one_server_is_one_backend(daemon, again):
+    async with FakeOllama(models=["llama3"]) as fake:
+        await daemon.backend("gpu1", fake.url, "ollama")
+        answer = await daemon.admin(
+            "POST",
+            "/admin/backends",
+            {"name": "gpu2", "url": again.format(port=fake.port), "engine": "ollama"},
+            status=409,
+        )
+        assert "already in the pool as backend 'gpu1'" in answer["error"]["message"]
+        assert [b["name"] for b in await daemon.admin("GET", "/admin/backends")] == ["gpu1"]
