@@ -553,14 +553,18 @@ class FakeOpenAI(_FakeServer):
             chunk of a usage stream, as OpenAI does), "vllm" (/health,
             /metrics, /version) or "llamacpp" (/health, /slots, /metrics, /props).
         slots: llama.cpp's slot count. Defaults to ``max_concurrent`` or 4.
+        vision: llama.cpp's /props ``modalities.vision`` (a multimodal projector is loaded). Defaults to False.
     """
 
-    def __init__(self, *, flavor: str = "openai", slots: int | None = None, **kwargs: Any) -> None:
+    def __init__(
+        self, *, flavor: str = "openai", slots: int | None = None, vision: bool = False, **kwargs: Any
+    ) -> None:
         super().__init__(**kwargs)
         if flavor not in ("openai", "vllm", "llamacpp"):
             raise ValueError(f"unknown flavor {flavor!r}")
         self.flavor = flavor
         self.slots = slots or self.max_concurrent or 4
+        self.vision = vision
         self.metrics_enabled = True
         self.slots_enabled = True
         self.legacy_metrics = False
@@ -590,7 +594,12 @@ class FakeOpenAI(_FakeServer):
 
     async def _props(self, request: web.Request) -> web.Response:
         return web.json_response(
-            {"total_slots": self.slots, "build_info": "b5000-fake", "model_path": "/models/fake.gguf"}
+            {
+                "total_slots": self.slots,
+                "build_info": "b5000-fake",
+                "model_path": "/models/fake.gguf",
+                "modalities": {"vision": self.vision, "audio": False},
+            }
         )
 
     def error(self, status: int, message: str) -> web.Response:
@@ -610,6 +619,8 @@ class FakeOpenAI(_FakeServer):
 
     async def _models(self, request: web.Request) -> web.Response:
         data = [{"id": m, "object": "model", "created": 1700000000, "owned_by": self.flavor} for m in self.models]
+        if self.flavor == "vllm":
+            data = [dict(d, root=d["id"], parent=None, max_model_len=4096) for d in data]
         return web.json_response({"object": "list", "data": data})
 
     async def _health(self, request: web.Request) -> web.Response:

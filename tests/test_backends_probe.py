@@ -35,12 +35,13 @@ async def test_ollama_probe_reads_tags_ps_version_and_show(session: aiohttp.Clie
         a = adapter("ollama", fake.url + "/", session)
         p = await a.probe()
         assert p.healthy and p.error is None and p.version == "0.6.5"
-        assert p.models == {"llama3.2:latest", "llama3.2", "llava:7b"}
+        assert p.models == {"llama3.2:latest", "llava:7b"}, "as Ollama spells them; model_key makes them one"
         assert p.loaded_models == {"llava:7b"}
         assert p.loaded_vram == {"llava:7b": 4_733_363_377}
-        assert p.model_sizes["llama3.2"] == 2_019_393_189
+        assert p.model_sizes["llama3.2:latest"] == 2_019_393_189
+        assert p.details["llava:7b"]["expires_at"] == "2030-01-01T00:00:00Z"
         assert p.capabilities["llava:7b"] == {"completion", "vision"}
-        assert p.capabilities["llama3.2"] == {"completion"}
+        assert p.capabilities["llama3.2:latest"] == {"completion"}
         assert fake.show_requests == 2
         await a.probe()
         assert fake.show_requests == 2, "capabilities are asked once per model digest"
@@ -49,7 +50,7 @@ async def test_ollama_probe_reads_tags_ps_version_and_show(session: aiohttp.Clie
             Call.from_request("/api/generate", b'{"model": "llama3.2", "prompt": "hi", "stream": false}'), "llama3.2"
         )
         await up.close()
-        assert (await a.probe()).loaded_models == {"llava:7b", "llama3.2:latest", "llama3.2"}
+        assert (await a.probe()).loaded_models == {"llava:7b", "llama3.2:latest"}
 
 
 async def test_openai_probe_without_health_endpoint(session: aiohttp.ClientSession) -> None:

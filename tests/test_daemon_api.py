@@ -80,7 +80,7 @@ async def test_models_tags_ps_version_need_no_queue(daemon):
         client = oll(daemon, key)
         assert sorted(m.model for m in (await client.list()).models) == ["llama3", "mistral"]
         assert [m.model for m in (await client.ps()).models] == ["llama3"]
-        resp = await daemon.client.get("/api/version")
+        resp = await daemon.client.get("/api/version", headers={"Authorization": f"Bearer {key}"})
         assert resp.status == 200 and "version" in await resp.json()
         assert fake.requests == 0
 

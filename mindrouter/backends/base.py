@@ -64,6 +64,7 @@ __all__ = [
     "Probe",
     "Upstream",
     "Usage",
+    "model_key",
 ]
 
 _ROUTES: dict[str, tuple[Dialect, Kind]] = {
@@ -131,12 +132,18 @@ class Call:
         return cls(dialect=dialect, kind=kind, path=path, body=body, raw=raw, **inspect_body(dialect, kind, path, body))
 
 
+def model_key(name: str) -> str:
+    """The one name a model goes by in the pool: Ollama's ``llama3.2`` and ``llama3.2:latest`` are one model."""
+    return name.removesuffix(":latest")
+
+
 @dataclass(frozen=True, slots=True)
 class Probe:
     """What one poll of a backend found. ``None`` means the backend does not say."""
 
     healthy: bool
     models: frozenset[str] = frozenset()
+    """As the backend spells them (Ollama: ``name:tag``)."""
     loaded_models: frozenset[str] = frozenset()
     """Resident now (Ollama /api/ps); OpenAI-family engines: all of ``models``."""
     loaded_vram: dict[str, int] = field(default_factory=dict)
@@ -144,7 +151,11 @@ class Probe:
     model_sizes: dict[str, int] = field(default_factory=dict)
     """Bytes on disk per model (Ollama /api/tags), a floor for the VRAM estimate."""
     capabilities: dict[str, frozenset[str]] = field(default_factory=dict)
-    """Per model, e.g. {"completion", "vision", "embedding", "tools"} (Ollama /api/show)."""
+    """Per model, where the backend says: {"completion", "vision", "embedding", "tools"} (Ollama
+    /api/show; llama-server /props: "completion", plus "vision" with a multimodal projector)."""
+    details: dict[str, dict[str, Any]] = field(default_factory=dict)
+    """Per model, the backend's own entry for it: Ollama's /api/tags entry merged with its /api/ps one
+    (digest, size, modified_at, details, expires_at, size_vram), or the /v1/models entry."""
     running: int | None = None
     waiting: int | None = None
     """Requests queued inside the backend (vLLM num_requests_waiting, llama.cpp deferred)."""
@@ -240,6 +251,8 @@ class Adapter(ABC):
         self._probe_timeout = aiohttp.ClientTimeout(total=2 * connect_timeout, sock_connect=connect_timeout)
         self._stream_timeout = aiohttp.ClientTimeout(sock_connect=connect_timeout, sock_read=request_timeout)
         self._body_timeout = aiohttp.ClientTimeout(total=request_timeout, sock_connect=connect_timeout)
+        self._spellings: dict[str, str] = {}
+        """model_key -> the name this backend lists, learnt by :meth:`poll`."""
 
     @staticmethod
     def normalize_url(url: str) -> str:
@@ -251,6 +264,13 @@ class Adapter(ABC):
     @abstractmethod
     async def probe(self) -> Probe:
         """Poll health, models and load. Never raises: an unreachable server is an unhealthy Probe."""
+
+    async def poll(self) -> Probe:
+        """:meth:`probe`, remembering how this backend spells its models for :meth:`open`."""
+        probe = await self.probe()
+        if probe.healthy:
+            self._spellings = {model_key(m): m for m in probe.models}
+        return probe
 
     async def get(self, path: str, *, method: str = "GET", json_body: Any = None) -> Reply:
         """One probe request; failures come back as a Reply, never as an exception."""
@@ -270,14 +290,14 @@ class Adapter(ABC):
         return Probe(healthy=False, error=f"{self.base_url}{what} answered HTTP {reply.status}: {detail}.")
 
     async def open(self, call: Call, model: str) -> Upstream:
-        """Send ``call`` to this backend as ``model`` and wait for its first chunk.
+        """Send ``call`` to this backend as ``model`` (in the backend's spelling) and wait for its first chunk.
 
         Raises:
             BackendError: connection failure, timeout, 5xx, 408/429, or a stream
                 that broke before its first chunk; always before the first byte.
             RequestError: the call cannot be expressed for this engine (400).
         """
-        plan = translate.plan(call, model, self.family)
+        plan = translate.plan(call, self._spellings.get(model_key(model), model), self.family)
         opened_at, opened_ns = time.monotonic(), time.monotonic_ns()
         if plan.synthetic is not None:  # answered without the backend (an Ollama "load model" call)
             return Upstream(dialect=call.dialect, body=plan.synthetic, opened_at=opened_at)

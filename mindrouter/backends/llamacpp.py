@@ -3,7 +3,8 @@
 /slots and /metrics are off unless the server was started with them
 (``--slots``, ``--metrics``): a 404 or 501 leaves those numbers unknown, it
 does not make the server unhealthy. /props gives the slot count and build
-when /slots is off. /health answers 503 while the model loads.
+when /slots is off, and whether the model sees images (``modalities.vision``,
+``multimodal`` before 2025). /health answers 503 while the model loads.
 """
 
 from __future__ import annotations
@@ -38,6 +39,13 @@ class LlamaCppAdapter(OpenAIAdapter):
         props = props if isinstance(props, dict) else {}
         m = Samples(replies["/metrics"], ("llamacpp:",))
         busy = sum(map(_busy, slots)) if slots is not None else None
+        modalities = props.get("modalities")
+        vision = modalities.get("vision") if isinstance(modalities, dict) else props.get("multimodal")
+        capabilities = (
+            {m: frozenset({"completion", "vision"} if vision else {"completion"}) for m in probe.models}
+            if isinstance(vision, bool)
+            else {}
+        )
         total = len(slots) if slots is not None else props.get("total_slots")
         running = m.count("llamacpp:requests_processing")
         return replace(
@@ -49,5 +57,6 @@ class LlamaCppAdapter(OpenAIAdapter):
             slots_busy=busy,
             prompt_tokens_total=m.count("llamacpp:prompt_tokens_total"),
             completion_tokens_total=m.count("llamacpp:tokens_predicted_total"),
+            capabilities=capabilities,
             version=props.get("build_info") if isinstance(props.get("build_info"), str) else None,
         )

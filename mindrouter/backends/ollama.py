@@ -1,6 +1,7 @@
 """Ollama: models from /api/tags, resident models and their VRAM from /api/ps.
 
-Ollama accepts ``llama3.2`` for ``llama3.2:latest``, so both names are listed.
+Models are listed as Ollama spells them (``llama3.2:latest``); the daemon
+treats ``llama3.2`` as the same model (see ``model_key``).
 What each model can do (vision, embedding, tools) comes from /api/show, asked
 once per model digest and remembered, so a poll costs three requests.
 """
@@ -20,13 +21,11 @@ _SHOW_PER_POLL = 8
 """At most this many /api/show calls per poll, so a large model library is learnt over a few polls."""
 
 
-def _names(entry: Any) -> list[str]:
+def _name(entry: Any) -> str | None:
     if not isinstance(entry, dict):
-        return []
+        return None
     name = entry.get("name") or entry.get("model")
-    if not isinstance(name, str) or not name:
-        return []
-    return [name, name.removesuffix(":latest")] if name.endswith(":latest") else [name]
+    return name if isinstance(name, str) and name else None
 
 
 class OllamaAdapter(Adapter):
@@ -52,31 +51,34 @@ class OllamaAdapter(Adapter):
             return Probe(
                 healthy=False, error=f"{self.base_url}/api/tags did not list models; is this an Ollama server?"
             )
-        models: set[str] = set()
+        details: dict[str, dict[str, Any]] = {}
         sizes: dict[str, int] = {}
         for entry in listed:
-            for name in _names(entry):
-                models.add(name)
+            if (name := _name(entry)) is not None:
+                details[name] = entry
                 if isinstance(entry.get("size"), int):
                     sizes[name] = entry["size"]
+        models = frozenset(details)
         loaded: set[str] = set()
         vram: dict[str, int] = {}
         data = ps.json() if ps.ok else None
         running = data.get("models") if isinstance(data, dict) else None
         for entry in running or ():
-            for name in _names(entry):
+            if (name := _name(entry)) is not None:
                 loaded.add(name)
+                details[name] = {**details.get(name, {}), **entry}  # adds expires_at, size_vram
                 size = entry.get("size_vram", entry.get("size"))
                 if isinstance(size, int):
                     vram[name] = size
         ver = version.json() if version.ok else None
         return Probe(
             healthy=True,
-            models=frozenset(models),
+            models=models,
             loaded_models=frozenset(loaded),
             loaded_vram=vram,
             model_sizes=sizes,
             capabilities=await self._learn_capabilities(listed),
+            details=details,
             version=ver.get("version") if isinstance(ver, dict) else None,
         )
 
@@ -84,20 +86,17 @@ class OllamaAdapter(Adapter):
         key_of: dict[str, str] = {}  # every name -> its digest
         ask: dict[str, str] = {}  # digest -> one name to ask /api/show about
         for entry in listed:
-            names = _names(entry)
-            if names:
-                key = str(entry.get("digest") or names[0])
-                ask.setdefault(key, names[0])
-                key_of.update((n, key) for n in names)
+            if (name := _name(entry)) is not None:
+                key = str(entry.get("digest") or name)
+                ask.setdefault(key, name)
+                key_of[name] = key
         asked = [(k, n) for k, n in ask.items() if k not in self._capabilities][:_SHOW_PER_POLL]
         replies = await asyncio.gather(
             *(self.get("/api/show", method="POST", json_body={"model": n}) for _, n in asked)
         )
         for (key, _), reply in zip(asked, replies, strict=True):
             info = reply.json() if reply.ok else None
-            if isinstance(info, dict):
-                caps = info.get("capabilities")
-                self._capabilities[key] = (
-                    frozenset(c for c in caps if isinstance(c, str)) if isinstance(caps, list) else frozenset()
-                )
+            caps = info.get("capabilities") if isinstance(info, dict) else None
+            if isinstance(caps, list) and caps:  # before Ollama 0.6 /api/show had none: unknown
+                self._capabilities[key] = frozenset(c for c in caps if isinstance(c, str))
         return {n: self._capabilities[k] for n, k in key_of.items() if k in self._capabilities}

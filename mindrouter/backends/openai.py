@@ -37,9 +37,11 @@ class OpenAIAdapter(Adapter):
                 healthy=False,
                 error=f"{self.base_url}/v1/models did not list models; is this an OpenAI-compatible server?",
             )
-        ids = frozenset(e["id"] for e in entries if isinstance(e, dict) and isinstance(e.get("id"), str))
+        details = {e["id"]: e for e in entries if isinstance(e, dict) and isinstance(e.get("id"), str)}
+        ids = frozenset(details)
         return self.telemetry(
-            Probe(healthy=True, models=ids, loaded_models=ids), dict(zip(self.extra_paths, extra, strict=True))
+            Probe(healthy=True, models=ids, loaded_models=ids, details=details),
+            dict(zip(self.extra_paths, extra, strict=True)),
         )
 
     def telemetry(self, probe: Probe, replies: dict[str, Reply]) -> Probe:

@@ -19,6 +19,7 @@ from .. import __version__
 from ..scheduler import check_weight
 from ..store import AlreadyExists, InUse, InvalidValue, NotFound, StoreError
 from .auth import bearer_is
+from .catalog import pool_models
 from .keys import AUTH, CONFIG, DECISIONS, DISPATCHER, GPUS, REGISTRY, SCHEDULER, STATS, STORE
 from .responses import json_error
 
@@ -264,16 +265,15 @@ async def remove_backend(request: web.Request) -> web.Response:
 
 
 async def list_models(request: web.Request) -> web.Response:
-    models: dict[str, dict[str, list[str]]] = {}
-    for entry in request.app[REGISTRY].entries.values():
-        if entry.probe is None:
-            continue
-        for model in entry.probe.models:
-            item = models.setdefault(model, {"backends": [], "loaded_on": []})
-            item["backends"].append(entry.row.name)
-            if model in entry.probe.loaded_models:
-                item["loaded_on"].append(entry.row.name)
-    return web.json_response([{"model": m, **v} for m, v in sorted(models.items())])
+    rows = [
+        {
+            "model": model.name,
+            "backends": [e.row.name for e, _ in model.on],
+            "loaded_on": [e.row.name for e, _ in model.loaded_on()],
+        }
+        for model in pool_models(request.app).values()
+    ]
+    return web.json_response(rows)
 
 
 # -- the pool's state -------------------------------------------------------------------

@@ -1,86 +1,228 @@
-"""Routes that need no GPU: model lists and server facts, in both dialects.
+"""Routes that need no GPU: model lists, model facts and server facts, in both dialects.
 
 They read the registry's probes and never touch the scheduler, so they answer
-at once however busy the backends are.
+at once however busy the backends are. A model is listed once under
+:func:`~mindrouter.backends.base.model_key` (``llama3.2`` and
+``llama3.2:latest`` are one model), in the spelling most of its backends use.
 """
 
 from __future__ import annotations
 
+import hashlib
+from collections import Counter
+from dataclasses import dataclass, field
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
 from aiohttp import web
 
 from .. import __version__
+from ..backends.base import model_key
 from ..errors import RequestError
 from .keys import AUTH, REGISTRY
+from .registry import Entry
 from .responses import dialect_of, error_response
 
-__all__ = ["setup_catalog_routes"]
+__all__ = ["OLLAMA_VERSION", "PoolModel", "pool_models", "setup_catalog_routes"]
+
+OLLAMA_VERSION = "0.12.0"
+"""What /api/version says: an Ollama release whose API mindrouter serves, so clients enable what it offers."""
+_NO_DETAILS = {
+    "parent_model": "",
+    "format": "",
+    "family": "",
+    "families": None,
+    "parameter_size": "",
+    "quantization_level": "",
+}
+_MANAGEMENT = ("pull", "push", "create", "delete", "copy")
 
 
-def _all_models(app: web.Application) -> dict[str, list[Any]]:
-    models: dict[str, list[Any]] = {}
-    registry = app[REGISTRY]
-    for entry in registry.entries.values():
+@dataclass(slots=True)
+class PoolModel:
+    """One model across the pool: the backends that serve it and how each spells it."""
+
+    key: str
+    on: list[tuple[Entry, str]] = field(default_factory=list)
+
+    @property
+    def name(self) -> str:
+        """The spelling most backends use; on a tie the one with a tag (``name:latest``)."""
+        counts = Counter(spelling for _, spelling in self.on)
+        return max(counts, key=lambda s: (counts[s], ":" in s, s))
+
+    def loaded_on(self) -> list[tuple[Entry, str]]:
+        return [(e, s) for e, s in self.on if e.probe is not None and s in e.probe.loaded_models]
+
+    def details(self) -> dict[str, Any]:
+        """The first backend's own entry for the model that has one with Ollama's fields."""
+        found = [e.probe.details.get(s, {}) for e, s in self.on if e.probe is not None]
+        return next((d for d in found if "digest" in d), found[0] if found else {})
+
+    def capabilities(self) -> list[str]:
+        caps = {c for e, s in self.on if e.probe is not None for c in e.probe.capabilities.get(s, ())}
+        return sorted(caps or {"completion"})
+
+
+def pool_models(app: web.Application) -> dict[str, PoolModel]:
+    """Every model a backend that is not disabled has reported, by model key."""
+    models: dict[str, PoolModel] = {}
+    for entry in app[REGISTRY].entries.values():
         if entry.probe is None or entry.row.state == "disabled":
             continue
-        for model in entry.probe.models:
-            models.setdefault(model, []).append(entry)
-    return models
+        for spelling in entry.probe.models:
+            key = model_key(spelling)
+            models.setdefault(key, PoolModel(key)).on.append((entry, spelling))
+    return dict(sorted(models.items()))
+
+
+def _find(app: web.Application, name: Any, dialect: str) -> PoolModel:
+    model = pool_models(app).get(model_key(name)) if isinstance(name, str) and name else None
+    if model is None:
+        what = "`GET /v1/models`" if dialect == "openai" else "`ollama list`"
+        raise RequestError(
+            f"model {name!r} is not served by any backend; {what} lists the models you can use",
+            status=404,
+            type="not_found_error",
+            code="model_not_found",
+        )
+    return model
+
+
+def _timestamp(value: Any) -> str:
+    """An Ollama timestamp from a backend's (Ollama string or OpenAI epoch seconds), or now."""
+    if isinstance(value, str) and value:
+        return value
+    when = datetime.fromtimestamp(value, UTC) if isinstance(value, int) and value > 0 else datetime.now(UTC)
+    return when.strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+def _epoch(value: Any) -> int:
+    """OpenAI's ``created`` (epoch seconds) from a backend's, or now."""
+    if isinstance(value, int) and value > 0:
+        return value
+    if isinstance(value, str):
+        try:
+            return int(datetime.fromisoformat(value.replace("Z", "+00:00")[:26]).timestamp())
+        except ValueError:
+            pass
+    return int(datetime.now(UTC).timestamp())
+
+
+def _ollama_entry(model: PoolModel) -> dict[str, Any]:
+    d = model.details()
+    return {
+        "name": model.name,
+        "model": model.name,
+        "modified_at": _timestamp(d.get("modified_at", d.get("created"))),
+        "size": d.get("size") if isinstance(d.get("size"), int) else 0,
+        "digest": d.get("digest") or hashlib.sha256(model.name.encode()).hexdigest(),
+        "details": d.get("details") if isinstance(d.get("details"), dict) else dict(_NO_DETAILS),
+    }
+
+
+def _openai_entry(model: PoolModel) -> dict[str, Any]:
+    d = model.details()
+    return {
+        "id": model.name,
+        "object": "model",
+        "created": _epoch(d.get("created", d.get("modified_at"))),
+        "owned_by": "mindrouter",
+    }
 
 
 async def handle_openai_models(request: web.Request) -> web.Response:
     request.app[AUTH].caller(request.headers.get("Authorization"))
-    data = [
-        {"id": m, "object": "model", "created": 0, "owned_by": "mindrouter"} for m in sorted(_all_models(request.app))
-    ]
+    data = [_openai_entry(m) for m in pool_models(request.app).values()]
     return web.json_response({"object": "list", "data": data})
+
+
+async def handle_openai_model(request: web.Request) -> web.Response:
+    request.app[AUTH].caller(request.headers.get("Authorization"))
+    return web.json_response(_openai_entry(_find(request.app, request.match_info["model"], "openai")))
 
 
 async def handle_ollama_tags(request: web.Request) -> web.Response:
     request.app[AUTH].caller(request.headers.get("Authorization"))
-    out = []
-    for model, entries in sorted(_all_models(request.app).items()):
-        size = next((e.probe.model_sizes.get(model) for e in entries if e.probe.model_sizes.get(model)), 0)
-        out.append(
-            {
-                "name": model,
-                "model": model,
-                "modified_at": "1970-01-01T00:00:00Z",
-                "size": size or 0,
-                "digest": "",
-                "details": {},
-            }
-        )
-    return web.json_response({"models": out})
+    return web.json_response({"models": [_ollama_entry(m) for m in pool_models(request.app).values()]})
 
 
 async def handle_ollama_ps(request: web.Request) -> web.Response:
     request.app[AUTH].caller(request.headers.get("Authorization"))
+    forever = _timestamp(int((datetime.now(UTC) + timedelta(days=3650)).timestamp()))
     out = []
-    for entry in request.app[REGISTRY].entries.values():
-        probe = entry.probe
-        if probe is None:
+    for model in pool_models(request.app).values():
+        loaded = model.loaded_on()
+        if not loaded:
             continue
-        for model in sorted(probe.loaded_models):
-            vram = probe.loaded_vram.get(model, 0)
-            out.append(
-                {
-                    "name": model,
-                    "model": model,
-                    "size": vram,
-                    "size_vram": vram,
-                    "digest": "",
-                    "details": {},
-                    "expires_at": "0001-01-01T00:00:00Z",
-                    "backend": entry.row.name,
-                }
-            )
+        entry = _ollama_entry(model)
+        found = [e.probe.details.get(s, {}) for e, s in loaded if e.probe is not None]
+        vram = sum(e.probe.loaded_vram.get(s, 0) for e, s in loaded if e.probe is not None)
+        expires = [d["expires_at"] for d in found if isinstance(d.get("expires_at"), str)]
+        entry.update(
+            size=max(entry["size"], vram),
+            size_vram=vram,
+            expires_at=max(expires) if expires else forever,  # OpenAI-family engines keep their model loaded
+            backends=sorted(e.row.name for e, _ in loaded),
+        )
+        out.append(entry)
     return web.json_response({"models": out})
 
 
+async def handle_ollama_show(request: web.Request) -> web.Response:
+    """Ask an Ollama backend that has the model, and add what mindrouter knows; otherwise say what it knows."""
+    request.app[AUTH].caller(request.headers.get("Authorization"))
+    try:
+        body = await request.json()
+    except ValueError:
+        body = None
+    if not isinstance(body, dict):
+        raise RequestError('send a JSON object such as {"model": "llama3.2"}')
+    model = _find(request.app, body.get("model") or body.get("name"), "ollama")
+    info: dict[str, Any] = {}
+    for entry, spelling in model.on:
+        if entry.adapter.family == "ollama":
+            reply = await entry.adapter.get("/api/show", method="POST", json_body={**body, "model": spelling})
+            shown = reply.json() if reply.ok else None
+            if isinstance(shown, dict):
+                info = shown
+                break
+    d = model.details()
+    info.setdefault("modelfile", "")
+    info.setdefault("parameters", "")
+    info.setdefault("template", "")
+    info.setdefault("details", _ollama_entry(model)["details"])
+    info.setdefault("modified_at", _ollama_entry(model)["modified_at"])
+    model_info = info.setdefault("model_info", {})
+    context = d.get("max_model_len")
+    if isinstance(context, int) and not any(k.endswith(".context_length") for k in model_info):
+        model_info.setdefault("general.architecture", "unknown")
+        model_info[f"{model_info['general.architecture']}.context_length"] = context
+    info["capabilities"] = sorted(set(info.get("capabilities") or ()) | set(model.capabilities()))
+    info["backends"] = sorted(e.row.name for e, _ in model.on)
+    return web.json_response(info)
+
+
 async def handle_ollama_version(request: web.Request) -> web.Response:
-    return web.json_response({"version": __version__})
+    request.app[AUTH].caller(request.headers.get("Authorization"))
+    return web.json_response({"version": OLLAMA_VERSION, "mindrouter": __version__})
+
+
+async def handle_root(request: web.Request) -> web.Response:
+    """What Ollama answers on /, which health checks and the ``ollama`` CLI probe for."""
+    return web.Response(text="Ollama is running")
+
+
+async def handle_management(request: web.Request) -> web.Response:
+    request.app[AUTH].caller(request.headers.get("Authorization"))
+    raise RequestError(
+        f"{request.method} {request.path} is not offered: mindrouter does not manage models; pull, create, copy "
+        "and delete them on the backend servers (for example `ollama pull NAME` on the GPU host), and "
+        "`ollama list` here shows what the pool serves",
+        status=403,
+        type="permission_error",
+        code="model_management_unsupported",
+    )
 
 
 def _guard(handler: Any) -> Any:
@@ -96,7 +238,14 @@ def _guard(handler: Any) -> Any:
 
 
 def setup_catalog_routes(app: web.Application) -> None:
-    app.router.add_get("/v1/models", _guard(handle_openai_models))
-    app.router.add_get("/api/tags", _guard(handle_ollama_tags))
-    app.router.add_get("/api/ps", _guard(handle_ollama_ps))
-    app.router.add_get("/api/version", handle_ollama_version)
+    r = app.router
+    r.add_get("/", handle_root)  # GET also answers HEAD
+    r.add_get("/v1/models", _guard(handle_openai_models))
+    r.add_get("/v1/models/{model:.+}", _guard(handle_openai_model))
+    r.add_get("/api/tags", _guard(handle_ollama_tags))
+    r.add_get("/api/ps", _guard(handle_ollama_ps))
+    r.add_post("/api/show", _guard(handle_ollama_show))
+    r.add_get("/api/version", _guard(handle_ollama_version))
+    for action in _MANAGEMENT:
+        r.add_route("DELETE" if action == "delete" else "POST", f"/api/{action}", _guard(handle_management))
+    r.add_route("*", "/api/blobs/{digest}", _guard(handle_management))

@@ -19,7 +19,7 @@ from typing import Any
 
 from aiohttp import web
 
-from ..backends.base import INFERENCE_PATHS, BackendError, Call
+from ..backends.base import INFERENCE_PATHS, BackendError, Call, model_key
 from ..errors import RequestError
 from ..scheduler import Job, Modality
 from .keys import AUTH, CONFIG, DISPATCHER, REGISTRY, SCHEDULER, STATS
@@ -56,7 +56,7 @@ async def handle_inference(request: web.Request) -> web.StreamResponse:
     job = Job(
         id=rid,
         user_id=caller.user_id,
-        model=call.model,
+        model=model_key(call.model),
         submitted_at=app[DISPATCHER].clock(),
         modality=Modality.VISION if call.has_images else _MODALITY[call.kind],
         json_mode=call.json_mode,

@@ -22,9 +22,9 @@ from typing import Any
 import aiohttp
 
 from ..backends import make_adapter
-from ..backends.base import Adapter, Probe
+from ..backends.base import Adapter, Probe, model_key
 from ..config import BackendSettings
-from ..scheduler import Backend, Scheduler
+from ..scheduler import Backend, Modality, Scheduler
 
 __all__ = ["Entry", "Registry"]
 
@@ -50,6 +50,17 @@ class Entry:
     error: str | None = None
     task: asyncio.Task[None] | None = None
     probed: asyncio.Event = field(default_factory=asyncio.Event)
+
+
+def _modalities(capabilities: frozenset[str]) -> frozenset[Modality]:
+    """What a model reported to have ``capabilities`` can be asked: embeddings always (Ollama embeds with
+    any model), chat and completion with "completion", images with "vision"."""
+    out = {Modality.EMBEDDINGS}
+    if "completion" in capabilities:
+        out |= {Modality.CHAT, Modality.COMPLETION}
+        if "vision" in capabilities:
+            out.add(Modality.VISION)
+    return frozenset(out)
 
 
 class Registry:
@@ -137,7 +148,7 @@ class Registry:
 
     async def probe(self, entry: Entry) -> None:
         try:
-            probe = await entry.adapter.probe()
+            probe = await entry.adapter.poll()
         except asyncio.CancelledError:
             raise
         except Exception as exc:  # an adapter bug must not kill the poller
@@ -221,13 +232,15 @@ class Registry:
             for model in models - probe.loaded_models:
                 need = self.vram_estimate(row, model, probe)
                 if need is not None:
-                    model_vram[model] = need
+                    model_vram[model_key(model)] = need
+        capabilities = probe.capabilities if probe is not None else {}
         self.scheduler.set_backend(
             Backend(
                 id=row.id,
                 name=row.name,
-                models=models,
-                loaded_models=probe.loaded_models if probe is not None else frozenset(),
+                models=frozenset(map(model_key, models)),
+                loaded_models=frozenset(map(model_key, probe.loaded_models)) if probe is not None else frozenset(),
+                model_modalities={model_key(m): _modalities(c) for m, c in capabilities.items()},
                 max_concurrent=row.max_concurrent,
                 priority=row.priority,
                 healthy=self.healthy(entry),

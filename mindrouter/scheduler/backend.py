@@ -16,7 +16,7 @@ from .jobs import Modality
 
 __all__ = ["ALL_MODALITIES", "Backend", "BackendLoad"]
 
-ALL_MODALITIES: frozenset[Modality] = frozenset({Modality.CHAT, Modality.COMPLETION, Modality.EMBEDDINGS})
+ALL_MODALITIES: frozenset[Modality] = frozenset(Modality)
 
 
 @dataclass(frozen=True, slots=True)
@@ -28,6 +28,9 @@ class Backend:
     loaded_models: frozenset[str] = frozenset()
     """Models resident in memory now (Ollama ``/api/ps``; vLLM: all of ``models``)."""
     modalities: frozenset[Modality] = ALL_MODALITIES
+    """What the backend's models can do, where the backend does not say per model."""
+    model_modalities: Mapping[str, frozenset[Modality]] = field(default_factory=dict)
+    """Per model, where the backend says (Ollama /api/show capabilities, llama-server /props)."""
     supports_json: bool = True
     max_concurrent: int = 4
     priority: float = 0.0

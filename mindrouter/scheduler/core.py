@@ -126,9 +126,10 @@ class Scheduler:
         self._backends[backend.id] = backend
         self._loads.setdefault(backend.id, BackendLoad())
         self.scorer.invalidate(backend.id)
-        if old is None or (old.models, old.modalities, old.supports_json) != (
+        if old is None or (old.models, old.modalities, old.model_modalities, old.supports_json) != (
             backend.models,
             backend.modalities,
+            backend.model_modalities,
             backend.supports_json,
         ):
             self._clear_classes()

@@ -48,7 +48,7 @@ def static_rejections(backend: Backend, key: ClassKey) -> tuple[str, ...]:
     reasons = []
     if model not in backend.models:
         reasons.append(REASONS["model"])
-    if modality not in backend.modalities:
+    if modality not in backend.model_modalities.get(model, backend.modalities):
         reasons.append(REASONS["modality"])
     if json_mode and not backend.supports_json:
         reasons.append(REASONS["json"])
