@@ -3,10 +3,14 @@
 from __future__ import annotations
 
 import dataclasses
+import io
+import json
+import logging
 
 import pytest
 
 from mindrouter.daemon.app import create_app
+from mindrouter.daemon.logsafe import OneLineFormatter
 
 from .conftest import ADMIN_KEY, Daemon, daemon_config
 from .fakes import FakeOllama
@@ -103,3 +107,41 @@ async def test_one_server_is_one_backend(daemon, again):
         )
         assert "already in the pool as backend 'gpu1'" in answer["error"]["message"]
         assert [b["name"] for b in await daemon.admin("GET", "/admin/backends")] == ["gpu1"]
+
+
+async def test_no_key_prompt_or_completion_in_logs_or_decision_records(daemon, caplog):
+    caplog.set_level(logging.DEBUG)
+    async with FakeOllama(models=["llama3"]) as fake:
+        await daemon.backend("b1", fake.url, "ollama")
+        key = await daemon.user("alice")
+        secret = {"model": "llama3", "messages": [{"role": "user", "content": "my secret prompt"}], "max_tokens": 3}
+        for path, stream in (("/v1/chat/completions", False), ("/v1/chat/completions", True), ("/api/chat", True)):
+            resp = await daemon.client.post(path, json={**secret, "stream": stream}, headers=bearer(key))
+            assert resp.status == 200 and "tok2" in await resp.text()
+        await daemon.client.post("/v1/chat/completions", json=secret, headers=bearer(key + "x"))  # a wrong key
+        records = await daemon.admin("GET", "/admin/decisions?limit=50")
+    assert len(records) == 3
+    for text in (caplog.text, json.dumps(records)):
+        assert key not in text and key[3:] not in text and "secret prompt" not in text and "tok1" not in text
+
+
+async def test_a_client_chosen_name_cannot_forge_a_log_line(daemon):
+    out = io.StringIO()
+    handler = logging.StreamHandler(out)
+    handler.setFormatter(OneLineFormatter("%(levelname)s %(name)s: %(message)s"))  # as `mr serve` logs
+    logger = logging.getLogger("mindrouter")
+    logger.addHandler(handler)
+    level, logger.level = logger.level, logging.INFO
+    try:
+        key = await daemon.user("alice")
+        for path in ("/v1/chat/completions", "/api/chat"):
+            messages = [{"role": "user", "content": "x"}]
+            body = {"model": "nosuch\nCRITICAL mindrouter: forged\r\x1b[2K", "messages": messages}
+            resp = await daemon.client.post(path, json=body, headers=bearer(key))
+            assert resp.status == 404
+    finally:
+        logger.removeHandler(handler)
+        logger.setLevel(level)
+    lines = out.getvalue().splitlines()
+    assert lines and all(not line.startswith("CRITICAL") for line in lines), lines
+    assert any("nosuch\\nCRITICAL" in line for line in lines), lines  # logged, escaped

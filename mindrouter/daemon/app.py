@@ -38,8 +38,10 @@ from .decisions import DecisionLog
 from .discover import discover_local_backends
 from .dispatcher import Dispatcher
 from .gpus import GpuState
+from .guard import guard_middleware
 from .inference import setup_inference_routes
 from .keys import AUTH, CONFIG, DECISIONS, DISPATCHER, GPUS, REGISTRY, SCHEDULER, SESSION, STATS, STORE
+from .logsafe import OneLineFormatter
 from .metrics import setup_metrics
 from .registry import Registry
 from .stats import Stats
@@ -59,7 +61,7 @@ async def create_app(config: Config, *, nvml: Any = None, discover: bool | None 
             defaults to ``config.server.discover``.
     """
     server = config.server
-    app = web.Application(client_max_size=server.max_body_bytes, middlewares=[admin_middleware])
+    app = web.Application(client_max_size=server.max_body_bytes, middlewares=[guard_middleware, admin_middleware])
     store = Store(server.state_path / "mindrouter.db", max_decisions=server.decision_retention)
     created = store.ensure_default_groups(config.scheduler.group_weights)
     if created:
@@ -234,5 +236,7 @@ def serve(config: Config, *, discover: bool | None = None) -> None:
     level = getattr(logging, config.server.log_level.upper(), None)
     if not isinstance(level, int):
         raise ConfigError(f"[server] log_level {config.server.log_level!r} is not one of debug, info, warning, error")
-    logging.basicConfig(level=level, stream=sys.stderr, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    handler = logging.StreamHandler(sys.stderr)
+    handler.setFormatter(OneLineFormatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
+    logging.basicConfig(level=level, handlers=[handler])
     asyncio.run(_run(config, discover=discover))

@@ -1,0 +1,91 @@
+"""The outermost middleware: every error a client can cause is a JSON answer in its path's dialect.
+
+aiohttp answers a wrong route, a wrong method and an oversized body with plain
+text, and a bug or a hostile body (JSON nested 100,000 deep, a lone surrogate,
+a body falsely labelled gzip) would surface as a 500. Here each becomes the
+error its clients parse: OpenAI's shape on ``/v1`` and admin paths, Ollama's
+``{"error": "..."}`` on ``/api``. Anything unexpected is logged with its
+traceback once and answered 500 in the same shape, and the daemon goes on.
+"""
+
+from __future__ import annotations
+
+import logging
+import zlib
+from collections.abc import Awaitable, Callable
+
+from aiohttp import http_exceptions, web
+
+from ..errors import RequestError
+from .logsafe import safe
+from .responses import dialect_of, error_response
+
+__all__ = ["guard_middleware"]
+
+log = logging.getLogger(__name__)
+
+Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
+
+
+def _too_large(request: web.Request) -> RequestError:
+    limit = request.client_max_size
+    return RequestError(
+        f"the request body is larger than the {limit:,} bytes this server accepts; "
+        "send a smaller one (an admin can raise [server] max_body_bytes)",
+        status=413,
+        code="request_too_large",
+    )
+
+
+def _http_error(request: web.Request, exc: web.HTTPException) -> RequestError:
+    """aiohttp's own refusals, reworded as one sentence that says what to do."""
+    if exc.status == 404:
+        message = f"there is no {request.method} {safe(request.path)} here; see the routes in the README"
+        return RequestError(message, status=404, code="not_found")
+    if exc.status == 405:
+        allowed = ", ".join(sorted(getattr(exc, "allowed_methods", ()) or ())) or "another method"
+        message = f"{safe(request.path)} does not take {request.method}; use {allowed}"
+        return RequestError(message, status=405, code="method_not_allowed")
+    if exc.status == 413:
+        return _too_large(request)
+    return RequestError(
+        exc.reason or f"HTTP {exc.status}", status=exc.status, code=exc.reason.lower().replace(" ", "_")
+    )
+
+
+@web.middleware
+async def guard_middleware(request: web.Request, handler: Handler) -> web.StreamResponse:
+    """Answer every client-caused error as JSON in the path's dialect; never let one become a crash."""
+    length = request.content_length
+    if length is not None and length > request.client_max_size:
+        return error_response(_too_large(request), dialect_of(request.path))
+    try:
+        return await handler(request)
+    except web.HTTPException as exc:
+        if exc.status < 400:
+            raise
+        response = error_response(_http_error(request, exc), dialect_of(request.path))
+        if exc.status == 405:
+            response.headers["Allow"] = exc.headers.get("Allow", "")
+        return response
+    except RequestError as exc:
+        return error_response(exc, dialect_of(request.path))
+    except RecursionError:
+        error = RequestError("the request body is nested too deeply; send at most a few hundred levels of JSON")
+    except UnicodeError:
+        error = RequestError(
+            "the request body is not valid UTF-8 text (or holds a lone surrogate escape); fix its encoding"
+        )
+    except (web.RequestPayloadError, zlib.error, http_exceptions.ContentEncodingError, EOFError):
+        error = RequestError(
+            "the request body could not be read as sent (does it match its Content-Encoding?); send it plain"
+        )
+    except Exception:
+        log.exception("internal error on %s %s", request.method, safe(request.path))
+        error = RequestError(
+            "the router hit an internal error on this request; it was logged, and other requests are unaffected",
+            status=500,
+            type="server_error",
+            code="internal_error",
+        )
+    return error_response(error, dialect_of(request.path))
