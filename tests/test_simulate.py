@@ -109,7 +109,7 @@ def test_partial_load_decisions_stay_within_the_bound():
         )
     )
     run = simulate(sc)
-    assert run.dispatch_gap.max <= 2 * run.max_request_cost + 1e-6, run.dispatch_gap.max
+    assert run.pools[0].dispatch_gap.max <= 2 * run.max_request_cost + 1e-6, run.pools[0].dispatch_gap.max
     assert all(u.backlogged_seconds < 0.9 * sc.duration for u in run.users)  # really partial load
 
 
@@ -121,8 +121,8 @@ def test_scenario2_light_user_gets_the_next_freed_slot():
     run = simulate(sc, trace=True)
     trace = run.trace
     assert trace is not None
-    student = next(u.index for u in run.users if u.spec.name == "student")
-    prof = next(u.index for u in run.users if u.spec.name == "prof")
+    student = next(u.index for u in run.users if u.name == "student")
+    prof = next(u.index for u in run.users if u.name == "prof")
     completions = sorted(r.done for r in trace if r.done is not None)
     mine = [r for r in trace if r.user == student and r.dispatched is not None]
     assert len(mine) >= 20 and mine[0].submitted == 5.0
@@ -188,7 +188,7 @@ def test_service_gap_by_hand():
     order = [user for _, user in sorted((r.dispatched, r.user) for r in run.trace if r.dispatched is not None)]
     # Equal deficits tie-break by age, so the pattern is a b b a a b ...: never more than one ahead.
     assert all(abs(order[:n].count(0) - order[:n].count(1)) <= 1 for n in range(len(order)))
-    assert run.gap.max == pytest.approx(100)
+    assert run.pools[0].gap.max == pytest.approx(100)
     assert run.max_request_cost == 100
     result = build(run)
     assert [u["share"] for u in result["users"]] == [0.5, 0.5]
@@ -386,7 +386,7 @@ def test_service_gap_matches_a_brute_force_replay():
         | {sc.duration}
     )
     n = len(sc.users)
-    for service, tracker in ((generated, run.gap), (dispatched, run.dispatch_gap)):
+    for service, tracker in ((generated, run.pools[0].gap), (dispatched, run.pools[0].dispatch_gap)):
         base: dict[tuple[int, int], float] = {}
         gap = 0.0
         for t in times:

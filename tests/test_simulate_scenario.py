@@ -59,6 +59,23 @@ def test_scheduler_table_overrides_settings():
     assert sc.settings.scores.model_loaded == 5
 
 
+def test_entries_with_one_name_are_phases_of_one_user():
+    sc = parse_scenario(
+        BASE
+        + 'stop = 300\n[[users]]\nname = "prof"\nmodel = "llama3"\nrate = 1\nstart = 300\n'
+        + '[[users]]\nname = "ta"\nweight = 2\nmodel = "llama3"\nrate = 1\n'
+        + "[[events]]\nat = 400\ngroup = 'faculty'\nweight = 4\n[[events]]\nat = 200\nuser = 'ta'\nclear = true\n"
+    )
+    first, second, ta = sc.users
+    assert (first.stop, second.start, second.rate) == (300, 300, 1)
+    assert second.group == "faculty" and second.weight == 3 and second.weight_override is None
+    assert ta.weight == 2 and ta.weight_override == 2
+    assert [(e.at, e.user, e.group, e.weight, e.clear) for e in sc.events] == [
+        (200, "ta", None, None, True),
+        (400, None, "faculty", 4, False),
+    ]
+
+
 @pytest.mark.parametrize(
     ("change", "needle"),
     [
@@ -98,9 +115,18 @@ def test_scheduler_table_overrides_settings():
         (lambda t: t + "start = 50\nstop = 10\n", "stop (10) must be after start (50)"),
         (lambda t: t + "colour = 'red'\n", "unknown key users[0] (prof).colour"),
         (
-            lambda t: t + '[[users]]\nname = "prof"\nweight = 1\nmodel = "llama3"\nrate = 1\n',
-            "two users are named 'prof'",
+            lambda t: t + '[[users]]\nname = "prof"\ngroup = "staff"\nmodel = "llama3"\nrate = 1\n',
+            "users[1] (prof).group is 'staff' but an earlier entry of 'prof' says 'faculty'; entries with one name",
         ),
+        (lambda t: t + "[[events]]\nuser = 'prof'\nweight = 2\n", "events[0].at is missing"),
+        (lambda t: t + "[[events]]\nat = 5\nweight = 2\n", "events[0] must name exactly one of user or group"),
+        (lambda t: t + "[[events]]\nat = 5\nuser = 'prof'\n", "events[0] must set exactly one of weight or clear"),
+        (lambda t: t + "[[events]]\nat = 5\nuser = 'ta'\nweight = 2\n", "events[0].user 'ta' is not one of"),
+        (lambda t: t + "[[events]]\nat = 5\ngroup = 'staff'\nweight = 2\n", "group 'staff' has no user in it"),
+        (lambda t: t + "[[events]]\nat = 5\ngroup = 'faculty'\nclear = true\n", "events[0].clear applies to a user"),
+        (lambda t: t + "[[events]]\nat = 5\nuser = 'prof'\nweight = 0\n", "events[0].weight must be greater than 0"),
+        (lambda t: t + "[[events]]\nat = 5\nuser = 'prof'\nclear = 1\n", "events[0].clear must be true or false"),
+        (lambda t: t + "[[events]]\nat = 5\nuser = 'prof'\nweight = 2\nwhen = 3\n", "unknown key events[0].when"),
         (lambda t: t + "[scheduler]\nfairness_windw = 3\n", "unknown key [scheduler] fairness_windw"),
         (
             lambda t: t + "[scheduler]\ndeprioritize_threshold = 'high'\n",
@@ -136,19 +162,21 @@ def test_refusals_name_the_key_in_one_sentence(change, needle):
 def test_missing_file_and_unknown_example(tmp_path):
     with pytest.raises(ScenarioError, match="does not exist"):
         load_scenario(tmp_path / "nope.toml")
-    with pytest.raises(ScenarioError, match="the examples are scenario1, scenario2, scenario3"):
+    with pytest.raises(ScenarioError, match="the examples are admin-one-student, admin-two-students, "):
         load_example("scenario9")
 
 
 def test_examples_are_packaged_and_in_sync_with_the_repo_copies():
-    """`mr simulate --example` reads the packaged copies; examples/ at the top is what the README runs."""
-    assert example_names() == ["scenario1", "scenario2", "scenario3"]
-    for name in example_names():
-        assert (REPO / "examples" / f"{name}.toml").read_bytes() == (PACKAGED / f"{name}.toml").read_bytes(), (
-            f"examples/{name}.toml and mindrouter/simulate/examples/{name}.toml differ; copy one over the other"
-        )
+    """`mr simulate --example` reads the packaged copies; examples/ at the top holds what the README runs."""
+    names = example_names()
+    assert {"scenario1", "scenario2", "scenario3", "model-switch", "group-shares"} <= set(names)
+    for name in names:
         assert load_example(name).name == name
-        assert load_scenario(REPO / "examples" / f"{name}.toml") == load_example(name)
+    for copy in sorted((REPO / "examples").glob("*.toml")):
+        assert copy.read_bytes() == (PACKAGED / copy.name).read_bytes(), (
+            f"examples/{copy.name} and mindrouter/simulate/examples/{copy.name} differ; copy one over the other"
+        )
+        assert load_scenario(copy) == load_example(copy.stem)
 
 
 def test_package_exports():

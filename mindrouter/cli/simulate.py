@@ -6,7 +6,7 @@ import json
 import sys
 import time
 from pathlib import Path
-from typing import Annotated
+from typing import Annotated, ClassVar
 
 import typer
 from rich.console import Console
@@ -26,7 +26,7 @@ class _LazyProgress:
     second phase is the comparison run without heavy-user deprioritization.
     """
 
-    _LABELS = {"run": "simulating", "baseline": "without deprioritization"}
+    _LABELS: ClassVar[dict[str, str]] = {"run": "simulating", "baseline": "without deprioritization"}
 
     def __init__(self, total: float, console: Console, after: float = 0.5) -> None:
         self.total = total
@@ -69,7 +69,9 @@ def simulate(
     example: Annotated[
         str | None,
         typer.Option(
-            "--example", help="Run a scenario shipped with mindrouter instead: scenario1, scenario2 or scenario3."
+            "--example",
+            help="Run a scenario shipped with mindrouter instead, such as scenario3 or model-switch"
+            " (docs/simulate.md lists them all).",
         ),
     ] = None,
     duration: Annotated[

@@ -23,8 +23,11 @@ Scenario format (TOML; a contract other tools rely on). Keys marked * are requir
     priority = 0                 admin-set score points
 
     [[users]]
-    name = "prof"              * unique
-    group = "faculty"            or weight = 3 (weight wins; neither means weight 1)
+    name = "prof"              * entries with the same name are ONE user (one account,
+                                 one deficit, one weight), each entry a phase of its
+                                 workload with its own start/stop, model and sizes
+    group = "faculty"            or weight = 3 (weight wins; neither means weight 1);
+                                 given on one phase, it holds for all of them
     model = "llama3"           * must be served by some backend
     concurrency = 8              closed loop: keeps 8 requests outstanding,
                                  sending the next when one ends (answered or timed out)
@@ -34,9 +37,15 @@ Scenario format (TOML; a contract other tools rely on). Keys marked * are requir
     completion_tokens = 300      likewise (default 300): what the backend really generates
     max_tokens = 512             sent with each request and caps the completion; without it
                                  the scheduler estimates the completion itself
-    start = 0                    seconds; the user sends from start until stop
+    start = 0                    seconds; the phase sends from start until stop
     stop = 3600                  (default: the end of the run)
-    requests = 10                stop after this many requests
+    requests = 10                stop the phase after this many requests
+
+    [[events]]                   weight changes applied to the live scheduler
+    at = 1800                  * seconds
+    user = "prof"                either a user: weight = 2 gives it a weight of its own,
+    weight = 2                   clear = true drops it (back to its group's, or 1)
+    group = "faculty"            or a group: weight = 4 for every member without its own
 
     [scheduler]                  any SchedulerSettings field, e.g. deprioritize_threshold = 1.0
     [scheduler.scores]           any ScoreWeights field, e.g. model_loaded = 100
@@ -50,34 +59,57 @@ ends, its completion tokens continuously at the decode rate, so requests still
 running at the end count for what they had produced (``"counting":
 "as_generated"``).
 
-- ``users``: ``name``, ``weight``, ``target_share``, ``tokens``, ``share``,
-  ``requests`` (completed), ``wait_p50``/``wait_p95``/``wait_max`` (seconds
-  queued before dispatch, nearest rank), plus ``group``, ``submitted``,
-  ``dispatched``, ``timed_out``, ``rejected``, ``waited_requests`` (could not
+Users compete only inside a *pool*: backends joined by serving a common model
+(transitively). Targets, windows, the service gap and Jain's index are kept per
+pool, among the users who sent requests there, so two users alone on separate
+models are each owed all of their own pool.
+
+- ``users``: ``name``, ``weight`` (the last, after events), ``target_share``,
+  ``tokens``, ``share``, ``requests`` (completed), ``wait_p50``/``wait_p95``/
+  ``wait_max`` (seconds queued before dispatch, nearest rank),
+  ``max_starved_s`` (the longest stretch during which the user had a request
+  queued and none of its requests started), ``longest_request_s`` (the
+  longest any of its requests took from dispatch to its last token),
+  ``timeouts``, plus ``group``, ``submitted``, ``dispatched``, ``timed_out``
+  (the same as ``timeouts``), ``rejected``, ``waited_requests`` (could not
   start on arrival), ``max_slots_skipped`` (the most slot-freeing moments a
   request of this user sat through while the slots went to others; 0 means it
   always got the next freed slot), ``backlogged_seconds``,
-  ``deprioritized_seconds`` and ``min_factor``.
-  ``target_share`` is the user's fair entitlement: at every moment, users with
-  nothing waiting take what they actually receive, and the rest of the
-  delivered service is owed to the backlogged users (those with requests
-  waiting in the queue) in proportion to weight. With everyone saturating all
-  run long that is weight / total weight.
+  ``deprioritized_seconds`` and ``min_factor``. ``target_share`` is the sum of
+  the user's targets in every pool over all tokens.
+- ``pools``: one object per pool: ``backends``, ``models``, ``slots``,
+  ``users`` (who sent requests there), ``tokens``, ``shares`` and
+  ``target_shares`` over the run, ``max_service_gap`` (``_pair``, ``_at``),
+  ``max_dispatch_gap`` (``_pair``), ``max_request_cost``, ``gap_bound``,
+  ``jain_index``, ``worst_window`` and ``windows`` (``start``, ``shares``,
+  ``targets``, ``outlasting``). A pool's target: at every moment, users with
+  nothing queued in the pool take what they actually receive, and the rest of
+  the pool's service is owed to its backlogged users (those with requests
+  waiting) in proportion to weight. With everyone saturating all run long that
+  is weight / total weight.
 - ``max_service_gap``: the largest change of ``S_a/w_a - S_b/w_b`` (service in
   cost units, i.e. tokens with the default costs, over weight) over an interval
-  in which users a and b were both continuously backlogged, measured from the
-  moment both last became backlogged; exact, since it is evaluated at every
-  breakpoint. ``max_service_gap_pair``/``_at`` say where; ``gap_bound`` is
-  2 x ``max_request_cost`` (the largest cost of a request in the run).
-  Under saturation that bound holds; under partial load the as-generated gap
-  also counts work that was already running when a pair became backlogged, so
-  ``max_dispatch_gap`` (``_pair``) gives the same measure with each request's
-  whole cost counted at dispatch: the scheduler's decisions alone.
-- ``jain_index``: Jain's index of share / target_share over the users ever
-  backlogged (with targets by weight, that is weight-normalized throughput).
-- ``windows``: ``{"start", "shares"}`` per 60 s (the last may be partial);
-  ``worst_window`` is the largest |share - target| of any user in a full
-  window after the first.
+  in which users a and b were both continuously backlogged in one pool,
+  measured from the moment both last became backlogged; exact, since it is
+  evaluated at every breakpoint. A weight change changes only the slope of
+  ``S/w`` from then on. ``max_service_gap_pair``/``_at`` say where;
+  ``gap_bound`` is 2 x ``max_request_cost`` (the largest cost of a request in
+  the run). Under saturation that bound holds; under partial load the
+  as-generated gap also counts work that was already running when a pair
+  became backlogged, so ``max_dispatch_gap`` (``_pair``) gives the same
+  measure with each request's whole cost counted at dispatch: the scheduler's
+  decisions alone. The top-level figures are the worst pool's.
+- ``jain_index``: the lowest over the pools of Jain's index of share /
+  target_share over the users ever backlogged in the pool (with targets by
+  weight, that is weight-normalized throughput).
+- ``windows``: ``{"start", "shares"}`` per 60 s over all pools (the last may be
+  partial). ``worst_window`` (per pool, and the worst of them at the top) is
+  the largest |share - target| of any user in a full window of a pool that
+  starts ``settle_seconds`` (120) or more after the last arrival, departure
+  (a phase's start or stop) or weight event in that pool and holds none of
+  them, where someone was backlogged, with ``allowed``: 5
+  points, or while a request that takes longer than a window runs there
+  (``outlasting``), one slot's share of the pool plus 2 points.
 - ``backends`` (requests, tokens, utilization, ``full_at``: when every slot
   was first busy), ``deprioritization`` (seconds per user and, if it was in
   play, the same run without it: ``without.shares``, ``max_share_shift``,
@@ -89,6 +121,7 @@ from .engine import RequestTrace, Run, simulate
 from .report import build, run_scenario
 from .scenario import (
     BackendSpec,
+    EventSpec,
     Scenario,
     ScenarioError,
     UserSpec,
@@ -100,6 +133,7 @@ from .scenario import (
 
 __all__ = [
     "BackendSpec",
+    "EventSpec",
     "RequestTrace",
     "Run",
     "Scenario",

@@ -1,31 +1,25 @@
 """The discrete-event loop that drives the real scheduler core with simulated users and backends.
 
 Theory of operation. Events (arrivals, prefill ends, completions, queue
-deadlines, 60 s window boundaries) sit in one heap ordered by (time, kind
-order, sequence), so equal times resolve the same way on every run. All events
-at one instant form a *batch*; after each batch the loop calls
+deadlines, weight changes, 60 s window boundaries) sit in one heap ordered by
+(time, kind order, sequence), so equal times resolve the same way on every run.
+All events at one instant form a *batch*; after each batch the loop calls
 ``Scheduler.dispatch(now)`` once and starts what it returns. A backend decodes
 each request at ``tokens_per_second`` after a prefill of
 ``prompt_tokens / prefill_tokens_per_second``, up to ``max_concurrent`` at once
 (the core never hands it more).
 
-Service is counted *as generated*: a request's prompt tokens count when its
-prefill ends, its completion tokens continuously at the decode rate. Each
-user's service is therefore a piecewise-linear function of time,
-``tokens(t) = prompt + base + rate * t``, updated in O(1) per event, which
-makes windows, shares and the service gap exact without per-token events.
+A user is an account (one weight, one name in the core) with one or more
+*phases*, the scenario's ``[[users]]`` entries of that name, each sending its
+own workload to its own model between its ``start`` and ``stop``. Service is
+accounted per pool of contention (``pools.Pool``): a request counts in the pool
+of the backends that serve its model, prompt tokens when its prefill ends and
+completion tokens continuously at the decode rate.
 
-The service gap between two users (``_gap.GapTracker``) is sampled only where
-it can peak: the difference of two piecewise-linear functions reaches its
-extremes at their breakpoints, so a pair is evaluated just before and just
-after a batch in which one of its users' lines changed. A second tracker
-counts each request's whole cost at dispatch, which measures the scheduler's
-decisions alone, without the work already running when a pair became
-backlogged.
-
-All randomness comes from one ``random.Random`` per user, seeded from the
-scenario seed and the user's name, so the same file and seed give the same
-run, and adding a user does not change the others' draws.
+All randomness comes from one ``random.Random`` per phase, seeded from the
+scenario seed, the user's name and the phase's place among that user's
+entries, so the same file and seed give the same run, and adding a user does
+not change the others' draws.
 """
 
 from __future__ import annotations
@@ -33,21 +27,22 @@ from __future__ import annotations
 import heapq
 import random
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
 from ..scheduler import Backend, Job, Scheduler
-from ._gap import GapTracker
-from .scenario import BackendSpec, Scenario, UserSpec
+from .pools import Pool, find_pools
+from .scenario import BackendSpec, EventSpec, Scenario, UserSpec
 
-__all__ = ["BackendRun", "RequestTrace", "Run", "UserRun", "WindowRun", "simulate"]
+__all__ = ["BackendRun", "PhaseRun", "RequestTrace", "Run", "UserRun", "simulate"]
 
 # Event kinds; the first number is the order among events at the same instant.
 _WINDOW = 0  # window boundaries see the state before anything else at that instant
-_PREFILL = 1
-_DONE = 2
-_EXPIRE = 3
-_ARRIVE = 4
+_EVENT = 1  # weight changes apply before what else happens at their instant
+_PREFILL = 2
+_DONE = 3
+_EXPIRE = 4
+_ARRIVE = 5
 
 
 @dataclass(slots=True)
@@ -59,6 +54,8 @@ class RequestTrace:
     prompt: int
     completion: int
     submitted: float
+    phase: int = 0
+    """Index of its phase in ``Run.phases``."""
     dispatched: float | None = None
     prefill_end: float | None = None
     done: float | None = None
@@ -72,20 +69,16 @@ class RequestTrace:
 
 @dataclass(slots=True)
 class UserRun:
-    """What one simulated user did and received. Token amounts are as generated."""
+    """What one simulated user (an account, across its phases) did and received. Tokens are as generated."""
 
-    spec: UserSpec
     index: int
-    rng: random.Random
-    stop: float
-    """When the user stops sending (its ``stop``, else the end of the run)."""
-    # Service lines: prompt tokens done + completion tokens = c_base + c_rate * t.
-    prompt_done: float = 0.0
-    c_base: float = 0.0
-    c_rate: float = 0.0
-    touched: int = -1
-    dispatched_cost: float = 0.0
-    """Cost of every request dispatched so far, counted whole at dispatch."""
+    name: str
+    group: str | None
+    weight_override: float | None
+    weight: float
+    """The user's weight now (the last one when the run is over)."""
+    pools: list[Pool] = field(default_factory=list)
+    """The pools its phases send to."""
     submitted: int = 0
     queued: int = 0
     running: int = 0
@@ -97,18 +90,36 @@ class UserRun:
     waited: int = 0
     """Requests that could not start the moment they arrived."""
     max_skipped: int = 0
-    backlogged: bool = False
     backlogged_seconds: float = 0.0
     backlogged_since: float | None = None
-    target: float = 0.0
-    """Tokens the user was entitled to (see ``Run``), accumulated per epoch."""
-    epoch_tokens: float = 0.0
+    starved_since: float | None = None
+    """Since when it has had a request queued and none of its requests started."""
+    max_starved: float = 0.0
+    longest_request: float = 0.0
+    """Seconds the longest of its requests took from dispatch to the last token."""
     deprioritized_seconds: float = 0.0
     deprioritized_since: float | None = None
     min_factor: float = 1.0
 
     def tokens(self, t: float) -> float:
-        return self.prompt_done + self.c_base + self.c_rate * t
+        return sum(pool.tokens(self.index, t) for pool in self.pools)
+
+    def target(self) -> float:
+        return sum(pool.target[self.index] for pool in self.pools)
+
+
+@dataclass(slots=True)
+class PhaseRun:
+    """One ``[[users]]`` entry being played out."""
+
+    index: int
+    spec: UserSpec
+    user: UserRun
+    pool: Pool
+    rng: random.Random
+    stop: float
+    """When the phase stops sending (its ``stop``, else the end of the run)."""
+    submitted: int = 0
 
 
 @dataclass(slots=True)
@@ -124,72 +135,80 @@ class BackendRun:
 
 
 @dataclass(slots=True)
-class WindowRun:
-    start: float
-    end: float
-    tokens: list[float]
-    targets: list[float]
-    backlogged: float
-    """Seconds of the window during which someone was backlogged."""
-
-
-@dataclass(slots=True)
 class Run:
-    """The raw outcome of one simulation (``report.build`` turns it into the JSON contract).
-
-    ``target`` per user: while some users are backlogged (have requests waiting
-    in the queue), users who are not take exactly what they ask for and the rest
-    of the delivered service is owed to the backlogged ones in proportion to
-    weight; summed over the run, that is the user's entitlement. With every user
-    saturating the whole run, it is simply weight / total weight.
-    """
+    """The raw outcome of one simulation (``report.build`` turns it into the JSON contract)."""
 
     scenario: Scenario
     users: list[UserRun]
+    phases: list[PhaseRun]
+    pools: list[Pool]
     backends: list[BackendRun]
-    windows: list[WindowRun]
     window: float
     """Seconds per window."""
     duration: float
-    gap: GapTracker
-    """Service gap with tokens as generated (``max``, ``pair``, ``at``)."""
-    dispatch_gap: GapTracker
-    """The same with each request's whole cost counted when it is dispatched."""
-    max_request_cost: float
     events: int
     wall_seconds: float
     scheduler: Scheduler
     trace: list[RequestTrace] | None
 
+    @property
+    def max_request_cost(self) -> float:
+        return max((p.max_request_cost for p in self.pools), default=0.0)
+
 
 class _Sim:
     def __init__(self, scenario: Scenario, *, trace: bool, window: float) -> None:
         self.sc = scenario
-        self.sched = Scheduler(scenario.settings)
-        self.settings = scenario.settings
-        self.users = [
-            UserRun(
-                spec,
+        self.settings = settings = scenario.settings
+        self.sched = Scheduler(settings)
+        self.group_weights = dict(settings.group_weights)
+        self.users: list[UserRun] = []
+        by_name: dict[str, UserRun] = {}
+        for spec in scenario.users:
+            if spec.name not in by_name:
+                user = UserRun(len(self.users), spec.name, spec.group, spec.weight_override, spec.weight)
+                by_name[spec.name] = user
+                self.users.append(user)
+        self.by_name = by_name
+        n = len(self.users)
+        self.pools = [
+            Pool(
                 i,
-                random.Random(f"{scenario.seed}/{spec.name}"),
-                scenario.duration if spec.stop is None else spec.stop,
+                backends,
+                n,
+                self.entitlement,
+                prompt_cost=settings.prompt_token_cost,
+                completion_cost=settings.completion_token_cost,
+                window=window,
             )
-            for i, spec in enumerate(scenario.users)
+            for i, backends in enumerate(find_pools(scenario.backends))
         ]
+        pool_of = {m: pool for pool in self.pools for m in pool.models}
+        self.phases: list[PhaseRun] = []
+        seen: dict[str, int] = {}
+        for spec in scenario.users:
+            k = seen[spec.name] = seen.get(spec.name, -1) + 1
+            user = by_name[spec.name]
+            pool = pool_of[spec.model]
+            if pool not in user.pools:
+                user.pools.append(pool)
+            seed = f"{scenario.seed}/{spec.name}" + (f"/{k}" if k else "")
+            stop = scenario.duration if spec.stop is None else spec.stop
+            self.phases.append(PhaseRun(len(self.phases), spec, user, pool, random.Random(seed), stop))
         self.backends = {b.name: BackendRun(b) for b in scenario.backends}
-        for spec in scenario.backends:
+        for b in scenario.backends:
             self.sched.set_backend(
                 Backend(
-                    id=spec.name,
-                    name=spec.name,
-                    models=frozenset(spec.models),
-                    loaded_models=frozenset(spec.loaded_models),
-                    max_concurrent=spec.max_concurrent,
-                    priority=spec.priority,
+                    id=b.name,
+                    name=b.name,
+                    models=frozenset(b.models),
+                    loaded_models=frozenset(b.loaded_models),
+                    max_concurrent=b.max_concurrent,
+                    priority=b.priority,
                 )
             )
         for user in self.users:
-            self.sched.set_user(user.index, user.spec.weight, name=user.spec.name, group=user.spec.group)
+            self.sched.set_user(user.index, user.weight, name=user.name, group=user.group)
         self.heap: list[tuple[float, int, int, object]] = []
         self.seq = 0
         self.reqs: dict[str, RequestTrace] = {}
@@ -197,29 +216,19 @@ class _Sim:
         self.next_id = 0
         self.batch = 0
         self.touched: list[UserRun] = []
+        self.touched_batch = [-1] * n
         self.freed_models: set[str] = set()
         self.free_epoch: dict[str, int] = {m: 0 for b in scenario.backends for m in b.models}
         self.expire_at: float | None = None
         self.window = window
-        self.windows: list[WindowRun] = []
-        self.win_start = 0.0
-        self.win_tokens = [0.0] * len(self.users)
-        self.win_targets = [0.0] * len(self.users)
-        self.win_backlogged = 0.0
-        # Epochs: intervals with a constant backlogged set.
-        self.epoch_start = 0.0
-        self.backlogged: list[UserRun] = []
-        self.backlog_weight = 0.0
-        self.gap = GapTracker(len(self.users))
-        """Service as generated."""
-        self.dispatch_gap = GapTracker(len(self.users))
-        """Service counted whole at dispatch: the scheduler's decisions alone."""
-        self.max_cost = 0.0
         self.last_heavy: object = None
         self.last_heavy_ids: frozenset[object] = frozenset()
         self.events = 0
-        cost = self.settings
-        self.pc, self.cc = cost.prompt_token_cost, cost.completion_token_cost
+        self.pc, self.cc = settings.prompt_token_cost, settings.completion_token_cost
+
+    def entitlement(self, backlogged: Sequence[int]) -> dict[int, float]:
+        """Each backlogged user's weight (the pool's targets split the owed service by it)."""
+        return {u: self.users[u].weight for u in backlogged}
 
     # -- events -------------------------------------------------------------
 
@@ -228,14 +237,16 @@ class _Sim:
         heapq.heappush(self.heap, (t, kind, self.seq, payload))
 
     def run(self, progress: Callable[[float], None] | None) -> None:
-        for user in self.users:
-            spec = user.spec
+        for phase in self.phases:
+            spec = phase.spec
             if spec.concurrency is not None:
                 for _ in range(spec.concurrency):
-                    self.push(spec.start, _ARRIVE, user)
+                    self.push(spec.start, _ARRIVE, phase)
             else:
                 assert spec.rate is not None
-                self.push(spec.start + user.rng.expovariate(spec.rate), _ARRIVE, user)
+                self.push(spec.start + phase.rng.expovariate(spec.rate), _ARRIVE, phase)
+        for event in self.sc.events:
+            self.push(event.at, _EVENT, event)
         k = 1
         while k * self.window <= self.sc.duration:
             self.push(k * self.window, _WINDOW, None)
@@ -257,8 +268,11 @@ class _Sim:
                     self.arrive(payload, now)  # type: ignore[arg-type]
                 elif kind == _EXPIRE:
                     self.on_expire(now)
+                elif kind == _EVENT:
+                    self.on_event(payload, now)  # type: ignore[arg-type]
                 else:
-                    self.on_window(now)
+                    for pool in self.pools:
+                        pool.close_window(now)
             self.end_batch(now)
             if progress is not None and not self.batch & 4095:
                 progress(now)
@@ -266,25 +280,21 @@ class _Sim:
         if progress is not None:
             progress(duration)
 
-    def set_line(self, user: UserRun) -> None:
-        """Hand ``user``'s service over weight, in cost units, to the gap tracker."""
-        w = user.spec.weight
-        self.gap.set(user.index, (self.pc * user.prompt_done + self.cc * user.c_base) / w, self.cc * user.c_rate / w)
-
     def touch(self, user: UserRun) -> None:
-        if user.touched != self.batch:
-            user.touched = self.batch
+        if self.touched_batch[user.index] != self.batch:
+            self.touched_batch[user.index] = self.batch
             self.touched.append(user)
 
-    def arrive(self, user: UserRun, now: float) -> None:
-        spec = user.spec
-        if now >= user.stop or (spec.requests is not None and user.submitted >= spec.requests):
+    def arrive(self, phase: PhaseRun, now: float) -> None:
+        spec = phase.spec
+        user = phase.user
+        if now >= phase.stop or (spec.requests is not None and phase.submitted >= spec.requests):
             return
+        rng = phase.rng
         if spec.rate is not None:
-            nxt = now + user.rng.expovariate(spec.rate)
-            if nxt < user.stop:
-                self.push(nxt, _ARRIVE, user)
-        rng = user.rng
+            nxt = now + rng.expovariate(spec.rate)
+            if nxt < phase.stop:
+                self.push(nxt, _ARRIVE, phase)
         low, high = spec.prompt_tokens
         prompt = low if low == high else rng.randint(low, high)
         low, high = spec.completion_tokens
@@ -295,36 +305,35 @@ class _Sim:
         job_id = str(self.next_id)
         job = Job(job_id, user.index, spec.model, now, prompt_tokens=prompt, max_tokens=spec.max_tokens)
         user.submitted += 1
+        phase.submitted += 1
         rejection = self.sched.submit(job, now)
         if rejection is not None:
             user.rejected += 1
             if spec.concurrency is not None:
-                self.push(now + max(1.0, rejection.retry_after or 1.0), _ARRIVE, user)
+                self.push(now + max(1.0, rejection.retry_after or 1.0), _ARRIVE, phase)
             return
-        req = RequestTrace(job_id, user.index, prompt, completion, now, epoch=self.free_epoch[spec.model])
+        req = RequestTrace(
+            job_id, user.index, prompt, completion, now, phase=phase.index, epoch=self.free_epoch[spec.model]
+        )
         self.reqs[job_id] = req
         if self.trace is not None:
             self.trace.append(req)
         user.queued += 1
+        phase.pool.submitted(user.index)
         self.touch(user)
 
     def on_prefill(self, req: RequestTrace, now: float) -> None:
-        user = self.users[req.user]
         rate = self.backends[req.backend].spec.tokens_per_second  # type: ignore[index]
-        user.prompt_done += req.prompt
-        user.c_rate += rate
-        user.c_base -= rate * now
-        self.set_line(user)
+        self.phases[req.phase].pool.prefill_done(req.user, req.prompt, rate, now)
 
     def on_done(self, req: RequestTrace, now: float) -> None:
         user = self.users[req.user]
         backend = self.backends[req.backend]  # type: ignore[index]
-        rate = backend.spec.tokens_per_second
-        user.c_rate -= rate
-        user.c_base += rate * now
-        if user.c_rate < 1e-9:  # no decode left: drop rounding so the line stays exact
-            user.c_rate = 0.0
-        self.set_line(user)
+        pool = self.phases[req.phase].pool
+        pool.decode_done(req.user, backend.spec.tokens_per_second, now)
+        assert req.dispatched is not None and req.prefill_end is not None
+        pool.finished(now - req.dispatched)
+        user.longest_request = max(user.longest_request, now - req.dispatched)
         req.done = now
         del self.reqs[req.id]
         user.running -= 1
@@ -333,7 +342,6 @@ class _Sim:
         backend.busy -= 1
         backend.tokens += req.prompt + req.completion
         self.freed_models.update(backend.spec.models)
-        assert req.dispatched is not None and req.prefill_end is not None
         self.sched.complete(
             req.id,
             now,
@@ -342,16 +350,16 @@ class _Sim:
             latency=now - req.dispatched,
             duration=now - req.prefill_end,
         )
-        self.next_request(user, now)
+        self.next_request(self.phases[req.phase], now)
 
-    def next_request(self, user: UserRun, now: float) -> None:
-        spec = user.spec
+    def next_request(self, phase: PhaseRun, now: float) -> None:
+        spec = phase.spec
         if spec.concurrency is None:
             return
         if spec.think_time:
-            self.push(now + spec.think_time, _ARRIVE, user)
+            self.push(now + spec.think_time, _ARRIVE, phase)
         else:
-            self.arrive(user, now)
+            self.arrive(phase, now)
 
     def on_expire(self, now: float) -> None:
         self.expire_at = None
@@ -361,16 +369,32 @@ class _Sim:
             user = self.users[req.user]
             user.queued -= 1
             user.timed_out += 1
+            self.phases[req.phase].pool.left_queue(user.index)
             self.touch(user)
-            self.next_request(user, now)
+            self.next_request(self.phases[req.phase], now)
 
-    def on_window(self, now: float) -> None:
-        self.close_epoch(now)
-        self.windows.append(WindowRun(self.win_start, now, self.win_tokens, self.win_targets, self.win_backlogged))
-        self.win_start = now
-        self.win_tokens = [0.0] * len(self.users)
-        self.win_targets = [0.0] * len(self.users)
-        self.win_backlogged = 0.0
+    def on_event(self, event: EventSpec, now: float) -> None:
+        """Change weights in the live core; each pool closes its epoch first, then re-weighs."""
+        for pool in self.pools:
+            pool.close_epoch(now)
+        if event.user is not None:
+            user = self.by_name[event.user]
+            user.weight_override = event.weight
+            changed = [user]
+        else:
+            assert event.group is not None and event.weight is not None
+            self.group_weights[event.group] = event.weight
+            changed = [u for u in self.users if u.group == event.group]
+        for user in changed:
+            if user.weight_override is not None:
+                user.weight = user.weight_override
+            elif user.group is not None:
+                user.weight = self.group_weights[user.group]
+            else:
+                user.weight = 1.0
+            self.sched.set_user(user.index, user.weight, name=user.name, group=user.group)
+        for pool in self.pools:
+            pool.reweigh(now)
 
     # -- after each batch ---------------------------------------------------
 
@@ -380,8 +404,11 @@ class _Sim:
         for m in self.freed_models:
             self.free_epoch[m] += 1
         self.freed_models.clear()
-        self.update_backlog(now)
+        for user in self.touched:
+            self.update_backlog(user, now)
         self.touched.clear()
+        for pool in self.pools:
+            pool.end_batch(now)
         deadline = self.sched.next_deadline()
         if deadline is not None and (self.expire_at is None or deadline < self.expire_at):
             self.expire_at = deadline
@@ -395,6 +422,7 @@ class _Sim:
     def start(self, job_id: str, backend_id: str, now: float) -> None:
         req = self.reqs[job_id]
         user = self.users[req.user]
+        phase = self.phases[req.phase]
         backend = self.backends[backend_id]
         spec = backend.spec
         req.dispatched = now
@@ -403,17 +431,15 @@ class _Sim:
         user.waits.append(wait)
         if wait > 0:
             user.waited += 1
-        skipped = self.free_epoch[user.spec.model] - req.epoch
+        skipped = self.free_epoch[phase.spec.model] - req.epoch
         req.skipped = skipped
         if skipped > user.max_skipped:
             user.max_skipped = skipped
-        cost = self.pc * req.prompt + self.cc * req.completion
-        if cost > self.max_cost:
-            self.max_cost = cost
-        user.dispatched_cost += cost
-        self.dispatch_gap.set(user.index, user.dispatched_cost / user.spec.weight, 0.0)
         user.queued -= 1
         user.running += 1
+        if user.starved_since is not None:  # one of its requests started: the stretch ends here
+            user.max_starved = max(user.max_starved, now - user.starved_since)
+            user.starved_since = now
         self.touch(user)
         backend.busy += 1
         backend.requests += 1
@@ -423,62 +449,20 @@ class _Sim:
         done = prefill_end + req.completion / spec.tokens_per_second
         req.prefill_end = prefill_end
         backend.slot_seconds += min(done, self.sc.duration) - now
+        phase.pool.started(user.index, self.pc * req.prompt + self.cc * req.completion, done - now)
         self.push(prefill_end, _PREFILL, req)
         self.push(done, _DONE, req)
 
-    def update_backlog(self, now: float) -> None:
-        """Move users in or out of the backlog (requests waiting in the queue) and sample the gaps."""
-        joined: list[int] = []
-        left: list[int] = []
-        flips = [u for u in self.touched if (u.queued > 0) != u.backlogged]
-        if flips:
-            self.close_epoch(now)
-            for user in flips:
-                if user.queued > 0:
-                    user.backlogged = True
-                    user.backlogged_since = now
-                    self.backlogged.append(user)
-                    self.backlog_weight += user.spec.weight
-                    joined.append(user.index)
-                else:
-                    user.backlogged = False
-                    assert user.backlogged_since is not None
-                    user.backlogged_seconds += now - user.backlogged_since
-                    user.backlogged_since = None
-                    self.backlogged.remove(user)
-                    self.backlog_weight -= user.spec.weight
-                    left.append(user.index)
-            if not self.backlogged:
-                self.backlog_weight = 0.0
-        backlogged = [u.index for u in self.backlogged] if joined else []
-        self.gap.settle(now, joined, left, backlogged)
-        self.dispatch_gap.settle(now, joined, left, backlogged)
-
-    def close_epoch(self, now: float) -> None:
-        """Share out the service delivered since the last epoch boundary (see ``Run``)."""
-        span = now - self.epoch_start
-        users = self.users
-        total = 0.0
-        free = 0.0
-        for user in users:
-            tokens = user.tokens(now)
-            delta = tokens - user.epoch_tokens
-            user.epoch_tokens = tokens
-            self.win_tokens[user.index] += delta
-            total += delta
-            if not user.backlogged:
-                user.target += delta
-                self.win_targets[user.index] += delta
-                free += delta
-        if self.backlogged:
-            owed = total - free
-            weight = self.backlog_weight
-            for user in self.backlogged:
-                share = owed * user.spec.weight / weight
-                user.target += share
-                self.win_targets[user.index] += share
-            self.win_backlogged += span
-        self.epoch_start = now
+    def update_backlog(self, user: UserRun, now: float) -> None:
+        """Start or end the user's backlogged and starved stretches."""
+        if user.queued > 0 and user.backlogged_since is None:
+            user.backlogged_since = user.starved_since = now
+        elif user.queued == 0 and user.backlogged_since is not None:
+            user.backlogged_seconds += now - user.backlogged_since
+            user.backlogged_since = None
+            if user.starved_since is not None:
+                user.max_starved = max(user.max_starved, now - user.starved_since)
+                user.starved_since = None
 
     def track_heavy(self, now: float) -> None:
         heavy = self.sched.fair.heavy
@@ -494,14 +478,13 @@ class _Sim:
                 user.deprioritized_since = None
 
     def finish(self, end: float) -> None:
-        self.gap.finish(end)
-        self.dispatch_gap.finish(end)
-        self.close_epoch(end)
-        if end > self.win_start:
-            self.windows.append(WindowRun(self.win_start, end, self.win_tokens, self.win_targets, self.win_backlogged))
+        for pool in self.pools:
+            pool.finish(end)
         for user in self.users:
             if user.backlogged_since is not None:
                 user.backlogged_seconds += end - user.backlogged_since
+            if user.starved_since is not None:
+                user.max_starved = max(user.max_starved, end - user.starved_since)
             if user.deprioritized_since is not None:
                 user.deprioritized_seconds += end - user.deprioritized_since
 
@@ -522,13 +505,11 @@ def simulate(
     return Run(
         scenario=scenario,
         users=sim.users,
+        phases=sim.phases,
+        pools=sim.pools,
         backends=list(sim.backends.values()),
-        windows=sim.windows,
         window=window,
         duration=scenario.duration,
-        gap=sim.gap,
-        dispatch_gap=sim.dispatch_gap,
-        max_request_cost=sim.max_cost,
         events=sim.events,
         wall_seconds=time.perf_counter() - began,
         scheduler=sim.sched,

@@ -22,9 +22,10 @@ from rich.console import Console
 from rich.table import Table
 
 from .engine import Run, UserRun, simulate
+from .pools import Pool, PoolWindow
 from .scenario import Scenario
 
-__all__ = ["build", "jain", "percentile", "render", "run_scenario", "worst_window"]
+__all__ = ["allowed_deviation", "build", "jain", "percentile", "render", "run_scenario", "worst_window"]
 
 
 def percentile(values: Sequence[float], q: float) -> float | None:
@@ -49,54 +50,132 @@ def _r(value: float | None, digits: int = 6) -> float | None:
     return None if value is None else round(value, digits)
 
 
-def worst_window(run: Run) -> dict[str, Any] | None:
-    """The largest |share - target| of any user in a full window after the first, where someone was backlogged.
+#: Windows count toward ``worst_window`` from this many seconds after any arrival, departure or weight change.
+SETTLE = 120.0
+#: A window may be this far off its target ...
+WINDOW_TOLERANCE = 0.05
+#: ... or, while a request that outlasts the window runs in the pool, one slot's share of the pool plus this.
+OUTLASTING_TOLERANCE = 0.02
 
-    A window's target is computed like ``target_share`` (see ``engine.Run``), over that window.
+
+def _changes(run: Run, pool: Pool) -> list[float]:
+    """When the pool's competition changed: its phases starting or stopping, and every weight event."""
+    times = [e.at for e in run.scenario.events]
+    for phase in run.phases:
+        if phase.pool is pool:
+            times.append(phase.spec.start)
+            if phase.stop < run.duration:
+                times.append(phase.stop)
+    return sorted(times)
+
+
+def allowed_deviation(pool: Pool, window: PoolWindow) -> float:
+    """How far a window's shares may be from their targets (issue 9's rule)."""
+    if window.outlasting:
+        return max(WINDOW_TOLERANCE, 1 / pool.slots + OUTLASTING_TOLERANCE)
+    return WINDOW_TOLERANCE
+
+
+def worst_window(run: Run, pool: Pool) -> dict[str, Any] | None:
+    """The largest |share - target| of any user in a full window of ``pool`` that starts at least
+    ``SETTLE`` seconds after the last change before it, among windows where someone was backlogged.
+
+    A window's target is computed like ``target_share`` (see ``pools.Pool``), over that window.
     """
+    changes = _changes(run, pool)
     worst: dict[str, Any] | None = None
-    for window in run.windows[1:]:
+    for window in pool.windows:
         if window.end - window.start < run.window - 1e-9 or window.backlogged <= 0:
+            continue
+        last = max((t for t in changes if t <= window.start), default=None)
+        if last is not None and window.start < last + SETTLE:
+            continue
+        if any(window.start < t < window.end for t in changes):
             continue
         total = sum(window.tokens)
         if total <= 0:
             continue
-        for user, tokens, target in zip(run.users, window.tokens, window.targets, strict=False):
-            deviation = abs(tokens - target) / total
+        for u in pool.members:
+            deviation = abs(window.tokens[u] - window.targets[u]) / total
             if worst is None or deviation > worst["deviation"]:
                 worst = {
                     "start": window.start,
-                    "user": user.spec.name,
-                    "share": round(tokens / total, 6),
-                    "target": round(target / total, 6),
+                    "user": run.users[u].name,
+                    "share": round(window.tokens[u] / total, 6),
+                    "target": round(window.targets[u] / total, 6),
                     "deviation": round(deviation, 6),
+                    "allowed": round(allowed_deviation(pool, window), 6),
                 }
     return worst
 
 
-def _jain(run: Run) -> float | None:
-    """Jain's index of share / target share over the users who were ever backlogged.
+def _pool_jain(run: Run, pool: Pool) -> float | None:
+    """Jain's index of share / target share over the users ever backlogged in the pool.
 
     With targets by weight (everyone saturating throughout) this is Jain's
     index of tokens / weight, i.e. of weight-normalized throughput.
     """
-    ratios = [u.tokens(run.duration) / u.target for u in run.users if u.backlogged_seconds > 0 and u.target > 0]
+    ratios = [
+        pool.tokens(u, run.duration) / pool.target[u]
+        for u in pool.members
+        if pool.ever_backlogged[u] and pool.target[u] > 0
+    ]
     return _r(jain(ratios))
+
+
+def _pair(run: Run, pair: tuple[int, int] | None) -> list[str] | None:
+    return [run.users[pair[0]].name, run.users[pair[1]].name] if pair else None
+
+
+def _pool_row(run: Run, pool: Pool) -> dict[str, Any]:
+    names = {u: run.users[u].name for u in pool.members}
+    tokens = {u: pool.tokens(u, run.duration) for u in pool.members}
+    total = sum(tokens.values())
+    return {
+        "backends": [b.name for b in pool.backends],
+        "models": sorted(pool.models),
+        "slots": pool.slots,
+        "users": list(names.values()),
+        "tokens": round(total),
+        "shares": {names[u]: _r(t / total if total else 0.0) for u, t in tokens.items()},
+        "target_shares": {names[u]: _r(pool.target[u] / total if total else 0.0) for u in pool.members},
+        "max_service_gap": _r(pool.gap.max, 3),
+        "max_service_gap_pair": _pair(run, pool.gap.pair),
+        "max_service_gap_at": _r(pool.gap.at, 3),
+        "max_dispatch_gap": _r(pool.dispatch_gap.max, 3),
+        "max_dispatch_gap_pair": _pair(run, pool.dispatch_gap.pair),
+        "max_request_cost": _r(pool.max_request_cost, 3),
+        "gap_bound": _r(2 * pool.max_request_cost, 3),
+        "jain_index": _pool_jain(run, pool),
+        "worst_window": worst_window(run, pool),
+        "windows": [
+            {
+                "start": round(w.start, 6),
+                "shares": {names[u]: round(w.tokens[u] / wt, 6) if (wt := sum(w.tokens)) else 0.0 for u in names},
+                "targets": {names[u]: round(w.targets[u] / wt, 6) if wt else 0.0 for u in names},
+                "outlasting": w.outlasting,
+            }
+            for w in pool.windows
+        ],
+    }
 
 
 def _user_row(user: UserRun, run: Run, total: float) -> dict[str, Any]:
     tokens = user.tokens(run.duration)
     return {
-        "name": user.spec.name,
-        "group": user.spec.group,
-        "weight": user.spec.weight,
-        "target_share": _r(user.target / total if total else 0.0),
+        "name": user.name,
+        "group": user.group,
+        "weight": user.weight,
+        "target_share": _r(user.target() / total if total else 0.0),
         "tokens": round(tokens),
         "share": _r(tokens / total if total else 0.0),
         "requests": user.completed,
         "wait_p50": _r(percentile(user.waits, 0.50), 3),
         "wait_p95": _r(percentile(user.waits, 0.95), 3),
         "wait_max": _r(max(user.waits) if user.waits else None, 3),
+        "max_starved_s": _r(user.max_starved, 3),
+        "longest_request_s": _r(user.longest_request, 3),
+        "timeouts": user.timed_out,
         "submitted": user.submitted,
         "dispatched": len(user.waits),
         "timed_out": user.timed_out,
@@ -109,37 +188,48 @@ def _user_row(user: UserRun, run: Run, total: float) -> dict[str, Any]:
     }
 
 
+def _worst(rows: list[dict[str, Any]], key: str) -> dict[str, Any] | None:
+    """The pool row with the largest ``key`` (the first among equals), or None without pools."""
+    return max(rows, key=lambda r: r[key] or 0.0, default=None)
+
+
 def build(run: Run, baseline: Run | None = None) -> dict[str, Any]:
     """The JSON object for ``run``; ``baseline`` is the same run without heavy-user deprioritization."""
     total = sum(u.tokens(run.duration) for u in run.users)
-    names = [u.spec.name for u in run.users]
+    names = [u.name for u in run.users]
     windows = []
-    for window in run.windows:
-        wtotal = sum(window.tokens)
+    for k, first in enumerate(run.pools[0].windows):
+        tokens = [sum(p.windows[k].tokens[u] for p in run.pools) for u in range(len(names))]
+        wtotal = sum(tokens)
         windows.append(
             {
-                "start": round(window.start, 6),
-                "shares": {n: round(t / wtotal, 6) if wtotal else 0.0 for n, t in zip(names, window.tokens, strict=False)},
+                "start": round(first.start, 6),
+                "shares": {n: round(t / wtotal, 6) if wtotal else 0.0 for n, t in zip(names, tokens, strict=True)},
             }
         )
-    pair = run.gap.pair
-    dpair = run.dispatch_gap.pair
+    pools = [_pool_row(run, p) for p in run.pools]
+    gap = _worst(pools, "max_service_gap")
+    dgap = _worst(pools, "max_dispatch_gap")
+    jains = [p["jain_index"] for p in pools if p["jain_index"] is not None]
+    worst_windows = [p["worst_window"] for p in pools if p["worst_window"] is not None]
     out: dict[str, Any] = {
         "scenario": run.scenario.name,
         "seed": run.scenario.seed,
         "duration": run.duration,
         "counting": "as_generated",
         "users": [_user_row(u, run, total) for u in run.users],
-        "max_service_gap": _r(run.gap.max, 3),
-        "max_service_gap_pair": [names[pair[0]], names[pair[1]]] if pair else None,
-        "max_service_gap_at": _r(run.gap.at, 3),
-        "max_dispatch_gap": _r(run.dispatch_gap.max, 3),
-        "max_dispatch_gap_pair": [names[dpair[0]], names[dpair[1]]] if dpair else None,
+        "pools": pools,
+        "max_service_gap": gap and gap["max_service_gap"],
+        "max_service_gap_pair": gap and gap["max_service_gap_pair"],
+        "max_service_gap_at": gap and gap["max_service_gap_at"],
+        "max_dispatch_gap": dgap and dgap["max_dispatch_gap"],
+        "max_dispatch_gap_pair": dgap and dgap["max_dispatch_gap_pair"],
         "max_request_cost": _r(run.max_request_cost, 3),
         "gap_bound": _r(2 * run.max_request_cost, 3),
-        "jain_index": _jain(run),
+        "jain_index": min(jains, default=None),
         "window_seconds": run.window,
-        "worst_window": worst_window(run),
+        "settle_seconds": SETTLE,
+        "worst_window": max(worst_windows, key=lambda w: w["deviation"], default=None),
         "windows": windows,
         "backends": [
             {
@@ -161,7 +251,7 @@ def build(run: Run, baseline: Run | None = None) -> dict[str, Any]:
 
 def _deprioritization(run: Run, baseline: Run | None, total: float) -> dict[str, Any]:
     """How long each user was deprioritized and, when anyone was, what the run looks like without it."""
-    seconds = {u.spec.name: _r(u.deprioritized_seconds, 3) for u in run.users}
+    seconds = {u.name: _r(u.deprioritized_seconds, 3) for u in run.users}
     info: dict[str, Any] = {
         "threshold": run.scenario.settings.deprioritize_threshold,
         "seconds": seconds,
@@ -170,18 +260,18 @@ def _deprioritization(run: Run, baseline: Run | None, total: float) -> dict[str,
     }
     if baseline is not None:
         btotal = sum(u.tokens(baseline.duration) for u in baseline.users)
-        shares = {u.spec.name: u.tokens(baseline.duration) / btotal if btotal else 0.0 for u in baseline.users}
+        shares = {u.name: u.tokens(baseline.duration) / btotal if btotal else 0.0 for u in baseline.users}
         shift = (
-            max((abs(u.tokens(run.duration) / total - shares[u.spec.name]) for u in run.users), default=0.0)
+            max((abs(u.tokens(run.duration) / total - shares[u.name]) for u in run.users), default=0.0)
             if total
             else 0.0
         )
         info["without"] = {
             "shares": {n: round(s, 6) for n, s in shares.items()},
             "max_share_shift": round(shift, 6),
-            "max_service_gap": _r(baseline.gap.max, 3),
-            "max_dispatch_gap": _r(baseline.dispatch_gap.max, 3),
-            "jain_index": _jain(baseline),
+            "max_service_gap": _r(max(p.gap.max for p in baseline.pools), 3),
+            "max_dispatch_gap": _r(max(p.dispatch_gap.max for p in baseline.pools), 3),
+            "jain_index": min((j for p in baseline.pools if (j := _pool_jain(baseline, p)) is not None), default=None),
         }
     return info
 

@@ -22,6 +22,7 @@ from ..scheduler.settings import DEFAULT_GROUP_WEIGHTS, SchedulerSettings, Score
 
 __all__ = [
     "BackendSpec",
+    "EventSpec",
     "Scenario",
     "ScenarioError",
     "UserSpec",
@@ -55,9 +56,17 @@ class BackendSpec:
 
 @dataclass(frozen=True, slots=True)
 class UserSpec:
+    """One ``[[users]]`` entry: a phase of a user's workload.
+
+    Entries that share a ``name`` are one user (one account, deficit and weight),
+    each with its own ``start``/``stop``, model and workload; the parser gives
+    every phase of a user the same ``group``, ``weight`` and ``weight_override``.
+    """
+
     name: str
     group: str | None
     weight: float
+    """The user's weight at the start: its ``weight_override``, else its group's, else 1."""
     model: str
     concurrency: int | None
     """Closed loop: requests kept outstanding between ``start`` and ``stop``."""
@@ -73,7 +82,22 @@ class UserSpec:
     think_time: float = 0.0
     """Closed loop: seconds between one answer and the next request."""
     requests: int | None = None
-    """Stop after submitting this many requests."""
+    """Stop this phase after submitting this many requests."""
+    weight_override: float | None = None
+    """The user's own ``weight``, if given (an event with ``clear`` drops it for the group's)."""
+
+
+@dataclass(frozen=True, slots=True)
+class EventSpec:
+    """An ``[[events]]`` entry: at ``at`` seconds, change one user's or one group's weight."""
+
+    at: float
+    user: str | None
+    group: str | None
+    weight: float | None
+    """The new weight; None with ``clear``."""
+    clear: bool = False
+    """Drop the user's own weight so its group's (or 1) applies again."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -86,6 +110,8 @@ class Scenario:
     groups: Mapping[str, float]
     name: str = "scenario"
     description: str = ""
+    events: tuple[EventSpec, ...] = ()
+    """Sorted by ``at``."""
 
     def replace(self, **changes: Any) -> Scenario:
         return dataclasses.replace(self, **changes)
@@ -133,7 +159,7 @@ def parse_scenario(text: str, *, source: str = "scenario", name: str = "scenario
     return _Parser(source).scenario(data, name)
 
 
-_TOP = {"duration", "seed", "name", "description", "groups", "backends", "users", "scheduler"}
+_TOP = {"duration", "seed", "name", "description", "groups", "backends", "users", "events", "scheduler"}
 _BACKEND = {
     "name",
     "models",
@@ -158,6 +184,7 @@ _USER = {
     "think_time",
     "requests",
 }
+_EVENT = {"at", "user", "group", "weight", "clear"}
 #: SchedulerSettings fields a scenario may not set ([groups] sets the weights; scores are a sub-table).
 _SETTINGS_SKIP = {"group_weights", "scores"}
 #: Settings that must be above zero, not merely at least zero.
@@ -251,7 +278,8 @@ class _Parser:
         raw_backends = data.get("backends")
         if not isinstance(raw_backends, list) or not raw_backends:
             raise self.fail(
-                "[[backends]] is missing; add at least one backend with name, models, max_concurrent and tokens_per_second"
+                "[[backends]] is missing; add at least one backend with name, models, max_concurrent"
+                " and tokens_per_second"
             )
         backends = tuple(self.backend(i, b) for i, b in enumerate(raw_backends))
         names = [b.name for b in backends]
@@ -262,20 +290,22 @@ class _Parser:
         raw_users = data.get("users")
         if not isinstance(raw_users, list) or not raw_users:
             raise self.fail("[[users]] is missing; add at least one user with name, model and concurrency or rate")
-        users = tuple(self.user(i, u, groups) for i, u in enumerate(raw_users))
-        user_names = [u.name for u in users]
+        users = self.merge_phases([self.user(i, u) for i, u in enumerate(raw_users)], groups)
         served = {m for b in backends for m in b.models}
         for i, u in enumerate(users):
-            if user_names.count(u.name) > 1:
-                raise self.fail(f"two users are named {u.name!r}; give each a unique name")
             if u.model not in served:
                 raise self.fail(
-                    f"users[{i}] ({u.name}).model {u.model!r} is served by no backend; the models are {', '.join(sorted(served))}"
+                    f"users[{i}] ({u.name}).model {u.model!r} is served by no backend;"
+                    f" the models are {', '.join(sorted(served))}"
                 )
+        raw_events = data.get("events", [])
+        if not isinstance(raw_events, list):
+            raise self.fail("events must be a list of [[events]] tables")
+        events = tuple(sorted((self.event(i, e, users) for i, e in enumerate(raw_events)), key=lambda e: e.at))
 
         settings = self.settings(self.table("[scheduler]", data.get("scheduler", {})))
         settings = dataclasses.replace(settings, group_weights={**DEFAULT_GROUP_WEIGHTS, **groups})
-        return Scenario(duration, seed, backends, users, settings, groups, name, description)
+        return Scenario(duration, seed, backends, users, settings, groups, name, description, events)
 
     def backend(self, index: int, raw: Any) -> BackendSpec:
         where = f"backends[{index}]"
@@ -306,7 +336,8 @@ class _Parser:
             priority=self.number(f"{where}.priority", raw.get("priority", 0.0), minimum=-math.inf),
         )
 
-    def user(self, index: int, raw: Any, groups: Mapping[str, float]) -> UserSpec:
+    def user(self, index: int, raw: Any) -> UserSpec:
+        """One entry as written; ``merge_phases`` settles the weight of the user it belongs to."""
         where = f"users[{index}]"
         raw = self.table(where, raw)
         if "name" not in raw:
@@ -317,19 +348,7 @@ class _Parser:
         if "model" not in raw:
             raise self.fail(f"{where}.model is missing")
         group = self.string(f"{where}.group", raw["group"]) if "group" in raw else None
-        if "weight" in raw:
-            weight = self.number(f"{where}.weight", raw["weight"], positive=True)
-        elif group is not None:
-            if group in groups:
-                weight = groups[group]
-            elif group in DEFAULT_GROUP_WEIGHTS:
-                weight = DEFAULT_GROUP_WEIGHTS[group]
-            else:
-                raise self.fail(
-                    f"{where}.group {group!r} has no weight; add it under [groups] or give the user a weight"
-                )
-        else:
-            weight = 1.0
+        override = self.number(f"{where}.weight", raw["weight"], positive=True) if "weight" in raw else None
         if ("concurrency" in raw) == ("rate" in raw):
             raise self.fail(f"{where} must set exactly one of concurrency (closed loop) or rate (open loop)")
         concurrency = self.integer(f"{where}.concurrency", raw["concurrency"]) if "concurrency" in raw else None
@@ -343,7 +362,8 @@ class _Parser:
         return UserSpec(
             name=name,
             group=group,
-            weight=weight,
+            weight=override or 1.0,
+            weight_override=override,
             model=self.string(f"{where}.model", raw["model"]),
             concurrency=concurrency,
             rate=rate,
@@ -355,6 +375,65 @@ class _Parser:
             think_time=self.number(f"{where}.think_time", raw.get("think_time", 0.0)),
             requests=self.integer(f"{where}.requests", raw["requests"]) if "requests" in raw else None,
         )
+
+    def merge_phases(self, entries: list[UserSpec], groups: Mapping[str, float]) -> tuple[UserSpec, ...]:
+        """Entries with one name are one user: give every phase that user's group and weight."""
+        accounts: dict[str, tuple[str | None, float | None]] = {}
+        for i, entry in enumerate(entries):
+            group, override = accounts.get(entry.name, (None, None))
+            for key, mine, theirs in (("group", entry.group, group), ("weight", entry.weight_override, override)):
+                if mine is not None and theirs is not None and mine != theirs:
+                    raise self.fail(
+                        f"users[{i}] ({entry.name}).{key} is {mine!r} but an earlier entry of {entry.name!r} says"
+                        f" {theirs!r}; entries with one name are one user, with one {key}"
+                    )
+            accounts[entry.name] = (group or entry.group, override or entry.weight_override)
+        out = []
+        for i, entry in enumerate(entries):
+            group, override = accounts[entry.name]
+            if override is not None:
+                weight = override
+            elif group is None:
+                weight = 1.0
+            elif group in groups:
+                weight = groups[group]
+            elif group in DEFAULT_GROUP_WEIGHTS:
+                weight = DEFAULT_GROUP_WEIGHTS[group]
+            else:
+                raise self.fail(
+                    f"users[{i}] ({entry.name}).group {group!r} has no weight;"
+                    " add it under [groups] or give the user a weight"
+                )
+            out.append(dataclasses.replace(entry, group=group, weight=weight, weight_override=override))
+        return tuple(out)
+
+    def event(self, index: int, raw: Any, users: tuple[UserSpec, ...]) -> EventSpec:
+        where = f"events[{index}]"
+        raw = self.table(where, raw)
+        self.unknown(f"{where}.", raw, _EVENT)
+        if "at" not in raw:
+            raise self.fail(f"{where}.at is missing; give the second the change happens, such as at = 1800")
+        at = self.number(f"{where}.at", raw["at"])
+        if ("user" in raw) == ("group" in raw):
+            raise self.fail(f"{where} must name exactly one of user or group")
+        clear = raw.get("clear", False)
+        if not isinstance(clear, bool):
+            raise self.fail(f"{where}.clear must be true or false, not {clear!r}")
+        if clear == ("weight" in raw):
+            raise self.fail(f"{where} must set exactly one of weight or clear = true")
+        user = group = None
+        if "user" in raw:
+            user = self.string(f"{where}.user", raw["user"])
+            if user not in {u.name for u in users}:
+                raise self.fail(f"{where}.user {user!r} is not one of the [[users]]")
+        else:
+            group = self.string(f"{where}.group", raw["group"])
+            if clear:
+                raise self.fail(f"{where}.clear applies to a user's own weight; give the group a weight instead")
+            if group not in {u.group for u in users}:
+                raise self.fail(f"{where}.group {group!r} has no user in it; give one of the [[users]] that group")
+        weight = None if clear else self.number(f"{where}.weight", raw["weight"], positive=True)
+        return EventSpec(at=at, user=user, group=group, weight=weight, clear=clear)
 
     def settings(self, raw: dict[str, Any]) -> SchedulerSettings:
         """[scheduler] overrides SchedulerSettings fields by name; [scheduler.scores] the score weights."""

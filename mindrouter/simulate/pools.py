@@ -1,0 +1,256 @@
+"""Pools of contention and the fair-share accounting the report measures in each.
+
+A *pool* is a set of backends that some users' jobs could share: backends are
+joined when one model is served by both, and the pools are the connected
+groups that result. Users compete only inside a pool, so targets, windows, the
+service gap and Jain's index are all kept per pool: two users alone on
+separate models are each owed all of their own pool, and are reported as fair.
+
+Invariants of ``Pool``:
+
+- A user's service in the pool is piecewise linear in time (prompt tokens when
+  the prefill ends, completion tokens at the decode rate), so it is exact at
+  any instant without per-token events.
+- The *target* splits each epoch (an interval with one backlogged set and one
+  set of weights) like this: users with nothing queued in the pool take what
+  they received, and the rest is owed to the backlogged users by entitlement
+  (their weight, or under group shares their group's weight divided among the
+  group's backlogged users by their own weights).
+- Service over entitlement (``x``) is continuous: when an entitlement changes,
+  only the slope changes from then on, so a weight change never rewrites the
+  past, which is how the service gap is measured across weight changes.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+
+from ._gap import GapTracker
+from .scenario import BackendSpec
+
+__all__ = ["Pool", "PoolWindow", "find_pools"]
+
+
+def find_pools(backends: Sequence[BackendSpec]) -> list[tuple[BackendSpec, ...]]:
+    """Group backends that share a model, transitively, in the order they are listed."""
+    owner = list(range(len(backends)))
+
+    def root(i: int) -> int:
+        while owner[i] != i:
+            owner[i] = owner[owner[i]]
+            i = owner[i]
+        return i
+
+    first: dict[str, int] = {}
+    for i, backend in enumerate(backends):
+        for model in backend.models:
+            j = first.setdefault(model, i)
+            owner[root(i)] = root(j)
+    pools: dict[int, list[BackendSpec]] = {}
+    for i, backend in enumerate(backends):
+        pools.setdefault(root(i), []).append(backend)
+    return [tuple(p) for p in pools.values()]
+
+
+@dataclass(slots=True)
+class PoolWindow:
+    start: float
+    end: float
+    tokens: list[float]
+    targets: list[float]
+    backlogged: float
+    """Seconds of the window during which someone was backlogged in the pool."""
+    outlasting: int
+    """Most requests running at once in the window that each take longer than a window."""
+
+
+#: Entitlements of the backlogged users (indexes) of a pool, by the current weights.
+Entitlement = Callable[[Sequence[int]], dict[int, float]]
+
+
+class Pool:
+    """One pool's per-user service lines, backlog, targets, windows and service gaps."""
+
+    def __init__(
+        self,
+        index: int,
+        backends: tuple[BackendSpec, ...],
+        users: int,
+        entitlement: Entitlement,
+        *,
+        prompt_cost: float,
+        completion_cost: float,
+        window: float,
+    ) -> None:
+        self.index = index
+        self.backends = backends
+        self.models = frozenset(m for b in backends for m in b.models)
+        self.slots = sum(b.max_concurrent for b in backends)
+        self.entitlement = entitlement
+        self.pc, self.cc = prompt_cost, completion_cost
+        self.window = window
+        self.members: list[int] = []
+        """Users who sent a request here, in order of their first."""
+        self.prompt_done = [0.0] * users
+        self.c_base = [0.0] * users
+        self.c_rate = [0.0] * users
+        self.queued = [0] * users
+        self.backlogged: list[int] = []
+        self.is_backlogged = [False] * users
+        self.ever_backlogged = [False] * users
+        self.share_weight = [1.0] * users
+        """Each user's entitlement as of the last epoch it was backlogged in."""
+        self.x_off = [0.0] * users
+        self.dispatched = [0.0] * users
+        """Cost dispatched over entitlement: the scheduler's decisions alone."""
+        self.target = [0.0] * users
+        self.epoch_tokens = [0.0] * users
+        self.epoch_start = 0.0
+        self.changed: set[int] = set()
+        self.win_start = 0.0
+        self.win_tokens = [0.0] * users
+        self.win_targets = [0.0] * users
+        self.win_backlogged = 0.0
+        self.long_running = 0
+        self.win_outlasting = 0
+        self.windows: list[PoolWindow] = []
+        self.gap = GapTracker(users)
+        """Service as generated."""
+        self.dispatch_gap = GapTracker(users)
+        """Service counted whole at dispatch."""
+        self.max_request_cost = 0.0
+
+    # -- service lines --------------------------------------------------------
+
+    def tokens(self, u: int, t: float) -> float:
+        return self.prompt_done[u] + self.c_base[u] + self.c_rate[u] * t
+
+    def _cost_line(self, u: int) -> tuple[float, float]:
+        """Service in cost units as ``a + b * t``."""
+        return self.pc * self.prompt_done[u] + self.cc * self.c_base[u], self.cc * self.c_rate[u]
+
+    def _set_line(self, u: int) -> None:
+        a, b = self._cost_line(u)
+        w = self.share_weight[u]
+        self.gap.set(u, a / w + self.x_off[u], b / w)
+
+    def prefill_done(self, u: int, prompt: int, rate: float, now: float) -> None:
+        self.prompt_done[u] += prompt
+        self.c_rate[u] += rate
+        self.c_base[u] -= rate * now
+        self._set_line(u)
+
+    def decode_done(self, u: int, rate: float, now: float) -> None:
+        self.c_rate[u] -= rate
+        self.c_base[u] += rate * now
+        if self.c_rate[u] < 1e-9:  # no decode left: drop rounding so the line stays exact
+            self.c_rate[u] = 0.0
+        self._set_line(u)
+
+    # -- queue ------------------------------------------------------------------
+
+    def submitted(self, u: int) -> None:
+        if u not in self.members:
+            self.members.append(u)
+        self.queued[u] += 1
+        self.changed.add(u)
+
+    def left_queue(self, u: int) -> None:
+        self.queued[u] -= 1
+        self.changed.add(u)
+
+    def started(self, u: int, cost: float, seconds: float) -> None:
+        """A request of ``u`` was dispatched; it will cost ``cost`` and take ``seconds``."""
+        self.left_queue(u)
+        self.max_request_cost = max(self.max_request_cost, cost)
+        self.dispatched[u] += cost / self.share_weight[u]
+        self.dispatch_gap.set(u, self.dispatched[u], 0.0)
+        if seconds > self.window:
+            self.long_running += 1
+            self.win_outlasting = max(self.win_outlasting, self.long_running)
+
+    def finished(self, seconds: float) -> None:
+        if seconds > self.window:
+            self.long_running -= 1
+
+    # -- epochs -----------------------------------------------------------------
+
+    def end_batch(self, now: float) -> None:
+        """Move users in or out of the backlog, re-weigh, and sample the gaps."""
+        flips = [u for u in self.changed if (self.queued[u] > 0) != self.is_backlogged[u]]
+        self.changed.clear()
+        joined: list[int] = []
+        left: list[int] = []
+        if flips:
+            self.close_epoch(now)
+            for u in flips:
+                if self.queued[u] > 0:
+                    self.backlogged.append(u)
+                    self.is_backlogged[u] = self.ever_backlogged[u] = True
+                    joined.append(u)
+                else:
+                    self.backlogged.remove(u)
+                    self.is_backlogged[u] = False
+                    left.append(u)
+            self.reweigh(now)
+        self.gap.settle(now, joined, left, self.backlogged if joined else [])
+        self.dispatch_gap.settle(now, joined, left, self.backlogged if joined else [])
+
+    def reweigh(self, now: float) -> None:
+        """Take the backlogged users' current entitlements; ``x`` stays continuous, only its slope changes.
+
+        Call ``close_epoch`` first, while the old weights still apply.
+        """
+        for u, w in self.entitlement(self.backlogged).items():
+            old = self.share_weight[u]
+            if w != old:
+                a, b = self._cost_line(u)
+                self.x_off[u] += (a + b * now) * (1 / old - 1 / w)
+                self.share_weight[u] = w
+                self._set_line(u)
+
+    def close_epoch(self, now: float) -> None:
+        """Share out the service delivered since the last epoch boundary (see the module's invariants)."""
+        span = now - self.epoch_start
+        total = 0.0
+        free = 0.0
+        for u in self.members:
+            tokens = self.tokens(u, now)
+            delta = tokens - self.epoch_tokens[u]
+            self.epoch_tokens[u] = tokens
+            self.win_tokens[u] += delta
+            total += delta
+            if not self.is_backlogged[u]:
+                self.target[u] += delta
+                self.win_targets[u] += delta
+                free += delta
+        if self.backlogged:
+            owed = total - free
+            shares = self.entitlement(self.backlogged)
+            weight = sum(shares.values())
+            for u, w in shares.items():
+                self.target[u] += owed * w / weight
+                self.win_targets[u] += owed * w / weight
+            self.win_backlogged += span
+        self.epoch_start = now
+
+    def close_window(self, now: float) -> None:
+        self.close_epoch(now)
+        self.windows.append(
+            PoolWindow(self.win_start, now, self.win_tokens, self.win_targets, self.win_backlogged, self.win_outlasting)
+        )
+        users = len(self.win_tokens)
+        self.win_start = now
+        self.win_tokens = [0.0] * users
+        self.win_targets = [0.0] * users
+        self.win_backlogged = 0.0
+        self.win_outlasting = self.long_running
+
+    def finish(self, end: float) -> None:
+        self.gap.finish(end)
+        self.dispatch_gap.finish(end)
+        if end > self.win_start:
+            self.close_window(end)
+        else:
+            self.close_epoch(end)
