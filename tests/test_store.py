@@ -130,7 +130,13 @@ def test_default_group_weights_are_checked(path: Path) -> None:
 def test_group_operations(st: Store) -> None:
     g = st.add_group("PhD", 1.5)
     assert (g.name, g.scheduler_weight) == ("phd", 1.5)
-    assert g.to_dict() == {"name": "phd", "scheduler_weight": 1.5}
+    assert g.to_dict() == {
+        "name": "phd",
+        "scheduler_weight": 1.5,
+        "tokens_per_day": None,
+        "tokens_per_month": None,
+        "requests_per_minute": None,
+    }
     assert st.get_group("phd") == g == st.get_group("PHD")
     assert st.set_group_weight("phd", 4).scheduler_weight == 4.0
     assert [x.name for x in st.list_groups()] == ["admin", "faculty", "phd", "staff", "student"]
@@ -194,7 +200,15 @@ def test_group_with_users_cannot_be_removed(st: Store) -> None:
 def test_user_operations(st: Store) -> None:
     u = st.add_user("alice", "faculty")
     assert (u.name, u.group, u.weight_override, u.weight, u.created) == ("alice", "faculty", None, 3.0, 1000.0)
-    assert u.to_dict() == {"name": "alice", "group": "faculty", "weight_override": None, "weight": 3.0}
+    assert u.to_dict() == {
+        "name": "alice",
+        "group": "faculty",
+        "weight_override": None,
+        "weight": 3.0,
+        "tokens_per_day": None,
+        "tokens_per_month": None,
+        "requests_per_minute": None,
+    }
     assert st.set_user_weight("alice", 7).weight == 7.0
     assert st.get_user("ALICE").weight_override == 7.0
     assert st.set_user_weight("alice", None).weight == 3.0

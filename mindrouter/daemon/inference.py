@@ -155,7 +155,7 @@ async def _serve(request: web.Request, call: Call, job: Job, caller: Any, dialec
                 latency=first_byte,
                 duration=duration,
             )
-        stats.completed(caller, job, dispatch.backend_id, usage, upstream.status)
+        stats.completed(caller, job, dispatch.backend_id, usage, upstream.status, held=duration)
         return response
     finally:
         if upstream is not None:

@@ -29,7 +29,8 @@ class Stats:
         self.cancelled = 0
         self._recent: deque[tuple[float, int]] = deque()
 
-    def completed(self, caller: Any, job: Any, backend_id: int, usage: Any, status: int) -> None:
+    def completed(self, caller: Any, job: Any, backend_id: int, usage: Any, status: int, held: float = 0.0) -> None:
+        """Count a finished request and write its usage row (``held``: seconds it held the backend slot)."""
         prompt = usage.prompt_tokens or 0
         completion = usage.completion_tokens or 0
         self.requests_total += 1
@@ -43,7 +44,17 @@ class Stats:
         while recent and recent[0][0] < now - 60:
             recent.popleft()
         if prompt or completion:
-            self.store.record_usage(caller.user_id, job.id, job.model, backend_id, prompt, completion, self.wall())
+            self.store.record_usage(
+                caller.user_id,
+                job.id,
+                job.model,
+                backend_id,
+                prompt,
+                completion,
+                self.wall(),
+                gpu_seconds=held,
+                group=caller.group,
+            )
 
     def count_error(self, status: int) -> None:
         self.errors[status] += 1

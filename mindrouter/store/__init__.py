@@ -1,4 +1,4 @@
-"""Durable state in one SQLite file: groups, users, API keys, backends, usage and decisions.
+"""Durable state in one SQLite file: groups, users, API keys, backends, quotas, usage and decisions.
 
 The daemon owns the file and calls the store from its event loop, so every
 call is one or two indexed statements on one long-lived connection (the
@@ -18,12 +18,15 @@ Invariants:
 
 from .db import Store
 from .errors import AlreadyExists, InUse, InvalidValue, NotFound, StoreError
-from .rows import ApiKeyInfo, BackendRow, Group, UsageRow, UsageTotal, User
+from .rows import QUOTA_FIELDS, ApiKeyInfo, BackendRow, Group, Quota, UsageReport, UsageRow, UsageTotal, User
 from .schema import SCHEMA_VERSION, migrate
+from .usage import DIMENSIONS
 from .validate import ENGINES, STATES
 
 __all__ = [
+    "DIMENSIONS",
     "ENGINES",
+    "QUOTA_FIELDS",
     "SCHEMA_VERSION",
     "STATES",
     "AlreadyExists",
@@ -33,8 +36,10 @@ __all__ = [
     "InUse",
     "InvalidValue",
     "NotFound",
+    "Quota",
     "Store",
     "StoreError",
+    "UsageReport",
     "UsageRow",
     "UsageTotal",
     "User",

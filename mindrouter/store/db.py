@@ -1,6 +1,6 @@
 """The Store: groups, users, API keys and backends on the daemon's one SQLite connection.
 
-Usage rows and decision records are in ``records.py``; the schema in ``schema.py``.
+Usage is in ``usage.py``, decision records in ``decisions.py``, the schema in ``schema.py``.
 """
 
 from __future__ import annotations
@@ -15,18 +15,40 @@ from typing import Any
 
 from ..names import KEY_PREFIX, hash_key, new_key, same_server
 from ..scheduler.settings import DEFAULT_GROUP_WEIGHTS
+from .decisions import Decisions
 from .errors import AlreadyExists, InUse, InvalidValue, NotFound
-from .records import Records
-from .rows import ApiKeyInfo, BackendRow, Group, User
-from .schema import migrate
-from .validate import _backend_fields, _name, _validate_import, _weight
+from .rows import QUOTA_FIELDS, ApiKeyInfo, BackendRow, Group, Quota, User
+from .schema import migrate, transaction
+from .usage import UsageLog
+from .validate import _backend_fields, _name, _quota, _validate_import, _weight
 
 DAY = 86_400.0
 
+_QUOTAS = ", ".join(f"{{t}}.{f}" for f in QUOTA_FIELDS)
 _USER_SELECT = (
-    "SELECT u.id, u.name, g.name, u.weight_override, g.scheduler_weight, u.created"
+    f"SELECT u.id, u.name, g.name, u.weight_override, g.scheduler_weight, u.created, {_QUOTAS.format(t='u')}"
     " FROM users u JOIN groups g ON g.id = u.group_id"
 )
+_GROUP_SELECT = f"SELECT id, name, scheduler_weight, {_QUOTAS.format(t='groups')} FROM groups"
+
+
+_QUOTA_COLUMNS = ", ".join(QUOTA_FIELDS)
+_QUOTA_SET = ", ".join(f"{f} = excluded.{f}" for f in QUOTA_FIELDS)
+
+
+def _no_nulls(row: dict[str, Any]) -> dict[str, Any]:
+    """TOML has no null: leave out what is unset."""
+    return {k: v for k, v in row.items() if v is not None}
+
+
+def _user(row: tuple[Any, ...]) -> User:
+    return User(row[0], row[1], row[2], row[3], row[4], row[5], Quota(row[6], row[7], row[8]))
+
+
+def _group(row: tuple[Any, ...]) -> Group:
+    return Group(row[0], row[1], row[2], Quota(row[3], row[4], row[5]))
+
+
 _BACKEND_SELECT = "SELECT id, name, url, engine, max_concurrent, gpus, node, priority, state FROM backends"
 
 
@@ -34,7 +56,7 @@ def _backend(row: tuple[Any, ...]) -> BackendRow:
     return BackendRow(row[0], row[1], row[2], row[3], row[4], tuple(json.loads(row[5])), row[6], row[7], row[8])
 
 
-class Store(Records):
+class Store(UsageLog, Decisions):
     """The daemon's durable state, on one connection; not for use from several threads.
 
     Args:
@@ -108,7 +130,7 @@ class Store(Records):
         """
         checked = {_name("group", name).lower(): _weight(f"group {name!r}", w) for name, w in weights.items()}
         created: list[str] = []
-        with self._transaction() as db:
+        with transaction(self._db) as db:
             if db.execute("SELECT 1 FROM meta WHERE key = 'default_groups'").fetchone():
                 return created
             for name, weight in checked.items():
@@ -158,13 +180,31 @@ class Store(Records):
         self._db.execute("DELETE FROM groups WHERE id = ?", (group_id,))
 
     def get_group(self, name: str) -> Group:
-        row = self._db.execute("SELECT id, name, scheduler_weight FROM groups WHERE name = ?", (name,)).fetchone()
+        row = self._db.execute(_GROUP_SELECT + " WHERE name = ?", (name,)).fetchone()
         if row is None:
             self._group_id(name)
-        return Group(*row)
+        return _group(row)
 
     def list_groups(self) -> list[Group]:
-        return [Group(*r) for r in self._db.execute("SELECT id, name, scheduler_weight FROM groups ORDER BY name")]
+        return [_group(r) for r in self._db.execute(_GROUP_SELECT + " ORDER BY name")]
+
+    def set_group_quota(self, name: str, changes: Mapping[str, int | None]) -> Group:
+        """Set the given limits (None removes one) for the group as a whole; the others stay."""
+        self._set_quota("groups", name, f"group {name!r}", changes, self._group_id)
+        return self.get_group(name)
+
+    def _set_quota(
+        self, table: str, name: str, what: str, changes: Mapping[str, int | None], missing: Callable[[str], int]
+    ) -> None:
+        unknown = set(changes) - set(QUOTA_FIELDS)
+        if unknown:
+            raise InvalidValue(f"{sorted(unknown)[0]!r} is not a quota; use {', '.join(QUOTA_FIELDS)}")
+        values = {f: _quota(what, f, v) for f, v in changes.items()}
+        if not values:
+            return
+        assignments = ", ".join(f"{f} = ?" for f in values)
+        if not self._db.execute(f"UPDATE {table} SET {assignments} WHERE name = ?", (*values.values(), name)).rowcount:
+            missing(name)
 
     # ------------------------------------------------------------ users
 
@@ -208,13 +248,18 @@ class Store(Records):
         row = self._db.execute(_USER_SELECT + " WHERE u.name = ?", (name,)).fetchone()
         if row is None:
             self._user_id(name)
-        return User(*row)
+        return _user(row)
+
+    def set_user_quota(self, name: str, changes: Mapping[str, int | None]) -> User:
+        """Set the given limits of the user's own (None removes one); the others stay."""
+        self._set_quota("users", name, f"user {name!r}", changes, self._user_id)
+        return self.get_user(name)
 
     def list_users(self, group: str | None = None) -> list[User]:
         if group is None:
-            return [User(*r) for r in self._db.execute(_USER_SELECT + " ORDER BY u.name")]
+            return [_user(r) for r in self._db.execute(_USER_SELECT + " ORDER BY u.name")]
         group_id = self._group_id(group)
-        return [User(*r) for r in self._db.execute(_USER_SELECT + " WHERE u.group_id = ? ORDER BY u.name", (group_id,))]
+        return [_user(r) for r in self._db.execute(_USER_SELECT + " WHERE u.group_id = ? ORDER BY u.name", (group_id,))]
 
     # ------------------------------------------------------------ keys
 
@@ -242,7 +287,7 @@ class Store(Records):
             + " JOIN api_keys k ON k.user_id = u.id WHERE k.hash = ?",
             (digest,),
         ).fetchone()
-        return None if row is None else (row[0], User(*row[1:]))
+        return None if row is None else (row[0], _user(row[1:]))
 
     def touch_keys(self, used: Mapping[int, float]) -> None:
         """Record when keys were last used (key id -> wall-clock time)."""
@@ -364,13 +409,11 @@ class Store(Records):
         """Groups, users (never keys) and backends, in the shape ``import_`` takes and TOML can hold."""
         users = []
         for user in self.list_users():
-            row: dict[str, Any] = {"name": user.name, "group": user.group}
-            if user.weight_override is not None:  # TOML has no null
-                row["weight_override"] = user.weight_override
-            users.append(row)
+            row: dict[str, Any] = {"name": user.name, "group": user.group, "weight_override": user.weight_override}
+            users.append(_no_nulls(row | user.quota.to_dict()))
         return {
             "version": 1,
-            "groups": [g.to_dict() for g in self.list_groups()],
+            "groups": [_no_nulls(g.to_dict()) for g in self.list_groups()],
             "users": users,
             "backends": [b.to_dict() for b in self.list_backends()],
         }
@@ -394,20 +437,20 @@ class Store(Records):
                     f"backend {name!r} ({fields[0]}) is already in the pool as {row.name!r}; "
                     f"name it {row.name!r} in the file or remove that one first"
                 )
-        with self._transaction() as db:
-            for name, weight in groups:
+        with transaction(self._db) as db:
+            for name, weight, quotas in groups:
                 db.execute(
-                    "INSERT INTO groups (name, scheduler_weight) VALUES (?, ?)"
-                    " ON CONFLICT (name) DO UPDATE SET scheduler_weight = excluded.scheduler_weight",
-                    (name, weight),
+                    f"INSERT INTO groups (name, scheduler_weight, {_QUOTA_COLUMNS}) VALUES (?, ?, ?, ?, ?)"
+                    f" ON CONFLICT (name) DO UPDATE SET scheduler_weight = excluded.scheduler_weight, {_QUOTA_SET}",
+                    (name, weight, *quotas),
                 )
-            for name, group, override in users:
+            for name, group, override, quotas in users:
                 group_id = db.execute("SELECT id FROM groups WHERE name = ?", (group,)).fetchone()[0]
                 db.execute(
-                    "INSERT INTO users (name, group_id, weight_override, created) VALUES (?, ?, ?, ?)"
-                    " ON CONFLICT (name) DO UPDATE SET group_id = excluded.group_id,"
-                    " weight_override = excluded.weight_override",
-                    (name, group_id, override, self._clock()),
+                    f"INSERT INTO users (name, group_id, weight_override, created, {_QUOTA_COLUMNS})"
+                    " VALUES (?, ?, ?, ?, ?, ?, ?) ON CONFLICT (name) DO UPDATE SET group_id = excluded.group_id,"
+                    f" weight_override = excluded.weight_override, {_QUOTA_SET}",
+                    (name, group_id, override, self._clock(), *quotas),
                 )
             for name, fields in backends:
                 db.execute(

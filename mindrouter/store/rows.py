@@ -5,15 +5,33 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, NamedTuple
 
+QUOTA_FIELDS = ("tokens_per_day", "tokens_per_month", "requests_per_minute")
+
+
+@dataclass(frozen=True, slots=True)
+class Quota:
+    """A user's or group's limits; None means no limit of that kind."""
+
+    tokens_per_day: int | None = None
+    tokens_per_month: int | None = None
+    requests_per_minute: int | None = None
+
+    def __bool__(self) -> bool:
+        return any(getattr(self, f) is not None for f in QUOTA_FIELDS)
+
+    def to_dict(self) -> dict[str, int | None]:
+        return {f: getattr(self, f) for f in QUOTA_FIELDS}
+
 
 @dataclass(frozen=True, slots=True)
 class Group:
     id: int
     name: str
     scheduler_weight: float
+    quota: Quota = Quota()
 
     def to_dict(self) -> dict[str, Any]:
-        return {"name": self.name, "scheduler_weight": self.scheduler_weight}
+        return {"name": self.name, "scheduler_weight": self.scheduler_weight, **self.quota.to_dict()}
 
 
 @dataclass(frozen=True, slots=True)
@@ -25,6 +43,7 @@ class User:
     group_weight: float
     created: float
     """Wall-clock epoch seconds."""
+    quota: Quota = Quota()
 
     @property
     def weight(self) -> float:
@@ -32,7 +51,13 @@ class User:
         return self.group_weight if self.weight_override is None else self.weight_override
 
     def to_dict(self) -> dict[str, Any]:
-        return {"name": self.name, "group": self.group, "weight_override": self.weight_override, "weight": self.weight}
+        return {
+            "name": self.name,
+            "group": self.group,
+            "weight_override": self.weight_override,
+            "weight": self.weight,
+            **self.quota.to_dict(),
+        }
 
 
 @dataclass(frozen=True, slots=True)
@@ -110,4 +135,29 @@ class UsageTotal:
             "prompt_tokens": self.prompt_tokens,
             "completion_tokens": self.completion_tokens,
             "tokens": self.tokens,
+        }
+
+
+@dataclass(frozen=True, slots=True)
+class UsageReport:
+    """Usage totals grouped as asked (``Store.usage_report``)."""
+
+    by: list[str]
+    rows: list[dict[str, Any]]
+    """One dict per group: a key per dimension, then requests, prompt_tokens, completion_tokens, gpu_seconds."""
+    total: dict[str, Any]
+    since: float
+    """The start actually covered (earlier than asked where only daily totals were left)."""
+    until: float
+    day_resolution_before: float | None
+    """Per-request rows before this time were rolled into daily totals; None when all are kept."""
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "by": self.by,
+            "rows": self.rows,
+            "total": self.total,
+            "since": self.since,
+            "until": self.until,
+            "day_resolution_before": self.day_resolution_before,
         }

@@ -3,7 +3,8 @@
 from __future__ import annotations
 
 import sqlite3
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
 
 from .errors import StoreError
 
@@ -34,10 +35,46 @@ _SCHEMA_V1 = (
     "CREATE INDEX decisions_user ON decisions(user, id)",
 )
 
+_QUOTA_COLUMNS = tuple(
+    f"ALTER TABLE {table} ADD COLUMN {column} INTEGER CHECK ({column} IS NULL OR {column} >= 0)"
+    for table in ("users", "groups")
+    for column in ("tokens_per_day", "tokens_per_month", "requests_per_minute")
+)
+
+#: The per-request usage columns that daily totals sum, in ``usage_daily``'s order after the key.
+_DAILY_KEY = "day, user_id, group_name, model, backend_id"
+_DAILY_OF_ROW = (
+    "date({r}.at, 'unixepoch', 'localtime'), {r}.user_id, {r}.group_name, {r}.model, coalesce({r}.backend_id, 0)"
+)
+
+_ACCOUNTING = (
+    # GPU-seconds: how long the request held a backend slot. group_name: the user's group when it ran,
+    # so a group's report and quota do not change when a member moves.
+    "ALTER TABLE usage ADD COLUMN gpu_seconds REAL NOT NULL DEFAULT 0",
+    "ALTER TABLE usage ADD COLUMN group_name TEXT NOT NULL DEFAULT ''",
+    "UPDATE usage SET group_name = coalesce((SELECT g.name FROM users u JOIN groups g ON g.id = u.group_id"
+    " WHERE u.id = usage.user_id), '')",
+    # Daily totals in the server's local calendar, kept up to date by a trigger, so reports over a year
+    # read a few rows per day and old per-request rows can be deleted without losing what reports need.
+    f"CREATE TABLE usage_daily (day TEXT NOT NULL, user_id INTEGER NOT NULL, group_name TEXT NOT NULL,"
+    f" model TEXT NOT NULL, backend_id INTEGER NOT NULL, requests INTEGER NOT NULL, prompt_tokens INTEGER NOT NULL,"
+    f" completion_tokens INTEGER NOT NULL, gpu_seconds REAL NOT NULL, PRIMARY KEY ({_DAILY_KEY})) WITHOUT ROWID",
+    f"INSERT INTO usage_daily SELECT {_DAILY_OF_ROW.format(r='usage')}, count(*), sum(prompt_tokens),"
+    f" sum(completion_tokens), sum(gpu_seconds) FROM usage GROUP BY 1, 2, 3, 4, 5",
+    f"CREATE TRIGGER usage_daily_add AFTER INSERT ON usage BEGIN INSERT INTO usage_daily VALUES"
+    f" ({_DAILY_OF_ROW.format(r='NEW')}, 1, NEW.prompt_tokens, NEW.completion_tokens, NEW.gpu_seconds)"
+    f" ON CONFLICT ({_DAILY_KEY}) DO UPDATE SET requests = requests + 1,"
+    f" prompt_tokens = prompt_tokens + excluded.prompt_tokens,"
+    f" completion_tokens = completion_tokens + excluded.completion_tokens,"
+    f" gpu_seconds = gpu_seconds + excluded.gpu_seconds; END",
+    *_QUOTA_COLUMNS,
+)
+
 #: ``_MIGRATIONS[n]`` takes a database at version n to n + 1. Append; never edit a shipped entry.
 _MIGRATIONS: list[Sequence[str] | Callable[[sqlite3.Connection], None]] = [
     _SCHEMA_V1,
     ("ALTER TABLE api_keys ADD COLUMN last_used REAL",),
+    _ACCOUNTING,
 ]
 SCHEMA_VERSION = len(_MIGRATIONS)
 
@@ -52,16 +89,23 @@ def migrate(conn: sqlite3.Connection) -> int:
         )
     for version in range(found, SCHEMA_VERSION):
         step = _MIGRATIONS[version]
-        conn.execute("BEGIN IMMEDIATE")
-        try:
+        with transaction(conn):
             if callable(step):
                 step(conn)
             else:
                 for statement in step:
                     conn.execute(statement)
             conn.execute(f"PRAGMA user_version = {version + 1}")
-            conn.execute("COMMIT")
-        except BaseException:
-            conn.execute("ROLLBACK")
-            raise
     return found
+
+
+@contextmanager
+def transaction(db: sqlite3.Connection) -> Iterator[sqlite3.Connection]:
+    """One write transaction on a connection in autocommit mode: all of it commits, or none."""
+    db.execute("BEGIN IMMEDIATE")
+    try:
+        yield db
+    except BaseException:
+        db.execute("ROLLBACK")
+        raise
+    db.execute("COMMIT")

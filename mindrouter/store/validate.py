@@ -11,6 +11,7 @@ from .. import names
 from ..names import ENGINES
 from ..scheduler.settings import check_weight
 from .errors import InvalidValue
+from .rows import QUOTA_FIELDS
 
 STATES = ("enabled", "draining", "disabled")
 
@@ -69,6 +70,19 @@ def _backend_fields(
     return url, engine, max_concurrent, json.dumps(list(gpus)), node, float(priority), state
 
 
+def _quota(what: str, field: str, value: object) -> int | None:
+    """A limit: a whole number of at least 0 (0 refuses everything), or None for no limit."""
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value <= 10**15:
+        raise InvalidValue(f"{field} {value!r} of {what} must be a whole number of at least 0, or null for no limit")
+    return value
+
+
+def _quotas(what: str, entry: Mapping[str, Any]) -> tuple[int | None, ...]:
+    return tuple(_quota(what, f, entry.get(f)) for f in QUOTA_FIELDS)
+
+
 def _decision_params(record: Mapping[str, Any], at: float | None) -> tuple[Any, ...]:
     request_id = record.get("request_id")
     if not isinstance(request_id, str) or not request_id:
@@ -84,8 +98,8 @@ def _decision_params(record: Mapping[str, Any], at: float | None) -> tuple[Any, 
 
 
 _IMPORT_FIELDS = {
-    "groups": ({"name", "scheduler_weight"}, {"name", "scheduler_weight"}, set()),
-    "users": ({"name", "group"}, {"name", "group", "weight_override"}, {"weight"}),
+    "groups": ({"name", "scheduler_weight"}, {"name", "scheduler_weight", *QUOTA_FIELDS}, set()),
+    "users": ({"name", "group"}, {"name", "group", "weight_override", *QUOTA_FIELDS}, {"weight"}),
     "backends": (
         {"name", "url", "engine"},
         {"name", "url", "engine", "max_concurrent", "gpus", "node", "priority", "state"},
@@ -135,10 +149,14 @@ def _validate_import(data: Mapping[str, Any], existing_groups: set[str]) -> tupl
             raise InvalidValue(f"{where}: {exc}") from None
 
     groups = [
-        (e["name"].lower(), checked(f"groups[{i}]", _weight, f"group {e['name']!r}", e["scheduler_weight"]))
+        (
+            e["name"].lower(),
+            checked(f"groups[{i}]", _weight, f"group {e['name']!r}", e["scheduler_weight"]),
+            checked(f"groups[{i}]", _quotas, f"group {e['name']!r}", e),
+        )
         for i, e in enumerate(sections["groups"])
     ]
-    known = {g.lower() for g in existing_groups} | {name for name, _ in groups}
+    known = {g.lower() for g in existing_groups} | {g[0] for g in groups}
     users = []
     for i, e in enumerate(sections["users"]):
         group = e["group"]
@@ -150,7 +168,8 @@ def _validate_import(data: Mapping[str, Any], existing_groups: set[str]) -> tupl
         override = e.get("weight_override")
         if override is not None:
             override = checked(f"users[{i}]", _weight, f"user {e['name']!r}", override)
-        users.append((e["name"], group.lower(), override))
+        quotas = checked(f"users[{i}]", _quotas, f"user {e['name']!r}", e)
+        users.append((e["name"], group.lower(), override, quotas))
     backends = [
         (
             e["name"],

@@ -1,0 +1,203 @@
+"""Usage: one row per finished request, daily totals kept by a trigger, and the reports built on both.
+
+Per-request rows are kept for ``usage_retention`` seconds (the fairness window
+replays them after a restart; reports use them for partial days). Every row
+is also added to ``usage_daily`` (local calendar days) as it is written, so
+deleting old rows loses nothing a report needs: a report reads daily totals
+for whole days and per-request rows only for the partial days at its ends.
+Where those rows are already gone, the report widens to whole days and says so.
+"""
+
+from __future__ import annotations
+
+import sqlite3
+from collections.abc import Sequence
+from typing import Any
+
+from ..localtime import day_key, day_start, next_day
+from .errors import InvalidValue
+from .rows import UsageReport, UsageRow, UsageTotal
+from .schema import transaction
+
+DIMENSIONS = ("user", "group", "model", "backend", "day", "week", "month")
+"""What a report can group by; ``week`` starts on Monday and is named by that Monday's date."""
+
+_DIMENSION_SQL = {
+    "user": "user_id",
+    "group": "group_name",
+    "model": "model",
+    "backend": "backend_id",
+    "day": "day",
+    "week": "date(day, '-6 days', 'weekday 1')",
+    "month": "substr(day, 1, 7)",
+}
+_TIME_DIMENSIONS = ("day", "week", "month")
+_PRUNED_KEY = "usage_pruned_through"
+
+
+class UsageLog:
+    """The usage half of ``Store``; it shares the store's connection and settings."""
+
+    _PRUNE_USAGE_EVERY = 1024
+    _PRUNE_USAGE_BATCH = 8192
+
+    _db: sqlite3.Connection
+    usage_retention: float
+    _usage_inserts: int
+
+    def record_usage(
+        self,
+        user_id: int,
+        request_id: str,
+        model: str,
+        backend_id: int | None,
+        prompt_tokens: int,
+        completion_tokens: int,
+        at: float,
+        *,
+        gpu_seconds: float = 0.0,
+        group: str = "",
+    ) -> None:
+        """Record one finished request; durable once this returns.
+
+        Args:
+            at: wall-clock epoch seconds when it ended.
+            gpu_seconds: how long it held a backend slot.
+            group: the user's group when it ran (a group's report and quota count it).
+        """
+        self._db.execute(
+            "INSERT INTO usage (at, user_id, request_id, model, backend_id, prompt_tokens, completion_tokens,"
+            " gpu_seconds, group_name) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)",
+            (
+                at,
+                user_id,
+                request_id,
+                model,
+                backend_id,
+                int(prompt_tokens),
+                int(completion_tokens),
+                float(gpu_seconds),
+                group,
+            ),
+        )
+        self._usage_inserts += 1
+        if self._usage_inserts % self._PRUNE_USAGE_EVERY == 0:
+            self.prune_usage(at, limit=self._PRUNE_USAGE_BATCH)
+
+    def recent_usage(self, since: float) -> list[UsageRow]:
+        """Usage at or after ``since``, oldest first: what the daemon replays into the fairness window."""
+        return [
+            UsageRow(*r)
+            for r in self._db.execute(
+                "SELECT user_id, prompt_tokens + completion_tokens, at FROM usage WHERE at >= ? ORDER BY at", (since,)
+            )
+        ]
+
+    def usage_totals(self, since: float) -> dict[int, UsageTotal]:
+        """Requests and tokens per user id since ``since``."""
+        rows = self._db.execute(
+            "SELECT s.user_id, u.name, s.n, s.p, s.c FROM (SELECT user_id, count(*) AS n, sum(prompt_tokens) AS p,"
+            " sum(completion_tokens) AS c FROM usage WHERE at >= ? GROUP BY user_id) s"
+            " LEFT JOIN users u ON u.id = s.user_id",
+            (since,),
+        )
+        return {r[0]: UsageTotal(*r) for r in rows}
+
+    def daily_tokens(self, since: float) -> list[tuple[str, int, str, int]]:
+        """(day, user id, group, tokens) from the local day of ``since`` on: what quotas count after a restart."""
+        return self._db.execute(
+            "SELECT day, user_id, group_name, sum(prompt_tokens + completion_tokens) FROM usage_daily"
+            " WHERE day >= ? GROUP BY day, user_id, group_name",
+            (day_key(since),),
+        ).fetchall()
+
+    def prune_usage(self, now: float, *, limit: int | None = None) -> int:
+        """Delete per-request rows older than ``usage_retention`` before ``now`` (at most ``limit``, oldest first).
+
+        Their daily totals stay. Returns how many rows were deleted.
+        """
+        cutoff = now - self.usage_retention
+        oldest = "SELECT id, at FROM usage WHERE at < ? ORDER BY at" + ("" if limit is None else " LIMIT ?")
+        params = (cutoff,) if limit is None else (cutoff, limit)
+        with transaction(self._db) as db:
+            through = db.execute(f"SELECT max(at) FROM ({oldest})", params).fetchone()[0]
+            if through is None:
+                return 0
+            deleted = db.execute(f"DELETE FROM usage WHERE id IN (SELECT id FROM ({oldest}))", params).rowcount
+            db.execute(
+                "INSERT INTO meta (key, value) VALUES (?, ?) ON CONFLICT (key) DO UPDATE SET value ="
+                " max(CAST(value AS REAL), CAST(excluded.value AS REAL))",
+                (_PRUNED_KEY, repr(float(through))),
+            )
+        return deleted
+
+    def _pruned_through(self) -> float | None:
+        row = self._db.execute("SELECT value FROM meta WHERE key = ?", (_PRUNED_KEY,)).fetchone()
+        return None if row is None else float(row[0])
+
+    def usage_report(self, by: Sequence[str], since: float, until: float) -> UsageReport:
+        """Requests, tokens and GPU-seconds in ``[since, until)`` grouped by ``by`` (see ``DIMENSIONS``).
+
+        Days, weeks and months are the server's local calendar. Rows come sorted by time
+        (when grouped by one), then by tokens, most first.
+
+        Raises:
+            InvalidValue: an unknown dimension, or ``until`` not after ``since``.
+        """
+        by = list(dict.fromkeys(by))
+        unknown = [d for d in by if d not in DIMENSIONS]
+        if unknown:
+            raise InvalidValue(f"cannot group usage by {unknown[0]!r}; use any of {', '.join(DIMENSIONS)}")
+        if until <= since:
+            raise InvalidValue("the report's end must be after its start; check --since and --until")
+        pruned = self._pruned_through()
+        day_resolution_before = None
+        if pruned is not None and since <= pruned:  # those rows are gone: whole days from the daily totals
+            since = day_start(since)
+            day_resolution_before = pruned
+        if pruned is not None and until <= pruned and until != day_start(until):
+            until = next_day(until)
+        full_from = since if since == day_start(since) else next_day(since)
+        full_to = day_start(until)
+        if full_from < full_to:
+            raw = [(since, full_from), (full_to, until)]
+            days = (day_key(full_from), day_key(full_to))
+        else:
+            raw, days = [(since, until)], ("", "")
+        columns = [_DIMENSION_SQL[d] for d in by]
+        select = ", ".join([*columns, "sum(n)", "sum(p)", "sum(c)", "sum(g)"])
+        sql = (
+            f"SELECT {select} FROM ("
+            "SELECT day, user_id, group_name, model, backend_id, requests AS n, prompt_tokens AS p,"
+            " completion_tokens AS c, gpu_seconds AS g FROM usage_daily WHERE day >= ? AND day < ?"
+            " UNION ALL SELECT date(at, 'unixepoch', 'localtime'), user_id, group_name, model,"
+            " coalesce(backend_id, 0), 1, prompt_tokens, completion_tokens, gpu_seconds FROM usage"
+            " WHERE (at >= ? AND at < ?) OR (at >= ? AND at < ?))"
+        )
+        if columns:
+            sql += " GROUP BY " + ", ".join(columns)
+        ranges = (raw + raw)[:2]
+        params = (*days, *ranges[0], *ranges[1])
+        users = dict(self._db.execute("SELECT id, name FROM users")) if "user" in by else {}
+        backends = dict(self._db.execute("SELECT id, name FROM backends")) if "backend" in by else {}
+        rows = []
+        for r in self._db.execute(sql, params):
+            if r[len(by)] is None:  # no usage at all: the ungrouped sums are NULL
+                continue
+            row: dict[str, Any] = {}
+            for dim, value in zip(by, r, strict=False):
+                if dim == "user":
+                    value = users.get(value, f"#{value}")
+                elif dim == "backend":
+                    value = backends.get(value, f"#{value}") if value else "-"
+                row[dim] = value
+            row.update(requests=r[-4], prompt_tokens=r[-3], completion_tokens=r[-2], gpu_seconds=round(r[-1], 3))
+            rows.append(row)
+        times = [d for d in by if d in _TIME_DIMENSIONS]
+        rows.sort(key=lambda row: [str(row[d]) for d in by if d not in _TIME_DIMENSIONS])
+        rows.sort(key=lambda row: -(row["prompt_tokens"] + row["completion_tokens"]))
+        rows.sort(key=lambda row: [row[d] for d in times])
+        total = {key: sum(row[key] for row in rows) for key in ("requests", "prompt_tokens", "completion_tokens")} | {
+            "gpu_seconds": round(sum(row["gpu_seconds"] for row in rows), 3)
+        }
+        return UsageReport(list(by), rows, total, since, until, day_resolution_before)

@@ -1,0 +1,208 @@
+"""Usage reports and their roll-up into daily totals, checked against totals worked out by hand.
+
+Days, weeks and months are the server's local calendar; the ``tz`` fixture
+sets the process's zone (as ``TZ`` does for the daemon) for each test.
+"""
+
+from __future__ import annotations
+
+import os
+import sqlite3
+import time
+from datetime import datetime
+from pathlib import Path
+from zoneinfo import ZoneInfo
+
+import pytest
+
+from mindrouter.localtime import day_key, day_start, month_start, next_day, next_month, parse_when, zone_label
+from mindrouter.store import SCHEMA_VERSION, InvalidValue, Store
+from mindrouter.store import schema as schema_module
+
+
+@pytest.fixture
+def tz(monkeypatch: pytest.MonkeyPatch):
+    """Set the local zone: ``tz("Europe/Berlin")``; the old one is back after the test."""
+
+    def use(name: str) -> ZoneInfo:
+        monkeypatch.setenv("TZ", name)
+        time.tzset()
+        return ZoneInfo(name)
+
+    yield use
+    monkeypatch.undo()
+    time.tzset()
+
+
+def at(zone: ZoneInfo, text: str) -> float:
+    return datetime.fromisoformat(text).replace(tzinfo=zone).timestamp()
+
+
+@pytest.fixture
+def st(tmp_path: Path):
+    with Store(tmp_path / "m.db", usage_retention=1e12) as s:
+        s.ensure_default_groups()
+        s.add_user("alice", "staff")
+        s.add_user("bob", "student")
+        s.add_backend("gpu1", "http://h:1", "ollama")
+        s.add_backend("gpu2", "http://h:2", "vllm")
+        yield s
+
+
+def record(st: Store, user: str, when: float, model: str, backend: str, p: int, c: int, g: float = 1.0) -> None:
+    u = st.get_user(user)
+    st.record_usage(u.id, f"r{when}", model, st.get_backend(backend).id, p, c, when, gpu_seconds=g, group=u.group)
+
+
+def totals(rows: list[dict], *keys: str) -> dict:
+    return {tuple(r[k] for k in keys): (r["requests"], r["prompt_tokens"], r["completion_tokens"]) for r in rows}
+
+
+@pytest.mark.parametrize("zone_name", ["Europe/Berlin", "America/New_York", "UTC", "Asia/Kolkata"])
+def test_days_and_months_follow_the_local_calendar(st: Store, tz, zone_name: str) -> None:
+    zone = tz(zone_name)
+    # 23:30 on Oct 31 and 00:30 on Nov 1, local: different days and different months.
+    record(st, "alice", at(zone, "2026-10-31T23:30"), "llama3", "gpu1", 10, 20, 2.5)
+    record(st, "alice", at(zone, "2026-11-01T00:30"), "llama3", "gpu1", 1, 2, 0.5)
+    record(st, "bob", at(zone, "2026-11-01T12:00"), "qwen", "gpu2", 100, 200, 4.0)
+    record(st, "bob", at(zone, "2026-11-30T23:59:59"), "qwen", "gpu2", 5, 5, 1.0)
+    record(st, "bob", at(zone, "2026-12-01T00:00"), "qwen", "gpu1", 7, 7, 1.0)
+    since, until = at(zone, "2026-10-01T00:00"), at(zone, "2027-01-01T00:00")
+
+    report = st.usage_report(["month"], since, until)
+    assert totals(report.rows, "month") == {
+        ("2026-10",): (1, 10, 20),
+        ("2026-11",): (3, 106, 207),
+        ("2026-12",): (1, 7, 7),
+    }
+    assert report.total == {"requests": 5, "prompt_tokens": 123, "completion_tokens": 234, "gpu_seconds": 9.0}
+    by_day = st.usage_report(["day", "user"], since, until)
+    assert [(r["day"], r["user"], r["requests"]) for r in by_day.rows] == [
+        ("2026-10-31", "alice", 1),
+        ("2026-11-01", "bob", 1),  # most tokens first within a day
+        ("2026-11-01", "alice", 1),
+        ("2026-11-30", "bob", 1),
+        ("2026-12-01", "bob", 1),
+    ]
+    # Weeks start on Monday: 2026-10-26 (Mon) holds Oct 31 and Nov 1 (Sun); Nov 30 and Dec 1 are in the next.
+    assert totals(st.usage_report(["week"], since, until).rows, "week") == {
+        ("2026-10-26",): (3, 111, 222),
+        ("2026-11-30",): (2, 12, 12),
+    }
+    # "Last month" by group and model, with backend names.
+    november = st.usage_report(
+        ["group", "model", "backend"], at(zone, "2026-11-01T00:00"), at(zone, "2026-12-01T00:00")
+    )
+    assert totals(november.rows, "group", "model", "backend") == {
+        ("student", "qwen", "gpu2"): (2, 105, 205),
+        ("staff", "llama3", "gpu1"): (1, 1, 2),
+    }
+    assert november.rows[0]["gpu_seconds"] == 5.0
+
+
+def test_partial_days_at_the_ends_count_only_their_hours(st: Store, tz) -> None:
+    zone = tz("Europe/Berlin")
+    for hour in (1, 9, 17):
+        for day in (2, 3, 4):
+            record(st, "alice", at(zone, f"2026-11-0{day}T{hour:02d}:00"), "m", "gpu1", 1, 0)
+    report = st.usage_report(["day"], at(zone, "2026-11-02T08:00"), at(zone, "2026-11-04T10:00"))
+    assert totals(report.rows, "day") == {
+        ("2026-11-02",): (2, 2, 0),  # 09:00 and 17:00
+        ("2026-11-03",): (3, 3, 0),  # whole day, from the daily totals
+        ("2026-11-04",): (2, 2, 0),  # 01:00 and 09:00
+    }
+    within_one_day = st.usage_report([], at(zone, "2026-11-03T08:00"), at(zone, "2026-11-03T10:00"))
+    assert within_one_day.rows == [{"requests": 1, "prompt_tokens": 1, "completion_tokens": 0, "gpu_seconds": 1.0}]
+    assert st.usage_report(["user"], at(zone, "2026-12-01T00:00"), at(zone, "2026-12-02T00:00")).rows == []
+
+
+def test_rolled_up_rows_still_report(tmp_path: Path, tz) -> None:
+    zone = tz("America/New_York")
+    with Store(tmp_path / "m.db", usage_retention=10 * 86400.0) as s:
+        s.ensure_default_groups()
+        s.add_user("alice", "staff")
+        s.add_backend("gpu1", "http://h:1", "ollama")
+        for day in range(1, 29):
+            for hour in (3, 15):
+                record(s, "alice", at(zone, f"2026-02-{day:02d}T{hour:02d}:00"), "m", "gpu1", day, 1)
+        whole = s.usage_report(["month"], at(zone, "2026-02-01T00:00"), at(zone, "2026-03-01T00:00"))
+        before = s.usage_report(["day"], at(zone, "2026-02-01T00:00"), at(zone, "2026-03-01T00:00")).rows
+        deleted = s.prune_usage(at(zone, "2026-03-01T00:00"))
+        assert deleted == 2 * 18  # Feb 1 .. Feb 18 are older than ten days
+        assert s.usage_report(["month"], at(zone, "2026-02-01T00:00"), at(zone, "2026-03-01T00:00")).rows == whole.rows
+        assert whole.total["prompt_tokens"] == 2 * sum(range(1, 29))
+        after = s.usage_report(["day"], at(zone, "2026-02-01T00:00"), at(zone, "2026-03-01T00:00"))
+        assert after.rows == before
+        assert after.day_resolution_before == at(zone, "2026-02-18T15:00")
+        # An end inside a rolled-up day widens to the whole day, and the report says where it starts.
+        partial = s.usage_report(["day"], at(zone, "2026-02-05T12:00"), at(zone, "2026-02-06T12:00"))
+        assert totals(partial.rows, "day") == {("2026-02-05",): (2, 10, 2), ("2026-02-06",): (2, 12, 2)}
+        assert partial.since == at(zone, "2026-02-05T00:00") and partial.until == at(zone, "2026-02-07T00:00")
+        assert [r.at for r in s.recent_usage(0)][0] == at(zone, "2026-02-19T03:00")
+
+
+def test_removed_users_and_backends_keep_their_usage(st: Store) -> None:
+    record(st, "bob", 1000.0, "m", "gpu2", 3, 4)
+    st.remove_user("bob")
+    st.remove_backend("gpu2")
+    rows = st.usage_report(["user", "group", "backend"], 0.0, 2000.0).rows
+    assert rows == [
+        {
+            "user": f"#{2}",
+            "group": "student",
+            "backend": "#2",
+            "requests": 1,
+            "prompt_tokens": 3,
+            "completion_tokens": 4,
+            "gpu_seconds": 1.0,
+        }
+    ]
+
+
+def test_report_refusals(st: Store) -> None:
+    with pytest.raises(InvalidValue, match="cannot group usage by 'year'"):
+        st.usage_report(["year"], 0, 1)
+    with pytest.raises(InvalidValue, match="end must be after its start"):
+        st.usage_report(["user"], 5, 5)
+
+
+def test_version_1_database_gains_daily_totals_and_groups(tmp_path: Path, tz, monkeypatch: pytest.MonkeyPatch) -> None:
+    zone = tz("Europe/Berlin")
+    path = tmp_path / "old.db"
+    monkeypatch.setattr(schema_module, "_MIGRATIONS", schema_module._MIGRATIONS[:1])
+    monkeypatch.setattr(schema_module, "SCHEMA_VERSION", 1)
+    db = sqlite3.connect(path, isolation_level=None)
+    schema_module.migrate(db)
+    db.execute("INSERT INTO groups (id, name, scheduler_weight) VALUES (1, 'faculty', 3)")
+    db.execute("INSERT INTO users (id, name, group_id, created) VALUES (7, 'carol', 1, 0)")
+    db.execute(
+        "INSERT INTO usage (at, user_id, request_id, model, backend_id, prompt_tokens, completion_tokens)"
+        " VALUES (?, 7, 'r1', 'm', 1, 10, 5), (?, 7, 'r2', 'm', 1, 1, 1)",
+        (at(zone, "2026-11-01T23:00"), at(zone, "2026-11-02T01:00")),
+    )
+    db.close()
+    monkeypatch.undo()
+    tz("Europe/Berlin")
+    with Store(path) as s:
+        assert s.schema_version == SCHEMA_VERSION
+        rows = s.usage_report(["day", "group"], at(zone, "2026-11-01T00:00"), at(zone, "2026-11-03T00:00")).rows
+        assert totals(rows, "day", "group") == {("2026-11-01", "faculty"): (1, 10, 5), ("2026-11-02", "faculty"): (1, 1, 1)}
+        db = sqlite3.connect(path)
+        assert db.execute("SELECT count(*) FROM usage_daily").fetchone()[0] == 2
+        db.close()
+
+
+def test_local_periods(tz) -> None:
+    zone = tz("Europe/Berlin")
+    t = at(zone, "2026-03-29T12:00")  # the day clocks go forward: 23 hours long
+    assert day_key(t) == "2026-03-29"
+    assert next_day(t) - day_start(t) == 23 * 3600
+    assert month_start(t) == at(zone, "2026-03-01T00:00")
+    assert next_month(at(zone, "2026-12-15T00:00")) == at(zone, "2027-01-01T00:00")
+    assert zone_label(at(zone, "2026-01-10T00:00")) == "CET, UTC+01:00"
+    assert parse_when("7d", 1_000_000.0) == 1_000_000.0 - 7 * 86400
+    assert parse_when("2026-11-01", 0) == at(zone, "2026-11-01T00:00")
+    assert parse_when("2026-11-01T08:30", 0) == at(zone, "2026-11-01T08:30")
+    with pytest.raises(ValueError, match="give an age such as 7d"):
+        parse_when("last tuesday", 0)
+    assert os.environ["TZ"] == "Europe/Berlin"
