@@ -76,6 +76,8 @@ class ServerSettings:
     """Key the daemon sends to the `mr agent` of other workstations (`mr agent --key`)."""
     decision_retention: int = 100_000
     """Decision records kept in the database; the oldest are deleted first."""
+    usage_retention_days: float = 30.0
+    """Days per-request usage rows are kept; older ones live on as daily totals, which reports read."""
 
     @property
     def socket_path(self) -> Path:

@@ -138,7 +138,7 @@ def test_rolled_up_rows_still_report(tmp_path: Path, tz) -> None:
         partial = s.usage_report(["day"], at(zone, "2026-02-05T12:00"), at(zone, "2026-02-06T12:00"))
         assert totals(partial.rows, "day") == {("2026-02-05",): (2, 10, 2), ("2026-02-06",): (2, 12, 2)}
         assert partial.since == at(zone, "2026-02-05T00:00") and partial.until == at(zone, "2026-02-07T00:00")
-        assert [r.at for r in s.recent_usage(0)][0] == at(zone, "2026-02-19T03:00")
+        assert s.recent_usage(0)[0].at == at(zone, "2026-02-19T03:00")
 
 
 def test_removed_users_and_backends_keep_their_usage(st: Store) -> None:
@@ -186,7 +186,10 @@ def test_version_1_database_gains_daily_totals_and_groups(tmp_path: Path, tz, mo
     with Store(path) as s:
         assert s.schema_version == SCHEMA_VERSION
         rows = s.usage_report(["day", "group"], at(zone, "2026-11-01T00:00"), at(zone, "2026-11-03T00:00")).rows
-        assert totals(rows, "day", "group") == {("2026-11-01", "faculty"): (1, 10, 5), ("2026-11-02", "faculty"): (1, 1, 1)}
+        assert totals(rows, "day", "group") == {
+            ("2026-11-01", "faculty"): (1, 10, 5),
+            ("2026-11-02", "faculty"): (1, 1, 1),
+        }
         db = sqlite3.connect(path)
         assert db.execute("SELECT count(*) FROM usage_daily").fetchone()[0] == 2
         db.close()

@@ -50,6 +50,7 @@ _COMMAND_MODULES = [
     "decisions",
     "top",
     "share",
+    "usage",
     "why",
     "simulate",
     "agent",

@@ -10,12 +10,13 @@ checked here, rather than by typer, so that every refusal reads the same way
 from __future__ import annotations
 
 import math
+import re
 
 from .. import names
 from ..errors import UsageError
 from ..scheduler.settings import check_weight
 
-__all__ = ["engine", "gpus", "key_id", "limit", "max_concurrent", "name", "priority", "url", "weight"]
+__all__ = ["amount", "engine", "gpus", "key_id", "limit", "max_concurrent", "name", "priority", "url", "weight"]
 
 
 def weight(value: object, what: str = "weight") -> float:
@@ -66,6 +67,23 @@ def _int(value: str, option: str, minimum: int, example: str, maximum: int | Non
     if maximum is not None and number > maximum:
         raise UsageError(f"{option} {value!r} must be at most {maximum:,}; use {example}")
     return number
+
+
+_AMOUNT = re.compile(r"(\d+(?:\.\d+)?)\s*([kKmMgG]?)\Z")
+_SCALE = {"": 1, "k": 10**3, "m": 10**6, "g": 10**9}
+
+
+def amount(value: str | None, option: str) -> int | None:
+    """A count such as 2M, 500k or 1500 (k, M and G are thousands, millions and billions)."""
+    if value is None:
+        return None
+    match = _AMOUNT.match(value.strip())
+    if not match:
+        raise UsageError(f"{option} {value!r} is not a count; use a whole number such as 2000000, or 2M, 500k")
+    number = float(match.group(1)) * _SCALE[match.group(2).lower()]
+    if not number.is_integer():
+        raise UsageError(f"{option} {value!r} is not a whole number; use such as 2M or 1500")
+    return int(number)
 
 
 def max_concurrent(value: str | None) -> int | None:

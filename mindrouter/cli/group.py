@@ -11,6 +11,7 @@ from . import _validate
 from ._app import ConfigOption, JsonOption, complete_from, get_app
 from ._client import quote_name
 from ._output import Column, fmt_count, fmt_num, print_changed, print_rows
+from .usage import ClearOption, RequestsPerMinute, TokensPerDay, TokensPerMonth, quota_text, set_quota
 
 __all__ = ["COLUMNS", "group_app", "register"]
 
@@ -20,6 +21,7 @@ COLUMNS = [
     Column("name", "group", style="bold"),
     Column("scheduler_weight", "weight", fmt=fmt_num, justify="right"),
     Column("users", "users", fmt=fmt_count, justify="right"),
+    Column("quotas", "quota (used/limit)", fmt=quota_text),
 ]
 
 GroupName = Annotated[
@@ -50,7 +52,8 @@ def add(
             "--weight",
             "-w",
             metavar="W",
-            help="Fair-share weight, a number greater than 0; a group of weight 3 gets three times the share of weight 1.",
+            help="Fair-share weight, a number greater than 0; "
+            "a group of weight 3 gets three times the share of weight 1.",
         ),
     ] = "1",
     json: JsonOption = False,
@@ -90,6 +93,31 @@ def set_weight(
     print_changed(
         row, json, f"group [bold]{escape(name)}[/] now has weight {fmt_num(row.get('scheduler_weight', value))}"
     )
+
+
+@group_app.command("set-quota")
+def set_group_quota(
+    ctx: typer.Context,
+    name: GroupName,
+    tokens_per_day: TokensPerDay = None,
+    tokens_per_month: TokensPerMonth = None,
+    requests_per_minute: RequestsPerMinute = None,
+    clear: ClearOption = False,
+    json: JsonOption = False,
+    config: ConfigOption = None,
+) -> None:
+    """Limit what a group's members may use together; past it, their requests are refused with 429.
+
+    Limits not given stay as they are; each member's own quota applies as well.
+
+    Example: mr group set-quota student --tokens-per-month 50M
+    """
+    limits = {
+        "tokens_per_day": tokens_per_day,
+        "tokens_per_month": tokens_per_month,
+        "requests_per_minute": requests_per_minute,
+    }
+    set_quota(ctx, "group", name, limits, clear, json, config)
 
 
 @group_app.command("rm")

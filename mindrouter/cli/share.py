@@ -17,6 +17,7 @@ from rich.text import Text
 
 from ._app import ConfigOption, JsonOption, get_app
 from ._output import console, factor_text, fmt_duration, fmt_num, fmt_pct, fmt_tokens, print_json
+from .usage import quota_text
 
 __all__ = ["register", "share_rows", "share_table"]
 
@@ -31,6 +32,7 @@ HEADERS = [
     "factor",
     "queued",
     "running",
+    "quota (used/limit)",
 ]
 
 
@@ -57,7 +59,8 @@ def share_table(data: dict[str, Any]) -> Table:
         show_edge=False,
         header_style="bold",
         pad_edge=False,
-        title=f"fair share over the last {fmt_duration(data.get('window_seconds'))} ({fmt_tokens(data.get('global_recent_tokens'))} tokens)",
+        title=f"fair share over the last {fmt_duration(data.get('window_seconds'))} "
+        f"({fmt_tokens(data.get('global_recent_tokens'))} tokens)",
         title_justify="left",
         title_style="bold",
     )
@@ -76,6 +79,7 @@ def share_table(data: dict[str, Any]) -> Table:
                 "",
                 "",
                 "",
+                quota_text(row.get("quotas")),
             )
         else:
             t.add_row(
@@ -89,6 +93,7 @@ def share_table(data: dict[str, Any]) -> Table:
                 factor_text(row.get("factor")),
                 fmt_num(row.get("queued")),
                 fmt_num(row.get("running")),
+                quota_text(row.get("quotas")),
             )
     if not data.get("groups") and not data.get("users"):
         t.add_row(Text("no groups or users yet", style="dim"), *[""] * (len(HEADERS) - 1))

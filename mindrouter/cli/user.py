@@ -23,6 +23,7 @@ from ._output import (
     print_json,
     print_rows,
 )
+from .usage import ClearOption, RequestsPerMinute, TokensPerDay, TokensPerMonth, quota_text, set_quota
 
 __all__ = ["COLUMNS", "register", "user_app"]
 
@@ -42,6 +43,7 @@ COLUMNS = [
     Column("queued", "queued", fmt=fmt_num, justify="right"),
     Column("running", "running", fmt=fmt_num, justify="right"),
     Column("recent_tokens", "recent tokens", fmt=fmt_tokens, justify="right"),
+    Column("quotas", "quota (used/limit)", fmt=quota_text),
 ]
 
 UserName = Annotated[
@@ -189,6 +191,31 @@ def keys(ctx: typer.Context, name: UserName, json: JsonOption = False, config: C
     """
     rows = get_app(ctx, config).client.get(f"/admin/users/{quote_name(name)}/keys")
     print_rows(rows, KEY_COLUMNS, as_json=json, empty=f"{name} has no keys; create one with `mr user key {name}`")
+
+
+@user_app.command("set-quota")
+def set_user_quota(
+    ctx: typer.Context,
+    name: UserName,
+    tokens_per_day: TokensPerDay = None,
+    tokens_per_month: TokensPerMonth = None,
+    requests_per_minute: RequestsPerMinute = None,
+    clear: ClearOption = False,
+    json: JsonOption = False,
+    config: ConfigOption = None,
+) -> None:
+    """Limit what one user may use; past it, requests are refused with 429 until the period resets.
+
+    Limits not given stay as they are; the group's quota applies as well.
+
+    Example: mr user set-quota alice --tokens-per-day 2M
+    """
+    limits = {
+        "tokens_per_day": tokens_per_day,
+        "tokens_per_month": tokens_per_month,
+        "requests_per_minute": requests_per_minute,
+    }
+    set_quota(ctx, "user", name, limits, clear, json, config)
 
 
 @user_app.command("key")

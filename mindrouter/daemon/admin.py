@@ -20,7 +20,7 @@ from ..scheduler import check_weight
 from ..store import AlreadyExists, InUse, InvalidValue, NotFound, StoreError
 from .auth import bearer_is
 from .catalog import pool_models
-from .keys import AUTH, CONFIG, DECISIONS, DISPATCHER, GPUS, REGISTRY, SCHEDULER, STATS, STORE
+from .keys import AUTH, CONFIG, DECISIONS, DISPATCHER, GPUS, QUOTAS, REGISTRY, SCHEDULER, STATS, STORE
 from .responses import json_error
 
 __all__ = ["admin_middleware", "setup_admin_routes"]
@@ -63,8 +63,9 @@ async def _body(request: web.Request) -> dict[str, Any]:
 
 
 def _sync_users(app: web.Application, group: str | None = None, name: str | None = None) -> None:
-    """Bring the scheduler's weights in line with the store after an admin change."""
+    """Bring the scheduler's weights and the quotas in line with the store after an admin change."""
     app[AUTH].clear()
+    app[QUOTAS].reload()
     scheduler = app[SCHEDULER]
     store = app[STORE]
     users = [store.get_user(name)] if name is not None else store.list_users(group)
@@ -109,7 +110,17 @@ async def list_groups(request: web.Request) -> web.Response:
     counts: dict[str, int] = {}
     for user in store.list_users():
         counts[user.group] = counts.get(user.group, 0) + 1
-    return web.json_response([{**g.to_dict(), "users": counts.get(g.name, 0)} for g in store.list_groups()])
+    return web.json_response(
+        [
+            {**g.to_dict(), "users": counts.get(g.name, 0), "quotas": _quotas(request.app, "group", g.name)}
+            for g in store.list_groups()
+        ]
+    )
+
+
+def _quotas(app: web.Application, subject: str, key: Any) -> list[dict[str, Any]]:
+    """A user's (by id) or group's (by name) quotas with their use so far."""
+    return [limit.to_dict() for limit in app[QUOTAS].subject_limits(subject, key)]
 
 
 async def add_group(request: web.Request) -> web.Response:
@@ -143,6 +154,7 @@ def _user_dict(app: web.Application, user: Any, keys: dict[str, int]) -> dict[st
         "queued": state.queued if state else 0,
         "running": state.running if state else 0,
         "recent_tokens": state.recent if state else 0,
+        "quotas": _quotas(app, "user", user.id),
     }
 
 
@@ -190,6 +202,7 @@ async def remove_user(request: web.Request) -> web.Response:
     user = store.get_user(name)
     store.remove_user(name)
     request.app[AUTH].clear()
+    request.app[QUOTAS].reload()
     with contextlib.suppress(ValueError):
         request.app[SCHEDULER].remove_user(user.id)
     return web.json_response({"removed": name})
@@ -329,6 +342,7 @@ def share_dict(app: web.Application) -> dict[str, Any]:
                 "factor": s.get("factor", 1.0),
                 "queued": s.get("queued", 0),
                 "running": s.get("running", 0),
+                "quotas": _quotas(app, "user", user.id),
             }
         )
     groups = []
@@ -346,6 +360,7 @@ def share_dict(app: web.Application) -> dict[str, Any]:
                 "recent_tokens": recent,
                 "actual_share": round(recent / total, 4) if total else 0.0,
                 "users": len(members),
+                "quotas": _quotas(app, "group", group.name),
             }
         )
     return {

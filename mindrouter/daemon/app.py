@@ -31,6 +31,7 @@ from ..errors import ConfigError
 from ..gpu.probe import GpuProbe
 from ..scheduler import Scheduler
 from ..store import Store
+from .accounting import setup_accounting_routes
 from .admin import admin_middleware, setup_admin_routes
 from .auth import Auth
 from .catalog import setup_catalog_routes
@@ -40,9 +41,10 @@ from .dispatcher import Dispatcher
 from .gpus import GpuState
 from .guard import guard_middleware
 from .inference import setup_inference_routes
-from .keys import AUTH, CONFIG, DECISIONS, DISPATCHER, GPUS, REGISTRY, SCHEDULER, SESSION, STATS, STORE
+from .keys import AUTH, CONFIG, DECISIONS, DISPATCHER, GPUS, QUOTAS, REGISTRY, SCHEDULER, SESSION, STATS, STORE
 from .logsafe import OneLineFormatter
 from .metrics import setup_metrics
+from .quotas import Quotas, add_quota_headers
 from .registry import Registry
 from .stats import Stats
 
@@ -62,7 +64,11 @@ async def create_app(config: Config, *, nvml: Any = None, discover: bool | None 
     """
     server = config.server
     app = web.Application(client_max_size=server.max_body_bytes, middlewares=[guard_middleware, admin_middleware])
-    store = Store(server.state_path / "mindrouter.db", max_decisions=server.decision_retention)
+    store = Store(
+        server.state_path / "mindrouter.db",
+        max_decisions=server.decision_retention,
+        usage_retention=server.usage_retention_days * 86400.0,
+    )
     created = store.ensure_default_groups(config.scheduler.group_weights)
     if created:
         log.info("created the default groups %s", ", ".join(created))
@@ -106,7 +112,9 @@ async def create_app(config: Config, *, nvml: Any = None, discover: bool | None 
     app[DISPATCHER] = dispatcher
     app[REGISTRY] = registry
     app[AUTH] = Auth(store)
-    app[STATS] = Stats(store)
+    quotas = Quotas(store, scheduler, default_completion=config.scheduler.default_completion_tokens)
+    app[QUOTAS] = quotas
+    app[STATS] = Stats(store, on_usage=quotas.record)
     app[DECISIONS] = decisions
     app[GPUS] = gpus
     app[SESSION] = session
@@ -140,6 +148,8 @@ async def create_app(config: Config, *, nvml: Any = None, discover: bool | None 
     setup_inference_routes(app)
     setup_catalog_routes(app)
     setup_admin_routes(app)
+    setup_accounting_routes(app)
+    app.on_response_prepare.append(add_quota_headers)
     setup_metrics(app)
     return app
 

@@ -22,7 +22,7 @@ from aiohttp import web
 from ..backends.base import INFERENCE_PATHS, BackendError, Call, model_key
 from ..errors import RequestError
 from ..scheduler import Job, Modality
-from .keys import AUTH, CONFIG, DISPATCHER, REGISTRY, SCHEDULER, STATS
+from .keys import AUTH, CONFIG, DISPATCHER, QUOTAS, REGISTRY, SCHEDULER, STATS
 from .responses import dialect_of, error_response
 
 __all__ = ["setup_inference_routes"]
@@ -65,6 +65,7 @@ async def handle_inference(request: web.Request) -> web.StreamResponse:
         context_tokens=call.context_tokens,
     )
     try:
+        app[QUOTAS].admit(request, caller, job)
         return await _serve(request, call, job, caller, dialect)
     except RequestError as exc:
         app[STATS].count_error(exc.status)

@@ -12,10 +12,23 @@ from .auth import Auth
 from .decisions import DecisionLog
 from .dispatcher import Dispatcher
 from .gpus import GpuState
+from .quotas import Quotas
 from .registry import Registry
 from .stats import Stats
 
-__all__ = ["AUTH", "CONFIG", "DECISIONS", "DISPATCHER", "GPUS", "REGISTRY", "SCHEDULER", "SESSION", "STATS", "STORE"]
+__all__ = [
+    "AUTH",
+    "CONFIG",
+    "DECISIONS",
+    "DISPATCHER",
+    "GPUS",
+    "QUOTAS",
+    "REGISTRY",
+    "SCHEDULER",
+    "SESSION",
+    "STATS",
+    "STORE",
+]
 
 CONFIG = web.AppKey("config", Config)
 STORE = web.AppKey("store", Store)
@@ -26,4 +39,5 @@ AUTH = web.AppKey("auth", Auth)
 STATS = web.AppKey("stats", Stats)
 DECISIONS = web.AppKey("decisions", DecisionLog)
 GPUS = web.AppKey("gpus", GpuState)
+QUOTAS = web.AppKey("quotas", Quotas)
 SESSION = web.AppKey("session", aiohttp.ClientSession)

@@ -16,9 +16,16 @@ __all__ = ["Stats"]
 
 class Stats:
     def __init__(
-        self, store: Any, *, clock: Callable[[], float] = time.monotonic, wall: Callable[[], float] = time.time
+        self,
+        store: Any,
+        *,
+        clock: Callable[[], float] = time.monotonic,
+        wall: Callable[[], float] = time.time,
+        on_usage: Callable[[int, str, int, float], None] | None = None,
     ) -> None:
         self.store = store
+        self.on_usage = on_usage
+        """Told (user id, group, tokens, wall time) of every usage row written: the quota counters."""
         self.clock = clock
         self.wall = wall
         self.started = clock()
@@ -44,6 +51,7 @@ class Stats:
         while recent and recent[0][0] < now - 60:
             recent.popleft()
         if prompt or completion:
+            at = self.wall()
             self.store.record_usage(
                 caller.user_id,
                 job.id,
@@ -51,10 +59,12 @@ class Stats:
                 backend_id,
                 prompt,
                 completion,
-                self.wall(),
+                at,
                 gpu_seconds=held,
                 group=caller.group,
             )
+            if self.on_usage is not None:
+                self.on_usage(caller.user_id, caller.group, prompt + completion, at)
 
     def count_error(self, status: int) -> None:
         self.errors[status] += 1

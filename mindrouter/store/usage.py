@@ -135,8 +135,10 @@ class UsageLog:
         row = self._db.execute("SELECT value FROM meta WHERE key = ?", (_PRUNED_KEY,)).fetchone()
         return None if row is None else float(row[0])
 
-    def usage_report(self, by: Sequence[str], since: float, until: float) -> UsageReport:
+    def usage_report(self, by: Sequence[str], since: float, until: float, *, user_id: int | None = None) -> UsageReport:
         """Requests, tokens and GPU-seconds in ``[since, until)`` grouped by ``by`` (see ``DIMENSIONS``).
+
+        With ``user_id``, only that user's usage.
 
         Days, weeks and months are the server's local calendar. Rows come sorted by time
         (when grouped by one), then by tokens, most first.
@@ -166,18 +168,20 @@ class UsageLog:
             raw, days = [(since, until)], ("", "")
         columns = [_DIMENSION_SQL[d] for d in by]
         select = ", ".join([*columns, "sum(n)", "sum(p)", "sum(c)", "sum(g)"])
+        only = "" if user_id is None else " AND user_id = ?"
+        who = () if user_id is None else (user_id,)
         sql = (
             f"SELECT {select} FROM ("
             "SELECT day, user_id, group_name, model, backend_id, requests AS n, prompt_tokens AS p,"
-            " completion_tokens AS c, gpu_seconds AS g FROM usage_daily WHERE day >= ? AND day < ?"
+            f" completion_tokens AS c, gpu_seconds AS g FROM usage_daily WHERE day >= ? AND day < ?{only}"
             " UNION ALL SELECT date(at, 'unixepoch', 'localtime'), user_id, group_name, model,"
             " coalesce(backend_id, 0), 1, prompt_tokens, completion_tokens, gpu_seconds FROM usage"
-            " WHERE (at >= ? AND at < ?) OR (at >= ? AND at < ?))"
+            f" WHERE ((at >= ? AND at < ?) OR (at >= ? AND at < ?)){only})"
         )
         if columns:
             sql += " GROUP BY " + ", ".join(columns)
         ranges = (raw + raw)[:2]
-        params = (*days, *ranges[0], *ranges[1])
+        params = (*days, *who, *ranges[0], *ranges[1], *who)
         users = dict(self._db.execute("SELECT id, name FROM users")) if "user" in by else {}
         backends = dict(self._db.execute("SELECT id, name FROM backends")) if "backend" in by else {}
         rows = []

@@ -1,0 +1,131 @@
+"""Accounting routes: usage reports and quotas for admins, and ``GET /v1/me`` for each user.
+
+``/v1/me`` answers with the caller's own key and shows only the caller's own
+usage, quotas and fair-share standing; nothing about anyone else.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from aiohttp import web
+
+from ..errors import RequestError
+from ..localtime import day_start, month_start, parse_when, zone_label
+from ..store import QUOTA_FIELDS, InvalidValue
+from .admin import share_dict
+from .keys import AUTH, QUOTAS, STORE
+from .responses import error_response
+
+__all__ = ["setup_accounting_routes"]
+
+DEFAULT_SINCE = "30d"
+
+
+def _when(request: web.Request, name: str, default: str | None, now: float) -> float:
+    spec = request.query.get(name) or default
+    if spec is None:
+        return now
+    try:
+        return parse_when(spec, now)
+    except ValueError as exc:
+        raise InvalidValue(f"--{name} {exc}") from None
+
+
+async def get_usage(request: web.Request) -> web.Response:
+    """``GET /admin/usage?by=user,model&since=7d&until=2026-12-01``: totals in the server's local calendar."""
+    app = request.app
+    now = app[QUOTAS].wall()
+    by = [d.strip() for d in request.query.get("by", "user").split(",") if d.strip()]
+    since = _when(request, "since", DEFAULT_SINCE, now)
+    until = _when(request, "until", None, now)
+    report = app[STORE].usage_report(by, since, until)
+    return web.json_response(
+        {
+            **report.to_dict(),
+            "timezone": zone_label(now),
+            "quotas": [limit.to_dict() for limit in app[QUOTAS].overview()],
+        }
+    )
+
+
+async def _set_quota(request: web.Request, subject: str) -> web.Response:
+    """``PUT /admin/{users,groups}/{name}/quota`` with any of the limits (null removes one), or ``{"clear": true}``."""
+    app = request.app
+    try:
+        data = await request.json()
+    except ValueError:
+        raise InvalidValue("the request body is not valid JSON") from None
+    if not isinstance(data, dict) or not data:
+        raise InvalidValue(f'give a JSON object with any of {", ".join(QUOTA_FIELDS)}, or {{"clear": true}}')
+    changes = dict.fromkeys(QUOTA_FIELDS) if data.pop("clear", False) is True else {}
+    changes.update(data)
+    name = request.match_info["name"]
+    store = app[STORE]
+    row = store.set_user_quota(name, changes) if subject == "user" else store.set_group_quota(name, changes)
+    quotas = app[QUOTAS]
+    quotas.reload()
+    key = row.id if subject == "user" else row.name
+    return web.json_response(
+        {**row.to_dict(), "quotas": [limit.to_dict() for limit in quotas.subject_limits(subject, key)]}
+    )
+
+
+async def set_user_quota(request: web.Request) -> web.Response:
+    return await _set_quota(request, "user")
+
+
+async def set_group_quota(request: web.Request) -> web.Response:
+    return await _set_quota(request, "group")
+
+
+async def get_me(request: web.Request) -> web.Response:
+    """``GET /v1/me``: the caller's usage today and this month, quotas and fair-share standing."""
+    app = request.app
+    try:
+        caller = app[AUTH].caller(request.headers.get("Authorization"))
+    except RequestError as exc:
+        return error_response(exc, "openai")
+    store, quotas = app[STORE], app[QUOTAS]
+    now = quotas.wall()
+    periods = {}
+    for period, start in (("today", day_start(now)), ("month", month_start(now))):
+        total = store.usage_report([], start, now + 1e-3, user_id=caller.user_id).total
+        periods[period] = {**total, "since": start}
+    return web.json_response(
+        {
+            "user": caller.name,
+            "group": caller.group,
+            "timezone": zone_label(now),
+            **periods,
+            "quotas": [limit.to_dict() for limit in quotas.limits(caller.user_id, caller.group)],
+            "fair_share": _standing(app, caller.name),
+        }
+    )
+
+
+def _standing(app: web.Application, name: str) -> dict[str, Any]:
+    """The caller's row of the share picture, and its place among the users active now (1 = served next)."""
+    rows = share_dict(app)["users"]
+    mine = next((r for r in rows if r["name"] == name), None)
+    if mine is None:
+        return {}
+    active = [r for r in rows if r["queued"] or r["running"] or r["recent_tokens"]]
+    position = None
+    if mine in active:
+        position = 1 + sum(1 for r in active if r["deficit"] / r["weight"] > mine["deficit"] / mine["weight"])
+    keys = ("weight", "normalized_share", "actual_share", "recent_tokens", "factor", "queued", "running")
+    return {
+        **{k: mine[k] for k in keys},
+        "deprioritized": mine["factor"] < 1,
+        "position": position,
+        "active_users": len(active),
+    }
+
+
+def setup_accounting_routes(app: web.Application) -> None:
+    r = app.router
+    r.add_get("/admin/usage", get_usage)
+    r.add_put("/admin/users/{name}/quota", set_user_quota)
+    r.add_put("/admin/groups/{name}/quota", set_group_quota)
+    r.add_get("/v1/me", get_me)

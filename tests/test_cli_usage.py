@@ -1,0 +1,74 @@
+"""`mr usage` and `mr user|group set-quota` against a real running daemon."""
+
+from __future__ import annotations
+
+import csv
+import io
+
+import aiohttp
+import pytest
+
+from .test_cli_daemon import ThreadDaemon, live, run  # noqa: F401 (the fixture)
+
+
+def test_usage_and_quotas_from_the_command_line(live: ThreadDaemon) -> None:  # noqa: F811
+    assert run(live, "user", "add", "ann", "--group", "student").exit_code == 0
+    assert run(live, "user", "add", "ben", "--group", "staff").exit_code == 0
+    r = run(live, "user", "set-quota", "ann", "--tokens-per-day", "2M", "--requests-per-minute", "100", "--json")
+    assert r.exit_code == 0, r
+    assert (r.json()["tokens_per_day"], r.json()["requests_per_minute"]) == (2_000_000, 100)
+    r = run(live, "group", "set-quota", "student", "--tokens-per-month", "1.5k")
+    assert r.exit_code == 0 and "month 1.5k" in r.stdout, r
+    keys = {name: run(live, "user", "key", name, "--json").json()["key"] for name in ("ann", "ben")}
+    assert run(live, "backend", "add", "ws9", live.fake.url, "--engine", "ollama").exit_code == 0
+
+    async def chat(key: str, model: str, tokens: int) -> None:
+        async with (
+            aiohttp.ClientSession() as s,
+            s.post(
+                f"http://127.0.0.1:{live.port}/v1/chat/completions",
+                json={"model": model, "messages": [{"role": "user", "content": "a b c"}], "max_tokens": tokens},
+                headers={"Authorization": f"Bearer {key}"},
+            ) as resp,
+        ):
+            assert resp.status == 200
+
+    live.call(chat(keys["ann"], "llama3", 3))
+    live.call(chat(keys["ann"], "mistral", 1))
+    live.call(chat(keys["ben"], "llama3", 5))
+
+    rows = run(live, "usage", "--by", "user,model", "--since", "1h", "--json").json()
+    mine = [r for r in rows if r["user"] in ("ann", "ben")]
+    assert [(r["user"], r["model"], r["requests"], r["prompt_tokens"], r["completion_tokens"]) for r in mine] == [
+        ("ben", "llama3", 1, 3, 5),
+        ("ann", "llama3", 1, 3, 3),
+        ("ann", "mistral", 1, 3, 1),
+    ]
+    assert set(mine[0]) == {"user", "model", "requests", "prompt_tokens", "completion_tokens", "gpu_seconds"}
+    out = run(live, "usage", "--by", "group,day", "--csv").stdout
+    table = list(csv.reader(io.StringIO(out)))
+    assert table[0] == ["group", "day", "requests", "prompt_tokens", "completion_tokens", "gpu_seconds"]
+    assert [table[1 + [r[0] for r in table[1:]].index("student")][i] for i in (0, 2)] == ["student", "2"]
+    people = run(live, "usage", "--by", "user")
+    assert people.exit_code == 0 and "total" in people.stdout and "ann" in people.stdout
+    assert "UTC" in people.stdout and "quotas" in people.stdout and "user ann" in people.stdout
+    users = run(live, "user", "list")
+    assert "10/2.0M day" in users.stdout.replace(" ", "") or "10/2.0Mday" in users.stdout.replace(" ", "")
+    assert "ann" in run(live, "share").stdout
+    assert run(live, "user", "set-quota", "ann", "--clear", "--json").json()["tokens_per_day"] is None
+
+
+@pytest.mark.parametrize(
+    "args, words",
+    [
+        (("usage", "--by", "colour"), "--by 'colour' is not known"),
+        (("usage", "--since", "last week"), "give an age such as 7d"),
+        (("user", "set-quota", "ann"), "give at least one limit"),
+        (("user", "set-quota", "ann", "--tokens-per-day", "lots"), "is not a count"),
+        (("user", "set-quota", "ann", "--tokens-per-day", "1", "--clear"), "not both"),
+    ],
+)
+def test_usage_and_quota_refusals(live: ThreadDaemon, args, words) -> None:  # noqa: F811
+    run(live, "user", "add", "ann", "--group", "student")
+    r = run(live, *args)
+    assert r.exit_code in (1, 2) and words in r.stderr and len(r.stderr.strip().splitlines()) == 1, r
