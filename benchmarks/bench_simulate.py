@@ -1,7 +1,13 @@
-"""How long `mr simulate` takes: wall seconds per example scenario, median of a few runs.
+"""How long `mr simulate` takes, and what each shipped example measures.
 
 Target (issue 2): an hour of simulated time with 3 users and 2 backends in a
 few seconds. Run: ``.venv/bin/python benchmarks/bench_simulate.py [--repeat N] [--hours H]``.
+
+``--figures`` prints instead the table of docs/simulate.md: for every example,
+over its full duration, the user starved longest (``max_starved_s`` next to
+the time its longest request took), timeouts, the worst 60 s window of any
+pool (points off its target, and the points allowed) and the largest service
+gap of any pool (and its bound, 2 x the pool's largest request cost).
 """
 
 from __future__ import annotations
@@ -9,8 +15,24 @@ from __future__ import annotations
 import argparse
 import statistics
 import time
+from typing import Any
 
-from mindrouter.simulate import example_names, load_example, simulate
+from mindrouter.simulate import build, example_names, load_example, simulate
+
+
+def figures_row(name: str, result: dict[str, Any]) -> str:
+    users = result["users"]
+    starved = max(users, key=lambda u: u["max_starved_s"] / max(u["longest_request_s"], 1e-9))
+    windows = [p["worst_window"] for p in result["pools"] if p["worst_window"] is not None]
+    worst = max(windows, key=lambda w: w["deviation"] - w["allowed"], default=None)
+    window = "-" if worst is None else f"{100 * worst['deviation']:.1f} / {100 * worst['allowed']:.1f}"
+    gap = max(result["pools"], key=lambda p: p["max_service_gap"] / max(p["gap_bound"], 1e-9))
+    off = max(abs(p["shares"][n] - p["target_shares"][n]) for p in result["pools"] for n in p["users"])
+    return (
+        f"| {name} | {starved['name']} {starved['max_starved_s']:.1f} / {starved['longest_request_s']:.1f}"
+        f" | {sum(u['timeouts'] for u in users)} | {window} | {100 * off:.1f}"
+        f" | {gap['max_service_gap']:,.0f} / {gap['gap_bound']:,.0f} |"
+    )
 
 
 def main() -> None:
@@ -19,7 +41,15 @@ def main() -> None:
     parser.add_argument(
         "--hours", type=float, default=None, help="simulate this many hours instead of each file's duration"
     )
+    parser.add_argument("--figures", action="store_true", help="print what each example measures instead")
     args = parser.parse_args()
+    if args.figures:
+        print("| example | longest starved: s / its longest request s | timeouts | worst window:", end=" ")
+        print("points off / allowed | worst pool share over the run: points off | service gap / bound |")
+        print("|---|---:|---:|---:|---:|---:|")
+        for name in example_names():
+            print(figures_row(name, build(simulate(load_example(name)))))
+        return
     print("| scenario | simulated s | events | wall s (median) | events/s |")
     print("|---|---:|---:|---:|---:|")
     for name in example_names():

@@ -185,3 +185,12 @@ def test_package_exports():
     assert sorted(package.__all__) == package.__all__
     for name in package.__all__:
         assert hasattr(package, name), name
+
+
+def test_docs_hold_the_format_as_the_package_states_it():
+    import mindrouter.simulate as package
+
+    assert package.__doc__ is not None
+    assert package.__doc__.strip() in (REPO / "docs" / "simulate.md").read_text(encoding="utf-8"), (
+        "docs/simulate.md no longer holds mindrouter.simulate's docstring; paste it under 'Scenario format and output'"
+    )

@@ -321,7 +321,7 @@ def render(result: dict[str, Any], console: Console, *, wall_seconds: float | No
     )
     table.add_column("user", no_wrap=True)
     table.add_column("group (w)", no_wrap=True)
-    for header in ("target", "share", "tokens", "reqs", "wait p50", "p95", "max"):
+    for header in ("target", "share", "tokens", "reqs", "wait p50", "p95", "max", "starved", "timeouts"):
         table.add_column(header, justify="right", no_wrap=True)
     for row in result["users"]:
         group = f"{row['group']} ({row['weight']:g})" if row["group"] else f"({row['weight']:g})"
@@ -335,6 +335,8 @@ def render(result: dict[str, Any], console: Console, *, wall_seconds: float | No
             _sec(row["wait_p50"]),
             _sec(row["wait_p95"]),
             _sec(row["wait_max"]),
+            _sec(row["max_starved_s"]),
+            f"{row['timeouts']:,}",
         )
     console.print(table)
     gap = result["max_service_gap"]
@@ -351,6 +353,12 @@ def render(result: dict[str, Any], console: Console, *, wall_seconds: float | No
             f"; worst 60 s window {100 * worst['deviation']:.1f} points off ({worst['user']} at t={worst['start']:g})"
         )
     console.print(line + ". Tokens count as generated.")
+    if len(result["pools"]) > 1:
+        for pool in result["pools"]:
+            shares = ", ".join(
+                f"{n} {_pct(pool['shares'][n])} (target {_pct(pool['target_shares'][n])})" for n in pool["users"]
+            )
+            console.print(f"Pool {' + '.join(pool['backends'])}: {shares or 'unused'}.")
     backends = ", ".join(f"{b['name']} {100 * b['utilization']:.0f}% busy" for b in result["backends"])
     console.print(f"Backends: {backends}.")
     skipped = [r for r in result["users"] if r["waited_requests"]]
