@@ -6,6 +6,7 @@ import asyncio
 import json
 import signal
 import socket
+import sqlite3
 import subprocess
 import sys
 import time
@@ -110,3 +111,130 @@ def test_a_second_daemon_on_the_same_socket_is_refused(served):
         timeout=30,
     )
     assert r.returncode == 1 and "already listening" in r.stderr
+
+
+def start_serve(config: Path, log: Path, socket_path: Path, *args: str) -> tuple[subprocess.Popen[bytes], float]:
+    """`mr serve` in a new process; returns it and the seconds until its socket answered."""
+    began = time.monotonic()
+    out = open(log, "a")  # noqa: SIM115 - the process writes to it until it ends
+    proc = subprocess.Popen([*MR, "serve", "--config", str(config), "--no-discover", *args], stderr=out, stdout=out)
+    out.close()
+    while True:
+        assert proc.poll() is None, log.read_text()
+        assert time.monotonic() - began < 30, "mr serve did not start"
+        if socket_path.exists() and mr(config, "status").returncode == 0:
+            return proc, time.monotonic() - began
+        time.sleep(0.05)
+
+
+def test_a_second_daemon_on_the_same_state_is_refused_before_it_touches_anything(served):
+    """Other port, other socket, same state_dir: refused at once, naming the daemon that has it."""
+    proc, config, _, tmp = served
+    other = tmp / "other.toml"
+    other.write_text(config.read_text().replace(str(tmp / "mr.sock"), str(tmp / "other.sock")))
+    began = time.monotonic()
+    r = subprocess.run(
+        [*MR, "serve", "--config", str(other), "--port", str(free_port())], capture_output=True, text=True, timeout=30
+    )
+    took = time.monotonic() - began
+    assert r.returncode == 1, r.stderr
+    assert f"another mr serve (pid {proc.pid}, http://127.0.0.1:" in r.stderr and str(tmp / "state") in r.stderr
+    assert len(r.stderr.strip().splitlines()) == 1  # one sentence: no usage restored, no backend probed
+    assert not (tmp / "other.sock").exists()
+    print(f"second daemon refused in {took:.2f} s (process start included)")
+    assert took < 15
+
+
+async def test_sigkill_under_load_loses_no_record_and_the_restart_answers_within_seconds(served):
+    proc, config, port, tmp = served
+    async with FakeOpenAI(flavor="vllm", models=["llama3"], tokens_per_second=100, completion_tokens=10) as fake:
+        assert (await amr(config, "backend", "add", "gpu1", fake.url, "--engine", "vllm")).returncode == 0
+        assert (await amr(config, "group", "add", "lab", "--weight", "2.5")).returncode == 0
+        keys = {}
+        for name in ("ann", "bob", "cid"):
+            assert (await amr(config, "user", "add", name, "--group", "lab")).returncode == 0
+            keys[name] = json.loads((await amr(config, "user", "key", name, "--json")).stdout)["key"]
+        done: list[float] = []
+
+        async def one(session: aiohttp.ClientSession, key: str) -> None:
+            body = {"model": "llama3", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 10}
+            headers = {"Authorization": f"Bearer {key}"}
+            try:
+                async with session.post(
+                    f"http://127.0.0.1:{port}/v1/chat/completions", json=body, headers=headers
+                ) as r:
+                    if r.status == 200 and (await r.json())["usage"]["completion_tokens"] == 10:
+                        done.append(time.monotonic())
+            except aiohttp.ClientError:
+                pass  # killed mid-request
+
+        async with aiohttp.ClientSession() as session:
+            load = [asyncio.create_task(one(session, keys[n])) for _ in range(40) for n in keys]
+            while len(done) < 30:
+                await asyncio.sleep(0.02)
+            killed_at = time.monotonic()
+            proc.kill()
+            await asyncio.gather(*load)
+        await asyncio.to_thread(proc.wait, 10)
+        settled = sum(1 for t in done if t < killed_at - 0.5)  # answered well before the kill
+
+        again, took = await asyncio.to_thread(start_serve, config, tmp / "serve.log", tmp / "mr.sock")
+        try:
+            users = json.loads((await amr(config, "user", "list", "--json")).stdout)
+            assert sorted(u["name"] for u in users) == ["ann", "bob", "cid"] and {u["weight"] for u in users} == {2.5}
+            backends = json.loads((await amr(config, "backend", "list", "--json")).stdout)
+            assert [b["name"] for b in backends] == ["gpu1"]
+            async with aiohttp.ClientSession() as session:
+                for key in keys.values():
+                    async with session.post(
+                        f"http://127.0.0.1:{port}/v1/chat/completions",
+                        json={"model": "llama3", "messages": [{"role": "user", "content": "x"}], "max_tokens": 1},
+                        headers={"Authorization": f"Bearer {key}"},
+                    ) as r:
+                        assert r.status == 200
+        finally:
+            again.terminate()
+            await asyncio.to_thread(again.wait, 15)
+    modes = {f.name: oct(f.stat().st_mode & 0o777) for f in (tmp / "state").iterdir()}
+    assert set(modes.values()) == {"0o600"} and "mindrouter.db" in modes and "mr.lock" in modes, modes
+    assert oct((tmp / "state").stat().st_mode & 0o777) == "0o700"
+    with sqlite3.connect(tmp / "state" / "mindrouter.db") as db:
+        rows = db.execute("SELECT count(*) FROM usage").fetchone()[0]
+    assert rows >= settled + 3, (rows, settled)
+    print(
+        f"SIGKILL after {len(done)} answers ({settled} > 0.5 s before): {rows - 3} usage rows kept; restart {took:.2f} s"
+    )
+    assert took < 15
+
+
+@pytest.mark.parametrize(
+    ("setup", "says"),
+    [
+        ({"state/mindrouter.db": b"\x00garbage" * 600}, "the state database"),
+        ({"state/mindrouter.db": b"SQLite format 3\x00" + b"\xff" * 4000}, "the state database"),
+        ({"config.toml": b"[server\nport = "}, "is not valid TOML"),
+        ({"config.toml": b"[server]\nport = 'x'\n"}, "[server] port must be a whole number"),
+        ({"config.toml": b"\xff\xfe[server]"}, "cannot read config file"),
+        ({"config.toml": None}, "does not exist; create it with `mr config init`"),
+        ({"state": b"a file where the folder goes"}, "cannot use the state folder"),
+    ],
+)
+def test_a_corrupt_or_missing_config_or_state_file_is_one_sentence(tmp_path, setup, says):
+    config = tmp_path / "config.toml"
+    config.write_text(
+        f'[server]\nport = {free_port()}\nsocket = "{tmp_path / "s.sock"}"\nstate_dir = "{tmp_path / "state"}"\n'
+    )
+    (tmp_path / "state").mkdir()
+    for name, data in setup.items():
+        target = tmp_path / name
+        if target.is_dir():
+            target.rmdir()
+        if data is None:
+            target.unlink()
+        else:
+            target.write_bytes(data)
+    r = subprocess.run(
+        [*MR, "serve", "--config", str(config), "--no-discover"], capture_output=True, text=True, timeout=30
+    )
+    assert r.returncode == 1 and says in r.stderr, r.stderr
+    assert len(r.stderr.strip().splitlines()) == 1 and "Traceback" not in r.stderr, r.stderr

@@ -46,6 +46,7 @@ from .logsafe import OneLineFormatter
 from .metrics import setup_metrics
 from .quotas import Quotas, add_quota_headers
 from .registry import Registry
+from .statelock import StateLock
 from .stats import Stats
 
 __all__ = ["create_app", "serve"]
@@ -183,6 +184,18 @@ def _claim_socket(path: Path) -> None:
 
 
 async def _run(config: Config, *, discover: bool | None) -> None:
+    """Lock the state and claim the socket before anything else, then serve."""
+    server = config.server
+    lock = StateLock(server.state_path)
+    lock.acquire(listen=f"http://{server.host}:{server.port}", socket=str(server.socket_path))
+    try:
+        _claim_socket(server.socket_path)
+        await _serve_app(config, discover=discover)
+    finally:
+        lock.release()
+
+
+async def _serve_app(config: Config, *, discover: bool | None) -> None:
     server = config.server
     app = await create_app(config, discover=discover)
     runner = web.AppRunner(
@@ -194,7 +207,6 @@ async def _run(config: Config, *, discover: bool | None) -> None:
     await runner.setup()
     socket_path = server.socket_path
     try:
-        _claim_socket(socket_path)
         tcp = web.TCPSite(runner, server.host, server.port, backlog=1024)
         await tcp.start()
         old_umask = os.umask(0o177)
@@ -213,9 +225,6 @@ async def _run(config: Config, *, discover: bool | None) -> None:
         raise ConfigError(
             f"cannot listen on {server.host}:{server.port} or {socket_path}: {exc.strerror or exc}"
         ) from None
-    except ConfigError:
-        await runner.cleanup()
-        raise
     log.info(
         "mindrouter %s serving http://%s:%d (inference) and %s (admin)",
         __version__,

@@ -16,7 +16,7 @@ from typing import Any
 from ..names import KEY_PREFIX, hash_key, new_key, same_server
 from ..scheduler.settings import DEFAULT_GROUP_WEIGHTS
 from .decisions import Decisions
-from .errors import AlreadyExists, InUse, InvalidValue, NotFound
+from .errors import AlreadyExists, InUse, InvalidValue, NotFound, StoreError
 from .rows import QUOTA_FIELDS, ApiKeyInfo, BackendRow, Group, Quota, User
 from .schema import migrate, transaction
 from .usage import UsageLog
@@ -84,16 +84,27 @@ class Store(UsageLog, Decisions):
         self.max_decisions = max_decisions
         self.usage_retention = usage_retention
         self._clock = clock
-        self.path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
-        fresh = not self.path.exists()
-        # isolation_level=None: every statement commits on its own unless we BEGIN.
-        self._db = sqlite3.connect(self.path, isolation_level=None, cached_statements=256)
-        if fresh:
-            os.chmod(self.path, 0o600)  # key hashes and usage; SQLite gives -wal/-shm the same mode
-        self._db.execute("PRAGMA journal_mode = WAL")
-        self._db.execute("PRAGMA synchronous = NORMAL")
-        self._db.execute("PRAGMA foreign_keys = ON")
-        migrate(self._db)
+        try:
+            self.path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
+            fresh = not self.path.exists()
+            # isolation_level=None: every statement commits on its own unless we BEGIN.
+            self._db = sqlite3.connect(self.path, isolation_level=None, cached_statements=256)
+            if fresh:
+                os.chmod(self.path, 0o600)  # key hashes and usage; SQLite gives -wal/-shm the same mode
+            self._db.execute("PRAGMA journal_mode = WAL")
+            self._db.execute("PRAGMA synchronous = NORMAL")
+            self._db.execute("PRAGMA foreign_keys = ON")
+            migrate(self._db)
+        except OSError as exc:
+            raise StoreError(
+                f"cannot use the state folder {self.path.parent} ({exc.strerror or exc}); "
+                "make it writable for this user or set [server] state_dir"
+            ) from None
+        except sqlite3.Error as exc:
+            raise StoreError(
+                f"the state database {self.path} cannot be opened ({exc}); if it is damaged, move it aside "
+                "and restore a backup (`mr import` takes an `mr export` file), or set [server] state_dir"
+            ) from None
         self._decision_batch = max(1, min(1000, max_decisions // 10))
         low = self._db.execute("SELECT min(id) FROM decisions").fetchone()[0]
         self._decisions_below = 0 if low is None else low - 1
