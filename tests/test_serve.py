@@ -31,9 +31,10 @@ def served(tmp_path: Path):
     port = free_port()
     config = tmp_path / "config.toml"
     config.write_text(
-        f'[server]\nport = {port}\nsocket = "{tmp_path / "mr.sock"}"\nstate_dir = "{tmp_path / "state"}"\nshutdown_grace_seconds = 10\n[backends]\npoll_interval = 0.5\n'
+        f'[server]\nport = {port}\nsocket = "{tmp_path / "mr.sock"}"\nstate_dir = "{tmp_path / "state"}"\n'
+        "shutdown_grace_seconds = 10\n[backends]\npoll_interval = 0.5\n"
     )
-    log = open(tmp_path / "serve.log", "w")
+    log = open(tmp_path / "serve.log", "w")  # noqa: SIM115 - open while the daemon runs
     proc = subprocess.Popen([*MR, "serve", "--config", str(config), "--no-discover"], stderr=log, stdout=log)
     deadline = time.monotonic() + 20
     while not (tmp_path / "mr.sock").exists():
@@ -110,7 +111,7 @@ def test_a_second_daemon_on_the_same_socket_is_refused(served):
         text=True,
         timeout=30,
     )
-    assert r.returncode == 1 and "already listening" in r.stderr
+    assert r.returncode == 1 and "another mr serve" in r.stderr
 
 
 def start_serve(config: Path, log: Path, socket_path: Path, *args: str) -> tuple[subprocess.Popen[bytes], float]:
@@ -202,7 +203,8 @@ async def test_sigkill_under_load_loses_no_record_and_the_restart_answers_within
         rows = db.execute("SELECT count(*) FROM usage").fetchone()[0]
     assert rows >= settled + 3, (rows, settled)
     print(
-        f"SIGKILL after {len(done)} answers ({settled} > 0.5 s before): {rows - 3} usage rows kept; restart {took:.2f} s"
+        f"SIGKILL after {len(done)} answers ({settled} > 0.5 s before): "
+        f"{rows - 3} usage rows kept; restart {took:.2f} s"
     )
     assert took < 15
 
