@@ -297,7 +297,7 @@ class Adapter(ABC):
                 that broke before its first chunk; always before the first byte.
             RequestError: the call cannot be expressed for this engine (400).
         """
-        plan = translate.plan(call, self._spellings.get(model_key(model), model), self.family)
+        plan = translate.plan(call, self._spellings.get(model_key(model), model), self.engine)
         opened_at, opened_ns = time.monotonic(), time.monotonic_ns()
         if plan.synthetic is not None:  # answered without the backend (an Ollama "load model" call)
             return Upstream(dialect=call.dialect, body=plan.synthetic, opened_at=opened_at)

@@ -1,6 +1,6 @@
 """Requests, from the client's dialect to the engine's: where each call goes upstream.
 
-``plan(call, model, family)`` is pure: it returns the backend path, the bytes
+``plan(call, model, engine)`` is pure: it returns the backend path, the bytes
 to send and what relay.py needs to render the answer. When the dialects match,
 the client's bytes go out unchanged, except for two splices: the backend's
 model name, and ``stream_options.include_usage`` on OpenAI streams, because
@@ -14,7 +14,10 @@ Mappings (OpenAI <-> Ollama):
                              or /v1/completions when raw=true
     /v1/embeddings       <-> /api/embed (and Ollama's older /api/embeddings)
     max_tokens / max_completion_tokens <-> options.num_predict; temperature,
-    top_p, seed, stop, presence/frequency_penalty <-> options.*;
+    top_p, seed, stop, presence/frequency_penalty <-> options.*; top_k, min_p
+    and repeat_penalty <-> the engines that take them (vLLM calls the last
+    repetition_penalty; OpenAI itself takes none); num_ctx and keep_alive
+    have no per-request equivalent on OpenAI-family engines;
     response_format json_object / json_schema <-> format "json" / schema;
     image_url data: URLs <-> message images (base64); tool calls, with
     arguments as a JSON string (OpenAI) or an object (Ollama).
@@ -33,6 +36,14 @@ from ..errors import RequestError
 from ._shapes import dumps, ollama_timestamp
 from ._types import Family, Plan
 
+_SAMPLING = ("top_k", "min_p", "repeat_penalty")
+"""Ollama options that vLLM and llama-server take too, under these names."""
+_SAMPLING_NAMES: dict[str, dict[str, str]] = {
+    "vllm": {"top_k": "top_k", "min_p": "min_p", "repeat_penalty": "repetition_penalty"},
+    "llamacpp": {"top_k": "top_k", "min_p": "min_p", "repeat_penalty": "repeat_penalty"},
+}
+_TRANSLATION_BUGS = (KeyError, IndexError, TypeError, AttributeError)
+
 if TYPE_CHECKING:
     from .base import Call
 
@@ -43,18 +54,23 @@ _SHARED_OPTIONS = ("temperature", "top_p", "seed", "presence_penalty", "frequenc
 _IMAGE_MAGIC = {"iVBOR": "image/png", "/9j/": "image/jpeg", "R0lG": "image/gif", "UklG": "image/webp"}
 
 
-def plan(call: Call, model: str, family: Family) -> Plan:
-    """How ``call`` goes to a backend of ``family`` that knows it as ``model``.
+def plan(call: Call, model: str, engine: str) -> Plan:
+    """How ``call`` goes to an ``engine`` backend (ollama, vllm, llamacpp, openai) that knows it as ``model``.
 
     Raises:
         RequestError: 400 when the call cannot be said in the engine's dialect
             (an image by http URL or several prompts for Ollama, for example).
     """
+    family: Family = "ollama" if engine == "ollama" else "openai"
     if call.dialect == family:
         return _passthrough(call, model)
-    if family == "ollama":
-        return _to_ollama(call, model)
-    return _to_openai(call, model)
+    try:
+        return _to_ollama(call, model) if family == "ollama" else _to_openai(call, model, engine)
+    except _TRANSLATION_BUGS as exc:  # a shape inspect_body let through: still the client's request
+        raise RequestError(
+            f"the request cannot be translated for a {engine} backend ({type(exc).__name__}: {exc}); "
+            "check it against the API reference"
+        ) from exc
 
 
 def _plan(
@@ -101,7 +117,10 @@ def _to_ollama(call: Call, model: str) -> Plan:
     if call.kind == "embeddings":
         inputs = b["input"]
         if not isinstance(inputs, str) and not all(isinstance(x, str) for x in inputs):
-            raise RequestError('Ollama backends embed text only: "input" must be a string or a list of strings.')
+            raise RequestError(
+                'Ollama backends embed text only: send "input" as a string or a list of strings, not token '
+                "arrays (LangChain's OpenAIEmbeddings: check_embedding_ctx_length=False)."
+            )
         out: dict[str, Any] = {"model": model, "input": inputs}
         if b.get("dimensions"):
             out["dimensions"] = b["dimensions"]
@@ -110,6 +129,9 @@ def _to_ollama(call: Call, model: str) -> Plan:
         )
     out = {"model": model, "stream": call.stream}
     options = {k: b[k] for k in _SHARED_OPTIONS if b.get(k) is not None}
+    if b.get("repetition_penalty") is not None:  # vLLM's name, which OpenAI clients send as an extra
+        options["repeat_penalty"] = b["repetition_penalty"]
+    options.update((k, b[k]) for k in _SAMPLING if b.get(k) is not None)
     limit = b.get("max_completion_tokens") or b.get("max_tokens")
     if limit is not None:
         options["num_predict"] = limit
@@ -125,7 +147,7 @@ def _to_ollama(call: Call, model: str) -> Plan:
         out["format"] = (fmt.get("json_schema") or {}).get("schema") or "json"
     if call.kind == "chat":
         out["messages"] = [_ollama_message(m, i) for i, m in enumerate(b["messages"])]
-        if b.get("tools"):
+        if b.get("tools") and b.get("tool_choice") != "none":  # Ollama has no tool_choice
             out["tools"] = b["tools"]
         return _plan(call, "/api/chat", out, "ollama", "chat")
     prompt = b["prompt"]
@@ -165,12 +187,22 @@ def _ollama_message(m: dict[str, Any], i: int) -> dict[str, Any]:
     calls = m.get("tool_calls")
     if calls:
         out["tool_calls"] = [
-            {"function": {"name": c["function"]["name"], "arguments": _arguments(c["function"].get("arguments"), i)}}
-            for c in calls
+            {"function": {"name": fn["name"], "arguments": _arguments(fn.get("arguments"), i)}}
+            for fn in _functions(calls, i)
         ]
     if role == "tool" and m.get("name"):
         out["tool_name"] = m["name"]
     return out
+
+
+def _functions(calls: Any, i: int) -> list[dict[str, Any]]:
+    """The ``function`` of each tool call in messages[i], each with a string ``name``."""
+    found = [c.get("function") if isinstance(c, dict) else None for c in calls] if isinstance(calls, list) else [None]
+    if not all(isinstance(fn, dict) and isinstance(fn.get("name"), str) for fn in found):
+        raise RequestError(
+            f'messages[{i}].tool_calls must be a list of {{"function": {{"name": ..., "arguments": ...}}}} objects.'
+        )
+    return found  # type: ignore[return-value]
 
 
 def _arguments(arguments: Any, i: int) -> Any:
@@ -185,7 +217,7 @@ def _arguments(arguments: Any, i: int) -> Any:
 # ---- Ollama client -> OpenAI-family engine --------------------------------------------------
 
 
-def _to_openai(call: Call, model: str) -> Plan:
+def _to_openai(call: Call, model: str, engine: str) -> Plan:
     b = call.body
     if call.kind == "embeddings":
         inputs = b["prompt"] if call.path == "/api/embeddings" else b["input"]
@@ -193,17 +225,15 @@ def _to_openai(call: Call, model: str) -> Plan:
         if b.get("dimensions"):
             out["dimensions"] = b["dimensions"]
         return _plan(call, "/v1/embeddings", out, "openai", "embeddings")
-    if (
-        (call.kind == "chat"
-        and not b.get("messages"))
-        or (call.kind == "completion"
-        and not b.get("prompt")
-        and not b.get("images"))
+    if (call.kind == "chat" and not b.get("messages")) or (
+        call.kind == "completion" and not b.get("prompt") and not b.get("images")
     ):
         return _plan(call, "", b"", "openai", call.kind, synthetic=_load_answer(call))  # Ollama's "load the model" call
     out = {"model": model}
     o = b.get("options") or {}
     out.update((k, o[k]) for k in _SHARED_OPTIONS if o.get(k) is not None)
+    names = _SAMPLING_NAMES.get(engine, {})
+    out.update((names[k], o[k]) for k in _SAMPLING if k in names and o.get(k) is not None)
     if isinstance(o.get("num_predict"), int) and o["num_predict"] > 0:
         out["max_tokens"] = o["num_predict"]
     if o.get("stop"):
@@ -216,7 +246,7 @@ def _to_openai(call: Call, model: str) -> Plan:
     if call.stream:
         out["stream"] = True
         out["stream_options"] = {"include_usage": True}
-    if call.kind == "completion" and b.get("raw"):
+    if call.kind == "completion" and b.get("raw") and b.get("prompt"):
         out["prompt"] = b["prompt"]
         if b.get("suffix"):
             out["suffix"] = b["suffix"]
@@ -255,7 +285,7 @@ def _openai_messages(messages: list[dict[str, Any]]) -> list[dict[str, Any]]:
     out: list[dict[str, Any]] = []
     pending: deque[tuple[str, str]] = deque()  # (call id, tool name) awaiting a tool message
     n = 0
-    for m in messages:
+    for i, m in enumerate(messages):
         msg: dict[str, Any] = {"role": m["role"], "content": m.get("content") or ""}
         if m.get("images"):
             parts: list[dict[str, Any]] = [{"type": "text", "text": msg["content"]}] if msg["content"] else []
@@ -263,8 +293,7 @@ def _openai_messages(messages: list[dict[str, Any]]) -> list[dict[str, Any]]:
             msg["content"] = parts
         if m.get("tool_calls"):
             msg["tool_calls"] = []
-            for c in m["tool_calls"]:
-                fn = c.get("function") or {}
+            for fn in _functions(m["tool_calls"], i):
                 n += 1
                 call_id = f"call_{n}"
                 pending.append((call_id, fn.get("name", "")))
