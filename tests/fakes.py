@@ -78,6 +78,42 @@ def _token(i: int) -> str:
     return f"tok{i}" if i == 0 else f" tok{i}"
 
 
+TOOL_ARGUMENTS = {"city": "Paris"}
+"""What every fake passes when it calls a tool: the first tool the request offers."""
+
+
+def tool_to_call(body: dict[str, Any]) -> str | None:
+    """The tool a fake model calls: the first one offered, unless it just got a tool's answer or may not."""
+    tools = body.get("tools")
+    if not isinstance(tools, list) or not tools or body.get("tool_choice") == "none":
+        return None
+    messages = body.get("messages")
+    if (
+        isinstance(messages, list)
+        and messages
+        and isinstance(messages[-1], dict)
+        and messages[-1].get("role") == "tool"
+    ):
+        return None
+    fn = tools[0].get("function") if isinstance(tools[0], dict) else None
+    return fn.get("name") if isinstance(fn, dict) and isinstance(fn.get("name"), str) else None
+
+
+def _pieces(gen: _Generation, json_wanted: bool) -> list[str]:
+    """The completion, one piece per token; in JSON mode one JSON object holding it, ending "stop"."""
+    if json_wanted:
+        return [json.dumps({"answer": gen.text})]
+    return [_token(i) for i in range(gen.n)]
+
+
+def _is_base64(value: Any) -> bool:
+    try:
+        base64.b64decode(value, validate=True)
+    except (ValueError, TypeError):
+        return False
+    return isinstance(value, str)
+
+
 def _compact(obj: Any) -> bytes:
     return json.dumps(obj, separators=(",", ":")).encode()
 
@@ -346,7 +382,9 @@ class FakeOllama(_FakeServer):
 
     Args:
         autoload: a request for a model that is not loaded loads it, as Ollama does. Defaults to True.
-        capabilities: /api/show ``capabilities`` per model. Defaults to ["completion"].
+        capabilities: /api/show ``capabilities`` per model. Defaults to ["completion", "tools"]. As
+            real Ollama: chat to a model without "completion" and tools to one without "tools" are 400,
+            images to one without "vision" a 500.
         version: what /api/version says.
     """
 
@@ -432,9 +470,25 @@ class FakeOllama(_FakeServer):
                 "template": "{{ .Prompt }}",
                 "details": entry["details"],
                 "model_info": {"general.architecture": "llama"},
-                "capabilities": self.capabilities.get(name, ["completion"]),
+                "capabilities": self.caps(name),
             }
         )
+
+    def caps(self, name: str) -> list[str]:
+        return self.capabilities.get(name, ["completion", "tools"])
+
+    def _refuse(self, name: str, body: dict[str, Any], images: list[Any]) -> web.Response | None:
+        """What real Ollama answers to a request the model cannot take, or None."""
+        caps = self.caps(name)
+        if "completion" not in caps:
+            return self.error(400, f'"{name}" does not support generate')
+        if body.get("tools") and "tools" not in caps:
+            return self.error(400, f"registry.ollama.ai/library/{name} does not support tools")
+        if not all(_is_base64(i) for i in images):
+            return self.error(400, "illegal base64 data at input byte 4")
+        if images and "vision" not in caps:
+            return self.error(500, "this model is missing data required for image input")
+        return None
 
     def _now(self) -> str:
         return datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
@@ -454,26 +508,45 @@ class FakeOllama(_FakeServer):
         if messages is not None and not isinstance(messages, list):
             return self.error(400, "messages must be a list")
         prompt = sum(_content_words(m.get("content")) for m in messages or ())
-        return await self._answer(request, body, prompt, "message", drop_after, empty=not messages)
+        images = [i for m in messages or () if isinstance(m, dict) for i in m.get("images") or ()]
+        return await self._answer(request, body, prompt, "message", drop_after, empty=not messages, images=images)
 
     async def _generate(self, request: web.Request, body: dict[str, Any], drop_after: int | None) -> web.StreamResponse:
         prompt = body.get("prompt")
         if prompt is not None and not isinstance(prompt, str):
             return self.error(400, "prompt must be a string")
         words = _words(prompt) + _words(body.get("system"))
-        return await self._answer(request, body, words, "response", drop_after, empty=not prompt)
+        images = body.get("images") or []
+        return await self._answer(
+            request, body, words, "response", drop_after, empty=not prompt and not images, images=images
+        )
 
     async def _answer(
-        self, request: web.Request, body: dict[str, Any], prompt: int, key: str, drop_after: int | None, empty: bool
+        self,
+        request: web.Request,
+        body: dict[str, Any],
+        prompt: int,
+        key: str,
+        drop_after: int | None,
+        empty: bool,
+        images: list[Any],
     ) -> web.StreamResponse:
         name = self._resolve(body)
         if isinstance(name, web.Response):
             return name
+        if (refused := self._refuse(name, body, images)) is not None:
+            return refused
         model = body["model"]
         stream = body.get("stream", True) is not False
+        tool = tool_to_call(body) if key == "message" else None
 
-        def part(text: str) -> dict[str, Any]:
-            return {"message": {"role": "assistant", "content": text}} if key == "message" else {"response": text}
+        def part(text: str, call: bool = False) -> dict[str, Any]:
+            if key == "response":
+                return {"response": text}
+            message: dict[str, Any] = {"role": "assistant", "content": text}
+            if call:
+                message["tool_calls"] = [{"function": {"name": tool, "arguments": TOOL_ARGUMENTS}}]
+            return {"message": message}
 
         if empty:  # Ollama's "load the model" call
             return web.Response(
@@ -491,10 +564,13 @@ class FakeOllama(_FakeServer):
         }  # fmt: skip
         if key == "response":
             final["context"] = [1, 2, 3]
+        pieces = [] if tool else _pieces(gen, bool(body.get("format")))
+        if body.get("format"):
+            final["done_reason"] = "stop"  # a JSON answer is always a whole object
         if not stream:
             await self.pace(time.monotonic(), gen.n)
             final.update(
-                part(gen.text),
+                part("".join(pieces), call=tool is not None),
                 created_at=self._now(),
                 total_duration=time.monotonic_ns() - started,
                 eval_duration=max(1, time.monotonic_ns() - started),
@@ -505,8 +581,10 @@ class FakeOllama(_FakeServer):
         await resp.prepare(request)
 
         def lines() -> Iterable[bytes]:
-            for i in range(gen.n):
-                yield _compact({"model": model, "created_at": self._now(), **part(_token(i)), "done": False}) + b"\n"
+            if tool:
+                yield _compact({"model": model, "created_at": self._now(), **part("", True), "done": False}) + b"\n"
+            for piece in pieces:
+                yield _compact({"model": model, "created_at": self._now(), **part(piece), "done": False}) + b"\n"
             final.update(
                 created_at=self._now(),
                 total_duration=time.monotonic_ns() - started,
@@ -553,7 +631,11 @@ class FakeOpenAI(_FakeServer):
             chunk of a usage stream, as OpenAI does), "vllm" (/health,
             /metrics, /version) or "llamacpp" (/health, /slots, /metrics, /props).
         slots: llama.cpp's slot count. Defaults to ``max_concurrent`` or 4.
-        vision: llama.cpp's /props ``modalities.vision`` (a multimodal projector is loaded). Defaults to False.
+        vision: the model takes images (llama.cpp: /props ``modalities.vision``, a multimodal projector is
+            loaded). Without it, vLLM and llama-server refuse image parts (400 and 500). Defaults to False.
+
+    As vLLM does, an assistant tool call without ``id``/``type``/``function.name`` and a tool message
+    without ``tool_call_id`` are 400. Embeddings take token arrays as well as text.
     """
 
     def __init__(
@@ -687,12 +769,32 @@ class FakeOpenAI(_FakeServer):
             return self.error(400, "The 'stream_options' parameter is only allowed when 'stream' is enabled.")
         return None
 
+    def _check_messages(self, messages: list[Any]) -> web.Response | None:
+        for m in messages:
+            if not isinstance(m, dict) or not isinstance(m.get("role"), str):
+                return self.error(400, "each message needs a role")
+            for c in m.get("tool_calls") or ():
+                fn = c.get("function") if isinstance(c, dict) else None
+                if not (isinstance(fn, dict) and isinstance(fn.get("name"), str) and c.get("id") and c.get("type")):
+                    return self.error(400, "1 validation error: tool_calls.0.id Field required")
+            if m["role"] == "tool" and not m.get("tool_call_id"):
+                return self.error(400, "1 validation error: tool_call_id Field required")
+            content = m.get("content")
+            parts = content if isinstance(content, list) else ()
+            if any(isinstance(p, dict) and p.get("type") == "image_url" for p in parts) and not self.vision:
+                if self.flavor == "llamacpp":
+                    return self.error(500, "image input is not supported - hint: you may need to provide the mmproj")
+                return self.error(400, "this model does not support image input")
+        return None
+
     async def _chat(self, request: web.Request, body: dict[str, Any], drop_after: int | None) -> web.StreamResponse:
         if (bad := self._check(body)) is not None:
             return bad
         messages = body.get("messages")
         if not isinstance(messages, list) or not messages:
             return self.error(400, "messages must be a non-empty list")
+        if (bad := self._check_messages(messages)) is not None:
+            return bad
         prompt = sum(_content_words(m.get("content")) for m in messages if isinstance(m, dict))
         return await self._answer(request, body, prompt, True, drop_after)
 
@@ -721,17 +823,24 @@ class FakeOpenAI(_FakeServer):
             "completion_tokens": gen.n,
             "total_tokens": gen.prompt_tokens + gen.n,
         }
+        tool = tool_to_call(body) if chat else None
+        call_id = f"chatcmpl-tool-{self._ids}"
+        fmt = body.get("response_format")
+        json_wanted = isinstance(fmt, dict) and fmt.get("type") in ("json_object", "json_schema")
+        pieces = [] if tool else _pieces(gen, json_wanted)
+        finish = "tool_calls" if tool else "stop" if json_wanted else gen.finish  # JSON is always a whole object
         if not body.get("stream"):
             await self.pace(time.monotonic(), gen.n)
             if chat:
-                choice = {
-                    "index": 0,
-                    "message": {"role": "assistant", "content": gen.text},
-                    "logprobs": None,
-                    "finish_reason": gen.finish,
-                }
+                message: dict[str, Any] = {"role": "assistant", "content": "".join(pieces) if not tool else None}
+                if tool:
+                    arguments = json.dumps(TOOL_ARGUMENTS)
+                    message["tool_calls"] = [
+                        {"id": call_id, "type": "function", "function": {"name": tool, "arguments": arguments}}
+                    ]
+                choice = {"index": 0, "message": message, "logprobs": None, "finish_reason": finish}
             else:
-                choice = {"text": gen.text, "index": 0, "logprobs": None, "finish_reason": gen.finish}
+                choice = {"text": "".join(pieces), "index": 0, "logprobs": None, "finish_reason": finish}
             self.count(gen)
             return web.Response(
                 body=_compact(dict(head, choices=[choice], usage=usage)), content_type="application/json"
@@ -751,19 +860,29 @@ class FakeOpenAI(_FakeServer):
             obj.update(extra or {})
             return b"data: " + _compact(obj) + b"\n\n"
 
-        def make_choice(text: str | None, finish: str | None, first: bool = False) -> dict[str, Any]:
+        def make_choice(
+            text: str | None, finish: str | None, first: bool = False, calls: list[Any] | None = None
+        ) -> dict[str, Any]:
             if not chat:
                 return {"text": text or "", "index": 0, "logprobs": None, "finish_reason": finish}
             delta: dict[str, Any] = {"role": "assistant"} if first else {}
             if text is not None:
                 delta["content"] = text
+            if calls:
+                delta["tool_calls"] = calls
             return {"index": 0, "delta": delta, "logprobs": None, "finish_reason": finish}
 
         def chunks() -> Iterable[bytes]:
-            for i in range(gen.n):
-                yield event([make_choice(_token(i), None, first=i == 0)])
+            if tool:  # as vLLM streams a call: id and name first, then the arguments in fragments
+                head_call = {"index": 0, "id": call_id, "type": "function", "function": {"name": tool, "arguments": ""}}
+                yield event([make_choice(None, None, first=True, calls=[head_call])])
+                text = json.dumps(TOOL_ARGUMENTS)
+                for fragment in (text[: len(text) // 2], text[len(text) // 2 :]):
+                    yield event([make_choice(None, None, calls=[{"index": 0, "function": {"arguments": fragment}}])])
+            for i, piece in enumerate(pieces):
+                yield event([make_choice(piece, None, first=i == 0)])
             last = {"usage": usage} if include and self.usage_in_final_chunk else None
-            tail = event([make_choice(None, gen.finish)], last)
+            tail = event([make_choice(None, finish)], last)
             if include and not self.usage_in_final_chunk:
                 tail += event([], {"usage": usage})
             yield tail + b"data: [DONE]\n\n"
@@ -779,9 +898,11 @@ class FakeOpenAI(_FakeServer):
         if (bad := self._check(body)) is not None:
             return bad
         inputs = body.get("input")
-        inputs = [inputs] if isinstance(inputs, str) else inputs
-        if not isinstance(inputs, list) or not inputs or not all(isinstance(x, str) for x in inputs):
-            return self.error(400, "input must be a string or a list of strings")
+        if isinstance(inputs, str) or (isinstance(inputs, list) and inputs and all(isinstance(x, int) for x in inputs)):
+            inputs = [inputs]
+        if not isinstance(inputs, list) or not inputs or not all(isinstance(x, (str, list)) for x in inputs):
+            return self.error(400, "input must be a string, a list of strings or token arrays")
+        inputs = [x if isinstance(x, str) else " ".join(f"t{t}" for t in x) for x in inputs]  # a token is a word
         words = sum(map(_words, inputs))
         self.prompt_tokens_total += words
         data = []

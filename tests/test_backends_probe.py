@@ -41,7 +41,7 @@ async def test_ollama_probe_reads_tags_ps_version_and_show(session: aiohttp.Clie
         assert p.model_sizes["llama3.2:latest"] == 2_019_393_189
         assert p.details["llava:7b"]["expires_at"] == "2030-01-01T00:00:00Z"
         assert p.capabilities["llava:7b"] == {"completion", "vision"}
-        assert p.capabilities["llama3.2:latest"] == {"completion"}
+        assert p.capabilities["llama3.2:latest"] == {"completion", "tools"}
         assert fake.show_requests == 2
         await a.probe()
         assert fake.show_requests == 2, "capabilities are asked once per model digest"

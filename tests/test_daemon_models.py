@@ -47,7 +47,7 @@ async def test_an_image_goes_to_a_backend_whose_model_sees_and_is_refused_only_w
     caps = {"llava:7b": ["completion", "vision"], "llama3.2:latest": ["completion", "tools"]}
     async with (
         FakeOllama(models=["llava:7b", "llama3.2:latest"], capabilities=caps) as oll,
-        FakeOpenAI(flavor="vllm", models=["qwen-vl"]) as vllm,
+        FakeOpenAI(flavor="vllm", models=["qwen-vl"], vision=True) as vllm,
     ):
         await daemon.backend("o", oll.url, "ollama")
         await daemon.backend("v", vllm.url, "vllm")
