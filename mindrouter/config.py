@@ -78,6 +78,8 @@ class ServerSettings:
     """Decision records kept in the database; the oldest are deleted first."""
     usage_retention_days: float = 30.0
     """Days per-request usage rows are kept; older ones live on as daily totals, which reports read."""
+    cors_origins: str = ""
+    """Comma-separated web origins whose pages may call the inference API from the browser (CORS), "*" for any."""
 
     @property
     def socket_path(self) -> Path:

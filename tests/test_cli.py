@@ -614,3 +614,14 @@ def test_follow_ends_on_sigint_with_exit_0(fake: FakeDaemon) -> None:
     finally:
         if proc.poll() is None:
             proc.kill()
+
+
+def test_user_proxy_on_and_off(fake: FakeDaemon) -> None:
+    row = mr("user", "add", "webui", "--group", "student", "--proxy-group", "staff", "--json").json()
+    assert row["proxy_for"] == "staff"
+    assert sent(fake)[-1][2] == {"name": "webui", "group": "student", "proxy": True, "proxy_group": "staff"}
+    run = mr("user", "set-proxy", "webui", "off")
+    assert run.exit_code == 0 and "webui is no longer a proxy" in run.stdout
+    run = mr("user", "set-proxy", "webui", "on")
+    assert run.exit_code == 0 and "the people it names go in group student" in run.stdout
+    assert mr("user", "set-proxy", "webui", "maybe").exit_code == 2

@@ -198,6 +198,7 @@ class FakeDaemon:
             "weight_override": u["weight_override"],
             "weight": weight,
             "keys": u["keys"],
+            **({"proxy_for": u["proxy_for"]} if u.get("proxy_for") else {}),
             "queued": 1 if name == "alice" else 0,
             "running": 1 if name == "bob" else 0,
             "recent_tokens": 30000 if name == "alice" else 12000,
@@ -414,6 +415,8 @@ class FakeDaemon:
                         f"group {body.get('group')!r} does not exist; create it with `mr group add NAME --weight 1`"
                     )
                 self.users[body["name"]] = {"group": body["group"], "weight_override": body.get("weight"), "keys": 0}
+                if body.get("proxy"):
+                    self.users[body["name"]]["proxy_for"] = body.get("proxy_group") or body["group"]
                 return j(self.user_row(body["name"]), status=201)
             case "PUT", ["users", name]:
                 if name not in self.users:
@@ -426,6 +429,9 @@ class FakeDaemon:
                             f"group {body['group']!r} does not exist; create it with `mr group add NAME --weight 1`"
                         )
                     self.users[name]["group"] = body["group"]
+                if "proxy" in body:
+                    proxy_for = (body.get("proxy_group") or self.users[name]["group"]) if body["proxy"] else None
+                    self.users[name]["proxy_for"] = proxy_for
                 return j(self.user_row(name))
             case "DELETE", ["users", name]:
                 if name not in self.users:

@@ -44,6 +44,7 @@ COLUMNS = [
     Column("running", "running", fmt=fmt_num, justify="right"),
     Column("recent_tokens", "recent tokens", fmt=fmt_tokens, justify="right"),
     Column("quotas", "quota (used/limit)", fmt=quota_text),
+    Column("proxy_for", "proxy for", fmt=lambda v: "-" if v is None else str(v)),
 ]
 
 UserName = Annotated[
@@ -59,6 +60,18 @@ GroupOption = Annotated[
         "-g",
         metavar="G",
         help="The group the user belongs to (its weight applies unless the user has one).",
+        autocompletion=complete_from("/admin/groups"),
+        show_default=False,
+    ),
+]
+
+
+ProxyGroupOption = Annotated[
+    str | None,
+    typer.Option(
+        "--proxy-group",
+        metavar="G",
+        help="The group for the people a proxy names (implies --proxy). Defaults to the proxy's own group.",
         autocompletion=complete_from("/admin/groups"),
         show_default=False,
     ),
@@ -98,6 +111,15 @@ def add(
             show_default=False,
         ),
     ] = None,
+    proxy: Annotated[
+        bool,
+        typer.Option(
+            "--proxy",
+            help="A front end (such as Open WebUI) whose requests may name the person they are for; "
+            "each person then gets a fair share of their own (see docs/clients.md).",
+        ),
+    ] = False,
+    proxy_group: ProxyGroupOption = None,
     json: JsonOption = False,
     config: ConfigOption = None,
 ) -> None:
@@ -111,6 +133,8 @@ def add(
     body["group"] = group
     if weight is not None:
         body["weight"] = _validate.weight(weight)
+    if proxy or proxy_group is not None:
+        body.update(proxy=True, proxy_group=proxy_group)
     row = get_app(ctx, config).client.post("/admin/users", body)
     print_changed(
         row,
@@ -171,6 +195,38 @@ def set_group(
         json,
         f"user [bold]{escape(name)}[/] is now in group {escape(str(row.get('group', group)))} ({_weight_note(row)})",
     )
+
+
+@user_app.command("set-proxy")
+def set_proxy(
+    ctx: typer.Context,
+    name: UserName,
+    state: Annotated[
+        str, typer.Argument(metavar="on|off", help="on: the user's requests may name a person.", show_default=False)
+    ],
+    proxy_group: ProxyGroupOption = None,
+    json: JsonOption = False,
+    config: ConfigOption = None,
+) -> None:
+    """Make a user a proxy for the people behind a front end, or an ordinary user again.
+
+    A proxy's request that names a person (Open WebUI's X-OpenWebUI-User-Email, X-Forwarded-User,
+    or OpenAI's "user" field) is queued, charged and recorded as that person, created on first
+    sight in the proxy group; without a name it is charged to the proxy.
+
+    Example: mr user set-proxy webui on --proxy-group student
+    """
+    if state not in ("on", "off"):
+        raise UsageError(f"say `on` or `off`, not {state!r}: mr user set-proxy {name} on")
+    if state == "off" and proxy_group is not None:
+        raise UsageError("--proxy-group goes with `on`")
+    body = {"proxy": state == "on", "proxy_group": proxy_group}
+    row = get_app(ctx, config).client.put(f"/admin/users/{quote_name(name)}", body)
+    if row.get("proxy_for"):
+        note = f"is a proxy: the people it names go in group {escape(str(row['proxy_for']))}"
+    else:
+        note = "is no longer a proxy"
+    print_changed(row, json, f"user [bold]{escape(name)}[/] {note}")
 
 
 KEY_COLUMNS = [

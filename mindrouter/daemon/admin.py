@@ -175,17 +175,32 @@ async def add_user(request: web.Request) -> web.Response:
     data = await _body(request)
     weight = data.get("weight")
     user = request.app[STORE].add_user(
-        data.get("name"), data.get("group"), None if weight is None else check_weight(weight)
+        data.get("name"),
+        data.get("group"),
+        None if weight is None else check_weight(weight),
+        proxy=_proxy_flag(data),
+        proxy_group=data.get("proxy_group"),
     )
     return web.json_response(_user_dict(request.app, user, {}), status=201)
+
+
+def _proxy_flag(data: dict[str, Any]) -> bool:
+    proxy = data.get("proxy", False)
+    if not isinstance(proxy, bool):
+        raise InvalidValue('"proxy" must be true or false')
+    return proxy
 
 
 async def set_user(request: web.Request) -> web.Response:
     data = await _body(request)
     name = request.match_info["name"]
     store = request.app[STORE]
-    if not ("weight" in data or "group" in data):
-        raise InvalidValue('give a new "weight" (a number, or null to use the group\'s) or a new "group"')
+    if not ("weight" in data or "group" in data or "proxy" in data):
+        raise InvalidValue(
+            'give a new "weight" (a number, or null to use the group\'s), a new "group" or "proxy" (true or false)'
+        )
+    if "proxy" in data:
+        store.set_user_proxy(name, _proxy_flag(data), data.get("proxy_group"))
     if "weight" in data:
         weight = data["weight"]
         store.set_user_weight(name, None if weight is None else check_weight(weight))

@@ -35,6 +35,7 @@ from .accounting import setup_accounting_routes
 from .admin import admin_middleware, setup_admin_routes
 from .auth import Auth
 from .catalog import setup_catalog_routes
+from .cors import setup_cors
 from .decisions import DecisionLog
 from .discover import discover_local_backends
 from .dispatcher import Dispatcher
@@ -148,6 +149,7 @@ async def create_app(config: Config, *, nvml: Any = None, discover: bool | None 
     app.cleanup_ctx.append(gpus.poll_ctx)
     setup_inference_routes(app)
     setup_catalog_routes(app)
+    setup_cors(app, server.cors_origins)
     setup_admin_routes(app)
     setup_accounting_routes(app)
     app.on_response_prepare.append(add_quota_headers)

@@ -46,6 +46,7 @@ async def handle_inference(request: web.Request) -> web.StreamResponse:
         caller = app[AUTH].caller(request.headers.get("Authorization"))
         raw = await request.read()
         call = Call.from_request(request.path, raw)
+        caller = app[AUTH].on_behalf(caller, request.headers, call.body.get("user"))
     except RequestError as exc:
         app[STATS].count_error(exc.status)
         return error_response(exc, dialect)

@@ -26,8 +26,9 @@ DAY = 86_400.0
 
 _QUOTAS = ", ".join(f"{{t}}.{f}" for f in QUOTA_FIELDS)
 _USER_SELECT = (
-    f"SELECT u.id, u.name, g.name, u.weight_override, g.scheduler_weight, u.created, {_QUOTAS.format(t='u')}"
-    " FROM users u JOIN groups g ON g.id = u.group_id"
+    f"SELECT u.id, u.name, g.name, u.weight_override, g.scheduler_weight, u.created, {_QUOTAS.format(t='u')},"
+    " u.proxy = 1, pg.name"
+    " FROM users u JOIN groups g ON g.id = u.group_id LEFT JOIN groups pg ON pg.id = u.proxy_group_id"
 )
 _GROUP_SELECT = f"SELECT id, name, scheduler_weight, {_QUOTAS.format(t='groups')} FROM groups"
 
@@ -42,7 +43,7 @@ def _no_nulls(row: dict[str, Any]) -> dict[str, Any]:
 
 
 def _user(row: tuple[Any, ...]) -> User:
-    return User(row[0], row[1], row[2], row[3], row[4], row[5], Quota(row[6], row[7], row[8]))
+    return User(row[0], row[1], row[2], row[3], row[4], row[5], Quota(row[6], row[7], row[8]), row[9], row[10])
 
 
 def _group(row: tuple[Any, ...]) -> Group:
@@ -225,17 +226,34 @@ class Store(UsageLog, Decisions):
             raise NotFound(f"user {name!r} does not exist; create it with `mr user add {name} --group student`")
         return row[0]
 
-    def add_user(self, name: str, group: str, weight: float | None = None) -> User:
+    def add_user(
+        self, name: str, group: str, weight: float | None = None, *, proxy: bool = False, proxy_group: str | None = None
+    ) -> User:
         name = _name("user", name)
         override = None if weight is None else _weight(f"user {name!r}", weight)
         group_id = self._group_id(group)
+        people = None if proxy_group is None else self._group_id(proxy_group)
         if self._db.execute("SELECT 1 FROM users WHERE name = ?", (name,)).fetchone():
             raise AlreadyExists(f"user {name!r} already exists; give it a new key with `mr user key {name}`")
         self._db.execute(
-            "INSERT INTO users (name, group_id, weight_override, created) VALUES (?, ?, ?, ?)",
-            (name, group_id, override, self._clock()),
+            "INSERT INTO users (name, group_id, weight_override, created, proxy, proxy_group_id)"
+            " VALUES (?, ?, ?, ?, ?, ?)",
+            (name, group_id, override, self._clock(), int(proxy or people is not None), people),
         )
         return self.get_user(name)
+
+    def set_user_proxy(self, name: str, proxy: bool, proxy_group: str | None = None) -> User:
+        """Let (or stop) ``name``'s requests name the person they are for, created in ``proxy_group``."""
+        people = None if proxy_group is None else self._group_id(proxy_group)
+        sql = "UPDATE users SET proxy = ?, proxy_group_id = ? WHERE name = ?"
+        if not self._db.execute(sql, (int(proxy), people if proxy else None, name)).rowcount:
+            self._user_id(name)
+        return self.get_user(name)
+
+    def person(self, name: str, group: str) -> User:
+        """The user a proxy names, created in ``group`` on first sight."""
+        row = self._db.execute(_USER_SELECT + " WHERE u.name = ?", (name,)).fetchone()
+        return _user(row) if row is not None else self.add_user(name, group)
 
     def set_user_weight(self, name: str, weight: float | None) -> User:
         """Set the user's own weight; None clears it so the group's weight applies."""

@@ -44,20 +44,35 @@ class User:
     created: float
     """Wall-clock epoch seconds."""
     quota: Quota = Quota()
+    proxy: bool = False
+    """A front end whose requests may name the person they are for (``mr user set-proxy``)."""
+    proxy_group: str | None = None
+    """Where a proxy's people are created: this group, or the proxy's own when None."""
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "proxy", bool(self.proxy))  # SQLite hands back 0 or 1
 
     @property
     def weight(self) -> float:
         """The scheduler weight: the override if set, else the group's weight."""
         return self.group_weight if self.weight_override is None else self.weight_override
 
+    @property
+    def forwards_to(self) -> str | None:
+        """The group a proxy's people go in; None for a user that is not a proxy."""
+        return (self.proxy_group or self.group) if self.proxy else None
+
     def to_dict(self) -> dict[str, Any]:
-        return {
+        out = {
             "name": self.name,
             "group": self.group,
             "weight_override": self.weight_override,
             "weight": self.weight,
             **self.quota.to_dict(),
         }
+        if self.proxy:
+            out["proxy_for"] = self.forwards_to
+        return out
 
 
 @dataclass(frozen=True, slots=True)

@@ -75,6 +75,12 @@ _MIGRATIONS: list[Sequence[str] | Callable[[sqlite3.Connection], None]] = [
     _SCHEMA_V1,
     ("ALTER TABLE api_keys ADD COLUMN last_used REAL",),
     _ACCOUNTING,
+    # A proxy (a front end such as Open WebUI) may name the person it forwards for; they are
+    # created in proxy_group_id, or in the proxy's own group when it is NULL.
+    (
+        "ALTER TABLE users ADD COLUMN proxy INTEGER NOT NULL DEFAULT 0",
+        "ALTER TABLE users ADD COLUMN proxy_group_id INTEGER REFERENCES groups(id) ON DELETE SET NULL",
+    ),
 ]
 SCHEMA_VERSION = len(_MIGRATIONS)
 

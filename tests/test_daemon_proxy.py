@@ -1,0 +1,122 @@
+"""Fair share per person behind a front end (a proxy user), and CORS for browser-side clients."""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+from pathlib import Path
+from typing import Any
+
+import openai
+
+from mindrouter.daemon.app import create_app
+from mindrouter.daemon.keys import STORE
+
+from .conftest import daemon_config
+from .fake_nvml import FakeNvml
+from .fakes import FakeOpenAI
+
+USER = [{"role": "user", "content": "hello there"}]
+
+
+async def proxy_user(daemon: Any, name: str = "webui", **fields: Any) -> str:
+    await daemon.admin("POST", "/admin/users", {"name": name, "group": "student", "proxy": True, **fields})
+    return (await daemon.admin("POST", f"/admin/users/{name}/keys"))["key"]
+
+
+def as_person(daemon: Any, key: str, **headers: str) -> openai.AsyncOpenAI:
+    return openai.AsyncOpenAI(base_url=daemon.url + "/v1", api_key=key, max_retries=0, default_headers=headers)
+
+
+async def test_a_proxys_request_is_queued_charged_and_recorded_as_the_person_it_names(daemon):
+    async with FakeOpenAI(flavor="vllm", models=["m"]) as fake:
+        await daemon.backend("b", fake.url, "vllm")
+        await daemon.admin("POST", "/admin/groups", {"name": "people", "weight": 1})
+        key = await proxy_user(daemon, proxy_group="people")
+        alice = as_person(daemon, key, **{"X-OpenWebUI-User-Email": "alice@lab.edu", "X-OpenWebUI-User-Name": "A"})
+        reply = await alice.chat.completions.with_raw_response.create(model="m", messages=USER, max_tokens=2)
+        rid = reply.headers["X-Request-Id"]
+        await as_person(daemon, key, **{"X-OpenWebUI-User-Id": "3f1c-77"}).chat.completions.create(
+            model="m", messages=USER, max_tokens=3
+        )
+        await as_person(daemon, key, **{"X-Forwarded-User": "carol"}).chat.completions.create(
+            model="m", messages=USER, max_tokens=4
+        )
+        await as_person(daemon, key).chat.completions.create(model="m", messages=USER, max_tokens=5, user="dan smith")
+        await as_person(daemon, key).chat.completions.create(model="m", messages=USER, max_tokens=6)  # the proxy's own
+        users = {u["name"]: u for u in await daemon.admin("GET", "/admin/users")}
+        assert {n: users[n]["group"] for n in ("alice@lab.edu", "3f1c-77", "carol", "dan-smith")} == dict.fromkeys(
+            ("alice@lab.edu", "3f1c-77", "carol", "dan-smith"), "people"
+        )
+        assert users["webui"]["proxy_for"] == "people" and "proxy_for" not in users["carol"]
+        ids = {u.id: u.name for u in daemon.app[STORE].list_users()}
+        charged = {ids[row.user_id]: row.tokens for row in daemon.app[STORE].recent_usage(0)}
+        assert charged == {  # 2 prompt words and the completion, each charged to the person named
+            "alice@lab.edu": 4,
+            "3f1c-77": 5,
+            "carol": 6,
+            "dan-smith": 7,
+            "webui": 8,
+        }
+        record = await daemon.admin("GET", f"/admin/decisions/{rid}")
+        assert record["user"] == "alice@lab.edu"
+
+
+async def test_only_a_proxys_key_may_name_a_person(daemon):
+    async with FakeOpenAI(flavor="vllm", models=["m"]) as fake:
+        await daemon.backend("b", fake.url, "vllm")
+        key = await daemon.user("erin")
+        await as_person(daemon, key, **{"X-OpenWebUI-User-Email": "mallory@lab.edu"}).chat.completions.create(
+            model="m", messages=USER, max_tokens=1, user="mallory"
+        )
+        names = {u["name"] for u in await daemon.admin("GET", "/admin/users")}
+        assert names == {"erin"}
+        await daemon.admin("PUT", "/admin/users/erin", {"proxy": True})
+        await as_person(daemon, key, **{"X-OpenWebUI-User-Email": "mallory@lab.edu"}).chat.completions.create(
+            model="m", messages=USER, max_tokens=1
+        )
+        users = {u["name"]: u for u in await daemon.admin("GET", "/admin/users")}
+        assert users["mallory@lab.edu"]["group"] == "student"  # the proxy's own group by default
+        await daemon.admin("PUT", "/admin/users/erin", {"proxy": False})
+        await as_person(daemon, key, **{"X-Forwarded-User": "trent"}).chat.completions.create(
+            model="m", messages=USER, max_tokens=1
+        )
+        assert "trent" not in {u["name"] for u in await daemon.admin("GET", "/admin/users")}
+
+
+async def test_two_people_behind_one_front_end_get_their_own_fair_shares(daemon):
+    async with FakeOpenAI(flavor="vllm", models=["m"], tokens_per_second=100, completion_tokens=5) as fake:
+        await daemon.backend("b", fake.url, "vllm", max_concurrent=1)
+        key = await proxy_user(daemon)
+        alice = as_person(daemon, key, **{"X-OpenWebUI-User-Email": "alice@lab.edu"})
+        bob = as_person(daemon, key, **{"X-OpenWebUI-User-Email": "bob@lab.edu"})
+
+        async def ask(client: openai.AsyncOpenAI, text: str) -> None:
+            await client.chat.completions.create(model="m", messages=[{"role": "user", "content": text}])
+
+        first = asyncio.create_task(ask(alice, "alice 0"))
+        while fake.running == 0:
+            await asyncio.sleep(0.005)
+        later = [asyncio.create_task(ask(alice, f"alice {i}")) for i in (1, 2)]
+        while sum(u.queued for u in daemon.scheduler.fair) < 2:
+            await asyncio.sleep(0.005)
+        await asyncio.gather(first, *later, ask(bob, "bob 0"))
+        order = [r.body["messages"][0]["content"] for r in fake.received]
+        assert order == ["alice 0", "bob 0", "alice 1", "alice 2"], "bob's first request goes before alice's second"
+
+
+async def test_cors_preflight_and_answers_for_allowed_origins_only(tmp_path: Path, aiohttp_client: Any):
+    config = daemon_config(tmp_path)
+    config = dataclasses.replace(config, server=dataclasses.replace(config.server, cors_origins="http://ui.lab:3000"))
+    client = await aiohttp_client(await create_app(config, nvml=FakeNvml(init_error=1)))
+    ask = {"Origin": "http://ui.lab:3000", "Access-Control-Request-Method": "GET"}
+    pre = await client.options("/v1/models", headers={**ask, "Access-Control-Request-Headers": "authorization"})
+    assert pre.status == 204
+    assert pre.headers["Access-Control-Allow-Origin"] == "http://ui.lab:3000"
+    assert pre.headers["Access-Control-Allow-Headers"] == "authorization"
+    listed = await client.get("/v1/models", headers={"Origin": "http://ui.lab:3000"})
+    assert listed.status == 401 and listed.headers["Access-Control-Allow-Origin"] == "http://ui.lab:3000"
+    other = await client.get("/v1/models", headers={"Origin": "http://evil.example"})
+    assert "Access-Control-Allow-Origin" not in other.headers
+    admin = await client.options("/admin/status", headers=ask)
+    assert "Access-Control-Allow-Origin" not in admin.headers
