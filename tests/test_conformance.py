@@ -295,3 +295,60 @@ async def test_token_array_embeddings_are_a_400_naming_the_fix_for_an_ollama_bac
     with pytest.raises(openai.BadRequestError) as refused:
         await client.embeddings.create(model="o-chat", input=[[1, 2, 3]])
     assert "check_embedding_ctx_length=False" in refused.value.message
+
+
+# ---- the Responses API, served as chat completions on every engine -----------------------------------------
+
+RESPONSES_TOOL = {"type": "function", **TOOL["function"]}
+
+
+@pytest.mark.parametrize("engine", list(MODEL))
+async def test_responses_api_text_stream_and_tools(pool: Pool, engine: str) -> None:
+    client = openai.AsyncOpenAI(base_url=pool.url + "/v1", api_key=pool.key, max_retries=0)
+    model = MODEL[engine]
+    reply = await client.responses.create(
+        model=model, instructions="be brief", input="what is the weather", max_output_tokens=3
+    )
+    assert reply.output_text == TEXT and reply.status == "incomplete"  # stopped at max_output_tokens
+    assert (reply.usage.input_tokens, reply.usage.output_tokens) == (6, 3)  # "be brief" + 4 words; 3 tokens
+
+    events = [e async for e in await client.responses.create(model=model, input="hi there", stream=True)]
+    kinds = [e.type for e in events]
+    assert kinds[:2] == ["response.created", "response.in_progress"] and kinds[-1] == "response.completed"
+    assert "".join(e.delta for e in events if e.type == "response.output_text.delta") == " ".join(
+        f"tok{i}" for i in range(8)
+    )
+    assert events[-1].response.usage.output_tokens == 8
+
+    called = await client.responses.create(model=model, input="what is the weather", tools=[RESPONSES_TOOL])
+    call = next(item for item in called.output if item.type == "function_call")
+    assert (call.name, json.loads(call.arguments)) == ("get_weather", TOOL_ARGUMENTS)
+    streamed = [
+        e
+        async for e in await client.responses.create(
+            model=model, input="what is the weather", tools=[RESPONSES_TOOL], stream=True
+        )
+    ]
+    done = next(e for e in streamed if e.type == "response.function_call_arguments.done")
+    assert json.loads(done.arguments) == TOOL_ARGUMENTS
+    answered = await client.responses.create(
+        model=model,
+        input=[
+            {"role": "user", "content": "what is the weather"},
+            {"type": "function_call", "call_id": call.call_id, "name": call.name, "arguments": call.arguments},
+            {"type": "function_call_output", "call_id": call.call_id, "output": "sunny"},
+        ],
+        tools=[RESPONSES_TOOL],
+        max_output_tokens=3,
+    )
+    assert answered.output_text == TEXT
+
+
+async def test_responses_api_refuses_what_it_cannot_serve_with_a_400(pool: Pool) -> None:
+    client = openai.AsyncOpenAI(base_url=pool.url + "/v1", api_key=pool.key, max_retries=0)
+    with pytest.raises(openai.BadRequestError) as refused:
+        await client.responses.create(model="v-chat", input="hi", previous_response_id="resp_1")
+    assert "send the whole conversation" in refused.value.message
+    with pytest.raises(openai.BadRequestError) as refused:
+        await client.responses.create(model="v-chat", input="hi", tools=[{"type": "web_search"}])
+    assert "only function tools" in refused.value.message

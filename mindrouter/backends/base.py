@@ -47,9 +47,9 @@ from typing import Any
 import aiohttp
 
 from ..errors import RequestError
-from . import relay, translate
+from . import relay, responses, translate
 from ._calls import inspect_body
-from ._shapes import error_body, error_message
+from ._shapes import dumps, error_body, error_message
 from ._types import Dialect, Family, Kind, StreamFailed, Usage
 from .upstream import MALFORMED, Upstream, describe
 
@@ -71,6 +71,7 @@ _ROUTES: dict[str, tuple[Dialect, Kind]] = {
     "/v1/chat/completions": ("openai", "chat"),
     "/v1/completions": ("openai", "completion"),
     "/v1/embeddings": ("openai", "embeddings"),
+    "/v1/responses": ("openai", "chat"),
     "/api/chat": ("ollama", "chat"),
     "/api/generate": ("ollama", "completion"),
     "/api/embed": ("ollama", "embeddings"),
@@ -106,6 +107,8 @@ class Call:
     """Ollama ``options.num_ctx``, for the VRAM estimate."""
     prompt_tokens: int = 0
     """Estimate: characters of prompt text / 4."""
+    responses: bool = False
+    """The client called the Responses API: ``body`` is its chat completions equivalent."""
 
     @classmethod
     def from_request(cls, path: str, raw: bytes) -> Call:
@@ -129,7 +132,12 @@ class Call:
             raise RequestError("The request body is not valid JSON.") from None
         if not isinstance(body, dict):
             raise RequestError("The request body must be a JSON object.")
-        return cls(dialect=dialect, kind=kind, path=path, body=body, raw=raw, **inspect_body(dialect, kind, path, body))
+        api = path == "/v1/responses"
+        if api:  # served as chat completions, answered in the Responses API's shapes
+            body = responses.to_chat(body)
+            path, raw = "/v1/chat/completions", dumps(body)
+        hints = inspect_body(dialect, kind, path, body)
+        return cls(dialect=dialect, kind=kind, path=path, body=body, raw=raw, responses=api, **hints)
 
 
 def model_key(name: str) -> str:
@@ -297,6 +305,11 @@ class Adapter(ABC):
                 that broke before its first chunk; always before the first byte.
             RequestError: the call cannot be expressed for this engine (400).
         """
+        up = await self._open(call, model)
+        return up.rendered(responses.renderer(up.stream)) if call.responses else up
+
+    async def _open(self, call: Call, model: str) -> Upstream:
+        """The answer in the client's chat or completion dialect."""
         plan = translate.plan(call, self._spellings.get(model_key(model), model), self.engine)
         opened_at, opened_ns = time.monotonic(), time.monotonic_ns()
         if plan.synthetic is not None:  # answered without the backend (an Ollama "load model" call)

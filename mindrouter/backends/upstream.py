@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 
 import aiohttp
 
@@ -74,6 +74,21 @@ class Upstream:
         self._events = events
         self._response = response
         self._closed = False
+        self._render: Callable[[bytes], bytes] | None = None
+
+    def rendered(self, render: Callable[[bytes], bytes]) -> Upstream:
+        """Pass the answer (the whole body, or each chunk of a stream) through ``render``, a dialect on top.
+
+        An error answer (4xx) keeps its shape, which the Responses API shares with chat completions.
+        """
+        if self.body is not None:
+            if self.status < 400:
+                self.body = self._pending = render(self.body)
+            return self
+        if self._pending is not None:
+            self._pending = render(self._pending)
+        self._render = render
+        return self
 
     def __aiter__(self) -> Upstream:
         return self
@@ -96,9 +111,10 @@ class Upstream:
                 raise StopAsyncIteration from None
             self.error = describe(exc)
             self._end(broken=True)
-            return error_tail(self.dialect, self.error)
+            tail = error_tail(self.dialect, self.error)
+            return tail if self._render is None else self._render(tail)
         self.chunks += 1
-        return chunk
+        return chunk if self._render is None else self._render(chunk)
 
     def _end(self, *, broken: bool = False) -> None:
         self.done = True
