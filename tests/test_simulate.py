@@ -17,7 +17,7 @@ from typer.testing import CliRunner
 
 from mindrouter.cli import app
 from mindrouter.errors import UsageError
-from mindrouter.simulate import build, load_example, parse_scenario, run_scenario, simulate
+from mindrouter.simulate import EventSpec, build, load_example, parse_scenario, run_scenario, simulate
 from mindrouter.simulate.report import jain, percentile, render
 
 SHARES = {"prof": 3 / 6, "postdoc": 2 / 6, "student": 1 / 6}
@@ -206,6 +206,72 @@ def test_target_share_follows_who_is_backlogged():
     assert result["windows"][2]["shares"] == {"a": 1.0, "b": 0.0}
 
 
+def test_target_follows_a_weight_change_from_then_on():
+    """Both backlogged all run; at 300 s a's weight goes to 3: a is owed 1/2 then 3/4, so 5/8 overall."""
+    text = TWO.format(duration=600, b_start=0) + "[[events]]\nat = 300\nuser = 'a'\nweight = 3\n"
+    run = simulate(parse_scenario(text))
+    result = build(run)
+    a, b = result["users"]
+    assert a["weight"] == 3 and b["weight"] == 1
+    assert a["target_share"] == pytest.approx(5 / 8, abs=1e-6)
+    (pool,) = result["pools"]
+    assert [w["targets"]["a"] for w in pool["windows"]] == [0.5] * 5 + [0.75] * 5
+    assert run.scheduler.user(0).weight == 3  # the live core got the change
+
+
+def test_phases_of_one_user_count_in_the_pool_of_each_model():
+    """x on m then on n: one user in the report, two pools, and each phase's draws are its own."""
+    sc = parse_scenario(
+        TWO.format(duration=300, b_start=0)
+        + '[[backends]]\nname = "gpu-n"\nmodels = ["n"]\nmax_concurrent = 1\ntokens_per_second = 100\n'
+        + '[[users]]\nname = "a"\nmodel = "n"\nconcurrency = 1\ncompletion_tokens = [10, 90]\nstart = 100\n'
+    )
+    run = simulate(sc, trace=True)
+    result = build(run)
+    assert [u["name"] for u in result["users"]] == ["a", "b"]
+    m, n = result["pools"]
+    assert (m["backends"], m["users"]) == (["gpu"], ["a", "b"])
+    assert (n["backends"], n["users"], n["target_shares"]) == (["gpu-n"], ["a"], {"a": 1.0})
+    assert result["users"][0]["tokens"] == m["tokens"] * m["shares"]["a"] + n["tokens"]
+    later = [r.completion for r in run.trace if r.phase == 2]
+    assert len(set(later)) > 1 and all(10 <= c <= 90 for c in later)
+
+
+def test_max_starved_matches_a_replay_of_the_trace():
+    """Longest stretch with a request queued and none started, recomputed from submit, start and expiry times."""
+    text = (
+        TWO.format(duration=400, b_start=0).replace("concurrency = 2", "rate = 1.5")
+        + "[scheduler]\nqueue_timeout = 20\n"
+    )
+    run = simulate(parse_scenario(text), trace=True)
+    assert run.trace is not None
+    result = build(run)
+    for index, row in enumerate(result["users"]):
+        changes: dict[float, list[int]] = {}
+        for r in run.trace:
+            if r.user != index:
+                continue
+            changes.setdefault(r.submitted, []).append(1)
+            if r.dispatched is not None:
+                changes.setdefault(r.dispatched, []).append(-2)  # -2: left the queue by starting
+            elif r.timed_out:
+                changes.setdefault(r.submitted + 20, []).append(-1)
+        queued, since, longest = 0, None, 0.0
+        for t in sorted(changes):
+            queued += sum(1 if c > 0 else -1 for c in changes[t])
+            if -2 in changes[t] and since is not None:
+                longest = max(longest, t - since)
+                since = t if queued else None
+            elif queued and since is None:
+                since = t
+            elif not queued and since is not None:
+                longest = max(longest, t - since)
+                since = None
+        if since is not None:
+            longest = max(longest, 400 - since)
+        assert row["timeouts"] > 0 and row["max_starved_s"] == pytest.approx(longest, abs=1e-6), row["name"]
+
+
 def test_open_loop_timeouts_max_tokens_and_request_limits():
     text = """
 duration = 1000
@@ -352,24 +418,47 @@ def test_render_and_progress_bar():
     assert "simulating" in out.getvalue() and "without deprioritization" in out.getvalue()
 
 
-def test_service_gap_matches_a_brute_force_replay():
-    """Replay the trace independently: service at both sides of every event time, backlog from submit/dispatch times."""
+@pytest.mark.parametrize("change", [None, (100.0, 2, 4.0)])
+def test_service_gap_matches_a_brute_force_replay(change):
+    """Replay the trace independently: service at both sides of every event time, backlog from submit/dispatch times.
+
+    With ``change`` (at, user, weight), service over weight grows at the new weight from then on.
+    """
     sc = ranged(load_example("scenario3")).replace(duration=240, seed=5)
+    weights = [u.weight for u in sc.users]
+    if change is not None:
+        at, who, weight = change
+        sc = sc.replace(events=(EventSpec(at=at, user=sc.users[who].name, group=None, weight=weight),))
     run = simulate(sc, trace=True)
     assert run.trace is not None
     tps = {b.name: b.tokens_per_second for b in sc.backends}
     reqs = [r for r in run.trace if r.dispatched is not None]
-    weights = [u.weight for u in sc.users]
+
+    def over_weight(user, served):
+        """Service over weight, for ``served(t)`` the user's service up to t."""
+
+        def f(t):
+            if change is None or user != change[1] or t <= change[0]:
+                return served(t) / weights[user]
+            return served(change[0]) / weights[user] + (served(t) - served(change[0])) / change[2]
+
+        return f
 
     def generated(user, t):
-        total = 0.0
-        for r in reqs:
-            if r.user == user and r.prefill_end is not None and r.prefill_end <= t:
-                total += r.prompt + min(r.completion, (t - r.prefill_end) * tps[r.backend])
-        return total / weights[user]
+        def served(t):
+            total = 0.0
+            for r in reqs:
+                if r.user == user and r.prefill_end is not None and r.prefill_end <= t:
+                    total += r.prompt + min(r.completion, (t - r.prefill_end) * tps[r.backend])
+            return total
+
+        return over_weight(user, served)(t)
 
     def dispatched(user, t):
-        return sum(r.prompt + r.completion for r in reqs if r.user == user and r.dispatched <= t) / weights[user]
+        def served(t):
+            return sum(r.prompt + r.completion for r in reqs if r.user == user and r.dispatched <= t)
+
+        return over_weight(user, served)(t)
 
     def backlogged(user, t):  # just after t
         return sum(r.submitted <= t for r in run.trace if r.user == user) > sum(
