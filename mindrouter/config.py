@@ -64,6 +64,10 @@ class ServerSettings:
     """Key a Prometheus scraper sends to see per-user series in /metrics when host is not loopback."""
     max_body_bytes: int = 16 * 1024 * 1024
     """Largest request body accepted, in bytes; a larger one gets 413."""
+    header_timeout: float = 15.0
+    """Seconds a client has to send a request's headers after connecting or after its last answer (slow-loris)."""
+    body_timeout: float = 60.0
+    """Seconds a client has to send a request's whole body once its headers are in; 408 after that."""
     shutdown_grace_seconds: float = 30.0
     """Seconds running requests may finish after a stop signal."""
     log_level: str = "info"

@@ -9,12 +9,14 @@ way (:func:`check`): below 500, and an error body in the dialect of its path.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import dataclasses
 import gzip
 import http.client
 import json
 import socket
 import threading
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -24,7 +26,7 @@ from aiohttp import web
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from mindrouter.daemon.app import create_app
+from mindrouter.daemon.app import create_app, make_runner
 
 from .conftest import ADMIN_KEY, daemon_config
 from .fake_nvml import FakeNvml
@@ -47,7 +49,8 @@ class Served:
 def served(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Served]:
     tmp: Path = tmp_path_factory.mktemp("bad-input")
     config = daemon_config(tmp)
-    config = dataclasses.replace(config, server=dataclasses.replace(config.server, max_body_bytes=MAX_BODY))
+    server = dataclasses.replace(config.server, max_body_bytes=MAX_BODY, header_timeout=1.0, body_timeout=1.0)
+    config = dataclasses.replace(config, server=server)
     loop = asyncio.new_event_loop()
     ready = threading.Event()
     state: dict[str, Any] = {}
@@ -56,7 +59,7 @@ def served(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Served]:
         fake = FakeOllama(models=["llama3"], completion_tokens=4)
         await fake.start()
         app = await create_app(config, nvml=FakeNvml(init_error=FakeNvml.NVML_ERROR_LIBRARY_NOT_FOUND))
-        runner = web.AppRunner(app, handler_cancellation=True, access_log=None, shutdown_timeout=0.5)
+        runner = make_runner(app, config)
         await runner.setup()
         sock = socket.socket()
         sock.bind(("127.0.0.1", 0))
@@ -288,5 +291,56 @@ def test_property_no_body_on_any_route_gets_a_500(served, data, body):
     check(status, answer, path)
 
 
+def test_slow_loris_clients_are_cut_off(served):
+    """Headers or a body that never finish: each connection is closed within its timeout (1 s here).
+
+    Issue 10: 1,500 connections sending a byte every 2 s were all held.
+    """
+    trickle = [b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nX-Slow: ", b"a"]
+    body_start = (
+        b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+        + f"Authorization: Bearer {served.key}\r\nContent-Length: 1000\r\n\r\n".encode()
+    )
+    slow_headers = [socket.create_connection(("127.0.0.1", served.port)) for _ in range(20)]
+    slow_bodies = [socket.create_connection(("127.0.0.1", served.port)) for _ in range(20)]
+    idle = [socket.create_connection(("127.0.0.1", served.port)) for _ in range(20)]
+    for sock in slow_headers:
+        sock.sendall(trickle[0])
+    for sock in slow_bodies:
+        sock.sendall(body_start + b'{"model": ')
+    began = time.monotonic()
+    closed: dict[socket.socket, float] = {}
+    answers: list[bytes] = []
+    everyone = slow_headers + slow_bodies + idle
+    for sock in everyone:
+        sock.setblocking(False)
+    while len(closed) < len(everyone) and time.monotonic() - began < 10:
+        for sock in everyone:
+            if sock in closed:
+                continue
+            if sock not in idle:
+                with contextlib.suppress(BlockingIOError, OSError):
+                    sock.send(b"a")  # one byte a tick: progress, but never the end
+            try:
+                data = sock.recv(65536)
+            except BlockingIOError:
+                continue
+            except OSError:
+                data = b""
+            if data:
+                answers.append(data)
+            else:
+                closed[sock] = time.monotonic() - began
+        time.sleep(0.1)
+    for sock in everyone:
+        sock.close()
+    assert len(closed) == len(everyone), f"{len(everyone) - len(closed)} slow connections still open after 10 s"
+    assert max(closed.values()) < 5
+    assert len(answers) == 20 and all(a.startswith(b"HTTP/1.1 408") for a in answers), answers[:1]
+    print(f"{len(everyone)} slow connections closed after at most {max(closed.values()):.1f} s")
+    still_serving(served)
+
+
 def test_the_daemon_still_serves_after_the_property_run(served):
     still_serving(served)
+    print(f"inputs tried in this module: {TRIED['inputs']}")

@@ -50,7 +50,7 @@ from .registry import Registry
 from .statelock import StateLock
 from .stats import Stats
 
-__all__ = ["create_app", "serve"]
+__all__ = ["create_app", "make_runner", "serve"]
 
 log = logging.getLogger("mindrouter.daemon")
 
@@ -197,15 +197,31 @@ async def _run(config: Config, *, discover: bool | None) -> None:
         lock.release()
 
 
-async def _serve_app(config: Config, *, discover: bool | None) -> None:
+def make_runner(app: web.Application, config: Config) -> web.AppRunner:
+    """The runner that serves ``app``: handlers cancelled when their client leaves, slow clients cut off.
+
+    aiohttp closes a connection whose request headers are not complete ``keepalive_timeout``
+    seconds after it opened or after its last answer, however slowly bytes trickle in;
+    ``header_timeout`` sets that, so a slow-loris client cannot hold a connection
+    (the body's own deadline is in ``guard.py``). The rest of a body refused unread
+    is drained for at most a second, so the client sees its answer, then the
+    connection closes.
+    """
     server = config.server
-    app = await create_app(config, discover=discover)
-    runner = web.AppRunner(
+    return web.AppRunner(
         app,
         handler_cancellation=True,
         shutdown_timeout=server.shutdown_grace_seconds,
+        keepalive_timeout=server.header_timeout,
+        lingering_time=1.0,  # reading an unwanted body's rest after a 408/413 (aiohttp's default: 10 s)
         access_log=logging.getLogger("mindrouter.access") if server.log_level == "debug" else None,
     )
+
+
+async def _serve_app(config: Config, *, discover: bool | None) -> None:
+    server = config.server
+    app = await create_app(config, discover=discover)
+    runner = make_runner(app, config)
     await runner.setup()
     socket_path = server.socket_path
     try:

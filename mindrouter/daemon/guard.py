@@ -10,6 +10,7 @@ traceback once and answered 500 in the same shape, and the daemon goes on.
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import zlib
 from collections.abc import Awaitable, Callable
@@ -17,6 +18,7 @@ from collections.abc import Awaitable, Callable
 from aiohttp import http_exceptions, web
 
 from ..errors import RequestError
+from .keys import CONFIG
 from .logsafe import safe
 from .responses import dialect_of, error_response
 
@@ -53,13 +55,34 @@ def _http_error(request: web.Request, exc: web.HTTPException) -> RequestError:
     )
 
 
+async def _read_body(request: web.Request) -> None:
+    """Read the body within ``body_timeout`` (aiohttp keeps it, so the handler's read is free)."""
+    timeout = request.app[CONFIG].server.body_timeout
+    try:
+        await asyncio.wait_for(request.read(), timeout)
+    except TimeoutError:
+        raise RequestError(
+            f"the request body did not arrive within {timeout:g} s; send it at once",
+            status=408,
+            code="request_timeout",
+        ) from None
+
+
+def _closing(response: web.Response) -> web.Response:
+    """Close the connection after this answer: the unread rest of the body must not pass for a request."""
+    response.force_close()
+    return response
+
+
 @web.middleware
 async def guard_middleware(request: web.Request, handler: Handler) -> web.StreamResponse:
     """Answer every client-caused error as JSON in the path's dialect; never let one become a crash."""
     length = request.content_length
     if length is not None and length > request.client_max_size:
-        return error_response(_too_large(request), dialect_of(request.path))
+        return _closing(error_response(_too_large(request), dialect_of(request.path)))
     try:
+        if request.body_exists:
+            await _read_body(request)
         return await handler(request)
     except web.HTTPException as exc:
         if exc.status < 400:
@@ -69,7 +92,8 @@ async def guard_middleware(request: web.Request, handler: Handler) -> web.Stream
             response.headers["Allow"] = exc.headers.get("Allow", "")
         return response
     except RequestError as exc:
-        return error_response(exc, dialect_of(request.path))
+        response = error_response(exc, dialect_of(request.path))
+        return _closing(response) if exc.status == 408 else response
     except RecursionError:
         error = RequestError("the request body is nested too deeply; send at most a few hundred levels of JSON")
     except UnicodeError:
