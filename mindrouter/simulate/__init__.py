@@ -81,8 +81,12 @@ models are each owed all of their own pool.
   ``users`` (who sent requests there), ``tokens``, ``shares`` and
   ``target_shares`` over the run, ``max_service_gap`` (``_pair``, ``_at``),
   ``max_dispatch_gap`` (``_pair``), ``max_request_cost``, ``gap_bound``,
-  ``jain_index``, ``worst_window`` and ``windows`` (``start``, ``shares``,
-  ``targets``, ``outlasting``). A pool's target: at every moment, users with
+  ``jain_index``, ``worst_window`` and ``windows``: per 60 s, ``start``,
+  ``shares``, ``targets``, ``error`` (the largest |share - target|, and
+  ``error_user`` whose), ``allowed``, ``outlasting`` (requests running in it
+  that each take longer than a window), ``since_change`` (seconds from the
+  last arrival, departure or weight event to its start) and ``counts``
+  (whether ``worst_window`` considers it). A pool's target: at every moment, users with
   nothing queued in the pool take what they actually receive, and the rest of
   the pool's service is owed to its backlogged users (those with requests
   waiting) in proportion to weight. With everyone saturating all run long that

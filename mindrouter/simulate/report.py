@@ -76,37 +76,61 @@ def allowed_deviation(pool: Pool, window: PoolWindow) -> float:
     return WINDOW_TOLERANCE
 
 
-def worst_window(run: Run, pool: Pool) -> dict[str, Any] | None:
-    """The largest |share - target| of any user in a full window of ``pool`` that starts at least
-    ``SETTLE`` seconds after the last change before it, among windows where someone was backlogged.
+def _window_rows(run: Run, pool: Pool) -> list[dict[str, Any]]:
+    """Each window of ``pool``: shares, targets, the worst user's error, and whether it counts.
 
-    A window's target is computed like ``target_share`` (see ``pools.Pool``), over that window.
+    A window *counts* toward ``worst_window`` when it is full, someone was
+    backlogged in it, it holds no change and starts at least ``SETTLE`` seconds
+    after the last one (a phase starting or stopping, a weight event).
     """
     changes = _changes(run, pool)
-    worst: dict[str, Any] | None = None
+    names = {u: run.users[u].name for u in pool.members}
+    rows = []
     for window in pool.windows:
-        if window.end - window.start < run.window - 1e-9 or window.backlogged <= 0:
-            continue
-        last = max((t for t in changes if t <= window.start), default=None)
-        if last is not None and window.start < last + SETTLE:
-            continue
-        if any(window.start < t < window.end for t in changes):
-            continue
         total = sum(window.tokens)
-        if total <= 0:
-            continue
-        for u in pool.members:
-            deviation = abs(window.tokens[u] - window.targets[u]) / total
-            if worst is None or deviation > worst["deviation"]:
-                worst = {
-                    "start": window.start,
-                    "user": run.users[u].name,
-                    "share": round(window.tokens[u] / total, 6),
-                    "target": round(window.targets[u] / total, 6),
-                    "deviation": round(deviation, 6),
-                    "allowed": round(allowed_deviation(pool, window), 6),
-                }
-    return worst
+        last = max((t for t in changes if t <= window.start), default=None)
+        error = None
+        if total > 0:
+            error = max(((abs(window.tokens[u] - window.targets[u]) / total, u) for u in names), default=None)
+        counts = (
+            error is not None
+            and window.end - window.start >= run.window - 1e-9
+            and window.backlogged > 0
+            and (last is None or window.start >= last + SETTLE)
+            and not any(window.start < t < window.end for t in changes)
+        )
+        rows.append(
+            {
+                "start": round(window.start, 6),
+                "shares": {n: round(window.tokens[u] / total, 6) if total else 0.0 for u, n in names.items()},
+                "targets": {n: round(window.targets[u] / total, 6) if total else 0.0 for u, n in names.items()},
+                "error": None if error is None else round(error[0], 6),
+                "error_user": None if error is None else names[error[1]],
+                "allowed": round(allowed_deviation(pool, window), 6),
+                "outlasting": window.outlasting,
+                "since_change": None if last is None else round(window.start - last, 6),
+                "counts": counts,
+            }
+        )
+    return rows
+
+
+def worst_window(rows: list[dict[str, Any]]) -> dict[str, Any] | None:
+    """Of a pool's window rows that count, the one with the largest error, as ``start``, ``user``,
+    ``share``, ``target``, ``deviation`` and ``allowed``."""
+    counted = [r for r in rows if r["counts"]]
+    if not counted:
+        return None
+    row = max(counted, key=lambda r: r["error"])
+    user = row["error_user"]
+    return {
+        "start": row["start"],
+        "user": user,
+        "share": row["shares"][user],
+        "target": row["targets"][user],
+        "deviation": row["error"],
+        "allowed": row["allowed"],
+    }
 
 
 def _pool_jain(run: Run, pool: Pool) -> float | None:
@@ -131,6 +155,7 @@ def _pool_row(run: Run, pool: Pool) -> dict[str, Any]:
     names = {u: run.users[u].name for u in pool.members}
     tokens = {u: pool.tokens(u, run.duration) for u in pool.members}
     total = sum(tokens.values())
+    windows = _window_rows(run, pool)
     return {
         "backends": [b.name for b in pool.backends],
         "models": sorted(pool.models),
@@ -147,16 +172,8 @@ def _pool_row(run: Run, pool: Pool) -> dict[str, Any]:
         "max_request_cost": _r(pool.max_request_cost, 3),
         "gap_bound": _r(2 * pool.max_request_cost, 3),
         "jain_index": _pool_jain(run, pool),
-        "worst_window": worst_window(run, pool),
-        "windows": [
-            {
-                "start": round(w.start, 6),
-                "shares": {names[u]: round(w.tokens[u] / wt, 6) if (wt := sum(w.tokens)) else 0.0 for u in names},
-                "targets": {names[u]: round(w.targets[u] / wt, 6) if wt else 0.0 for u in names},
-                "outlasting": w.outlasting,
-            }
-            for w in pool.windows
-        ],
+        "worst_window": worst_window(windows),
+        "windows": windows,
     }
 
 
