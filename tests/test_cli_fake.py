@@ -348,6 +348,34 @@ class FakeDaemon:
             "queue": self.queue(),
             "share": self.share(),
             "decisions": self.decisions[-10:],
+            "usage_today": {
+                "users": [
+                    {"user": "alice", "requests": 120, "prompt_tokens": 90_000, "completion_tokens": 1_650_000},
+                    {"user": "bob", "requests": 30, "prompt_tokens": 4_000, "completion_tokens": 20_000},
+                ],
+                "models": [
+                    {"model": "llama3.2", "requests": 100, "prompt_tokens": 80_000, "completion_tokens": 1_500_000},
+                    {"model": "mistral", "requests": 30, "prompt_tokens": 10_000, "completion_tokens": 90_000},
+                    {"model": "llama3.2:latest", "requests": 20, "prompt_tokens": 4_000, "completion_tokens": 80_000},
+                ],
+                "total": {"requests": 150, "prompt_tokens": 94_000, "completion_tokens": 1_670_000},
+            },
+            "quota_warnings": [
+                {
+                    "subject": "user",
+                    "name": "alice",
+                    "kind": "tokens_per_day",
+                    "limit": 2_000_000,
+                    "used": 1_740_000,
+                    "remaining": 260_000,
+                    "resets": 1_767_052_800.0,
+                    "resets_at": "2026-12-30T00:00:00+00:00",
+                }
+            ],
+            "throughput": {
+                "bucket_seconds": 10,
+                "backends": {"ws1": [0, 0, 5, 20, 40, 55, 60, 58, 30, 10] * 3, "ws2": [0.0] * 30},
+            },
         }
 
     # -- HTTP -------------------------------------------------------------------------

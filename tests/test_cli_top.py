@@ -168,8 +168,8 @@ def test_live_top_under_tmux_quits_on_q_and_restores_the_terminal(tmp_path: Path
             "120",
             "-y",
             "40",
-            f"env -i PATH={shlex.quote(os.environ.get('PATH', ''))} HOME={shlex.quote(str(tmp_path))} TERM=xterm-256color "
-            f"MR_CONFIG={shlex.quote(str(config))} PS1='$ ' bash --norc --noprofile",
+            f"env -i PATH={shlex.quote(os.environ.get('PATH', ''))} HOME={shlex.quote(str(tmp_path))} "
+            f"TERM=xterm-256color MR_CONFIG={shlex.quote(str(config))} PS1='$ ' bash --norc --noprofile",
         )
         _tmux(
             tmux_sock,
@@ -200,6 +200,78 @@ def test_live_top_under_tmux_quits_on_q_and_restores_the_terminal(tmp_path: Path
         _tmux(tmux_sock, "send-keys", "-t", "t", 'stty -g > after.txt; echo SAV""ED', "Enter")
         _wait_for(tmux_sock, lambda s: "SAVED" in s.split("EXIT=0")[-1])
         assert (tmp_path / "before.txt").read_text() == (tmp_path / "after.txt").read_text()  # cbreak undone
+    finally:
+        subprocess.run(["tmux", "-S", tmux_sock, "kill-server"], capture_output=True, timeout=10)
+        server.stop()
+        shutil.rmtree(folder, ignore_errors=True)
+
+
+# -- accounting panels and pictures ---------------------------------------------------------------
+
+
+def test_pictures_quota_warnings_and_todays_usage(top_data: dict[str, Any]) -> None:
+    lines = frame(top_data, 160, 45, now=1_767_000_000.0)
+    text = "\n".join(lines)
+    assert len(lines) <= 45 and all(len(line) <= 160 for line in lines)
+    # a tokens/s sparkline per backend: ws1 rises and falls, ws2 is flat
+    ws1 = next(line for line in lines if line.startswith("ws1"))
+    assert "▁▁▁▃▆███▄▂" in ws1
+    assert "▁" * 30 in next(line for line in lines if line.startswith("ws2"))
+    # quota warnings: who, which quota, how full, when it resets
+    warning = next(line for line in lines if line.startswith("alice tokens/day"))
+    assert "1.7M of 2.0M" in warning and "87%" in warning and "2026-12-30 00:00" in warning
+    # actual against target share: alice above her target (bar past the marker), bob below (marker after the bar)
+    share_alice = next(line for line in lines if line.startswith("alice") and "faculty" in line)
+    share_bob = next(line for line in lines if line.startswith("bob") and "student" in line)
+    assert "┃" in share_alice and share_alice.index("┃") < share_alice.rindex("█")
+    assert "│" in share_bob and share_bob.rindex("█") < share_bob.index("│")
+    # today's top users and models; llama3.2 and llama3.2:latest are one model
+    assert "Today  1.8M tokens" in text and "llama3.2:latest" not in text
+    today = next(line for line in lines if line.startswith("alice") and "1.7M" in line and "llama3.2" in line)
+    assert today.split()[-2:] == ["1.7M", "120"]
+
+
+def test_columns_are_as_wide_as_their_content(top_data: dict[str, Any]) -> None:
+    next(b for b in top_data["backends"] if b["name"] == "ws1")["loaded_models"] = [
+        "llama3.2",
+        "llama3.2:latest",
+        "qwen",
+    ]
+    lines = frame(top_data, 200, 60)
+    share = next(line for line in lines if line.startswith("alice") and "faculty" in line)
+    assert share.index("faculty") < 10  # four- and five-letter names take a few cells, not fifty
+    queue = next(line for line in lines if line.startswith("alice") and "4.8s" in line)
+    assert len(queue.rstrip()) < 40
+    ws1 = next(line for line in lines if line.startswith("ws1"))
+    assert ws1.rstrip().endswith("llama3.2, qwen")
+    assert "llama3.2:latest" not in ws1
+
+
+@pytest.mark.skipif(shutil.which("tmux") is None, reason="needs tmux")
+@pytest.mark.parametrize(("width", "height"), [(80, 24), (160, 45)])
+def test_top_as_a_person_sees_it_under_tmux(tmp_path: Path, width: int, height: int) -> None:
+    folder = tempfile.mkdtemp(prefix="mr-tmux-")
+    server = FakeDaemon(os.path.join(folder, "mr.sock"))
+    server.start()
+    tmux_sock = os.path.join(folder, "tmux")
+    config = tmp_path / "config.toml"
+    config.write_text(f'[server]\nsocket = "{server.socket_path}"\n')
+    mr_cmd = f"{shlex.quote(sys.executable)} -c 'from mindrouter.cli import main; main()' top --interval 0.5"
+    env = (
+        f"env -i PATH={shlex.quote(os.environ.get('PATH', ''))} HOME={shlex.quote(str(tmp_path))} "
+        f"TERM=xterm-256color MR_CONFIG={shlex.quote(str(config))} LANG=C.UTF-8 {mr_cmd}"
+    )
+    try:
+        _tmux(tmux_sock, "-f", "/dev/null", "new-session", "-d", "-s", "t", "-x", str(width), "-y", str(height), env)
+        screen = _wait_for(tmux_sock, lambda s: "Fair share" in s and "alice" in s)
+        lines = screen.splitlines()
+        assert len(lines) <= height and max(len(line) for line in lines) <= width, screen
+        assert lines[0].startswith("mindrouter") and "Backends" in screen and "Quotas" in screen
+        assert "█" in screen and ("┃" in screen or "│" in screen)  # GPU bars and share bars
+        assert any(c in screen for c in "▃▆")  # the tokens/s sparkline
+        if height >= 45:
+            assert "Today" in screen and "Last decisions" in screen and "GPUs" in screen
+        (Path(os.environ.get("MR_TOP_SCREENS", folder)) / f"top-{width}x{height}.txt").write_text(screen)
     finally:
         subprocess.run(["tmux", "-S", tmux_sock, "kill-server"], capture_output=True, timeout=10)
         server.stop()

@@ -9,7 +9,7 @@ import time
 import pytest
 
 from mindrouter.daemon.app import create_app
-from mindrouter.daemon.keys import QUOTAS
+from mindrouter.daemon.keys import QUOTAS, STATS
 from mindrouter.localtime import next_day
 
 from .conftest import Daemon, daemon_config
@@ -186,3 +186,25 @@ async def test_me_shows_only_the_callers_own_data(daemon):
         assert mine["today"]["completion_tokens"] == 7 and mine["quotas"][0]["name"] == "bob-secret"
         anonymous = await daemon.client.get("/v1/me")
         assert anonymous.status == 401 and (await anonymous.json())["error"]["code"] == "missing_api_key"
+
+
+async def test_top_shows_todays_usage_quota_warnings_and_throughput(daemon):
+    async with FakeOllama(models=["llama3"]) as fake:
+        await daemon.backend("b1", fake.url, "ollama")
+        alice = await daemon.user("alice")
+        await daemon.user("bob")
+        await daemon.admin("PUT", "/admin/users/alice/quota", {"tokens_per_day": 20})
+        await daemon.admin("PUT", "/admin/users/bob/quota", {"tokens_per_day": 1000})
+        for _ in range(2):
+            assert (await ask(daemon, alice, max_tokens=5)).status == 200
+        top = await daemon.admin("GET", "/admin/top")
+        today = top["usage_today"]
+        assert [(r["user"], r["requests"]) for r in today["users"]] == [("alice", 2)]
+        assert [r["model"] for r in today["models"]] == ["llama3"] and today["total"]["completion_tokens"] == 10
+        assert [(q["name"], q["used"], q["limit"]) for q in top["quota_warnings"]] == [("alice", 16, 20)]
+        assert top["throughput"]["bucket_seconds"] == 10
+        rates = top["throughput"]["backends"]["b1"]
+        assert len(rates) == 30 and all(r == 0 for r in rates)  # the bucket still filling is left out
+        stats = daemon.app[STATS]
+        stats.clock = lambda: time.monotonic() + 10  # ten seconds on: that bucket is complete
+        assert daemon.app[STATS].throughput()[1][-1] == 10 / 10

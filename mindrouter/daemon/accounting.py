@@ -13,11 +13,14 @@ from aiohttp import web
 from ..errors import RequestError
 from ..localtime import day_start, month_start, parse_when, zone_label
 from ..store import QUOTA_FIELDS, InvalidValue
-from .admin import share_dict
-from .keys import AUTH, QUOTAS, STORE
+from .keys import AUTH, DISPATCHER, QUOTAS, REGISTRY, SCHEDULER, STATS, STORE
 from .responses import error_response
+from .stats import BUCKET_SECONDS
 
-__all__ = ["setup_accounting_routes"]
+__all__ = ["setup_accounting_routes", "top_panels"]
+
+#: A quota this full is a warning in `mr top`.
+WARN_AT = 0.8
 
 DEFAULT_SINCE = "30d"
 
@@ -99,27 +102,56 @@ async def get_me(request: web.Request) -> web.Response:
             "timezone": zone_label(now),
             **periods,
             "quotas": [limit.to_dict() for limit in quotas.limits(caller.user_id, caller.group)],
-            "fair_share": _standing(app, caller.name),
+            "fair_share": _standing(app, caller.user_id),
         }
     )
 
 
-def _standing(app: web.Application, name: str) -> dict[str, Any]:
-    """The caller's row of the share picture, and its place among the users active now (1 = served next)."""
-    rows = share_dict(app)["users"]
-    mine = next((r for r in rows if r["name"] == name), None)
+def _standing(app: web.Application, user_id: int) -> dict[str, Any]:
+    """The caller's fair-share figures, and its place among the users active now (1 = served next)."""
+    rows = app[SCHEDULER].user_stats(app[DISPATCHER].clock())
+    mine = next((r for r in rows if r["user_id"] == user_id), None)
     if mine is None:
         return {}
+    recent_total = sum(r["recent_tokens"] for r in rows)
     active = [r for r in rows if r["queued"] or r["running"] or r["recent_tokens"]]
     position = None
     if mine in active:
         position = 1 + sum(1 for r in active if r["deficit"] / r["weight"] > mine["deficit"] / mine["weight"])
-    keys = ("weight", "normalized_share", "actual_share", "recent_tokens", "factor", "queued", "running")
     return {
-        **{k: mine[k] for k in keys},
+        **{k: mine[k] for k in ("weight", "recent_tokens", "factor", "queued", "running")},
+        "normalized_share": round(mine["normalized_share"], 4),
+        "actual_share": round(mine["recent_tokens"] / recent_total, 4) if recent_total else 0.0,
         "deprioritized": mine["factor"] < 1,
         "position": position,
         "active_users": len(active),
+    }
+
+
+def top_panels(app: web.Application) -> dict[str, Any]:
+    """What `mr top` adds about accounting: today's heaviest users and models, quotas near their limit,
+    and each backend's recent tokens per second."""
+    store, quotas = app[STORE], app[QUOTAS]
+    now = quotas.wall()
+    since = day_start(now)
+    users = store.usage_report(["user"], since, now + 1e-3)
+    today = {
+        "users": users.rows[:10],
+        "models": store.usage_report(["model"], since, now + 1e-3).rows[:10],
+        "total": users.total,
+    }
+    names = {bid: entry.row.name for bid, entry in app[REGISTRY].entries.items()}
+    return {
+        "usage_today": today,
+        "quota_warnings": [
+            limit.to_dict()
+            for limit in quotas.overview()
+            if limit.subject == "user" and limit.limit and limit.used >= WARN_AT * limit.limit
+        ],
+        "throughput": {
+            "bucket_seconds": BUCKET_SECONDS,
+            "backends": {names.get(bid, f"#{bid}"): rates for bid, rates in app[STATS].throughput().items()},
+        },
     }
 
 

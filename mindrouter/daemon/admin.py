@@ -18,6 +18,7 @@ from aiohttp import web
 from .. import __version__
 from ..scheduler import check_weight
 from ..store import AlreadyExists, InUse, InvalidValue, NotFound, StoreError
+from .accounting import top_panels
 from .auth import bearer_is
 from .catalog import pool_models
 from .keys import AUTH, CONFIG, DECISIONS, DISPATCHER, GPUS, QUOTAS, REGISTRY, SCHEDULER, STATS, STORE
@@ -444,6 +445,7 @@ async def get_top(request: web.Request) -> web.Response:
             "queue": queue_dict(app),
             "share": share_dict(app),
             "decisions": app[DECISIONS].recent(10),
+            **top_panels(app),
         },
         dumps=lambda o: json.dumps(o, default=_finite),
     )

@@ -13,6 +13,10 @@ from typing import Any
 
 __all__ = ["Stats"]
 
+BUCKET_SECONDS = 10.0
+BUCKETS = 30
+"""Per-backend throughput is kept in 10-second buckets for the last 5 minutes (`mr top`'s sparklines)."""
+
 
 class Stats:
     def __init__(
@@ -35,6 +39,8 @@ class Stats:
         self.errors: Counter[int] = Counter()
         self.cancelled = 0
         self._recent: deque[tuple[float, int]] = deque()
+        self._buckets: dict[int, dict[int, int]] = {}
+        """backend id -> {bucket number: tokens completed in it}."""
 
     def completed(self, caller: Any, job: Any, backend_id: int, usage: Any, status: int, held: float = 0.0) -> None:
         """Count a finished request and write its usage row (``held``: seconds it held the backend slot)."""
@@ -50,6 +56,12 @@ class Stats:
         recent.append((now, prompt + completion))
         while recent and recent[0][0] < now - 60:
             recent.popleft()
+        bucket = int(now // BUCKET_SECONDS)
+        per = self._buckets.setdefault(backend_id, {})
+        per[bucket] = per.get(bucket, 0) + completion
+        if len(per) > BUCKETS + 1:
+            for old in [b for b in per if b <= bucket - BUCKETS]:
+                del per[old]
         if prompt or completion:
             at = self.wall()
             self.store.record_usage(
@@ -65,6 +77,17 @@ class Stats:
             )
             if self.on_usage is not None:
                 self.on_usage(caller.user_id, caller.group, prompt + completion, at)
+
+    def throughput(self) -> dict[int, list[float]]:
+        """Completion tokens per second of each backend in each bucket of the last minutes, oldest first.
+
+        The newest bucket is still filling, so it is left out.
+        """
+        now = int(self.clock() // BUCKET_SECONDS)
+        return {
+            bid: [per.get(b, 0) / BUCKET_SECONDS for b in range(now - BUCKETS, now)]
+            for bid, per in self._buckets.items()
+        }
 
     def count_error(self, status: int) -> None:
         self.errors[status] += 1

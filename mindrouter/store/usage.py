@@ -161,8 +161,10 @@ class UsageLog:
             until = next_day(until)
         full_from = since if since == day_start(since) else next_day(since)
         full_to = day_start(until)
+        if until > full_to and not self._db.execute("SELECT 1 FROM usage WHERE at >= ? LIMIT 1", (until,)).fetchone():
+            full_to = next_day(until)  # nothing after the end yet (a report up to now): the day's total is exact
         if full_from < full_to:
-            raw = [(since, full_from), (full_to, until)]
+            raw = [(since, full_from), (full_to, max(full_to, until))]
             days = (day_key(full_from), day_key(full_to))
         else:
             raw, days = [(since, until)], ("", "")
