@@ -10,12 +10,17 @@ Targets (issue 9), per pool of contention:
   within 2 points over the run;
 - service gap at most 2x the largest request cost.
 
-Each example runs its full duration (two are cut short where the rest of the
-hour repeats what came before), so this file takes a few seconds.
+To keep this file to a few seconds, examples run compressed: an example built
+around a change at 30 minutes runs with every start, stop and event at a third
+of its time (the change after 10 minutes of saturation, which already stalls a
+core that rescales history), and one without changes runs its first 10
+minutes. Request sizes and speeds are untouched. The full hours are measured by
+``benchmarks/bench_simulate.py --figures`` (the table in docs/simulate.md).
 """
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from functools import cache
 from typing import Any
@@ -24,17 +29,48 @@ import pytest
 from typer.testing import CliRunner
 
 from mindrouter.cli import app
-from mindrouter.simulate import build, example_names, load_example, simulate
+from mindrouter.simulate import Scenario, build, example_names, load_example, simulate
 
-#: Examples cut short for speed: the property is settled well before the end.
-SHORTER = {"group-shares": 900, "answers-jump": 2400}
+#: How each example runs here: its time scaled by a factor, or its first seconds (see the module docstring).
+SCALED = {
+    name: 1 / 3
+    for name in (
+        "model-switch",
+        "newcomer-other-model",
+        "set-weight",
+        "set-weight-reverse",
+        "group-set-weight",
+        "long-answers",
+        "answers-jump",
+    )
+}
+FIRST = {
+    "admin-one-student": 600,
+    "admin-two-students": 600,
+    "group-shares": 600,
+    "separate-models": 600,
+    "scenario3": 600,
+    "huge-request": 1800,
+}
+
+
+def scaled(sc: Scenario, factor: float) -> Scenario:
+    """``sc`` with its duration, phases' start and stop and events' times multiplied by ``factor``."""
+    users = tuple(
+        dataclasses.replace(u, start=u.start * factor, stop=None if u.stop is None else u.stop * factor)
+        for u in sc.users
+    )
+    events = tuple(dataclasses.replace(e, at=e.at * factor) for e in sc.events)
+    return sc.replace(duration=sc.duration * factor, users=users, events=events)
 
 
 @cache
 def measure(name: str) -> dict[str, Any]:
     sc = load_example(name)
-    if name in SHORTER:
-        sc = sc.replace(duration=SHORTER[name])
+    if name in SCALED:
+        sc = scaled(sc, SCALED[name])
+    elif name in FIRST:
+        sc = sc.replace(duration=FIRST[name])
     return build(simulate(sc))
 
 
@@ -132,7 +168,7 @@ def test_model_switch_splits_the_new_pool_from_the_switch_on():
     result = measure("model-switch")
     qwen, llama = result["pools"]
     assert qwen["users"] == ["x"] and llama["users"] == ["x", "y"]
-    after = [w for w in llama["windows"] if w["start"] >= 1920]
+    after = [w for w in llama["windows"] if w["start"] >= 720]  # the switch is at 600 s here
     assert all(abs(w["shares"]["x"] - 0.5) <= 0.05 for w in after), [w["shares"]["x"] for w in after]
 
 
@@ -145,7 +181,7 @@ def test_model_switch_splits_the_new_pool_from_the_switch_on():
 )
 def test_set_weight_moves_shares_from_the_change_on(name, share):
     (pool,) = measure(name)["pools"]
-    after = [w for w in pool["windows"] if w["start"] >= 1920]
+    after = [w for w in pool["windows"] if w["start"] >= 720]  # the change is at 600 s here
     assert all(w["targets"]["a"] == pytest.approx(share, abs=1e-6) for w in after)
     assert all(abs(w["shares"]["a"] - share) <= 0.05 for w in after), [w["shares"]["a"] for w in after]
 
