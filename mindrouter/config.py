@@ -21,7 +21,7 @@ from typing import Any
 import platformdirs
 
 from .errors import ConfigError
-from .scheduler.settings import DEFAULT_GROUP_WEIGHTS, SchedulerSettings, ScoreWeights
+from .scheduler.settings import DEFAULT_GROUP_WEIGHTS, SHARES, SchedulerSettings, ScoreWeights
 
 __all__ = [
     "BackendSettings",
@@ -223,6 +223,8 @@ def load_config(
     score_data = sched_data.pop("scores", {})
     if not isinstance(score_data, dict):
         raise ConfigError(f"[scheduler.scores] in {file} must be a table")
+    if sched_data.get("shares", "user") not in SHARES:
+        raise ConfigError(f'[scheduler] shares in {file} must be "user" or "group", not {sched_data["shares"]!r}')
     scheduler = _merge("scheduler", SchedulerSettings(), sched_data, skip=frozenset({"scores", "group_weights"}))
     scores = _merge("scheduler.scores", ScoreWeights(), score_data)
     backends = _merge("backends", BackendSettings(), data.get("backends", {}))

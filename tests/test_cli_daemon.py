@@ -132,7 +132,8 @@ def test_every_command_against_a_running_daemon(live: ThreadDaemon) -> None:
     assert queue["queue"]["total"] == 0 and queue["fair_share"]["global_recent_tokens"] == 6
     share = run(live, "share", "--json").json()
     alice = next(u for u in share["users"] if u["name"] == "alice")
-    assert alice["recent_tokens"] == 6 and alice["actual_share"] == 1.0 and alice["deficit"] == -6
+    # A newcomer stands one typical request (256) above the reference; it used 6 since.
+    assert alice["recent_tokens"] == 6 and alice["actual_share"] == 1.0 and alice["deficit"] == 256 - 6
     lines = run(live, "decisions", "--json", "--limit", "5").stdout.strip().splitlines()
     record = json.loads(lines[-1])
     assert record["request_id"] == rid and record["selected_backend"] == "ws1"

@@ -42,8 +42,8 @@ async def test_openai_client_both_engines_stream_and_not(daemon, engine):
         text = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
         assert text.split() == ["tok0", "tok1", "tok2", "tok3"]
         assert all(c.usage is None for c in chunks)  # usage hidden: the client did not ask
-        state = next(u for u in daemon.scheduler.fair if u.name == "alice")
-        assert state.deficit == -((3 + 5) + (2 + 4))  # charged from the backend's own counts
+        state = next(u for u in daemon.scheduler.share(0).users if u.name == "alice")
+        assert state.served == (3 + 5) + (2 + 4)  # charged from the backend's own counts
         assert fake.in_flight == 0
 
 
@@ -67,8 +67,8 @@ async def test_ollama_client_both_engines_stream_and_not(daemon, engine):
         ]
         assert "".join(p.response for p in parts).split() == ["tok0", "tok1"]
         assert parts[-1].done and parts[-1].eval_count == 2
-        state = next(u for u in daemon.scheduler.fair if u.name == "bob")
-        assert state.deficit == -((4 + 3) + (2 + 2))
+        state = next(u for u in daemon.scheduler.share(0).users if u.name == "bob")
+        assert state.served == (4 + 3) + (2 + 2)
 
 
 async def test_models_tags_ps_version_need_no_queue(daemon):

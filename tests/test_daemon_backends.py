@@ -83,5 +83,5 @@ async def test_embeddings_in_both_dialects_on_both_engines(daemon):
             assert out.usage.prompt_tokens == 3
             res = await ol.embed(model=model, input=["alpha beta gamma"])
             assert len(res.embeddings) == 1 and len(res.embeddings[0]) == 4
-        state = next(u for u in daemon.scheduler.fair if u.name == "e")
-        assert state.deficit == -(3 + 3 + 3 + 3)
+        state = next(u for u in daemon.scheduler.share(0).users if u.name == "e")
+        assert state.served == 3 + 3 + 3 + 3

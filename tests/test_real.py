@@ -105,8 +105,9 @@ def oai(daemon: Any, key: str) -> openai.AsyncOpenAI:
     return openai.AsyncOpenAI(base_url=daemon.url + "/v1", api_key=key, max_retries=0, timeout=60)
 
 
-def deficit(daemon: Any, name: str) -> float:
-    return next(u for u in daemon.scheduler.fair if u.name == name).deficit
+def served_cost(daemon: Any, name: str) -> float:
+    """What the core charged ``name`` in all, settled against the backend's counts."""
+    return next(u for u in daemon.scheduler.share(0).users if u.name == name).served
 
 
 async def until(predicate, timeout: float, what: str, interval: float = 0.02) -> float:
@@ -149,7 +150,7 @@ async def test_openai_client_stream_and_not_charged_by_the_servers_own_counts(po
     assert usage is not None and usage.completion_tokens == 9
     assert usage.prompt_tokens == reply.usage.prompt_tokens  # same messages, same template
     charged += usage.prompt_tokens + usage.completion_tokens
-    assert deficit(d, "alice") == -charged
+    assert served_cost(d, "alice") == charged
 
     # A stream whose client did not ask for usage: mindrouter asks for it, charges it, hides it.
     stream = await client.chat.completions.create(
@@ -159,7 +160,7 @@ async def test_openai_client_stream_and_not_charged_by_the_servers_own_counts(po
     assert all(c.usage is None for c in chunks)
     assert LETTERS.fullmatch("".join(c.choices[0].delta.content or "" for c in chunks if c.choices))
     charged += reply.usage.prompt_tokens + 7
-    assert deficit(d, "alice") == -charged
+    assert served_cost(d, "alice") == charged
     assert (await d.admin("GET", "/admin/share"))["global_recent_tokens"] == charged
     await client.close()
     d.scheduler.check()
@@ -193,7 +194,7 @@ async def test_ollama_client_stream_and_not_charged_by_the_servers_own_counts(po
     last = parts[-1]
     assert last.done and last.prompt_eval_count == reply.prompt_eval_count and 0 < last.eval_count <= 5
     charged += last.prompt_eval_count + last.eval_count
-    assert deficit(d, "bob") == -charged
+    assert served_cost(d, "bob") == charged
     d.scheduler.check()
 
 
@@ -229,7 +230,7 @@ async def test_queue_and_decisions_reflect_concurrent_traffic_on_both_servers(po
     replies = await asyncio.gather(*tasks)
     assert all(r.usage.completion_tokens == tokens for r in replies)
     charged = sum(r.usage.prompt_tokens + r.usage.completion_tokens for r in replies)
-    assert deficit(d, "carol") == -charged
+    assert served_cost(d, "carol") == charged
 
     queue = await d.admin("GET", "/admin/queue")
     assert queue["queue"]["total"] == 0 and queue["queue"]["running"] == 0

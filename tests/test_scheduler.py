@@ -44,6 +44,19 @@ def job(user, t=0.0, model="llama3", prompt=100, max_tokens=None, **kw) -> Job:
     )
 
 
+def served(s: Scheduler, user, cost: int, t: float) -> None:
+    """``user`` is served one request costing ``cost`` at ``t`` (submitted, dispatched, completed)."""
+    s.submit(j := job(user, t, prompt=0), t)
+    assert [d.job.id for d in s.dispatch(t)] == [j.id]
+    s.complete(j.id, t, prompt_tokens=cost, completion_tokens=0)
+
+
+def deficit(s: Scheduler, user, now: float = 0.0) -> float:
+    share = s.share(now).user(user)
+    assert share is not None
+    return share.deficit
+
+
 # -- formulas -----------------------------------------------------------------
 
 
@@ -91,21 +104,23 @@ def test_fresh_user_outranks_one_who_consumed_1000_tokens():
     s.submit(j := job("old", 0, prompt=0), 0)
     s.dispatch(0)
     s.complete(j.id, 1, prompt_tokens=400, completion_tokens=600)
-    assert s.user("old").deficit == -1000
+    # A newcomer stands one typical request (256) above V; it was then charged 1000.
+    assert deficit(s, "old") == 256 - 1000
     s.submit(job("old", 2), 2)
     s.submit(job("new", 2), 2)
     assert first_dispatched(s) == "new"
 
 
-def test_equal_positive_deficit_weight_1_outranks_weight_3():
+def test_equal_cost_served_weighs_three_times_less_for_weight_3():
     s = make()
     s.set_user("light", 1)
     s.set_user("heavy", 3)
-    s.user("light").deficit = 600.0
-    s.user("heavy").deficit = 600.0
-    s.submit(job("heavy", 0), 0)
-    s.submit(job("light", 0), 0)
-    assert first_dispatched(s) == "light"
+    served(s, "light", 600, 0)
+    served(s, "heavy", 600, 0)
+    s.submit(job("heavy", 1), 1)
+    s.submit(job("light", 1), 1)
+    # Both entered within a credit of V, but 600 tokens cost "heavy" a third of what they cost "light".
+    assert first_dispatched(s, 1) == "heavy"
 
 
 def test_completing_500_tokens_moves_deficit_to_minus_500():
@@ -113,9 +128,10 @@ def test_completing_500_tokens_moves_deficit_to_minus_500():
     s.set_user("u", 1)
     s.submit(j := job("u"), 0)
     [_d] = s.dispatch(0)
-    assert s.user("u").inflight_charge > 0  # the estimate counts while it runs
+    assert deficit(s, "u") == 256 - (100 + 256)  # the prompt and the usual answer count while it runs
+    assert s.user("u").inflight_charge == 100 + 256
     s.complete(j.id, 5, prompt_tokens=200, completion_tokens=300)
-    assert s.user("u").deficit == -500
+    assert deficit(s, "u") == 256 - 500
     assert s.user("u").inflight_charge == 0
 
 
@@ -138,54 +154,56 @@ def test_idle_time_raises_burst_credits_and_contention_halves_them():
     s.dispatch(0)
     s.complete(j.id, 1, prompt_tokens=1, completion_tokens=1)
     # Nothing queued from t=0 (dispatch emptied the queue): 10 idle seconds.
-    assert s.fair.current_burst(10.0) == pytest.approx(20.0)
-    stats = {row["name"]: row for row in s.user_stats(10.0)}
-    assert stats["u"]["burst_credits"] == pytest.approx(60.0)  # per unit of weight x 3
+    assert s.share(10.0).burst_credits_per_weight == pytest.approx(20.0)
     s.submit(job("u", 10), 10)  # contention starts: halved
-    assert s.fair.current_burst(10.0) == pytest.approx(10.0)
-    assert s.fair.current_burst(20.0) == pytest.approx(10.0)  # no accrual while something is queued
+    assert s.share(10.0).burst_credits_per_weight == pytest.approx(10.0)
+    assert s.share(20.0).burst_credits_per_weight == pytest.approx(10.0)  # no accrual while something is queued
 
 
 def test_burst_credits_are_capped():
     s = make(SchedulerSettings(credit_rate=1.0, max_burst_credits=50))
-    assert s.fair.current_burst(1000.0) == 50
+    assert s.share(1000.0).burst_credits_per_weight == 50
 
 
 def test_heavy_user_is_deprioritized_and_never_helped():
-    settings = SchedulerSettings(heavy_refresh_interval=0.0)
-    s = make(settings, slots=1)
-    s.set_user("heavy", 1)
-    s.set_user("other", 1)
-    # heavy used 900 of 1000 recent tokens.
-    s.fair.add_usage("heavy", 900, 0)
-    s.fair.add_usage("other", 100, 0)
-    s.fair.refresh(1.0)
-    assert s.user("heavy").factor == pytest.approx(heavy_factor(0.9, 0.5))
-    for deficit in (-5000.0, -10.0, 0.0, 10.0, 5000.0):
-        heavy = s.user("heavy")
-        heavy.deficit = deficit
-        ref = 0.0
-        assert s.fair.priority(heavy, ref) <= (heavy.effective - ref)
+    from mindrouter.scheduler.pools import Pool, Seat, UserState
+
+    pool = Pool(frozenset({1}), SchedulerSettings())
+    for factor in (0.1, 0.2, 0.5, 0.99, 1.0):
+        for lag in (-5000.0, -10.0, 0.0, 10.0, 5000.0):
+            for ref in (-100.0, 0.0, 100.0):
+                plain = Seat(UserState("h", "h", None, 2.0), lag, 2.0)
+                heavy = Seat(UserState("h", "h", None, 2.0), lag, 2.0, factor=factor)
+                assert pool.priority(heavy, ref) <= pool.priority(plain, ref)
 
 
-def test_heavy_user_loses_a_tie_it_would_otherwise_win():
-    settings = SchedulerSettings(heavy_refresh_interval=0.0)
-    s = make(settings)
+def scenario_2_order(threshold: float) -> list[str]:
+    """After "heavy" monopolized the pool, "light" arrives with its own backlog: who gets the next slots."""
+    s = make(SchedulerSettings(heavy_refresh_interval=0.0, return_credit=100, deprioritize_threshold=threshold))
     s.set_user("heavy", 1)
-    s.set_user("other", 1)
-    s.fair.add_usage("heavy", 900, 0.5)
-    s.fair.add_usage("other", 100, 0.5)
-    s.user("heavy").deficit = -100.0
-    s.user("other").deficit = -150.0  # other is further behind its share... but heavy is heavy
-    s.submit(job("heavy", 0), 0)
-    s.submit(job("other", 0), 0)
-    # Without deprioritization heavy (-100) beats other (-150); with factor 0.2 it is
-    # measured from the reference (-100) and stays at -100 only if it is the reference.
-    # Make "other" the reference by giving it a slightly better effective deficit:
-    s.user("other").deficit = -99.0
-    s.fair.touch(s.user("other"))
-    s._rekey(s.user("other"))
-    assert first_dispatched(s, 1.0) == "other"
+    s.set_user("light", 1)
+    s.add_usage("light", 100, 0, "llama3")  # not alone in the window: heavy holds 90% of it
+    for t in range(1, 10):
+        served(s, "heavy", 100, t)
+    for _ in range(6):
+        s.submit(job("heavy", 10, max_tokens=0), 10)
+        s.submit(job("light", 10, max_tokens=0), 10)
+    order = []
+    for t in range(11, 21):
+        [d] = s.dispatch(t)
+        order.append(d.job.user_id)
+        s.complete(d.job.id, t, prompt_tokens=100, completion_tokens=0)
+    return order
+
+
+def test_deprioritization_serves_the_newcomer_one_request_more_and_never_starves():
+    plain = scenario_2_order(threshold=1.0)  # nobody is ever heavy
+    deprioritized = scenario_2_order(threshold=0.5)
+    assert plain[:4] == ["light", "heavy", "light", "heavy"]  # the newcomer's one credit, then turns
+    # Heavy (90% of the window, factor 0.2) is moved back by its capped handicap of one
+    # credit: the newcomer gets two more requests first (one credit, plus the tie), no more.
+    assert deprioritized[:4] == ["light", "light", "light", "heavy"]
+    assert deprioritized.count("heavy") == 4 and plain.count("heavy") == 5  # then turns again
 
 
 def test_wait_bonus_favours_the_older_job_between_equals():
@@ -197,21 +215,22 @@ def test_wait_bonus_favours_the_older_job_between_equals():
     assert first_dispatched(s, 6.0) == "a"
 
 
-def test_returning_user_is_at_most_one_credit_ahead():
+def test_returning_user_is_at_most_one_credit_ahead_and_one_behind():
     settings = SchedulerSettings(return_credit=1000)
-    s = make(settings)
+    s = make(settings, slots=2)
     s.set_user("busy", 1)
     s.set_user("back", 1)
-    busy = s.user("busy")
-    busy.deficit = -1_000_000.0
-    s.submit(job("busy", 0), 0)
-    s.fair.touch(busy)
-    s._rekey(busy)
-    s.user("back").deficit = 0.0  # banked nothing, but far ahead of busy
-    s.submit(job("back", 1), 1)
-    assert s.user("back").effective == pytest.approx(-1_000_000 + 1000)
-    # It is still served first: one credit ahead.
-    assert first_dispatched(s, 1) == "back"
+    s.set_user("greedy", 1)
+    served(s, "greedy", 50_000, 0)  # far ahead of its share... then it leaves
+    for t in range(1, 6):
+        served(s, "busy", 10_000, t)
+    s.submit(job("busy", 6, max_tokens=0), 6)  # busy waits: V is busy's lag
+    s.submit(job("back", 6), 6)
+    s.submit(job("greedy", 6), 6)
+    v = deficit(s, "busy", 6)
+    assert deficit(s, "back", 6) - v == pytest.approx(1000)  # idle banked only one credit
+    assert deficit(s, "greedy", 6) - v == pytest.approx(-1000)  # past use weighs one credit at most
+    assert [d.job.user_id for d in s.dispatch(6)] == ["back", "busy"]
 
 
 def test_deficits_shift_together_and_keep_their_order():
@@ -219,17 +238,19 @@ def test_deficits_shift_together_and_keep_their_order():
     s = make(settings)
     s.set_user("a", 1)
     s.set_user("b", 2)
-    s.user("a").deficit = -5000.0
-    s.user("b").deficit = -12000.0
-    s.submit(job("a", 0), 0)
-    s.submit(job("b", 0), 0)
-    norm = lambda u: s.user(u).deficit / s.user(u).weight  # noqa: E731
-    before = norm("a") - norm("b")
-    s.dispatch(0)
-    assert s.fair.shifts == 1
-    after = norm("a") - norm("b")
-    assert after == pytest.approx(before)
-    assert max(u.effective for u in s.fair) > -1000
+    for _ in range(3):
+        s.submit(job("a", 0, prompt=3000, max_tokens=0), 0)
+        s.submit(job("b", 0, prompt=3000, max_tokens=0), 0)
+    for t in range(1, 4):
+        [d] = s.dispatch(t)
+        s.complete(d.job.id, t, prompt_tokens=3000, completion_tokens=0)
+    [pool] = s.fair.pools.values()
+    before = {u: deficit(s, u, 3) for u in "ab"}
+    shifts = pool.shifts
+    assert pool.reference() < -1000
+    assert pool.maybe_shift()
+    assert pool.shifts == shifts + 1 and pool.reference() == 0
+    assert {u: deficit(s, u, 3) for u in "ab"} == pytest.approx(before)
 
 
 # -- routing: hard constraints ---------------------------------------------------
@@ -451,7 +472,7 @@ def test_cancel_queued_and_running_free_everything():
     assert s.cancel(b.id, 1) and not s.is_queued(b.id)
     assert s.cancel(a.id, 1, completion_tokens=7)
     assert s.load(1).in_flight == 0 and s.running_count == 0
-    assert s.user("u").deficit == -(100 + 7)
+    assert deficit(s, "u") == 256 - (100 + 7)
     assert not s.cancel(a.id, 2)
     s.check()
 
@@ -468,7 +489,7 @@ def test_failure_before_first_byte_retries_elsewhere():
     [again] = s.dispatch(1)
     assert again.job.id == j.id and again.backend_id != d.backend_id
     assert again.record.attempt == 2
-    assert s.user("u").deficit == 0  # nothing was served, nothing charged
+    assert again.record.terms.deficit == 256  # the failed attempt was refunded: still one credit above V
     assert not s.fail(j.id, 2, retry=False) or s.load(again.backend_id).in_flight == 0
 
 
@@ -478,7 +499,7 @@ def test_complete_without_usage_charges_the_estimate():
     s.submit(j := job("u", prompt=100, max_tokens=50), 0)
     s.dispatch(0)
     s.complete(j.id, 1)
-    assert s.user("u").deficit == -150
+    assert deficit(s, "u") == 256 - 150
 
 
 def test_snapshot_has_the_seed_shape():
@@ -510,12 +531,12 @@ def test_a_user_alone_in_the_window_is_not_heavy():
     s = make(SchedulerSettings(heavy_refresh_interval=0.0))
     s.set_user("solo", 1)
     s.set_user("idle", 1)
-    s.fair.add_usage("solo", 1000, 0)
-    s.fair.refresh(1.0)
-    assert s.user("solo").factor == 1.0
-    s.fair.add_usage("idle", 10, 1.0)
-    s.fair.refresh(2.0)
-    assert s.user("solo").factor == pytest.approx(0.1)
+    s.add_usage("solo", 1000, 0, "llama3")
+    s.dispatch(1.0)
+    assert s.share(1.0).user("solo").factor == 1.0
+    s.add_usage("idle", 10, 1.0, "llama3")
+    s.dispatch(2.0)
+    assert s.share(2.0).user("solo").factor == pytest.approx(0.1)
 
 
 def test_a_retry_waits_for_another_live_backend_instead_of_the_one_that_failed():

@@ -67,12 +67,8 @@ def test_scenario3_service_gap_within_twice_the_largest_request(scenario3):
     assert result["max_request_cost"] == 500  # 200 prompt + 300 completion
     assert result["max_service_gap"] <= 2 * result["max_request_cost"]
     assert result["max_dispatch_gap"] <= 2 * result["max_request_cost"]
-    # Deprioritization is in play (prof hovers around half the recent tokens)
-    # and the report says how far it moved things: not measurably here.
-    dep = result["deprioritization"]
-    assert dep["in_play"] and dep["seconds"]["prof"] > 0
-    assert dep["without"]["max_share_shift"] <= 0.005
-    assert dep["without"]["max_service_gap"] <= 2 * result["max_request_cost"]
+    # Usage is measured against entitlement: prof (weight 3) using its half is not heavy.
+    assert not result["deprioritization"]["in_play"]
 
 
 @pytest.mark.parametrize("seed", [1, 2, 3])
@@ -368,7 +364,7 @@ def test_cli_example_scenario3_table():
         "50.0%",
         "33.3%",
         "16.7%",
-        "Service gap 500 (bound: 2 x max request cost = 1,000;",
+        "Service gap 667 (bound: 2 x max request cost = 1,000;",
     ):
         assert text in result.output
 

@@ -203,7 +203,6 @@ def _share(data: Mapping[str, Any], bars: int) -> Section:
             drop=5,
         ),
         Col("deficit", lambda r: fmt_num(r.get("deficit"), 0), 8, "right", drop=2),
-        Col("burst", lambda r: fmt_tokens(r.get("burst_credits")), 6, "right", drop=3),
         Col("factor", lambda r: factor_text(r.get("factor")), 6, "right", drop=1),
     ]
     title = Text("Fair share", style="bold")

@@ -2,8 +2,9 @@
 
 Each group, then its users indented under it: the weight, the share it should
 get (normalized share), what it used in the fairness window (recent tokens and
-actual share), and the scheduler's state (deficit, burst credits, factor).
-A factor below 1 means the user is being deprioritized for heavy recent use.
+actual share), and the scheduler terms that act on its priority: its deficit
+and its deprioritization factor (below 1 for heavy recent use). Burst credits
+are the same per unit of weight for everyone, so they are not shown.
 """
 
 from __future__ import annotations
@@ -28,7 +29,6 @@ HEADERS = [
     "recent tokens",
     "actual share",
     "deficit",
-    "burst",
     "factor",
     "queued",
     "running",
@@ -78,7 +78,6 @@ def share_table(data: dict[str, Any]) -> Table:
                 "",
                 "",
                 "",
-                "",
                 quota_text(row.get("quotas")),
             )
         else:
@@ -89,7 +88,6 @@ def share_table(data: dict[str, Any]) -> Table:
                 fmt_tokens(row.get("recent_tokens")),
                 fmt_pct(row.get("actual_share"), 1),
                 fmt_num(row.get("deficit"), 0),
-                fmt_tokens(row.get("burst_credits")),
                 factor_text(row.get("factor")),
                 fmt_num(row.get("queued")),
                 fmt_num(row.get("running")),
@@ -105,7 +103,9 @@ def share(ctx: typer.Context, json: JsonOption = False, config: ConfigOption = N
 
     norm share is what the weights entitle one to; actual share is what they
     used over the fairness window. A factor below 1 means deprioritized for
-    heavy recent use; deficit and burst are the scheduler's own counters.
+    heavy recent use; deficit is tokens owed next to the most-owed waiting user.
+    With [scheduler] shares = "group", a group's weight is its share and its
+    users split it.
 
     Example: mr share --json
     """

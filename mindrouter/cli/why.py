@@ -39,19 +39,23 @@ SCORE_TERMS = [
 #: (record key, label, meaning, formatter) of each priority term.
 PRIORITY_TERMS = [
     ("weight", "weight", "the user's (or group's) fair-share weight", fmt_num),
-    ("deficit", "deficit", "service owed (+) or taken ahead (-), in tokens", lambda v: fmt_num(v, 1)),
-    ("inflight_charge", "in-flight charge", "estimated cost of their requests still running", lambda v: fmt_num(v, 1)),
-    ("reference", "reference", "effective deficit of the most-owed waiting user", lambda v: fmt_num(v, 2)),
-    ("usage_fraction", "usage fraction", "their part of all tokens in the fairness window", lambda v: fmt_pct(v, 1)),
-    ("factor", "factor", "deprioritization for heavy use (1 = none)", lambda v: fmt_num(v, 3)),
-    ("burst_credits", "burst credits", "idle-time credit (the same per unit of weight for all)", fmt_tokens),
-    ("wait_bonus", "wait bonus", "added for time spent waiting", lambda v: fmt_num(v, 3)),
     (
-        "priority",
-        "priority",
-        "(deficit - in-flight) / weight - reference, lowered by factor, + wait bonus",
-        lambda v: fmt_num(v, 3),
+        "deficit",
+        "deficit",
+        "tokens owed next to the most-owed waiting user of this pool (0 = them), running requests charged",
+        lambda v: fmt_num(v, 1),
     ),
+    ("inflight_charge", "in-flight charge", "charged so far for their requests still running", lambda v: fmt_num(v, 1)),
+    ("credit", "credit", "one typical request here: the most an arrival stands ahead or behind", fmt_tokens),
+    (
+        "usage_fraction",
+        "usage fraction",
+        "their recent tokens per unit of weight, as a part of this pool's",
+        lambda v: fmt_pct(v, 1),
+    ),
+    ("factor", "factor", "below 1: heavy use moves them back, by one credit at most", lambda v: fmt_num(v, 3)),
+    ("wait_bonus", "wait bonus", "added for time spent waiting", lambda v: fmt_num(v, 3)),
+    ("priority", "priority", "deficit / weight, lowered by the factor, + wait bonus", lambda v: fmt_num(v, 3)),
 ]
 
 

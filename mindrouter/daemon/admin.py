@@ -16,13 +16,14 @@ from typing import Any
 from aiohttp import web
 
 from .. import __version__
-from ..scheduler import check_weight
+from ..scheduler import check_weight, normalized_shares
 from ..store import AlreadyExists, InUse, InvalidValue, NotFound, StoreError
 from .accounting import top_panels
 from .auth import bearer_is
 from .catalog import pool_models
 from .keys import AUTH, CONFIG, DECISIONS, DISPATCHER, GPUS, QUOTAS, REGISTRY, SCHEDULER, STATS, STORE
 from .responses import json_error
+from .weights import apply_user
 
 __all__ = ["admin_middleware", "setup_admin_routes"]
 
@@ -71,8 +72,8 @@ def _sync_users(app: web.Application, group: str | None = None, name: str | None
     store = app[STORE]
     users = [store.get_user(name)] if name is not None else store.list_users(group)
     for user in users:
-        if scheduler.user(user.id) is not None:
-            scheduler.set_user(user.id, user.weight, name=user.name, group=user.group)
+        if scheduler.has_user(user.id):
+            apply_user(scheduler, user.id, user)
 
 
 # -- status --------------------------------------------------------------------------
@@ -134,6 +135,7 @@ async def set_group(request: web.Request) -> web.Response:
     data = await _body(request)
     name = request.match_info["name"]
     group = request.app[STORE].set_group_weight(name, check_weight(data.get("weight")))
+    request.app[SCHEDULER].set_group(name, group.scheduler_weight)
     _sync_users(request.app, group=name)
     return web.json_response(group.to_dict())
 
@@ -154,7 +156,7 @@ def _user_dict(app: web.Application, user: Any, keys: dict[str, int]) -> dict[st
         "keys": keys.get(user.name, 0),
         "queued": state.queued if state else 0,
         "running": state.running if state else 0,
-        "recent_tokens": state.recent if state else 0,
+        "recent_tokens": state.recent_tokens if state else 0,
         "quotas": _quotas(app, "user", user.id),
     }
 
@@ -309,24 +311,7 @@ async def list_models(request: web.Request) -> web.Response:
 
 
 def queue_dict(app: web.Application) -> dict[str, Any]:
-    scheduler = app[SCHEDULER]
-    now = app[DISPATCHER].clock()
-    snap = scheduler.snapshot(now)
-    names = {str(u.id): u.name for u in scheduler.fair}
-    queue = snap["queue"]
-    queue["by_user_name"] = {names.get(uid, uid): n for uid, n in queue["by_user"].items()}
-    queue["oldest_wait_seconds"] = round(max((now - j.submitted_at for j in scheduler.queued_jobs()), default=0.0), 3)
-    by_user_model: dict[str, dict[str, int]] = {}
-    oldest: dict[str, dict[str, float]] = {}
-    for job in scheduler.queued_jobs():
-        name = names.get(str(job.user_id), str(job.user_id))
-        per = by_user_model.setdefault(name, {})
-        per[job.model] = per.get(job.model, 0) + 1
-        waits = oldest.setdefault(name, {})
-        waits[job.model] = round(max(waits.get(job.model, 0.0), now - job.submitted_at), 3)
-    queue["by_user_model"] = by_user_model
-    queue["oldest_wait_by_user_model"] = oldest
-    return snap
+    return app[SCHEDULER].snapshot(app[DISPATCHER].clock())
 
 
 async def get_queue(request: web.Request) -> web.Response:
@@ -334,45 +319,48 @@ async def get_queue(request: web.Request) -> web.Response:
 
 
 def share_dict(app: web.Application) -> dict[str, Any]:
-    scheduler = app[SCHEDULER]
+    """``mr share``: per group and user what the weights entitle it to, what it used, and the terms that act."""
     store = app[STORE]
-    now = app[DISPATCHER].clock()
-    stats = {row["user_id"]: row for row in scheduler.user_stats(now)}
-    total = scheduler.fair.global_recent
+    share = app[SCHEDULER].share(app[DISPATCHER].clock())
+    live = {u.user_id: u for u in share.users}
     users = store.list_users()
-    total_weight = sum(u.weight for u in users) or 1.0
+    groups = store.list_groups()
+    by_user, by_group = normalized_shares(
+        ((u.name, u.group, u.weight, u.weight_override) for u in users),
+        {g.name: g.scheduler_weight for g in groups},
+        share.shares,
+    )
+    total = share.global_recent_tokens
     rows = []
     for user in users:
-        s = stats.get(user.id, {})
-        recent = s.get("recent_tokens", 0.0)
+        state = live.get(user.id)
+        recent = state.recent_tokens if state else 0.0
         rows.append(
             {
                 "name": user.name,
                 "group": user.group,
                 "weight": user.weight,
-                "normalized_share": round(user.weight / total_weight, 4),
+                "weight_override": user.weight_override,
+                "normalized_share": round(by_user[user.name], 4),
                 "recent_tokens": recent,
                 "actual_share": round(recent / total, 4) if total else 0.0,
-                "deficit": s.get("deficit", 0.0),
-                "burst_credits": s.get("burst_credits", round(scheduler.fair.current_burst(now) * user.weight, 3)),
-                "factor": s.get("factor", 1.0),
-                "queued": s.get("queued", 0),
-                "running": s.get("running", 0),
+                "deficit": round(state.deficit, 3) if state else 0.0,
+                "factor": round(state.factor, 4) if state else 1.0,
+                "queued": state.queued if state else 0,
+                "running": state.running if state else 0,
+                "pools": state.to_dict()["pools"] if state else [],
                 "quotas": _quotas(app, "user", user.id),
             }
         )
-    groups = []
-    group_weight_total = (
-        sum(g.scheduler_weight for g in store.list_groups() if any(u.group == g.name for u in users)) or 1.0
-    )
-    for group in store.list_groups():
+    group_rows = []
+    for group in groups:
         members = [r for r in rows if r["group"] == group.name]
         recent = sum(r["recent_tokens"] for r in members)
-        groups.append(
+        group_rows.append(
             {
                 "name": group.name,
                 "weight": group.scheduler_weight,
-                "normalized_share": round(group.scheduler_weight / group_weight_total, 4) if members else 0.0,
+                "normalized_share": round(by_group.get(group.name, 0.0), 4),
                 "recent_tokens": recent,
                 "actual_share": round(recent / total, 4) if total else 0.0,
                 "users": len(members),
@@ -380,10 +368,12 @@ def share_dict(app: web.Application) -> dict[str, Any]:
             }
         )
     return {
-        "window_seconds": scheduler.settings.fairness_window,
+        "window_seconds": share.window_seconds,
+        "shares": share.shares,
         "global_recent_tokens": total,
-        "groups": groups,
+        "groups": group_rows,
         "users": rows,
+        "pools": [p.to_dict() for p in share.pools],
     }
 
 

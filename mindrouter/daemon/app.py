@@ -49,6 +49,7 @@ from .quotas import Quotas, add_quota_headers
 from .registry import Registry
 from .statelock import StateLock
 from .stats import Stats
+from .weights import apply_user
 
 __all__ = ["create_app", "make_runner", "serve"]
 
@@ -75,8 +76,10 @@ async def create_app(config: Config, *, nvml: Any = None, discover: bool | None 
     if created:
         log.info("created the default groups %s", ", ".join(created))
     scheduler = Scheduler(config.scheduler)
+    for group in store.list_groups():
+        scheduler.set_group(group.name, group.scheduler_weight)
     for user in store.list_users():
-        scheduler.set_user(user.id, user.weight, name=user.name, group=user.group)
+        apply_user(scheduler, user.id, user)
     _restore_usage(store, scheduler, config)
     # Idle keep-alive connections are closed after 2 s: servers such as llama-server hold an
     # HTTP thread per open connection (4 threads with -np 2), so a pool that kept them for
@@ -162,7 +165,7 @@ def _restore_usage(store: Store, scheduler: Scheduler, config: Config) -> None:
     wall, mono = time.time(), time.monotonic()
     rows = store.recent_usage(wall - config.scheduler.fairness_window)
     for row in rows:
-        scheduler.fair.add_usage(row.user_id, row.tokens, mono - (wall - row.at))
+        scheduler.add_usage(row.user_id, row.tokens, mono - (wall - row.at), row.model)
     if rows:
         log.info(
             "restored %d usage records from the last %.0f s for fair share", len(rows), config.scheduler.fairness_window

@@ -50,10 +50,16 @@ class Caller:
     user_id: int
     name: str
     group: str
-    weight: float
+    weight_override: float | None
+    group_weight: float
     key_id: int = 0
     forwards_to: str | None = None
     """For a proxy's key: the group the people it names go in."""
+
+    @property
+    def weight(self) -> float:
+        """The scheduler weight: the override if set, else the group's weight."""
+        return self.group_weight if self.weight_override is None else self.weight_override
 
 
 def _person_name(raw: Any) -> str | None:
@@ -110,7 +116,9 @@ class Auth:
             caller = (
                 None
                 if user is None
-                else Caller(user.id, user.name, user.group, user.weight, found[0], user.forwards_to)
+                else Caller(
+                    user.id, user.name, user.group, user.weight_override, user.group_weight, found[0], user.forwards_to
+                )
             )
             if len(self._cache) > 100_000:
                 self._cache.clear()
@@ -149,7 +157,7 @@ class Auth:
                 return caller
             if user.proxy:
                 return caller
-            person = Caller(user.id, user.name, user.group, user.weight)
+            person = Caller(user.id, user.name, user.group, user.weight_override, user.group_weight)
             if len(self._people) > 100_000:
                 self._people.clear()
             self._people[name.lower()] = person

@@ -101,6 +101,10 @@ class Dispatcher:
         ):
             self.pump()
 
+    def progress(self, job_id: str, completion_tokens: int) -> None:
+        """Charge a streaming job's tokens so far (cumulative) as they are produced."""
+        self.scheduler.progress(job_id, self.clock(), completion_tokens=completion_tokens)
+
     def fail(self, job_id: str, *, retry: bool, prompt_tokens: int = 0, completion_tokens: int = 0) -> bool:
         """The backend failed; True when the job is queued again (call ``requeued``)."""
         again = self.scheduler.fail(

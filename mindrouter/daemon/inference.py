@@ -24,6 +24,7 @@ from ..errors import RequestError
 from ..scheduler import Job, Modality
 from .keys import AUTH, CONFIG, DISPATCHER, QUOTAS, REGISTRY, SCHEDULER, STATS
 from .responses import dialect_of, error_response
+from .weights import apply_user
 
 __all__ = ["setup_inference_routes"]
 
@@ -51,9 +52,8 @@ async def handle_inference(request: web.Request) -> web.StreamResponse:
         app[STATS].count_error(exc.status)
         return error_response(exc, dialect)
     scheduler = app[SCHEDULER]
-    user = scheduler.user(caller.user_id)
-    if user is None or user.weight != caller.weight or user.group != caller.group:
-        scheduler.set_user(caller.user_id, caller.weight, name=caller.name, group=caller.group)
+    if not scheduler.has_user(caller.user_id):
+        apply_user(scheduler, caller.user_id, caller)
     job = Job(
         id=rid,
         user_id=caller.user_id,
@@ -64,6 +64,7 @@ async def handle_inference(request: web.Request) -> web.StreamResponse:
         prompt_tokens=call.prompt_tokens,
         max_tokens=call.max_tokens,
         context_tokens=call.context_tokens,
+        stream=call.stream,
     )
     try:
         app[QUOTAS].admit(request, caller, job)
@@ -130,8 +131,10 @@ async def _serve(request: web.Request, call: Call, job: Job, caller: Any, dialec
             if response is None:
                 response = web.StreamResponse(status=upstream.status, headers=headers)
                 await response.prepare(request)
+            charge = StreamCharge(dispatcher, job.id)
             async for chunk in upstream:
                 await response.write(chunk)
+                charge.chunk()
             await response.write_eof()
         usage = upstream.usage
         duration = time.monotonic() - started
@@ -173,6 +176,30 @@ async def _serve(request: web.Request, call: Call, job: Job, caller: Any, dialec
             stats.cancelled += 1
         if upstream is not None:
             registry.released(dispatch.backend_id)
+
+
+class StreamCharge:
+    """Charges a streaming job's answer as it is produced: every 32 chunks or 100 ms, whichever comes first.
+
+    One upstream event carries about one token, so chunks stand in for tokens
+    until the backend's own counts settle the charge at the end.
+    """
+
+    __slots__ = ("_chunks", "_dispatcher", "_due", "_job_id", "_next")
+
+    def __init__(self, dispatcher: Any, job_id: str) -> None:
+        self._dispatcher = dispatcher
+        self._job_id = job_id
+        self._chunks = 0
+        self._next = 32
+        self._due = time.monotonic() + 0.1
+
+    def chunk(self) -> None:
+        self._chunks += 1
+        if self._chunks >= self._next or time.monotonic() >= self._due:
+            self._dispatcher.progress(self._job_id, self._chunks)
+            self._next = self._chunks + 32
+            self._due = time.monotonic() + 0.1
 
 
 async def _prepare_waiting_stream(request: web.Request, job: Job, dialect: str) -> web.StreamResponse:

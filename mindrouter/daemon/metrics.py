@@ -72,8 +72,8 @@ class _Collector(Collector):
         recent = GaugeMetricFamily(
             "mindrouter_user_recent_tokens", "Tokens per user in the fairness window.", labels=["user", "group"]
         )
-        for user in scheduler.fair:
-            recent.add_metric([user.name, user.group or ""], user.recent)
+        for user in scheduler.share(self.app[DISPATCHER].clock()).users:
+            recent.add_metric([user.name, user.group or ""], user.recent_tokens)
         yield recent
 
 

@@ -2,16 +2,19 @@
 
 from .backend import ALL_MODALITIES, Backend, BackendLoad
 from .core import Scheduler, UnknownUser
-from .fairshare import FairShare, UserState, apply_factor, heavy_factor, seed_priority
+from .fairshare import FairShare
 from .jobs import Dispatch, Expired, Job, Modality, Outcome, Rejection
+from .pools import UserState, apply_factor, heavy_factor, seed_priority
 from .records import DecisionRecord, PriorityTerms
 from .scoring import REASONS, ScoreRow
-from .settings import DEFAULT_GROUP_WEIGHTS, SchedulerSettings, ScoreWeights, check_weight
+from .settings import DEFAULT_GROUP_WEIGHTS, SHARES, SchedulerSettings, ScoreWeights, check_weight
+from .views import PoolShare, QueueStats, SeatShare, ShareSnapshot, UserShare, normalized_shares
 
 __all__ = [
     "ALL_MODALITIES",
     "DEFAULT_GROUP_WEIGHTS",
     "REASONS",
+    "SHARES",
     "Backend",
     "BackendLoad",
     "DecisionRecord",
@@ -21,16 +24,22 @@ __all__ = [
     "Job",
     "Modality",
     "Outcome",
+    "PoolShare",
     "PriorityTerms",
+    "QueueStats",
     "Rejection",
     "Scheduler",
     "SchedulerSettings",
     "ScoreRow",
     "ScoreWeights",
+    "SeatShare",
+    "ShareSnapshot",
     "UnknownUser",
+    "UserShare",
     "UserState",
     "apply_factor",
     "check_weight",
     "heavy_factor",
+    "normalized_shares",
     "seed_priority",
 ]

@@ -1,174 +1,179 @@
-"""Fair-share state: deficits, in-flight charges, burst credits, recent usage, heavy users.
+"""Fair-share accounting across pools: users, group weights, seats, charges, burst credits.
 
 Invariants (checked by ``FairShare.check()`` in tests):
 
-- A user's *effective* deficit is ``(deficit - inflight_charge) / weight``, in cost
-  per unit of weight. Higher means more owed. Deficits only ever fall (by the real
-  cost at completion) except in two places: all users shift up together by the
-  same effective amount when they drift far below zero (order and shares are
-  unchanged), and a user who comes back after being idle is *lowered* to at most
-  one return credit ahead of the most-owed backlogged user. Nobody is ever clipped
-  on their own while backlogged.
-- ``reference`` (V) is the highest effective deficit among backlogged users, or
-  the last such value when nobody is backlogged. Priorities are measured from V,
-  so the absolute zero of deficits, which the shift moves, never changes a
-  decision.
-- The deprioritization factor only ever lowers a heavy user's priority: it
-  multiplies a distance above V and divides a distance below it.
-- Burst credits are the same amount per unit of weight for every user (they grow
-  while nothing is queued and halve when contention starts), so they can never
-  reorder users; the seed's "use the whole idle cluster" already follows from
-  dispatch being work-conserving.
+- Every user has one ``UserState``; in each pool it has used it has one ``Seat``
+  (``pools.py`` holds the per-pool rules: reference, placement, heavy seats).
+- Shares are per user by default: a seat weighs its user's weight. With
+  ``shares = "group"`` a group's weight is its share of a pool, divided among
+  its members active there (queued or running), each in proportion to its
+  ``weight_override`` (1 without one): Slurm's hierarchical fair share.
+- A weight change, whether set by an admin or caused by a group member coming
+  or going, changes only the rate at which a seat moves from then on.
+- A running job is charged as its service is produced: its prompt and an
+  estimate of its answer when it starts, then whatever more it streams, then
+  settled against the backend's token counts when it ends.
+- Burst credits are the same amount per unit of weight for every user (they
+  grow while nothing is queued and halve when contention starts), so they
+  never reorder users; they are reported, not used as a priority term. What
+  a user back from idle may gain is the pool's bounded return credit instead.
 """
 
 from __future__ import annotations
 
-import heapq
-from collections import deque
 from collections.abc import Hashable, Iterator
-from dataclasses import dataclass
 
+from .pools import Pool, PoolKey, Seat, UserState
 from .settings import SchedulerSettings
 
-__all__ = ["FairShare", "UserState", "apply_factor", "heavy_factor", "seed_priority"]
-
-
-def heavy_factor(usage_fraction: float, threshold: float, floor: float = 0.1) -> float:
-    """The seed's deprioritization factor: 1 up to the threshold, then falling to ``floor``."""
-    if usage_fraction <= threshold:
-        return 1.0
-    return max(floor, 1.0 - (usage_fraction - threshold) * 2.0)
-
-
-def apply_factor(base: float, factor: float) -> float:
-    """Lower ``base`` by ``factor`` (0 < factor <= 1) whatever its sign.
-
-    Multiplying a negative number by 0.1 would raise it, helping the heavy user;
-    below zero we divide instead, so the result is never above ``base``.
-    """
-    return base * factor if base >= 0 else base / factor
-
-
-def seed_priority(deficit: float, burst: float, weight: float, factor: float, wait_bonus: float) -> float:
-    """The seed's priority formula with the sign correction, for records and tests."""
-    return apply_factor((deficit + burst) / weight, factor) + wait_bonus
-
-
-@dataclass(slots=True)
-class UserState:
-    id: Hashable
-    name: str
-    group: str | None
-    weight: float
-    deficit: float = 0.0
-    inflight_charge: float = 0.0
-    """Estimated cost of this user's running jobs, charged until they complete."""
-    recent: float = 0.0
-    """Tokens completed within the fairness window."""
-    factor: float = 1.0
-    completion_ema: float | None = None
-    """Moving average of this user's completion tokens: the estimate for the next job."""
-    queued: int = 0
-    running: int = 0
-    version: int = 0
-    """Bumped whenever this user's priority changes; stale heap entries carry an older one."""
-    served: float = 0.0
-    """Total cost completed, never shifted (for reports)."""
-
-    @property
-    def effective(self) -> float:
-        return (self.deficit - self.inflight_charge) / self.weight
+__all__ = ["FairShare"]
 
 
 class FairShare:
-    """Per-user fair-share accounting. Pure: every method that depends on time takes ``now``."""
+    """Per-user, per-pool fair-share accounting. Pure: every method that depends on time takes ``now``."""
 
     def __init__(self, settings: SchedulerSettings) -> None:
         self.settings = settings
         self.users: dict[Hashable, UserState] = {}
-        self._ref_heap: list[tuple[float, int, Hashable, int]] = []  # (-effective, seq, uid, version)
-        self._seq = 0
-        self._last_reference = 0.0
+        self.groups: dict[str, float] = {}
+        """Group weights the core was told (group shares)."""
+        self.pools: dict[PoolKey, Pool] = {}
+        self.group_shares = settings.shares == "group"
+        self._active: dict[tuple[PoolKey, str | None], set[Hashable]] = {}
         self.burst_per_weight = 0.0
         self._idle_since: float | None = 0.0
-        self._window: deque[tuple[float, Hashable, float]] = deque()
-        self.global_recent = 0.0
-        self._heavy: set[Hashable] = set()
-        self._next_heavy_refresh = 0.0
-        self.max_request_cost = settings.cost(0, settings.default_completion_tokens)
-        self.shifts = 0
 
-    # -- users -------------------------------------------------------------
+    # -- users and groups --------------------------------------------------
 
-    def set_user(self, uid: Hashable, weight: float, name: str | None = None, group: str | None = None) -> UserState:
+    def set_user(
+        self,
+        uid: Hashable,
+        weight: float,
+        name: str | None = None,
+        group: str | None = None,
+        override: float | None = None,
+        group_weight: float | None = None,
+    ) -> tuple[UserState, list[Seat]]:
+        """Add or change a user; returns it and the seats whose priority needs a new key."""
         user = self.users.get(uid)
         if user is None:
-            user = self.users[uid] = UserState(uid, str(uid) if name is None else name, group, weight)
-        else:
-            user.weight = weight
-            if name is not None:
-                user.name = name
-            user.group = group
-        self.touch(user)
-        return user
+            user = self.users[uid] = UserState(uid, str(uid) if name is None else name, group, weight, override)
+            return user, []
+        moved = user.group != group
+        if moved:
+            for pool in self.pools.values():
+                seat = pool.seats.get(uid)
+                if seat is not None and (seat.queued or seat.running):
+                    self._active.get((pool.key, user.group), set()).discard(uid)
+                    self._active.setdefault((pool.key, group), set()).add(uid)
+        old_group = user.group
+        user.weight, user.override, user.group = weight, override, group
+        if name is not None:
+            user.name = name
+        if group is not None and group_weight is not None:
+            self.groups[group] = group_weight
+        changed = self._reweigh_user(user)
+        if moved and self.group_shares:
+            for pool in self.pools.values():
+                changed += self._reweigh_group(pool, old_group)
+        return user, changed
 
-    def touch(self, user: UserState) -> None:
-        """Record that ``user``'s priority changed (the caller re-keys its queue heads)."""
-        user.version += 1
-        if user.queued:
-            self._seq += 1
-            heapq.heappush(self._ref_heap, (-user.effective, self._seq, user.id, user.version))
-            if len(self._ref_heap) > 64 and len(self._ref_heap) > 4 * len(self.users):
-                self._compact_reference()
-
-    def _compact_reference(self) -> None:
-        self._ref_heap = [(-u.effective, i, u.id, u.version) for i, u in enumerate(self.users.values()) if u.queued]
-        heapq.heapify(self._ref_heap)
-
-    # -- the reference V ---------------------------------------------------
-
-    def reference(self) -> float:
-        """Highest effective deficit among backlogged users (the last one seen if none)."""
-        heap = self._ref_heap
-        users = self.users
-        while heap:
-            neg, _, uid, version = heap[0]
-            user = users.get(uid)
-            if user is not None and user.version == version and user.queued:
-                self._last_reference = -neg
-                return -neg
-            heapq.heappop(heap)
-        return self._last_reference
-
-    def return_credit(self) -> float:
-        credit = self.settings.return_credit
-        return self.max_request_cost if credit is None else credit
-
-    def activate(self, user: UserState, now: float) -> None:
-        """``user`` goes from nothing queued to backlogged: bound how far ahead it may be."""
-        limit = self.reference() + self.return_credit() / user.weight
-        if user.effective > limit:
-            user.deficit = limit * user.weight + user.inflight_charge
-
-    def priority(self, user: UserState, reference: float) -> float:
-        """Priority of ``user`` measured from ``reference``, without the wait bonus."""
-        base = user.effective - reference
-        return base if user.factor == 1.0 else apply_factor(base, user.factor)
-
-    def maybe_shift(self) -> bool:
-        """Shift every user up together once deficits drift far below zero."""
-        ref = self.reference()
-        if ref > -self.settings.deficit_shift_threshold:
-            return False
+    def set_group(self, name: str, weight: float) -> list[Seat]:
+        """A group's weight changed: its members without an override follow, from now on."""
+        self.groups[name] = weight
+        changed: list[Seat] = []
         for user in self.users.values():
-            user.deficit -= ref * user.weight
-            user.version += 1
-        self._last_reference -= ref
-        self._compact_reference()
-        self.shifts += 1
-        return True
+            if user.group == name and user.override is None:
+                user.weight = weight
+                if not self.group_shares:
+                    changed += self._reweigh_user(user)
+        if self.group_shares:
+            for pool in self.pools.values():
+                changed += self._reweigh_group(pool, name)
+        return changed
 
-    # -- burst credits -----------------------------------------------------
+    def _group_weight(self, user: UserState) -> float:
+        known = self.groups.get(user.group) if user.group is not None else None
+        if known is not None:
+            return known
+        if user.override is None:
+            return user.weight
+        return self.settings.group_weights.get(user.group or "", 1.0)
+
+    def weight_in(self, pool: Pool, user: UserState) -> float:
+        """The weight ``user`` has (or would have, once active) in ``pool``."""
+        if not self.group_shares:
+            return user.weight
+        inner = user.override or 1.0
+        members = self._active.get((pool.key, user.group), set())
+        total = sum(self.users[u].override or 1.0 for u in members if u != user.id) + inner
+        return self._group_weight(user) * inner / total
+
+    def _reweigh_user(self, user: UserState) -> list[Seat]:
+        changed: list[Seat] = []
+        for pool in self.pools.values():
+            if self.group_shares:
+                changed += self._reweigh_group(pool, user.group)
+            else:
+                seat = pool.seats.get(user.id)
+                if seat is not None:
+                    changed += self._set_weight(pool, seat, user.weight)
+        return changed
+
+    def _reweigh_group(self, pool: Pool, group: str | None) -> list[Seat]:
+        changed: list[Seat] = []
+        for uid in self._active.get((pool.key, group), ()):
+            seat = pool.seats[uid]
+            changed += self._set_weight(pool, seat, self.weight_in(pool, seat.user))
+        return changed
+
+    @staticmethod
+    def _set_weight(pool: Pool, seat: Seat, weight: float) -> list[Seat]:
+        """Only a heavy seat's key depends on its weight; a plain seat keeps its heap entries."""
+        if seat.weight == weight:
+            return []
+        seat.weight = weight
+        if seat.factor != 1.0:
+            pool.touch(seat)
+            return [seat]
+        return []
+
+    # -- pools and seats ---------------------------------------------------
+
+    def pool(self, key: PoolKey) -> Pool:
+        pool = self.pools.get(key)
+        if pool is None:
+            pool = self.pools[key] = Pool(key, self.settings)
+        return pool
+
+    def seat(self, pool: Pool, user: UserState) -> tuple[Seat, bool]:
+        """``user``'s seat in ``pool``, and whether it was just made."""
+        seat = pool.seats.get(user.id)
+        if seat is not None:
+            return seat, False
+        seat = pool.seats[user.id] = Seat(user, pool.reference(), self.weight_in(pool, user))
+        return seat, True
+
+    def activity(self, pool: Pool, seat: Seat) -> list[Seat]:
+        """Call after ``seat``'s queued or running count changed: group shares follow who is active."""
+        key = (pool.key, seat.user.group)
+        members = self._active.get(key)
+        active = bool(seat.queued or seat.running)
+        if active == (members is not None and seat.user.id in members):
+            return []
+        if active:
+            self._active.setdefault(key, set()).add(seat.user.id)
+        else:
+            assert members is not None
+            members.discard(seat.user.id)
+        if not self.group_shares:
+            return []
+        changed = self._reweigh_group(pool, seat.user.group)
+        if not active:
+            changed += self._set_weight(pool, seat, self.weight_in(pool, seat.user))
+        return changed
+
+    # -- burst credits (reported; the same per unit of weight for everyone) --
 
     def queue_became_empty(self, now: float) -> None:
         self._idle_since = now
@@ -187,104 +192,38 @@ class FairShare:
 
     # -- charges -----------------------------------------------------------
 
-    def estimate(self, user: UserState, prompt_tokens: int, max_tokens: int | None) -> float:
-        completion = user.completion_ema if user.completion_ema is not None else self.settings.default_completion_tokens
+    def completion_estimate(self, user: UserState, max_tokens: int | None, stream: bool) -> float:
+        """Completion tokens to charge when a job starts.
+
+        Streaming: the user's usual answer (its moving average, else the default),
+        at most ``max_tokens``; the rest is charged as it streams. Not streaming:
+        nothing arrives before the end, so ``max_tokens`` when given, else the
+        larger of the usual answer and the default.
+        """
+        usual = user.completion_ema if user.completion_ema is not None else self.settings.default_completion_tokens
+        if stream:
+            return usual if max_tokens is None else min(usual, max_tokens)
         if max_tokens is not None:
-            completion = min(completion, max_tokens)
-        cost = self.settings.cost(prompt_tokens, completion)
-        if cost > self.max_request_cost:
-            self.max_request_cost = cost
-        return cost
+            return float(max_tokens)
+        return max(usual, float(self.settings.default_completion_tokens))
 
-    def charge_start(self, user: UserState, estimate: float) -> None:
-        user.inflight_charge += estimate
-        user.running += 1
-        self.touch(user)
+    def learn_completion(self, user: UserState, completion_tokens: float) -> None:
+        alpha = 0.2
+        ema = user.completion_ema
+        user.completion_ema = completion_tokens if ema is None else ema + alpha * (completion_tokens - ema)
 
-    def charge_end(
-        self, user: UserState, estimate: float, cost: float, now: float, tokens: float, completion_tokens: float | None
-    ) -> None:
-        """A running job ended: replace its estimate with what it really cost."""
-        user.inflight_charge -= estimate
-        if user.inflight_charge < 1e-9:
-            user.inflight_charge = 0.0
-        user.running -= 1
-        user.deficit -= cost
-        user.served += cost
-        if cost > self.max_request_cost:
-            self.max_request_cost = cost
-        if completion_tokens is not None:
-            alpha = 0.2
-            ema = user.completion_ema
-            user.completion_ema = completion_tokens if ema is None else ema + alpha * (completion_tokens - ema)
-        if tokens > 0:
-            self._window.append((now, user.id, tokens))
-            user.recent += tokens
-            self.global_recent += tokens
-        self.touch(user)
+    def add_usage(self, uid: Hashable, tokens: float, at: float, pool: PoolKey | None = None) -> None:
+        """Replay usage recorded before a restart (``at`` on the caller's clock) into a pool's window.
 
-    def add_usage(self, uid: Hashable, tokens: float, at: float) -> None:
-        """Replay usage recorded before a restart into the window (``at`` on the caller's clock)."""
+        Without ``pool``, it goes to every pool the user has a seat in, or is dropped if none.
+        """
         user = self.users.get(uid)
         if user is None or tokens <= 0:
             return
-        self._window.append((at, uid, tokens))
-        user.recent += tokens
-        self.global_recent += tokens
-
-    # -- heavy users -------------------------------------------------------
-
-    def refresh(self, now: float) -> set[Hashable]:
-        """Expire old usage and, at most once per ``heavy_refresh_interval``, re-rate heavy users.
-
-        Returns the users whose factor changed (the caller re-keys them).
-        """
-        window = self._window
-        horizon = now - self.settings.fairness_window
-        users = self.users
-        while window and window[0][0] < horizon:
-            _, uid, tokens = window.popleft()
-            self.global_recent -= tokens
-            user = users.get(uid)
-            if user is not None:
-                user.recent -= tokens
-        if not window:
-            self.global_recent = 0.0
-        if now < self._next_heavy_refresh:
-            return set()
-        self._next_heavy_refresh = now + self.settings.heavy_refresh_interval
-        threshold = self.settings.deprioritize_threshold
-        total = self.global_recent
-        heavy: set[Hashable] = set()
-        if total > 0:
-            cut = threshold * total
-            heavy = {uid for uid, user in users.items() if user.recent > cut}
-            # Heavy means heavy next to others: a user alone in the window is using an idle cluster.
-            if heavy and not any(user.recent > 0 for uid, user in users.items() if uid not in heavy):
-                heavy = set()
-        changed: set[Hashable] = set()
-        for uid in heavy | self._heavy:
-            user = users.get(uid)
-            if user is None:
-                continue
-            factor = (
-                heavy_factor(user.recent / total, threshold, self.settings.min_deprioritization)
-                if uid in heavy and total > 0
-                else 1.0
-            )
-            if factor != user.factor:
-                user.factor = factor
-                self.touch(user)
-                changed.add(uid)
-        self._heavy = heavy
-        return changed
-
-    @property
-    def heavy(self) -> set[Hashable]:
-        return self._heavy
-
-    def usage_fraction(self, user: UserState) -> float:
-        return user.recent / self.global_recent if self.global_recent > 0 else 0.0
+        pools = [self.pool(pool)] if pool is not None else [p for p in self.pools.values() if uid in p.seats]
+        for p in pools:
+            seat, _ = self.seat(p, user)
+            p.add_usage(seat, tokens, at)
 
     def __iter__(self) -> Iterator[UserState]:
         return iter(self.users.values())
@@ -293,6 +232,9 @@ class FairShare:
         """Assert the invariants (for tests)."""
         for user in self.users.values():
             assert user.weight > 0
-            assert user.inflight_charge >= 0, user
             assert user.running >= 0 and user.queued >= 0, user
-            assert user.factor <= 1.0
+        for pool in self.pools.values():
+            pool.check()
+            for seat in pool.seats.values():
+                active = bool(seat.queued or seat.running)
+                assert active == (seat.user.id in self._active.get((pool.key, seat.user.group), ())), seat

@@ -40,6 +40,8 @@ class Job:
     """The client's completion limit, if any."""
     context_tokens: int | None = None
     """Context size the client asked for (Ollama ``num_ctx``), for the VRAM estimate."""
+    stream: bool = False
+    """The answer streams, so the caller reports its progress (``Scheduler.progress``)."""
 
 
 class Outcome(str, Enum):

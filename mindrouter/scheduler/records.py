@@ -21,13 +21,18 @@ class PriorityTerms:
     """The terms of a job's priority at its decision (what ``mr why`` explains)."""
 
     deficit: float
+    """Cost owed relative to the pool's most-owed waiting user (0 = that user), in-flight charges included."""
     inflight_charge: float
-    burst_credits: float
+    """Cost charged so far for the user's running jobs in this pool (part of ``deficit``)."""
     weight: float
+    """The weight the pool used (group shares: the user's part of its group's)."""
     factor: float
     usage_fraction: float
+    """Recent tokens per unit of weight, as a part of the pool's sum of that."""
     reference: float
-    """The most-owed backlogged user's effective deficit, from which priorities are measured."""
+    """The most-owed waiting user's lag (cost per unit of weight), from which priorities are measured."""
+    credit: float
+    """One typical request in this pool: the bound on placement and the unit of the heavy handicap."""
     wait_bonus: float
     priority: float
 

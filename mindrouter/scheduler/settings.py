@@ -9,10 +9,14 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field
 
-__all__ = ["DEFAULT_GROUP_WEIGHTS", "SchedulerSettings", "ScoreWeights", "check_weight"]
+__all__ = ["DEFAULT_GROUP_WEIGHTS", "SHARES", "SchedulerSettings", "ScoreWeights", "check_weight"]
 
 #: The seed's fallback weights (``SCHEDULER_WEIGHT_<GROUP>``).
 DEFAULT_GROUP_WEIGHTS: dict[str, float] = {"student": 1.0, "staff": 2.0, "faculty": 3.0, "admin": 10.0}
+
+
+#: The ways weights can divide a pool: per user, or per group and then among its active users.
+SHARES = ("user", "group")
 
 
 def check_weight(value: object) -> float:
@@ -70,9 +74,12 @@ class SchedulerSettings:
     """Fair-share cost of one prompt token."""
     completion_token_cost: float = 1.0
     """Fair-share cost of one completion token."""
+    shares: str = "user"
+    """How weights divide a pool: "user" (each user weighs its weight) or "group" (Slurm-style:
+    a group's weight is its share, split among its active users by weight_override, 1 without one)."""
     return_credit: float | None = None
-    """How far (in cost) a returning user may be ahead of the most-owed backlogged user.
-    None means one maximum-size request: the largest estimated request cost seen so far."""
+    """How far (in cost) a user entering contention may stand from the most-owed waiting user, ahead or
+    behind. Unset means one typical request of that pool (a moving average of its completed requests)."""
     default_completion_tokens: int = 256
     """Completion estimate for a user's first request that gives no ``max_tokens``."""
     deficit_shift_threshold: float = 1e9
@@ -90,6 +97,10 @@ class SchedulerSettings:
     scores: ScoreWeights = field(default_factory=ScoreWeights)
     max_decision_records: int = 10_000
     """Decision records kept in memory; the oldest are dropped first."""
+
+    def __post_init__(self) -> None:
+        if self.shares not in SHARES:
+            raise ValueError(f'shares must be "user" or "group", not {self.shares!r}')
 
     def cost(self, prompt_tokens: float, completion_tokens: float) -> float:
         """The fair-share cost of a request."""

@@ -43,6 +43,9 @@ _PREFILL = 2
 _DONE = 3
 _EXPIRE = 4
 _ARRIVE = 5
+_PROGRESS = 6
+#: Streamed tokens between two progress reports, as the daemon batches them.
+PROGRESS_TOKENS = 32
 
 
 @dataclass(slots=True)
@@ -221,7 +224,7 @@ class _Sim:
         self.free_epoch: dict[str, int] = {m: 0 for b in scenario.backends for m in b.models}
         self.expire_at: float | None = None
         self.window = window
-        self.last_heavy: object = None
+        self.next_heavy_check = 0.0
         self.last_heavy_ids: frozenset[object] = frozenset()
         self.events = 0
         self.pc, self.cc = settings.prompt_token_cost, settings.completion_token_cost
@@ -270,6 +273,8 @@ class _Sim:
                     self.on_expire(now)
                 elif kind == _EVENT:
                     self.on_event(payload, now)  # type: ignore[arg-type]
+                elif kind == _PROGRESS:
+                    self.on_progress(payload, now)  # type: ignore[arg-type]
                 else:
                     for pool in self.pools:
                         pool.close_window(now)
@@ -303,7 +308,7 @@ class _Sim:
             completion = min(completion, spec.max_tokens)
         self.next_id += 1
         job_id = str(self.next_id)
-        job = Job(job_id, user.index, spec.model, now, prompt_tokens=prompt, max_tokens=spec.max_tokens)
+        job = Job(job_id, user.index, spec.model, now, prompt_tokens=prompt, max_tokens=spec.max_tokens, stream=True)
         user.submitted += 1
         phase.submitted += 1
         rejection = self.sched.submit(job, now)
@@ -325,6 +330,18 @@ class _Sim:
     def on_prefill(self, req: RequestTrace, now: float) -> None:
         rate = self.backends[req.backend].spec.tokens_per_second  # type: ignore[index]
         self.phases[req.phase].pool.prefill_done(req.user, req.prompt, rate, now)
+        if req.completion > PROGRESS_TOKENS:
+            self.push(now + PROGRESS_TOKENS / rate, _PROGRESS, req)
+
+    def on_progress(self, req: RequestTrace, now: float) -> None:
+        """Report what ``req`` has streamed so far to the core, every ``PROGRESS_TOKENS`` tokens."""
+        if req.done is not None:
+            return
+        assert req.prefill_end is not None
+        rate = self.backends[req.backend].spec.tokens_per_second  # type: ignore[index]
+        self.sched.progress(req.id, now, completion_tokens=min(req.completion, round((now - req.prefill_end) * rate)))
+        if now + PROGRESS_TOKENS / rate < req.prefill_end + req.completion / rate:
+            self.push(now + PROGRESS_TOKENS / rate, _PROGRESS, req)
 
     def on_done(self, req: RequestTrace, now: float) -> None:
         user = self.users[req.user]
@@ -413,10 +430,10 @@ class _Sim:
         if deadline is not None and (self.expire_at is None or deadline < self.expire_at):
             self.expire_at = deadline
             self.push(max(deadline, now), _EXPIRE, None)
-        heavy = self.sched.fair.heavy
-        if heavy is not self.last_heavy or heavy != self.last_heavy_ids:
-            self.last_heavy = heavy
-            self.last_heavy_ids = frozenset(heavy)
+        heavy = self.sched.heavy
+        if heavy != self.last_heavy_ids or (heavy and now >= self.next_heavy_check):
+            self.next_heavy_check = now + 1.0
+            self.last_heavy_ids = heavy
             self.track_heavy(now)
 
     def start(self, job_id: str, backend_id: str, now: float) -> None:
@@ -465,7 +482,7 @@ class _Sim:
                 user.starved_since = None
 
     def track_heavy(self, now: float) -> None:
-        heavy = self.sched.fair.heavy
+        heavy = self.sched.heavy
         for user in self.users:
             state = self.sched.user(user.index)
             assert state is not None

@@ -127,6 +127,7 @@ class UsageRow(NamedTuple):
     user_id: int
     tokens: int
     at: float
+    model: str
 
 
 @dataclass(frozen=True, slots=True)

@@ -1,0 +1,162 @@
+"""Job classes: which backends may serve each class, which can take a job now, and the best of them.
+
+A class is (model, modality, JSON mode): its jobs are interchangeable for
+routing. For each class the cache keeps the candidates that pass the static
+constraints (cleared whenever a backend's models or abilities change), split
+into *open* (could take a job now) and *closed* (with the reasons), kept up to
+date as slots are taken and freed. The candidates also name the class's pool
+of contention (``pools.py``).
+
+Invariant: for every cached class, ``open`` and ``closed`` partition
+``candidates`` by ``live_rejections`` as of the last change to each backend.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Hashable
+from dataclasses import dataclass, field
+from typing import Any
+
+from .backend import Backend, BackendLoad
+from .jobs import Job, Rejection
+from .pools import PoolKey
+from .scoring import REASONS, RETRY_PENALTY, BackendScorer, ClassKey, live_rejections, static_rejections
+
+__all__ = ["ClassInfo", "Classes", "Route"]
+
+#: (chosen backend, captured score rows, closed candidates with reasons)
+Route = tuple[Hashable, tuple[tuple[Any, ...], ...], dict[Hashable, tuple[str, ...]]]
+
+
+@dataclass(slots=True)
+class ClassInfo:
+    candidates: list[Hashable]
+    """Backends that pass the static constraints, in registration order."""
+    static_rejected: dict[Hashable, tuple[str, ...]]
+    model_known: bool
+    pool: PoolKey
+    """The pool of contention: the candidates, as a set."""
+    open: dict[Hashable, None] = field(default_factory=dict)
+    """Candidates that can take a job now (an ordered set)."""
+    closed: dict[Hashable, tuple[str, ...]] = field(default_factory=dict)
+    """Candidates that cannot, with the reasons why."""
+
+
+class Classes:
+    """The per-class candidate cache over the core's backends and loads (shared, not copied)."""
+
+    def __init__(self, backends: dict[Hashable, Backend], loads: dict[Hashable, BackendLoad]) -> None:
+        self._backends = backends
+        self._loads = loads
+        self._classes: dict[ClassKey, ClassInfo] = {}
+        self._by_backend: dict[Hashable, list[tuple[ClassKey, ClassInfo]]] = {}
+
+    def clear(self) -> None:
+        self._classes.clear()
+        self._by_backend.clear()
+
+    def get(self, key: ClassKey) -> ClassInfo:
+        info = self._classes.get(key)
+        if info is None:
+            candidates: list[Hashable] = []
+            rejected: dict[Hashable, tuple[str, ...]] = {}
+            known = False
+            for bid, backend in self._backends.items():
+                reasons = static_rejections(backend, key)
+                if key[0] in backend.models:
+                    known = True
+                if reasons:
+                    rejected[bid] = reasons
+                else:
+                    candidates.append(bid)
+            info = self._classes[key] = ClassInfo(candidates, rejected, known, frozenset(candidates))
+            for bid in candidates:
+                self._by_backend.setdefault(bid, []).append((key, info))
+                self._place(info, bid, key[0])
+        return info
+
+    def refusal(self, job: Job) -> Rejection | None:
+        """Why ``job`` cannot even wait for a slot (no backend can ever, or can now, serve it), if so."""
+        info = self.get((job.model, job.modality, job.json_mode))
+        if not info.candidates:
+            if not info.model_known:
+                return Rejection(
+                    job,
+                    404,
+                    "model_not_found",
+                    f"model {job.model!r} is not served by any backend; `mr models` lists the models you can use",
+                )
+            serving = [b for b in self._backends.values() if job.model in b.models]
+            json_refused = job.json_mode and not any(b.supports_json for b in serving)
+            what = "JSON mode" if json_refused else f"{job.modality.value} requests"
+            return Rejection(job, 400, "unsupported", f"no backend serving {job.model!r} supports {what}")
+        if not any((b := self._backends[bid]).healthy and b.enabled and not b.draining for bid in info.candidates):
+            return Rejection(
+                job,
+                503,
+                "no_backend",
+                f"every backend serving {job.model!r} is unhealthy, draining or disabled; try again shortly",
+                retry_after=5.0,
+            )
+        return None
+
+    def _place(self, info: ClassInfo, bid: Hashable, model: str) -> None:
+        """Put candidate ``bid`` in its class's open or closed set, by the live constraints."""
+        reasons = live_rejections(self._backends[bid], self._loads[bid], model)
+        if reasons:
+            info.open.pop(bid, None)
+            info.closed[bid] = reasons
+        else:
+            info.closed.pop(bid, None)
+            info.open[bid] = None
+
+    def reopen(self, bid: Hashable) -> None:
+        """Re-evaluate ``bid``'s live constraints in every class it serves."""
+        for key, info in self._by_backend.get(bid, ()):
+            self._place(info, bid, key[0])
+
+    def load_changed(self, bid: Hashable) -> None:
+        """A slot on ``bid`` was taken or freed: only capacity can have changed."""
+        backend = self._backends.get(bid)
+        if backend is None:
+            return
+        full = self._loads[bid].in_flight >= backend.max_concurrent
+        for key, info in self._by_backend.get(bid, ()):
+            if full or bid in info.closed:
+                self._place(info, bid, key[0])
+
+    def live(self, bid: Hashable, model: str) -> bool:
+        """Could ``bid`` take a job for ``model`` once a slot frees (healthy, enabled, not draining, fits)?"""
+        reasons = live_rejections(self._backends[bid], self._loads[bid], model)
+        return all(r == REASONS["capacity"] for r in reasons)
+
+    def route(
+        self, key: ClassKey, scorer: BackendScorer, queue_points: float, excluded: set[Hashable] | None
+    ) -> Route | None:
+        """The best open candidate for a job of class ``key``, or None when none is open."""
+        info = self.get(key)
+        model = key[0]
+        backends = self._backends
+        loads = self._loads
+        # A retry waits for another live backend rather than go straight back to one
+        # that just failed it; only with no alternative left does it try that one again.
+        avoid = bool(excluded) and any(bid not in excluded and self.live(bid, model) for bid in info.candidates)  # type: ignore[operator]
+        rows: list[tuple[Any, ...]] = []
+        best_id = None
+        best_total = -math.inf
+        for bid in info.open:
+            if avoid and bid in excluded:  # type: ignore[operator]
+                continue
+            backend = backends[bid]
+            load = loads[bid]
+            terms = scorer.static_terms(backend, load, model)
+            queue = queue_points / (1 + load.in_flight + backend.backend_waiting)
+            penalty = RETRY_PENALTY if excluded and bid in excluded else 0.0
+            total = terms[0] + queue - penalty
+            rows.append((bid, total, terms, queue, penalty, backend.priority))
+            if total > best_total:
+                best_total, best_id = total, bid
+        if best_id is None:
+            return None
+        return best_id, tuple(rows), dict(info.closed)

@@ -1,0 +1,285 @@
+"""Pools of contention: where users compete, and each user's standing in each.
+
+A *pool* is the set of backends that can serve a job class (model, modality,
+JSON mode); classes with the same candidate backends share one. Users compete
+only inside a pool, so service a user got on a model nobody else wanted is
+never held against it on another model: every pool keeps its own reference,
+its own positions and its own recent usage.
+
+Invariants (``Pool.check()`` asserts them in tests):
+
+- A seat's ``lag`` is its effective deficit: cost owed per unit of weight.
+  Charging cost ``c`` lowers it by ``c / weight`` at the weight of that moment,
+  so a weight change alters only how fast it moves from then on, never where
+  it stands.
+- ``reference()`` (V) is the highest lag among seats with queued jobs, except
+  that it never rises (seats placed above it leave it where it was). Priorities
+  are measured from V.
+- A seat that starts queuing is placed within one typical request of V, on
+  either side: idle time banks at most one request of credit, and past use
+  weighs at most one request against it.
+- Lags leave their place in only two ways besides charges: that placement, and
+  a shift of every seat of the pool by the same amount when V drifts far below
+  zero (order and shares unchanged). Nobody is clipped on its own.
+- The deprioritization factor only ever lowers a heavy seat's priority.
+"""
+
+from __future__ import annotations
+
+import heapq
+from collections import deque
+from collections.abc import Hashable
+from dataclasses import dataclass, field
+
+from .settings import SchedulerSettings
+
+__all__ = ["Pool", "PoolKey", "Seat", "UserState", "apply_factor", "heavy_factor", "seed_priority"]
+
+#: A pool is named by the backend ids that can serve its jobs.
+PoolKey = frozenset
+
+#: Weight of the newest completed request in a pool's typical request cost.
+TYPICAL_ALPHA = 0.1
+#: A single request moves the typical cost at most as if it were this many times the typical.
+TYPICAL_CLIP = 4.0
+
+
+def heavy_factor(usage_fraction: float, threshold: float, floor: float = 0.1) -> float:
+    """The seed's deprioritization factor: 1 up to the threshold, then falling to ``floor``."""
+    if usage_fraction <= threshold:
+        return 1.0
+    return max(floor, 1.0 - (usage_fraction - threshold) * 2.0)
+
+
+def apply_factor(base: float, factor: float) -> float:
+    """Lower ``base`` by ``factor`` (0 < factor <= 1) whatever its sign.
+
+    Multiplying a negative number by 0.1 would raise it, helping the heavy user;
+    below zero we divide instead, so the result is never above ``base``.
+    """
+    return base * factor if base >= 0 else base / factor
+
+
+def seed_priority(deficit: float, burst: float, weight: float, factor: float, wait_bonus: float) -> float:
+    """The seed's priority formula with the sign correction, for records and tests."""
+    return apply_factor((deficit + burst) / weight, factor) + wait_bonus
+
+
+@dataclass(slots=True)
+class UserState:
+    """One account: what the admin set, and what the core learned about its requests."""
+
+    id: Hashable
+    name: str
+    group: str | None
+    weight: float
+    """The user's own weight: its override, else its group's weight."""
+    override: float | None = None
+    """The user's ``weight_override``, if any (its weight inside its group in group shares)."""
+    completion_ema: float | None = None
+    """Moving average of this user's completion tokens: the estimate for the next job."""
+    queued: int = 0
+    running: int = 0
+    served: float = 0.0
+    """Total cost completed in all pools, never shifted (for reports)."""
+
+
+@dataclass(slots=True)
+class Seat:
+    """A user's standing in one pool."""
+
+    user: UserState
+    lag: float
+    """Cost owed per unit of weight (higher = more owed); compare only within the pool."""
+    weight: float
+    """The weight this pool uses now (the user's, or its part of its group's share)."""
+    queued: int = 0
+    running: int = 0
+    inflight: float = 0.0
+    """Cost charged so far for this seat's running jobs (part of ``lag``)."""
+    recent: float = 0.0
+    """Tokens completed here within the fairness window."""
+    factor: float = 1.0
+    served: float = 0.0
+    version: int = 0
+    """Bumped whenever the seat's priority changes; stale heap entries carry an older one."""
+
+
+@dataclass(slots=True)
+class Pool:
+    """Fair-share state of one pool of contention. Pure: methods that depend on time take ``now``."""
+
+    key: PoolKey
+    settings: SchedulerSettings
+    seats: dict[Hashable, Seat] = field(default_factory=dict)
+    typical: float = 0.0
+    """Typical request cost here: a moving average of completed requests, each clipped."""
+    recent_total: float = 0.0
+    heavy: set[Hashable] = field(default_factory=set)
+    shifts: int = 0
+    _ref_heap: list[tuple[float, int, Hashable, int]] = field(default_factory=list)
+    _seq: int = 0
+    _reference: float = 0.0
+    _window: deque[tuple[float, Hashable, float]] = field(default_factory=deque)
+    _next_refresh: float = 0.0
+    _per_weight_total: float = 0.0
+
+    def __post_init__(self) -> None:
+        if not self.typical:
+            self.typical = self.settings.cost(0, self.settings.default_completion_tokens)
+
+    # -- seats and the reference V -----------------------------------------
+
+    def touch(self, seat: Seat) -> None:
+        """Record that ``seat``'s priority changed (the caller re-keys its queue heads)."""
+        seat.version += 1
+        if seat.queued:
+            self._seq += 1
+            heapq.heappush(self._ref_heap, (-seat.lag, self._seq, seat.user.id, seat.version))
+            if len(self._ref_heap) > 64 and len(self._ref_heap) > 4 * len(self.seats):
+                self._ref_heap = [(-s.lag, i, u, s.version) for i, (u, s) in enumerate(self.seats.items()) if s.queued]
+                heapq.heapify(self._ref_heap)
+
+    def reference(self) -> float:
+        """V: the highest lag among seats with queued jobs, never raised by seats placed above it.
+
+        Like CFS's ``min_vruntime``, V only moves in the direction service moves it
+        (down), so users entering together are each placed one credit above the
+        same V instead of each above the last. With nothing queued it stays put.
+        """
+        heap = self._ref_heap
+        seats = self.seats
+        while heap:
+            neg, _, uid, version = heap[0]
+            seat = seats.get(uid)
+            if seat is not None and seat.version == version and seat.queued:
+                if -neg < self._reference:
+                    self._reference = -neg
+                return self._reference
+            heapq.heappop(heap)
+        return self._reference
+
+    def credit(self) -> float:
+        """How far, in cost, a seat entering contention may stand from V: one typical request."""
+        fixed = self.settings.return_credit
+        return self.typical if fixed is None else fixed
+
+    def place(self, seat: Seat, new: bool) -> None:
+        """``seat`` starts queuing: put it within one credit of V (a new seat at the top)."""
+        ref = self.reference()
+        room = self.credit() / seat.weight
+        seat.lag = ref + room if new else min(ref + room, max(ref - room, seat.lag))
+
+    def priority(self, seat: Seat, reference: float) -> float:
+        """Priority of a queued ``seat`` measured from ``reference``, without the wait bonus.
+
+        A plain seat stands at ``lag - V``. A heavy seat is measured from one credit
+        above V, where a newcomer stands, and that distance (negative) is divided by
+        its factor, as the seed's formula does below zero; the handicap this adds is
+        capped at one credit. So deprioritization always acts (a factor below 1
+        moves the heavy seat back) and never starves: a seat entering contention is
+        placed at most one credit below V, where it ties with a fully handicapped
+        heavy seat, and the older job wins the tie.
+        """
+        base = seat.lag - reference
+        if seat.factor == 1.0:
+            return base
+        room = self.credit() / seat.weight
+        return max(room + apply_factor(base - room, seat.factor), base - room)
+
+    def charge(self, seat: Seat, cost: float) -> None:
+        """Move ``seat`` by ``cost`` (negative: a refund) at its current weight."""
+        seat.lag -= cost / seat.weight
+        self.touch(seat)
+
+    def maybe_shift(self) -> bool:
+        """Shift every seat up together once V drifts far below zero."""
+        ref = self.reference()
+        if ref > -self.settings.deficit_shift_threshold:
+            return False
+        for seat in self.seats.values():
+            seat.lag -= ref
+            seat.version += 1
+        self._reference -= ref
+        self._ref_heap = [(-s.lag, i, u, s.version) for i, (u, s) in enumerate(self.seats.items()) if s.queued]
+        heapq.heapify(self._ref_heap)
+        self.shifts += 1
+        return True
+
+    # -- usage -------------------------------------------------------------
+
+    def completed(self, seat: Seat, cost: float, tokens: float, now: float) -> None:
+        """A request here ended having cost ``cost``: count it as usage and in the typical cost."""
+        seat.served += cost
+        if cost > 0:
+            sample = min(cost, TYPICAL_CLIP * self.typical)
+            self.typical += TYPICAL_ALPHA * (sample - self.typical)
+        self.add_usage(seat, tokens, now)
+
+    def add_usage(self, seat: Seat, tokens: float, at: float) -> None:
+        if tokens > 0:
+            self._window.append((at, seat.user.id, tokens))
+            seat.recent += tokens
+            self.recent_total += tokens
+
+    def usage_fraction(self, seat: Seat) -> float:
+        """Recent tokens per unit of weight, as a part of that sum over the seats active in the window.
+
+        With equal weights this is the seed's ``user_recent_tokens / global_recent_tokens``;
+        a weight-10 user using its 91% next to a weight-1 user stands at 0.5. The sum is
+        the one of the last refresh (at most ``heavy_refresh_interval`` old).
+        """
+        if seat.recent <= 0 or self._per_weight_total <= 0:
+            return 0.0
+        return min(1.0, (seat.recent / seat.weight) / self._per_weight_total)
+
+    def refresh(self, now: float) -> list[Seat]:
+        """Expire old usage and, at most once per ``heavy_refresh_interval``, re-rate heavy seats.
+
+        Returns the seats whose factor changed (the caller re-keys them).
+        """
+        window = self._window
+        horizon = now - self.settings.fairness_window
+        seats = self.seats
+        while window and window[0][0] < horizon:
+            _, uid, tokens = window.popleft()
+            self.recent_total -= tokens
+            seat = seats.get(uid)
+            if seat is not None:
+                seat.recent -= tokens
+                if seat.recent < 1e-6:
+                    seat.recent = 0.0
+        if not window:
+            self.recent_total = 0.0
+        if now < self._next_refresh:
+            return []
+        self._next_refresh = now + self.settings.heavy_refresh_interval
+        settings = self.settings
+        per_weight = {uid: s.recent / s.weight for uid, s in seats.items() if s.recent > 0}
+        total = self._per_weight_total = sum(per_weight.values())
+        factors: dict[Hashable, float] = {}
+        # Heavy means heavy next to others: a seat alone in the window is using an idle pool.
+        if len(per_weight) > 1:
+            for uid, used in per_weight.items():
+                if used > settings.deprioritize_threshold * total:
+                    factors[uid] = heavy_factor(
+                        used / total, settings.deprioritize_threshold, settings.min_deprioritization
+                    )
+        changed = []
+        for uid in set(factors) | self.heavy:
+            seat = seats.get(uid)
+            factor = factors.get(uid, 1.0)
+            if seat is not None and seat.factor != factor:
+                seat.factor = factor
+                self.touch(seat)
+                changed.append(seat)
+        self.heavy = set(factors)
+        return changed
+
+    def check(self) -> None:
+        """Assert the invariants (for tests)."""
+        for seat in self.seats.values():
+            assert seat.weight > 0, seat
+            assert seat.queued >= 0 and seat.running >= 0, seat
+            assert 0 < seat.factor <= 1.0, seat
+        assert len(self.heavy) <= 1 or self.settings.deprioritize_threshold < 0.5

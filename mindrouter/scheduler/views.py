@@ -1,0 +1,303 @@
+"""Frozen snapshots of the core: what the daemon, the CLI and the simulator may read.
+
+Nothing outside ``scheduler/`` touches a mutable ``UserState`` or ``Seat``; they
+read these values, built on demand by ``Scheduler.share(now)`` and
+``Scheduler.queue_stats(now)``. Deficits are shown in cost units relative to
+their pool's reference (0 = the most-owed waiting user; negative = served
+ahead), so the absolute zero the core may shift never shows.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Hashable, Iterable, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from .jobs import Job
+from .pools import Pool, Seat, UserState
+
+__all__ = [
+    "PoolShare",
+    "QueueStats",
+    "SeatShare",
+    "ShareSnapshot",
+    "UserShare",
+    "build_queue_stats",
+    "build_share",
+    "normalized_shares",
+]
+
+
+@dataclass(frozen=True, slots=True)
+class SeatShare:
+    """A user's standing in one pool."""
+
+    backends: tuple[str, ...]
+    """The pool: the backends its jobs can run on."""
+    weight: float
+    """The weight the pool uses now (group shares: the user's part of its group's)."""
+    deficit: float
+    """Cost owed relative to the pool's most-owed waiting user (in-flight charges included)."""
+    inflight_charge: float
+    recent_tokens: float
+    usage_fraction: float
+    """Recent tokens per unit of weight, as a part of the pool's sum of that."""
+    factor: float
+    """Deprioritization for heavy use; below 1 it lowers this user's priority here."""
+    queued: int
+    running: int
+    served: float
+
+
+@dataclass(frozen=True, slots=True)
+class UserShare:
+    user_id: Hashable
+    name: str
+    group: str | None
+    weight: float
+    weight_override: float | None
+    deficit: float
+    """Sum over the user's pools."""
+    inflight_charge: float
+    recent_tokens: float
+    usage_fraction: float
+    """The highest over its pools."""
+    factor: float
+    """The lowest over its pools."""
+    queued: int
+    running: int
+    served: float
+    seats: tuple[SeatShare, ...]
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "user_id": self.user_id,
+            "name": self.name,
+            "group": self.group,
+            "weight": self.weight,
+            "deficit": round(self.deficit, 3),
+            "inflight_charge": round(self.inflight_charge, 3),
+            "recent_tokens": self.recent_tokens,
+            "usage_fraction": round(self.usage_fraction, 4),
+            "factor": round(self.factor, 4),
+            "queued": self.queued,
+            "running": self.running,
+            "pools": [
+                {
+                    "backends": list(s.backends),
+                    "weight": round(s.weight, 4),
+                    "deficit": round(s.deficit, 3),
+                    "recent_tokens": s.recent_tokens,
+                    "usage_fraction": round(s.usage_fraction, 4),
+                    "factor": round(s.factor, 4),
+                }
+                for s in self.seats
+            ],
+        }
+
+
+@dataclass(frozen=True, slots=True)
+class PoolShare:
+    """One pool of contention: its backends, who used it, its reference and typical request."""
+
+    backends: tuple[str, ...]
+    users: tuple[str, ...]
+    """Names of the users with a seat here that is active or used the pool in the window."""
+    reference: float
+    typical_request: float
+    """The pool's typical request cost: the bound on return credit and on placement behind."""
+    recent_tokens: float
+    heavy: tuple[str, ...]
+    """Users deprioritized here (at most one)."""
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "backends": list(self.backends),
+            "users": list(self.users),
+            "typical_request": round(self.typical_request, 1),
+            "recent_tokens": self.recent_tokens,
+            "heavy": list(self.heavy),
+        }
+
+
+@dataclass(frozen=True, slots=True)
+class ShareSnapshot:
+    time: float
+    shares: str
+    """``user`` or ``group`` (hierarchical fair share)."""
+    window_seconds: float
+    global_recent_tokens: float
+    burst_credits_per_weight: float
+    """The same for every user per unit of weight, so it never reorders anyone."""
+    users: tuple[UserShare, ...]
+    pools: tuple[PoolShare, ...]
+
+    def user(self, user_id: Hashable) -> UserShare | None:
+        return next((u for u in self.users if u.user_id == user_id), None)
+
+
+@dataclass(frozen=True, slots=True)
+class QueueStats:
+    """Queue statistics in the seed's shape, plus per user and model detail."""
+
+    time: float
+    total: int
+    running: int
+    by_user: Mapping[str, int]
+    by_user_name: Mapping[str, int]
+    by_model: Mapping[str, int]
+    average_wait_seconds: float
+    oldest_wait_seconds: float
+    by_user_model: Mapping[str, Mapping[str, int]]
+    oldest_wait_by_user_model: Mapping[str, Mapping[str, float]]
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "total": self.total,
+            "by_user": dict(self.by_user),
+            "by_model": dict(self.by_model),
+            "average_wait_seconds": self.average_wait_seconds,
+            "running": self.running,
+            "by_user_name": dict(self.by_user_name),
+            "oldest_wait_seconds": self.oldest_wait_seconds,
+            "by_user_model": {k: dict(v) for k, v in self.by_user_model.items()},
+            "oldest_wait_by_user_model": {k: dict(v) for k, v in self.oldest_wait_by_user_model.items()},
+        }
+
+
+def _backends(pool: Pool) -> tuple[str, ...]:
+    return tuple(sorted(str(b) for b in pool.key))
+
+
+def _seat_share(pool: Pool, seat: Seat, reference: float) -> SeatShare:
+    return SeatShare(
+        backends=_backends(pool),
+        weight=seat.weight,
+        deficit=(seat.lag - reference) * seat.weight,
+        inflight_charge=seat.inflight,
+        recent_tokens=seat.recent,
+        usage_fraction=pool.usage_fraction(seat),
+        factor=seat.factor,
+        queued=seat.queued,
+        running=seat.running,
+        served=seat.served,
+    )
+
+
+def build_queue_stats(jobs: Iterable[Job], running: int, users: Mapping[Hashable, UserState], now: float) -> QueueStats:
+    by_user: dict[str, int] = {}
+    by_name: dict[str, int] = {}
+    by_model: dict[str, int] = {}
+    by_user_model: dict[str, dict[str, int]] = {}
+    oldest: dict[str, dict[str, float]] = {}
+    total_wait = 0.0
+    count = 0
+    for job in jobs:
+        count += 1
+        wait = now - job.submitted_at
+        user = users.get(job.user_id)
+        name = user.name if user is not None else str(job.user_id)
+        by_user[str(job.user_id)] = by_user.get(str(job.user_id), 0) + 1
+        by_name[name] = by_name.get(name, 0) + 1
+        by_model[job.model] = by_model.get(job.model, 0) + 1
+        per = by_user_model.setdefault(name, {})
+        per[job.model] = per.get(job.model, 0) + 1
+        waits = oldest.setdefault(name, {})
+        waits[job.model] = round(max(waits.get(job.model, 0.0), wait), 3)
+        total_wait += wait
+    return QueueStats(
+        time=now,
+        total=count,
+        running=running,
+        by_user=by_user,
+        by_user_name=by_name,
+        by_model=by_model,
+        average_wait_seconds=round(total_wait / count, 3) if count else 0.0,
+        oldest_wait_seconds=max((w for m in oldest.values() for w in m.values()), default=0.0),
+        by_user_model=by_user_model,
+        oldest_wait_by_user_model=oldest,
+    )
+
+
+def build_share(
+    users: Iterable[UserState],
+    pools: Iterable[Pool],
+    now: float,
+    shares: str,
+    window: float,
+    burst: float,
+    pending: Mapping[Hashable, float],
+) -> ShareSnapshot:
+    pools = list(pools)
+    users = list(users)
+    references = {pool.key: pool.reference() for pool in pools}
+    seats: dict[Hashable, list[SeatShare]] = {}
+    pool_rows = []
+    for pool in pools:
+        ref = references[pool.key]
+        for user in users:
+            seat = pool.seats.get(user.id)
+            if seat is not None:
+                seats.setdefault(user.id, []).append(_seat_share(pool, seat, ref))
+        names = tuple(s.user.name for s in pool.seats.values() if s.recent > 0 or s.queued or s.running)
+        heavy = tuple(pool.seats[u].user.name for u in pool.heavy if u in pool.seats)
+        pool_rows.append(PoolShare(_backends(pool), names, ref, pool.credit(), pool.recent_total, heavy))
+    rows = []
+    total_recent = 0.0
+    for user in users:
+        mine = tuple(seats.get(user.id, ()))
+        recent = sum(s.recent_tokens for s in mine) + pending.get(user.id, 0.0)
+        total_recent += recent
+        rows.append(
+            UserShare(
+                user_id=user.id,
+                name=user.name,
+                group=user.group,
+                weight=user.weight,
+                weight_override=user.override,
+                deficit=sum(s.deficit for s in mine),
+                inflight_charge=sum(s.inflight_charge for s in mine),
+                recent_tokens=recent,
+                usage_fraction=max((s.usage_fraction for s in mine), default=0.0),
+                factor=min((s.factor for s in mine), default=1.0),
+                queued=user.queued,
+                running=user.running,
+                served=user.served,
+                seats=mine,
+            )
+        )
+    return ShareSnapshot(now, shares, window, total_recent, burst, tuple(rows), tuple(pool_rows))
+
+
+def normalized_shares(
+    users: Iterable[tuple[str, str | None, float, float | None]], groups: Mapping[str, float], shares: str
+) -> tuple[dict[str, float], dict[str, float]]:
+    """What the weights entitle each user and group to, as fractions of the whole.
+
+    Args:
+        users: (name, group, weight, weight_override) of every user.
+        groups: each group's weight.
+        shares: ``user`` (each user weighs its weight; a group gets its members' sum)
+            or ``group`` (a group's weight is its share, split among its members
+            by ``weight_override``, 1 without one).
+
+    Returns:
+        (share by user name, share by group name); groups without users get 0.
+    """
+    users = list(users)
+    if shares != "group":
+        total = sum(w for _, _, w, _ in users) or 1.0
+        by_user = {name: w / total for name, _, w, _ in users}
+        by_group: dict[str, float] = {}
+        for name, group, _, _ in users:
+            if group is not None:
+                by_group[group] = by_group.get(group, 0.0) + by_user[name]
+        return by_user, {g: by_group.get(g, 0.0) for g in groups}
+    inner: dict[str | None, float] = {}
+    for _, group, _, override in users:
+        inner[group] = inner.get(group, 0.0) + (override or 1.0)
+    weight_of = {g: groups.get(g, w) if g is not None else w for _, g, w, _ in users}
+    total = sum(weight_of[g] for g in inner) or 1.0
+    group_share = {g: weight_of[g] / total for g in inner}
+    by_user = {name: group_share[g] * (o or 1.0) / inner[g] for name, g, _, o in users}
+    return by_user, {g: group_share.get(g, 0.0) for g in groups}
