@@ -531,12 +531,31 @@ def test_a_user_alone_in_the_window_is_not_heavy():
     s = make(SchedulerSettings(heavy_refresh_interval=0.0))
     s.set_user("solo", 1)
     s.set_user("idle", 1)
-    s.add_usage("solo", 1000, 0, "llama3")
+    s.add_usage("solo", 2000, 0, "llama3")
     s.dispatch(1.0)
     assert s.share(1.0).user("solo").factor == 1.0
     s.add_usage("idle", 10, 1.0, "llama3")
     s.dispatch(2.0)
     assert s.share(2.0).user("solo").factor == pytest.approx(0.1)
+
+
+def heavy_factor_of(usage: dict[str, tuple[float, int]]) -> dict[str, float]:
+    """Each user's factor after the window holds ``usage`` ({name: (tokens, weight)}); one credit is 100."""
+    s = make(SchedulerSettings(heavy_refresh_interval=0.0, return_credit=100))
+    for name, (tokens, weight) in usage.items():
+        s.set_user(name, weight)
+        s.add_usage(name, tokens, 0, "llama3")
+    s.dispatch(1.0)
+    return {name: s.share(1.0).user(name).factor for name in usage}
+
+
+def test_heavy_is_measured_against_entitlement_and_beyond_noise():
+    # An admin (weight 10) using 91% next to a student (weight 1) uses what it is entitled to.
+    assert heavy_factor_of({"admin": (91_000, 10), "student": (9_000, 1)}) == {"admin": 1.0, "student": 1.0}
+    # Between equals, 150 tokens beyond half (under two credits) is the scheduler's own granularity.
+    assert heavy_factor_of({"a": (2_300, 1), "b": (2_000, 1)}) == {"a": 1.0, "b": 1.0}
+    # 3,000 of 4,000 is 1,000 beyond half: heavy, with the seed's factor for 75%.
+    assert heavy_factor_of({"a": (3_000, 1), "b": (1_000, 1)}) == {"a": pytest.approx(0.5), "b": 1.0}
 
 
 def test_a_retry_waits_for_another_live_backend_instead_of_the_one_that_failed():

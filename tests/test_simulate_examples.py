@@ -125,14 +125,10 @@ ROWS = {
 #: each names the missing core behaviour. Remove an entry when its test passes
 #: (strict: an unexpected pass fails the suite, so none is left behind).
 NEEDS_CORE = {
-    "model-switch": "keep fair share per pool of contention (item 1): usage on qwen is held against x on llama3",
-    "newcomer-other-model": "place a newcomer relative to its own pool's V (item 1)",
-    "set-weight": "apply weight changes from now on (item 2): the whole-life deficit is rescaled",
-    "set-weight-reverse": "apply weight changes from now on (item 2): the whole-life deficit is rescaled",
-    "group-set-weight": "apply weight changes from now on (item 2): the whole-life deficit is rescaled",
-    "huge-request": "bound the return credit by a typical request (item 3), not the largest ever seen",
-    "long-answers": "charge completion tokens as they stream (item 4), not a 256-token estimate",
-    "answers-jump": "charge completion tokens as they stream (item 4), not a moving average",
+    "long-answers": (
+        "bound what one user's concurrent streams add to the service gap: 4 slots of 4,000-token"
+        " answers, each charged as it streams, put the gap at 10,380 against 8,400"
+    ),
 }
 
 
@@ -163,11 +159,10 @@ def test_separate_models_are_reported_fair():
     assert result["jain_index"] == 1.0 and result["max_service_gap"] == 0.0
 
 
-@pytest.mark.xfail(strict=True, reason=f"needs the core to {NEEDS_CORE['model-switch']}")
 def test_model_switch_splits_the_new_pool_from_the_switch_on():
     result = measure("model-switch")
     qwen, llama = result["pools"]
-    assert qwen["users"] == ["x"] and llama["users"] == ["x", "y"]
+    assert qwen["users"] == ["x"] and sorted(llama["users"]) == ["x", "y"]
     after = [w for w in llama["windows"] if w["start"] >= 720]  # the switch is at 600 s here
     assert all(abs(w["shares"]["x"] - 0.5) <= 0.05 for w in after), [w["shares"]["x"] for w in after]
 
@@ -186,10 +181,7 @@ def test_set_weight_moves_shares_from_the_change_on(name, share):
     assert all(abs(w["shares"]["a"] - share) <= 0.05 for w in after), [w["shares"]["a"] for w in after]
 
 
-HEAVY_BY_ENTITLEMENT = "measure heavy users against their entitlement (item 5): the admin's factor is 0.33"
-
-
-@pytest.mark.parametrize("name", [core(n, HEAVY_BY_ENTITLEMENT) for n in ("admin-one-student", "admin-two-students")])
+@pytest.mark.parametrize("name", ["admin-one-student", "admin-two-students"])
 def test_admin_using_its_entitlement_is_not_heavy(name):
     result = measure(name)
     admin = next(u for u in result["users"] if u["name"] == "admin")

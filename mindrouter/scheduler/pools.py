@@ -42,6 +42,9 @@ PoolKey = frozenset
 TYPICAL_ALPHA = 0.1
 #: A single request moves the typical cost at most as if it were this many times the typical.
 TYPICAL_CLIP = 4.0
+#: Typical requests (per unit of weight) a seat may use beyond the heavy threshold before it
+#: counts as heavy: within that, the excess is the scheduler's own granularity, not heavy use.
+HEAVY_SLACK = 2.0
 
 
 def heavy_factor(usage_fraction: float, threshold: float, floor: float = 0.1) -> float:
@@ -259,9 +262,11 @@ class Pool:
         total = self._per_weight_total = sum(per_weight.values())
         factors: dict[Hashable, float] = {}
         # Heavy means heavy next to others: a seat alone in the window is using an idle pool.
+        # And heavy beyond noise: fair share itself lets a seat run up to two requests ahead.
+        slack = HEAVY_SLACK * self.credit()
         if len(per_weight) > 1:
             for uid, used in per_weight.items():
-                if used > settings.deprioritize_threshold * total:
+                if used - settings.deprioritize_threshold * total > slack:
                     factors[uid] = heavy_factor(
                         used / total, settings.deprioritize_threshold, settings.min_deprioritization
                     )

@@ -210,8 +210,12 @@ class _Sim:
                     priority=b.priority,
                 )
             )
+        for group, weight in self.group_weights.items():
+            self.sched.set_group(group, weight)
         for user in self.users:
-            self.sched.set_user(user.index, user.weight, name=user.name, group=user.group)
+            self.sched.set_user(
+                user.index, user.weight, name=user.name, group=user.group, weight_override=user.weight_override
+            )
         self.heap: list[tuple[float, int, int, object]] = []
         self.seq = 0
         self.reqs: dict[str, RequestTrace] = {}
@@ -409,7 +413,11 @@ class _Sim:
                 user.weight = self.group_weights[user.group]
             else:
                 user.weight = 1.0
-            self.sched.set_user(user.index, user.weight, name=user.name, group=user.group)
+            self.sched.set_user(
+                user.index, user.weight, name=user.name, group=user.group, weight_override=user.weight_override
+            )
+        if event.group is not None:
+            self.sched.set_group(event.group, self.group_weights[event.group])
         for pool in self.pools:
             pool.reweigh(now)
 
