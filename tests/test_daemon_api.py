@@ -78,8 +78,8 @@ async def test_models_tags_ps_version_need_no_queue(daemon):
         models = await oai(daemon, key).models.list()
         assert sorted(m.id for m in models.data) == ["llama3", "mistral"]
         client = oll(daemon, key)
-        assert sorted(m.model for m in (await client.list()).models) == ["llama3", "mistral"]
-        assert [m.model for m in (await client.ps()).models] == ["llama3"]
+        assert sorted(m.model for m in (await client.list()).models) == ["llama3:latest", "mistral:latest"]
+        assert [m.model for m in (await client.ps()).models] == ["llama3:latest"]
         resp = await daemon.client.get("/api/version", headers={"Authorization": f"Bearer {key}"})
         assert resp.status == 200 and "version" in await resp.json()
         assert fake.requests == 0

@@ -144,17 +144,17 @@ async def test_the_ollama_and_openai_model_routes_carry_the_backends_real_facts(
         key = await daemon.user("ol")
         ol = ollama.AsyncClient(host=daemon.url, headers={"Authorization": f"Bearer {key}"})
         listed = {m.model: m for m in (await ol.list()).models}
-        assert sorted(listed) == ["llama3.2:latest", "llava:7b", "qwen"]
+        assert sorted(listed) == ["llama3.2:latest", "llava:7b", "qwen:latest"], "Ollama's name:tag spelling"
         llama = listed["llama3.2:latest"]
         assert llama.digest == hashlib.sha256(b"llama3.2:latest").hexdigest()  # the fake's digest, passed on
         assert llama.modified_at.year == 2025 and llama.size == 2_000_000_000
         assert llama.details.family == "llama" and llama.details.quantization_level == "Q4_K_M"
-        assert listed["qwen"].modified_at.year == 2023  # vLLM's created, 1700000000
+        assert listed["qwen:latest"].modified_at.year == 2023  # vLLM's created, 1700000000
         running = {m.model: m for m in (await ol.ps()).models}
-        assert sorted(running) == ["llama3.2:latest", "qwen"]
+        assert sorted(running) == ["llama3.2:latest", "qwen:latest"]
         assert running["llama3.2:latest"].expires_at.year == 2030
         assert running["llama3.2:latest"].size_vram == 2_000_000_000
-        assert running["qwen"].expires_at.year > 2030
+        assert running["qwen:latest"].expires_at.year > 2030
         shown = await ol.show("llama3.2")
         assert shown.capabilities == ["completion", "tools"] and shown.details.family == "llama"
         assert shown.modelinfo["general.architecture"] == "llama"

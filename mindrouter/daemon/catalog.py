@@ -109,14 +109,20 @@ def _epoch(value: Any) -> int:
     return int(datetime.now(UTC).timestamp())
 
 
+def _tagged(name: str) -> str:
+    """Ollama spells every model ``name:tag``, and its clients (Open WebUI) look models up so."""
+    return name if ":" in name else f"{name}:latest"
+
+
 def _ollama_entry(model: PoolModel) -> dict[str, Any]:
     d = model.details()
+    name = _tagged(model.name)
     return {
-        "name": model.name,
-        "model": model.name,
+        "name": name,
+        "model": name,
         "modified_at": _timestamp(d.get("modified_at", d.get("created"))),
         "size": d.get("size") if isinstance(d.get("size"), int) else 0,
-        "digest": d.get("digest") or hashlib.sha256(model.name.encode()).hexdigest(),
+        "digest": d.get("digest") or hashlib.sha256(name.encode()).hexdigest(),
         "details": d.get("details") if isinstance(d.get("details"), dict) else dict(_NO_DETAILS),
     }
 
