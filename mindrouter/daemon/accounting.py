@@ -12,6 +12,7 @@ from aiohttp import web
 
 from ..errors import RequestError
 from ..localtime import day_start, month_start, parse_when, zone_label
+from ..scheduler import normalized_shares
 from ..store import QUOTA_FIELDS, InvalidValue
 from .keys import AUTH, DISPATCHER, QUOTAS, REGISTRY, SCHEDULER, STATS, STORE
 from .responses import error_response
@@ -109,20 +110,27 @@ async def get_me(request: web.Request) -> web.Response:
 
 def _standing(app: web.Application, user_id: int) -> dict[str, Any]:
     """The caller's fair-share figures, and its place among the users active now (1 = served next)."""
-    rows = app[SCHEDULER].user_stats(app[DISPATCHER].clock())
-    mine = next((r for r in rows if r["user_id"] == user_id), None)
+    share = app[SCHEDULER].share(app[DISPATCHER].clock())
+    mine = share.user(user_id)
     if mine is None:
         return {}
-    recent_total = sum(r["recent_tokens"] for r in rows)
-    active = [r for r in rows if r["queued"] or r["running"] or r["recent_tokens"]]
+    active = [u for u in share.users if u.queued or u.running or u.recent_tokens]
+    by_user, _ = normalized_shares(
+        ((u.name, u.group, u.weight, u.weight_override) for u in share.users), {}, share.shares
+    )
     position = None
     if mine in active:
-        position = 1 + sum(1 for r in active if r["deficit"] / r["weight"] > mine["deficit"] / mine["weight"])
+        position = 1 + sum(1 for u in active if u.deficit / u.weight > mine.deficit / mine.weight)
+    total = share.global_recent_tokens
     return {
-        **{k: mine[k] for k in ("weight", "recent_tokens", "factor", "queued", "running")},
-        "normalized_share": round(mine["normalized_share"], 4),
-        "actual_share": round(mine["recent_tokens"] / recent_total, 4) if recent_total else 0.0,
-        "deprioritized": mine["factor"] < 1,
+        "weight": mine.weight,
+        "recent_tokens": mine.recent_tokens,
+        "factor": mine.factor,
+        "queued": mine.queued,
+        "running": mine.running,
+        "normalized_share": round(by_user[mine.name], 4),
+        "actual_share": round(mine.recent_tokens / total, 4) if total else 0.0,
+        "deprioritized": mine.factor < 1,
         "position": position,
         "active_users": len(active),
     }
