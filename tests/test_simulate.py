@@ -268,6 +268,21 @@ def test_max_starved_matches_a_replay_of_the_trace():
         assert row["timeouts"] > 0 and row["max_starved_s"] == pytest.approx(longest, abs=1e-6), row["name"]
 
 
+def test_group_shares_targets_split_a_group_among_its_backlogged_members():
+    """shares = "group", groups 1 and 1: a, alone in hers, is owed half; b and c (3 inside) the other half 1:3."""
+    text = (
+        TWO.format(duration=600, b_start=0).replace('name = "b"', 'name = "b"\ngroup = "s"')
+        + '[[users]]\nname = "c"\ngroup = "s"\nweight = 3\nmodel = "m"\nconcurrency = 2\nprompt_tokens = 0\n'
+        + "completion_tokens = 100\n"
+        + '[groups]\nt = 1\ns = 1\n[scheduler]\nshares = "group"\n'
+    ).replace('name = "a"', 'name = "a"\ngroup = "t"')
+    result = build(simulate(parse_scenario(text)))
+    assert result["shares"] == "group"
+    (pool,) = result["pools"]
+    assert pool["target_shares"] == pytest.approx({"a": 0.5, "b": 0.125, "c": 0.375}, abs=1e-6)
+    assert pool["gap_bound"] == pytest.approx(2 * 100 / 0.25)  # b's entitlement: a quarter of its group's weight
+
+
 def test_open_loop_timeouts_max_tokens_and_request_limits():
     text = """
 duration = 1000

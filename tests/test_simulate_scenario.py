@@ -57,6 +57,10 @@ def test_scheduler_table_overrides_settings():
     assert sc.settings.deprioritize_threshold == 1.0
     assert sc.settings.queue_timeout == 30
     assert sc.settings.scores.model_loaded == 5
+    assert (
+        sc.settings.shares == "user"
+        and parse_scenario(BASE + '[scheduler]\nshares = "group"\n').settings.shares == "group"
+    )
 
 
 def test_entries_with_one_name_are_phases_of_one_user():
@@ -141,6 +145,8 @@ def test_entries_with_one_name_are_phases_of_one_user():
             "[scheduler] max_queued_per_user must be a whole number",
         ),
         (lambda t: t + "[scheduler]\ngroup_weights = 1\n", "unknown key [scheduler] group_weights"),
+        (lambda t: t + "[scheduler]\nshares = 'team'\n", '[scheduler] shares must be "user" or "group"'),
+        (lambda t: t + "[scheduler]\nshares = 1\n", "[scheduler] shares must be a string"),
         (lambda t: t + "[scheduler.scores]\nloaded = 1\n", "unknown key [scheduler.scores] loaded"),
         (lambda t: t.replace("duration = 600", "duration = = 600"), "is not valid TOML"),
         (

@@ -48,6 +48,9 @@ Scenario format (TOML; a contract other tools rely on). Keys marked * are requir
     group = "faculty"            or a group: weight = 4 for every member without its own
 
     [scheduler]                  any SchedulerSettings field, e.g. deprioritize_threshold = 1.0
+    shares = "user"              or "group": a group's weight is its share, divided among its
+                                 active users by their own weights (a weight given to the
+                                 user, else 1); "user": each user weighs its weight
     [scheduler.scores]           any ScoreWeights field, e.g. model_loaded = 100
 
 An unknown key, a wrong type or an impossible value is refused with one
@@ -89,17 +92,21 @@ models are each owed all of their own pool.
   (whether ``worst_window`` considers it). A pool's target: at every moment, users with
   nothing queued in the pool take what they actually receive, and the rest of
   the pool's service is owed to its backlogged users (those with requests
-  waiting) in proportion to weight. With everyone saturating all run long that
-  is weight / total weight.
+  waiting) in proportion to weight (with ``shares = "group"``: to groups by
+  their weights, then inside each group to its backlogged members by their
+  own). With everyone saturating all run long that is weight / total weight.
 - ``max_service_gap``: the largest change of ``S_a/w_a - S_b/w_b`` (service in
-  cost units, i.e. tokens with the default costs, over weight) over an interval
+  cost units, i.e. tokens with the default costs, over weight, or under group
+  shares over the user's part of its group's weight) over an interval
   in which users a and b were both continuously backlogged in one pool,
   measured from the moment both last became backlogged; exact, since it is
   evaluated at every breakpoint. A weight change changes only the slope of
   ``S/w`` from then on. ``max_service_gap_pair``/``_at`` say where;
   ``gap_bound`` is 2 x ``max_request_cost`` (the largest cost of a request in
-  the run). Under saturation that bound holds; under partial load the
-  as-generated gap also counts work that was already running when a pair
+  the pool), divided by the smallest entitlement a backlogged user had when
+  that is below 1 (under group shares, a member's part of its group). Under
+  saturation that bound holds; under partial load the as-generated gap also
+  counts work that was already running when a pair
   became backlogged, so ``max_dispatch_gap`` (``_pair``) gives the same
   measure with each request's whole cost counted at dispatch: the scheduler's
   decisions alone. The top-level figures are the worst pool's.
@@ -117,8 +124,8 @@ models are each owed all of their own pool.
 - ``backends`` (requests, tokens, utilization, ``full_at``: when every slot
   was first busy), ``deprioritization`` (seconds per user and, if it was in
   play, the same run without it: ``without.shares``, ``max_share_shift``,
-  ``max_service_gap``), ``scenario``, ``seed``, ``duration``, ``tokens``,
-  ``events``.
+  ``max_service_gap``), ``scenario``, ``seed``, ``duration``, ``shares``,
+  ``tokens``, ``events``.
 """
 
 from .engine import RequestTrace, Run, simulate

@@ -210,12 +210,8 @@ class _Sim:
                     priority=b.priority,
                 )
             )
-        for group, weight in self.group_weights.items():
-            self.sched.set_group(group, weight)
         for user in self.users:
-            self.sched.set_user(
-                user.index, user.weight, name=user.name, group=user.group, weight_override=user.weight_override
-            )
+            self.tell_core(user)
         self.heap: list[tuple[float, int, int, object]] = []
         self.seq = 0
         self.reqs: dict[str, RequestTrace] = {}
@@ -234,8 +230,35 @@ class _Sim:
         self.pc, self.cc = settings.prompt_token_cost, settings.completion_token_cost
 
     def entitlement(self, backlogged: Sequence[int]) -> dict[int, float]:
-        """Each backlogged user's weight (the pool's targets split the owed service by it)."""
-        return {u: self.users[u].weight for u in backlogged}
+        """What each backlogged user of a pool is entitled to, relative to the others.
+
+        With ``shares = "user"`` that is its weight. With ``"group"``, a group's
+        weight is its share, divided among its backlogged members by their own
+        weights inside it (``weight_override``, else 1).
+        """
+        users = self.users
+        if self.settings.shares == "user":
+            return {u: users[u].weight for u in backlogged}
+        inner = {u: users[u].weight_override or 1.0 for u in backlogged}
+        totals: dict[str | None, float] = {}
+        for u in backlogged:
+            totals[users[u].group] = totals.get(users[u].group, 0.0) + inner[u]
+        return {u: self.group_weight(users[u]) * inner[u] / totals[users[u].group] for u in backlogged}
+
+    def group_weight(self, user: UserRun) -> float:
+        """The weight of ``user``'s group (its own weight when it has no group of known weight)."""
+        weight = self.group_weights.get(user.group) if user.group is not None else None
+        return user.weight if weight is None else weight
+
+    def tell_core(self, user: UserRun) -> None:
+        self.sched.set_user(
+            user.index,
+            user.weight,
+            name=user.name,
+            group=user.group,
+            weight_override=user.weight_override,
+            group_weight=self.group_weights.get(user.group) if user.group is not None else None,
+        )
 
     # -- events -------------------------------------------------------------
 
@@ -395,29 +418,24 @@ class _Sim:
             self.next_request(self.phases[req.phase], now)
 
     def on_event(self, event: EventSpec, now: float) -> None:
-        """Change weights in the live core; each pool closes its epoch first, then re-weighs."""
+        """Change weights in the live core, as ``mr user/group set-weight`` would.
+
+        Each pool closes its epoch under the old weights first, then re-weighs.
+        """
         for pool in self.pools:
             pool.close_epoch(now)
         if event.user is not None:
             user = self.by_name[event.user]
             user.weight_override = event.weight
-            changed = [user]
+            user.weight = event.weight or self.group_weights.get(user.group or "", 1.0)
+            self.tell_core(user)
         else:
             assert event.group is not None and event.weight is not None
             self.group_weights[event.group] = event.weight
-            changed = [u for u in self.users if u.group == event.group]
-        for user in changed:
-            if user.weight_override is not None:
-                user.weight = user.weight_override
-            elif user.group is not None:
-                user.weight = self.group_weights[user.group]
-            else:
-                user.weight = 1.0
-            self.sched.set_user(
-                user.index, user.weight, name=user.name, group=user.group, weight_override=user.weight_override
-            )
-        if event.group is not None:
-            self.sched.set_group(event.group, self.group_weights[event.group])
+            for user in self.users:
+                if user.group == event.group and user.weight_override is None:
+                    user.weight = event.weight
+            self.sched.set_group(event.group, event.weight)
         for pool in self.pools:
             pool.reweigh(now)
 

@@ -120,6 +120,17 @@ class Pool:
         self.dispatch_gap = GapTracker(users)
         """Service counted whole at dispatch."""
         self.max_request_cost = 0.0
+        self.min_entitlement = 1.0
+        """The smallest entitlement a backlogged user had, if below 1 (group shares: a member's part)."""
+
+    @property
+    def gap_bound(self) -> float:
+        """2 x the largest request cost, over the smallest entitlement when that is below 1.
+
+        Two users a and b each one request off their fair position are
+        ``cost / w_a + cost / w_b`` apart in service over entitlement.
+        """
+        return 2 * self.max_request_cost / self.min_entitlement
 
     # -- service lines --------------------------------------------------------
 
@@ -203,6 +214,7 @@ class Pool:
         Call ``close_epoch`` first, while the old weights still apply.
         """
         for u, w in self.entitlement(self.backlogged).items():
+            self.min_entitlement = min(self.min_entitlement, w)
             old = self.share_weight[u]
             if w != old:
                 a, b = self._cost_line(u)

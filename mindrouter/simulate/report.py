@@ -170,7 +170,7 @@ def _pool_row(run: Run, pool: Pool) -> dict[str, Any]:
         "max_dispatch_gap": _r(pool.dispatch_gap.max, 3),
         "max_dispatch_gap_pair": _pair(run, pool.dispatch_gap.pair),
         "max_request_cost": _r(pool.max_request_cost, 3),
-        "gap_bound": _r(2 * pool.max_request_cost, 3),
+        "gap_bound": _r(pool.gap_bound, 3),
         "jain_index": _pool_jain(run, pool),
         "worst_window": worst_window(windows),
         "windows": windows,
@@ -234,6 +234,7 @@ def build(run: Run, baseline: Run | None = None) -> dict[str, Any]:
         "seed": run.scenario.seed,
         "duration": run.duration,
         "counting": "as_generated",
+        "shares": run.scenario.settings.shares,
         "users": [_user_row(u, run, total) for u in run.users],
         "pools": pools,
         "max_service_gap": gap and gap["max_service_gap"],
@@ -242,7 +243,7 @@ def build(run: Run, baseline: Run | None = None) -> dict[str, Any]:
         "max_dispatch_gap": dgap and dgap["max_dispatch_gap"],
         "max_dispatch_gap_pair": dgap and dgap["max_dispatch_gap_pair"],
         "max_request_cost": _r(run.max_request_cost, 3),
-        "gap_bound": _r(2 * run.max_request_cost, 3),
+        "gap_bound": _r(max(p.gap_bound for p in run.pools), 3),
         "jain_index": min(jains, default=None),
         "window_seconds": run.window,
         "settle_seconds": SETTLE,
@@ -360,7 +361,9 @@ def render(result: dict[str, Any], console: Console, *, wall_seconds: float | No
     bound = result["gap_bound"]
     jain_index = result["jain_index"]
     console.print(
-        f"Service gap {gap:,.0f} (bound: 2 x max request cost = {bound:,.0f}; "
+        f"Service gap {gap:,.0f} (bound: 2 x max request cost"
+        + (" = " if bound == 2 * result["max_request_cost"] else " / smallest entitlement = ")
+        + f"{bound:,.0f}; "
         f"{result['max_dispatch_gap']:,.0f} counting requests whole at dispatch)."
     )
     line = "Jain index " + ("-" if jain_index is None else f"{jain_index:.4f}")

@@ -446,7 +446,11 @@ class _Parser:
         for key, value in raw.items():
             default = getattr(defaults, key)
             label = f"[scheduler] {key}"
-            if isinstance(default, int) and not isinstance(default, float):
+            if isinstance(default, str):
+                if not isinstance(value, str):
+                    raise self.fail(f"{label} must be a string, not {value!r}")
+                changes[key] = value
+            elif isinstance(default, int) and not isinstance(default, float):
                 changes[key] = self.integer(label, value, minimum=1 if key in _POSITIVE else 0)
             else:
                 changes[key] = self.number(label, value, positive=key in _POSITIVE)
@@ -457,4 +461,7 @@ class _Parser:
         scores = ScoreWeights(
             **{k: self.number(f"[scheduler.scores] {k}", v, minimum=-math.inf) for k, v in scores_raw.items()}
         )
-        return dataclasses.replace(defaults, scores=scores, **changes)
+        try:
+            return dataclasses.replace(defaults, scores=scores, **changes)
+        except ValueError as exc:  # SchedulerSettings checks its own values (shares)
+            raise self.fail(f"[scheduler] {exc}") from None
