@@ -38,7 +38,7 @@ def check_scenario3(result):
         assert abs(shares[name] - target) <= 0.02, (name, shares[name])
         assert abs(next(u for u in result["users"] if u["name"] == name)["target_share"] - target) < 1e-6
     windows = result["windows"]
-    assert len(windows) == 60
+    assert len(windows) == result["duration"] / 60
     for window in windows[1:]:
         for name, target in SHARES.items():
             assert abs(window["shares"][name] - target) <= 0.05, (window["start"], name, window["shares"][name])
@@ -73,8 +73,8 @@ def test_scenario3_service_gap_within_twice_the_largest_request(scenario3):
 
 @pytest.mark.parametrize("seed", [1, 2, 3])
 def test_scenario3_with_random_request_sizes(seed):
-    """Varied sizes exercise the completion estimate, reconciled at completion."""
-    sc = ranged(load_example("scenario3")).replace(seed=seed)
+    """Varied sizes exercise the charges as streamed, settled at completion (20 minutes: 19 windows checked)."""
+    sc = ranged(load_example("scenario3")).replace(seed=seed, duration=1200)
     result = build(simulate(sc))
     check_scenario3(result)
     off = build(simulate(no_deprioritization(sc)))

@@ -188,9 +188,6 @@ def test_admin_using_its_entitlement_is_not_heavy(name):
     assert admin["deprioritized_seconds"] == 0 and admin["min_factor"] == 1.0, admin
 
 
-@pytest.mark.xfail(
-    strict=True, reason='needs the core\'s [scheduler] shares = "group" (item 6), then that line in the example'
-)
 def test_group_shares_give_the_faculty_group_half():
     (pool,) = measure("group-shares")["pools"]
     assert pool["target_shares"]["prof"] == pytest.approx(0.5, abs=0.005)
