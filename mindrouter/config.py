@@ -56,6 +56,8 @@ class ServerSettings:
     """TCP port of the inference API."""
     socket: str = ""
     """Unix socket for the admin API; empty means platformdirs' user runtime dir."""
+    socket_group: str = ""
+    """When set, the admin socket is mode 0660 with this group, so its members can run `mr`; else 0600."""
     state_dir: str = ""
     """Folder of the SQLite state; empty means platformdirs' user data dir."""
     admin_key: str = ""

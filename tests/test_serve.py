@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import asyncio
+import grp
 import json
+import os
 import signal
 import socket
 import sqlite3
@@ -101,6 +103,9 @@ def test_cli_exits_3_when_no_daemon_answers(tmp_path):
     r = mr(config, "status")
     assert r.returncode == 3
     assert "mr serve" in r.stderr and len(r.stderr.strip().splitlines()) == 1
+    # It says which socket it tried, where that came from, and how to point at another.
+    assert f"{tmp_path / 'none.sock'} ([server] socket from {config})" in r.stderr
+    assert "--config FILE or MR_CONFIG" in r.stderr
 
 
 def test_a_second_daemon_on_the_same_socket_is_refused(served):
@@ -240,3 +245,49 @@ def test_a_corrupt_or_missing_config_or_state_file_is_one_sentence(tmp_path, set
     )
     assert r.returncode == 1 and says in r.stderr, r.stderr
     assert len(r.stderr.strip().splitlines()) == 1 and "Traceback" not in r.stderr, r.stderr
+
+
+def test_the_cli_finds_a_default_socket_without_xdg_runtime_dir(tmp_path):
+    """`mr serve` started in a login session (XDG_RUNTIME_DIR set), `mr status` from sudo or cron (unset)."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("XDG_") and k != "MR_CONFIG"}
+    env["HOME"] = str(tmp_path / "home")
+    (tmp_path / "xdg").mkdir(mode=0o700)
+    config = tmp_path / "port.toml"  # only the port: socket and state at their defaults
+    config.write_text(f"[server]\nport = {free_port()}\n")
+    with open(tmp_path / "serve.log", "w") as log:
+        proc = subprocess.Popen(
+            [*MR, "serve", "--config", str(config), "--no-discover"],
+            env={**env, "XDG_RUNTIME_DIR": str(tmp_path / "xdg")},
+            stderr=log,
+            stdout=log,
+        )
+    try:
+        socket_path = tmp_path / "xdg" / "mindrouter" / "mr.sock"
+        deadline = time.monotonic() + 20
+        while not socket_path.exists():
+            assert proc.poll() is None and time.monotonic() < deadline, (tmp_path / "serve.log").read_text()
+            time.sleep(0.05)
+        r = subprocess.run([*MR, "--config", str(config), "status", "--json"], env=env, capture_output=True, text=True)
+        assert r.returncode == 0, r.stderr
+        assert json.loads(r.stdout)["socket"] == str(socket_path)
+    finally:
+        proc.terminate()
+        proc.wait(15)
+
+
+def test_the_admin_socket_can_be_shared_with_a_group(tmp_path):
+    group = grp.getgrgid(os.getgid()).gr_name
+    config = tmp_path / "config.toml"
+    base = f'[server]\nport = {free_port()}\nsocket = "{tmp_path / "s.sock"}"\nstate_dir = "{tmp_path / "state"}"\n'
+    config.write_text(base + 'socket_group = "no-such-group-here"\n')
+    r = subprocess.run([*MR, "serve", "--config", str(config)], capture_output=True, text=True, timeout=30)
+    assert r.returncode == 1 and "socket_group 'no-such-group-here' is not a group" in r.stderr, r.stderr
+    assert not (tmp_path / "state").exists()  # refused before anything started
+    config.write_text(base + f'socket_group = "{group}"\n')
+    proc, _ = start_serve(config, tmp_path / "serve.log", tmp_path / "s.sock")
+    try:
+        info = (tmp_path / "s.sock").stat()
+        assert oct(info.st_mode & 0o777) == "0o660" and info.st_gid == os.getgid()
+    finally:
+        proc.terminate()
+        proc.wait(15)

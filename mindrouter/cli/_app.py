@@ -16,6 +16,7 @@ from typing import Annotated, Any
 import typer
 
 from ..config import Config, config_path, load_config
+from ..daemon.statelock import StateLock
 from ._client import AdminClient
 
 __all__ = ["Application", "ConfigOption", "JsonOption", "get_app", "install"]
@@ -45,8 +46,28 @@ class Application:
     def client(self) -> AdminClient:
         """The admin client for the configured socket (made on first use)."""
         if self._client is None:
-            self._client = AdminClient(self.config.server.socket_path)
+            path, origin = self.socket()
+            self._client = AdminClient(path, origin=origin)
         return self._client
+
+    def socket(self) -> tuple[Path, str]:
+        """The admin socket to use and where its path came from.
+
+        With no ``[server] socket`` set, the default path depends on
+        ``XDG_RUNTIME_DIR``, which sudo, cron and services do not carry; the
+        daemon writes its socket into its state lock, so that is tried next.
+        """
+        config = self.config
+        server = config.server
+        where = f"from {config.path}" if config.path else "no config file; the default"
+        if server.socket:
+            return server.socket_path, f"[server] socket {where}"
+        path = server.socket_path
+        if not path.exists():
+            running = StateLock.holder(server.state_path).get("socket")
+            if isinstance(running, str) and Path(running).exists():
+                return Path(running), f"named by the daemon's lock in {server.state_path}"
+        return path, f"{where} socket, as no [server] socket is set"
 
     def use_config(self, path: Path | None) -> None:
         """Apply a command-level ``--config``; forgets settings read from another file."""

@@ -56,8 +56,10 @@ class AdminClient:
             (``mr backend add`` waits for the backend's first probe).
     """
 
-    def __init__(self, socket_path: str | Path, timeout: float | None = 30.0) -> None:
+    def __init__(self, socket_path: str | Path, timeout: float | None = 30.0, origin: str = "") -> None:
         self.socket_path = str(socket_path)
+        self.origin = origin
+        """Where the socket path came from, for the message when nothing answers there."""
         self.timeout = timeout
 
     # -- the verbs ---------------------------------------------------------
@@ -144,7 +146,8 @@ class AdminClient:
         except PermissionError as exc:
             conn.close()
             raise DaemonUnreachable(
-                f"no permission to use the daemon's socket {self.socket_path}; run mr as the user that runs `mr serve`"
+                f"no permission to use the daemon's socket {self.socket_path}; run mr as the user that runs "
+                "`mr serve`, or as a member of its [server] socket_group"
             ) from exc
         except TimeoutError as exc:
             conn.close()
@@ -153,7 +156,11 @@ class AdminClient:
             ) from exc
         except (OSError, http.client.HTTPException) as exc:
             conn.close()
-            raise DaemonUnreachable(f"cannot reach the daemon at {self.socket_path}; is `mr serve` running?") from exc
+            where = f" ({self.origin})" if self.origin else ""
+            raise DaemonUnreachable(
+                f"cannot reach the daemon at {self.socket_path}{where}; is `mr serve` running? "
+                "Point at another daemon with --config FILE or MR_CONFIG (its [server] socket)"
+            ) from exc
 
     def _read(self, resp: http.client.HTTPResponse, method: str, path: str) -> bytes:
         try:

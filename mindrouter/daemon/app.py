@@ -12,6 +12,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import errno
+import grp
 import logging
 import os
 import signal
@@ -172,6 +173,27 @@ def _restore_usage(store: Store, scheduler: Scheduler, config: Config) -> None:
         )
 
 
+def _socket_gid(group: str) -> int | None:
+    """The group id for ``[server] socket_group``, or None when unset."""
+    if not group:
+        return None
+    try:
+        return grp.getgrnam(group).gr_gid
+    except KeyError:
+        raise ConfigError(
+            f"[server] socket_group {group!r} is not a group on this machine; create it or unset it"
+        ) from None
+
+
+def _restrict_socket(path: Path, gid: int | None) -> None:
+    """The admin socket: 0600, or 0660 for the ``socket_group``."""
+    if gid is None:
+        os.chmod(path, 0o600)
+        return
+    os.chown(path, -1, gid)
+    os.chmod(path, 0o660)
+
+
 def _claim_socket(path: Path) -> None:
     """Make the socket's folder (0700) and remove a stale socket; refuse if a daemon answers there."""
     path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
@@ -191,6 +213,7 @@ def _claim_socket(path: Path) -> None:
 async def _run(config: Config, *, discover: bool | None) -> None:
     """Lock the state and claim the socket before anything else, then serve."""
     server = config.server
+    _socket_gid(server.socket_group)  # a typo is refused before anything starts
     lock = StateLock(server.state_path)
     lock.acquire(listen=f"http://{server.host}:{server.port}", socket=str(server.socket_path))
     try:
@@ -236,7 +259,7 @@ async def _serve_app(config: Config, *, discover: bool | None) -> None:
             await unix.start()
         finally:
             os.umask(old_umask)
-        os.chmod(socket_path, 0o600)
+        _restrict_socket(socket_path, _socket_gid(server.socket_group))
     except OSError as exc:
         await runner.cleanup()
         if exc.errno == errno.EADDRINUSE:

@@ -69,6 +69,15 @@ class StateLock:
             self._file = None
 
     @staticmethod
+    def holder(state_dir: Path) -> dict[str, object]:
+        """What the daemon holding the lock in ``state_dir`` wrote (pid, listen, socket); empty if none."""
+        try:
+            info = json.loads((Path(state_dir) / "mr.lock").read_text(encoding="utf-8"))
+        except (OSError, ValueError):
+            return {}
+        return info if isinstance(info, dict) else {}
+
+    @staticmethod
     def _describe(text: str) -> str:
         try:
             info = json.loads(text)
