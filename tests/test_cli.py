@@ -65,7 +65,10 @@ def test_unreachable_daemon_is_exit_3_with_one_sentence(tmp_path: Path, monkeypa
     ):
         run = mr(*args)
         assert run.exit_code == 3, (args, run)
-        assert run.stderr == f"mr: cannot reach the daemon at {sock}; is `mr serve` running?\n"
+        assert run.stderr == (
+            f"mr: cannot reach the daemon at {sock} ([server] socket from {tmp_path / 'c.toml'}); is `mr serve` "
+            "running? Point at another daemon with --config FILE or MR_CONFIG (its [server] socket)\n"
+        )
         assert run.stdout == ""
 
 
@@ -592,7 +595,8 @@ def test_main_prints_one_line_and_exit_codes(fake: FakeDaemon, tmp_path: Path) -
     away = _main("status", env={"MR_CONFIG": str(tmp_path / "gone.toml")})
     assert (away.returncode, away.stderr) == (
         3,
-        f"mr: cannot reach the daemon at {tmp_path}/gone.sock; is `mr serve` running?\n",
+        f"mr: cannot reach the daemon at {tmp_path}/gone.sock ([server] socket from {tmp_path}/gone.toml); "
+        "is `mr serve` running? Point at another daemon with --config FILE or MR_CONFIG (its [server] socket)\n",
     )
 
 

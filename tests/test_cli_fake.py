@@ -674,7 +674,10 @@ def test_client_unreachable_is_exit_3(tmp_path: Path) -> None:
     missing = tmp_path / "nothing.sock"
     with pytest.raises(DaemonUnreachable) as info:
         AdminClient(missing).get("/admin/status")
-    assert str(info.value) == f"cannot reach the daemon at {missing}; is `mr serve` running?"
+    assert str(info.value) == (
+        f"cannot reach the daemon at {missing}; is `mr serve` running? "
+        "Point at another daemon with --config FILE or MR_CONFIG (its [server] socket)"
+    )
     assert info.value.exit_code == 3
     # a socket file nobody listens on (a daemon that crashed) reads the same
     dead = socket.socket(socket.AF_UNIX)

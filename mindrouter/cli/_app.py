@@ -124,7 +124,7 @@ def complete_from(path: str, key: str = "name") -> Any:
         try:
             root = ctx.find_root()
             app = root.obj if isinstance(root.obj, Application) else Application(config_arg=root.params.get("config"))
-            rows = AdminClient(app.config.server.socket_path, timeout=1.0).get(path)
+            rows = AdminClient(app.socket()[0], timeout=1.0).get(path)
             return [str(r[key]) for r in rows if str(r.get(key, "")).startswith(incomplete)]
         except Exception:
             return []

@@ -148,8 +148,8 @@ def top(
     """
     seconds = _interval(interval)
     app = get_app(ctx, config)
-    socket = str(app.config.server.socket_path)
-    client = AdminClient(socket, timeout=POLL_TIMEOUT)
+    socket, origin = app.socket()
+    client = AdminClient(socket, timeout=POLL_TIMEOUT, origin=origin)
     out = Console(highlight=False)
     if json or once or not out.is_terminal:
         data = client.get("/admin/top")  # daemon away: exit 3 with the sentence, as scripts expect
@@ -158,7 +158,7 @@ def top(
             return
         columns, lines = shutil.get_terminal_size((120, 50))
         frame = Console(width=columns, highlight=False) if not out.is_terminal else out
-        frame.print(render_top(data, columns, lines, socket=socket, now=time.time()))
+        frame.print(render_top(data, columns, lines, socket=str(socket), now=time.time()))
         return
     try:
         _live(client, out, seconds)
