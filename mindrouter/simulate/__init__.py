@@ -89,12 +89,13 @@ models are each owed all of their own pool.
   ``error_user`` whose), ``allowed``, ``outlasting`` (requests running in it
   that each take longer than a window), ``since_change`` (seconds from the
   last arrival, departure or weight event to its start) and ``counts``
-  (whether ``worst_window`` considers it). A pool's target: at every moment, users with
-  nothing queued in the pool take what they actually receive, and the rest of
-  the pool's service is owed to its backlogged users (those with requests
-  waiting) in proportion to weight (with ``shares = "group"``: to groups by
-  their weights, then inside each group to its backlogged members by their
-  own). With everyone saturating all run long that is weight / total weight.
+  (whether ``worst_window`` considers it). A pool's target: at every moment,
+  users with nothing queued in the pool take what they actually receive, and
+  the rest of the pool's service is owed to its backlogged users (those with
+  requests waiting) in proportion to weight (with ``shares = "group"``: to
+  groups by their weights, then inside each group to its backlogged members
+  by their own). With everyone saturating all run long that is weight / total
+  weight.
 - ``max_service_gap``: the largest change of ``S_a/w_a - S_b/w_b`` (service in
   cost units, i.e. tokens with the default costs, over weight, or under group
   shares over the user's part of its group's weight) over an interval
@@ -106,10 +107,11 @@ models are each owed all of their own pool.
   the pool), divided by the smallest entitlement a backlogged user had when
   that is below 1 (under group shares, a member's part of its group). Under
   saturation that bound holds; under partial load the as-generated gap also
-  counts work that was already running when a pair
-  became backlogged, so ``max_dispatch_gap`` (``_pair``) gives the same
-  measure with each request's whole cost counted at dispatch: the scheduler's
-  decisions alone. The top-level figures are the worst pool's.
+  counts work that was already running when a pair became backlogged, so
+  ``max_dispatch_gap`` (``_pair``) gives the same measure with each request's
+  whole cost counted at dispatch: the scheduler's decisions alone (with the
+  core charging tokens as they stream, that is no longer what it decides on).
+  The top-level figures are the worst pool's.
 - ``jain_index``: the lowest over the pools of Jain's index of share /
   target_share over the users ever backlogged in the pool (with targets by
   weight, that is weight-normalized throughput).
