@@ -160,6 +160,7 @@ async def test_the_ollama_and_openai_model_routes_carry_the_backends_real_facts(
         assert shown.modelinfo["general.architecture"] == "llama"
         shown = await ol.show("qwen")
         assert shown.modelinfo["unknown.context_length"] == 4096  # vLLM's max_model_len
+        assert shown.parameters == "num_ctx 4096"
         with pytest.raises(ollama.ResponseError) as missing:
             await ol.show("nope")
         assert missing.value.status_code == 404 and "ollama list" in missing.value.error

@@ -204,6 +204,8 @@ async def handle_ollama_show(request: web.Request) -> web.Response:
     if isinstance(context, int) and not any(k.endswith(".context_length") for k in model_info):
         model_info.setdefault("general.architecture", "unknown")
         model_info[f"{model_info['general.architecture']}.context_length"] = context
+        if "num_ctx" not in info["parameters"]:  # Continue reads the context length from here
+            info["parameters"] = f"{info['parameters']}\nnum_ctx {context}".strip()
     info["capabilities"] = sorted(set(info.get("capabilities") or ()) | set(model.capabilities()))
     info["backends"] = sorted(e.row.name for e, _ in model.on)
     return web.json_response(info)
