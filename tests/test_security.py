@@ -7,6 +7,7 @@ import io
 import json
 import logging
 
+import aiohttp
 import pytest
 
 from mindrouter.daemon.app import create_app
@@ -145,3 +146,21 @@ async def test_a_client_chosen_name_cannot_forge_a_log_line(daemon):
     lines = out.getvalue().splitlines()
     assert lines and all(not line.startswith("CRITICAL") for line in lines), lines
     assert any("nosuch\\nCRITICAL" in line for line in lines), lines  # logged, escaped
+
+
+async def test_discovery_never_adds_a_server_already_configured(tmp_path):
+    """The first start adds what answers on this machine, each server once, and nothing already there."""
+    from mindrouter.daemon.discover import discover_local_backends
+    from mindrouter.store import Store
+
+    async with FakeOllama(models=["llama3"]) as fake, aiohttp.ClientSession() as session:
+        candidates = (
+            ("local-ollama", f"http://127.0.0.1:{fake.port}", "ollama", "/api/tags"),
+            ("local-again", f"http://localhost:{fake.port}/", "ollama", "/api/tags"),
+        )
+        with Store(tmp_path / "s.db") as store:
+            assert [r.name for r in await discover_local_backends(session, store, candidates)] == ["local-ollama"]
+            store.remove_backend("local-ollama")
+            store.add_backend("gpu1", f"http://localhost:{fake.port}", "ollama")
+            assert await discover_local_backends(session, store, candidates) == []
+            assert [b.name for b in store.list_backends()] == ["gpu1"]

@@ -31,11 +31,12 @@ async def _answers(session: aiohttp.ClientSession, url: str) -> bool:
 async def discover_local_backends(
     session: aiohttp.ClientSession, store: Any, candidates: tuple[tuple[str, str, str, str], ...] = CANDIDATES
 ) -> list[Any]:
-    """Add each candidate that answers as a backend; returns the rows added."""
-    found = await asyncio.gather(*(_answers(session, url + path) for _, url, _, path in candidates))
+    """Add each candidate that answers and is not in the pool already; returns the rows added."""
+    fresh = [c for c in candidates if store.backend_at(c[1]) is None]
+    found = await asyncio.gather(*(_answers(session, url + path) for _, url, _, path in fresh))
     rows = []
-    for (name, url, engine, _), ok in zip(candidates, found, strict=False):
-        if ok:
+    for (name, url, engine, _), ok in zip(fresh, found, strict=False):
+        if ok and store.backend_at(url) is None:  # one server, one backend (names.same_server)
             rows.append(store.add_backend(name, url, engine))
     if not rows:
         log.info(
