@@ -6,12 +6,16 @@ import dataclasses
 import io
 import json
 import logging
+import socket
 
 import aiohttp
 import pytest
+from typer.testing import CliRunner
 
+from mindrouter.cli import app as mr_app
 from mindrouter.daemon.app import create_app
 from mindrouter.daemon.logsafe import OneLineFormatter
+from mindrouter.errors import UsageError
 
 from .conftest import ADMIN_KEY, Daemon, daemon_config
 from .fakes import FakeOllama
@@ -164,3 +168,25 @@ async def test_discovery_never_adds_a_server_already_configured(tmp_path):
             store.add_backend("gpu1", f"http://localhost:{fake.port}", "ollama")
             assert await discover_local_backends(session, store, candidates) == []
             assert [b.name for b in store.list_backends()] == ["gpu1"]
+
+
+async def test_an_unreachable_gpu_agent_is_reported_in_the_answer_the_list_the_status_and_the_log(daemon, caplog):
+    caplog.set_level(logging.INFO, logger="mindrouter")
+    with socket.socket() as s:  # a port nobody listens on
+        s.bind(("127.0.0.1", 0))
+        node = f"http://127.0.0.1:{s.getsockname()[1]}"
+    async with FakeOllama(models=["llama3"]) as fake:
+        added = await daemon.backend("ws3", fake.url, "ollama", node=node)
+        assert added["status"] == "healthy" and "cannot reach GPU agent" in added["node_error"]
+        assert added["error"] == added["node_error"]  # no longer null
+        (listed,) = await daemon.admin("GET", "/admin/backends")
+        assert listed["node_error"] == added["node_error"]
+        assert (await daemon.admin("GET", "/admin/status"))["nodes_unreachable"] == [node]
+    warnings = [r for r in caplog.records if r.levelno == logging.WARNING and "GPU agent does not answer" in r.msg]
+    assert len(warnings) == 1  # once when it stops answering, not every poll
+
+
+async def test_mr_agent_beyond_loopback_needs_a_key():
+    run = CliRunner().invoke(mr_app, ["agent", "--host", "0.0.0.0"], env={"MR_AGENT_KEY": None})
+    assert isinstance(run.exception, UsageError) and run.exception.exit_code == 2
+    assert "needs a key" in str(run.exception)

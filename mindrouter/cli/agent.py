@@ -2,35 +2,34 @@
 
 from __future__ import annotations
 
-import ipaddress
 import logging
 from typing import Annotated
 
 import typer
 
 from ..errors import UsageError
+from ..names import is_loopback
 from ._app import ConfigOption, get_app
 
 __all__ = ["register"]
 
 
-def _is_loopback(host: str) -> bool:
-    if host == "localhost":
-        return True
-    try:
-        return ipaddress.ip_address(host).is_loopback
-    except ValueError:
-        return False
-
-
 def agent(
     ctx: typer.Context,
-    host: Annotated[str, typer.Option(help="Address to listen on; 0.0.0.0 for every interface.")] = "127.0.0.1",
+    host: Annotated[
+        str,
+        typer.Option(
+            help="Address to listen on; the default serves this machine only, so a router elsewhere needs 0.0.0.0 "
+            "(and a key)."
+        ),
+    ] = "127.0.0.1",
     port: Annotated[int, typer.Option(min=1, max=65535, help="TCP port.")] = 8485,
     key: Annotated[
         str | None,
         typer.Option(
-            envvar="MR_AGENT_KEY", show_envvar=True, help="Require Authorization: Bearer KEY on every request."
+            envvar="MR_AGENT_KEY",
+            show_envvar=True,
+            help="Require Authorization: Bearer KEY on every request (needed beyond 127.0.0.1).",
         ),
     ] = None,
     interval: Annotated[
@@ -53,14 +52,12 @@ def agent(
         interval = get_app(ctx, config).config.server.gpu_poll_interval
     if not interval > 0:
         raise UsageError(f"--interval must be above 0 seconds, not {interval:g}")
-    logging.basicConfig(level=logging.INFO, format="mr agent: %(message)s")
-    if key is None and not _is_loopback(host):
-        logging.getLogger(__name__).warning(
-            "listening on %s without a key: anyone who can reach port %d can read this machine's GPU readings; "
-            "set --key or MR_AGENT_KEY",
-            host,
-            port,
+    if key is None and not is_loopback(host):
+        raise UsageError(
+            f"mr agent on {host} needs a key, or anyone who can reach port {port} reads this machine's GPUs; "
+            "set MR_AGENT_KEY (and the same [server] agent_key on the router)"
         )
+    logging.basicConfig(level=logging.INFO, format="mr agent: %(message)s")
     run_agent(host, port, key, poll_interval=interval)
 
 

@@ -35,11 +35,13 @@ def _load(row: dict[str, Any]) -> str:
 
 
 def _status(row: dict[str, Any]) -> Text:
-    """The status word, and for an unhealthy backend the start of its error (all of it in --json)."""
+    """The status word; for an unhealthy backend the start of its error, or a silent GPU agent (all in --json)."""
     text = status_text(row.get("status"))
     error = str(row.get("error") or "")
     if error and row.get("status") == "unhealthy":
         text.append(f" ({error[:37] + '…' if len(error) > 38 else error})", style="dim")
+    elif row.get("node_error"):
+        text.append(" (GPU agent down)", style="yellow")
     return text
 
 
@@ -167,6 +169,8 @@ def add(
         console(stderr=True).print(
             f"[yellow]warning:[/] {escape(name)} did not answer its first probe: {escape(str(row['error']))}"
         )
+    if row.get("node_error"):
+        console(stderr=True).print(f"[yellow]warning:[/] {escape(str(row['node_error']))}")
 
 
 @backend_app.command("drain")

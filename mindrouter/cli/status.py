@@ -24,6 +24,11 @@ def status_rows(data: dict[str, Any]) -> list[tuple[str, str]]:
         ("listening on", str(listen or "n/a")),
         ("admin socket", str(data.get("socket") or "n/a")),
         ("backends", f"{fmt_num(data.get('backends_healthy'))} healthy of {fmt_num(data.get('backends'))}"),
+        *(
+            [("GPU agents down", ", ".join(map(str, data["nodes_unreachable"])))]
+            if data.get("nodes_unreachable")
+            else []
+        ),
         ("users", fmt_num(data.get("users"))),
         ("queued", fmt_num(data.get("queue_total"))),
         ("running", fmt_num(data.get("running"))),

@@ -88,6 +88,7 @@ def status_dict(app: web.Application) -> dict[str, Any]:
         "uptime_seconds": round(stats.uptime, 3),
         "backends": len(entries),
         "backends_healthy": sum(1 for e in entries if registry.status(e) == "healthy"),
+        "nodes_unreachable": sorted({e.row.node for e in entries if e.row.node and app[GPUS].node_error(e.row.node)}),
         "queue_total": scheduler.queued_count,
         "running": scheduler.running_count,
         "users": len(app[STORE].list_users()),
@@ -251,9 +252,19 @@ async def revoke_key(request: web.Request) -> web.Response:
 # -- backends ----------------------------------------------------------------------------
 
 
+def _backend_dict(app: web.Application, entry: Any) -> dict[str, Any]:
+    """A backend's row, with ``node_error`` when its ``mr agent`` does not answer (also in ``error`` if free)."""
+    row = app[REGISTRY].row_dict(entry)
+    node_error = app[GPUS].node_error(entry.row.node) if entry.row.node else None
+    row["node_error"] = node_error
+    if node_error and not row.get("error"):
+        row["error"] = node_error
+    return row
+
+
 async def list_backends(request: web.Request) -> web.Response:
-    registry = request.app[REGISTRY]
-    return web.json_response([registry.row_dict(e) for e in registry.entries.values()])
+    app = request.app
+    return web.json_response([_backend_dict(app, e) for e in app[REGISTRY].entries.values()])
 
 
 async def add_backend(request: web.Request) -> web.Response:
@@ -262,9 +273,13 @@ async def add_backend(request: web.Request) -> web.Response:
     fields = {k: data[k] for k in ("max_concurrent", "gpus", "node", "priority") if data.get(k) is not None}
     row = app[STORE].add_backend(data.get("name"), data.get("url"), data.get("engine"), **fields)
     entry = app[REGISTRY].add(row)
+    wait = app[CONFIG].backends.connect_timeout + 1
     with contextlib.suppress(asyncio.TimeoutError):
-        await asyncio.wait_for(entry.probed.wait(), app[CONFIG].backends.connect_timeout + 1)
-    return web.json_response(app[REGISTRY].row_dict(entry), status=201)
+        await asyncio.wait_for(entry.probed.wait(), wait)
+    if row.node:
+        with contextlib.suppress(asyncio.TimeoutError):
+            await asyncio.wait_for(app[GPUS].poll_node(row.node), wait)
+    return web.json_response(_backend_dict(app, entry), status=201)
 
 
 async def _set_state(request: web.Request, state: str) -> web.Response:

@@ -61,20 +61,22 @@ class GpuState:
             if url not in wanted:
                 del self.agents[url]
         for url in wanted:
-            agent = self.agents.get(url)
-            if agent is None:
-                agent = self.agents[url] = AgentClient(
-                    self.session, url, self.agent_key, poll_interval=self.poll_interval
-                )
-            was_stale = agent.node.stale(now)
-            await agent.poll(now)
-            if agent.node.stale(self.clock()) and not was_stale:
-                log.warning(
-                    "node=%s GPU agent stopped answering (%s); its backends' VRAM is now unknown",
-                    url,
-                    agent.node.last_error,
-                )
+            await self.poll_node(url, now)
         self.on_change()
+
+    async def poll_node(self, url: str, now: float | None = None) -> str | None:
+        """Poll the ``mr agent`` at ``url`` once, logging when it stops or starts answering; returns its error."""
+        agent = self.agents.get(url)
+        if agent is None:
+            agent = self.agents[url] = AgentClient(self.session, url, self.agent_key, poll_interval=self.poll_interval)
+        before = agent.node.last_error
+        await agent.poll(self.clock() if now is None else now)
+        after = agent.node.last_error
+        if after and after != before:
+            log.warning("node=%s GPU agent does not answer: %s; its backends' VRAM reads as unknown", url, after)
+        elif before and not after:
+            log.info("node=%s GPU agent answers again", url)
+        return after
 
     async def poll_ctx(self, _app: Any) -> AsyncIterator[None]:
         async def loop() -> None:
@@ -117,6 +119,11 @@ class GpuState:
         """Bytes ``model`` needs to load on ``row``: from its size on disk, when the backend says."""
         size = probe.model_sizes.get(model) if probe.model_sizes else None
         return estimate_model_vram(size) if size else None
+
+    def node_error(self, url: str) -> str | None:
+        """Why the ``mr agent`` at ``url`` did not answer its last poll; None when it did or is not polled yet."""
+        agent = self.agents.get(url)
+        return agent.node.last_error if agent is not None else None
 
     def nodes(self) -> list[dict[str, Any]]:
         now = self.clock()
