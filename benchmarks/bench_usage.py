@@ -98,8 +98,13 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as tmp, Store(Path(tmp) / "m.db", usage_retention=400 * DAY) as store:
         store.ensure_default_groups()
         rate = fill(store, args.rows, now)
-        daily = store._db.execute("SELECT count(*) FROM usage_daily").fetchone()[0]
-        print(f"{args.rows:,} usage rows written at {rate:,.0f} rows/s (trigger included); {daily:,} daily totals")
+        daily, monthly = (
+            store._db.execute(f"SELECT count(*) FROM usage_{t}").fetchone()[0] for t in ("daily", "monthly")
+        )
+        print(
+            f"{args.rows:,} usage rows written at {rate:,.0f} rows/s (triggers included);"
+            f" {daily:,} daily and {monthly:,} monthly totals"
+        )
         print("reports with every per-request row kept (median of", args.repeat, "runs):")
         reports(store, now, args.repeat)
         seconds, _ = timed(

@@ -72,3 +72,22 @@ def test_usage_and_quota_refusals(live: ThreadDaemon, args, words) -> None:  # n
     run(live, "user", "add", "ann", "--group", "student")
     r = run(live, *args)
     assert r.exit_code in (1, 2) and words in r.stderr and len(r.stderr.strip().splitlines()) == 1, r
+
+
+def test_quotas_travel_through_export_and_import(live: ThreadDaemon, tmp_path) -> None:  # noqa: F811
+    run(live, "user", "add", "cyd", "--group", "student")
+    assert run(live, "user", "set-quota", "cyd", "--tokens-per-day", "3M").exit_code == 0
+    assert run(live, "group", "set-quota", "faculty", "--requests-per-minute", "600").exit_code == 0
+    exported = run(live, "export").stdout
+    assert "tokens_per_day = 3000000" in exported and "requests_per_minute = 600" in exported
+    assert run(live, "user", "set-quota", "cyd", "--clear").exit_code == 0
+    assert run(live, "group", "set-quota", "faculty", "--clear").exit_code == 0
+    file = tmp_path / "pool.toml"
+    file.write_text(exported)
+    assert run(live, "import", str(file)).exit_code == 0
+    users = {u["name"]: u for u in run(live, "user", "list", "--json").json()}
+    groups = {g["name"]: g for g in run(live, "group", "list", "--json").json()}
+    assert users["cyd"]["tokens_per_day"] == 3_000_000 and groups["faculty"]["requests_per_minute"] == 600
+    file.write_text('[[users]]\nname = "cyd"\ngroup = "student"\ntokens_per_day = "lots"\n')
+    bad = run(live, "import", str(file))
+    assert bad.exit_code == 2 and "tokens_per_day 'lots' is not a count" in bad.stderr

@@ -7,6 +7,7 @@ sets the process's zone (as ``TZ`` does for the daemon) for each test.
 from __future__ import annotations
 
 import os
+import random
 import sqlite3
 import time
 from datetime import datetime
@@ -209,3 +210,36 @@ def test_local_periods(tz) -> None:
     with pytest.raises(ValueError, match="give an age such as 7d"):
         parse_when("last tuesday", 0)
     assert os.environ["TZ"] == "Europe/Berlin"
+
+
+@pytest.mark.parametrize("zone_name", ["Europe/Berlin", "America/Los_Angeles"])
+def test_any_range_matches_the_rows_summed_by_hand(st: Store, tz, zone_name: str) -> None:
+    """Whatever mix of monthly, daily and per-request rows a report reads, it equals a plain sum of the rows."""
+    zone = tz(zone_name)
+    rng = random.Random(7)
+    start, end = at(zone, "2026-09-20T00:00"), at(zone, "2027-01-10T00:00")
+    rows = []
+    for _ in range(600):
+        when = start + rng.random() * (end - start)
+        user, model = rng.choice(["alice", "bob"]), rng.choice(["m1", "m2:latest"])
+        p, c = rng.randrange(1, 50), rng.randrange(1, 50)
+        record(st, user, when, model, rng.choice(["gpu1", "gpu2"]), p, c)
+        rows.append((when, user, model, p, c))
+    bounds = [start - 86400, at(zone, "2026-10-01T00:00"), at(zone, "2026-10-15T13:17"), at(zone, "2026-11-30T23:00")]
+    bounds += [at(zone, "2026-12-01T00:00"), at(zone, "2027-01-03T06:00"), end + 86400]
+    for since in bounds:
+        for until in bounds:
+            if until <= since:
+                continue
+            for by in (["user"], ["user", "model"], ["month"], ["day"]):
+                report = st.usage_report(by, since, until)
+                expected: dict = {}
+                for when, user, model, p, c in rows:
+                    if since <= when < until:
+                        key = tuple(
+                            {"user": user, "model": model, "month": day_key(when)[:7], "day": day_key(when)}[d]
+                            for d in by
+                        )
+                        n, pp, cc = expected.get(key, (0, 0, 0))
+                        expected[key] = (n + 1, pp + p, cc + c)
+                assert totals(report.rows, *by) == expected, (since, until, by)

@@ -24,6 +24,7 @@ from rich.markup import escape
 
 from .. import __version__ as VERSION
 from ..errors import MindRouterError, UsageError
+from ..store import QUOTA_FIELDS
 from . import _validate
 from ._app import ConfigOption, JsonOption, get_app
 from ._output import console, print_json
@@ -32,16 +33,16 @@ __all__ = ["normalize", "register", "to_toml"]
 
 #: Keys each kind of entry may set (the daemon's import shape, docs/admin-api.md).
 SETTABLE = {
-    "groups": {"name", "scheduler_weight"},
-    "users": {"name", "group", "weight_override"},
+    "groups": {"name", "scheduler_weight", *QUOTA_FIELDS},
+    "users": {"name", "group", "weight_override", *QUOTA_FIELDS},
     "backends": {"name", "url", "engine", "max_concurrent", "gpus", "node", "priority", "state"},
 }
 #: Keys a listing shows that cannot be set; accepted and dropped. A user's
 #: ``weight`` is the effective one (from the group unless overridden), so it is
 #: never read as an override.
 READ_ONLY = {
-    "groups": {"users", "id"},
-    "users": {"weight", "keys", "queued", "running", "recent_tokens", "id"},
+    "groups": {"users", "id", "quotas"},
+    "users": {"weight", "keys", "queued", "running", "recent_tokens", "id", "quotas"},
     "backends": {
         "id",
         "status",
@@ -84,6 +85,11 @@ def _entry(kind: str, index: int, raw: Any) -> dict[str, Any]:
     where = f"{kind[:-1]} {name!r}"
     _validate.name(name, kind[:-1])
     try:
+        for key in QUOTA_FIELDS if kind != "backends" else ():
+            if entry.get(key) is None:
+                entry.pop(key, None)
+            else:
+                entry[key] = _validate.amount(str(entry[key]), f"{key}")
         if kind == "groups":
             if "scheduler_weight" not in entry:
                 raise UsageError(f"{where} needs a weight, such as scheduler_weight = 2")
@@ -211,7 +217,8 @@ def import_(
         return
     verb = "would import" if dry_run else "imported"
     console().print(
-        f"{verb} {answer.get('groups', 0)} groups, {answer.get('users', 0)} users and {answer.get('backends', 0)} backends from {escape(str(file))}"
+        f"{verb} {answer.get('groups', 0)} groups, {answer.get('users', 0)} users and "
+        f"{answer.get('backends', 0)} backends from {escape(str(file))}"
     )
 
 

@@ -70,6 +70,25 @@ _ACCOUNTING = (
     *_QUOTA_COLUMNS,
 )
 
+_MONTHLY_KEY = "month, user_id, group_name, model, backend_id"
+
+_MONTHLY = (
+    # Monthly totals beside the daily ones, so a report over a year reads twelve rows per
+    # user, group, model and backend rather than 365.
+    f"CREATE TABLE usage_monthly (month TEXT NOT NULL, user_id INTEGER NOT NULL, group_name TEXT NOT NULL,"
+    f" model TEXT NOT NULL, backend_id INTEGER NOT NULL, requests INTEGER NOT NULL, prompt_tokens INTEGER NOT NULL,"
+    f" completion_tokens INTEGER NOT NULL, gpu_seconds REAL NOT NULL, PRIMARY KEY ({_MONTHLY_KEY})) WITHOUT ROWID",
+    "INSERT INTO usage_monthly SELECT substr(day, 1, 7), user_id, group_name, model, backend_id, sum(requests),"
+    " sum(prompt_tokens), sum(completion_tokens), sum(gpu_seconds) FROM usage_daily GROUP BY 1, 2, 3, 4, 5",
+    f"CREATE TRIGGER usage_monthly_add AFTER INSERT ON usage BEGIN INSERT INTO usage_monthly VALUES"
+    " (substr(date(NEW.at, 'unixepoch', 'localtime'), 1, 7), NEW.user_id, NEW.group_name, NEW.model,"
+    " coalesce(NEW.backend_id, 0), 1, NEW.prompt_tokens, NEW.completion_tokens, NEW.gpu_seconds)"
+    f" ON CONFLICT ({_MONTHLY_KEY}) DO UPDATE SET requests = requests + 1,"
+    f" prompt_tokens = prompt_tokens + excluded.prompt_tokens,"
+    f" completion_tokens = completion_tokens + excluded.completion_tokens,"
+    f" gpu_seconds = gpu_seconds + excluded.gpu_seconds; END",
+)
+
 #: ``_MIGRATIONS[n]`` takes a database at version n to n + 1. Append; never edit a shipped entry.
 _MIGRATIONS: list[Sequence[str] | Callable[[sqlite3.Connection], None]] = [
     _SCHEMA_V1,
@@ -81,6 +100,7 @@ _MIGRATIONS: list[Sequence[str] | Callable[[sqlite3.Connection], None]] = [
         "ALTER TABLE users ADD COLUMN proxy INTEGER NOT NULL DEFAULT 0",
         "ALTER TABLE users ADD COLUMN proxy_group_id INTEGER REFERENCES groups(id) ON DELETE SET NULL",
     ),
+    _MONTHLY,
 ]
 SCHEMA_VERSION = len(_MIGRATIONS)
 

@@ -2,9 +2,11 @@
 
 Per-request rows are kept for ``usage_retention`` seconds (the fairness window
 replays them after a restart; reports use them for partial days). Every row
-is also added to ``usage_daily`` (local calendar days) as it is written, so
-deleting old rows loses nothing a report needs: a report reads daily totals
-for whole days and per-request rows only for the partial days at its ends.
+is also added to ``usage_daily`` and ``usage_monthly`` (local calendar) as it
+is written, so deleting old rows loses nothing a report needs: a report reads
+monthly totals for whole months (unless grouped by day or week), daily totals
+for the other whole days and per-request rows only for the partial days at
+its ends.
 Where those rows are already gone, the report widens to whole days and says so.
 """
 
@@ -14,7 +16,7 @@ import sqlite3
 from collections.abc import Sequence
 from typing import Any
 
-from ..localtime import day_key, day_start, next_day
+from ..localtime import day_key, day_start, month_key, month_start, next_day, next_month
 from .errors import InvalidValue
 from .rows import UsageReport, UsageRow, UsageTotal
 from .schema import transaction
@@ -131,6 +133,48 @@ class UsageLog:
             )
         return deleted
 
+    def _report_query(
+        self, by: Sequence[str], since: float, until: float, user_id: int | None
+    ) -> tuple[str, tuple[Any, ...]]:
+        """The report's SQL: monthly totals for whole months, daily totals for the other whole days,
+        per-request rows for the partial days at the ends."""
+        tail = not self._db.execute("SELECT 1 FROM usage WHERE at >= ? LIMIT 1", (until,)).fetchone()
+        # With nothing after ``until`` yet (a report up to now), its day's and month's totals are exact.
+        day_from = since if since == day_start(since) else next_day(since)
+        day_to = next_day(until) if tail and until > day_start(until) else day_start(until)
+        raw: list[tuple[float, float]] = [(since, until)]
+        days: list[tuple[str, str]] = []
+        months: tuple[str, str] = ("", "")
+        if day_from < day_to:
+            raw = [(since, day_from), (day_to, max(day_to, until))]
+            days = [(day_key(day_from), day_key(day_to))]
+            month_from = since if since == month_start(since) else next_month(since)
+            month_to = next_month(until) if tail and until > month_start(until) else month_start(until)
+            if month_from < month_to and not {"day", "week"} & set(by):
+                months = (month_key(month_from), month_key(month_to))
+                days = [(day_key(day_from), day_key(month_from)), (day_key(month_to), day_key(day_to))]
+        days = (days + [("", "")] * 2)[:2]
+        columns = [_DIMENSION_SQL[d] for d in by]
+        select = ", ".join([*columns, "sum(n)", "sum(p)", "sum(c)", "sum(g)"])
+        only = "" if user_id is None else " AND user_id = ?"
+        who = () if user_id is None else (user_id,)
+        sums = "requests AS n, prompt_tokens AS p, completion_tokens AS c, gpu_seconds AS g"
+        sql = (
+            f"SELECT {select} FROM ("
+            f"SELECT month || '-01' AS day, user_id, group_name, model, backend_id, {sums} FROM usage_monthly"
+            f" WHERE month >= ? AND month < ?{only}"
+            f" UNION ALL SELECT day, user_id, group_name, model, backend_id, {sums} FROM usage_daily"
+            f" WHERE ((day >= ? AND day < ?) OR (day >= ? AND day < ?)){only}"
+            " UNION ALL SELECT date(at, 'unixepoch', 'localtime'), user_id, group_name, model,"
+            " coalesce(backend_id, 0), 1, prompt_tokens, completion_tokens, gpu_seconds FROM usage"
+            f" WHERE ((at >= ? AND at < ?) OR (at >= ? AND at < ?)){only})"
+        )
+        if columns:
+            sql += " GROUP BY " + ", ".join(columns)
+        ranges = (raw + raw)[:2]
+        params = (*months, *who, *days[0], *days[1], *who, *ranges[0], *ranges[1], *who)
+        return sql, params
+
     def _pruned_through(self) -> float | None:
         row = self._db.execute("SELECT value FROM meta WHERE key = ?", (_PRUNED_KEY,)).fetchone()
         return None if row is None else float(row[0])
@@ -159,31 +203,7 @@ class UsageLog:
             day_resolution_before = pruned
         if pruned is not None and until <= pruned and until != day_start(until):
             until = next_day(until)
-        full_from = since if since == day_start(since) else next_day(since)
-        full_to = day_start(until)
-        if until > full_to and not self._db.execute("SELECT 1 FROM usage WHERE at >= ? LIMIT 1", (until,)).fetchone():
-            full_to = next_day(until)  # nothing after the end yet (a report up to now): the day's total is exact
-        if full_from < full_to:
-            raw = [(since, full_from), (full_to, max(full_to, until))]
-            days = (day_key(full_from), day_key(full_to))
-        else:
-            raw, days = [(since, until)], ("", "")
-        columns = [_DIMENSION_SQL[d] for d in by]
-        select = ", ".join([*columns, "sum(n)", "sum(p)", "sum(c)", "sum(g)"])
-        only = "" if user_id is None else " AND user_id = ?"
-        who = () if user_id is None else (user_id,)
-        sql = (
-            f"SELECT {select} FROM ("
-            "SELECT day, user_id, group_name, model, backend_id, requests AS n, prompt_tokens AS p,"
-            f" completion_tokens AS c, gpu_seconds AS g FROM usage_daily WHERE day >= ? AND day < ?{only}"
-            " UNION ALL SELECT date(at, 'unixepoch', 'localtime'), user_id, group_name, model,"
-            " coalesce(backend_id, 0), 1, prompt_tokens, completion_tokens, gpu_seconds FROM usage"
-            f" WHERE ((at >= ? AND at < ?) OR (at >= ? AND at < ?)){only})"
-        )
-        if columns:
-            sql += " GROUP BY " + ", ".join(columns)
-        ranges = (raw + raw)[:2]
-        params = (*days, *who, *ranges[0], *ranges[1], *who)
+        sql, params = self._report_query(by, since, until, user_id)
         users = dict(self._db.execute("SELECT id, name FROM users")) if "user" in by else {}
         backends = dict(self._db.execute("SELECT id, name FROM backends")) if "backend" in by else {}
         rows = []
