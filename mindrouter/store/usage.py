@@ -153,26 +153,33 @@ class UsageLog:
             if month_from < month_to and not {"day", "week"} & set(by):
                 months = (month_key(month_from), month_key(month_to))
                 days = [(day_key(day_from), day_key(month_from)), (day_key(month_to), day_key(day_to))]
-        days = (days + [("", "")] * 2)[:2]
-        columns = [_DIMENSION_SQL[d] for d in by]
-        select = ", ".join([*columns, "sum(n)", "sum(p)", "sum(c)", "sum(g)"])
         only = "" if user_id is None else " AND user_id = ?"
         who = () if user_id is None else (user_id,)
         sums = "requests AS n, prompt_tokens AS p, completion_tokens AS c, gpu_seconds AS g"
-        sql = (
-            f"SELECT {select} FROM ("
-            f"SELECT month || '-01' AS day, user_id, group_name, model, backend_id, {sums} FROM usage_monthly"
-            f" WHERE month >= ? AND month < ?{only}"
-            f" UNION ALL SELECT day, user_id, group_name, model, backend_id, {sums} FROM usage_daily"
-            f" WHERE ((day >= ? AND day < ?) OR (day >= ? AND day < ?)){only}"
-            " UNION ALL SELECT date(at, 'unixepoch', 'localtime'), user_id, group_name, model,"
-            " coalesce(backend_id, 0), 1, prompt_tokens, completion_tokens, gpu_seconds FROM usage"
-            f" WHERE ((at >= ? AND at < ?) OR (at >= ? AND at < ?)){only})"
+        monthly = f"SELECT month || '-01' AS day, user_id, group_name, model, backend_id, {sums} FROM usage_monthly"
+        daily = f"SELECT day, user_id, group_name, model, backend_id, {sums} FROM usage_daily"
+        per_request = (
+            "SELECT date(at, 'unixepoch', 'localtime') AS day, user_id, group_name, model,"
+            " coalesce(backend_id, 0) AS backend_id, 1 AS n, prompt_tokens AS p, completion_tokens AS c,"
+            " gpu_seconds AS g FROM usage"
         )
-        if columns:
-            sql += " GROUP BY " + ", ".join(columns)
-        ranges = (raw + raw)[:2]
-        params = (*months, *who, *days[0], *days[1], *who, *ranges[0], *ranges[1], *who)
+        sources = [
+            (f"{monthly} WHERE month >= ? AND month < ?{only}", (*months, *who)),
+            *((f"{daily} WHERE day >= ? AND day < ?{only}", (*r, *who)) for r in days),
+            *((f"{per_request} WHERE at >= ? AND at < ?{only}", (*r, *who)) for r in dict.fromkeys(raw)),
+        ]
+        sources = [(sql, ps) for sql, ps in sources if ps[0] < ps[1]] or sources[-1:]
+        # Each source is summed on its own first (the daily totals grouped by day need no sort: their key
+        # starts with the day), then the three partial sums are added up.
+        keys = [f"d{i}" for i in range(len(by))]
+        named = ", ".join([*(f"{_DIMENSION_SQL[d]} AS {k}" for d, k in zip(by, keys, strict=True)), ""])
+        group = f" GROUP BY {', '.join(keys)}" if keys else ""
+        parts = " UNION ALL ".join(
+            f"SELECT {named}sum(n) AS n, sum(p) AS p, sum(c) AS c, sum(g) AS g FROM ({sql}){group}"
+            for sql, _ in sources
+        )
+        sql = f"SELECT {', '.join([*keys, 'sum(n)', 'sum(p)', 'sum(c)', 'sum(g)'])} FROM ({parts}){group}"
+        params = tuple(p for _, ps in sources for p in ps)
         return sql, params
 
     def _pruned_through(self) -> float | None:
