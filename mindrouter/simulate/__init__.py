@@ -130,8 +130,9 @@ models are each owed all of their own pool.
   ``tokens``, ``events``.
 """
 
-from .engine import RequestTrace, Run, simulate
+from .engine import simulate
 from .report import build, run_scenario
+from .runs import RequestTrace, Run
 from .scenario import (
     BackendSpec,
     EventSpec,

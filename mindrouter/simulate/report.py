@@ -21,8 +21,9 @@ from rich import box
 from rich.console import Console
 from rich.table import Table
 
-from .engine import Run, UserRun, simulate
+from .engine import simulate
 from .pools import Pool, PoolWindow
+from .runs import Run, UserRun
 from .scenario import Scenario
 
 __all__ = ["allowed_deviation", "build", "jain", "percentile", "render", "run_scenario", "worst_window"]

@@ -1,0 +1,127 @@
+"""What one simulation produced: requests, users and their phases, backends, and the run as a whole.
+
+The engine fills these in as events happen; ``report.build`` reads them. Only
+the engine writes them.
+"""
+
+from __future__ import annotations
+
+import random
+from dataclasses import dataclass, field
+
+from ..scheduler import Scheduler
+from .pools import Pool
+from .scenario import BackendSpec, Scenario, UserSpec
+
+__all__ = ["BackendRun", "PhaseRun", "RequestTrace", "Run", "UserRun"]
+
+
+@dataclass(slots=True)
+class RequestTrace:
+    """One simulated request, start to end (times in simulated seconds; None if it never got there)."""
+
+    id: str
+    user: int
+    prompt: int
+    completion: int
+    submitted: float
+    phase: int = 0
+    """Index of its phase in ``Run.phases``."""
+    dispatched: float | None = None
+    prefill_end: float | None = None
+    done: float | None = None
+    backend: str | None = None
+    epoch: int = 0
+    """Slot-freeing batches (for its model) seen before it was submitted."""
+    skipped: int = 0
+    """Slot-freeing batches that passed while it waited, their slots going to others."""
+    timed_out: bool = False
+
+
+@dataclass(slots=True)
+class UserRun:
+    """What one simulated user (an account, across its phases) did and received. Tokens are as generated."""
+
+    index: int
+    name: str
+    group: str | None
+    weight_override: float | None
+    weight: float
+    """The user's weight now (the last one when the run is over)."""
+    pools: list[Pool] = field(default_factory=list)
+    """The pools its phases send to."""
+    submitted: int = 0
+    queued: int = 0
+    running: int = 0
+    completed: int = 0
+    completed_tokens: int = 0
+    timed_out: int = 0
+    rejected: int = 0
+    waits: list[float] = field(default_factory=list)
+    waited: int = 0
+    """Requests that could not start the moment they arrived."""
+    max_skipped: int = 0
+    backlogged_seconds: float = 0.0
+    backlogged_since: float | None = None
+    starved_since: float | None = None
+    """Since when it has had a request queued and none of its requests started."""
+    max_starved: float = 0.0
+    longest_request: float = 0.0
+    """Seconds the longest of its requests took from dispatch to the last token."""
+    deprioritized_seconds: float = 0.0
+    deprioritized_since: float | None = None
+    min_factor: float = 1.0
+
+    def tokens(self, t: float) -> float:
+        return sum(pool.tokens(self.index, t) for pool in self.pools)
+
+    def target(self) -> float:
+        return sum(pool.target[self.index] for pool in self.pools)
+
+
+@dataclass(slots=True)
+class PhaseRun:
+    """One ``[[users]]`` entry being played out."""
+
+    index: int
+    spec: UserSpec
+    user: UserRun
+    pool: Pool
+    rng: random.Random
+    stop: float
+    """When the phase stops sending (its ``stop``, else the end of the run)."""
+    submitted: int = 0
+
+
+@dataclass(slots=True)
+class BackendRun:
+    spec: BackendSpec
+    busy: int = 0
+    requests: int = 0
+    tokens: int = 0
+    slot_seconds: float = 0.0
+    """Slot-seconds spent on requests, up to the end of the run."""
+    full_at: float | None = None
+    """First moment every slot was busy."""
+
+
+@dataclass(slots=True)
+class Run:
+    """The raw outcome of one simulation (``report.build`` turns it into the JSON contract)."""
+
+    scenario: Scenario
+    users: list[UserRun]
+    phases: list[PhaseRun]
+    pools: list[Pool]
+    backends: list[BackendRun]
+    window: float
+    """Seconds per window."""
+    duration: float
+    events: int
+    wall_seconds: float
+    scheduler: Scheduler
+    trace: list[RequestTrace] | None
+
+    @property
+    def max_request_cost(self) -> float:
+        return max((p.max_request_cost for p in self.pools), default=0.0)
