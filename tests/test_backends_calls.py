@@ -10,7 +10,7 @@ import mindrouter.backends as backends
 from mindrouter.backends import Call
 from mindrouter.backends import _shapes as shapes
 from mindrouter.backends import relay as rl
-from mindrouter.backends._types import StreamFailed
+from mindrouter.backends._shapes import StreamFailed
 from mindrouter.backends.translate import plan
 from mindrouter.errors import RequestError
 

@@ -16,8 +16,8 @@ import pytest
 from aiohttp import web
 
 from mindrouter.backends import Adapter, Call, Probe, make_adapter
-from mindrouter.backends.base import Reply
 from mindrouter.backends.llamacpp import LlamaCppAdapter
+from mindrouter.backends.probe import Reply
 
 DATA = Path(__file__).parent / "data"
 pytestmark = pytest.mark.skipif(

@@ -12,7 +12,7 @@ from aiohttp import web
 
 from mindrouter.backends import Call, make_adapter
 from mindrouter.backends._prometheus import Samples
-from mindrouter.backends.base import Reply
+from mindrouter.backends.probe import Reply
 from mindrouter.errors import ConfigError
 from tests.fakes import FakeOllama, FakeOpenAI
 

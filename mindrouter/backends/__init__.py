@@ -3,13 +3,15 @@
 See :mod:`mindrouter.backends.base` for the seam the daemon uses.
 """
 
-from ._shapes import error_body
-from ._types import Dialect, Family, Kind, Usage
-from .base import INFERENCE_PATHS, Adapter, BackendError, Call, Probe, Upstream
+from ._shapes import Dialect, Family, Kind, Usage, error_body
+from .base import Adapter, BackendError
+from .call import INFERENCE_PATHS, Call
 from .engines import ENGINES, make_adapter
 from .llamacpp import LlamaCppAdapter
 from .ollama import OllamaAdapter
 from .openai import OpenAIAdapter
+from .probe import Probe, model_key
+from .upstream import Upstream
 from .vllm import VllmAdapter
 
 __all__ = [
@@ -30,4 +32,5 @@ __all__ = [
     "VllmAdapter",
     "error_body",
     "make_adapter",
+    "model_key",
 ]

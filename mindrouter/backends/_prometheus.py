@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from prometheus_client.parser import text_string_to_metric_families
 
-from .base import Reply
+from .probe import Reply
 
 __all__ = ["Samples"]
 

@@ -8,15 +8,19 @@ from __future__ import annotations
 
 import json
 import re
+from dataclasses import dataclass
 from datetime import UTC, datetime
-from typing import Any
-
-from ._types import Dialect, Plan, StreamFailed, Usage
+from typing import Any, Literal
 
 __all__ = [
     "DONE",
     "OLLAMA_USAGE",
     "OPENAI_USAGE",
+    "Dialect",
+    "Family",
+    "Kind",
+    "StreamFailed",
+    "Usage",
     "dumps",
     "error_body",
     "error_message",
@@ -32,6 +36,31 @@ __all__ = [
     "scan_usage",
     "usage_json",
 ]
+
+Dialect = Literal["openai", "ollama"]
+"""What a client speaks: OpenAI's /v1 API or Ollama's /api."""
+Family = Dialect
+"""What an engine speaks: Ollama, or OpenAI for the openai, vllm and llamacpp engines."""
+Kind = Literal["chat", "completion", "embeddings"]
+
+
+@dataclass(slots=True)
+class Usage:
+    """Token counts as the backend reported them; ``None`` where it reported none."""
+
+    prompt_tokens: int | None = None
+    completion_tokens: int | None = None
+
+    @property
+    def total_tokens(self) -> int | None:
+        if self.prompt_tokens is None and self.completion_tokens is None:
+            return None
+        return (self.prompt_tokens or 0) + (self.completion_tokens or 0)
+
+
+class StreamFailed(Exception):
+    """A stream broke, or carried an error event, after the backend said 200."""
+
 
 DONE = b"data: [DONE]\n\n"
 _ERROR_TYPES = {
@@ -114,9 +143,9 @@ def usage_json(u: Usage) -> dict[str, int]:
     return {"prompt_tokens": p, "completion_tokens": c, "total_tokens": p + c}
 
 
-def ollama_done(plan: Plan, text: str, finish: str | None, usage: Usage) -> dict[str, Any]:
-    obj: dict[str, Any] = {"model": plan.model, "created_at": ollama_timestamp()}
-    if plan.client_kind == "chat":
+def ollama_done(model: str, kind: Kind, text: str, finish: str | None, usage: Usage) -> dict[str, Any]:
+    obj: dict[str, Any] = {"model": model, "created_at": ollama_timestamp()}
+    if kind == "chat":
         obj["message"] = {"role": "assistant", "content": text}
     else:
         obj["response"] = text

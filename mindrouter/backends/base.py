@@ -1,4 +1,7 @@
-"""The seam between the daemon and one inference server.
+"""The seam between the daemon and one inference server: :class:`Adapter` and :class:`BackendError`.
+
+A request arrives parsed as a :class:`~mindrouter.backends.call.Call` (call.py);
+what polling learns is a :class:`~mindrouter.backends.probe.Probe` (probe.py).
 
 The daemon parses what a client sent into a :class:`Call`, asks the scheduler
 where to send it, then opens it on that backend's :class:`Adapter`::
@@ -38,145 +41,19 @@ token, is a ``BackendError(before_first_byte=True)``.
 from __future__ import annotations
 
 import asyncio
-import json
 import time
 from abc import ABC, abstractmethod
-from dataclasses import dataclass, field
 from typing import Any
 
 import aiohttp
 
-from ..errors import RequestError
 from . import relay, responses, translate
-from ._calls import inspect_body
-from ._shapes import dumps, error_body, error_message
-from ._types import Dialect, Family, Kind, StreamFailed, Usage
+from ._shapes import Family, StreamFailed, error_body, error_message
+from .call import Call
+from .probe import Probe, Reply, model_key
 from .upstream import MALFORMED, Upstream, describe
 
-__all__ = [
-    "INFERENCE_PATHS",
-    "Adapter",
-    "BackendError",
-    "Call",
-    "Dialect",
-    "Family",
-    "Kind",
-    "Probe",
-    "Upstream",
-    "Usage",
-    "model_key",
-]
-
-_ROUTES: dict[str, tuple[Dialect, Kind]] = {
-    "/v1/chat/completions": ("openai", "chat"),
-    "/v1/completions": ("openai", "completion"),
-    "/v1/embeddings": ("openai", "embeddings"),
-    "/v1/responses": ("openai", "chat"),
-    "/api/chat": ("ollama", "chat"),
-    "/api/generate": ("ollama", "completion"),
-    "/api/embed": ("ollama", "embeddings"),
-    "/api/embeddings": ("ollama", "embeddings"),
-}
-INFERENCE_PATHS = frozenset(_ROUTES)
-"""The paths :meth:`Call.from_request` accepts; everything else needs no GPU."""
-
-
-@dataclass(frozen=True, slots=True)
-class Call:
-    """One inference request as a client sent it, parsed once by the daemon.
-
-    ``body`` is shared, not copied: treat it as read-only. The hint fields
-    (``has_images`` to ``prompt_tokens``) are what the scheduler's Job needs.
-    """
-
-    dialect: Dialect
-    kind: Kind
-    path: str
-    body: dict[str, Any]
-    raw: bytes
-    """The body as received, forwarded unchanged when no translation is needed."""
-    stream: bool
-    model: str
-    wants_usage: bool = False
-    """An OpenAI streaming client set ``stream_options.include_usage``."""
-    has_images: bool = False
-    json_mode: bool = False
-    """JSON mode or a JSON schema was asked for (``response_format`` / ``format``)."""
-    max_tokens: int | None = None
-    context_tokens: int | None = None
-    """Ollama ``options.num_ctx``, for the VRAM estimate."""
-    prompt_tokens: int = 0
-    """Estimate: characters of prompt text / 4."""
-    responses: bool = False
-    """The client called the Responses API: ``body`` is its chat completions equivalent."""
-
-    @classmethod
-    def from_request(cls, path: str, raw: bytes) -> Call:
-        """Parse and check a client's body.
-
-        Args:
-            path (str): one of :data:`INFERENCE_PATHS`.
-            raw (bytes): the request body.
-
-        Raises:
-            RequestError: 404 for another path; 400, with one sentence naming
-                the field, for a body no backend could use.
-        """
-        route = _ROUTES.get(path)
-        if route is None:
-            raise RequestError(f"{path} is not an inference endpoint.", status=404, code="not_found")
-        dialect, kind = route
-        try:
-            body = json.loads(raw)
-        except ValueError:
-            raise RequestError("The request body is not valid JSON.") from None
-        if not isinstance(body, dict):
-            raise RequestError("The request body must be a JSON object.")
-        api = path == "/v1/responses"
-        if api:  # served as chat completions, answered in the Responses API's shapes
-            body = responses.to_chat(body)
-            path, raw = "/v1/chat/completions", dumps(body)
-        hints = inspect_body(dialect, kind, path, body)
-        return cls(dialect=dialect, kind=kind, path=path, body=body, raw=raw, responses=api, **hints)
-
-
-def model_key(name: str) -> str:
-    """The one name a model goes by in the pool: Ollama's ``llama3.2`` and ``llama3.2:latest`` are one model."""
-    return name.removesuffix(":latest")
-
-
-@dataclass(frozen=True, slots=True)
-class Probe:
-    """What one poll of a backend found. ``None`` means the backend does not say."""
-
-    healthy: bool
-    models: frozenset[str] = frozenset()
-    """As the backend spells them (Ollama: ``name:tag``)."""
-    loaded_models: frozenset[str] = frozenset()
-    """Resident now (Ollama /api/ps); OpenAI-family engines: all of ``models``."""
-    loaded_vram: dict[str, int] = field(default_factory=dict)
-    """Bytes of GPU memory per loaded model (Ollama ``size_vram``)."""
-    model_sizes: dict[str, int] = field(default_factory=dict)
-    """Bytes on disk per model (Ollama /api/tags), a floor for the VRAM estimate."""
-    capabilities: dict[str, frozenset[str]] = field(default_factory=dict)
-    """Per model, where the backend says: {"completion", "vision", "embedding", "tools"} (Ollama
-    /api/show; llama-server /props: "completion", plus "vision" with a multimodal projector)."""
-    details: dict[str, dict[str, Any]] = field(default_factory=dict)
-    """Per model, the backend's own entry for it: Ollama's /api/tags entry merged with its /api/ps one
-    (digest, size, modified_at, details, expires_at, size_vram), or the /v1/models entry."""
-    running: int | None = None
-    waiting: int | None = None
-    """Requests queued inside the backend (vLLM num_requests_waiting, llama.cpp deferred)."""
-    kv_cache_usage: float | None = None
-    """0..1."""
-    slots_total: int | None = None
-    slots_busy: int | None = None
-    prompt_tokens_total: int | None = None
-    """The engine's own counters since it started, for throughput from deltas."""
-    completion_tokens_total: int | None = None
-    error: str | None = None
-    """One sentence when unhealthy."""
-    version: str | None = None
+__all__ = ["Adapter", "BackendError"]
 
 
 class BackendError(Exception):
@@ -198,31 +75,6 @@ class BackendError(Exception):
 _RETRYABLE_4XX = frozenset({408, 429})
 """Busy, not wrong: another backend may serve."""
 _NETWORK_ERRORS = (aiohttp.ClientError, asyncio.TimeoutError)
-
-
-@dataclass(frozen=True, slots=True)
-class Reply:
-    """A probe's GET: the status and body, or why there was none (``status`` None)."""
-
-    status: int | None
-    body: bytes = b""
-    error: str | None = None
-
-    @property
-    def ok(self) -> bool:
-        return self.status is not None and 200 <= self.status < 300
-
-    @property
-    def missing(self) -> bool:
-        """The server has no such endpoint, or it is switched off (404, 405, 501)."""
-        return self.status in (404, 405, 501)
-
-    def json(self) -> Any:
-        """The body as JSON, or None if it is not JSON."""
-        try:
-            return json.loads(self.body)
-        except ValueError:
-            return None
 
 
 class Adapter(ABC):

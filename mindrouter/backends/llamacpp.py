@@ -13,8 +13,8 @@ from dataclasses import replace
 from typing import Any
 
 from ._prometheus import Samples
-from .base import Probe, Reply
 from .openai import OpenAIAdapter
+from .probe import Probe, Reply
 
 __all__ = ["LlamaCppAdapter"]
 

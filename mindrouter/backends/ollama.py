@@ -13,7 +13,8 @@ from typing import Any
 
 import aiohttp
 
-from .base import Adapter, Probe
+from .base import Adapter
+from .probe import Probe
 
 __all__ = ["OllamaAdapter"]
 

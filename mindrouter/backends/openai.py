@@ -11,7 +11,8 @@ import asyncio
 from dataclasses import replace
 
 from ._shapes import error_message
-from .base import Adapter, Probe, Reply
+from .base import Adapter
+from .probe import Probe, Reply
 
 __all__ = ["OpenAIAdapter"]
 

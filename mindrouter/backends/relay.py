@@ -30,6 +30,8 @@ from ._shapes import (
     DONE,
     OLLAMA_USAGE,
     OPENAI_USAGE,
+    StreamFailed,
+    Usage,
     dumps,
     in_band_error,
     ollama_done,
@@ -42,7 +44,7 @@ from ._shapes import (
     scan_usage,
     usage_json,
 )
-from ._types import Plan, StreamFailed, Usage
+from .translate import Plan
 
 __all__ = [
     "NdjsonPassthrough",
@@ -227,7 +229,7 @@ class OpenAIToOllama(Relay):
     def _final(self) -> dict[str, Any]:
         now = time.monotonic_ns()
         first = self.first_ns or now
-        obj = ollama_done(self.plan, "", self.finish, self.usage)
+        obj = ollama_done(self.plan.model, self.plan.client_kind, "", self.finish, self.usage)
         if self.calls and self.key == "message":
             obj["message"]["tool_calls"] = [
                 ollama_tool_call(c["name"], c["arguments"]) for _, c in sorted(self.calls.items())
@@ -349,7 +351,7 @@ def _ollama_answer(plan: Plan, obj: dict[str, Any], usage: Usage, elapsed_ns: in
     choice = (obj.get("choices") or [{}])[0]
     message = choice.get("message") or {}
     text = (message.get("content") if plan.upstream_kind == "chat" else choice.get("text")) or ""
-    out = ollama_done(plan, text, choice.get("finish_reason"), usage)
+    out = ollama_done(plan.model, plan.client_kind, text, choice.get("finish_reason"), usage)
     if message.get("tool_calls") and plan.client_kind == "chat":
         out["message"]["tool_calls"] = [
             ollama_tool_call(c["function"]["name"], c["function"].get("arguments")) for c in message["tool_calls"]

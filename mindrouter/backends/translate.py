@@ -30,11 +30,12 @@ from __future__ import annotations
 
 import json
 from collections import deque
-from typing import TYPE_CHECKING, Any
+from dataclasses import dataclass
+from typing import Any
 
 from ..errors import RequestError
-from ._shapes import dumps, ollama_timestamp
-from ._types import Family, Plan
+from ._shapes import Family, Kind, dumps, ollama_timestamp
+from .call import Call
 
 _SAMPLING = ("top_k", "min_p", "repeat_penalty")
 """Ollama options that vLLM and llama-server take too, under these names."""
@@ -44,14 +45,38 @@ _SAMPLING_NAMES: dict[str, dict[str, str]] = {
 }
 _TRANSLATION_BUGS = (KeyError, IndexError, TypeError, AttributeError)
 
-if TYPE_CHECKING:
-    from .base import Call
-
-__all__ = ["plan"]
+__all__ = ["Plan", "plan"]
 
 _USAGE_SPLICE = b',"stream_options":{"include_usage":true}}'
 _SHARED_OPTIONS = ("temperature", "top_p", "seed", "presence_penalty", "frequency_penalty")
 _IMAGE_MAGIC = {"iVBOR": "image/png", "/9j/": "image/jpeg", "R0lG": "image/gif", "UklG": "image/webp"}
+
+
+@dataclass(frozen=True, slots=True)
+class Plan:
+    """How one call goes upstream, and how its answer comes back (see translate.plan)."""
+
+    path: str
+    """Backend path to POST to."""
+    data: bytes
+    stream: bool
+    client: Family
+    client_kind: Kind
+    upstream: Family
+    upstream_kind: Kind
+    model: str
+    """The name the client used, echoed in translated answers."""
+    wants_usage: bool = False
+    legacy_embeddings: bool = False
+    """The client used Ollama's old /api/embeddings (one ``embedding``)."""
+    base64_embeddings: bool = False
+    """The OpenAI client asked for ``encoding_format: base64``."""
+    synthetic: bytes | None = None
+    """A complete answer made without the backend (an Ollama "load model" call)."""
+
+    @property
+    def passthrough(self) -> bool:
+        return self.client == self.upstream
 
 
 def plan(call: Call, model: str, engine: str) -> Plan:

@@ -14,8 +14,7 @@ from collections.abc import AsyncIterator, Callable
 
 import aiohttp
 
-from ._shapes import error_tail
-from ._types import Dialect, StreamFailed, Usage
+from ._shapes import Dialect, StreamFailed, Usage, error_tail
 
 __all__ = ["MALFORMED", "Upstream", "describe"]
 

@@ -9,8 +9,8 @@ from __future__ import annotations
 from dataclasses import replace
 
 from ._prometheus import Samples
-from .base import Probe, Reply
 from .openai import OpenAIAdapter
+from .probe import Probe, Reply
 
 __all__ = ["VllmAdapter"]
 

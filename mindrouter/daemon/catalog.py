@@ -17,7 +17,7 @@ from typing import Any
 from aiohttp import web
 
 from .. import __version__
-from ..backends.base import model_key
+from ..backends import model_key
 from ..errors import RequestError
 from .keys import AUTH, REGISTRY
 from .registry import Entry

@@ -19,7 +19,7 @@ from typing import Any
 
 from aiohttp import web
 
-from ..backends.base import INFERENCE_PATHS, BackendError, Call, model_key
+from ..backends import INFERENCE_PATHS, BackendError, Call, model_key
 from ..errors import RequestError
 from ..scheduler import Job, Modality
 from .keys import AUTH, CONFIG, DISPATCHER, QUOTAS, REGISTRY, SCHEDULER, STATS

@@ -21,8 +21,7 @@ from typing import Any
 
 import aiohttp
 
-from ..backends import make_adapter
-from ..backends.base import Adapter, Probe, model_key
+from ..backends import Adapter, Probe, make_adapter, model_key
 from ..config import BackendSettings
 from ..scheduler import Backend, Modality, Scheduler
 

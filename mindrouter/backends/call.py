@@ -1,4 +1,4 @@
-"""Checking a client's body, and reading the scheduler's hints from it, in one pass.
+"""A client's inference request, parsed and checked once: the dialects, the routes, :class:`Call`.
 
 Only what would make every backend refuse the request, or break translation,
 is checked here; values a backend judges itself (a temperature of 7) pass.
@@ -6,12 +6,28 @@ is checked here; values a backend judges itself (a temperature of 7) pass.
 
 from __future__ import annotations
 
+import json
+from dataclasses import dataclass
 from typing import Any
 
 from ..errors import RequestError
-from ._types import Dialect, Kind
+from . import responses
+from ._shapes import Dialect, Kind, dumps
 
-__all__ = ["inspect_body"]
+__all__ = ["INFERENCE_PATHS", "Call", "inspect_body"]
+
+_ROUTES: dict[str, tuple[Dialect, Kind]] = {
+    "/v1/chat/completions": ("openai", "chat"),
+    "/v1/completions": ("openai", "completion"),
+    "/v1/embeddings": ("openai", "embeddings"),
+    "/v1/responses": ("openai", "chat"),
+    "/api/chat": ("ollama", "chat"),
+    "/api/generate": ("ollama", "completion"),
+    "/api/embed": ("ollama", "embeddings"),
+    "/api/embeddings": ("ollama", "embeddings"),
+}
+INFERENCE_PATHS = frozenset(_ROUTES)
+"""The paths :meth:`Call.from_request` accepts; everything else needs no GPU."""
 
 
 def _fail(message: str) -> RequestError:
@@ -161,3 +177,62 @@ def inspect_body(dialect: Dialect, kind: Kind, path: str, body: dict[str, Any]) 
     hints["has_images"] = image
     hints["prompt_tokens"] = (chars + 3) // 4
     return hints
+
+
+@dataclass(frozen=True, slots=True)
+class Call:
+    """One inference request as a client sent it, parsed once by the daemon.
+
+    ``body`` is shared, not copied: treat it as read-only. The hint fields
+    (``has_images`` to ``prompt_tokens``) are what the scheduler's Job needs.
+    """
+
+    dialect: Dialect
+    kind: Kind
+    path: str
+    body: dict[str, Any]
+    raw: bytes
+    """The body as received, forwarded unchanged when no translation is needed."""
+    stream: bool
+    model: str
+    wants_usage: bool = False
+    """An OpenAI streaming client set ``stream_options.include_usage``."""
+    has_images: bool = False
+    json_mode: bool = False
+    """JSON mode or a JSON schema was asked for (``response_format`` / ``format``)."""
+    max_tokens: int | None = None
+    context_tokens: int | None = None
+    """Ollama ``options.num_ctx``, for the VRAM estimate."""
+    prompt_tokens: int = 0
+    """Estimate: characters of prompt text / 4."""
+    responses: bool = False
+    """The client called the Responses API: ``body`` is its chat completions equivalent."""
+
+    @classmethod
+    def from_request(cls, path: str, raw: bytes) -> Call:
+        """Parse and check a client's body.
+
+        Args:
+            path (str): one of :data:`INFERENCE_PATHS`.
+            raw (bytes): the request body.
+
+        Raises:
+            RequestError: 404 for another path; 400, with one sentence naming
+                the field, for a body no backend could use.
+        """
+        route = _ROUTES.get(path)
+        if route is None:
+            raise RequestError(f"{path} is not an inference endpoint.", status=404, code="not_found")
+        dialect, kind = route
+        try:
+            body = json.loads(raw)
+        except ValueError:
+            raise RequestError("The request body is not valid JSON.") from None
+        if not isinstance(body, dict):
+            raise RequestError("The request body must be a JSON object.")
+        api = path == "/v1/responses"
+        if api:  # served as chat completions, answered in the Responses API's shapes
+            body = responses.to_chat(body)
+            path, raw = "/v1/chat/completions", dumps(body)
+        hints = inspect_body(dialect, kind, path, body)
+        return cls(dialect=dialect, kind=kind, path=path, body=body, raw=raw, responses=api, **hints)
