@@ -206,3 +206,12 @@ def test_cli_json_has_pools_starvation_and_timeouts():
     for user in data["users"]:
         assert set(user) >= {"max_starved_s", "timeouts", "longest_request_s"}
     assert data["settle_seconds"] == 120
+    # x arrives on llama3 at 1800 s: the windows of the next 2 minutes do not count toward worst_window.
+    rows = {w["start"]: w for w in data["pools"][1]["windows"]}
+    assert [(rows[t]["since_change"], rows[t]["counts"]) for t in (1740, 1800, 1860, 1920)] == [
+        (1740, True),
+        (0, False),
+        (60, False),
+        (120, True),
+    ]
+    assert all(w["error"] <= w["allowed"] for w in rows.values() if w["counts"])
