@@ -56,7 +56,14 @@ async def test_group_set_weight_during_saturation_moves_shares_and_starves_nobod
         for name, times in finished.items():
             gaps = [b - a for a, b in zip(times, times[1:], strict=False)]
             worst = max(range(len(gaps)), key=gaps.__getitem__)
-            print(name, "longest gap", round(gaps[worst], 3), "at", round(times[worst] - changed_at, 3), "s from the change")
+            print(
+                name,
+                "longest gap",
+                round(gaps[worst], 3),
+                "at",
+                round(times[worst] - changed_at, 3),
+                "s from the change",
+            )
             assert max(gaps) < 1.5, (name, max(gaps))  # answers take ~25 ms; a stall would last the whole 2.5 s
         weights = {u["name"]: u["weight"] for u in (await daemon.admin("GET", "/admin/share"))["users"]}
         assert weights == {"stu": 1, "stf": 3}
