@@ -7,6 +7,7 @@ answers the clients received.
 from __future__ import annotations
 
 import asyncio
+import itertools
 import time
 
 import openai
@@ -54,7 +55,7 @@ async def test_group_set_weight_during_saturation_moves_shares_and_starves_nobod
         assert fake.max_seen_in_flight <= 2
         assert abs(share - 0.75) <= 0.08, share  # 3 : 1 from the change on, not a stall of either
         for name, times in finished.items():
-            gaps = [b - a for a, b in zip(times, times[1:], strict=False)]
+            gaps = [b - a for a, b in itertools.pairwise(times)]
             worst = max(range(len(gaps)), key=gaps.__getitem__)
             print(
                 name,
