@@ -688,3 +688,20 @@ def test_import_rolls_back_when_a_write_fails(st: Store, monkeypatch: pytest.Mon
 def test_exported_members() -> None:
     assert all(hasattr(store_module, name) for name in store_module.__all__)
     assert len(set(store_module.__all__)) == len(store_module.__all__)
+
+
+def test_proxies_survive_export_and_import(st: Store, tmp_path: Path) -> None:
+    st.add_user("webui", "staff", proxy=True, proxy_group="student")
+    st.add_user("gate", "staff", proxy=True)
+    st.person("alice@lab.edu", "student")
+    doc = st.export()
+    rows = {u["name"]: u for u in doc["users"]}
+    assert rows["webui"]["proxy_for"] == "student" and rows["gate"]["proxy_for"] == "staff"
+    assert "proxy_for" not in rows["alice@lab.edu"]
+    with Store(tmp_path / "other.db") as other:
+        other.ensure_default_groups()
+        other.import_(doc)
+        assert (other.get_user("webui").forwards_to, other.get_user("gate").forwards_to) == ("student", "staff")
+        assert other.get_user("alice@lab.edu").forwards_to is None
+    with pytest.raises(InvalidValue, match="proxy_for 'nope'"):
+        st.import_({"users": [{"name": "x", "group": "staff", "proxy_for": "nope"}]})

@@ -439,6 +439,7 @@ class Store(UsageLog, Decisions):
         users = []
         for user in self.list_users():
             row: dict[str, Any] = {"name": user.name, "group": user.group, "weight_override": user.weight_override}
+            row["proxy_for"] = user.forwards_to
             users.append(_no_nulls(row | user.quota.to_dict()))
         return {
             "version": 1,
@@ -473,13 +474,15 @@ class Store(UsageLog, Decisions):
                     f" ON CONFLICT (name) DO UPDATE SET scheduler_weight = excluded.scheduler_weight, {_QUOTA_SET}",
                     (name, weight, *quotas),
                 )
-            for name, group, override, quotas in users:
+            for name, group, override, quotas, proxy_for in users:
                 group_id = db.execute("SELECT id FROM groups WHERE name = ?", (group,)).fetchone()[0]
+                people = proxy_for and db.execute("SELECT id FROM groups WHERE name = ?", (proxy_for,)).fetchone()[0]
                 db.execute(
-                    f"INSERT INTO users (name, group_id, weight_override, created, {_QUOTA_COLUMNS})"
-                    " VALUES (?, ?, ?, ?, ?, ?, ?) ON CONFLICT (name) DO UPDATE SET group_id = excluded.group_id,"
-                    f" weight_override = excluded.weight_override, {_QUOTA_SET}",
-                    (name, group_id, override, self._clock(), *quotas),
+                    f"INSERT INTO users (name, group_id, weight_override, created, {_QUOTA_COLUMNS}, proxy,"
+                    " proxy_group_id) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?) ON CONFLICT (name) DO UPDATE SET"
+                    f" group_id = excluded.group_id, weight_override = excluded.weight_override, {_QUOTA_SET},"
+                    " proxy = excluded.proxy, proxy_group_id = excluded.proxy_group_id",
+                    (name, group_id, override, self._clock(), *quotas, int(people is not None), people),
                 )
             for name, fields in backends:
                 db.execute(

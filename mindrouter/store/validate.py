@@ -99,7 +99,7 @@ def _decision_params(record: Mapping[str, Any], at: float | None) -> tuple[Any, 
 
 _IMPORT_FIELDS = {
     "groups": ({"name", "scheduler_weight"}, {"name", "scheduler_weight", *QUOTA_FIELDS}, set()),
-    "users": ({"name", "group"}, {"name", "group", "weight_override", *QUOTA_FIELDS}, {"weight"}),
+    "users": ({"name", "group"}, {"name", "group", "weight_override", "proxy_for", *QUOTA_FIELDS}, {"weight"}),
     "backends": (
         {"name", "url", "engine"},
         {"name", "url", "engine", "max_concurrent", "gpus", "node", "priority", "state"},
@@ -169,7 +169,13 @@ def _validate_import(data: Mapping[str, Any], existing_groups: set[str]) -> tupl
         if override is not None:
             override = checked(f"users[{i}]", _weight, f"user {e['name']!r}", override)
         quotas = checked(f"users[{i}]", _quotas, f"user {e['name']!r}", e)
-        users.append((e["name"], group.lower(), override, quotas))
+        proxy_for = e.get("proxy_for")
+        if proxy_for is not None and (not isinstance(proxy_for, str) or proxy_for.lower() not in known):
+            raise InvalidValue(
+                f"users[{i}]: proxy_for {proxy_for!r} of user {e['name']!r} is not a group; name the group "
+                "its people go in (one of the file's groups or an existing one)"
+            )
+        users.append((e["name"], group.lower(), override, quotas, proxy_for.lower() if proxy_for else None))
     backends = [
         (
             e["name"],
