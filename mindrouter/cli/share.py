@@ -60,7 +60,8 @@ def share_table(data: dict[str, Any]) -> Table:
         header_style="bold",
         pad_edge=False,
         title=f"fair share over the last {fmt_duration(data.get('window_seconds'))} "
-        f"({fmt_tokens(data.get('global_recent_tokens'))} tokens)",
+        f"({fmt_tokens(data.get('global_recent_tokens'))} tokens)"
+        + ("; group shares: a group's weight is split among its active users" if data.get("shares") == "group" else ""),
         title_justify="left",
         title_style="bold",
     )
