@@ -91,7 +91,8 @@ class UsageLog:
         return [
             UsageRow(*r)
             for r in self._db.execute(
-                "SELECT user_id, prompt_tokens + completion_tokens, at, model FROM usage WHERE at >= ? ORDER BY at", (since,)
+                "SELECT user_id, prompt_tokens + completion_tokens, at, model FROM usage WHERE at >= ? ORDER BY at",
+                (since,),
             )
         ]
 
