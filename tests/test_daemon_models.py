@@ -189,3 +189,22 @@ async def test_root_and_version_answer_as_ollama_and_a_wrong_key_is_refused_ever
             assert resp.status == 401, path
             err = (await resp.json())["error"]
             assert isinstance(err, str) if path.startswith("/api/") else err["type"] == "authentication_error"
+
+
+async def test_the_new_routes_answer_a_wrong_method_or_path_in_their_dialect(daemon):
+    key = await daemon.user("m")
+    auth = {"Authorization": f"Bearer {key}"}
+    for method, path, status in (
+        ("GET", "/v1/responses", 405),
+        ("GET", "/api/show", 405),
+        ("POST", "/api/tags", 405),
+        ("GET", "/v1/nope", 404),
+        ("GET", "/api/nope", 404),
+    ):
+        resp = await daemon.client.request(method, path, headers=auth)
+        body = await resp.json()
+        assert resp.status == status, (method, path)
+        if path.startswith("/api/"):
+            assert isinstance(body["error"], str), (method, path)
+        else:
+            assert body["error"]["message"] and body["error"]["type"], (method, path)
