@@ -79,12 +79,17 @@ async def test_group_quota_refuses_in_each_dialect_until_the_day_turns(daemon):
         )
         error = (await refused.json())["error"]
         assert refused.status == 429 and error["type"] == "rate_limit_error" and error["code"] == "quota_exceeded"
-        assert "group 'student' has used 24 tokens this day" in error["message"]
-        assert "of the 20 its quota allows" in error["message"] and "resets at" in error["message"]
+        assert error["message"].startswith(
+            "group 'student' has used 24 of the 20 tokens a day its quota allows (running requests included); "
+            "try again after the reset at "
+        )
+        assert error["message"].endswith(
+            "or ask an admin to raise it with `mr group set-quota student --tokens-per-day N`"
+        )
         wait = int(refused.headers["Retry-After"])
         assert 0 < wait <= 86400 + 3600 and abs(time.time() + wait - next_day(time.time())) < 5
         refused = await daemon.client.post("/api/chat", json=chat(), headers={"Authorization": f"Bearer {alice}"})
-        assert refused.status == 429 and "tokens this day" in (await refused.json())["error"]
+        assert refused.status == 429 and "tokens a day its quota allows" in (await refused.json())["error"]
         assert fake.requests == 3  # refused before they queued
         quotas = daemon.app[QUOTAS]
         quotas.wall = lambda: next_day(time.time()) + 1  # the day turns over
@@ -135,7 +140,7 @@ async def test_quotas_survive_a_restart_and_travel_in_export(tmp_path, aiohttp_c
         app2 = await create_app(config, nvml=nvml)
         d2 = Daemon(await aiohttp_client(app2), app2, config)
         refused = await ask(d2, key)
-        assert refused.status == 429 and "used 8 tokens this day" in (await refused.json())["error"]["message"]
+        assert refused.status == 429 and "used 8 of the 8 tokens a day" in (await refused.json())["error"]["message"]
         staff = next(g for g in exported["groups"] if g["name"] == "staff")
         assert staff["tokens_per_month"] == 50_000_000 and "tokens_per_day" not in staff
         alice = exported["users"][0]

@@ -234,17 +234,18 @@ def _refusal(limit: Limit, now: float) -> RequestError:
     wait = max(1, math.ceil(limit.resets - now))
     if limit.kind == "requests_per_minute":
         spent = f"sent {limit.used} requests in the last minute, the most its quota allows"
+        reset = time.strftime("%H:%M:%S", time.localtime(limit.resets))
     else:
-        per = _PERIODS[limit.kind]
         spent = (
-            f"used {limit.used:,} tokens this {per} (requests still running included) of the {limit.limit:,} "
-            f"its quota allows"
+            f"used {limit.used:,} of the {limit.limit:,} tokens a {_PERIODS[limit.kind]} its quota allows"
+            " (running requests included)"
         )
+        reset = time.strftime("%Y-%m-%d %H:%M", time.localtime(limit.resets))
     flag = "--" + limit.kind.replace("_", "-")
     return RequestError(
-        f"{limit.subject} {limit.name!r} has {spent}; it resets at {_when(limit.resets)} "
-        f"({zone_label(limit.resets)}), or an admin can raise it with `mr {limit.subject} set-quota {limit.name} "
-        f"{flag} N`",
+        f"{limit.subject} {limit.name!r} has {spent}; try again after the reset at {reset} "
+        f"({zone_label(limit.resets)}), or ask an admin to raise it with "
+        f"`mr {limit.subject} set-quota {limit.name} {flag} N`",
         status=429,
         type="rate_limit_error",
         code="quota_exceeded",
