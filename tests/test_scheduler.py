@@ -388,13 +388,15 @@ def test_each_soft_score_wins_when_all_else_is_equal(better, worse):
 def test_lower_latency_and_higher_throughput_win():
     s = Scheduler()
     for bid in (1, 2):
-        s.set_backend(Backend(id=bid, name=f"b{bid}", models=LLAMA, max_concurrent=4))
+        s.set_backend(Backend(id=bid, name=f"b{bid}", models=LLAMA, max_concurrent=1))
     s.set_user("u", 1)
-    s.load(1).latency_ema, s.load(2).latency_ema = 2.0, 0.2
-    s.load(1).tokens_per_second, s.load(2).tokens_per_second = 10.0, 100.0
-    s.scorer.clear()
     s.submit(job("u"), 0)
-    [d] = s.dispatch(0)
+    s.submit(job("u"), 0)
+    for d in s.dispatch(0):  # one on each: b1 answers slowly, b2 quickly
+        fast = d.backend_id == 2
+        s.complete(d.job.id, 1, completion_tokens=100 if fast else 10, latency=0.2 if fast else 2.0, duration=1.0)
+    s.submit(job("u"), 1)
+    [d] = s.dispatch(1)
     assert d.backend_id == 2
     parts = d.record.to_dict()["score_components"]
     assert parts["2"]["latency"] > parts["1"]["latency"]

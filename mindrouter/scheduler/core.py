@@ -28,6 +28,7 @@ in-flight count equals the running jobs routed to it and never exceeds its
 
 from __future__ import annotations
 
+import dataclasses
 import heapq
 from collections import deque
 from collections.abc import Hashable, Iterable
@@ -156,7 +157,9 @@ class Scheduler(JobOutcomes):
         return self._backends.get(backend_id)
 
     def load(self, backend_id: Hashable) -> BackendLoad | None:
-        return self._loads.get(backend_id)
+        """A copy of what the core counts for ``backend_id`` (in flight, latency, throughput)."""
+        load = self._loads.get(backend_id)
+        return None if load is None else dataclasses.replace(load)
 
     @property
     def backends(self) -> dict[Hashable, Backend]:
