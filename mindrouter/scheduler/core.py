@@ -32,7 +32,6 @@ import dataclasses
 import heapq
 from collections import deque
 from collections.abc import Hashable, Iterable
-from typing import Any
 
 from .backend import Backend, BackendLoad
 from .classes import Classes, Route
@@ -42,10 +41,11 @@ from .ledger import Ledger
 from .outcomes import JobOutcomes, class_key
 from .pools import Pool, Seat
 from .queues import Entry, Queues
+from .reading import CoreReading
 from .records import DecisionRecord, PriorityTerms
 from .scoring import BackendScorer, ClassKey
 from .settings import SchedulerSettings, check_weight
-from .views import QueueStats, ShareSnapshot, UserShare, build_queue_stats, build_share
+from .views import UserShare
 
 __all__ = ["Scheduler", "UnknownUser"]
 
@@ -54,7 +54,7 @@ class UnknownUser(KeyError):
     """A job names a user the scheduler was never told about (call ``set_user`` first)."""
 
 
-class Scheduler(JobOutcomes):
+class Scheduler(JobOutcomes, CoreReading):
     """Sans-I/O fair-share scheduler and router. Every method that depends on time takes ``now``."""
 
     def __init__(self, settings: SchedulerSettings | None = None) -> None:
@@ -393,92 +393,3 @@ class Scheduler(JobOutcomes):
     def record(self, request_id: str) -> DecisionRecord | None:
         """The latest decision made for ``request_id``, if still kept."""
         return self._records_by_id.get(request_id)
-
-    # -- reading -----------------------------------------------------------
-
-    def is_queued(self, job_id: str) -> bool:
-        return job_id in self.queues.jobs
-
-    def is_running(self, job_id: str) -> bool:
-        return job_id in self._running
-
-    @property
-    def queued_count(self) -> int:
-        return len(self.queues.jobs)
-
-    @property
-    def running_count(self) -> int:
-        return len(self._running)
-
-    @property
-    def heavy(self) -> frozenset[Hashable]:
-        """Users deprioritized in some pool now."""
-        return frozenset(uid for pool in self.fair.pools.values() for uid in pool.heavy)
-
-    def queue_position(self, job_id: str) -> tuple[int, int] | None:
-        """(1-based place among its user's jobs of the same kind, jobs queued in all), or None."""
-        job = self.queues.jobs.get(job_id)
-        if job is None:
-            return None
-        place = self.queues.position(job, class_key(job))
-        return None if place is None else (place, len(self.queues.jobs))
-
-    def queued_jobs(self) -> Iterable[Job]:
-        return self.queues.jobs.values()
-
-    def running_jobs(self) -> Iterable[tuple[Job, Hashable]]:
-        return ((r.job, r.backend_id) for r in self._running.values())
-
-    def share(self, now: float, user_ids: Iterable[Hashable] | None = None) -> ShareSnapshot:
-        """Every user's standing, per pool and in sum, and every pool (``mr share``)."""
-        fair = self.fair
-        users = fair.users.values() if user_ids is None else [fair.users[u] for u in user_ids]
-        horizon = now - self.settings.fairness_window
-        pending: dict[Hashable, float] = {}  # restored usage whose model no backend has named yet
-        for entries in self._usage_backlog.values():
-            for uid, tokens, at in entries:
-                if at >= horizon:
-                    pending[uid] = pending.get(uid, 0.0) + tokens
-        return build_share(
-            users,
-            fair.pools.values(),
-            now,
-            self.settings.shares,
-            self.settings.fairness_window,
-            fair.current_burst(now),
-            pending,
-        )
-
-    def queue_stats(self, now: float) -> QueueStats:
-        """What waits, for whom and for which model, and how long (``mr queue``)."""
-        return build_queue_stats(self.queues.jobs.values(), len(self._running), self.fair.users, now)
-
-    def snapshot(self, now: float) -> dict[str, Any]:
-        """Queue statistics and fair share in the seed's shape (``mr queue --json``)."""
-        share = self.share(now)
-        return {
-            "queue": self.queue_stats(now).to_dict(),
-            "fair_share": {
-                "total_users": len(share.users),
-                "global_recent_tokens": share.global_recent_tokens,
-                "user_stats": [u.to_dict() for u in share.users],
-            },
-        }
-
-    def check(self) -> None:
-        """Assert the invariants (for tests)."""
-        self.fair.check()
-        self.queues.check()
-        per_backend: dict[Hashable, int] = {}
-        for job_id, running in self._running.items():
-            assert job_id not in self.queues.jobs, job_id
-            per_backend[running.backend_id] = per_backend.get(running.backend_id, 0) + 1
-        for bid, load in self._loads.items():
-            assert load.in_flight == per_backend.get(bid, 0), (bid, load.in_flight, per_backend.get(bid, 0))
-            backend = self._backends.get(bid)
-            if backend is not None:
-                assert load.in_flight <= backend.max_concurrent or not backend.enabled, bid
-        for user in self.fair.users.values():
-            assert user.queued == sum(len(q) for q in self.queues.classes_of(user.id).values())
-            seated = sum(p.seats[user.id].queued for p in self.fair.pools.values() if user.id in p.seats)
-            assert seated == user.queued, (user, seated)

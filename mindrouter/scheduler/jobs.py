@@ -10,7 +10,10 @@ from __future__ import annotations
 from collections.abc import Hashable
 from dataclasses import dataclass, field
 from enum import Enum
-from typing import Any
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from .records import DecisionRecord
 
 __all__ = ["Dispatch", "Expired", "Job", "Modality", "Outcome", "Rejection"]
 
@@ -57,7 +60,7 @@ class Dispatch:
 
     job: Job
     backend_id: Hashable
-    record: dict[str, Any] = field(compare=False)
+    record: DecisionRecord = field(compare=False)
 
 
 @dataclass(frozen=True, slots=True)

@@ -37,7 +37,7 @@ class PriorityTerms:
     priority: float
 
     def to_dict(self) -> dict[str, float]:
-        return {name: round(getattr(self, name), 4) for name in self.__slots__}  # type: ignore[attr-defined]
+        return {name: round(getattr(self, name), 4) for name in self.__slots__}
 
 
 @dataclass(frozen=True, slots=True)
