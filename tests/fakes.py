@@ -106,6 +106,20 @@ def _pieces(gen: _Generation, json_wanted: bool) -> list[str]:
     return [_token(i) for i in range(gen.n)]
 
 
+def logprobs_of(body: dict[str, Any], pieces: list[str], start: int = 0) -> list[dict[str, Any]] | None:
+    """What a fake reports when asked for ``logprobs``: piece i has logprob -(i+1)/10, alternatives below it."""
+    if not body.get("logprobs"):
+        return None
+    top = body.get("top_logprobs") or 0
+    out = []
+    for i, piece in enumerate(pieces, start):
+        entry = {"token": piece, "logprob": -(i + 1) / 10, "bytes": list(piece.encode())}
+        alternatives = [{"token": f"alt{j}", "logprob": -(i + 2 + j) / 10, "bytes": []} for j in range(top - 1)]
+        entry["top_logprobs"] = [dict(entry), *alternatives][:top]
+        out.append(entry)
+    return out
+
+
 def _is_base64(value: Any) -> bool:
     try:
         base64.b64decode(value, validate=True)
@@ -569,6 +583,8 @@ class FakeOllama(_FakeServer):
             final["done_reason"] = "stop"  # a JSON answer is always a whole object
         if not stream:
             await self.pace(time.monotonic(), gen.n)
+            if (logprobs := logprobs_of(body, pieces)) is not None:
+                final["logprobs"] = logprobs
             final.update(
                 part("".join(pieces), call=tool is not None),
                 created_at=self._now(),
@@ -583,8 +599,11 @@ class FakeOllama(_FakeServer):
         def lines() -> Iterable[bytes]:
             if tool:
                 yield _compact({"model": model, "created_at": self._now(), **part("", True), "done": False}) + b"\n"
-            for piece in pieces:
-                yield _compact({"model": model, "created_at": self._now(), **part(piece), "done": False}) + b"\n"
+            for i, piece in enumerate(pieces):
+                line = {"model": model, "created_at": self._now(), **part(piece), "done": False}
+                if (logprobs := logprobs_of(body, [piece], i)) is not None:
+                    line["logprobs"] = logprobs
+                yield _compact(line) + b"\n"
             final.update(
                 created_at=self._now(),
                 total_duration=time.monotonic_ns() - started,
@@ -838,7 +857,13 @@ class FakeOpenAI(_FakeServer):
                     message["tool_calls"] = [
                         {"id": call_id, "type": "function", "function": {"name": tool, "arguments": arguments}}
                     ]
-                choice = {"index": 0, "message": message, "logprobs": None, "finish_reason": finish}
+                logprobs = logprobs_of(body, pieces)
+                choice = {
+                    "index": 0,
+                    "message": message,
+                    "logprobs": None if logprobs is None else {"content": logprobs},
+                    "finish_reason": finish,
+                }
             else:
                 choice = {"text": "".join(pieces), "index": 0, "logprobs": None, "finish_reason": finish}
             self.count(gen)
@@ -861,7 +886,7 @@ class FakeOpenAI(_FakeServer):
             return b"data: " + _compact(obj) + b"\n\n"
 
         def make_choice(
-            text: str | None, finish: str | None, first: bool = False, calls: list[Any] | None = None
+            text: str | None, finish: str | None, first: bool = False, calls: list[Any] | None = None, i: int = 0
         ) -> dict[str, Any]:
             if not chat:
                 return {"text": text or "", "index": 0, "logprobs": None, "finish_reason": finish}
@@ -870,7 +895,13 @@ class FakeOpenAI(_FakeServer):
                 delta["content"] = text
             if calls:
                 delta["tool_calls"] = calls
-            return {"index": 0, "delta": delta, "logprobs": None, "finish_reason": finish}
+            logprobs = logprobs_of(body, [text], i) if text else None
+            return {
+                "index": 0,
+                "delta": delta,
+                "logprobs": None if logprobs is None else {"content": logprobs},
+                "finish_reason": finish,
+            }
 
         def chunks() -> Iterable[bytes]:
             if tool:  # as vLLM streams a call: id and name first, then the arguments in fragments
@@ -880,7 +911,7 @@ class FakeOpenAI(_FakeServer):
                 for fragment in (text[: len(text) // 2], text[len(text) // 2 :]):
                     yield event([make_choice(None, None, calls=[{"index": 0, "function": {"arguments": fragment}}])])
             for i, piece in enumerate(pieces):
-                yield event([make_choice(piece, None, first=i == 0)])
+                yield event([make_choice(piece, None, first=i == 0, i=i)])
             last = {"usage": usage} if include and self.usage_in_final_chunk else None
             tail = event([make_choice(None, finish)], last)
             if include and not self.usage_in_final_chunk:

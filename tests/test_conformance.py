@@ -352,3 +352,32 @@ async def test_responses_api_refuses_what_it_cannot_serve_with_a_400(pool: Pool)
     with pytest.raises(openai.BadRequestError) as refused:
         await client.responses.create(model="v-chat", input="hi", tools=[{"type": "web_search"}])
     assert "only function tools" in refused.value.message
+
+
+# ---- logprobs, where the engine has them, across the dialects ----------------------------------------------
+
+
+@pytest.mark.parametrize("engine", ["ollama", "vllm"])
+async def test_chat_logprobs_reach_both_dialects(pool: Pool, engine: str) -> None:
+    expected = [("tok0", -0.1), (" tok1", -0.2), (" tok2", -0.3)]
+    client = openai.AsyncOpenAI(base_url=pool.url + "/v1", api_key=pool.key, max_retries=0)
+    user = [{"role": "user", "content": "hi"}]
+    reply = await client.chat.completions.create(
+        model=MODEL[engine], messages=user, max_tokens=3, logprobs=True, top_logprobs=2
+    )
+    content = reply.choices[0].logprobs.content
+    assert [(t.token, t.logprob) for t in content] == expected
+    assert [len(t.top_logprobs) for t in content] == [2, 2, 2]
+    stream = await client.chat.completions.create(
+        model=MODEL[engine], messages=user, max_tokens=3, logprobs=True, stream=True
+    )
+    streamed = [t async for c in stream if c.choices and c.choices[0].logprobs for t in c.choices[0].logprobs.content]
+    assert [(t.token, t.logprob) for t in streamed] == expected
+
+    ol = ollama.AsyncClient(host=pool.url, headers={"Authorization": f"Bearer {pool.key}"})
+    out = await ol.chat(model=MODEL[engine], messages=user, options={"num_predict": 3}, logprobs=True, top_logprobs=2)
+    assert [(t.token, t.logprob) for t in out.logprobs] == expected
+    parts = [
+        p async for p in await ol.chat(MODEL[engine], user, stream=True, options={"num_predict": 3}, logprobs=True)
+    ]
+    assert [(t.token, t.logprob) for p in parts for t in p.logprobs or ()] == expected

@@ -136,7 +136,7 @@ class OllamaToOpenAI(Relay):
             obj["usage"] = usage
         return b"data: " + dumps(obj) + b"\n\n"
 
-    def _choice(self, text: str, message: dict[str, Any], finish: str | None) -> dict[str, Any]:
+    def _choice(self, text: str, message: dict[str, Any], finish: str | None, logprobs: Any = None) -> dict[str, Any]:
         if not self.chat:
             return {"text": text, "index": 0, "logprobs": None, "finish_reason": finish}
         delta: dict[str, Any] = {}
@@ -153,7 +153,7 @@ class OllamaToOpenAI(Relay):
                 for i, c in enumerate(openai_tool_calls(message["tool_calls"], self.tools))
             ]
             self.tools += len(delta["tool_calls"])
-        return {"index": 0, "delta": delta, "logprobs": None, "finish_reason": finish}
+        return {"index": 0, "delta": delta, "logprobs": _openai_logprobs(logprobs), "finish_reason": finish}
 
     def feed(self, event: bytes) -> bytes:
         if self.finished:
@@ -165,7 +165,7 @@ class OllamaToOpenAI(Relay):
         text = (message.get("content") if self.chat else obj.get("response")) or ""
         out = b""
         if text or message.get("tool_calls") or message.get("thinking"):
-            out = self._chunk(self._choice(text, message, None))
+            out = self._chunk(self._choice(text, message, None, obj.get("logprobs")))
         if obj.get("done"):
             self.finished = True
             ollama_usage(obj, self.usage)
@@ -186,7 +186,7 @@ class OpenAIToOllama(Relay):
         self.finish: str | None = None
         self.calls: dict[int, dict[str, Any]] = {}
 
-    def _line(self, text: str, thinking: str | None = None) -> bytes:
+    def _line(self, text: str, thinking: str | None = None, logprobs: Any = None) -> bytes:
         if self.first_ns is None:
             self.first_ns = time.monotonic_ns()
         obj: dict[str, Any] = {"model": self.plan.model, "created_at": ollama_timestamp()}
@@ -196,6 +196,8 @@ class OpenAIToOllama(Relay):
                 obj["message"]["thinking"] = thinking
         else:
             obj["response"] = text
+        if logprobs:
+            obj["logprobs"] = logprobs
         obj["done"] = False
         return dumps(obj) + b"\n"
 
@@ -223,7 +225,7 @@ class OpenAIToOllama(Relay):
             text = delta.get("content") if self.chat_in else choice.get("text")
             thinking = delta.get("reasoning_content") or delta.get("reasoning")
             if text or thinking:
-                out += self._line(text or "", thinking)
+                out += self._line(text or "", thinking, _ollama_logprobs(choice))
         return out
 
     def _final(self) -> dict[str, Any]:
@@ -272,6 +274,18 @@ async def events(content: aiohttp.StreamReader, relay: Relay, *, sse: bool) -> A
     if not content.at_eof():  # let the connection go back to the pool; it ends right after the last event
         with contextlib.suppress(TimeoutError, aiohttp.ClientError):
             await asyncio.wait_for(content.read(), 1.0)
+
+
+def _openai_logprobs(entries: Any) -> dict[str, Any] | None:
+    """Ollama's ``logprobs`` list as an OpenAI choice's: the entries have the same fields."""
+    return {"content": entries} if isinstance(entries, list) and entries else None
+
+
+def _ollama_logprobs(choice: dict[str, Any]) -> list[Any] | None:
+    """An OpenAI chat choice's token logprobs as Ollama's top-level ``logprobs`` list."""
+    logprobs = choice.get("logprobs")
+    content = logprobs.get("content") if isinstance(logprobs, dict) else None
+    return content if isinstance(content, list) and content else None
 
 
 # ---- whole (non-streaming) answers ----------------------------------------------------------
@@ -331,7 +345,12 @@ def _openai_answer(plan: Plan, obj: dict[str, Any], usage: Usage) -> dict[str, A
             message["reasoning_content"] = m["thinking"]
         if m.get("tool_calls"):
             message["tool_calls"] = openai_tool_calls(m["tool_calls"])
-        choice = {"index": 0, "message": message, "logprobs": None, "finish_reason": finish}
+        choice = {
+            "index": 0,
+            "message": message,
+            "logprobs": _openai_logprobs(obj.get("logprobs")),
+            "finish_reason": finish,
+        }
         head = {"id": "chatcmpl-" + uuid.uuid4().hex[:24], "object": "chat.completion"}
     return dict(head, created=created, model=plan.model, choices=[choice], usage=usage_json(usage))
 
@@ -359,5 +378,7 @@ def _ollama_answer(plan: Plan, obj: dict[str, Any], usage: Usage, elapsed_ns: in
     thinking = message.get("reasoning_content") or message.get("reasoning")
     if thinking and plan.client_kind == "chat":
         out["message"]["thinking"] = thinking
+    if _ollama_logprobs(choice):
+        out["logprobs"] = _ollama_logprobs(choice)
     out.update(total_duration=elapsed_ns, load_duration=0, prompt_eval_duration=elapsed_ns, eval_duration=elapsed_ns)
     return out

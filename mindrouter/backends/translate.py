@@ -19,6 +19,7 @@ Mappings (OpenAI <-> Ollama):
     repetition_penalty; OpenAI itself takes none); num_ctx and keep_alive
     have no per-request equivalent on OpenAI-family engines;
     response_format json_object / json_schema <-> format "json" / schema;
+    chat logprobs / top_logprobs <-> the same (answers: choices[].logprobs.content <-> logprobs);
     image_url data: URLs <-> message images (base64); tool calls, with
     arguments as a JSON string (OpenAI) or an object (Ollama).
 
@@ -174,6 +175,7 @@ def _to_ollama(call: Call, model: str) -> Plan:
         out["messages"] = [_ollama_message(m, i) for i, m in enumerate(b["messages"])]
         if b.get("tools") and b.get("tool_choice") != "none":  # Ollama has no tool_choice
             out["tools"] = b["tools"]
+        out.update(_logprobs(b))
         return _plan(call, "/api/chat", out, "ollama", "chat")
     prompt = b["prompt"]
     if isinstance(prompt, list):
@@ -280,12 +282,20 @@ def _to_openai(call: Call, model: str, engine: str) -> Plan:
         out["messages"] = _openai_messages(b["messages"])
         if b.get("tools"):
             out["tools"] = b["tools"]
+        out.update(_logprobs(b))
     else:
         user: dict[str, Any] = {"role": "user", "content": b.get("prompt") or "", "images": b.get("images")}
         out["messages"] = _openai_messages(
             [{"role": "system", "content": b["system"]}, user] if b.get("system") else [user]
         )
     return _plan(call, "/v1/chat/completions", out, "openai", "chat")
+
+
+def _logprobs(b: dict[str, Any]) -> dict[str, Any]:
+    """Chat ``logprobs``/``top_logprobs``: the same fields in both dialects (Ollama since 0.12.11)."""
+    if not b.get("logprobs"):
+        return {}
+    return {"logprobs": True, **({"top_logprobs": b["top_logprobs"]} if b.get("top_logprobs") else {})}
 
 
 def _load_answer(call: Call) -> bytes:
