@@ -65,7 +65,10 @@ class CoreReading:
         return ((r.job, r.backend_id) for r in self._running.values())
 
     def share(self, now: float, user_ids: Iterable[Hashable] | None = None) -> ShareSnapshot:
-        """Every user's standing, per pool and in sum, and every pool (``mr share``)."""
+        """Every user's standing, per pool and in sum, and every pool (``mr share``).
+
+        With ``user_ids``, only those users, and no pools (cheap enough per request).
+        """
         fair = self.fair
         users = fair.users.values() if user_ids is None else [fair.users[u] for u in user_ids]
         horizon = now - self.settings.fairness_window
@@ -82,6 +85,7 @@ class CoreReading:
             self.settings.fairness_window,
             fair.current_burst(now),
             pending,
+            with_pools=user_ids is None,
         )
 
     def queue_stats(self, now: float) -> QueueStats:

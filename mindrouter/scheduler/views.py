@@ -227,6 +227,8 @@ def build_share(
     window: float,
     burst: float,
     pending: Mapping[Hashable, float],
+    *,
+    with_pools: bool = True,
 ) -> ShareSnapshot:
     pools = list(pools)
     users = list(users)
@@ -239,6 +241,8 @@ def build_share(
             seat = pool.seats.get(user.id)
             if seat is not None:
                 seats.setdefault(user.id, []).append(_seat_share(pool, seat, ref))
+        if not with_pools:
+            continue
         names = tuple(s.user.name for s in pool.seats.values() if s.recent > 0 or s.queued or s.running)
         heavy = tuple(pool.seats[u].user.name for u in pool.heavy if u in pool.seats)
         pool_rows.append(PoolShare(_backends(pool), names, ref, pool.credit(), pool.recent_total, heavy))
