@@ -91,3 +91,9 @@ def test_token_array_embeddings_go_to_openai_engines_and_are_a_400_naming_the_fi
 def test_a_raw_ollama_generate_with_only_images_is_sent_not_crashed() -> None:
     body = sent(call("/api/generate", model="m", raw=True, images=["iVBORx"]), "vllm")
     assert body["messages"][0]["content"][0]["image_url"]["url"].startswith("data:image/png;base64,")
+
+
+def test_an_ollama_fill_in_the_middle_call_keeps_its_suffix_on_openai_engines() -> None:
+    p = plan(call("/api/generate", model="m", prompt="def f(", suffix="    return x\n"), "m", "llamacpp")
+    assert p.path == "/v1/completions"
+    assert (json.loads(p.data)["prompt"], json.loads(p.data)["suffix"]) == ("def f(", "    return x\n")

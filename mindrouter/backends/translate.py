@@ -11,7 +11,7 @@ Mappings (OpenAI <-> Ollama):
     /v1/chat/completions <-> /api/chat
     /v1/completions       -> /api/generate with raw=true (no chat template, as OpenAI)
     /api/generate         -> /v1/chat/completions (Ollama applies the chat template),
-                             or /v1/completions when raw=true
+                             or /v1/completions when raw=true or with a suffix (fill-in-the-middle)
     /v1/embeddings       <-> /api/embed (and Ollama's older /api/embeddings)
     max_tokens / max_completion_tokens <-> options.num_predict; temperature,
     top_p, seed, stop, presence/frequency_penalty <-> options.*; top_k, min_p
@@ -273,7 +273,7 @@ def _to_openai(call: Call, model: str, engine: str) -> Plan:
     if call.stream:
         out["stream"] = True
         out["stream_options"] = {"include_usage": True}
-    if call.kind == "completion" and b.get("raw") and b.get("prompt"):
+    if call.kind == "completion" and (b.get("raw") or b.get("suffix")) and b.get("prompt"):  # raw, or FIM
         out["prompt"] = b["prompt"]
         if b.get("suffix"):
             out["suffix"] = b["suffix"]
