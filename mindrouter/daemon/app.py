@@ -44,6 +44,7 @@ from .gpus import GpuState
 from .guard import guard_middleware
 from .inference import setup_inference_routes
 from .keys import AUTH, CONFIG, DECISIONS, DISPATCHER, GPUS, QUOTAS, REGISTRY, SCHEDULER, SESSION, STATS, STORE
+from .lease import Settlement
 from .logsafe import OneLineFormatter
 from .metrics import setup_metrics
 from .quotas import Quotas, add_quota_headers
@@ -91,9 +92,9 @@ async def create_app(config: Config, *, nvml: Any = None, discover: bool | None 
         timeout=aiohttp.ClientTimeout(total=None, sock_connect=config.backends.connect_timeout),
         auto_decompress=False,
     )
-    registry: Registry
     decisions = DecisionLog(store, lambda bid: registry.entries[bid].row.name if bid in registry.entries else None)
-    dispatcher = Dispatcher(scheduler, on_dispatch=decisions.on_dispatch)
+    quotas = Quotas(store, scheduler, default_completion=config.scheduler.default_completion_tokens)
+    stats = Stats(store, on_usage=quotas.record)
     gpus = GpuState(
         GpuProbe(nvml),
         session,
@@ -107,10 +108,16 @@ async def create_app(config: Config, *, nvml: Any = None, discover: bool | None 
         store,
         session,
         config.backends,
-        on_change=dispatcher.pump,
+        on_change=lambda: dispatcher.pump(),
         gpu_lookup=gpus.lookup,
         vram_estimate=gpus.vram_estimate,
     )
+
+    def settled(settlement: Settlement) -> None:
+        stats.settled(settlement)
+        decisions.settled(settlement)
+
+    dispatcher = Dispatcher(scheduler, registry, on_settled=settled, max_retries=config.backends.max_retries)
 
     app[CONFIG] = config
     app[STORE] = store
@@ -118,9 +125,8 @@ async def create_app(config: Config, *, nvml: Any = None, discover: bool | None 
     app[DISPATCHER] = dispatcher
     app[REGISTRY] = registry
     app[AUTH] = Auth(store)
-    quotas = Quotas(store, scheduler, default_completion=config.scheduler.default_completion_tokens)
     app[QUOTAS] = quotas
-    app[STATS] = Stats(store, on_usage=quotas.record)
+    app[STATS] = stats
     app[DECISIONS] = decisions
     app[GPUS] = gpus
     app[SESSION] = session

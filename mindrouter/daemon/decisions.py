@@ -1,20 +1,25 @@
-"""Decision records: kept by the core, written to the store in batches, followed live.
+"""Decision records, with how each request ended: written to the store in batches, followed live.
 
-Turning a record into JSON costs more than making the decision, so it happens
-off the request path: in the flush task, or when a follower is listening.
+The core makes one record per dispatch; a request's lease hands them all over
+once it has settled, each with its attempt's outcome (``ok``, ``client_gone``,
+``backend_failed``, ``timeout``, ``rejected``, ``error``) and reason. A request
+that never left the queue (refused, timed out, its client gone) gets a record
+too, without a backend. Turning a record into JSON costs more than making the
+decision, so it happens off the request path: in the flush task, or when a
+follower is listening. This is the records' one home until the store has them.
 """
 
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import json
 import logging
-import time
-from collections.abc import AsyncIterator, Callable
+from collections.abc import Callable
 from typing import Any
 
-from ..scheduler import DecisionRecord, Dispatch
+from ..scheduler import DecisionRecord
+from ..tasks import background, repeat
+from .lease import Settlement
 
 __all__ = ["DecisionLog"]
 
@@ -26,22 +31,38 @@ class DecisionLog:
         self.store = store
         self.backend_name = backend_name
         self.flush_interval = flush_interval
-        self._pending: list[tuple[DecisionRecord, float]] = []
+        self._pending: list[Settlement] = []
         self._followers: set[asyncio.Queue[bytes]] = set()
+        self.flush_ctx = background(
+            "mindrouter-decision-flush", lambda: repeat(flush_interval, self.flush, "decision flush", wait_first=True)
+        )
+        """aiohttp ``cleanup_ctx`` generator writing records every ``flush_interval`` seconds."""
 
-    def on_dispatch(self, dispatch: Dispatch) -> None:
-        wall = time.time()
-        self._pending.append((dispatch.record, wall))
+    def settled(self, settlement: Settlement) -> None:
+        """A request ended: keep its records (cheap); materialize them now only for followers."""
+        self._pending.append(settlement)
         if self._followers:
-            line = json.dumps(self._materialize(dispatch.record, wall)).encode() + b"\n"
-            for queue in self._followers:
-                if queue.qsize() < 1000:  # a stalled follower misses records rather than growing memory
-                    queue.put_nowait(line)
+            for data in self._materialize(settlement):
+                line = json.dumps(data).encode() + b"\n"
+                for queue in self._followers:
+                    if queue.qsize() < 1000:  # a stalled follower misses records rather than growing memory
+                        queue.put_nowait(line)
 
-    def _materialize(self, record: DecisionRecord, wall: float) -> dict[str, Any]:
+    def _materialize(self, s: Settlement) -> list[dict[str, Any]]:
+        out = [self._attempt(a.record, s.wall, a.outcome.value, a.reason) for a in s.attempts]
+        if not out:
+            out.append(_undispatched(s))
+        out[-1].update(outcome=s.outcome.value, reason=s.reason, status=s.status)
+        return out
+
+    def _attempt(self, record: DecisionRecord, wall: float, outcome: str, reason: str | None) -> dict[str, Any]:
         data = record.to_dict()
-        data["wall_time"] = wall
-        data["selected_backend"] = self.backend_name(record.selected_backend_id)
+        data.update(
+            wall_time=wall,
+            selected_backend=self.backend_name(record.selected_backend_id),
+            outcome=outcome,
+            reason=reason,
+        )
         return data
 
     def flush(self) -> None:
@@ -49,22 +70,9 @@ class DecisionLog:
             return
         pending, self._pending = self._pending, []
         try:
-            self.store.add_decisions([self._materialize(record, wall) for record, wall in pending])
+            self.store.add_decisions([data for s in pending for data in self._materialize(s)])
         except Exception:
-            log.exception("could not store %d decision records", len(pending))
-
-    async def flush_ctx(self, _app: Any) -> AsyncIterator[None]:
-        async def loop() -> None:
-            while True:
-                await asyncio.sleep(self.flush_interval)
-                self.flush()
-
-        task = asyncio.create_task(loop(), name="mindrouter-decision-flush")
-        yield
-        task.cancel()
-        with contextlib.suppress(asyncio.CancelledError):
-            await task
-        self.flush()
+            log.exception("could not store the decision records of %d requests", len(pending))
 
     def recent(self, limit: int, user: str | None = None) -> list[dict[str, Any]]:
         self.flush()
@@ -81,3 +89,21 @@ class DecisionLog:
 
     def unfollow(self, queue: asyncio.Queue[bytes]) -> None:
         self._followers.discard(queue)
+
+
+def _undispatched(s: Settlement) -> dict[str, Any]:
+    """The record of a request no backend was chosen for."""
+    job = s.job
+    return {
+        "request_id": job.id,
+        "selected_backend_id": None,
+        "selected_backend": None,
+        "candidate_backends": [],
+        "scores": {},
+        "user_id": job.user_id,
+        "user": s.user,
+        "model": job.model,
+        "queue_wait": round(s.waited, 6),
+        "attempt": 0,
+        "wall_time": s.wall,
+    }

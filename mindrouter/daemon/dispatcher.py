@@ -1,10 +1,11 @@
-"""The dispatcher: connects waiting HTTP handlers to the scheduler core.
+"""The dispatcher: connects waiting requests to the scheduler core.
 
 The core decides; this class only keeps one future per queued job, reads the
 clock, and runs ``dispatch`` whenever something changed (a job arrived or
 ended, a backend changed). A timer task wakes at the core's next deadline to
-expire jobs that waited too long. Every path that takes a slot gives it back
-through ``finish`` / ``fail`` / ``abandon``; handlers call them in ``finally``.
+expire jobs that waited too long. Handlers never call the core themselves:
+``lease(job, call)`` gives each request one :class:`~.lease.Lease`, which
+takes the slot and gives it back through ``finish`` / ``fail`` / ``abandon``.
 """
 
 from __future__ import annotations
@@ -13,11 +14,13 @@ import asyncio
 import contextlib
 import logging
 import time
-from collections.abc import AsyncIterator, Callable
-from typing import Any
+from collections.abc import Callable
 
+from ..backends.base import Call
 from ..errors import RequestError
 from ..scheduler import Dispatch, Job, Scheduler
+from ..tasks import background
+from .lease import Backends, Lease, Settlement
 
 __all__ = ["Dispatcher"]
 
@@ -25,21 +28,40 @@ log = logging.getLogger(__name__)
 
 
 class Dispatcher:
+    """Queues jobs in the core and hands each request its slot.
+
+    Args:
+        scheduler: the core.
+        backends: opens calls and keeps the circuit breakers (the registry).
+        on_settled: told once how each request ended (stats, usage, decision records).
+        max_retries: other backends tried when one fails before its first byte.
+    """
+
     def __init__(
         self,
         scheduler: Scheduler,
+        backends: Backends,
         *,
+        on_settled: Callable[[Settlement], None],
+        max_retries: int = 2,
         clock: Callable[[], float] = time.monotonic,
-        on_dispatch: Callable[[Dispatch], None] | None = None,
     ) -> None:
         self.scheduler = scheduler
+        self.backends = backends
+        self.on_settled = on_settled
+        self.max_retries = max_retries
         self.clock = clock
         self._waiters: dict[str, asyncio.Future[Dispatch]] = {}
-        self._on_dispatch = on_dispatch
         self._timer_wake = asyncio.Event()
         self.expired_total = 0
+        self.timer_ctx = background("mindrouter-dispatch-timer", self.run_timer)
+        """aiohttp ``cleanup_ctx`` generator running the timer."""
 
-    # -- the job's life ----------------------------------------------------
+    def lease(self, job: Job, call: Call, *, user: str, group: str | None = None) -> Lease:
+        """The one owner of ``job``'s slot; enter it with ``async with`` to queue the job."""
+        return Lease(self, job, call, user, group)
+
+    # -- the job's life (called by Lease) ------------------------------------
 
     def submit(self, job: Job) -> asyncio.Future[Dispatch]:
         """Queue ``job``; the future resolves with its dispatch.
@@ -61,19 +83,6 @@ class Dispatcher:
         self.pump()
         self._timer_wake.set()
         return future
-
-    async def wait(self, job: Job, future: asyncio.Future[Dispatch]) -> Dispatch:
-        """Wait for ``job``'s dispatch; if the waiter is cancelled, the job leaves the queue."""
-        try:
-            return await future
-        except asyncio.CancelledError:
-            self._waiters.pop(job.id, None)
-            if future.done() and not future.cancelled() and future.exception() is None:
-                # Dispatched in the same instant the client left: give the slot back.
-                self.abandon(job.id)
-            elif self.scheduler.cancel(job.id, self.clock()):
-                self.pump()
-            raise
 
     def requeued(self, job: Job) -> asyncio.Future[Dispatch]:
         """A future for a job the core queued again after a failure."""
@@ -129,8 +138,6 @@ class Dispatcher:
         now = self.clock()
         for dispatch in self.scheduler.dispatch(now):
             future = self._waiters.pop(dispatch.job.id, None)
-            if self._on_dispatch is not None:
-                self._on_dispatch(dispatch)
             if future is None or future.done():
                 # Its waiter is gone (cancelled between decisions): free the slot at once.
                 self.scheduler.cancel(dispatch.job.id, now, prompt_tokens=0)
@@ -145,7 +152,8 @@ class Dispatcher:
             if future is not None and not future.done():
                 future.set_exception(
                     RequestError(
-                        f"request waited {item.waited:.0f} s in the queue without a free backend; try again later or ask an admin to add capacity",
+                        f"request waited {item.waited:.0f} s in the queue without a free backend;"
+                        " try again later or ask an admin to add capacity",
                         status=504,
                         type="timeout",
                         code="queue_timeout",
@@ -167,14 +175,6 @@ class Dispatcher:
                 self.pump()
             except Exception:  # the timer must outlive any bug in one round
                 log.exception("dispatcher timer round failed")
-
-    async def timer_ctx(self, _app: Any) -> AsyncIterator[None]:
-        """aiohttp ``cleanup_ctx`` generator running the timer."""
-        task = asyncio.create_task(self.run_timer(), name="mindrouter-dispatch-timer")
-        yield
-        task.cancel()
-        with contextlib.suppress(asyncio.CancelledError):
-            await task
 
     @property
     def waiting(self) -> int:

@@ -9,10 +9,9 @@ reads all local GPUs; anything else has unknown VRAM, which never refuses it.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 import time
-from collections.abc import AsyncIterator, Callable
+from collections.abc import Callable
 from typing import Any
 from urllib.parse import urlsplit
 
@@ -23,6 +22,7 @@ from ..gpu.node import NodeReadings
 from ..gpu.probe import GpuProbe
 from ..gpu.vram import estimate_model_vram, free_vram, total_vram, utilization
 from ..names import is_this_machine
+from ..tasks import background, repeat
 
 __all__ = ["GpuState"]
 
@@ -50,6 +50,8 @@ class GpuState:
         self.clock = clock
         self.local = NodeReadings("local", poll_interval)
         self.agents: dict[str, AgentClient] = {}
+        self.poll_ctx = background("mindrouter-gpu-poll", lambda: repeat(poll_interval, self.poll_once, "GPU poll"))
+        """aiohttp ``cleanup_ctx`` generator polling every ``poll_interval`` seconds."""
 
     async def poll_once(self) -> None:
         loop = asyncio.get_running_loop()
@@ -78,22 +80,6 @@ class GpuState:
             log.info("node=%s GPU agent answers again", url)
         return after
 
-    async def poll_ctx(self, _app: Any) -> AsyncIterator[None]:
-        async def loop() -> None:
-            while True:
-                try:
-                    await self.poll_once()
-                except asyncio.CancelledError:
-                    raise
-                except Exception:
-                    log.exception("GPU poll failed")
-                await asyncio.sleep(self.poll_interval)
-
-        task = asyncio.create_task(loop(), name="mindrouter-gpu-poll")
-        yield
-        task.cancel()
-        with contextlib.suppress(asyncio.CancelledError):
-            await task
         self.probe.close()
 
     def _node_for(self, row: Any) -> NodeReadings | None:

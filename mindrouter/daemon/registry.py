@@ -24,6 +24,7 @@ import aiohttp
 from ..backends import Adapter, Probe, make_adapter, model_key
 from ..config import BackendSettings
 from ..scheduler import Backend, Modality, Scheduler
+from ..tasks import stop
 
 __all__ = ["Entry", "Registry"]
 
@@ -97,12 +98,9 @@ class Registry:
                 )
 
     async def stop(self) -> None:
-        tasks = [e.task for e in self.entries.values() if e.task is not None]
-        for task in tasks:
-            task.cancel()
-        for task in tasks:
-            with contextlib.suppress(asyncio.CancelledError):
-                await task
+        for entry in self.entries.values():
+            if entry.task is not None:
+                await stop(entry.task)
 
     def add(self, row: Any) -> Entry:
         adapter = make_adapter(
@@ -123,9 +121,7 @@ class Registry:
         if entry is None:
             return
         if entry.task is not None:
-            entry.task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await entry.task
+            await stop(entry.task)
         self.scheduler.remove_backend(backend_id)
         self.on_change()
 
@@ -134,6 +130,10 @@ class Registry:
         if entry is not None:
             entry.row = row
             self._publish(entry)
+
+    def adapter(self, backend_id: int) -> Adapter | None:
+        entry = self.entries.get(backend_id)
+        return entry.adapter if entry is not None else None
 
     def by_name(self, name: str) -> Entry | None:
         return next((e for e in self.entries.values() if e.row.name == name), None)

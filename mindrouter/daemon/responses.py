@@ -6,12 +6,13 @@ import json
 
 from aiohttp import web
 
+from ..backends._types import Dialect
 from ..errors import RequestError
 
 __all__ = ["dialect_of", "error_response", "json_error"]
 
 
-def dialect_of(path: str) -> str:
+def dialect_of(path: str) -> Dialect:
     """Which client dialect a path speaks: Ollama's ``/api/...`` or OpenAI's everything else."""
     return "ollama" if path.startswith("/api/") else "openai"
 

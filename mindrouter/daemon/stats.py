@@ -11,6 +11,8 @@ from collections import Counter, deque
 from collections.abc import Callable
 from typing import Any
 
+from .lease import Outcome, Settlement
+
 __all__ = ["Stats"]
 
 BUCKET_SECONDS = 10.0
@@ -42,41 +44,44 @@ class Stats:
         self._buckets: dict[int, dict[int, int]] = {}
         """backend id -> {bucket number: tokens completed in it}."""
 
-    def completed(self, caller: Any, job: Any, backend_id: int, usage: Any, status: int, held: float = 0.0) -> None:
-        """Count a finished request and write its usage row (``held``: seconds it held the backend slot)."""
-        prompt = usage.prompt_tokens or 0
-        completion = usage.completion_tokens or 0
+    def settled(self, s: Settlement) -> None:
+        """Count a request that ended, and write its usage row (every request that used tokens has one)."""
+        if s.outcome is Outcome.CLIENT_GONE:
+            self.cancelled += 1
+        prompt, completion = s.prompt_tokens, s.completion_tokens
+        if prompt or completion:
+            job = s.job
+            self.store.record_usage(
+                job.user_id,
+                job.id,
+                job.model,
+                s.backend_id,
+                prompt,
+                completion,
+                s.wall,
+                gpu_seconds=s.held,
+                group=s.group,
+            )
+            if self.on_usage is not None:
+                self.on_usage(job.user_id, s.group, prompt + completion, s.wall)
+        if not s.answered:
+            return  # no backend answered: the handler counted its error status
         self.requests_total += 1
         self.prompt_tokens_total += prompt
         self.completion_tokens_total += completion
-        if status >= 400:
-            self.errors[status] += 1
+        if s.status >= 400 and s.outcome is not Outcome.CLIENT_GONE:
+            self.errors[s.status] += 1
         now = self.clock()
         recent = self._recent
         recent.append((now, prompt + completion))
         while recent and recent[0][0] < now - 60:
             recent.popleft()
         bucket = int(now // BUCKET_SECONDS)
-        per = self._buckets.setdefault(backend_id, {})
+        per = self._buckets.setdefault(s.backend_id, {})  # type: ignore[arg-type]
         per[bucket] = per.get(bucket, 0) + completion
         if len(per) > BUCKETS + 1:
             for old in [b for b in per if b <= bucket - BUCKETS]:
                 del per[old]
-        if prompt or completion:
-            at = self.wall()
-            self.store.record_usage(
-                caller.user_id,
-                job.id,
-                job.model,
-                backend_id,
-                prompt,
-                completion,
-                at,
-                gpu_seconds=held,
-                group=caller.group,
-            )
-            if self.on_usage is not None:
-                self.on_usage(caller.user_id, caller.group, prompt + completion, at)
 
     def throughput(self) -> dict[int, list[float]]:
         """Completion tokens per second of each backend in each bucket of the last minutes, oldest first.

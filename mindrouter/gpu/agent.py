@@ -12,7 +12,6 @@ a scrape costs nothing on the GPU side. With a key, every path requires
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import hmac
 import logging
 import time
@@ -23,6 +22,7 @@ from aiohttp import web
 
 from .. import __version__
 from ..errors import MindRouterError
+from ..tasks import repeat, stop
 from .probe import GpuProbe, GpuReading
 
 __all__ = ["AGENT_STATE", "DEFAULT_AGENT_HOST", "DEFAULT_AGENT_PORT", "AgentState", "create_agent_app", "run_agent"]
@@ -62,16 +62,9 @@ async def _poller(app: web.Application) -> AsyncIterator[None]:
     state = app[AGENT_STATE]
     await state.poll()  # the first request already finds readings
 
-    async def forever() -> None:
-        while True:
-            await asyncio.sleep(state.poll_interval)
-            await state.poll()  # GpuProbe.read never raises
-
-    task = asyncio.create_task(forever())
+    task = asyncio.create_task(repeat(state.poll_interval, state.poll, "GPU poll", wait_first=True))
     yield
-    task.cancel()
-    with contextlib.suppress(asyncio.CancelledError):
-        await task
+    await stop(task)
     await asyncio.get_running_loop().run_in_executor(None, state.probe.close)
 
 

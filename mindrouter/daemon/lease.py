@@ -1,0 +1,318 @@
+"""A request's claim on a backend slot, from the queue to its usage row.
+
+One :class:`Lease` per request owns everything between "the client asked"
+and "the books are settled": waiting in the queue, opening the answer on the
+dispatched backend, failing over before the first byte (never back to a
+backend that already failed this request), the backend's circuit breaker and
+drain bookkeeping, and how the request ended. The HTTP handler only
+translates HTTP::
+
+    async with dispatcher.lease(job, call, user="alice") as lease:   # RequestError: rejected
+        upstream = await lease.open()            # RequestError: 503 backend_failed, 504 timeout, 400
+        async for chunk in lease.chunks():
+            await response.write(chunk)
+        lease.finish()
+
+Leaving the block without ``finish()`` (the client went away, a write
+failed, the daemon shuts down) cancels the job, closes the upstream so the
+backend stops generating, and charges what was used. Every lease ends in
+exactly one :class:`Settlement`, handed to the dispatcher's ``on_settled``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import AsyncIterator, Awaitable, Callable, Hashable
+from dataclasses import dataclass
+from enum import Enum
+from typing import TYPE_CHECKING, Any, Protocol
+
+from ..backends.base import BackendError, Call, Upstream
+from ..errors import RequestError
+from ..scheduler import DecisionRecord, Dispatch, Job
+
+if TYPE_CHECKING:
+    from .dispatcher import Dispatcher
+
+__all__ = ["Backends", "Lease", "Outcome", "Settlement"]
+
+
+class Outcome(str, Enum):
+    """How a request ended, as its decision record says."""
+
+    OK = "ok"
+    CLIENT_GONE = "client_gone"
+    BACKEND_FAILED = "backend_failed"
+    TIMEOUT = "timeout"
+    REJECTED = "rejected"
+    """Refused before any backend worked on it (queue full, unknown model), or the backend's 4xx."""
+    ERROR = "error"
+    """A bug in the daemon ended it; the log has the traceback."""
+
+
+class Backends(Protocol):
+    """What a lease needs from the backend registry (tests pass a dict-backed fake)."""
+
+    def adapter(self, backend_id: Hashable) -> Any:
+        """The backend's adapter (with ``open(call, model)``), or None if it was removed."""
+
+    def request_failed(self, backend_id: Hashable, error: str) -> None:
+        """One request failed on this backend: one count toward its circuit breaker."""
+
+    def request_succeeded(self, backend_id: Hashable) -> None: ...
+
+    def released(self, backend_id: Hashable) -> None:
+        """A slot there was freed (a draining backend may now be idle)."""
+
+
+@dataclass(frozen=True, slots=True)
+class Attempt:
+    """One dispatch of the request and how it ended."""
+
+    record: DecisionRecord
+    outcome: Outcome
+    reason: str | None
+
+
+@dataclass(frozen=True, slots=True)
+class Settlement:
+    """The end of one request: what the stats, the usage table and the decision log learn."""
+
+    job: Job
+    user: str
+    group: str | None
+    outcome: Outcome
+    reason: str | None
+    status: int
+    """The HTTP status the client got (200 for a stream that broke after its headers)."""
+    backend_id: Hashable | None
+    """The backend that held the slot last, if any."""
+    answered: bool
+    """That backend's answer began (headers and a first chunk, or a whole body)."""
+    prompt_tokens: int
+    completion_tokens: int
+    held: float
+    """Seconds the last backend's slot was held (the usage row's GPU-seconds)."""
+    attempts: tuple[Attempt, ...]
+    """Every dispatch, in order; empty when the request never left the queue."""
+    waited: float
+    """Seconds from submission to the end (for a request never dispatched: its time in the queue)."""
+    wall: float
+
+
+class Lease:
+    """One request's slot: create with :meth:`Dispatcher.lease`, use as ``async with``."""
+
+    def __init__(self, dispatcher: Dispatcher, job: Job, call: Call, user: str, group: str | None = None) -> None:
+        self.dispatcher = dispatcher
+        self.job = job
+        self.call = call
+        self.user = user
+        self.group = group
+        self.upstream: Upstream | None = None
+        self.backend_id: Hashable | None = None
+        """The backend dispatched to last."""
+        self._holding = False
+        """A slot on ``backend_id`` is ours until released."""
+        self._held_since: float | None = None
+        self._future: asyncio.Future[Dispatch] | None = None
+        self._record: DecisionRecord | None = None
+        self._attempts: list[Attempt] = []
+        self._failed_on: dict[Hashable, str] = {}
+        self._settled = False
+
+    # -- the request's life ------------------------------------------------
+
+    async def __aenter__(self) -> Lease:
+        try:
+            self._future = self.dispatcher.submit(self.job)
+        except RequestError as exc:
+            self._settle(Outcome.REJECTED, exc.message, exc.status)
+            raise
+        return self
+
+    @property
+    def queued(self) -> bool:
+        """The job is waiting for a slot (a streaming handler may send headers now)."""
+        return self._future is not None and not self._future.done()
+
+    async def open(self, heartbeat: Callable[[], Awaitable[None]] | None = None, every: float = 2.0) -> Upstream:
+        """Wait for a slot and open the answer there, failing over before the first byte.
+
+        Args:
+            heartbeat: awaited at once and then every ``every`` seconds while queued.
+
+        Raises:
+            RequestError: 504 the queue timed out; 503 every backend tried failed;
+                400 the call cannot be sent to the backend it got.
+        """
+        dispatcher, job = self.dispatcher, self.job
+        while True:
+            dispatch = await self._dispatched(heartbeat, every)
+            bid = self.backend_id = dispatch.backend_id
+            self._holding = True
+            self._held_since = dispatcher.clock()
+            self._record = dispatch.record
+            if bid in self._failed_on:  # the core had no other live backend: never the same one twice
+                self._end_attempt(Outcome.BACKEND_FAILED, self._failed_on[bid])
+                dispatcher.fail(job.id, retry=False)
+                self._released()
+                raise self._backend_failed(self._failed_on[bid])
+            backends = dispatcher.backends
+            adapter = backends.adapter(bid)
+            try:
+                if adapter is None:
+                    raise BackendError("the backend was removed")
+                upstream = await adapter.open(self.call, job.model)
+            except RequestError as exc:  # the client's body, not the backend's fault
+                self._end_attempt(Outcome.REJECTED, exc.message)
+                dispatcher.abandon(job.id, prompt_tokens=0)
+                self._released()
+                self._settle(Outcome.REJECTED, exc.message, exc.status)
+                raise
+            except BackendError as exc:
+                self._failed_on[bid] = exc.message
+                if adapter is not None:
+                    backends.request_failed(bid, exc.message)
+                self._end_attempt(Outcome.BACKEND_FAILED, exc.message)
+                again = dispatcher.fail(job.id, retry=len(self._failed_on) <= dispatcher.max_retries)
+                self._released()
+                if not again:
+                    raise self._backend_failed(exc.message) from None
+                self._future = dispatcher.requeued(job)
+                continue
+            backends.request_succeeded(bid)
+            self.upstream = upstream
+            return upstream
+
+    async def _dispatched(self, heartbeat: Callable[[], Awaitable[None]] | None, every: float) -> Dispatch:
+        future = self._future
+        assert future is not None, "use the lease in `async with` first"
+        try:
+            while heartbeat is not None and not future.done():
+                await heartbeat()
+                await asyncio.wait({future}, timeout=every)
+            return await future
+        except RequestError as exc:  # the dispatcher expired it (504)
+            self._settle(Outcome.TIMEOUT, exc.message, exc.status)
+            raise
+
+    async def chunks(self) -> AsyncIterator[bytes]:
+        """The answer's chunks, in the client's dialect, ending with an error tail if the backend broke.
+
+        The job is charged as the answer is produced, every 32 chunks or 100 ms, whichever comes
+        first: one upstream event carries about one token, so chunks stand in for tokens until the
+        backend's own counts settle the charge in ``finish``.
+        """
+        assert self.upstream is not None, "open() first"
+        progress, job_id = self.dispatcher.progress, self.job.id
+        sent, next_charge, due = 0, 32, time.monotonic() + 0.1
+        async for chunk in self.upstream:
+            yield chunk
+            sent += 1
+            if sent >= next_charge or time.monotonic() >= due:
+                progress(job_id, sent)
+                next_charge, due = sent + 32, time.monotonic() + 0.1
+
+    def finish(self) -> None:
+        """The whole answer reached the client: charge the backend's counts and free the slot."""
+        upstream = self.upstream
+        assert upstream is not None and self.backend_id is not None, "open() first"
+        dispatcher, bid, usage = self.dispatcher, self.backend_id, upstream.usage
+        now = time.monotonic()
+        if upstream.error is not None and upstream.status < 400:  # broke after the first byte
+            prompt, completion = self._used()
+            dispatcher.backends.request_failed(bid, upstream.error)
+            dispatcher.fail(self.job.id, retry=False, prompt_tokens=prompt, completion_tokens=completion)
+            self._end_attempt(Outcome.BACKEND_FAILED, upstream.error)
+            self._released()
+            self._settle(Outcome.BACKEND_FAILED, upstream.error, upstream.status, prompt, completion)
+            return
+        first = upstream.first_byte_at if upstream.first_byte_at is not None else now
+        dispatcher.finish(
+            self.job.id,
+            prompt_tokens=usage.prompt_tokens,
+            completion_tokens=usage.completion_tokens,
+            latency=first - upstream.opened_at,
+            duration=now - upstream.opened_at,
+        )
+        self._released()
+        outcome = Outcome.OK if upstream.status < 400 else Outcome.REJECTED
+        self._end_attempt(outcome, upstream.error)
+        prompt, completion = self._used()
+        self._settle(outcome, upstream.error, upstream.status, prompt, completion)
+
+    async def __aexit__(self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: Any) -> None:
+        upstream = self.upstream
+        if upstream is not None:
+            await upstream.close()  # an unfinished backend stops generating
+        if self._settled:
+            return
+        gone = exc is None or isinstance(exc, (asyncio.CancelledError, ConnectionError))
+        outcome = Outcome.CLIENT_GONE if gone else Outcome.ERROR
+        reason = "the client went away" if gone else f"{type(exc).__name__}: {exc}"
+        prompt, completion = self._used()
+        self.dispatcher.abandon(self.job.id, prompt_tokens=prompt, completion_tokens=completion)
+        if self._record is not None:
+            self._end_attempt(outcome, reason)
+        self._released()
+        self._settle(outcome, reason, 499 if gone else 500, prompt, completion)
+
+    # -- bookkeeping -------------------------------------------------------
+
+    def _used(self) -> tuple[int, int]:
+        """Tokens to charge: the backend's counts, else the prompt estimate and one token per chunk."""
+        upstream = self.upstream
+        if upstream is None:
+            return 0, 0
+        usage = upstream.usage
+        prompt = usage.prompt_tokens if usage.prompt_tokens is not None else self.job.prompt_tokens
+        completion = usage.completion_tokens if usage.completion_tokens is not None else upstream.chunks
+        return prompt, completion
+
+    def _released(self) -> None:
+        if self._holding:
+            self._holding = False
+            self.dispatcher.backends.released(self.backend_id)
+
+    def _end_attempt(self, outcome: Outcome, reason: str | None) -> None:
+        if self._record is not None:
+            self._attempts.append(Attempt(self._record, outcome, reason))
+            self._record = None
+
+    def _backend_failed(self, error: str) -> RequestError:
+        tried = len(self._failed_on)
+        message = (
+            f"the backend failed ({error}) and no other backend could take the request; try again shortly"
+            if tried == 1
+            else f"{tried} backends failed (last: {error}); try again shortly"
+        )
+        self._settle(Outcome.BACKEND_FAILED, message, 503)
+        return RequestError(message, status=503, type="service_unavailable", code="backend_failed", retry_after=5)
+
+    def _settle(
+        self, outcome: Outcome, reason: str | None, status: int, prompt_tokens: int = 0, completion_tokens: int = 0
+    ) -> None:
+        if self._settled:
+            return
+        self._settled = True
+        now = self.dispatcher.clock()
+        self.dispatcher.on_settled(
+            Settlement(
+                job=self.job,
+                user=self.user,
+                group=self.group,
+                outcome=outcome,
+                reason=reason,
+                status=status,
+                backend_id=self.backend_id,
+                answered=self.upstream is not None,
+                prompt_tokens=prompt_tokens,
+                completion_tokens=completion_tokens,
+                held=0.0 if self._held_since is None else now - self._held_since,
+                attempts=tuple(self._attempts),
+                waited=now - self.job.submitted_at,
+                wall=time.time(),
+            )
+        )
