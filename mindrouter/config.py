@@ -100,16 +100,25 @@ class ServerSettings:
 class BackendSettings:
     poll_interval: float = 10.0
     """Seconds between health and model probes of each backend."""
-    request_timeout: float = 600.0
-    """Seconds a backend may take to finish one request."""
-    max_retries: int = 2
-    """Other backends tried when one fails before its first byte."""
     connect_timeout: float = 5.0
     """Seconds to wait for a backend to accept a connection."""
+    first_byte_timeout: float = 300.0
+    """Seconds a backend may take to start a streamed answer (its first chunk), model loading included."""
+    chunk_timeout: float = 60.0
+    """Seconds of silence allowed between two chunks of a streamed answer before it is cut."""
+    request_timeout: float = 600.0
+    """Seconds a backend may take to finish one non-streaming request."""
+    max_retries: int = 2
+    """Other backends tried when one fails before its first byte (never the same one twice)."""
+    probe_failures: int = 2
+    """Failed health probes in a row that take a backend out; one bad probe does not."""
     circuit_failures: int = 3
-    """Consecutive failures that open a backend's circuit (mark it unhealthy)."""
+    """Failures (probes, or requests that got a connection error, timeout or 5xx) within circuit_window
+    seconds that open a backend's circuit, holding it out even if it keeps coming back."""
+    circuit_window: float = 60.0
+    """Seconds within which circuit_failures failures open the circuit."""
     circuit_cooldown: float = 30.0
-    """Seconds an open circuit waits before probes may close it again."""
+    """Seconds an open circuit waits before a successful probe may close it again."""
 
 
 @dataclass(frozen=True, slots=True)

@@ -344,12 +344,14 @@ async def test_drop_before_the_first_chunk_is_a_backend_error(vllm: tuple[FakeOp
     assert info.value.before_first_byte and fake.dropped == 1
 
 
-async def test_timeout_is_a_backend_error(session: aiohttp.ClientSession) -> None:
+async def test_timeouts_are_backend_errors_per_phase(session: aiohttp.ClientSession) -> None:
     async with FakeOpenAI(models=["m"], first_byte_delay=2) as fake:
-        a = make_adapter("openai", fake.url, session, request_timeout=0.2, connect_timeout=1)
-        with pytest.raises(BackendError, match="did not answer in time") as info:
+        a = make_adapter("openai", fake.url, session, request_timeout=0.2, connect_timeout=1, first_byte_timeout=0.3)
+        with pytest.raises(BackendError, match="sent nothing for 0.3 s") as info:
             await a.open(call("/v1/chat/completions", model="m", messages=MESSAGES, stream=True), "m")
         assert info.value.before_first_byte
+        with pytest.raises(BackendError, match="did not answer in time"):  # a whole answer: request_timeout
+            await a.open(call("/v1/chat/completions", model="m", messages=MESSAGES), "m")
 
 
 @pytest.mark.parametrize(

@@ -355,7 +355,7 @@ def test_share_like_sshare(fake: FakeDaemon) -> None:
 def test_decisions_table_and_json_lines(fake: FakeDaemon) -> None:
     run = mr("decisions")
     assert run.exit_code == 0
-    assert re.search(r"req-1\s+alice \(faculty\)\s+llama3.2\s+ws1\s+1.2s", run.stdout)
+    assert re.search(r"req-1\s+alice \(faculty\)\s+llama3.2\s+ws1\s+1.2s.*\sok\s", run.stdout)
     run = mr("decisions", "--json", "--limit", "5", "--user", "alice")
     lines = run.stdout.splitlines()
     assert len(lines) == 1 and json.loads(lines[0])["request_id"] == "req-1"
@@ -393,6 +393,7 @@ def test_why_explains_priority_and_scores(fake: FakeDaemon) -> None:
     assert run.exit_code == 0, run
     out = run.stdout
     assert "request req-1: alice (faculty) asked for llama3.2" in out and "went to ws1" in out
+    assert "Ended: ok: it was answered in full (HTTP 200)." in out
     for term in (
         "deficit",
         "in-flight charge",
@@ -412,6 +413,13 @@ def test_why_explains_priority_and_scores(fake: FakeDaemon) -> None:
     run = mr("why", "nope")
     assert run.exit_code == 1
     assert run.stderr == "mr: no decision record for request 'nope'; `mr decisions` lists recent ones\n"
+
+
+def test_why_says_how_a_failed_request_ended(fake: FakeDaemon) -> None:
+    fake.decisions[0].update(outcome="backend_failed", status=503, reason="the backend did not answer in time")
+    run = mr("why", "req-1")
+    assert "Ended: backend_failed: the backend failed (HTTP 503); the backend did not answer in time." in run.stdout
+    assert re.search(r"req-1.*\sbackend_failed", mr("decisions").stdout)
 
 
 def test_why_survives_a_removed_backend(fake: FakeDaemon) -> None:

@@ -50,6 +50,9 @@ def decision(
         "time": 12.5,
         "queue_wait": 1.25,
         "attempt": 1,
+        "outcome": "ok",
+        "reason": None,
+        "status": 200,
         "priority": {
             "deficit": -1000.0,
             "inflight_charge": 200.0,

@@ -51,6 +51,7 @@ from . import relay, responses, translate
 from ._shapes import Family, StreamFailed, error_body, error_message
 from .call import Call
 from .probe import Probe, Reply, model_key
+from .translate import Plan
 from .upstream import MALFORMED, Upstream, describe
 
 __all__ = ["Adapter", "BackendError"]
@@ -83,9 +84,10 @@ class Adapter(ABC):
     Args:
         base_url (str): the server's root, e.g. ``http://gpu1:11434``.
         session (aiohttp.ClientSession): the daemon's one pooled session.
-        request_timeout (float): seconds for a whole non-streaming answer, or
-            the longest silence within a stream.
+        request_timeout (float): seconds for a whole non-streaming answer.
         connect_timeout (float): seconds to open a connection; probes get twice this.
+        first_byte_timeout (float): seconds until a stream's first chunk. Defaults to 300.
+        chunk_timeout (float): the longest silence between chunks of a stream. Defaults to 60.
         api_key (str | None): sent as ``Authorization: Bearer`` when set. Defaults to None.
     """
 
@@ -99,17 +101,21 @@ class Adapter(ABC):
         *,
         request_timeout: float,
         connect_timeout: float,
+        first_byte_timeout: float = 300.0,
+        chunk_timeout: float = 60.0,
         api_key: str | None = None,
     ) -> None:
         self.base_url = self.normalize_url(base_url)
         self.session = session
         self.request_timeout = request_timeout
         self.connect_timeout = connect_timeout
+        self.first_byte_timeout = first_byte_timeout
+        self.chunk_timeout = chunk_timeout
         self._headers = {"Content-Type": "application/json"}
         if api_key:
             self._headers["Authorization"] = f"Bearer {api_key}"
         self._probe_timeout = aiohttp.ClientTimeout(total=2 * connect_timeout, sock_connect=connect_timeout)
-        self._stream_timeout = aiohttp.ClientTimeout(sock_connect=connect_timeout, sock_read=request_timeout)
+        self._stream_timeout = aiohttp.ClientTimeout(sock_connect=connect_timeout)
         self._body_timeout = aiohttp.ClientTimeout(total=request_timeout, sock_connect=connect_timeout)
         self._spellings: dict[str, str] = {}
         """model_key -> the name this backend lists, learnt by :meth:`poll`."""
@@ -153,8 +159,11 @@ class Adapter(ABC):
         """Send ``call`` to this backend as ``model`` (in the backend's spelling) and wait for its first chunk.
 
         Raises:
-            BackendError: connection failure, timeout, 5xx, 408/429, or a stream
-                that broke before its first chunk; always before the first byte.
+            BackendError: connection failure, timeout (``connect_timeout``, then
+                ``first_byte_timeout`` for a stream or ``request_timeout`` for a whole
+                answer), 5xx, 408/429, or a stream that broke before its first chunk;
+                always before the first byte. Once open, a stream silent for
+                ``chunk_timeout`` ends with an error tail.
             RequestError: the call cannot be expressed for this engine (400).
         """
         up = await self._open(call, model)
@@ -166,41 +175,71 @@ class Adapter(ABC):
         opened_at, opened_ns = time.monotonic(), time.monotonic_ns()
         if plan.synthetic is not None:  # answered without the backend (an Ollama "load model" call)
             return Upstream(dialect=call.dialect, body=plan.synthetic, opened_at=opened_at)
-        timeout = self._stream_timeout if plan.stream else self._body_timeout
+        if not plan.stream:
+            return await self._whole(call, plan, opened_at, opened_ns)
+        resp: aiohttp.ClientResponse | None = None
         try:
-            resp = await self.session.post(
-                self.base_url + plan.path, data=plan.data, headers=self._headers, timeout=timeout
-            )
-        except _NETWORK_ERRORS as exc:
-            raise BackendError(describe(exc)) from exc
-        try:
-            if resp.status >= 500 or resp.status in _RETRYABLE_4XX:
-                detail = error_message(await resp.read(), resp.status)
-                raise BackendError(f"the backend answered HTTP {resp.status}: {detail}", status=resp.status)
-            if resp.status >= 400:
-                message = error_message(await resp.read(), resp.status)
-                body = error_body(call.dialect, resp.status, message)
-                resp.release()
-                return Upstream(dialect=call.dialect, status=resp.status, body=body, error=message, opened_at=opened_at)
-            if not plan.stream:
-                body, usage = relay.convert_body(plan, await resp.read(), time.monotonic_ns() - opened_ns)
-                resp.release()
-                return Upstream(dialect=call.dialect, body=body, usage=usage, opened_at=opened_at)
-            rel = relay.make_relay(plan)
-            events = relay.events(resp.content, rel, sse=self.family == "openai")
-            first = await events.__anext__()
+            async with asyncio.timeout(self.first_byte_timeout):
+                resp = await self.session.post(
+                    self.base_url + plan.path, data=plan.data, headers=self._headers, timeout=self._stream_timeout
+                )
+                if resp.status >= 400:
+                    return await self._refused(call, resp, opened_at)
+                rel = relay.make_relay(plan)
+                events = relay.events(resp.content, rel, sse=self.family == "openai")
+                first = await events.__anext__()
         except StopAsyncIteration:
-            resp.close()
+            _close(resp)
             raise BackendError("the backend ended the stream before any output") from None
+        except TimeoutError:
+            _close(resp)
+            raise BackendError(f"the backend sent nothing for {self.first_byte_timeout:g} s") from None
         except BackendError:
-            resp.close()
+            _close(resp)
             raise
         except (*_NETWORK_ERRORS, StreamFailed, *MALFORMED) as exc:
-            resp.close()
+            _close(resp)
             raise BackendError(describe(exc)) from exc
         except BaseException:
-            resp.close()
+            _close(resp)
             raise
+        _read_timeout(resp, self.chunk_timeout)
         return Upstream(
             dialect=call.dialect, first=first, events=events, response=resp, usage=rel.usage, opened_at=opened_at
         )
+
+    async def _whole(self, call: Call, plan: Plan, opened_at: float, opened_ns: int) -> Upstream:
+        """A non-streaming answer: the whole body within ``request_timeout``."""
+        try:
+            async with self.session.post(
+                self.base_url + plan.path, data=plan.data, headers=self._headers, timeout=self._body_timeout
+            ) as resp:
+                if resp.status >= 400:
+                    return await self._refused(call, resp, opened_at)
+                body, usage = relay.convert_body(plan, await resp.read(), time.monotonic_ns() - opened_ns)
+        except (*_NETWORK_ERRORS, *MALFORMED) as exc:
+            raise BackendError(describe(exc)) from exc
+        return Upstream(dialect=call.dialect, body=body, usage=usage, opened_at=opened_at)
+
+    async def _refused(self, call: Call, resp: aiohttp.ClientResponse, opened_at: float) -> Upstream:
+        """A 4xx is the client's answer, in its dialect; a 5xx, 408 or 429 is the backend's failure."""
+        message = error_message(await resp.read(), resp.status)
+        resp.release()
+        if resp.status >= 500 or resp.status in _RETRYABLE_4XX:
+            raise BackendError(f"the backend answered HTTP {resp.status}: {message}", status=resp.status)
+        body = error_body(call.dialect, resp.status, message)
+        return Upstream(dialect=call.dialect, status=resp.status, body=body, error=message, opened_at=opened_at)
+
+
+def _close(resp: aiohttp.ClientResponse | None) -> None:
+    if resp is not None:
+        resp.close()
+
+
+def _read_timeout(resp: aiohttp.ClientResponse, seconds: float) -> None:
+    """From now on, cut the stream after ``seconds`` without data (aiohttp's sock_read, set mid-response)."""
+    connection = resp.connection
+    protocol = connection.protocol if connection is not None else None
+    if protocol is not None:
+        protocol.read_timeout = seconds
+        protocol.start_timeout()

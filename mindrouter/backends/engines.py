@@ -28,6 +28,8 @@ def make_adapter(
     *,
     request_timeout: float,
     connect_timeout: float,
+    first_byte_timeout: float = 300.0,
+    chunk_timeout: float = 60.0,
     api_key: str | None = None,
 ) -> Adapter:
     """The adapter for ``engine`` at ``base_url``.
@@ -39,4 +41,12 @@ def make_adapter(
         cls = ENGINES[engine]
     except KeyError:
         raise ConfigError(f"unknown engine {engine!r}; use one of {', '.join(ENGINES)}.") from None
-    return cls(base_url, session, request_timeout=request_timeout, connect_timeout=connect_timeout, api_key=api_key)
+    return cls(
+        base_url,
+        session,
+        request_timeout=request_timeout,
+        connect_timeout=connect_timeout,
+        first_byte_timeout=first_byte_timeout,
+        chunk_timeout=chunk_timeout,
+        api_key=api_key,
+    )

@@ -41,6 +41,22 @@ def _user(record: Mapping[str, Any]) -> str:
     return f"{user} ({group})" if group else user
 
 
+#: Each outcome as `mr decisions` shows it, with its colour.
+OUTCOME_STYLES = {
+    "ok": "green",
+    "client_gone": "yellow",
+    "backend_failed": "red",
+    "timeout": "red",
+    "rejected": "magenta",
+    "error": "bold red",
+}
+
+
+def _outcome(record: Mapping[str, Any]) -> Text:
+    outcome = str(record.get("outcome") or "n/a")
+    return Text(outcome, style=OUTCOME_STYLES.get(outcome, "dim"))
+
+
 COLUMNS = [
     Column("wall_time", "time", fmt=fmt_time),
     Column("request_id", "request", style="bold"),
@@ -51,6 +67,7 @@ COLUMNS = [
     Column("priority", "priority", getter=_priority, fmt=lambda v: fmt_num(v, 1), justify="right"),
     Column("scores", "score", getter=_score, fmt=lambda v: fmt_num(v, 1), justify="right"),
     Column("candidate_backends", "candidates", fmt=lambda v: fmt_num(len(v or [])), justify="right"),
+    Column("outcome", "outcome", getter=_outcome),
 ]
 
 
@@ -62,6 +79,8 @@ def decision_line(record: Mapping[str, Any]) -> Text:
     text.append(f"{_user(record):<22} ")
     text.append(f"{record.get('model', 'n/a')!s:<18} ")
     text.append(f"→ {_backend(record):<14}", style="cyan")
+    text.append(" ")
+    text.append(_outcome(record))
     text.append(f" waited {fmt_duration(record.get('queue_wait')):>7}")
     text.append(f"  priority {fmt_num(_priority(record), 1)}  score {fmt_num(_score(record), 1)}", style="dim")
     return text

@@ -23,7 +23,7 @@ from ._app import ConfigOption, JsonOption, get_app
 from ._client import quote_name
 from ._output import console, fmt_duration, fmt_num, fmt_pct, fmt_time, fmt_tokens, print_json
 
-__all__ = ["SCORE_TERMS", "register", "why_view"]
+__all__ = ["SCORE_TERMS", "ended", "register", "why_view"]
 
 #: (record key, header, meaning) of each score term, in the order they add up.
 SCORE_TERMS = [
@@ -63,6 +63,30 @@ def _names(backends: list[Mapping[str, Any]]) -> dict[str, str]:
     return {str(b.get("id")): str(b.get("name")) for b in backends if b.get("id") is not None}
 
 
+#: How a request ended, in words, by the outcome in its decision record.
+ENDINGS = {
+    "ok": "it was answered in full",
+    "client_gone": "the client went away before the answer was complete",
+    "backend_failed": "the backend failed",
+    "timeout": "it timed out",
+    "rejected": "it was refused",
+    "error": "the daemon failed while serving it (see its log)",
+}
+
+
+def ended(record: Mapping[str, Any]) -> str:
+    """One sentence on how the request (or this attempt of it) ended and why."""
+    outcome = record.get("outcome")
+    if outcome is None:
+        return "Ended: not recorded (a record from before outcomes were kept)."
+    text = f"Ended: {outcome}: {ENDINGS.get(str(outcome), str(outcome))}"
+    status = record.get("status")
+    if status is not None:
+        text += f" (HTTP {status})"
+    reason = record.get("reason")
+    return text + (f"; {reason}." if reason and outcome != "ok" else ".")
+
+
 def why_view(record: Mapping[str, Any], names: Mapping[str, str]) -> Group:
     """The explanation of one decision record as a rich renderable."""
     chosen = str(record.get("selected_backend_id"))
@@ -78,10 +102,15 @@ def why_view(record: Mapping[str, Any], names: Mapping[str, str]) -> Group:
     head.append(f"request {record.get('request_id')}", style="bold")
     head.append(f": {user}" + (f" ({group})" if group else "") + f" asked for {record.get('model', 'n/a')}")
     head.append(f" at {fmt_time(record.get('wall_time'))}" if record.get("wall_time") is not None else "")
-    head.append(f", waited {fmt_duration(record.get('queue_wait'))}, went to ")
-    head.append(label(chosen), style="bold cyan")
+    head.append(f", waited {fmt_duration(record.get('queue_wait'))}, ")
+    if record.get("selected_backend_id") is None:
+        head.append("never reached a backend", style="bold")
+    else:
+        head.append("went to ")
+        head.append(label(chosen), style="bold cyan")
     if (record.get("attempt") or 1) > 1:
         head.append(f" (attempt {record['attempt']})", style="yellow")
+    head.append("\n" + ended(record))
 
     raw_terms = record.get("priority")
     terms: Mapping[str, Any] = raw_terms if isinstance(raw_terms, Mapping) else {}

@@ -92,6 +92,8 @@ async def handle_inference(request: web.Request) -> web.StreamResponse:
                 await response.write_eof()
             lease.finish()
         return response
+    except ConnectionError:  # the client hung up mid-write; its lease has settled, and no one is listening
+        return response if response is not None else web.Response(status=499)
     except RequestError as exc:
         app[STATS].count_error(exc.status)
         log.info("request=%s status=%d %s", rid, exc.status, exc.message)

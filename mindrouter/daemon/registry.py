@@ -4,9 +4,14 @@ Each backend has one poll task that probes it at once when added and then every
 ``poll_interval``. What a probe (and the GPU readings for the backend's GPUs)
 says is folded into a fresh ``scheduler.Backend`` snapshot and handed to the
 core; the core's own counters (in flight, latency, tokens/s) stay in the core.
-Failures of probes and of requests before the first byte both count toward the
-circuit breaker: ``circuit_failures`` in a row open it for ``circuit_cooldown``
-seconds, after which the first successful probe closes it again.
+A backend is taken out by ``probe_failures`` failed probes in a row, never by
+one. Failed probes and failed requests (a connection failure, a timeout or a
+5xx; one count per request, however often it was retried) both count toward
+the circuit breaker: ``circuit_failures`` of them within ``circuit_window``
+seconds open it for ``circuit_cooldown`` seconds, after which the first
+successful probe closes it again. A request the backend served clears the
+count; a passing probe does not, so a backend that flaps between probes is
+held out rather than readmitted at every good one.
 """
 
 from __future__ import annotations
@@ -15,6 +20,7 @@ import asyncio
 import contextlib
 import logging
 import time
+from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
@@ -44,12 +50,20 @@ class Entry:
     probe: Probe | None = None
     known: Probe | None = None
     """The last healthy probe: a backend that is down still names its models, so requests get 503, not 404."""
-    failures: int = 0
+    failed_at: deque[float] = field(default_factory=deque)
+    """When the failures counted toward the circuit breaker happened (within ``circuit_window``)."""
+    probe_streak: int = 0
+    """Failed probes in a row."""
     open_until: float = 0.0
     circuit_open: bool = False
     error: str | None = None
     task: asyncio.Task[None] | None = None
     probed: asyncio.Event = field(default_factory=asyncio.Event)
+
+    @property
+    def failures(self) -> int:
+        """Failures counted toward the circuit breaker now."""
+        return len(self.failed_at)
 
 
 def _modalities(capabilities: frozenset[str]) -> frozenset[Modality]:
@@ -109,6 +123,8 @@ class Registry:
             self.session,
             request_timeout=self.settings.request_timeout,
             connect_timeout=self.settings.connect_timeout,
+            first_byte_timeout=self.settings.first_byte_timeout,
+            chunk_timeout=self.settings.chunk_timeout,
         )
         entry = Entry(row, adapter)
         self.entries[row.id] = entry
@@ -158,13 +174,14 @@ class Registry:
         if probe.healthy:
             entry.known = probe
             entry.error = None
-            if not entry.circuit_open or self.clock() >= entry.open_until:
-                if entry.circuit_open:
-                    log.info("backend=%s circuit closed after a successful probe", entry.row.name)
-                entry.failures = 0
+            entry.probe_streak = 0
+            if entry.circuit_open and self.clock() >= entry.open_until:
+                log.info("backend=%s circuit closed after a successful probe", entry.row.name)
+                entry.failed_at.clear()
                 entry.circuit_open = False
         else:
             entry.error = probe.error or "probe failed"
+            entry.probe_streak += 1
             self._count_failure(entry)
         if was_healthy != self.healthy(entry):
             log.info(
@@ -178,16 +195,24 @@ class Registry:
         entry.probed.set()
 
     def _count_failure(self, entry: Entry) -> None:
-        entry.failures += 1
+        now = self.clock()
+        failed_at = entry.failed_at
+        failed_at.append(now)
+        while failed_at[0] < now - self.settings.circuit_window:
+            failed_at.popleft()
         if entry.failures >= self.settings.circuit_failures and not entry.circuit_open:
             entry.circuit_open = True
-            entry.open_until = self.clock() + self.settings.circuit_cooldown
+            entry.open_until = now + self.settings.circuit_cooldown
             log.warning(
-                "backend=%s circuit opened after %d failures in a row (%s)", entry.row.name, entry.failures, entry.error
+                "backend=%s circuit opened after %d failures within %.0f s (%s)",
+                entry.row.name,
+                entry.failures,
+                self.settings.circuit_window,
+                entry.error,
             )
 
     def request_failed(self, backend_id: int, error: str) -> None:
-        """A request failed before its first byte on this backend."""
+        """A request failed on this backend (connection, timeout, 5xx): one count toward its breaker."""
         entry = self.entries.get(backend_id)
         if entry is None:
             return
@@ -197,8 +222,8 @@ class Registry:
 
     def request_succeeded(self, backend_id: int) -> None:
         entry = self.entries.get(backend_id)
-        if entry is not None and entry.failures and not entry.circuit_open:
-            entry.failures = 0
+        if entry is not None and entry.failed_at and not entry.circuit_open:
+            entry.failed_at.clear()
 
     def released(self, backend_id: int) -> None:
         """A slot on this backend was freed: a draining backend may now be idle."""
@@ -217,7 +242,8 @@ class Registry:
     # -- into the core -----------------------------------------------------
 
     def healthy(self, entry: Entry) -> bool:
-        return entry.probe is not None and entry.probe.healthy and not entry.circuit_open
+        """Seen healthy, fewer than ``probe_failures`` failed probes since, and the circuit closed."""
+        return entry.known is not None and entry.probe_streak < self.settings.probe_failures and not entry.circuit_open
 
     def _publish(self, entry: Entry) -> None:
         row = entry.row
