@@ -11,7 +11,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import Callable
+from collections.abc import AsyncIterator, Callable
 from typing import Any
 from urllib.parse import urlsplit
 
@@ -22,7 +22,7 @@ from ..gpu.node import NodeReadings
 from ..gpu.probe import GpuProbe
 from ..gpu.vram import estimate_model_vram, free_vram, total_vram, utilization
 from ..names import is_this_machine
-from ..tasks import background, repeat
+from ..tasks import repeat, stop
 
 __all__ = ["GpuState"]
 
@@ -50,8 +50,6 @@ class GpuState:
         self.clock = clock
         self.local = NodeReadings("local", poll_interval)
         self.agents: dict[str, AgentClient] = {}
-        self.poll_ctx = background("mindrouter-gpu-poll", lambda: repeat(poll_interval, self.poll_once, "GPU poll"))
-        """aiohttp ``cleanup_ctx`` generator polling every ``poll_interval`` seconds."""
 
     async def poll_once(self) -> None:
         loop = asyncio.get_running_loop()
@@ -80,6 +78,11 @@ class GpuState:
             log.info("node=%s GPU agent answers again", url)
         return after
 
+    async def poll_ctx(self, _app: Any) -> AsyncIterator[None]:
+        """aiohttp ``cleanup_ctx`` generator: poll every ``poll_interval`` seconds, then close NVML."""
+        task = asyncio.create_task(repeat(self.poll_interval, self.poll_once, "GPU poll"), name="mindrouter-gpu-poll")
+        yield
+        await stop(task)
         self.probe.close()
 
     def _node_for(self, row: Any) -> NodeReadings | None:
