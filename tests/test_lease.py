@@ -15,7 +15,7 @@ from typing import Any
 
 import pytest
 
-from mindrouter.backends._types import StreamFailed, Usage
+from mindrouter.backends._shapes import StreamFailed, Usage
 from mindrouter.backends.base import BackendError, Call, Upstream
 from mindrouter.daemon.dispatcher import Dispatcher
 from mindrouter.daemon.lease import Outcome, Settlement

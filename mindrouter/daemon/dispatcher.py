@@ -57,7 +57,7 @@ class Dispatcher:
         self.timer_ctx = background("mindrouter-dispatch-timer", self.run_timer)
         """aiohttp ``cleanup_ctx`` generator running the timer."""
 
-    def lease(self, job: Job, call: Call, *, user: str, group: str | None = None) -> Lease:
+    def lease(self, job: Job, call: Call, *, user: str, group: str = "") -> Lease:
         """The one owner of ``job``'s slot; enter it with ``async with`` to queue the job."""
         return Lease(self, job, call, user, group)
 

@@ -18,14 +18,13 @@ from collections.abc import Awaitable, Callable
 
 from aiohttp import web
 
-from ..backends._shapes import error_tail
 from ..backends import INFERENCE_PATHS, Call, model_key
+from ..backends._shapes import error_tail
 from ..errors import RequestError
 from ..scheduler import Job, Modality
 from .keys import AUTH, DISPATCHER, QUOTAS, SCHEDULER, STATS
 from .lease import Lease
 from .responses import dialect_of, error_response
-from .weights import apply_user
 from .weights import apply_user
 
 __all__ = ["setup_inference_routes"]

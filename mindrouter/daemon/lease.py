@@ -54,15 +54,15 @@ class Outcome(str, Enum):
 class Backends(Protocol):
     """What a lease needs from the backend registry (tests pass a dict-backed fake)."""
 
-    def adapter(self, backend_id: Hashable) -> Any:
+    def adapter(self, backend_id: Any) -> Any:
         """The backend's adapter (with ``open(call, model)``), or None if it was removed."""
 
-    def request_failed(self, backend_id: Hashable, error: str) -> None:
+    def request_failed(self, backend_id: Any, error: str) -> None:
         """One request failed on this backend: one count toward its circuit breaker."""
 
-    def request_succeeded(self, backend_id: Hashable) -> None: ...
+    def request_succeeded(self, backend_id: Any) -> None: ...
 
-    def released(self, backend_id: Hashable) -> None:
+    def released(self, backend_id: Any) -> None:
         """A slot there was freed (a draining backend may now be idle)."""
 
 
@@ -81,7 +81,7 @@ class Settlement:
 
     job: Job
     user: str
-    group: str | None
+    group: str
     outcome: Outcome
     reason: str | None
     status: int
@@ -104,7 +104,7 @@ class Settlement:
 class Lease:
     """One request's slot: create with :meth:`Dispatcher.lease`, use as ``async with``."""
 
-    def __init__(self, dispatcher: Dispatcher, job: Job, call: Call, user: str, group: str | None = None) -> None:
+    def __init__(self, dispatcher: Dispatcher, job: Job, call: Call, user: str, group: str = "") -> None:
         self.dispatcher = dispatcher
         self.job = job
         self.call = call

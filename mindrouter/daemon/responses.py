@@ -6,7 +6,7 @@ import json
 
 from aiohttp import web
 
-from ..backends._types import Dialect
+from ..backends._shapes import Dialect
 from ..errors import RequestError
 
 __all__ = ["dialect_of", "error_response", "json_error"]

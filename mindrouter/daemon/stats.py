@@ -27,7 +27,7 @@ class Stats:
         *,
         clock: Callable[[], float] = time.monotonic,
         wall: Callable[[], float] = time.time,
-        on_usage: Callable[[int, str, int, float], None] | None = None,
+        on_usage: Callable[[Any, str, int, float], None] | None = None,
     ) -> None:
         self.store = store
         self.on_usage = on_usage
