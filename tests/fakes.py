@@ -763,8 +763,10 @@ class FakeOpenAI(_FakeServer):
         kv = self.kv_cache_usage if self.kv_cache_usage is not None else min(1.0, self.running / self.slots)
         if self.flavor == "llamacpp":
             rows = [
-                ("prompt_tokens_total", "counter", self.prompt_tokens_total), ("tokens_predicted_total", "counter", self.completion_tokens_total),
-                ("n_decode_total", "counter", self.completed), ("predicted_tokens_seconds", "gauge", self.tokens_per_second or 0),
+                ("prompt_tokens_total", "counter", self.prompt_tokens_total),
+                ("tokens_predicted_total", "counter", self.completion_tokens_total),
+                ("n_decode_total", "counter", self.completed),
+                ("predicted_tokens_seconds", "gauge", self.tokens_per_second or 0),
                 ("requests_processing", "gauge", self.running), ("requests_deferred", "gauge", self.waiting),
                 ("n_busy_slots_per_decode", "gauge", float(self.running)),
             ]  # fmt: skip
@@ -774,7 +776,8 @@ class FakeOpenAI(_FakeServer):
             rows = [
                 ("num_requests_running", "gauge", self.running), ("num_requests_waiting", "gauge", self.waiting),
                 ("gpu_cache_usage_perc" if self.legacy_metrics else "kv_cache_usage_perc", "gauge", kv),
-                ("prompt_tokens_total", "counter", self.prompt_tokens_total), ("generation_tokens_total", "counter", self.completion_tokens_total),
+                ("prompt_tokens_total", "counter", self.prompt_tokens_total),
+                ("generation_tokens_total", "counter", self.completion_tokens_total),
             ]  # fmt: skip
             text = "".join(
                 f"# HELP vllm:{n} {n}\n# TYPE vllm:{n} {t}\nvllm:{n}{label} {float(v)}\n" for n, t, v in rows
