@@ -2,6 +2,8 @@
 
 python benchmarks/_servers.py backend PORT
 python benchmarks/_servers.py proxy PORT UPSTREAM_URL
+
+The backend answers at once: what is measured is everything in front of it.
 """
 
 from __future__ import annotations
@@ -24,14 +26,16 @@ ANSWER = json.dumps(
         "usage": {"prompt_tokens": 5, "completion_tokens": 4, "total_tokens": 9},
     }
 ).encode()
-CHUNKS = [
-    b'data: {"id":"c","object":"chat.completion.chunk","created":0,"model":"bench","choices":[{"index":0,"delta":{"content":"tok%d "},"finish_reason":null}]}\n\n'
-    % i
-    for i in range(4)
-] + [
-    b'data: {"id":"c","object":"chat.completion.chunk","created":0,"model":"bench","choices":[],"usage":{"prompt_tokens":5,"completion_tokens":4,"total_tokens":9}}\n\n',
-    b"data: [DONE]\n\n",
-]
+CHUNK = (
+    b'data: {"id":"c","object":"chat.completion.chunk","created":0,"model":"bench",'
+    b'"choices":[{"index":0,"delta":{"content":"tok%d "},"finish_reason":null}]}\n\n'
+)
+USAGE = (
+    b'data: {"id":"c","object":"chat.completion.chunk","created":0,"model":"bench","choices":[],'
+    b'"usage":{"prompt_tokens":5,"completion_tokens":20,"total_tokens":25}}\n\n'
+)
+CHUNKS = [CHUNK % i for i in range(20)] + [USAGE, b"data: [DONE]\n\n"]
+"""A 20-chunk stream, then the usage chunk an engine sends for ``stream_options.include_usage``."""
 
 
 def backend(port: int) -> None:

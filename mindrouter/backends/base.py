@@ -205,7 +205,13 @@ class Adapter(ABC):
             raise
         _read_timeout(resp, self.chunk_timeout)
         return Upstream(
-            dialect=call.dialect, first=first, events=events, response=resp, usage=rel.usage, opened_at=opened_at
+            dialect=call.dialect,
+            first=first,
+            events=events,
+            response=resp,
+            usage=rel.usage,
+            opened_at=opened_at,
+            counter=rel,
         )
 
     async def _whole(self, call: Call, plan: Plan, opened_at: float, opened_ns: int) -> Upstream:

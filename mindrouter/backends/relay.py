@@ -68,6 +68,8 @@ class Relay:
         """The upstream's end marker passed ([DONE], or Ollama's done line)."""
         self.started_ns = time.monotonic_ns()
         self.first_ns: int | None = None
+        self.fed = 0
+        """Upstream events read so far (about one token each)."""
 
     def feed(self, event: bytes) -> bytes:
         """The client's bytes for one upstream event (maybe none)."""
@@ -253,21 +255,47 @@ def make_relay(plan: Plan) -> Relay:
 
 
 async def events(content: aiohttp.StreamReader, relay: Relay, *, sse: bool) -> AsyncIterator[bytes]:
-    """Read upstream events (SSE ``data:`` payloads or NDJSON lines) and yield what the relay renders."""
+    """Read upstream events (SSE ``data:`` payloads or NDJSON lines) and yield what the relay renders.
+
+    What one socket read brought is rendered and yielded as one piece, so a burst of
+    events costs one write to the client, not one per event; ``relay.fed`` counts events.
+    """
     feed = relay.feed
-    async for line in content:
-        line = line.strip()
-        if not line:
-            continue
-        if sse:
-            if not line.startswith(b"data:"):
-                continue  # comments, event: and id: lines
-            line = line[5:].lstrip()
-        out = feed(line)
+    rest = b""
+    async for data in content.iter_any():
+        lines = (rest + data).split(b"\n")
+        rest = lines.pop()
+        out = []
+        for line in lines:
+            line = line.strip()
+            if not line:
+                continue
+            if sse:
+                if not line.startswith(b"data:"):
+                    continue  # comments, event: and id: lines
+                line = line[5:].lstrip()
+            relay.fed += 1
+            try:
+                rendered = feed(line)
+            except Exception:  # what came before the failure still reaches the client first
+                if out:
+                    yield b"".join(out)
+                raise
+            if rendered:
+                out.append(rendered)
+            if relay.finished:
+                break
         if out:
-            yield out
+            yield b"".join(out)
         if relay.finished:
             break
+    else:
+        line = rest.strip()
+        if line and (not sse or line.startswith(b"data:")):  # a last event without its newline
+            relay.fed += 1
+            rendered = feed(line[5:].lstrip() if sse else line)
+            if rendered:
+                yield rendered
     tail = relay.end()
     if tail:
         yield tail

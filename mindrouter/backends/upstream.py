@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import time
 from collections.abc import AsyncIterator, Callable
+from typing import Any
 
 import aiohttp
 
@@ -50,6 +51,7 @@ class Upstream:
         usage: Usage | None = None,
         error: str | None = None,
         opened_at: float | None = None,
+        counter: Any = None,
     ) -> None:
         self.dialect = dialect
         self.status = status
@@ -68,7 +70,9 @@ class Upstream:
         self.done = False
         """Iteration reached the end (normally or with an error tail)."""
         self.chunks = 0
-        """Chunks yielded so far, a stand-in for tokens when a stream is cut short."""
+        """Events passed so far (the relay's count, else chunks yielded): a stand-in for tokens."""
+        self._counter = counter
+        """The relay, whose ``fed`` counts upstream events when one chunk carries several."""
         self._pending = body if body is not None else first
         self._events = events
         self._response = response
@@ -95,7 +99,7 @@ class Upstream:
     async def __anext__(self) -> bytes:
         if self._pending is not None:
             chunk, self._pending = self._pending, None
-            self.chunks += 1
+            self.chunks = self._counter.fed if self._counter is not None else self.chunks + 1
             return chunk
         if self._events is None or self._closed:
             self._end()
@@ -112,7 +116,7 @@ class Upstream:
             self._end(broken=True)
             tail = error_tail(self.dialect, self.error)
             return tail if self._render is None else self._render(tail)
-        self.chunks += 1
+        self.chunks = self._counter.fed if self._counter is not None else self.chunks + 1
         return chunk if self._render is None else self._render(chunk)
 
     def _end(self, *, broken: bool = False) -> None:

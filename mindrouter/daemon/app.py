@@ -19,7 +19,7 @@ import signal
 import socket
 import sys
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from pathlib import Path
 from typing import Any
 
@@ -151,6 +151,7 @@ async def create_app(config: Config, *, nvml: Any = None, discover: bool | None 
             await registry.stop()
             await session.close()
             decisions.flush()
+            stats.write_usage()
             store.close()
 
     app.cleanup_ctx.append(resources)
@@ -308,4 +309,27 @@ def serve(config: Config, *, discover: bool | None = None) -> None:
     handler = logging.StreamHandler(sys.stderr)
     handler.setFormatter(OneLineFormatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
     logging.basicConfig(level=level, handlers=[handler])
-    asyncio.run(_run(config, discover=discover))
+    with asyncio.Runner(loop_factory=event_loop_factory()) as runner:
+        runner.run(_run(config, discover=discover))
+
+
+def event_loop_factory() -> Callable[[], asyncio.AbstractEventLoop] | None:
+    """uvloop's loop when installed (``pip install 'mindrouter[fast]'``), else asyncio's default.
+
+    ``MR_EVENT_LOOP=asyncio`` chooses the default loop even with uvloop installed;
+    ``MR_EVENT_LOOP=uvloop`` insists on uvloop.
+    """
+    choice = os.environ.get("MR_EVENT_LOOP", "auto")
+    if choice not in ("auto", "uvloop", "asyncio"):
+        raise ConfigError(f"MR_EVENT_LOOP={choice!r} is not one of auto, uvloop, asyncio")
+    if choice == "asyncio":
+        return None
+    try:
+        import uvloop
+    except ImportError:
+        if choice == "uvloop":
+            raise ConfigError(
+                "MR_EVENT_LOOP=uvloop but uvloop is not installed; pip install 'mindrouter[fast]'"
+            ) from None
+        return None
+    return uvloop.new_event_loop

@@ -206,11 +206,12 @@ class Lease:
         backend's own counts settle the charge in ``finish``.
         """
         assert self.upstream is not None, "open() first"
+        upstream = self.upstream
         progress, job_id = self.dispatcher.progress, self.job.id
-        sent, next_charge, due = 0, 32, time.monotonic() + 0.1
-        async for chunk in self.upstream:
+        next_charge, due = 32, time.monotonic() + 0.1
+        async for chunk in upstream:
             yield chunk
-            sent += 1
+            sent = upstream.chunks
             if sent >= next_charge or time.monotonic() >= due:
                 progress(job_id, sent)
                 next_charge, due = sent + 32, time.monotonic() + 0.1

@@ -1,11 +1,17 @@
 """Counters for `mr status`, `mr top` and /metrics, and the durable usage record.
 
-Usage is written to the store when each request ends (so a SIGKILL loses
-none); everything else here is in memory and costs a few additions per request.
+Usage rows are written in a group commit: the rows of every request that ended
+in one turn of the event loop are written together, in one transaction, as soon
+as that turn is over (``call_soon``). A SIGKILL therefore loses at most the rows
+of the turn it interrupts, well under a millisecond of usage, while a busy
+daemon pays one commit for many requests. Everything else here is in memory and
+costs a few additions per request.
 """
 
 from __future__ import annotations
 
+import asyncio
+import logging
 import time
 from collections import Counter, deque
 from collections.abc import Callable
@@ -14,6 +20,8 @@ from typing import Any
 from .lease import Outcome, Settlement
 
 __all__ = ["Stats"]
+
+log = logging.getLogger(__name__)
 
 BUCKET_SECONDS = 10.0
 BUCKETS = 30
@@ -43,6 +51,15 @@ class Stats:
         self._recent: deque[tuple[float, int]] = deque()
         self._buckets: dict[int, dict[int, int]] = {}
         """backend id -> {bucket number: tokens completed in it}."""
+        self._unwritten: list[tuple[Any, str, str, Any, int, int, float, float, str]] = []
+
+    def write_usage(self) -> None:
+        """Write the usage rows not yet in the store (called after each loop turn that ended requests)."""
+        rows, self._unwritten = self._unwritten, []
+        try:
+            self.store.record_usages(rows)
+        except Exception:
+            log.exception("could not store %d usage rows", len(rows))
 
     def settled(self, s: Settlement) -> None:
         """Count a request that ended, and write its usage row (every request that used tokens has one)."""
@@ -51,16 +68,10 @@ class Stats:
         prompt, completion = s.prompt_tokens, s.completion_tokens
         if prompt or completion:
             job = s.job
-            self.store.record_usage(
-                job.user_id,
-                job.id,
-                job.model,
-                s.backend_id,
-                prompt,
-                completion,
-                s.wall,
-                gpu_seconds=s.held,
-                group=s.group,
+            if not self._unwritten:
+                asyncio.get_running_loop().call_soon(self.write_usage)
+            self._unwritten.append(
+                (job.user_id, job.id, job.model, s.backend_id, prompt, completion, s.wall, s.held, s.group)
             )
             if self.on_usage is not None:
                 self.on_usage(job.user_id, s.group, prompt + completion, s.wall)

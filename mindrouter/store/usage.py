@@ -67,24 +67,31 @@ class UsageLog:
             gpu_seconds: how long it held a backend slot.
             group: the user's group when it ran (a group's report and quota count it).
         """
-        self._db.execute(
-            "INSERT INTO usage (at, user_id, request_id, model, backend_id, prompt_tokens, completion_tokens,"
-            " gpu_seconds, group_name) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)",
-            (
-                at,
-                user_id,
-                request_id,
-                model,
-                backend_id,
-                int(prompt_tokens),
-                int(completion_tokens),
-                float(gpu_seconds),
-                group,
-            ),
+        self.record_usages(
+            [(user_id, request_id, model, backend_id, prompt_tokens, completion_tokens, at, gpu_seconds, group)]
         )
-        self._usage_inserts += 1
-        if self._usage_inserts % self._PRUNE_USAGE_EVERY == 0:
-            self.prune_usage(at, limit=self._PRUNE_USAGE_BATCH)
+
+    def record_usages(self, rows: Sequence[tuple[Any, str, str, Any, int, int, float, float, str]]) -> None:
+        """Record finished requests in one transaction (one commit for all); durable once this returns.
+
+        Each row is ``record_usage``'s arguments in order: user id, request id, model, backend id,
+        prompt and completion tokens, ``at``, GPU-seconds, group.
+        """
+        if not rows:
+            return
+        params = [
+            (at, uid, rid, model, bid, int(prompt), int(completion), float(gpu), group)
+            for uid, rid, model, bid, prompt, completion, at, gpu, group in rows
+        ]
+        with transaction(self._db) as db:
+            db.executemany(
+                "INSERT INTO usage (at, user_id, request_id, model, backend_id, prompt_tokens, completion_tokens,"
+                " gpu_seconds, group_name) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)",
+                params,
+            )
+        before, self._usage_inserts = self._usage_inserts, self._usage_inserts + len(rows)
+        if before // self._PRUNE_USAGE_EVERY != self._usage_inserts // self._PRUNE_USAGE_EVERY:
+            self.prune_usage(params[-1][0], limit=self._PRUNE_USAGE_BATCH)
 
     def recent_usage(self, since: float) -> list[UsageRow]:
         """Usage at or after ``since``, oldest first: what the daemon replays into the fairness window."""
