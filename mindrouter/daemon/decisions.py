@@ -6,7 +6,9 @@ once it has settled, each with its attempt's outcome (``ok``, ``client_gone``,
 that never left the queue (refused, timed out, its client gone) gets a record
 too, without a backend. Turning a record into JSON costs more than making the
 decision, so it happens off the request path: in the flush task, or when a
-follower is listening. This is the records' one home until the store has them.
+follower is listening. The task runs every 0.1 s so that each pause it makes
+stays short (a 0.5 s batch at 1,000 requests/s stalled the loop for ~15 ms,
+which showed up as p99 latency). This is the records' one home until the store has them.
 """
 
 from __future__ import annotations
@@ -27,7 +29,7 @@ log = logging.getLogger(__name__)
 
 
 class DecisionLog:
-    def __init__(self, store: Any, backend_name: Callable[[Any], str | None], *, flush_interval: float = 0.5) -> None:
+    def __init__(self, store: Any, backend_name: Callable[[Any], str | None], *, flush_interval: float = 0.1) -> None:
         self.store = store
         self.backend_name = backend_name
         self.flush_interval = flush_interval
