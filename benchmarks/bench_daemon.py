@@ -92,7 +92,7 @@ async def start_daemon(tmp: Path, backend_url: str, loop: str) -> tuple[subproce
     port, sock = free_port(), tmp / "mr.sock"
     (tmp / "config.toml").write_text(
         f'[server]\nport = {port}\nsocket = "{sock}"\nstate_dir = "{tmp / "state"}"\nlog_level = "warning"\n'
-        'discover = false\n[scheduler]\nmax_queued_per_user = 100000\n'
+        "discover = false\n[scheduler]\nmax_queued_per_user = 100000\n"
     )
     env = {**os.environ, "MR_EVENT_LOOP": loop}
     daemon = subprocess.Popen(
