@@ -272,6 +272,13 @@ class _FakeServer:
 
     # ---- faults and counters ----
 
+    def open_gate(self) -> None:
+        """Lift ``max_concurrent`` and let every request waiting for it through."""
+        self._gate.limit = None
+        while self._gate.queue:
+            self._gate.release()
+            self._gate.active += 1  # release() handed a slot over; with no limit each waiter gets its own
+
     def fail_next(self, n: int = 1, status: int = 500) -> None:
         self._fail.extend([status] * n)
 

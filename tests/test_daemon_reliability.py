@@ -129,6 +129,7 @@ async def test_user_queue_full_is_429_and_waiting_too_long_is_504(tmp_path, aioh
         await settle(lambda: d.scheduler.queued_count == 1)
         third = await d.client.post(CHAT, json=body(), headers=headers)
         assert third.status == 429 and (await third.json())["error"]["type"] == "rate_limit_error"
+        assert int(third.headers["Retry-After"]) >= 1  # when to come back, as for a quota
         resp = await second
         assert resp.status == 504 and (await resp.json())["error"]["code"] == "queue_timeout"
         first.cancel()

@@ -190,3 +190,13 @@ async def test_mr_agent_beyond_loopback_needs_a_key():
     run = CliRunner().invoke(mr_app, ["agent", "--host", "0.0.0.0"], env={"MR_AGENT_KEY": None})
     assert isinstance(run.exception, UsageError) and run.exception.exit_code == 2
     assert "needs a key" in str(run.exception)
+
+
+async def test_every_admin_route_on_tcp_needs_the_admin_key(daemon):
+    routes = {(r.method, r.resource.canonical) for r in daemon.app.router.routes() if r.resource is not None}
+    admin = sorted((m, p) for m, p in routes if p.startswith("/admin/") and m != "HEAD")
+    assert len(admin) > 20
+    for method, path in admin:
+        path = path.replace("{name}", "alice").replace("{request_id}", "x").replace("{key_id}", "1")
+        resp = await daemon.client.request(method, path, json={}, headers=bearer("not-the-admin-key"))
+        assert resp.status == 401, (method, path, resp.status)

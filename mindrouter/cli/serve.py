@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import os
+import sys
 from typing import Annotated
 
 import typer
@@ -26,7 +28,8 @@ def serve(
         bool,
         typer.Option(
             "--discover/--no-discover",
-            help="With no backend configured, look for Ollama (11434) and OpenAI-compatible servers (8000, 8080) on this machine.",
+            help="With no backend configured, look for Ollama (11434) and OpenAI-compatible servers "
+            "(8000, 8080) on this machine.",
         ),
     ] = True,
 ) -> None:
@@ -34,12 +37,18 @@ def serve(
 
     Example: mr serve --port 8484
     """
-    from ..daemon.app import serve as run
-
     path = get_app(ctx, config).config_arg
     overrides = {"host": host, "port": port, "socket": socket, "state_dir": state_dir, "log_level": log_level}
-    settings = load_config(path, overrides=overrides, must_exist=path is not None)
-    run(settings, discover=discover and settings.server.discover)
+    load_config(path, overrides=overrides, must_exist=path is not None)  # a bad setting: one line, from here
+    argv = [sys.executable, "-m", "mindrouter.daemon"] + ([] if path is None else ["--config", str(path)])
+    for option, value in overrides.items():
+        if value is not None:
+            argv += [f"--{option.replace('_', '-')}", str(value)]
+    if not discover:
+        argv.append("--no-discover")
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os.execv(sys.executable, argv)  # the daemon without the CLI's modules: about 20 MB less for as long as it runs
 
 
 def register(app: typer.Typer) -> None:

@@ -31,10 +31,18 @@ Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 
 
 @web.middleware
-async def admin_middleware(request: web.Request, handler: Handler) -> web.StreamResponse:
-    """Admin paths: free on the Unix socket, on TCP only with the admin key; store errors mapped to statuses."""
+def admin_middleware(request: web.Request, handler: Handler) -> Awaitable[web.StreamResponse]:
+    """Admin paths: free on the Unix socket, on TCP only with the admin key; store errors mapped to statuses.
+
+    Not a coroutine: other paths get their handler's awaitable itself, so an
+    inference request (thousands may wait at once) keeps no frame alive here.
+    """
     if not request.path.startswith("/admin/"):
-        return await handler(request)
+        return handler(request)
+    return _admin(request, handler)
+
+
+async def _admin(request: web.Request, handler: Handler) -> web.StreamResponse:
     if not isinstance(request.transport.get_extra_info("sockname") if request.transport else None, str):
         key = request.app[CONFIG].server.admin_key
         if not key or not bearer_is(request, key):

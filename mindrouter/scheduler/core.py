@@ -228,6 +228,7 @@ class Scheduler(JobOutcomes, CoreReading):
                 429,
                 "queue_full",
                 f"you already have {user.queued} requests queued, the most allowed; wait for some to finish",
+                retry_after=1.0,  # a slot frees within about one request's time; a client that honours it returns then
             )
         self._enqueue(job, now, front=False)
         self._seq += 1
