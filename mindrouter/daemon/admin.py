@@ -16,13 +16,14 @@ from typing import Any
 from aiohttp import web
 
 from .. import __version__
-from ..scheduler import check_weight, normalized_shares
+from ..scheduler import check_weight
 from ..store import AlreadyExists, InUse, InvalidValue, NotFound, StoreError
 from .accounting import top_panels
 from .auth import bearer_is
 from .catalog import pool_models
 from .keys import AUTH, CONFIG, DECISIONS, DISPATCHER, GPUS, QUOTAS, REGISTRY, SCHEDULER, STATS, STORE
 from .responses import json_error
+from .views import Counters, share_view, status_view, top_view
 from .weights import apply_user
 
 __all__ = ["admin_middleware", "setup_admin_routes"]
@@ -91,22 +92,20 @@ def status_dict(app: web.Application) -> dict[str, Any]:
     registry, scheduler, stats, config = app[REGISTRY], app[SCHEDULER], app[STATS], app[CONFIG]
     rps, tps = stats.rates()
     entries = list(registry.entries.values())
-    return {
-        "version": __version__,
-        "uptime_seconds": round(stats.uptime, 3),
-        "backends": len(entries),
-        "backends_healthy": sum(1 for e in entries if registry.status(e) == "healthy"),
-        "nodes_unreachable": sorted({e.row.node for e in entries if e.row.node and app[GPUS].node_error(e.row.node)}),
-        "queue_total": scheduler.queued_count,
-        "running": scheduler.running_count,
-        "users": len(app[STORE].list_users()),
-        "requests_total": stats.requests_total,
-        "tokens_total": stats.prompt_tokens_total + stats.completion_tokens_total,
-        "requests_per_second": round(rps, 3),
-        "tokens_per_second": round(tps, 3),
-        "listen": f"http://{config.server.host}:{config.server.port}",
-        "socket": str(config.server.socket_path),
-    }
+    counters = Counters(
+        stats.uptime, stats.requests_total, stats.prompt_tokens_total + stats.completion_tokens_total, rps, tps
+    )
+    return status_view(
+        counters,
+        version=__version__,
+        backend_states=[registry.status(e) for e in entries],
+        unreachable_nodes=[e.row.node for e in entries if e.row.node and app[GPUS].node_error(e.row.node)],
+        queued=scheduler.queued_count,
+        running=scheduler.running_count,
+        users=len(app[STORE].list_users()),
+        listen=f"http://{config.server.host}:{config.server.port}",
+        socket=str(config.server.socket_path),
+    )
 
 
 async def get_status(request: web.Request) -> web.Response:
@@ -345,59 +344,7 @@ def share_dict(app: web.Application) -> dict[str, Any]:
     """``mr share``: per group and user what the weights entitle it to, what it used, and the terms that act."""
     store = app[STORE]
     share = app[SCHEDULER].share(app[DISPATCHER].clock())
-    live = {u.user_id: u for u in share.users}
-    users = store.list_users()
-    groups = store.list_groups()
-    by_user, by_group = normalized_shares(
-        ((u.name, u.group, u.weight, u.weight_override) for u in users),
-        {g.name: g.scheduler_weight for g in groups},
-        share.shares,
-    )
-    total = share.global_recent_tokens
-    rows = []
-    for user in users:
-        state = live.get(user.id)
-        recent = state.recent_tokens if state else 0.0
-        rows.append(
-            {
-                "name": user.name,
-                "group": user.group,
-                "weight": user.weight,
-                "weight_override": user.weight_override,
-                "normalized_share": round(by_user[user.name], 4),
-                "recent_tokens": recent,
-                "actual_share": round(recent / total, 4) if total else 0.0,
-                "deficit": round(state.deficit, 3) if state else 0.0,
-                "factor": round(state.factor, 4) if state else 1.0,
-                "queued": state.queued if state else 0,
-                "running": state.running if state else 0,
-                "pools": state.to_dict()["pools"] if state else [],
-                "quotas": _quotas(app, "user", user.id),
-            }
-        )
-    group_rows = []
-    for group in groups:
-        members = [r for r in rows if r["group"] == group.name]
-        recent = sum(r["recent_tokens"] for r in members)
-        group_rows.append(
-            {
-                "name": group.name,
-                "weight": group.scheduler_weight,
-                "normalized_share": round(by_group.get(group.name, 0.0), 4),
-                "recent_tokens": recent,
-                "actual_share": round(recent / total, 4) if total else 0.0,
-                "users": len(members),
-                "quotas": _quotas(app, "group", group.name),
-            }
-        )
-    return {
-        "window_seconds": share.window_seconds,
-        "shares": share.shares,
-        "global_recent_tokens": total,
-        "groups": group_rows,
-        "users": rows,
-        "pools": [p.to_dict() for p in share.pools],
-    }
+    return share_view(share, store.list_users(), store.list_groups(), lambda kind, key: _quotas(app, kind, key))
 
 
 async def get_share(request: web.Request) -> web.Response:
@@ -450,18 +397,16 @@ async def get_gpus(request: web.Request) -> web.Response:
 async def get_top(request: web.Request) -> web.Response:
     app = request.app
     registry = app[REGISTRY]
-    return web.json_response(
-        {
-            "status": status_dict(app),
-            "backends": [registry.row_dict(e) for e in registry.entries.values()],
-            "gpus": app[GPUS].nodes(),
-            "queue": queue_dict(app),
-            "share": share_dict(app),
-            "decisions": app[DECISIONS].recent(10),
-            **top_panels(app),
-        },
-        dumps=lambda o: json.dumps(o, default=_finite),
+    view = top_view(
+        status=status_dict(app),
+        backends=[registry.row_dict(e) for e in registry.entries.values()],
+        gpus=app[GPUS].nodes(),
+        queue=queue_dict(app),
+        share=share_dict(app),
+        decisions=app[DECISIONS].recent(10),
+        panels=top_panels(app),
     )
+    return web.json_response(view, dumps=lambda o: json.dumps(o, default=_finite))
 
 
 def _finite(value: Any) -> Any:

@@ -1,0 +1,145 @@
+"""What `mr status`, `mr queue`, `mr share` and `mr top` show, as pure functions of snapshots.
+
+The admin handlers read frozen snapshots (the core's ``share(now)`` and
+``snapshot(now)``, the store's rows, the counters) and pass them here; nothing
+in this module does I/O or reaches into the core, so each view is tested with
+plain values.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from ..scheduler import normalized_shares
+
+__all__ = ["Counters", "share_view", "status_view", "top_view"]
+
+QuotaLookup = Callable[[str, Any], list[dict[str, Any]]]
+"""(``"user"``, user id) or (``"group"``, name) -> that subject's quotas with their use."""
+
+
+@dataclass(frozen=True, slots=True)
+class Counters:
+    """The daemon's request counters at one moment (from ``Stats``)."""
+
+    uptime: float
+    requests_total: int
+    tokens_total: int
+    requests_per_second: float
+    tokens_per_second: float
+
+
+def status_view(
+    counters: Counters,
+    *,
+    version: str,
+    backend_states: Sequence[str],
+    unreachable_nodes: Iterable[str],
+    queued: int,
+    running: int,
+    users: int,
+    listen: str,
+    socket: str,
+) -> dict[str, Any]:
+    """`mr status`: one line per fact about the daemon."""
+    return {
+        "version": version,
+        "uptime_seconds": round(counters.uptime, 3),
+        "backends": len(backend_states),
+        "backends_healthy": sum(1 for state in backend_states if state == "healthy"),
+        "nodes_unreachable": sorted(set(unreachable_nodes)),
+        "queue_total": queued,
+        "running": running,
+        "users": users,
+        "requests_total": counters.requests_total,
+        "tokens_total": counters.tokens_total,
+        "requests_per_second": round(counters.requests_per_second, 3),
+        "tokens_per_second": round(counters.tokens_per_second, 3),
+        "listen": listen,
+        "socket": socket,
+    }
+
+
+def share_view(share: Any, users: Sequence[Any], groups: Sequence[Any], quotas: QuotaLookup) -> dict[str, Any]:
+    """`mr share`: per group and user what the weights entitle it to, what it used, and the terms that act.
+
+    Args:
+        share: the core's ``share(now)`` snapshot.
+        users, groups: the store's rows.
+        quotas: each subject's quotas with their use so far.
+    """
+    live = {u.user_id: u for u in share.users}
+    by_user, by_group = normalized_shares(
+        ((u.name, u.group, u.weight, u.weight_override) for u in users),
+        {g.name: g.scheduler_weight for g in groups},
+        share.shares,
+    )
+    total = share.global_recent_tokens
+    rows = []
+    for user in users:
+        state = live.get(user.id)
+        recent = state.recent_tokens if state else 0.0
+        rows.append(
+            {
+                "name": user.name,
+                "group": user.group,
+                "weight": user.weight,
+                "weight_override": user.weight_override,
+                "normalized_share": round(by_user[user.name], 4),
+                "recent_tokens": recent,
+                "actual_share": round(recent / total, 4) if total else 0.0,
+                "deficit": round(state.deficit, 3) if state else 0.0,
+                "factor": round(state.factor, 4) if state else 1.0,
+                "queued": state.queued if state else 0,
+                "running": state.running if state else 0,
+                "pools": state.to_dict()["pools"] if state else [],
+                "quotas": quotas("user", user.id),
+            }
+        )
+    group_rows = []
+    for group in groups:
+        members = [r for r in rows if r["group"] == group.name]
+        recent = sum(r["recent_tokens"] for r in members)
+        group_rows.append(
+            {
+                "name": group.name,
+                "weight": group.scheduler_weight,
+                "normalized_share": round(by_group.get(group.name, 0.0), 4),
+                "recent_tokens": recent,
+                "actual_share": round(recent / total, 4) if total else 0.0,
+                "users": len(members),
+                "quotas": quotas("group", group.name),
+            }
+        )
+    return {
+        "window_seconds": share.window_seconds,
+        "shares": share.shares,
+        "global_recent_tokens": total,
+        "groups": group_rows,
+        "users": rows,
+        "pools": [p.to_dict() for p in share.pools],
+    }
+
+
+def top_view(
+    *,
+    status: Mapping[str, Any],
+    backends: Sequence[Mapping[str, Any]],
+    gpus: Any,
+    queue: Mapping[str, Any],
+    share: Mapping[str, Any],
+    decisions: Sequence[Mapping[str, Any]],
+    panels: Mapping[str, Any],
+) -> dict[str, Any]:
+    """`mr top`: every view at once, so one call draws a frame."""
+    return {
+        "status": status,
+        "backends": backends,
+        "gpus": gpus,
+        "queue": queue,
+        "share": share,
+        "decisions": decisions,
+        **panels,
+    }
