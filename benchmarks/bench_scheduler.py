@@ -88,7 +88,8 @@ def main() -> None:
         results[queued] = med
         print(f"{queued:>12} {med:>10.1f} {p99:>8.1f}")
     print(
-        f"growth 100 -> 10,000 queued: {results[10000] / results[100]:.2f}x (log ratio would be {4.6 / 2.3:.1f}x at most)"
+        f"growth 100 -> 10,000 queued: {results[10000] / results[100]:.2f}x "
+        f"(log ratio would be {4.6 / 2.3:.1f}x at most)"
     )
 
 

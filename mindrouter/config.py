@@ -150,12 +150,12 @@ def _coerce(section: str, key: str, value: Any, default: Any) -> Any:
         raise ConfigError(f"{name} must be true or false, not {value!r}")
     if isinstance(default, int) and not isinstance(default, bool):
         try:
-            number = int(value) if not isinstance(value, float) or value.is_integer() else None
+            whole = int(value) if not isinstance(value, float) or value.is_integer() else None
         except (TypeError, ValueError):
-            number = None
-        if number is None or isinstance(value, bool):
+            whole = None
+        if whole is None or isinstance(value, bool):
             raise ConfigError(f"{name} must be a whole number, not {value!r}")
-        return number
+        return whole
     if isinstance(default, float) or (default is None and key == "return_credit"):
         try:
             number = float(value)

@@ -42,7 +42,8 @@ def binary() -> tuple[Path | None, str]:
     if out.returncode != 0:
         return (
             None,
-            "llama-server is not built (`scripts/llama-server.sh path` failed); run `scripts/llama-server.sh build` and `scripts/llama-server.sh model tiny`",
+            "llama-server is not built (`scripts/llama-server.sh path` failed); "
+            "run `scripts/llama-server.sh build` and `scripts/llama-server.sh model tiny`",
         )
     return Path(out.stdout.strip()), ""
 
@@ -58,10 +59,12 @@ async def get_text(url: str, timeout: float = 10.0) -> str:
 
     llama-server answers /slots through its task queue, which can take seconds on a loaded 2-core machine.
     """
-    async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=timeout)) as session:
-        async with session.get(url) as resp:
-            resp.raise_for_status()
-            return await resp.text()
+    async with (
+        aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=timeout)) as session,
+        session.get(url) as resp,
+    ):
+        resp.raise_for_status()
+        return await resp.text()
 
 
 class LlamaServer:

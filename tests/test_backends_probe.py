@@ -167,7 +167,11 @@ def test_make_adapter_refuses_unknown_engines() -> None:
 
 
 def test_prometheus_samples_tolerate_garbage_and_sum_labels() -> None:
-    text = b'# TYPE vllm:num_requests_running gauge\nvllm:num_requests_running{model_name="a"} 2\nvllm:num_requests_running{model_name="b"} 3\n'
+    text = (
+        b"# TYPE vllm:num_requests_running gauge\n"
+        b'vllm:num_requests_running{model_name="a"} 2\n'
+        b'vllm:num_requests_running{model_name="b"} 3\n'
+    )
     m = Samples(Reply(200, text + b'# TYPE other histogram\nother_bucket{le="1"} 4\n'), ("vllm:num_requests_running",))
     assert m.count("vllm:num_requests_running") == 5 and m.highest("vllm:num_requests_running") == 3
     assert m.total("missing") is None and "other_bucket" not in m.values

@@ -285,7 +285,10 @@ async def test_passthrough_bytes_are_unchanged_both_ways(aiohttp_server, session
     assert up.body is answer or up.body == answer
     assert await drain(up) == answer and seen[-1] == raw
     assert (up.usage.prompt_tokens, up.usage.completion_tokens) == (11, 22)
-    raw = b'{"model":"m", "messages":[{"role":"user","content":"hi"}], "stream":true, "stream_options":{"include_usage":true}}'
+    raw = (
+        b'{"model":"m", "messages":[{"role":"user","content":"hi"}], '
+        b'"stream":true, "stream_options":{"include_usage":true}}'
+    )
     up = await a.open(Call.from_request("/v1/chat/completions", raw), "m")
     assert await drain(up) == stream and seen[-1] == raw
     assert (up.usage.prompt_tokens, up.usage.completion_tokens) == (4, 1)

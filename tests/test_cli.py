@@ -495,7 +495,9 @@ def test_import_checks_every_entry_first(fake: FakeDaemon, tmp_path: Path) -> No
         "[[groups]]\nname = 'a'\n": "group 'a' needs a weight",
         "[[users]]\nname = 'u'\n": "user 'u' needs a group",
         "[[users]]\nname = 'u'\ngroup = 'x'\nweigth = 2\n": "users[0] has an unknown key 'weigth'",
-        "[[backends]]\nname = 'b'\nurl = 'ftp://x'\nengine = 'ollama'\n": "backend 'b' url 'ftp://x' is not an http(s) URL with a host",
+        "[[backends]]\nname = 'b'\nurl = 'ftp://x'\nengine = 'ollama'\n": (
+            "backend 'b' url 'ftp://x' is not an http(s) URL with a host"
+        ),
         "[[backends]]\nname = 'b'\nurl = 'http://x'\nengine = 'ollama'\nstate = 'off'\n": "backend 'b' has state 'off'",
         "[[groups]]\nname = 'a'\nweight = 1\n[[groups]]\nname = 'a'\nweight = 2\n": "group 'a' appears twice",
         "[pool]\n": "unknown section 'pool'",

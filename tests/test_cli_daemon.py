@@ -102,11 +102,14 @@ def test_every_command_against_a_running_daemon(live: ThreadDaemon) -> None:
 
     # Traffic, so there is something to show.
     async def chat() -> str:
-        async with aiohttp.ClientSession() as s, s.post(
-            f"http://127.0.0.1:{live.port}/v1/chat/completions",
-            json={"model": "llama3", "messages": [{"role": "user", "content": "a b c"}], "max_tokens": 3},
-            headers={"Authorization": f"Bearer {key['key']}"},
-        ) as resp:
+        async with (
+            aiohttp.ClientSession() as s,
+            s.post(
+                f"http://127.0.0.1:{live.port}/v1/chat/completions",
+                json={"model": "llama3", "messages": [{"role": "user", "content": "a b c"}], "max_tokens": 3},
+                headers={"Authorization": f"Bearer {key['key']}"},
+            ) as resp,
+        ):
             assert resp.status == 200
             return resp.headers["X-Request-Id"]
 

@@ -101,9 +101,12 @@ async def test_a_backend_killed_mid_stream_ends_the_stream_cleanly(daemon):
         await daemon.backend("b1", fake.url, "ollama")
         key = await daemon.user("k")
         fake.drop_next(after_chunks=3)
-        async with aiohttp.ClientSession() as session, session.post(
-            daemon.url + CHAT, json=body(stream=True, max_tokens=20), headers={"Authorization": f"Bearer {key}"}
-        ) as resp:
+        async with (
+            aiohttp.ClientSession() as session,
+            session.post(
+                daemon.url + CHAT, json=body(stream=True, max_tokens=20), headers={"Authorization": f"Bearer {key}"}
+            ) as resp,
+        ):
             assert resp.status == 200
             raw = await resp.read()
         events = [line[6:] for line in raw.decode().splitlines() if line.startswith("data: ")]

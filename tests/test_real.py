@@ -267,17 +267,19 @@ async def test_a_client_leaving_mid_stream_frees_the_servers_slot(pool):
     tokens = 1900  # about a second of generation; a slot's context is 2048
     before = sum([await s.metric("llamacpp:tokens_predicted_total") for s in servers])
     body = {"model": MODEL, "messages": MESSAGES, "stream": True, "max_tokens": tokens, **EXACT}
-    async with aiohttp.ClientSession() as session:
-        async with session.post(d.url + "/v1/chat/completions", json=body, headers=pool.key_headers(key)) as resp:
-            assert resp.status == 200
-            seen = 0
-            async for line in resp.content:
-                if line.startswith(b"data: {"):
-                    seen += 1
-                    if seen == 20:
-                        break
-            assert sum([await s.busy_slots() for s in servers]) == 1  # still generating for us
-        # leaving the block closes the connection mid-stream
+    async with (
+        aiohttp.ClientSession() as session,
+        session.post(d.url + "/v1/chat/completions", json=body, headers=pool.key_headers(key)) as resp,
+    ):
+        assert resp.status == 200
+        seen = 0
+        async for line in resp.content:
+            if line.startswith(b"data: {"):
+                seen += 1
+                if seen == 20:
+                    break
+        assert sum([await s.busy_slots() for s in servers]) == 1  # still generating for us
+    # leaving the block closes the connection mid-stream
     took = await until(lambda: _all_idle(servers), 5, "no slot is_processing")
     predicted = sum([await s.metric("llamacpp:tokens_predicted_total") for s in servers]) - before
     print(f"slot freed {took:.3f} s after the client left; the server generated {predicted:.0f} of {tokens} tokens")

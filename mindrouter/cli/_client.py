@@ -96,7 +96,8 @@ class AdminClient:
             return json.loads(data)
         except ValueError as exc:
             raise RequestError(
-                f"the daemon sent {method} {path} an answer that is not JSON; is the socket {self.socket_path} really `mr serve`'s?",
+                f"the daemon sent {method} {path} an answer that is not JSON; "
+                f"is the socket {self.socket_path} really `mr serve`'s?",
                 status=502,
             ) from exc
 
@@ -116,7 +117,8 @@ class AdminClient:
                     line = resp.readline()
                 except (OSError, http.client.HTTPException) as exc:
                     raise DaemonUnreachable(
-                        f"the daemon at {self.socket_path} closed the stream ({_reason(exc)}); run the command again once `mr serve` is back"
+                        f"the daemon at {self.socket_path} closed the stream ({_reason(exc)}); "
+                        "run the command again once `mr serve` is back"
                     ) from exc
                 if not line:
                     return
@@ -171,7 +173,8 @@ class AdminClient:
             ) from exc
         except (OSError, http.client.HTTPException) as exc:
             raise DaemonUnreachable(
-                f"the daemon at {self.socket_path} hung up while answering {method} {path}; is `mr serve` still running?"
+                f"the daemon at {self.socket_path} hung up while answering {method} {path}; "
+                "is `mr serve` still running?"
             ) from exc
 
     def _error(self, status: int, data: bytes, method: str, path: str) -> RequestError:

@@ -18,7 +18,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from rich import box
-from rich.console import Console
+from rich.console import Console, JustifyMethod
 from rich.table import Table
 from rich.text import Text
 
@@ -81,7 +81,7 @@ class Column:
     header: str
     fmt: Callable[[Any], str | Text] | None = None
     """Turns the raw value into text; defaults to ``str`` with ``None`` as "n/a"."""
-    justify: str = "left"
+    justify: JustifyMethod = "left"
     style: str | None = None
     min_width: int | None = None
     max_width: int | None = None
@@ -116,7 +116,7 @@ def table(
             min_width=col.min_width,
             max_width=col.max_width,
             overflow="fold",
-        )  # type: ignore[arg-type]
+        )
     for row in rows:
         t.add_row(*(col.cell(row) for col in columns))
     if not rows and empty:

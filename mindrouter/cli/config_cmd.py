@@ -83,7 +83,7 @@ def _fields(section: str, cls: type) -> list[dataclasses.Field[Any]]:
 def _default(f: dataclasses.Field[Any]) -> Any:
     if f.default is not dataclasses.MISSING:
         return f.default
-    return f.default_factory()  # type: ignore[misc,operator]
+    return f.default_factory()  # type: ignore[operator]
 
 
 def _value_line(key: str, value: Any) -> str:

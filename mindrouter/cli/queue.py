@@ -103,7 +103,10 @@ def queue_view(data: dict[str, Any]) -> Group:
                     Column("recent_tokens", "recent tokens", fmt=fmt_tokens, justify="right"),
                     Column("deficit", "deficit", fmt=lambda v: fmt_num(v, 0), justify="right"),
                 ],
-                title=f"fair share ({fmt_tokens(fair.get('global_recent_tokens'))} recent tokens, {fmt_num(fair.get('total_users'))} users)",
+                title=(
+                    f"fair share ({fmt_tokens(fair.get('global_recent_tokens'))} recent tokens, "
+                    f"{fmt_num(fair.get('total_users'))} users)"
+                ),
             )
         )
     spaced: list[Any] = []

@@ -40,6 +40,7 @@ async def discover_local_backends(
             rows.append(store.add_backend(name, url, engine))
     if not rows:
         log.info(
-            "no backend configured and none found on this machine; add one with `mr backend add NAME URL --engine ollama`"
+            "no backend configured and none found on this machine; "
+            "add one with `mr backend add NAME URL --engine ollama`"
         )
     return rows

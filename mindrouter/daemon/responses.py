@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from typing import Any
 
 from aiohttp import web
 
@@ -19,6 +20,7 @@ def dialect_of(path: str) -> Dialect:
 
 def error_response(exc: RequestError, dialect: str) -> web.Response:
     """OpenAI paths get ``{"error": {"message", "type", "code"}}``; Ollama paths ``{"error": "message"}``."""
+    body: dict[str, Any]
     if dialect == "ollama":
         body = {"error": exc.message}
     else:

@@ -153,13 +153,14 @@ class Store(UsageLog, Decisions):
             db.execute("INSERT INTO meta (key, value) VALUES ('default_groups', '1')")
         return created
 
-    def _group_id(self, name: str) -> int:
+    def _group_id(self, name: object) -> int:
         row = self._db.execute("SELECT id FROM groups WHERE name = ?", (name,)).fetchone()
         if row is None:
             raise NotFound(f"group {name!r} does not exist; create it with `mr group add {name} --weight 1`")
         return row[0]
 
-    def add_group(self, name: str, weight: float) -> Group:
+    def add_group(self, name: object, weight: float) -> Group:
+        """Names arrive as the admin API received them; they are checked here, at the store's boundary."""
         name = _name("group", name).lower()
         weight = _weight(f"group {name!r}", weight)
         if self._db.execute("SELECT 1 FROM groups WHERE name = ?", (name,)).fetchone():
@@ -227,7 +228,13 @@ class Store(UsageLog, Decisions):
         return row[0]
 
     def add_user(
-        self, name: str, group: str, weight: float | None = None, *, proxy: bool = False, proxy_group: str | None = None
+        self,
+        name: object,
+        group: object,
+        weight: float | None = None,
+        *,
+        proxy: bool = False,
+        proxy_group: str | None = None,
     ) -> User:
         name = _name("user", name)
         override = None if weight is None else _weight(f"user {name!r}", weight)
@@ -350,9 +357,9 @@ class Store(UsageLog, Decisions):
 
     def add_backend(
         self,
-        name: str,
-        url: str,
-        engine: str,
+        name: object,
+        url: object,
+        engine: object,
         *,
         max_concurrent: int = 4,
         gpus: Sequence[int] = (),
