@@ -265,7 +265,7 @@ async def events(content: aiohttp.StreamReader, relay: Relay, *, sse: bool) -> A
     async for data in content.iter_any():
         lines = (rest + data).split(b"\n")
         rest = lines.pop()
-        out = []
+        out: list[bytes] = []
         for line in lines:
             line = line.strip()
             if not line:
