@@ -128,7 +128,8 @@ async def test_queued_requests_are_held_bounded_and_all_answered_in_fair_order(t
             assert len(first) == users and max(first.values()) - min(first.values()) <= 2, first.most_common(3)
             print(
                 f"{total} queued from {users} users: RSS {idle_mb:.0f} MB idle, {queued_mb:.0f} MB queued "
-                f"({(queued_mb - idle_mb) * 1024 / total:.1f} KB per queued request); all {total} answered"
+                f"({(queued_mb - idle_mb) * 1024 / total:.1f} KB per queued request); all {total} answered; "
+                f"first quarter: {min(first.values())} to {max(first.values())} per user"
             )
             assert queued_mb < rss_limit_mb
             assert (queued_mb - idle_mb) * 1024 / total < 20  # KB held per queued request
