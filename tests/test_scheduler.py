@@ -146,6 +146,29 @@ def test_in_flight_estimate_spreads_a_burst_of_free_slots():
     assert users.count("a") == 4 and users.count("b") == 4
 
 
+def test_a_newcomer_taking_slots_at_once_is_charged_a_typical_answer_for_each():
+    """Issue 9, row 5: a user whose answers are unknown moves by the pool's typical answer per slot, not 256."""
+    s = make(backends=2, slots=4)
+    s.set_user("a", 1)
+    t = 0.0
+    for _ in range(100):  # a's answers here are 1,000 tokens: the pool's typical answer learns it
+        s.submit(j := job("a", t, stream=True), t)
+        s.dispatch(t)
+        s.complete(j.id, t + 1, prompt_tokens=100, completion_tokens=1000)
+        t += 1
+    typical = s.share(t).pools[0].typical_request
+    assert typical > 900
+    s.set_user("new", 1)
+    for _ in range(8):
+        s.submit(job("new", t, stream=True), t)
+        s.submit(job("a", t, stream=True), t)
+    users = [d.job.user_id for d in s.dispatch(t)]
+    # One slot for its credit, then turns (a tie goes to the older job): 5 of 8, where 256 per slot gave it 7.
+    assert users.count("new") == 5
+    # Each of the newcomer's five streams is charged the pool's typical answer (not 256) until it streams more.
+    assert s.user("new").inflight_charge == pytest.approx(5 * typical, rel=0.01)
+
+
 def test_idle_time_raises_burst_credits_and_contention_halves_them():
     settings = SchedulerSettings(credit_rate=2.0, max_burst_credits=1e9)
     s = make(settings)

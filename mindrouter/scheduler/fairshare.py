@@ -192,20 +192,22 @@ class FairShare:
 
     # -- charges -----------------------------------------------------------
 
-    def completion_estimate(self, user: UserState, max_tokens: int | None, stream: bool) -> float:
-        """Completion tokens to charge when a job starts.
+    def completion_estimate(self, user: UserState, pool: Pool, max_tokens: int | None, stream: bool) -> float:
+        """Completion tokens to charge when a job starts, before anything is known of its answer.
 
-        Streaming: the user's usual answer (its moving average, else the default),
-        at most ``max_tokens``; the rest is charged as it streams. Not streaming:
-        nothing arrives before the end, so ``max_tokens`` when given, else the
-        larger of the usual answer and the default.
+        The larger of the user's usual answer (its moving average, else the default)
+        and the pool's typical answer, so a user whose answers are unknown or short
+        moves by a full typical request for every slot it takes, and one taking
+        several slots at once stands behind for each. Streaming, at most
+        ``max_tokens``: the charge then follows what streams once it is larger.
+        Not streaming, nothing arrives before the end: ``max_tokens`` when given.
+        Either way it is settled against the backend's counts at the end.
         """
         usual = user.completion_ema if user.completion_ema is not None else self.settings.default_completion_tokens
-        if stream:
-            return usual if max_tokens is None else min(usual, max_tokens)
-        if max_tokens is not None:
-            return float(max_tokens)
-        return max(usual, float(self.settings.default_completion_tokens))
+        estimate = max(usual, pool.answer)
+        if max_tokens is None:
+            return estimate
+        return min(estimate, max_tokens) if stream else float(max_tokens)
 
     def learn_completion(self, user: UserState, completion_tokens: float) -> None:
         alpha = 0.2

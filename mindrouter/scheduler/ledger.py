@@ -42,7 +42,7 @@ class Ledger:
         self.jobs: dict[str, Running] = {}
 
     def start(self, job: Job, backend_id: Hashable, pool: Pool, seat: Seat) -> None:
-        estimate = self.fair.completion_estimate(seat.user, job.max_tokens, job.stream)
+        estimate = self.fair.completion_estimate(seat.user, pool, job.max_tokens, job.stream)
         cost = self.settings.cost(job.prompt_tokens, estimate)
         seat.running += 1
         seat.user.running += 1
@@ -75,6 +75,6 @@ class Ledger:
         user.running -= 1
         user.served += cost
         pool.charge(seat, cost - running.charged)
-        pool.completed(seat, cost, prompt + completion, now)
+        pool.completed(seat, cost, prompt, completion, now)
         if learned is not None:
             self.fair.learn_completion(user, learned)

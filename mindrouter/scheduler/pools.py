@@ -117,6 +117,8 @@ class Pool:
     seats: dict[Hashable, Seat] = field(default_factory=dict)
     typical: float = 0.0
     """Typical request cost here: a moving average of completed requests, each clipped."""
+    answer: float = 0.0
+    """Typical answer here, in completion tokens: the same moving average of completed answers."""
     recent_total: float = 0.0
     heavy: set[Hashable] = field(default_factory=set)
     shifts: int = 0
@@ -130,6 +132,8 @@ class Pool:
     def __post_init__(self) -> None:
         if not self.typical:
             self.typical = self.settings.cost(0, self.settings.default_completion_tokens)
+        if not self.answer:
+            self.answer = float(self.settings.default_completion_tokens)
 
     # -- seats and the reference V -----------------------------------------
 
@@ -211,13 +215,14 @@ class Pool:
 
     # -- usage -------------------------------------------------------------
 
-    def completed(self, seat: Seat, cost: float, tokens: float, now: float) -> None:
-        """A request here ended having cost ``cost``: count it as usage and in the typical cost."""
+    def completed(self, seat: Seat, cost: float, prompt: float, completion: float, now: float) -> None:
+        """A request here ended having cost ``cost``: count it as usage, in the typical cost and answer."""
         seat.served += cost
         if cost > 0:
-            sample = min(cost, TYPICAL_CLIP * self.typical)
-            self.typical += TYPICAL_ALPHA * (sample - self.typical)
-        self.add_usage(seat, tokens, now)
+            self.typical += TYPICAL_ALPHA * (min(cost, TYPICAL_CLIP * self.typical) - self.typical)
+        if completion > 0:
+            self.answer += TYPICAL_ALPHA * (min(completion, TYPICAL_CLIP * self.answer) - self.answer)
+        self.add_usage(seat, prompt + completion, now)
 
     def add_usage(self, seat: Seat, tokens: float, at: float) -> None:
         if tokens > 0:
