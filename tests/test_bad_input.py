@@ -344,3 +344,26 @@ def test_slow_loris_clients_are_cut_off(served):
 def test_the_daemon_still_serves_after_the_property_run(served):
     still_serving(served)
     print(f"inputs tried in this module: {TRIED['inputs']}")
+
+
+@pytest.mark.parametrize(
+    "sent",
+    [
+        b'POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Length: 500\r\n\r\n{"model":',  # body cut short
+        b"POST /api/chat HTTP/1.1\r\nHost: x\r\nContent-Le",  # headers cut short
+        b"GET /v1/models HTTP/1.1\r\nHost: x\r\n\r\n",  # a whole request, then no more sending
+        b"\x16\x03\x01\x02\x00\x01\x00\x01\xfc\x03\x03",  # a TLS hello on the plain port
+    ],
+)
+def test_half_open_connections_are_answered_or_closed(served, sent):
+    """A client that stops sending (its side shut) gets an answer or a close, never a hung connection."""
+    with socket.create_connection(("127.0.0.1", served.port), timeout=10) as sock:
+        sock.sendall(sent)
+        sock.shutdown(socket.SHUT_WR)
+        answer = b""
+        while chunk := sock.recv(65536):  # returns b"" once the daemon closes; a hang fails by the timeout
+            answer += chunk
+    if answer:
+        status = int(answer.split(b" ", 2)[1])
+        assert status < 500 and (status != 200 or b"/v1/models" in sent), answer[:200]
+    still_serving(served)
