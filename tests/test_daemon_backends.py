@@ -27,6 +27,9 @@ async def test_failures_open_the_circuit_and_a_probe_closes_it(daemon):
         await daemon.backend("steady", steady.url, "vllm")
         key = await daemon.user("c")
         client = openai.AsyncOpenAI(base_url=daemon.url + "/v1", api_key=key, max_retries=0)
+        # The breaker's clock stands still until the test lets the cool-down pass, however slow the machine.
+        now = [daemon.registry.clock()]
+        daemon.registry.clock = lambda: now[0]
         flaky.fail_next(3, 503)
         for _ in range(3):  # each fails over to steady; the third failure in a row opens flaky's circuit
             reply = await client.chat.completions.create(
@@ -41,6 +44,7 @@ async def test_failures_open_the_circuit_and_a_probe_closes_it(daemon):
         await client.chat.completions.create(model="llama3", messages=[{"role": "user", "content": "x"}], max_tokens=1)
         assert flaky.requests == before  # an open circuit takes no traffic
         # After the cool-down, the next successful probe closes it again.
+        now[0] += 1.0  # past the 0.3 s cool-down
         await until(lambda: daemon.scheduler.backend(row["id"]).healthy, timeout=5)
         assert not entry.circuit_open
         await client.chat.completions.create(model="llama3", messages=[{"role": "user", "content": "x"}], max_tokens=1)

@@ -85,7 +85,9 @@ async def test_only_a_proxys_key_may_name_a_person(daemon):
 
 
 async def test_two_people_behind_one_front_end_get_their_own_fair_shares(daemon):
-    async with FakeOpenAI(flavor="vllm", models=["m"], tokens_per_second=100, completion_tokens=50) as fake:
+    # Alice's first answer streams slowly (4 tokens/s) until the other three are queued, however slow the
+    # machine; then the fake runs at full speed.
+    async with FakeOpenAI(flavor="vllm", models=["m"], tokens_per_second=4, completion_tokens=50) as fake:
         await daemon.backend("b", fake.url, "vllm", max_concurrent=1)
         key = await proxy_user(daemon)
         alice = as_person(daemon, key, **{"X-OpenWebUI-User-Email": "alice@lab.edu"})
@@ -96,7 +98,14 @@ async def test_two_people_behind_one_front_end_get_their_own_fair_shares(daemon)
                 model="m", messages=[{"role": "user", "content": text}], max_tokens=tokens
             )
 
-        first = asyncio.create_task(ask(alice, "alice 0", None))  # 50 tokens: 0.5 s holding the one slot
+        async def ask_streaming(client: openai.AsyncOpenAI, text: str) -> None:
+            stream = await client.chat.completions.create(
+                model="m", messages=[{"role": "user", "content": text}], stream=True
+            )
+            async for _ in stream:
+                pass
+
+        first = asyncio.create_task(ask_streaming(alice, "alice 0"))  # holds the one slot
         while fake.running == 0:
             await asyncio.sleep(0.005)
         later = [asyncio.create_task(ask(alice, f"alice {i}")) for i in (1, 2)]
@@ -106,6 +115,7 @@ async def test_two_people_behind_one_front_end_get_their_own_fair_shares(daemon)
         while sum(u.queued for u in daemon.scheduler.fair) < 3:
             await asyncio.sleep(0.005)
         assert fake.running == 1, "all three wait while alice's first holds the slot"
+        fake.tokens_per_second = None
         await asyncio.gather(first, *later)
         order = [r.body["messages"][0]["content"] for r in fake.received]
         assert order == ["alice 0", "bob 0", "alice 1", "alice 2"], "bob's first request goes before alice's second"
