@@ -436,6 +436,6 @@ async def test_close_mid_stream_cancels_at_the_backend(session: aiohttp.ClientSe
                 break
             await asyncio.sleep(0.01)
         assert (fake.cancelled, fake.in_flight, fake.completed) == (1, 0, 0)
-        assert up.chunks == 2 and not up.done
+        assert up.chunks >= 2 and not up.done  # events passed: one read may bring several
         with pytest.raises(StopAsyncIteration):
             await up.__anext__()
