@@ -146,27 +146,60 @@ def test_in_flight_estimate_spreads_a_burst_of_free_slots():
     assert users.count("a") == 4 and users.count("b") == 4
 
 
-def test_a_newcomer_taking_slots_at_once_is_charged_a_typical_answer_for_each():
-    """Issue 9, row 5: a user whose answers are unknown moves by the pool's typical answer per slot, not 256."""
-    s = make(backends=2, slots=4)
+def busy_pool(s: Scheduler, answer: int = 1000) -> float:
+    """``a`` completes 100 streamed requests of ``answer`` tokens (prompt 100); returns the pool's typical answer."""
     s.set_user("a", 1)
-    t = 0.0
-    for _ in range(100):  # a's answers here are 1,000 tokens: the pool's typical answer learns it
+    for t in range(100):
         s.submit(j := job("a", t, stream=True), t)
         s.dispatch(t)
-        s.complete(j.id, t + 1, prompt_tokens=100, completion_tokens=1000)
-        t += 1
-    typical = s.share(t).pools[0].typical_request
-    assert typical > 900
+        s.complete(j.id, t + 1, prompt_tokens=100, completion_tokens=answer)
+    return typical_answer(s)
+
+
+def typical_answer(s: Scheduler) -> float:
+    (pool,) = s.fair.pools.values()
+    return pool.answer
+
+
+def test_a_newcomer_taking_slots_at_once_moves_by_a_typical_answer_ahead_for_each():
+    """Issue 9, row 5: while a user's answers are unknown, each stream is charged a typical answer ahead."""
+    s = make(backends=2, slots=4)
+    typical = busy_pool(s)
+    assert typical == pytest.approx(1000, rel=0.001)
     s.set_user("new", 1)
     for _ in range(8):
-        s.submit(job("new", t, stream=True), t)
-        s.submit(job("a", t, stream=True), t)
-    users = [d.job.user_id for d in s.dispatch(t)]
+        s.submit(job("new", 100, stream=True), 100)
+        s.submit(job("a", 100, stream=True), 100)
+    started = s.dispatch(100)
     # One slot for its credit, then turns (a tie goes to the older job): 5 of 8, where 256 per slot gave it 7.
-    assert users.count("new") == 5
-    # Each of the newcomer's five streams is charged the pool's typical answer (not 256) until it streams more.
-    assert s.user("new").inflight_charge == pytest.approx(5 * typical, rel=0.01)
+    assert [d.job.user_id for d in started].count("new") == 5
+    assert s.user("new").inflight_charge == pytest.approx(5 * (100 + typical))
+    mine = [d.job.id for d in started if d.job.user_id == "new"]
+    s.progress(mine[0], 110, completion_tokens=3000)  # its answer is long: the charge stays an answer ahead
+    assert s.user("new").inflight_charge == pytest.approx(5 * (100 + typical) + 3000)
+    before = deficit(s, "new")
+    s.complete(mine[0], 120, prompt_tokens=100, completion_tokens=3000)  # settled exactly: the answer ahead refunded
+    assert deficit(s, "new") == pytest.approx(before + typical)
+
+
+def test_a_known_long_answer_is_charged_as_it_streams_not_all_at_once():
+    s = make(backends=2, slots=4)
+    busy_pool(s)
+    s.set_user("long", 1)
+    s.submit(j := job("long", 100, stream=True), 100)
+    s.dispatch(100)
+    s.complete(j.id, 180, prompt_tokens=100, completion_tokens=4000)  # its usual answer is now 4,000
+    typical = typical_answer(s)
+    assert typical == pytest.approx(1300, rel=0.001)  # moved by 0.1 of the 4,000 clipped at 4x
+    s.submit(j := job("long", 180, stream=True), 180)
+    s.dispatch(180)
+    assert s.user("long").inflight_charge == pytest.approx(100 + 2 * typical)  # not 4,100 at once
+    s.progress(j.id, 200, completion_tokens=1000)
+    assert s.user("long").inflight_charge == pytest.approx(100 + 1000 + 2 * typical)
+    s.progress(j.id, 240, completion_tokens=3000)
+    assert s.user("long").inflight_charge == 100 + 4000  # never past its usual answer...
+    s.progress(j.id, 250, completion_tokens=4500)
+    assert s.user("long").inflight_charge == 100 + 4500  # ...unless it streams more
 
 
 def test_idle_time_raises_burst_credits_and_contention_halves_them():

@@ -265,7 +265,9 @@ def test_max_starved_matches_a_replay_of_the_trace():
                 since = None
         if since is not None:
             longest = max(longest, 400 - since)
-        assert row["timeouts"] > 0 and row["max_starved_s"] == pytest.approx(longest, abs=1e-6), row["name"]
+        assert row["timeouts"] > 0 and row["max_starved_s"] == pytest.approx(longest, abs=5e-4), row[
+            "name"
+        ]  # reported to 3 decimals
 
 
 def test_group_shares_targets_split_a_group_among_its_backlogged_members():

@@ -124,12 +124,7 @@ ROWS = {
 #: Examples that miss a target until the scheduler core does what issue 9 asks;
 #: each names the missing core behaviour. Remove an entry when its test passes
 #: (strict: an unexpected pass fails the suite, so none is left behind).
-NEEDS_CORE = {
-    "long-answers": (
-        "bound what one user's concurrent streams add to the service gap: 6 slots of 4,000-token"
-        " answers, each charged one typical answer until it streams past it, put the gap at 9,960 against 8,400"
-    ),
-}
+NEEDS_CORE: dict[str, str] = {}
 
 
 def core(name: str, reason: str | None = None) -> Any:

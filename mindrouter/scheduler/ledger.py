@@ -1,10 +1,15 @@
-"""Running jobs and what they have been charged: service is charged as it is produced.
+"""Running jobs and what they have been charged: service is charged as it is produced, a little ahead.
 
-A job is charged its prompt and an estimate of its answer when it starts
-(``FairShare.completion_estimate``), then, as the caller reports progress,
-whatever it has streamed beyond that estimate, and at the end it is settled
-against the backend's own counts: the difference is charged or refunded at the
-seat's weight of that moment.
+A job is charged its prompt and a provisional answer when it starts
+(``FairShare.provisional_answer``). While it streams, the answer charged is
+``max(streamed, min(total, streamed + ahead))``: it runs ``ahead`` of what the
+stream has produced (one of the pool's typical answers while the user's answers
+are unknown, and the total unbounded; two once known), but never past the
+answer's expected total. So a user taking several slots at once moves by each of them, and a
+long answer is charged as it is produced rather than all at once. A job that
+does not stream is charged its whole estimate at once (``ahead`` infinite). At
+the end the charge is settled against the backend's own counts: the
+difference is charged or refunded at the seat's weight of that moment.
 
 Invariant: a seat's ``inflight`` is the sum of ``charged`` over its running jobs.
 """
@@ -27,12 +32,21 @@ class Running:
     backend_id: Hashable
     pool: Pool
     seat: Seat
-    estimate: float
-    """Completion tokens charged when it started."""
-    charged: float
+    total: float
+    """The answer's expected length in completion tokens (infinite while unknown)."""
+    ahead: float
+    """How far ahead of what has streamed the answer is charged (infinite when it does not stream)."""
+    charged: float = 0.0
     """Cost charged so far."""
+    answer: float = 0.0
+    """Completion tokens charged so far."""
     streamed: int = 0
     """Completion tokens reported so far."""
+
+    def answer_due(self) -> float:
+        """Completion tokens to have charged now, given what has streamed."""
+        streamed = self.streamed
+        return max(streamed, min(self.total, streamed + self.ahead))
 
 
 class Ledger:
@@ -42,13 +56,14 @@ class Ledger:
         self.jobs: dict[str, Running] = {}
 
     def start(self, job: Job, backend_id: Hashable, pool: Pool, seat: Seat) -> None:
-        estimate = self.fair.completion_estimate(seat.user, pool, job.max_tokens, job.stream)
-        cost = self.settings.cost(job.prompt_tokens, estimate)
+        running = Running(job, backend_id, pool, seat, *self.fair.provisional_answer(seat.user, pool, job))
+        running.answer = running.answer_due()
+        cost = running.charged = self.settings.cost(job.prompt_tokens, running.answer)
         seat.running += 1
         seat.user.running += 1
         seat.inflight += cost
         pool.charge(seat, cost)
-        self.jobs[job.id] = Running(job, backend_id, pool, seat, estimate, cost)
+        self.jobs[job.id] = running
 
     def progress(self, job_id: str, completion_tokens: int) -> Running | None:
         """Charge what streamed beyond what was charged; returns the job if its seat moved."""
@@ -56,11 +71,12 @@ class Ledger:
         if running is None:
             return None
         running.streamed = max(running.streamed, completion_tokens)
-        target = self.settings.cost(running.job.prompt_tokens, max(running.estimate, running.streamed))
-        more = target - running.charged
-        if more <= 0:
+        answer = running.answer_due()
+        if answer <= running.answer:
             return None
-        running.charged = target
+        target = self.settings.cost(running.job.prompt_tokens, answer)
+        more = target - running.charged
+        running.answer, running.charged = answer, target
         running.seat.inflight += more
         running.pool.charge(running.seat, more)
         return running

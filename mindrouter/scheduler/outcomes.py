@@ -56,9 +56,9 @@ class JobOutcomes:
     def progress(self, job_id: str, now: float, *, completion_tokens: int) -> bool:
         """A running job has streamed ``completion_tokens`` so far (cumulative): charge what is new.
 
-        The charge is the larger of the estimate made at the start and what has
-        streamed, so calling it every few dozen tokens is enough. Returns False
-        when the job is not running.
+        The charge runs one or two typical answers ahead of what has streamed (see
+        ``ledger.py``), so calling it every few dozen tokens is enough. Returns
+        False when the job is not running.
         """
         if job_id not in self._running:
             return False
@@ -79,7 +79,7 @@ class JobOutcomes:
     ) -> bool:
         """A running job finished. Token counts are the backend's; None means it reported none.
 
-        Without counts, what was charged (the estimate, or what streamed beyond it) stands.
+        Without counts, what was charged (the provisional answer, or what streamed beyond it) stands.
 
         Args:
             latency: seconds to the first byte (streaming) or the whole answer, for the latency score.
@@ -95,7 +95,7 @@ class JobOutcomes:
         if completion_tokens is not None:
             completion = float(completion_tokens)
         elif prompt_tokens is None:
-            completion = max(running.estimate, running.streamed)
+            completion = running.answer
         else:
             completion = float(running.streamed)
         self._end(running, now, prompt, completion, completion_tokens)

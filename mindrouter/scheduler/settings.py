@@ -81,7 +81,7 @@ class SchedulerSettings:
     """How far (in cost) a user entering contention may stand from the most-owed waiting user, ahead or
     behind. Unset means one typical request of that pool (a moving average of its completed requests)."""
     default_completion_tokens: int = 256
-    """Completion estimate for a user's first request that gives no ``max_tokens``."""
+    """A pool's typical answer before any has completed there, and a user's usual answer before its first."""
     deficit_shift_threshold: float = 1e9
     """When deficits drift this far below zero (per unit of weight), all are shifted up together."""
     heavy_refresh_interval: float = 1.0
