@@ -40,8 +40,7 @@ async def test_a_backend_whose_gpus_lack_the_vram_is_refused_and_a_loaded_model_
         await until(lambda: all(b.vram_free is not None for b in daemon.scheduler.backends.values()))
         key = await daemon.user("g", "staff")
         client = openai.AsyncOpenAI(base_url=daemon.url + "/v1", api_key=key, max_retries=0)
-        await client.chat.completions.create(model="llama3", messages=[{"role": "user", "content": "hi"}], max_tokens=2)
-        record = await daemon.admin("GET", f"/admin/decisions/{reply_id(daemon)}")
+        record = await daemon.admin("GET", f"/admin/decisions/{await ask_id(client)}")
         assert record["selected_backend"] == "roomy"
         full_id = str(next(b["id"] for b in await daemon.admin("GET", "/admin/backends") if b["name"] == "full"))
         assert record["rejected"][full_id] == ["model does not fit in free VRAM"]
@@ -57,8 +56,7 @@ async def test_a_backend_whose_gpus_lack_the_vram_is_refused_and_a_loaded_model_
                 and not daemon.scheduler.backend(int(roomy_id)).loaded_models
             )
         )
-        await client.chat.completions.create(model="llama3", messages=[{"role": "user", "content": "hi"}], max_tokens=2)
-        record = await daemon.admin("GET", f"/admin/decisions/{reply_id(daemon)}")
+        record = await daemon.admin("GET", f"/admin/decisions/{await ask_id(client)}")
         assert record["selected_backend"] == "full"
         parts = record["score_components"]
         assert parts[full_id]["model_loaded"] == 100 and parts[roomy_id]["model_loaded"] == 0
@@ -67,8 +65,12 @@ async def test_a_backend_whose_gpus_lack_the_vram_is_refused_and_a_loaded_model_
         assert parts[roomy_id]["low_utilization"] == pytest.approx(50 * 0.9)
 
 
-def reply_id(daemon) -> str:
-    return daemon.scheduler.records[-1].request_id
+async def ask_id(client: openai.AsyncOpenAI) -> str:
+    """Ask once; the request id the daemon answered with, which its decision record is filed under."""
+    raw = await client.chat.completions.with_raw_response.create(
+        model="llama3", messages=[{"role": "user", "content": "hi"}], max_tokens=2
+    )
+    return raw.headers["X-Request-Id"]
 
 
 async def test_admin_gpus_lists_the_local_readings(daemon):

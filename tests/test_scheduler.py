@@ -503,19 +503,6 @@ def test_record_has_the_seed_shape_and_the_priority_terms():
     assert rec["rejected"] == {"2": [REASONS["model"]]}
     assert rec["queue_wait"] == 2.0
     assert rec["priority"]["wait_bonus"] == pytest.approx(2.0 * s.settings.wait_bonus_per_second)
-    assert s.record(j.id) is d.record
-
-
-def test_records_are_bounded_oldest_first():
-    s = make(SchedulerSettings(max_decision_records=3), slots=100)
-    s.set_user("u", 1)
-    ids = []
-    for _ in range(5):
-        s.submit(j := job("u"), 0)
-        ids.append(j.id)
-    s.dispatch(0)
-    assert [r.request_id for r in s.records] == ids[2:]
-    assert s.record(ids[0]) is None and s.record(ids[4]) is not None
 
 
 # -- outcomes -------------------------------------------------------------------

@@ -30,7 +30,6 @@ from __future__ import annotations
 
 import dataclasses
 import heapq
-from collections import deque
 from collections.abc import Hashable, Iterable
 
 from .backend import Backend, BackendLoad
@@ -74,8 +73,6 @@ class Scheduler(JobOutcomes, CoreReading):
         self._heavy_keyed: dict[frozenset, tuple[float, float]] = {}
         self._usage_backlog: dict[str, list[tuple[Hashable, float, float]]] = {}
         self._seq = 0
-        self.records: deque[DecisionRecord] = deque(maxlen=settings.max_decision_records)
-        self._records_by_id: dict[str, DecisionRecord] = {}
         self._wait_rate = settings.wait_bonus_per_second
 
     # -- users and groups --------------------------------------------------
@@ -369,7 +366,6 @@ class Scheduler(JobOutcomes, CoreReading):
             terms=terms,
             attempt=self._attempts.get(job.id, 0) + 1,
         )
-        self._remember(record)
         self.queues.remove(job, key)
         seat.queued -= 1
         user.queued -= 1
@@ -381,16 +377,3 @@ class Scheduler(JobOutcomes, CoreReading):
         self._loads[backend_id].in_flight += 1
         self.classes.load_changed(backend_id)
         return Dispatch(job, backend_id, record)
-
-    def _remember(self, record: DecisionRecord) -> None:
-        records = self.records
-        if len(records) == records.maxlen:
-            old = records.popleft()
-            if self._records_by_id.get(old.request_id) is old:
-                del self._records_by_id[old.request_id]
-        records.append(record)
-        self._records_by_id[record.request_id] = record
-
-    def record(self, request_id: str) -> DecisionRecord | None:
-        """The latest decision made for ``request_id``, if still kept."""
-        return self._records_by_id.get(request_id)

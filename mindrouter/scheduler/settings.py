@@ -95,8 +95,6 @@ class SchedulerSettings:
     group_weights: dict[str, float] = field(default_factory=lambda: dict(DEFAULT_GROUP_WEIGHTS))
     """Fallback weights by group name, used when a group has no weight of its own."""
     scores: ScoreWeights = field(default_factory=ScoreWeights)
-    max_decision_records: int = 10_000
-    """Decision records kept in memory; the oldest are dropped first."""
 
     def __post_init__(self) -> None:
         if self.shares not in SHARES:

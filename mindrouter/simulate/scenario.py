@@ -195,7 +195,6 @@ _POSITIVE = {
     "min_deprioritization",
     "latency_reference",
     "throughput_reference",
-    "max_decision_records",
     "heavy_refresh_interval",
     "deficit_shift_threshold",
 }
