@@ -1,4 +1,4 @@
-"""The admin API (docs/admin-api.md): groups, users, keys, backends, and what the pool is doing.
+"""The admin API (docs/admin-api.md): groups, users, keys and backends; what the pool is doing is in watch.py.
 
 Durable facts go to the store first; the scheduler and the key cache are then
 brought in line, so a change is visible to the very next request.
@@ -9,21 +9,18 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
-import math
 from collections.abc import Awaitable, Callable
 from typing import Any
 
 from aiohttp import web
 
-from .. import __version__
 from ..scheduler import check_weight
 from ..store import AlreadyExists, InUse, InvalidValue, NotFound, StoreError
-from .accounting import top_panels
 from .auth import bearer_is
 from .catalog import pool_models
-from .keys import AUTH, CONFIG, DECISIONS, DISPATCHER, GPUS, QUOTAS, REGISTRY, SCHEDULER, STATS, STORE
+from .keys import AUTH, CONFIG, DISPATCHER, GPUS, QUOTAS, REGISTRY, SCHEDULER, STORE
 from .responses import json_error
-from .views import Counters, share_view, status_view, top_view
+from .watch import quota_rows, setup_watch_routes
 from .weights import apply_user
 
 __all__ = ["admin_middleware", "setup_admin_routes"]
@@ -85,33 +82,6 @@ def _sync_users(app: web.Application, group: str | None = None, name: str | None
             apply_user(scheduler, user.id, user)
 
 
-# -- status --------------------------------------------------------------------------
-
-
-def status_dict(app: web.Application) -> dict[str, Any]:
-    registry, scheduler, stats, config = app[REGISTRY], app[SCHEDULER], app[STATS], app[CONFIG]
-    rps, tps = stats.rates()
-    entries = list(registry.entries.values())
-    counters = Counters(
-        stats.uptime, stats.requests_total, stats.prompt_tokens_total + stats.completion_tokens_total, rps, tps
-    )
-    return status_view(
-        counters,
-        version=__version__,
-        backend_states=[registry.status(e) for e in entries],
-        unreachable_nodes=[e.row.node for e in entries if e.row.node and app[GPUS].node_error(e.row.node)],
-        queued=scheduler.queued_count,
-        running=scheduler.running_count,
-        users=len(app[STORE].list_users()),
-        listen=f"http://{config.server.host}:{config.server.port}",
-        socket=str(config.server.socket_path),
-    )
-
-
-async def get_status(request: web.Request) -> web.Response:
-    return web.json_response(status_dict(request.app))
-
-
 # -- groups ----------------------------------------------------------------------------
 
 
@@ -122,15 +92,10 @@ async def list_groups(request: web.Request) -> web.Response:
         counts[user.group] = counts.get(user.group, 0) + 1
     return web.json_response(
         [
-            {**g.to_dict(), "users": counts.get(g.name, 0), "quotas": _quotas(request.app, "group", g.name)}
+            {**g.to_dict(), "users": counts.get(g.name, 0), "quotas": quota_rows(request.app, "group", g.name)}
             for g in store.list_groups()
         ]
     )
-
-
-def _quotas(app: web.Application, subject: str, key: Any) -> list[dict[str, Any]]:
-    """A user's (by id) or group's (by name) quotas with their use so far."""
-    return [limit.to_dict() for limit in app[QUOTAS].subject_limits(subject, key)]
 
 
 async def add_group(request: web.Request) -> web.Response:
@@ -165,7 +130,7 @@ def _user_dict(app: web.Application, user: Any, keys: dict[str, int]) -> dict[st
         "queued": state.queued if state else 0,
         "running": state.running if state else 0,
         "recent_tokens": state.recent_tokens if state else 0,
-        "quotas": _quotas(app, "user", user.id),
+        "quotas": quota_rows(app, "user", user.id),
     }
 
 
@@ -329,92 +294,6 @@ async def list_models(request: web.Request) -> web.Response:
     return web.json_response(rows)
 
 
-# -- the pool's state -------------------------------------------------------------------
-
-
-def queue_dict(app: web.Application) -> dict[str, Any]:
-    return app[SCHEDULER].snapshot(app[DISPATCHER].clock())
-
-
-async def get_queue(request: web.Request) -> web.Response:
-    return web.json_response(queue_dict(request.app))
-
-
-def share_dict(app: web.Application) -> dict[str, Any]:
-    """``mr share``: per group and user what the weights entitle it to, what it used, and the terms that act."""
-    store = app[STORE]
-    share = app[SCHEDULER].share(app[DISPATCHER].clock())
-    return share_view(share, store.list_users(), store.list_groups(), lambda kind, key: _quotas(app, kind, key))
-
-
-async def get_share(request: web.Request) -> web.Response:
-    return web.json_response(share_dict(request.app))
-
-
-def _limit(request: web.Request, default: int = 50) -> int:
-    raw = request.query.get("limit", str(default))
-    try:
-        limit = int(raw)
-    except ValueError:
-        raise InvalidValue(f"limit {raw!r} is not a whole number") from None
-    if limit < 1:
-        raise InvalidValue("limit must be at least 1")
-    return min(limit, 10_000)
-
-
-async def list_decisions(request: web.Request) -> web.Response:
-    return web.json_response(request.app[DECISIONS].recent(_limit(request), user=request.query.get("user") or None))
-
-
-async def get_decision(request: web.Request) -> web.Response:
-    rid = request.match_info["request_id"]
-    record = request.app[DECISIONS].get(rid)
-    if record is None:
-        raise NotFound(f"no decision record for request {rid!r}; `mr decisions` lists recent ones")
-    return web.json_response(record)
-
-
-async def follow_decisions(request: web.Request) -> web.StreamResponse:
-    log = request.app[DECISIONS]
-    user = request.query.get("user") or None
-    response = web.StreamResponse(headers={"Content-Type": "application/x-ndjson", "Cache-Control": "no-cache"})
-    await response.prepare(request)
-    queue = log.follow()
-    try:
-        while True:
-            line = await queue.get()
-            if user is not None and json.loads(line).get("user") != user:
-                continue
-            await response.write(line)
-    finally:
-        log.unfollow(queue)
-
-
-async def get_gpus(request: web.Request) -> web.Response:
-    return web.json_response(request.app[GPUS].nodes())
-
-
-async def get_top(request: web.Request) -> web.Response:
-    app = request.app
-    registry = app[REGISTRY]
-    view = top_view(
-        status=status_dict(app),
-        backends=[registry.row_dict(e) for e in registry.entries.values()],
-        gpus=app[GPUS].nodes(),
-        queue=queue_dict(app),
-        share=share_dict(app),
-        decisions=app[DECISIONS].recent(10),
-        panels=top_panels(app),
-    )
-    return web.json_response(view, dumps=lambda o: json.dumps(o, default=_finite))
-
-
-def _finite(value: Any) -> Any:
-    if isinstance(value, float) and not math.isfinite(value):
-        return None
-    raise TypeError(f"cannot encode {type(value).__name__}")
-
-
 async def export_state(request: web.Request) -> web.Response:
     return web.json_response(request.app[STORE].export())
 
@@ -435,7 +314,6 @@ async def import_state(request: web.Request) -> web.Response:
 
 def setup_admin_routes(app: web.Application) -> None:
     r = app.router
-    r.add_get("/admin/status", get_status)
     r.add_get("/admin/groups", list_groups)
     r.add_post("/admin/groups", add_group)
     r.add_put("/admin/groups/{name}", set_group)
@@ -453,12 +331,6 @@ def setup_admin_routes(app: web.Application) -> None:
     r.add_post("/admin/backends/{name}/enable", enable_backend)
     r.add_delete("/admin/backends/{name}", remove_backend)
     r.add_get("/admin/models", list_models)
-    r.add_get("/admin/queue", get_queue)
-    r.add_get("/admin/share", get_share)
-    r.add_get("/admin/decisions", list_decisions)
-    r.add_get("/admin/decisions/stream", follow_decisions)
-    r.add_get("/admin/decisions/{request_id}", get_decision)
-    r.add_get("/admin/gpus", get_gpus)
-    r.add_get("/admin/top", get_top)
     r.add_get("/admin/export", export_state)
     r.add_post("/admin/import", import_state)
+    setup_watch_routes(app)

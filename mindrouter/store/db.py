@@ -1,26 +1,27 @@
 """The Store: groups, users, API keys and backends on the daemon's one SQLite connection.
 
-Usage is in ``usage.py``, decision records in ``decisions.py``, the schema in ``schema.py``.
+Backends are in ``backends.py``, usage in ``usage.py``, decision records in ``decisions.py``, the schema in
+``schema.py``.
 """
 
 from __future__ import annotations
 
-import json
 import os
 import sqlite3
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
-from ..names import KEY_PREFIX, hash_key, new_key, same_server
+from ..names import KEY_PREFIX, hash_key, new_key
 from ..scheduler.settings import DEFAULT_GROUP_WEIGHTS
+from .backends import Backends
 from .decisions import Decisions
 from .errors import AlreadyExists, InUse, InvalidValue, NotFound, StoreError
-from .rows import QUOTA_FIELDS, ApiKeyInfo, BackendRow, Group, Quota, User
+from .rows import QUOTA_FIELDS, ApiKeyInfo, Group, Quota, User
 from .schema import migrate, transaction
 from .usage import UsageLog
-from .validate import _backend_fields, _name, _quota, _validate_import, _weight
+from .validate import _name, _quota, _validate_import, _weight
 
 DAY = 86_400.0
 
@@ -50,14 +51,7 @@ def _group(row: tuple[Any, ...]) -> Group:
     return Group(row[0], row[1], row[2], Quota(row[3], row[4], row[5]))
 
 
-_BACKEND_SELECT = "SELECT id, name, url, engine, max_concurrent, gpus, node, priority, state FROM backends"
-
-
-def _backend(row: tuple[Any, ...]) -> BackendRow:
-    return BackendRow(row[0], row[1], row[2], row[3], row[4], tuple(json.loads(row[5])), row[6], row[7], row[8])
-
-
-class Store(UsageLog, Decisions):
+class Store(Backends, UsageLog, Decisions):
     """The daemon's durable state, on one connection; not for use from several threads.
 
     Args:
@@ -345,99 +339,6 @@ class Store(UsageLog, Decisions):
     def revoke_keys(self, user: str) -> int:
         """Delete every key of ``user``; returns how many there were."""
         return self._db.execute("DELETE FROM api_keys WHERE user_id = ?", (self._user_id(user),)).rowcount
-
-    # ------------------------------------------------------------ backends
-
-    def _backend_row(self, key: str | int) -> tuple[Any, ...]:
-        column = "id" if isinstance(key, int) else "name"
-        row = self._db.execute(f"{_BACKEND_SELECT} WHERE {column} = ?", (key,)).fetchone()
-        if row is None:
-            raise NotFound(f"backend {key!r} does not exist; see the configured ones with `mr backend list`")
-        return row
-
-    def add_backend(
-        self,
-        name: object,
-        url: object,
-        engine: object,
-        *,
-        max_concurrent: int = 4,
-        gpus: Sequence[int] = (),
-        node: str = "",
-        priority: float = 0.0,
-        state: str = "enabled",
-    ) -> BackendRow:
-        name = _name("backend", name)
-        fields = _backend_fields(name, url, engine, max_concurrent, gpus, node, priority, state)
-        if self._db.execute("SELECT 1 FROM backends WHERE name = ?", (name,)).fetchone():
-            raise AlreadyExists(
-                f"backend {name!r} already exists; pick another name or remove it with `mr backend rm {name}` first"
-            )
-        self._refuse_same_server(fields[0])
-        cur = self._db.execute(
-            "INSERT INTO backends (name, url, engine, max_concurrent, gpus, node, priority, state)"
-            " VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
-            (name, *fields),
-        )
-        return self.get_backend(cur.lastrowid)  # type: ignore[arg-type]
-
-    def update_backend(
-        self,
-        key: str | int,
-        *,
-        url: str | None = None,
-        engine: str | None = None,
-        max_concurrent: int | None = None,
-        gpus: Sequence[int] | None = None,
-        node: str | None = None,
-        priority: float | None = None,
-        state: str | None = None,
-    ) -> BackendRow:
-        """Change the given fields (None leaves one as it is; ``node=""`` clears the node)."""
-        old = _backend(self._backend_row(key))
-        fields = _backend_fields(
-            old.name,
-            old.url if url is None else url,
-            old.engine if engine is None else engine,
-            old.max_concurrent if max_concurrent is None else max_concurrent,
-            old.gpus if gpus is None else gpus,
-            old.node if node is None else node,
-            old.priority if priority is None else priority,
-            old.state if state is None else state,
-        )
-        self._refuse_same_server(fields[0], but=old.id)
-        self._db.execute(
-            "UPDATE backends SET url = ?, engine = ?, max_concurrent = ?, gpus = ?, node = ?,"
-            " priority = ?, state = ? WHERE id = ?",
-            (*fields, old.id),
-        )
-        return self.get_backend(old.id)
-
-    def backend_at(self, url: str) -> BackendRow | None:
-        """The configured backend that is the server at ``url`` (``names.same_server``), if any."""
-        return next((row for row in self.list_backends() if same_server(row.url, url)), None)
-
-    def _refuse_same_server(self, url: str, but: int | None = None) -> None:
-        """One server, one backend: two would each hold their own concurrency cap on the same GPUs."""
-        row = self.backend_at(url)
-        if row is not None and row.id != but:
-            raise AlreadyExists(
-                f"{url} is already in the pool as backend {row.name!r}; change that one with "
-                f"`mr backend` commands or remove it with `mr backend rm {row.name}` first"
-            )
-
-    def set_backend_state(self, key: str | int, state: str) -> BackendRow:
-        return self.update_backend(key, state=state)
-
-    def remove_backend(self, key: str | int) -> None:
-        self._db.execute("DELETE FROM backends WHERE id = ?", (self._backend_row(key)[0],))
-
-    def get_backend(self, key: str | int) -> BackendRow:
-        """A backend by name, or by id (an int, as decision records show it)."""
-        return _backend(self._backend_row(key))
-
-    def list_backends(self) -> list[BackendRow]:
-        return [_backend(r) for r in self._db.execute(_BACKEND_SELECT + " ORDER BY id")]
 
     # ------------------------------------------------------------ export / import
 

@@ -1,0 +1,151 @@
+"""What the pool is doing, read-only, for the admin API: status, queue, fair share, decisions, GPUs, `mr top`.
+
+Each route builds its answer from the core's and the registry's snapshots
+(``views.py`` holds the pure shaping); nothing here changes state.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from typing import Any
+
+from aiohttp import web
+
+from .. import __version__
+from ..store import InvalidValue, NotFound
+from .accounting import top_panels
+from .keys import CONFIG, DECISIONS, DISPATCHER, GPUS, QUOTAS, REGISTRY, SCHEDULER, STATS, STORE
+from .views import Counters, share_view, status_view, top_view
+
+__all__ = ["quota_rows", "setup_watch_routes", "status_dict"]
+
+
+# -- status --------------------------------------------------------------------------
+
+
+def status_dict(app: web.Application) -> dict[str, Any]:
+    registry, scheduler, stats, config = app[REGISTRY], app[SCHEDULER], app[STATS], app[CONFIG]
+    rps, tps = stats.rates()
+    entries = list(registry.entries.values())
+    counters = Counters(
+        stats.uptime, stats.requests_total, stats.prompt_tokens_total + stats.completion_tokens_total, rps, tps
+    )
+    return status_view(
+        counters,
+        version=__version__,
+        backend_states=[registry.status(e) for e in entries],
+        unreachable_nodes=[e.row.node for e in entries if e.row.node and app[GPUS].node_error(e.row.node)],
+        queued=scheduler.queued_count,
+        running=scheduler.running_count,
+        users=len(app[STORE].list_users()),
+        listen=f"http://{config.server.host}:{config.server.port}",
+        socket=str(config.server.socket_path),
+    )
+
+
+async def get_status(request: web.Request) -> web.Response:
+    return web.json_response(status_dict(request.app))
+
+
+def quota_rows(app: web.Application, subject: str, key: Any) -> list[dict[str, Any]]:
+    """A user's (by id) or group's (by name) quotas with their use so far."""
+    return [limit.to_dict() for limit in app[QUOTAS].subject_limits(subject, key)]
+
+
+# -- the pool's state -------------------------------------------------------------------
+
+
+def queue_dict(app: web.Application) -> dict[str, Any]:
+    return app[SCHEDULER].snapshot(app[DISPATCHER].clock())
+
+
+async def get_queue(request: web.Request) -> web.Response:
+    return web.json_response(queue_dict(request.app))
+
+
+def share_dict(app: web.Application) -> dict[str, Any]:
+    """``mr share``: per group and user what the weights entitle it to, what it used, and the terms that act."""
+    store = app[STORE]
+    share = app[SCHEDULER].share(app[DISPATCHER].clock())
+    return share_view(share, store.list_users(), store.list_groups(), lambda kind, key: quota_rows(app, kind, key))
+
+
+async def get_share(request: web.Request) -> web.Response:
+    return web.json_response(share_dict(request.app))
+
+
+def _limit(request: web.Request, default: int = 50) -> int:
+    raw = request.query.get("limit", str(default))
+    try:
+        limit = int(raw)
+    except ValueError:
+        raise InvalidValue(f"limit {raw!r} is not a whole number") from None
+    if limit < 1:
+        raise InvalidValue("limit must be at least 1")
+    return min(limit, 10_000)
+
+
+async def list_decisions(request: web.Request) -> web.Response:
+    return web.json_response(request.app[DECISIONS].recent(_limit(request), user=request.query.get("user") or None))
+
+
+async def get_decision(request: web.Request) -> web.Response:
+    rid = request.match_info["request_id"]
+    record = request.app[DECISIONS].get(rid)
+    if record is None:
+        raise NotFound(f"no decision record for request {rid!r}; `mr decisions` lists recent ones")
+    return web.json_response(record)
+
+
+async def follow_decisions(request: web.Request) -> web.StreamResponse:
+    log = request.app[DECISIONS]
+    user = request.query.get("user") or None
+    response = web.StreamResponse(headers={"Content-Type": "application/x-ndjson", "Cache-Control": "no-cache"})
+    await response.prepare(request)
+    queue = log.follow()
+    try:
+        while True:
+            line = await queue.get()
+            if user is not None and json.loads(line).get("user") != user:
+                continue
+            await response.write(line)
+    finally:
+        log.unfollow(queue)
+
+
+async def get_gpus(request: web.Request) -> web.Response:
+    return web.json_response(request.app[GPUS].nodes())
+
+
+async def get_top(request: web.Request) -> web.Response:
+    app = request.app
+    registry = app[REGISTRY]
+    view = top_view(
+        status=status_dict(app),
+        backends=[registry.row_dict(e) for e in registry.entries.values()],
+        gpus=app[GPUS].nodes(),
+        queue=queue_dict(app),
+        share=share_dict(app),
+        decisions=app[DECISIONS].recent(10),
+        panels=top_panels(app),
+    )
+    return web.json_response(view, dumps=lambda o: json.dumps(o, default=_finite))
+
+
+def _finite(value: Any) -> Any:
+    if isinstance(value, float) and not math.isfinite(value):
+        return None
+    raise TypeError(f"cannot encode {type(value).__name__}")
+
+
+def setup_watch_routes(app: web.Application) -> None:
+    r = app.router
+    r.add_get("/admin/status", get_status)
+    r.add_get("/admin/queue", get_queue)
+    r.add_get("/admin/share", get_share)
+    r.add_get("/admin/decisions", list_decisions)
+    r.add_get("/admin/decisions/stream", follow_decisions)
+    r.add_get("/admin/decisions/{request_id}", get_decision)
+    r.add_get("/admin/gpus", get_gpus)
+    r.add_get("/admin/top", get_top)
