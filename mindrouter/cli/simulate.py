@@ -87,8 +87,8 @@ def simulate(
     the config file (``--config`` is accepted as on every command and ignored),
     so a scenario and seed give the same result on every machine.
     """
+    from ..simulate.loading import example_names, load_example, load_scenario
     from ..simulate.report import render, run_scenario
-    from ..simulate.scenario import example_names, load_example, load_scenario
 
     if (scenario is None) == (example is None):
         raise UsageError(

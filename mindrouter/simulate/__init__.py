@@ -131,19 +131,10 @@ models are each owed all of their own pool.
 """
 
 from .engine import simulate
+from .loading import example_names, load_example, load_scenario, parse_scenario
 from .report import build, run_scenario
 from .runs import RequestTrace, Run
-from .scenario import (
-    BackendSpec,
-    EventSpec,
-    Scenario,
-    ScenarioError,
-    UserSpec,
-    example_names,
-    load_example,
-    load_scenario,
-    parse_scenario,
-)
+from .scenario import BackendSpec, EventSpec, Scenario, ScenarioError, UserSpec
 
 __all__ = [
     "BackendSpec",
