@@ -70,7 +70,8 @@ def _words(text: Any) -> int:
 
 def _content_words(content: Any) -> int:
     if isinstance(content, list):
-        return sum(_words(p.get("text")) for p in content if isinstance(p, dict) and p.get("type") == "text")
+        kinds = ("text", "input_text", "output_text")
+        return sum(_words(p.get("text")) for p in content if isinstance(p, dict) and p.get("type") in kinds)
     return _words(content)
 
 
@@ -118,6 +119,11 @@ def logprobs_of(body: dict[str, Any], pieces: list[str], start: int = 0) -> list
         entry["top_logprobs"] = [dict(entry), *alternatives][:top]
         out.append(entry)
     return out
+
+
+def _message(item_id: str, status: str, content: list[Any]) -> dict[str, Any]:
+    """A Responses API output message item."""
+    return {"id": item_id, "type": "message", "status": status, "role": "assistant", "content": content}
 
 
 def _is_base64(value: Any) -> bool:
@@ -650,7 +656,7 @@ class FakeOllama(_FakeServer):
 
 
 class FakeOpenAI(_FakeServer):
-    """An OpenAI-compatible server: /v1/models, chat, completions and embeddings.
+    """An OpenAI-compatible server: /v1/models, chat, completions, embeddings and (not llamacpp) responses.
 
     Args:
         flavor: "openai" (no /health, no /metrics; ``"usage": null`` on every
@@ -688,6 +694,8 @@ class FakeOpenAI(_FakeServer):
         self.route(router, "POST", "/v1/chat/completions", self._chat, inference=True)
         self.route(router, "POST", "/v1/completions", self._completion, inference=True)
         self.route(router, "POST", "/v1/embeddings", self._embeddings, inference=True)
+        if self.flavor != "llamacpp":
+            self.route(router, "POST", "/v1/responses", self._responses, inference=True)
         if self.flavor != "openai":
             self.route(router, "GET", "/health", self._health)
             self.route(router, "GET", "/metrics", self._metrics)
@@ -826,6 +834,81 @@ class FakeOpenAI(_FakeServer):
             return bad
         prompt = sum(_content_words(m.get("content")) for m in messages if isinstance(m, dict))
         return await self._answer(request, body, prompt, True, drop_after)
+
+    async def _responses(
+        self, request: web.Request, body: dict[str, Any], drop_after: int | None
+    ) -> web.StreamResponse:
+        """The Responses API, text only: a Response object, or its events as OpenAI and vLLM name them."""
+        if (bad := self._check(body)) is not None:
+            return bad
+        given = body.get("input")
+        if isinstance(given, str):
+            prompt = _words(given)
+        elif isinstance(given, list):
+            prompt = sum(_content_words(i.get("content")) for i in given if isinstance(i, dict))
+        else:
+            return self.error(400, "input must be a string or a list of items")
+        gen = self.generation(prompt + _words(body.get("instructions")), body.get("max_output_tokens"))
+        self._ids += 1
+        rid, mid, created = f"resp_fake{self._ids}", f"msg_fake{self._ids}", int(time.time())
+        status = "incomplete" if gen.finish == "length" else "completed"
+        usage = {
+            "input_tokens": gen.prompt_tokens,
+            "input_tokens_details": {"cached_tokens": 0},
+            "output_tokens": gen.n,
+            "output_tokens_details": {"reasoning_tokens": 0},
+            "total_tokens": gen.prompt_tokens + gen.n,
+        }
+
+        def response(state: str, text: str | None, used: dict[str, Any] | None) -> dict[str, Any]:
+            part: dict[str, Any] = {"type": "output_text", "text": text, "annotations": []}
+            output = [] if text is None else [_message(mid, "completed", [part])]
+            return {
+                "id": rid,
+                "object": "response",
+                "created_at": created,
+                "status": state,
+                "incomplete_details": {"reason": "max_output_tokens"} if state == "incomplete" else None,
+                "model": body["model"],
+                "output": output,
+                "parallel_tool_calls": True,
+                "tool_choice": "auto",
+                "tools": [],
+                "usage": used,
+            }
+
+        if not body.get("stream"):
+            await self.pace(time.monotonic(), gen.n)
+            self.count(gen)
+            return web.Response(body=_compact(response(status, gen.text, usage)), content_type="application/json")
+        resp = web.StreamResponse(
+            headers={"Content-Type": "text/event-stream; charset=utf-8", "Cache-Control": "no-cache"}
+        )
+        await resp.prepare(request)
+        seq = iter(range(10_000))
+
+        def event(kind: str, **data: Any) -> bytes:
+            payload = _compact({"type": kind, "sequence_number": next(seq), **data})
+            return f"event: {kind}\ndata: ".encode() + payload + b"\n\n"
+
+        at = {"item_id": mid, "output_index": 0, "content_index": 0}
+        empty = {"type": "output_text", "text": "", "annotations": []}
+        done = {"type": "output_text", "text": gen.text, "annotations": []}
+        chunks = [
+            event("response.created", response=response("in_progress", None, None)),
+            event("response.in_progress", response=response("in_progress", None, None)),
+            event("response.output_item.added", output_index=0, item=_message(mid, "in_progress", [])),
+            event("response.content_part.added", part=empty, **at),
+            *(event("response.output_text.delta", delta=_token(i), logprobs=[], **at) for i in range(gen.n)),
+            event("response.output_text.done", text=gen.text, logprobs=[], **at),
+            event("response.content_part.done", part=done, **at),
+            event("response.output_item.done", output_index=0, item=_message(mid, "completed", [done])),
+            event(f"response.{status}", response=response(status, gen.text, usage)),
+        ]
+        await self.write_chunks(request, resp, chunks, drop_after)
+        self.count(gen)
+        await resp.write_eof()
+        return resp
 
     async def _completion(
         self, request: web.Request, body: dict[str, Any], drop_after: int | None

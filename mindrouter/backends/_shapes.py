@@ -16,6 +16,7 @@ __all__ = [
     "DONE",
     "OLLAMA_USAGE",
     "OPENAI_USAGE",
+    "RESPONSES_USAGE",
     "Dialect",
     "Family",
     "Kind",
@@ -71,6 +72,7 @@ _ERROR_TYPES = {
     429: "rate_limit_error",
 }
 OPENAI_USAGE = (re.compile(rb'"prompt_tokens"\s*:\s*(\d+)'), re.compile(rb'"completion_tokens"\s*:\s*(\d+)'))
+RESPONSES_USAGE = (re.compile(rb'"input_tokens"\s*:\s*(\d+)'), re.compile(rb'"output_tokens"\s*:\s*(\d+)'))
 OLLAMA_USAGE = (re.compile(rb'"prompt_eval_count"\s*:\s*(\d+)'), re.compile(rb'"eval_count"\s*:\s*(\d+)'))
 
 

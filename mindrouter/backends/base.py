@@ -93,6 +93,8 @@ class Adapter(ABC):
 
     engine: str = ""
     family: Family = "openai"
+    serves_responses = False
+    """The engine has the Responses API: /v1/responses calls pass through instead of becoming chat."""
 
     def __init__(
         self,
@@ -166,6 +168,8 @@ class Adapter(ABC):
                 ``chunk_timeout`` ends with an error tail.
             RequestError: the call cannot be expressed for this engine (400).
         """
+        if call.responses and self.serves_responses:
+            return await self._open(call.as_sent(), model)
         up = await self._open(call, model)
         return up.rendered(responses.renderer(up.stream)) if call.responses else up
 

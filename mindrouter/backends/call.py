@@ -7,7 +7,7 @@ is checked here; values a backend judges itself (a temperature of 7) pass.
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 from ..errors import RequestError
@@ -207,6 +207,13 @@ class Call:
     """Estimate: characters of prompt text / 4."""
     responses: bool = False
     """The client called the Responses API: ``body`` is its chat completions equivalent."""
+    native: bytes | None = None
+    """A Responses API body as the client sent it, for engines that serve /v1/responses themselves."""
+
+    def as_sent(self) -> Call:
+        """This Responses API call as the client sent it (``path`` /v1/responses), to pass through."""
+        assert self.native is not None
+        return replace(self, path="/v1/responses", body=json.loads(self.native), raw=self.native, native=None)
 
     @classmethod
     def from_request(cls, path: str, raw: bytes) -> Call:
@@ -231,8 +238,9 @@ class Call:
         if not isinstance(body, dict):
             raise RequestError("The request body must be a JSON object.")
         api = path == "/v1/responses"
+        native = raw if api else None
         if api:  # served as chat completions, answered in the Responses API's shapes
             body = responses.to_chat(body)
             path, raw = "/v1/chat/completions", dumps(body)
         hints = inspect_body(dialect, kind, path, body)
-        return cls(dialect=dialect, kind=kind, path=path, body=body, raw=raw, responses=api, **hints)
+        return cls(dialect=dialect, kind=kind, path=path, body=body, raw=raw, responses=api, native=native, **hints)

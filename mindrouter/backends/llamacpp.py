@@ -27,6 +27,7 @@ def _busy(slot: dict[str, Any]) -> bool:
 
 class LlamaCppAdapter(OpenAIAdapter):
     engine = "llamacpp"
+    serves_responses = False
     extra_paths = ("/health", "/slots", "/metrics", "/props")
 
     def telemetry(self, probe: Probe, replies: dict[str, Reply]) -> Probe:

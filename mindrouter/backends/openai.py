@@ -20,6 +20,7 @@ __all__ = ["OpenAIAdapter"]
 class OpenAIAdapter(Adapter):
     engine = "openai"
     family = "openai"
+    serves_responses = True
     extra_paths: tuple[str, ...] = ("/health",)
     """Polled alongside /v1/models; a 404 or 501 from any of them means "not offered"."""
 

@@ -30,6 +30,7 @@ from ._shapes import (
     DONE,
     OLLAMA_USAGE,
     OPENAI_USAGE,
+    RESPONSES_USAGE,
     StreamFailed,
     Usage,
     dumps,
@@ -51,6 +52,7 @@ __all__ = [
     "OllamaToOpenAI",
     "OpenAIToOllama",
     "Relay",
+    "ResponsesPassthrough",
     "SsePassthrough",
     "convert_body",
     "events",
@@ -70,6 +72,9 @@ class Relay:
         self.first_ns: int | None = None
         self.fed = 0
         """Upstream events read so far (about one token each)."""
+
+    event_lines = False
+    """Pass SSE ``event:`` lines through to the client (the Responses API names its events)."""
 
     def feed(self, event: bytes) -> bytes:
         """The client's bytes for one upstream event (maybe none)."""
@@ -115,6 +120,30 @@ class NdjsonPassthrough(Relay):
             ollama_usage(json.loads(event), self.usage)
             self.finished = True
         return event + b"\n"
+
+
+_RESPONSE_ENDS = (b'"response.completed"', b'"response.incomplete"', b'"response.failed"')
+
+
+class ResponsesPassthrough(Relay):
+    """Responses API events to a Responses client: unchanged; the last event's ``response.usage`` gives the counts."""
+
+    event_lines = True
+
+    def feed(self, event: bytes) -> bytes:
+        if self.finished:
+            return b""
+        if event == b"[DONE]":
+            self.finished = True
+            return DONE
+        in_band_error(event)
+        if any(end in event for end in _RESPONSE_ENDS):  # escaped text cannot match
+            obj = json.loads(event)
+            usage = (obj.get("response") or {}).get("usage") or {}
+            self.usage.prompt_tokens = usage.get("input_tokens")
+            self.usage.completion_tokens = usage.get("output_tokens")
+            self.finished = True
+        return b"data: " + event + b"\n\n"
 
 
 class OllamaToOpenAI(Relay):
@@ -249,6 +278,8 @@ class OpenAIToOllama(Relay):
 
 def make_relay(plan: Plan) -> Relay:
     """The relay for a streaming plan."""
+    if plan.responses:
+        return ResponsesPassthrough(plan)
     if plan.passthrough:
         return SsePassthrough(plan) if plan.client == "openai" else NdjsonPassthrough(plan)
     return OllamaToOpenAI(plan) if plan.client == "openai" else OpenAIToOllama(plan)
@@ -272,7 +303,9 @@ async def events(content: aiohttp.StreamReader, relay: Relay, *, sse: bool) -> A
                 continue
             if sse:
                 if not line.startswith(b"data:"):
-                    continue  # comments, event: and id: lines
+                    if relay.event_lines and line.startswith(b"event:"):
+                        out.append(line + b"\n")
+                    continue  # comments, id: lines, and event: lines unless passed on
                 line = line[5:].lstrip()
             relay.fed += 1
             try:
@@ -329,7 +362,9 @@ def convert_body(plan: Plan, body: bytes, elapsed_ns: int = 0) -> tuple[bytes, U
     Raises:
         ValueError: the backend's body is not the JSON its dialect promises.
     """
-    if plan.passthrough:
+    if plan.responses:
+        usage, out = scan_usage(body, RESPONSES_USAGE), body
+    elif plan.passthrough:
         usage = scan_usage(body, OPENAI_USAGE if plan.upstream == "openai" else OLLAMA_USAGE)
         out = body
     else:

@@ -74,6 +74,8 @@ class Plan:
     """The OpenAI client asked for ``encoding_format: base64``."""
     synthetic: bytes | None = None
     """A complete answer made without the backend (an Ollama "load model" call)."""
+    responses: bool = False
+    """A Responses API call passed through to an engine that serves /v1/responses."""
 
     @property
     def passthrough(self) -> bool:
@@ -88,6 +90,9 @@ def plan(call: Call, model: str, engine: str) -> Plan:
             (an image by http URL or several prompts for Ollama, for example).
     """
     family: Family = "ollama" if engine == "ollama" else "openai"
+    if call.path == "/v1/responses":  # only for engines that serve it (Adapter.serves_responses)
+        data = call.raw if model == call.model else dumps(dict(call.body, model=model))
+        return _plan(call, call.path, data, family, call.kind, responses=True)
     if call.dialect == family:
         return _passthrough(call, model)
     try:
