@@ -28,10 +28,12 @@ __all__ = [
     "error_tail",
     "in_band_error",
     "ollama_done",
+    "ollama_logprobs",
     "ollama_timestamp",
     "ollama_tool_call",
     "ollama_usage",
     "openai_finish",
+    "openai_logprobs",
     "openai_tool_calls",
     "openai_usage",
     "scan_usage",
@@ -188,3 +190,15 @@ def openai_finish(obj: dict[str, Any], tool_calls: int) -> str:
     if tool_calls:
         return "tool_calls"
     return "length" if obj.get("done_reason") == "length" else "stop"
+
+
+def openai_logprobs(entries: Any) -> dict[str, Any] | None:
+    """Ollama's ``logprobs`` list as an OpenAI choice's: the entries have the same fields."""
+    return {"content": entries} if isinstance(entries, list) and entries else None
+
+
+def ollama_logprobs(choice: dict[str, Any]) -> list[Any] | None:
+    """An OpenAI chat choice's token logprobs as Ollama's top-level ``logprobs`` list."""
+    logprobs = choice.get("logprobs")
+    content = logprobs.get("content") if isinstance(logprobs, dict) else None
+    return content if isinstance(content, list) and content else None

@@ -47,7 +47,7 @@ from typing import Any
 
 import aiohttp
 
-from . import relay, responses, translate
+from . import relay, responses, translate, whole
 from ._shapes import Family, StreamFailed, error_body, error_message
 from .call import Call
 from .probe import Probe, Reply, model_key
@@ -226,7 +226,7 @@ class Adapter(ABC):
             ) as resp:
                 if resp.status >= 400:
                     return await self._refused(call, resp, opened_at)
-                body, usage = relay.convert_body(plan, await resp.read(), time.monotonic_ns() - opened_ns)
+                body, usage = whole.convert_body(plan, await resp.read(), time.monotonic_ns() - opened_ns)
         except (*_NETWORK_ERRORS, *MALFORMED) as exc:
             raise BackendError(describe(exc)) from exc
         return Upstream(dialect=call.dialect, body=body, usage=usage, opened_at=opened_at)

@@ -5,7 +5,8 @@ SSE ``data:`` payload, or one NDJSON line) and returns the bytes to send to
 the client (possibly none); ``end()`` is called at the upstream's EOF. Both
 raise :class:`StreamFailed` when the upstream reported an error or stopped
 early. Relays keep ``usage`` current as events pass, so the daemon can charge
-the backend's own token counts. Only :func:`events` does I/O.
+the backend's own token counts. Only :func:`events` does I/O. Whole
+(non-streaming) answers are converted in whole.py.
 
 Passthrough relays look inside an event only when its bytes say it may carry
 usage or an error, so a matching stream costs one substring test per chunk.
@@ -14,13 +15,10 @@ usage or an error, so a matching stream costs one substring test per chunk.
 from __future__ import annotations
 
 import asyncio
-import base64
 import contextlib
 import json
-import sys
 import time
 import uuid
-from array import array
 from collections.abc import AsyncIterator
 from typing import Any
 
@@ -28,21 +26,19 @@ import aiohttp
 
 from ._shapes import (
     DONE,
-    OLLAMA_USAGE,
-    OPENAI_USAGE,
-    RESPONSES_USAGE,
     StreamFailed,
     Usage,
     dumps,
     in_band_error,
     ollama_done,
+    ollama_logprobs,
     ollama_timestamp,
     ollama_tool_call,
     ollama_usage,
     openai_finish,
+    openai_logprobs,
     openai_tool_calls,
     openai_usage,
-    scan_usage,
     usage_json,
 )
 from .translate import Plan
@@ -54,7 +50,6 @@ __all__ = [
     "Relay",
     "ResponsesPassthrough",
     "SsePassthrough",
-    "convert_body",
     "events",
     "make_relay",
 ]
@@ -184,7 +179,7 @@ class OllamaToOpenAI(Relay):
                 for i, c in enumerate(openai_tool_calls(message["tool_calls"], self.tools))
             ]
             self.tools += len(delta["tool_calls"])
-        return {"index": 0, "delta": delta, "logprobs": _openai_logprobs(logprobs), "finish_reason": finish}
+        return {"index": 0, "delta": delta, "logprobs": openai_logprobs(logprobs), "finish_reason": finish}
 
     def feed(self, event: bytes) -> bytes:
         if self.finished:
@@ -256,7 +251,7 @@ class OpenAIToOllama(Relay):
             text = delta.get("content") if self.chat_in else choice.get("text")
             thinking = delta.get("reasoning_content") or delta.get("reasoning")
             if text or thinking:
-                out += self._line(text or "", thinking, _ollama_logprobs(choice))
+                out += self._line(text or "", thinking, ollama_logprobs(choice))
         return out
 
     def _final(self) -> dict[str, Any]:
@@ -335,113 +330,3 @@ async def events(content: aiohttp.StreamReader, relay: Relay, *, sse: bool) -> A
     if not content.at_eof():  # let the connection go back to the pool; it ends right after the last event
         with contextlib.suppress(TimeoutError, aiohttp.ClientError):
             await asyncio.wait_for(content.read(), 1.0)
-
-
-def _openai_logprobs(entries: Any) -> dict[str, Any] | None:
-    """Ollama's ``logprobs`` list as an OpenAI choice's: the entries have the same fields."""
-    return {"content": entries} if isinstance(entries, list) and entries else None
-
-
-def _ollama_logprobs(choice: dict[str, Any]) -> list[Any] | None:
-    """An OpenAI chat choice's token logprobs as Ollama's top-level ``logprobs`` list."""
-    logprobs = choice.get("logprobs")
-    content = logprobs.get("content") if isinstance(logprobs, dict) else None
-    return content if isinstance(content, list) and content else None
-
-
-# ---- whole (non-streaming) answers ----------------------------------------------------------
-
-
-def convert_body(plan: Plan, body: bytes, elapsed_ns: int = 0) -> tuple[bytes, Usage]:
-    """The client's answer for a non-streaming plan, and the backend's token counts.
-
-    Args:
-        elapsed_ns: time the backend took, for the durations an Ollama client
-            expects (upper bounds: OpenAI engines do not time the phases).
-
-    Raises:
-        ValueError: the backend's body is not the JSON its dialect promises.
-    """
-    if plan.responses:
-        usage, out = scan_usage(body, RESPONSES_USAGE), body
-    elif plan.passthrough:
-        usage = scan_usage(body, OPENAI_USAGE if plan.upstream == "openai" else OLLAMA_USAGE)
-        out = body
-    else:
-        obj = json.loads(body)
-        if not isinstance(obj, dict):
-            raise ValueError("expected a JSON object")
-        usage = Usage()
-        if plan.upstream == "ollama":
-            ollama_usage(obj, usage)
-            out = dumps(_openai_answer(plan, obj, usage))
-        else:
-            if obj.get("usage"):
-                openai_usage(obj["usage"], usage)
-            out = dumps(_ollama_answer(plan, obj, usage, max(1, elapsed_ns)))
-    if plan.client_kind == "embeddings" and usage.completion_tokens is None:
-        usage.completion_tokens = 0
-    return out, usage
-
-
-def _openai_answer(plan: Plan, obj: dict[str, Any], usage: Usage) -> dict[str, Any]:
-    created = int(time.time())
-    if plan.client_kind == "embeddings":
-        data = []
-        for i, vec in enumerate(obj.get("embeddings") or ()):
-            if plan.base64_embeddings:
-                floats = array("f", vec)
-                if sys.byteorder != "little":
-                    floats.byteswap()
-                vec = base64.b64encode(floats.tobytes()).decode()
-            data.append({"object": "embedding", "index": i, "embedding": vec})
-        p = usage.prompt_tokens or 0
-        return {"object": "list", "data": data, "model": plan.model, "usage": {"prompt_tokens": p, "total_tokens": p}}
-    finish = openai_finish(obj, len((obj.get("message") or {}).get("tool_calls") or ()))
-    if plan.client_kind == "completion":
-        choice = {"text": obj.get("response") or "", "index": 0, "logprobs": None, "finish_reason": finish}
-        head = {"id": "cmpl-" + uuid.uuid4().hex[:24], "object": "text_completion"}
-    else:
-        m = obj.get("message") or {}
-        message: dict[str, Any] = {"role": "assistant", "content": m.get("content") or ""}
-        if m.get("thinking"):
-            message["reasoning_content"] = m["thinking"]
-        if m.get("tool_calls"):
-            message["tool_calls"] = openai_tool_calls(m["tool_calls"])
-        choice = {
-            "index": 0,
-            "message": message,
-            "logprobs": _openai_logprobs(obj.get("logprobs")),
-            "finish_reason": finish,
-        }
-        head = {"id": "chatcmpl-" + uuid.uuid4().hex[:24], "object": "chat.completion"}
-    return dict(head, created=created, model=plan.model, choices=[choice], usage=usage_json(usage))
-
-
-def _ollama_answer(plan: Plan, obj: dict[str, Any], usage: Usage, elapsed_ns: int) -> dict[str, Any]:
-    if plan.client_kind == "embeddings":
-        vectors = [d.get("embedding") for d in sorted(obj.get("data") or (), key=lambda d: d.get("index", 0))]
-        if plan.legacy_embeddings:
-            return {"embedding": vectors[0] if vectors else []}
-        return {
-            "model": plan.model,
-            "embeddings": vectors,
-            "total_duration": elapsed_ns,
-            "load_duration": 0,
-            "prompt_eval_count": usage.prompt_tokens or 0,
-        }
-    choice = (obj.get("choices") or [{}])[0]
-    message = choice.get("message") or {}
-    text = (message.get("content") if plan.upstream_kind == "chat" else choice.get("text")) or ""
-    out = ollama_done(plan.model, plan.client_kind, text, choice.get("finish_reason"), usage)
-    if message.get("tool_calls") and plan.client_kind == "chat":
-        out["message"]["tool_calls"] = [
-            ollama_tool_call(c["function"]["name"], c["function"].get("arguments")) for c in message["tool_calls"]
-        ]
-    thinking = message.get("reasoning_content") or message.get("reasoning")
-    if thinking and plan.client_kind == "chat":
-        out["message"]["thinking"] = thinking
-    if _ollama_logprobs(choice):
-        out["logprobs"] = _ollama_logprobs(choice)
-    out.update(total_duration=elapsed_ns, load_duration=0, prompt_eval_duration=elapsed_ns, eval_duration=elapsed_ns)
-    return out
