@@ -100,3 +100,16 @@ async def test_responses_are_translated_to_chat_for_engines_without_the_api(daem
         assert fake.received[-1].path == ("/api/chat" if engine == "ollama" else "/v1/chat/completions")
         assert reply.output_text == "tok0 tok1 tok2" and reply.status == "incomplete"
         assert await usage_rows(daemon) == {"m": (1, 4, 3)}
+
+
+async def test_a_passed_through_stream_that_breaks_ends_with_a_responses_error_event(daemon: Daemon) -> None:
+    async with FakeOpenAI(flavor="vllm", models=["m"]) as fake:
+        await daemon.backend("b1", fake.url, "vllm")
+        key = await daemon.user("alice")
+        fake.drop_next(after_chunks=6)  # created, in_progress, item and part added, two deltas
+        client = openai.AsyncOpenAI(base_url=daemon.url + "/v1", api_key=key, max_retries=0)
+        stream = await client.responses.create(model="m", input="hi there", stream=True)
+        events = [e async for e in stream]
+        assert [e.type for e in events[-3:]] == ["response.output_text.delta"] * 2 + ["error"]
+        assert "backend" in events[-1].message  # as a translated stream ends (test_conformance)
+        assert await usage_rows(daemon) == {"m": (1, 2, 2)}  # charged the two tokens it sent

@@ -169,7 +169,7 @@ class Adapter(ABC):
             RequestError: the call cannot be expressed for this engine (400).
         """
         if call.responses and self.serves_responses:
-            return await self._open(call.as_sent(), model)
+            return (await self._open(call.as_sent(), model)).rendered(responses.error_event)
         up = await self._open(call, model)
         return up.rendered(responses.renderer(up.stream)) if call.responses else up
 

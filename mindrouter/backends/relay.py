@@ -121,13 +121,18 @@ _RESPONSE_ENDS = (b'"response.completed"', b'"response.incomplete"', b'"response
 
 
 class ResponsesPassthrough(Relay):
-    """Responses API events to a Responses client: unchanged; the last event's ``response.usage`` gives the counts."""
+    """Responses API events to a Responses client: unchanged; the last event's ``response.usage`` gives the counts.
+
+    Only ``*.delta`` events count in ``fed``: the others (created, item added...) carry no tokens.
+    """
 
     event_lines = True
 
     def feed(self, event: bytes) -> bytes:
         if self.finished:
             return b""
+        if b'.delta"' not in event:  # escaped text cannot match
+            self.fed -= 1
         if event == b"[DONE]":
             self.finished = True
             return DONE

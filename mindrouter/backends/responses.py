@@ -26,7 +26,7 @@ from typing import Any
 from ..errors import RequestError
 from ._shapes import dumps
 
-__all__ = ["renderer", "to_chat"]
+__all__ = ["error_event", "renderer", "to_chat"]
 
 _PASSED = ("model", "temperature", "top_p", "seed", "user", "parallel_tool_calls", "stream", "metadata")
 
@@ -372,3 +372,10 @@ class _Stream:
 def renderer(stream: bool) -> Callable[[bytes], bytes]:
     """What turns a chat completion answer into the Responses API's: per chunk for a stream, else the body."""
     return _Stream().feed if stream else render_body
+
+
+def error_event(chunk: bytes) -> bytes:
+    """A passed-through answer unchanged, but for mindrouter's own tail of a broken stream: the ``error`` event."""
+    if not chunk.startswith(b'data: {"error"'):
+        return chunk
+    return _Stream().data(chunk[6:].split(b"\n\n", 1)[0])
