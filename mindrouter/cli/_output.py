@@ -95,11 +95,9 @@ class Column:
         return NA if value is None else str(value)
 
 
-def table(
-    rows: Sequence[Mapping[str, Any]], columns: Sequence[Column], *, title: str | None = None, empty: str | None = None
-) -> Table:
-    """A rich table of ``rows``; ``empty`` is shown as its only row when there are none."""
-    t = Table(
+def titled_table(title: str | Text | None) -> Table:
+    """An empty table in the CLI's one style: bold title on the left, a rule under the header, no edge."""
+    return Table(
         title=title,
         box=box.SIMPLE_HEAD,
         show_edge=False,
@@ -108,6 +106,13 @@ def table(
         header_style="bold",
         pad_edge=False,
     )
+
+
+def table(
+    rows: Sequence[Mapping[str, Any]], columns: Sequence[Column], *, title: str | None = None, empty: str | None = None
+) -> Table:
+    """A rich table of ``rows``; ``empty`` is shown as its only row when there are none."""
+    t = titled_table(title)
     for col in columns:
         t.add_column(
             col.header,

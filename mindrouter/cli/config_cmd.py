@@ -21,7 +21,6 @@ from typing import Annotated, Any
 
 import tomli_w
 import typer
-from rich import box
 from rich.markup import escape
 from rich.table import Table
 from rich.text import Text
@@ -31,7 +30,7 @@ from ..config import BackendSettings, Config, ServerSettings
 from ..errors import MindRouterError
 from ..scheduler.settings import SchedulerSettings, ScoreWeights
 from ._app import ConfigOption, JsonOption, get_app
-from ._output import console, print_json
+from ._output import console, print_json, titled_table
 
 __all__ = ["config_app", "effective_settings", "field_docs", "register", "render_config"]
 
@@ -188,15 +187,7 @@ def init(
 
 
 def _section_table(title: str, values: dict[str, Any], defaults: dict[str, Any]) -> Table:
-    t = Table(
-        title=Text(f"[{title}]"),
-        title_justify="left",
-        title_style="bold",
-        box=box.SIMPLE_HEAD,
-        show_edge=False,
-        header_style="bold",
-        pad_edge=False,
-    )
+    t = titled_table(Text(f"[{title}]"))
     t.add_column("key")
     t.add_column("value")
     t.add_column("default", style="dim")

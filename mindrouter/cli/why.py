@@ -13,15 +13,13 @@ from collections.abc import Mapping
 from typing import Annotated, Any
 
 import typer
-from rich import box
 from rich.console import Group
-from rich.table import Table
 from rich.text import Text
 
 from ..errors import RequestError
 from ._app import ConfigOption, JsonOption, get_app
 from ._client import quote_name
-from ._output import console, fmt_duration, fmt_num, fmt_pct, fmt_time, fmt_tokens, print_json
+from ._output import console, fmt_duration, fmt_num, fmt_pct, fmt_time, fmt_tokens, print_json, titled_table
 
 __all__ = ["SCORE_TERMS", "ended", "register", "why_view"]
 
@@ -114,15 +112,7 @@ def why_view(record: Mapping[str, Any], names: Mapping[str, str]) -> Group:
 
     raw_terms = record.get("priority")
     terms: Mapping[str, Any] = raw_terms if isinstance(raw_terms, Mapping) else {}
-    prio = Table(
-        title="priority terms (the highest priority is served first)",
-        title_justify="left",
-        title_style="bold",
-        box=box.SIMPLE_HEAD,
-        show_edge=False,
-        header_style="bold",
-        pad_edge=False,
-    )
+    prio = titled_table("priority terms (the highest priority is served first)")
     prio.add_column("term")
     prio.add_column("value", justify="right")
     prio.add_column("meaning", style="dim")
@@ -138,15 +128,7 @@ def why_view(record: Mapping[str, Any], names: Mapping[str, str]) -> Group:
     scores = record.get("scores") or {}
     ids = [str(b) for b in record.get("candidate_backends") or []] or list(components) or list(scores)
     ids.sort(key=lambda b: -float((components.get(b) or {}).get("total", scores.get(b, 0)) or 0))
-    cand = Table(
-        title="backends that could serve it (the highest total wins)",
-        title_justify="left",
-        title_style="bold",
-        box=box.SIMPLE_HEAD,
-        show_edge=False,
-        header_style="bold",
-        pad_edge=False,
-    )
+    cand = titled_table("backends that could serve it (the highest total wins)")
     cand.add_column("backend")
     cand.add_column("total", justify="right")
     for _, header, _ in SCORE_TERMS:
@@ -168,15 +150,7 @@ def why_view(record: Mapping[str, Any], names: Mapping[str, str]) -> Group:
     parts: list[Any] = [head, Text(), prio, Text(), cand]
     rejected = record.get("rejected") or {}
     if rejected:
-        refused = Table(
-            title="backends refused",
-            title_justify="left",
-            title_style="bold",
-            box=box.SIMPLE_HEAD,
-            show_edge=False,
-            header_style="bold",
-            pad_edge=False,
-        )
+        refused = titled_table("backends refused")
         refused.add_column("backend")
         refused.add_column("why not")
         for bid, reasons in sorted(rejected.items(), key=lambda kv: label(str(kv[0]))):
