@@ -18,6 +18,17 @@ from .fake_nvml import FakeNvml
 from .fakes import fake_llamacpp, fake_ollama, fake_openai, fake_vllm  # noqa: F401 (fixtures)
 
 ADMIN_KEY = "test-admin-key"
+SEED_RECORD_KEYS = (
+    "request_id",
+    "selected_backend_id",
+    "candidate_backends",
+    "scores",
+    "user_deficit",
+    "user_weight",
+    "user_group",
+    "user_recent_usage",
+)
+"""The decision record's keys that DESIGN section 7 says may never be removed or renamed."""
 
 
 @dataclasses.dataclass

@@ -10,7 +10,7 @@ import openai
 
 from mindrouter.daemon.app import create_app
 
-from .conftest import Daemon, daemon_config
+from .conftest import SEED_RECORD_KEYS, Daemon, daemon_config
 from .fakes import FakeOllama, FakeOpenAI
 
 CHAT = "/v1/chat/completions"
@@ -193,16 +193,7 @@ async def test_decisions_are_recorded_and_followed_live(daemon):
         assert live["user"] == "w" and live["user_group"] == "faculty" and live["selected_backend"] == "b1"
         rid = live["request_id"]
         stored = await daemon.admin("GET", f"/admin/decisions/{rid}")
-        for key_ in (
-            "request_id",
-            "selected_backend_id",
-            "candidate_backends",
-            "scores",
-            "user_deficit",
-            "user_weight",
-            "user_group",
-            "user_recent_usage",
-        ):
+        for key_ in SEED_RECORD_KEYS:
             assert key_ in stored
         assert stored["user_weight"] == 3
         assert reply.id  # the answer itself is the backend's

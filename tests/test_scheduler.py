@@ -19,6 +19,8 @@ from mindrouter.scheduler import (
     seed_priority,
 )
 
+from .conftest import SEED_RECORD_KEYS
+
 LLAMA = frozenset({"llama3"})
 
 
@@ -487,16 +489,7 @@ def test_record_has_the_seed_shape_and_the_priority_terms():
     s.submit(j := job("u"), 0)
     [d] = s.dispatch(2.0)
     rec = d.record.to_dict()
-    for key in (
-        "request_id",
-        "selected_backend_id",
-        "candidate_backends",
-        "scores",
-        "user_deficit",
-        "user_weight",
-        "user_group",
-        "user_recent_usage",
-    ):
+    for key in SEED_RECORD_KEYS:
         assert key in rec
     assert rec["request_id"] == j.id and rec["selected_backend_id"] == 1
     assert rec["candidate_backends"] == [1] and rec["user_weight"] == 3 and rec["user_group"] == "faculty"
