@@ -45,10 +45,8 @@ async def until(predicate, timeout: float) -> None:
 @pytest.mark.parametrize(
     ("users", "per_user", "rss_limit_mb"),
     [
-        pytest.param(100, 20, 150, id="2000"),
-        # The target is 150 MB; the last run measured 219 MB (17.7 KB per queued request, most of it
-        # aiohttp's own per-connection objects: docs/reliability.md). This bound catches regressions.
-        pytest.param(500, 20, 230, id="10000", marks=pytest.mark.soak),
+        pytest.param(100, 20, 100, id="2000"),
+        pytest.param(500, 20, 150, id="10000", marks=pytest.mark.soak),  # issue 10's target
     ],
 )
 async def test_queued_requests_are_held_bounded_and_all_answered_in_fair_order(tmp_path, users, per_user, rss_limit_mb):
@@ -132,7 +130,8 @@ async def test_queued_requests_are_held_bounded_and_all_answered_in_fair_order(t
                 f"first quarter: {min(first.values())} to {max(first.values())} per user"
             )
             assert queued_mb < rss_limit_mb
-            assert (queued_mb - idle_mb) * 1024 / total < 20  # KB held per queued request
+            # A queued request waits at the front door in about 7 KB; aiohttp would hold 18 KB.
+            assert (queued_mb - idle_mb) * 1024 / total < 10  # KB held per queued request
     finally:
         proc.terminate()
         proc.wait(30)

@@ -40,10 +40,24 @@ from .cors import setup_cors
 from .decisions import DecisionLog
 from .discover import discover_local_backends
 from .dispatcher import Dispatcher
+from .frontdoor import FrontDoors
 from .gpus import GpuState
 from .guard import guard_middleware
 from .inference import setup_inference_routes
-from .keys import AUTH, CONFIG, DECISIONS, DISPATCHER, GPUS, QUOTAS, REGISTRY, SCHEDULER, SESSION, STATS, STORE
+from .keys import (
+    ADMITTED,
+    AUTH,
+    CONFIG,
+    DECISIONS,
+    DISPATCHER,
+    GPUS,
+    QUOTAS,
+    REGISTRY,
+    SCHEDULER,
+    SESSION,
+    STATS,
+    STORE,
+)
 from .lease import Settlement
 from .logsafe import OneLineFormatter
 from .metrics import setup_metrics
@@ -125,6 +139,7 @@ async def create_app(config: Config, *, nvml: Any = None, discover: bool | None 
     app[DISPATCHER] = dispatcher
     app[REGISTRY] = registry
     app[AUTH] = Auth(store)
+    app[ADMITTED] = {}
     app[QUOTAS] = quotas
     app[STATS] = stats
     app[DECISIONS] = decisions
@@ -257,9 +272,10 @@ async def _serve_app(config: Config, *, discover: bool | None) -> None:
     runner = make_runner(app, config)
     await runner.setup()
     socket_path = server.socket_path
+    assert runner.server is not None, "set up above"
+    doors = FrontDoors(app, runner.server)
     try:
-        tcp = web.TCPSite(runner, server.host, server.port, backlog=1024)
-        await tcp.start()
+        await doors.listen(server.host, server.port, backlog=1024)
         old_umask = os.umask(0o177)
         try:
             unix = web.UnixSite(runner, str(socket_path))
@@ -295,6 +311,7 @@ async def _serve_app(config: Config, *, discover: bool | None) -> None:
             app[SCHEDULER].running_count,
         )
     finally:
+        await doors.close(server.shutdown_grace_seconds)  # before the app's resources close under its streams
         await runner.cleanup()
         with contextlib.suppress(OSError):
             socket_path.unlink()

@@ -1,9 +1,9 @@
 """The inference API: OpenAI and Ollama routes, translated into jobs for the core.
 
-This module only translates HTTP: authenticate, parse the body into a
-``Call``, and let the request's :class:`~.lease.Lease` (from
-``dispatcher.lease``) do everything with the slot, from waiting in the queue
-to failing over and settling the usage. The handler prepares the response,
+This module only translates HTTP: admission (``admission.py``, here or
+already at the front door) authenticates, parses the body into a ``Call`` and
+queues the job, and the request's :class:`~.lease.Lease` does everything with
+the slot, from waiting in the queue to failing over and settling the usage. The handler prepares the response,
 writes the chunks, and ends it; a streaming client that has to wait gets its
 headers at once and its queue position, and every stream whose headers went
 out gets an end: the answer, or the dialect's error tail and a close.
@@ -11,91 +11,77 @@ out gets an end: the answer, or the dialect's error tail and a close.
 
 from __future__ import annotations
 
-import itertools
 import logging
-import os
 from collections.abc import Awaitable, Callable
 
 from aiohttp import web
 
-from ..backends import INFERENCE_PATHS, Call, model_key
-from ..backends._shapes import error_tail
+from ..backends import INFERENCE_PATHS, Upstream
+from ..backends._shapes import Dialect, error_tail
 from ..errors import RequestError
-from ..scheduler import Job, Modality
-from .keys import AUTH, DISPATCHER, QUOTAS, SCHEDULER, STATS
+from .admission import Admitted, admit
+from .keys import ADMITTED, STATS
 from .lease import Lease
-from .responses import dialect_of, error_response
-from .weights import apply_user
+from .quotas import QUOTA_HEADERS
+from .responses import error_response
 
-__all__ = ["setup_inference_routes"]
+__all__ = [
+    "CLOSE_WHEN_QUEUED",
+    "CONTENT_TYPES",
+    "position_teller",
+    "pour",
+    "refused",
+    "setup_inference_routes",
+    "waiting_headers",
+]
 
 log = logging.getLogger(__name__)
 
-_MODALITY = {"chat": Modality.CHAT, "completion": Modality.COMPLETION, "embeddings": Modality.EMBEDDINGS}
-_counter = itertools.count(1)
-_prefix = os.urandom(3).hex()
-_CONTENT_TYPES = {"ollama": "application/x-ndjson", "openai": "text/event-stream"}
+CONTENT_TYPES = {"ollama": "application/x-ndjson", "openai": "text/event-stream"}
+CLOSE_WHEN_QUEUED = 1000
+"""While this many requests wait, an answer closes its connection, so that the client's next
+request comes on a fresh connection, where the front door can hold it cheaply (``frontdoor.py``)."""
 
-
-def _request_id() -> str:
-    return f"mr-{_prefix}{next(_counter):x}"
+Write = Callable[[bytes], Awaitable[None]]
 
 
 async def handle_inference(request: web.Request) -> web.StreamResponse:
-    dialect = dialect_of(request.path)
-    rid = _request_id()
     app = request.app
+    admitted: Admitted | None = app[ADMITTED].pop(request.transport, None)  # the front door admitted it
+    if admitted is None:
+        admitted = admit(app, request.path, request.headers, await request.read())
+    if admitted.quota_headers:
+        request[QUOTA_HEADERS] = admitted.quota_headers
+    rid, dialect, lease, call = admitted.rid, admitted.dialect, admitted.lease, admitted.call
     response: web.StreamResponse | None = None
     try:
-        caller = app[AUTH].caller(request.headers.get("Authorization"))
-        call = Call.from_request(request.path, await request.read())
-        caller = app[AUTH].on_behalf(caller, request.headers, call.body.get("user"))
-        scheduler = app[SCHEDULER]
-        if not scheduler.has_user(caller.user_id):
-            apply_user(scheduler, caller.user_id, caller)
-        dispatcher = app[DISPATCHER]
-        job = Job(
-            id=rid,
-            user_id=caller.user_id,
-            model=model_key(call.model),
-            submitted_at=dispatcher.clock(),
-            modality=Modality.VISION if call.has_images else _MODALITY[call.kind],
-            json_mode=call.json_mode,
-            prompt_tokens=call.prompt_tokens,
-            max_tokens=call.max_tokens,
-            context_tokens=call.context_tokens,
-            stream=call.stream,
-        )
-        app[QUOTAS].admit(request, caller, job)  # 429 before the job queues; leaves the quota headers
-        async with dispatcher.lease(job, call, user=caller.name, group=caller.group) as lease:
+        if admitted.error is not None:
+            raise admitted.error
+        assert lease is not None and call is not None
+        async with lease:
             if call.stream and lease.queued:
                 response = await _prepare_waiting_stream(request, lease, dialect)
-                upstream = await lease.open(heartbeat=_position_teller(response, lease, dialect))
+                upstream = await lease.open(heartbeat=position_teller(response.write, lease, dialect))
             else:
                 upstream = await lease.open()
             if response is None and upstream.body is not None:
                 headers = {**upstream.headers, "X-Request-Id": rid}
                 response = web.Response(body=upstream.body, status=upstream.status, headers=headers)
+                _close_if_crowded(response, lease)
             else:
                 if response is None:
                     headers = {**upstream.headers, "X-Request-Id": rid}
                     response = web.StreamResponse(status=upstream.status, headers=headers)
+                    _close_if_crowded(response, lease)
                     await response.prepare(request)
-                if upstream.body is None:
-                    async for chunk in lease.chunks():
-                        await response.write(chunk)
-                elif upstream.error is None:  # headers went out while queued: the answer goes into the stream
-                    await response.write(upstream.body)
-                else:
-                    await response.write(error_tail(dialect, upstream.error))
+                await pour(lease, upstream, response.write, dialect)
                 await response.write_eof()
             lease.finish()
         return response
     except ConnectionError:  # the client hung up mid-write; its lease has settled, and no one is listening
         return response if response is not None else web.Response(status=499)
     except RequestError as exc:
-        app[STATS].count_error(exc.status)
-        log.info("request=%s status=%d %s", rid, exc.status, exc.message)
+        refused(app, rid, exc)
         if response is not None and response.prepared:  # a stream whose headers went out ends in its dialect
             await response.write(error_tail(dialect, exc.message))
             await response.write_eof()
@@ -105,18 +91,46 @@ async def handle_inference(request: web.Request) -> web.StreamResponse:
         return answer
 
 
-async def _prepare_waiting_stream(request: web.Request, lease: Lease, dialect: str) -> web.StreamResponse:
-    headers = {"Content-Type": _CONTENT_TYPES[dialect], "X-Request-Id": lease.job.id, "Cache-Control": "no-cache"}
-    position = request.app[SCHEDULER].queue_position(lease.job.id)
+def refused(app: web.Application, rid: str, exc: RequestError) -> None:
+    """Count and log a request that ends in an error."""
+    app[STATS].count_error(exc.status)
+    log.info("request=%s status=%d %s", rid, exc.status, exc.message)
+
+
+async def pour(lease: Lease, upstream: Upstream, write: Write, dialect: Dialect) -> None:
+    """The answer's body into a response whose headers went out: chunks, a whole body, or the error tail."""
+    if upstream.body is None:
+        async for chunk in lease.chunks():
+            await write(chunk)
+    elif upstream.error is None:  # headers went out while queued: the answer goes into the stream
+        await write(upstream.body)
+    else:
+        await write(error_tail(dialect, upstream.error))
+
+
+def waiting_headers(lease: Lease, dialect: str) -> dict[str, str]:
+    """The headers a stream gets at once when it has to wait: its type, id and queue position."""
+    headers = {"Content-Type": CONTENT_TYPES[dialect], "X-Request-Id": lease.job.id, "Cache-Control": "no-cache"}
+    position = lease.dispatcher.scheduler.queue_position(lease.job.id)
     if position is not None:
         headers["X-Queue-Position"] = str(position[0])
         headers["X-Queue-Length"] = str(position[1])
-    response = web.StreamResponse(status=200, headers=headers)
+    return headers
+
+
+def _close_if_crowded(response: web.StreamResponse, lease: Lease) -> None:
+    if lease.dispatcher.scheduler.queued_count >= CLOSE_WHEN_QUEUED:
+        response.force_close()
+
+
+async def _prepare_waiting_stream(request: web.Request, lease: Lease, dialect: str) -> web.StreamResponse:
+    response = web.StreamResponse(status=200, headers=waiting_headers(lease, dialect))
+    _close_if_crowded(response, lease)
     await response.prepare(request)
     return response
 
 
-def _position_teller(response: web.StreamResponse, lease: Lease, dialect: str) -> Callable[[], Awaitable[None]] | None:
+def position_teller(write: Write, lease: Lease, dialect: str) -> Callable[[], Awaitable[None]] | None:
     """OpenAI streams get an SSE comment with their queue position every 2 s; NDJSON has no comments."""
     if dialect != "openai":
         return None
@@ -125,7 +139,7 @@ def _position_teller(response: web.StreamResponse, lease: Lease, dialect: str) -
     async def tell() -> None:
         position = scheduler.queue_position(lease.job.id)
         if position is not None:
-            await response.write(f": queued position={position[0]} queue_length={position[1]}\n\n".encode())
+            await write(f": queued position={position[0]} queue_length={position[1]}\n\n".encode())
 
     return tell
 

@@ -17,6 +17,7 @@ from .registry import Registry
 from .stats import Stats
 
 __all__ = [
+    "ADMITTED",
     "AUTH",
     "CONFIG",
     "DECISIONS",
@@ -31,6 +32,8 @@ __all__ = [
 ]
 
 CONFIG = web.AppKey("config", Config)
+ADMITTED = web.AppKey("admitted", dict)
+"""Requests the front door admitted, by their connection's transport, for the handler to take over."""
 STORE = web.AppKey("store", Store)
 SCHEDULER = web.AppKey("scheduler", Scheduler)
 DISPATCHER = web.AppKey("dispatcher", Dispatcher)

@@ -124,18 +124,32 @@ class Lease:
 
     # -- the request's life ------------------------------------------------
 
-    async def __aenter__(self) -> Lease:
-        try:
-            self._future = self.dispatcher.submit(self.job)
-        except RequestError as exc:
-            self._settle(Outcome.REJECTED, exc.message, exc.status)
-            raise
+    def enter(self) -> Lease:
+        """Queue the job, once: ``async with`` does it, or the front door before aiohttp sees the request.
+
+        Raises:
+            RequestError: the core refused the job (the lease has settled as rejected).
+        """
+        if self._future is None and not self._settled:
+            try:
+                self._future = self.dispatcher.submit(self.job)
+            except RequestError as exc:
+                self._settle(Outcome.REJECTED, exc.message, exc.status)
+                raise
         return self
+
+    async def __aenter__(self) -> Lease:
+        return self.enter()
 
     @property
     def queued(self) -> bool:
         """The job is waiting for a slot (a streaming handler may send headers now)."""
         return self._future is not None and not self._future.done()
+
+    def when_ready(self, callback: Callable[[], None]) -> None:
+        """Call ``callback`` once the queue is done with the job: it has a slot, or it timed out."""
+        assert self._future is not None, "enter() first"
+        self._future.add_done_callback(lambda _future: callback())
 
     async def open(self, heartbeat: Callable[[], Awaitable[None]] | None = None, every: float = 2.0) -> Upstream:
         """Wait for a slot and open the answer there, failing over before the first byte.

@@ -1,8 +1,8 @@
 """Token and request quotas per user and per group, checked before a request queues.
 
-The handler makes one call, ``Quotas.admit(request, caller, job)``, before it
-submits the job: it raises a 429 ``RequestError`` when a quota is spent, and
-otherwise leaves the ``X-Quota-*`` headers for the response. A request
+Admission makes one call, ``Quotas.admit(caller, job)``, before it submits
+the job: it raises a 429 ``RequestError`` when a quota is spent, and
+otherwise returns the ``X-Quota-*`` headers for the response. A request
 already admitted is never cut.
 
 What counts: tokens of completed requests (``record``, called where the usage
@@ -199,14 +199,14 @@ class Quotas:
             recent.popleft()
         return recent
 
-    def admit(self, request: web.Request, caller: Any, job: Any) -> None:
-        """Let the job queue, or refuse it with 429 naming the spent quota; leaves the response's headers.
+    def admit(self, caller: Any, job: Any) -> dict[str, str] | None:
+        """Let the job queue, or refuse it with 429 naming the spent quota; returns the response's quota headers.
 
         Raises:
             RequestError: 429 with ``Retry-After`` until the quota's period turns over.
         """
         if ("user", caller.user_id) not in self._limits and ("group", caller.group) not in self._limits:
-            return
+            return None
         limits = self.limits(caller.user_id, caller.group)
         for limit in limits:
             if limit.used >= limit.limit:
@@ -222,12 +222,10 @@ class Quotas:
             if quota.requests_per_minute is not None:
                 self._recent_requests(subject).append(self.clock())
         tokens = [lim for lim in limits if lim.kind != "requests_per_minute"]
-        if tokens:
-            tightest = min(tokens, key=lambda lim: (lim.remaining, lim.resets))
-            request[QUOTA_HEADERS] = {
-                "X-Quota-Remaining-Tokens": str(tightest.remaining),
-                "X-Quota-Reset": _when(tightest.resets),
-            }
+        if not tokens:
+            return None
+        tightest = min(tokens, key=lambda lim: (lim.remaining, lim.resets))
+        return {"X-Quota-Remaining-Tokens": str(tightest.remaining), "X-Quota-Reset": _when(tightest.resets)}
 
 
 def _refusal(limit: Limit, now: float) -> RequestError:

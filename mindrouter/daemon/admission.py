@@ -1,0 +1,79 @@
+"""Admission: from a request's path, headers and body to a queued job with its lease, or the refusal.
+
+One function for both doors a request can come through: the inference
+handler (aiohttp parsed the request) and the front door (a fresh
+connection's first request, read before aiohttp sees it, so that a request
+that has to wait can wait in a few KB; see ``frontdoor.py``). Admission runs
+once per request: authenticate, parse the body, name the person behind a
+proxy, check the quotas, and queue the job.
+"""
+
+from __future__ import annotations
+
+import itertools
+import os
+from collections.abc import Mapping
+from dataclasses import dataclass
+
+from aiohttp import web
+
+from ..backends import Call, model_key
+from ..backends._shapes import Dialect
+from ..errors import RequestError
+from ..scheduler import Job, Modality
+from .keys import AUTH, DISPATCHER, QUOTAS, SCHEDULER
+from .lease import Lease
+from .responses import dialect_of
+from .weights import apply_user
+
+__all__ = ["Admitted", "admit"]
+
+_MODALITY = {"chat": Modality.CHAT, "completion": Modality.COMPLETION, "embeddings": Modality.EMBEDDINGS}
+_counter = itertools.count(1)
+_prefix = os.urandom(3).hex()
+
+
+@dataclass(slots=True)
+class Admitted:
+    """One request after admission: its lease (the job is queued), or why it was refused."""
+
+    rid: str
+    dialect: Dialect
+    call: Call | None = None
+    lease: Lease | None = None
+    quota_headers: dict[str, str] | None = None
+    error: RequestError | None = None
+
+
+def admit(app: web.Application, path: str, headers: Mapping[str, str], body: bytes) -> Admitted:
+    """Admit one inference request; a ``RequestError`` is kept in the result, not raised.
+
+    Anything else (a body nested too deeply, a lone surrogate) propagates before
+    the request has changed anything, for the caller to answer.
+    """
+    admitted = Admitted(f"mr-{_prefix}{next(_counter):x}", dialect_of(path))
+    try:
+        caller = app[AUTH].caller(headers.get("Authorization"))
+        call = admitted.call = Call.from_request(path, body)
+        caller = app[AUTH].on_behalf(caller, headers, call.body.get("user"))
+        scheduler = app[SCHEDULER]
+        if not scheduler.has_user(caller.user_id):
+            apply_user(scheduler, caller.user_id, caller)
+        dispatcher = app[DISPATCHER]
+        job = Job(
+            id=admitted.rid,
+            user_id=caller.user_id,
+            model=model_key(call.model),
+            submitted_at=dispatcher.clock(),
+            modality=Modality.VISION if call.has_images else _MODALITY[call.kind],
+            json_mode=call.json_mode,
+            prompt_tokens=call.prompt_tokens,
+            max_tokens=call.max_tokens,
+            context_tokens=call.context_tokens,
+            stream=call.stream,
+        )
+        admitted.quota_headers = app[QUOTAS].admit(caller, job)  # 429 before the job queues
+        admitted.lease = dispatcher.lease(job, call, user=caller.name, group=caller.group).enter()
+    except RequestError as exc:
+        admitted.error = exc
+    return admitted
