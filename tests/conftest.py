@@ -8,9 +8,13 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from aiohttp import web
+from aiohttp.test_utils import TestServer
+from yarl import URL
 
 from mindrouter.config import BackendSettings, Config, ServerSettings
-from mindrouter.daemon.app import create_app
+from mindrouter.daemon.app import create_app, make_runner
+from mindrouter.daemon.frontdoor import FrontDoors
 from mindrouter.daemon.keys import REGISTRY, SCHEDULER
 from mindrouter.scheduler import SchedulerSettings
 
@@ -90,6 +94,31 @@ def daemon_config(tmp_path: Path, **scheduler: Any) -> Config:
     )
 
 
+class FrontDoorServer(TestServer):
+    """The app served as ``mr serve`` serves it: its runner, behind the front door (frontdoor.py)."""
+
+    def __init__(self, app: web.Application, config: Config) -> None:
+        super().__init__(app)
+        self.config = config
+        self.doors: FrontDoors | None = None
+
+    async def start_server(self, loop: Any = None, **kwargs: Any) -> None:
+        if self.runner:
+            return
+        self.runner = make_runner(self.app, self.config)
+        await self.runner.setup()
+        assert self.runner.server is not None
+        self.doors = FrontDoors(self.app, self.runner.server)
+        self.port = await self.doors.listen(self.host, 0, backlog=128)
+        self.scheme = "http"
+        self._root = URL(f"http://{self.host}:{self.port}")
+
+    async def close(self) -> None:
+        if self.doors is not None and not self.closed:
+            await self.doors.close(1.0)
+        await super().close()
+
+
 @pytest.fixture
 def nvml() -> FakeNvml:
     """No NVIDIA driver, unless a test swaps in GPUs."""
@@ -100,5 +129,5 @@ def nvml() -> FakeNvml:
 async def daemon(tmp_path: Path, aiohttp_client: Any, nvml: FakeNvml) -> AsyncIterator[Daemon]:
     config = daemon_config(tmp_path)
     app = await create_app(config, nvml=nvml)
-    client = await aiohttp_client(app)
+    client = await aiohttp_client(FrontDoorServer(app, config))
     yield Daemon(client, app, config)

@@ -22,11 +22,11 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from aiohttp import web
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from mindrouter.daemon.app import create_app, make_runner
+from mindrouter.daemon.frontdoor import FrontDoors
 
 from .conftest import ADMIN_KEY, daemon_config
 from .fake_nvml import FakeNvml
@@ -61,10 +61,10 @@ def served(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Served]:
         app = await create_app(config, nvml=FakeNvml(init_error=FakeNvml.NVML_ERROR_LIBRARY_NOT_FOUND))
         runner = make_runner(app, config)
         await runner.setup()
-        sock = socket.socket()
-        sock.bind(("127.0.0.1", 0))
-        await web.SockSite(runner, sock).start()
-        state.update(fake=fake, runner=runner, port=sock.getsockname()[1], app=app)
+        assert runner.server is not None
+        doors = FrontDoors(app, runner.server)  # as `mr serve` listens
+        port = await doors.listen("127.0.0.1", 0, backlog=128)
+        state.update(fake=fake, runner=runner, port=port, app=app, doors=doors)
 
     def run() -> None:
         asyncio.set_event_loop(loop)
@@ -90,6 +90,7 @@ def served(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Served]:
     yield Served(port, key, routes, loop)
 
     async def stop() -> None:
+        await state["doors"].close(1.0)
         await state["runner"].cleanup()
         await state["fake"].stop()
 

@@ -89,9 +89,11 @@ class FrontDoors:
         self.header_timeout = app[CONFIG].server.header_timeout
         self._listener: asyncio.Server | None = None
 
-    async def listen(self, host: str, port: int, backlog: int) -> None:
+    async def listen(self, host: str, port: int, backlog: int) -> int:
+        """Listen on ``host:port``; returns the port (the one the system chose for port 0)."""
         loop = asyncio.get_running_loop()
         self._listener = await loop.create_server(lambda: FrontDoor(self), host, port, backlog=backlog)
+        return int(self._listener.sockets[0].getsockname()[1])
 
     async def close(self, grace: float) -> None:
         """Stop listening; answer the requests still queued here 503, let streams run for ``grace`` s."""
