@@ -24,7 +24,7 @@ import openai
 import pytest
 
 from mindrouter.daemon.app import create_app, make_runner
-from mindrouter.daemon.frontdoor import FrontDoors, _plain_request
+from mindrouter.daemon.frontdoor import FrontDoor, FrontDoors, _plain_request
 from mindrouter.daemon.keys import ADMITTED, SCHEDULER, STATS
 
 from .conftest import ADMIN_KEY, daemon_config
@@ -286,3 +286,47 @@ def test_a_plain_inference_post_is_read_at_the_front_door():
     assert plain is not None
     path, headers, length = plain
     assert (path, headers["Authorization"], length) == ("/api/chat", "Bearer k", 17)
+
+
+class _Transport(asyncio.Transport):
+    """A connection that records what was written and can be dropped at any moment."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.written = b""
+        self.closed = False
+
+    def write(self, data: bytes | bytearray | memoryview) -> None:
+        self.written += bytes(data)
+
+    def is_closing(self) -> bool:
+        return self.closed
+
+    def close(self) -> None:
+        self.closed = True
+
+
+def raw_request(key: str, body: dict[str, Any]) -> bytes:
+    data = json.dumps(body).encode()
+    return (
+        b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+        + f"Authorization: Bearer {key}\r\nContent-Length: {len(data)}\r\n\r\n".encode()
+        + data
+    )
+
+
+@pytest.mark.parametrize("stream", [False, True])
+async def test_a_client_gone_in_the_same_moment_it_was_parked_leaves_nothing_queued(front, vllm, stream):
+    """The lease ends even when the stream's task is cancelled before it ever ran."""
+    first = await occupy_the_slot(front, vllm)
+    door = FrontDoor(front.doors)
+    transport = _Transport()
+    door.connection_made(transport)
+    door.data_received(raw_request(front.key, {**CHAT, "stream": stream}))
+    assert front.queued == 1 and len(front.doors.waiting) == 1
+    transport.closed = True
+    door.connection_lost(None)  # in the same tick: the stream's task has not started
+    await front.until(lambda: front.queued == 0, "the queue should be empty")
+    assert not front.doors.waiting and transport.written == b""
+    vllm.open_gate()
+    assert (await first)[0] == 200 and vllm.requests == 1

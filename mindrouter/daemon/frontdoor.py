@@ -176,6 +176,7 @@ class FrontDoor(asyncio.Protocol):
         self.doors.waiting.add(self)
         if call.stream:
             self.task = asyncio.create_task(self._answer_stream(admitted))
+            self.task.add_done_callback(lambda _task: self._stream_done(admitted))
         else:
             lease.when_ready(self._ready)
 
@@ -294,6 +295,13 @@ class FrontDoor(asyncio.Protocol):
             self._admitted = None
             self.doors.waiting.discard(self)
             transport.close()
+
+    def _stream_done(self, admitted: Admitted) -> None:
+        """A stream cancelled before it began (its client left at once) still ends its lease."""
+        if admitted.lease is not None and not admitted.lease.settled:
+            _walk_away(admitted)
+        if self._transport is not None:
+            self._transport.close()
 
     async def _write(self, data: bytes) -> None:
         transport = self._transport

@@ -146,6 +146,11 @@ class Lease:
         """The job is waiting for a slot (a streaming handler may send headers now)."""
         return self._future is not None and not self._future.done()
 
+    @property
+    def settled(self) -> bool:
+        """The request's end is recorded (exactly once)."""
+        return self._settled
+
     def when_ready(self, callback: Callable[[], None]) -> None:
         """Call ``callback`` once the queue is done with the job: it has a slot, or it timed out."""
         assert self._future is not None, "enter() first"
