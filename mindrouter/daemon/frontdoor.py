@@ -28,7 +28,7 @@ import asyncio
 import logging
 import re
 from email.utils import formatdate
-from typing import Any
+from typing import Any, cast
 
 from aiohttp import web
 from multidict import CIMultiDict
@@ -127,8 +127,7 @@ class FrontDoor(asyncio.Protocol):
     # -- reading the first request -------------------------------------------
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
-        assert isinstance(transport, asyncio.Transport)
-        self._transport = transport
+        self._transport = cast(asyncio.Transport, transport)  # uvloop's is not an asyncio.Transport subclass
         if self.doors.closing:
             self._hand_off()
             return
