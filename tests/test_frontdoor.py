@@ -25,7 +25,7 @@ import pytest
 
 from mindrouter.daemon.app import create_app, make_runner
 from mindrouter.daemon.frontdoor import FrontDoor, FrontDoors, _plain_request
-from mindrouter.daemon.keys import ADMITTED, SCHEDULER, STATS
+from mindrouter.daemon.keys import ADMITTED, DECISIONS, SCHEDULER, STATS
 
 from .conftest import ADMIN_KEY, daemon_config
 from .fake_nvml import FakeNvml
@@ -56,6 +56,9 @@ class Front:
         async with self.session.post(self.url + path, json=body, headers=headers) as r:
             assert r.status < 300, await r.text()
             return await r.json()
+
+    def decision(self, request_id: str) -> Any:
+        return self.app[DECISIONS].get(request_id)
 
     async def post(self, path: str, body: dict[str, Any]) -> tuple[int, Any, aiohttp.ClientResponse]:
         async with self.session.post(self.url + path, json=body, headers=self.auth) as r:
@@ -253,10 +256,13 @@ async def test_shutting_down_answers_what_still_waits(front, vllm):
     status, text, response = await plain
     assert status == 503 and "shutting down" in json.loads(text)["error"]["message"]
     assert response.headers["Retry-After"] == "5"
-    status, text, _ = await stream
+    status, text, stream_response = await stream
     assert status == 200 and "shutting down" in text and text.rstrip().endswith("data: [DONE]")
     assert (await first)[0] == 200
     await front.until(lambda: front.queued == 0, "the queue should be empty")
+    for answer in (response, stream_response):  # the decision records say why, not "the client went away"
+        record = front.decision(answer.headers["X-Request-Id"])
+        assert (record["outcome"], record["status"]) == ("rejected", 503) and "shutting down" in record["reason"]
 
 
 @pytest.mark.parametrize(

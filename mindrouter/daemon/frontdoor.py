@@ -260,7 +260,8 @@ class FrontDoor(asyncio.Protocol):
             return
         self._admitted = None
         self.doors.waiting.discard(self)
-        _walk_away(admitted)
+        if admitted.lease is not None:
+            admitted.lease.withdraw(_SHUTTING_DOWN)
         _refuse(transport, admitted, _SHUTTING_DOWN)
 
     # -- a parked stream's answer ------------------------------------------
@@ -279,7 +280,8 @@ class FrontDoor(asyncio.Protocol):
                     refused(self.doors.app, admitted.rid, exc)
                     await self._write(error_tail(dialect, exc.message))
                 except asyncio.CancelledError:
-                    if self.doors.closing and not transport.is_closing():
+                    if self.doors.closing and lease.queued and not transport.is_closing():
+                        lease.withdraw(_SHUTTING_DOWN)
                         refused(self.doors.app, admitted.rid, _SHUTTING_DOWN)
                         transport.write(_chunk(error_tail(dialect, _SHUTTING_DOWN.message)) + b"0\r\n\r\n")
                     raise

@@ -263,6 +263,12 @@ class Lease:
         prompt, completion = self._used()
         self._settle(outcome, upstream.error, upstream.status, prompt, completion)
 
+    def withdraw(self, refusal: RequestError) -> None:
+        """The daemon ends a request that is still queued (it is shutting down); the client gets ``refusal``."""
+        if not self._settled:
+            self.dispatcher.abandon(self.job.id, prompt_tokens=0)
+            self._settle(Outcome.REJECTED, refusal.message, refusal.status)
+
     async def __aexit__(self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: Any) -> None:
         upstream = self.upstream
         if upstream is not None:
