@@ -23,6 +23,7 @@ import aiohttp
 import openai
 import pytest
 
+from mindrouter.daemon import inference
 from mindrouter.daemon.app import create_app, make_runner
 from mindrouter.daemon.frontdoor import FrontDoor, FrontDoors, _plain_request
 from mindrouter.daemon.keys import ADMITTED, DECISIONS, SCHEDULER, STATS
@@ -137,6 +138,18 @@ async def test_queued_requests_wait_at_the_front_door_and_are_answered_when_thei
     # The connections stay open for the next request (handed to aiohttp after the answer).
     status, _, _ = await front.post("/v1/chat/completions", CHAT)
     assert status == 200
+
+
+async def test_while_many_wait_answers_close_their_connection_so_the_next_request_comes_fresh(front, vllm, monkeypatch):
+    monkeypatch.setattr(inference, "CLOSE_WHEN_QUEUED", 2)  # 1,000 in production
+    first = await occupy_the_slot(front, vllm)
+    waiting = [asyncio.create_task(front.post("/v1/chat/completions", CHAT)) for _ in range(2)]
+    await front.until(lambda: front.queued == 2, "two requests should wait")
+    vllm.open_gate()
+    crowded = await first  # answered while two waited
+    quiet = await asyncio.gather(*waiting)  # answered with one and none waiting: connections kept
+    assert crowded[2].headers["Connection"] == "close"
+    assert [r.headers.get("Connection") for _, _, r in quiet] == [None, None]
 
 
 async def test_a_waiting_stream_gets_its_headers_and_position_at_once_then_its_answer(front, vllm):

@@ -118,8 +118,15 @@ def check(result: dict[str, Any], clients: int, *, saturated: bool = False) -> N
     breaker holds them out (and the probe that would readmit them is 600 s away),
     and requests are refused with 503. That is the daemon doing its job.
     """
-    assert (result["queued"], result["running"], result["generating"]) == (0, 0, 0), result
     settled = result["settled"]
+    print(  # the figures docs/reliability.md quotes (pytest -s)
+        f"storm of {clients}: {result['submitted']} reached the scheduler; "
+        + ", ".join(f"{n} {outcome.value}" for outcome, n in settled.most_common())
+        + f" ({result['gone_queued']} gone while queued or opening, {result['gone_streaming']} mid-stream);"
+        f" afterwards {result['queued']} queued, {result['running']} running, {result['generating']} generating;"
+        f" cancelled metric {result['cancelled_metric']}"
+    )
+    assert (result["queued"], result["running"], result["generating"]) == (0, 0, 0), result
     # Every request that reached the scheduler settled exactly once (a client may hang up before that).
     assert sum(settled.values()) == result["settled_requests"] == result["submitted"] >= 2 * clients // 3, result
     assert result["cancelled_metric"] == settled[Outcome.CLIENT_GONE], result  # every disconnect counted once

@@ -7,7 +7,7 @@ objects, two tasks), and a request waiting in the queue is one it is serving:
 connection's first request itself. A plain inference POST (one
 Content-Length; no Transfer-Encoding, Expect, Content-Encoding or browser
 Origin) is admitted here (``admission.py``), and if its job has to wait it is
-parked: the socket, the request's bytes and its lease, about 4 KB.
+parked: the socket, the request's bytes and its lease, about 7 KB with the job.
 
 - A parked request gets its answer from aiohttp: when the job has a slot (or
   has timed out), the bytes are replayed into aiohttp's protocol for this
