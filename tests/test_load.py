@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import collections
+import resource
 import subprocess
 import time
 from pathlib import Path
@@ -51,6 +52,12 @@ async def until(predicate, timeout: float) -> None:
 )
 async def test_queued_requests_are_held_bounded_and_all_answered_in_fair_order(tmp_path, users, per_user, rss_limit_mb):
     total = users * per_user
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    need = total + 1000  # each process holds one socket per request, and some more
+    if soft < need:
+        if hard != resource.RLIM_INFINITY and hard < need:
+            pytest.skip(f"{total} connections need {need} open files; this machine allows {hard} (ulimit -Hn)")
+        resource.setrlimit(resource.RLIMIT_NOFILE, (need, hard))  # the daemon inherits it
     port = free_port()
     config = tmp_path / "config.toml"
     config.write_text(
