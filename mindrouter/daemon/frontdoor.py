@@ -25,7 +25,6 @@ so that a client's next request comes on a fresh connection, which can wait here
 from __future__ import annotations
 
 import asyncio
-import logging
 import re
 from email.utils import formatdate
 from typing import Any, cast
@@ -43,9 +42,7 @@ from .responses import error_response
 
 __all__ = ["FrontDoors"]
 
-log = logging.getLogger(__name__)
-
-_MAX_HEAD = 8190  # aiohttp's own limit on a line; a longer head goes to aiohttp, which refuses it
+_MAX_HEAD = 8190  # aiohttp's limit on one line; a longer head goes to aiohttp unread
 _REQUEST_LINE = re.compile(rb"POST (/[A-Za-z0-9/_.-]*) HTTP/1\.1")
 _FIELD = re.compile(rb"([!#$%&'*+.^_`|~0-9A-Za-z-]+):[ \t]*([\x20-\x7e\t]*?)[ \t]*")
 _NOT_HERE = frozenset({"transfer-encoding", "expect", "content-encoding", "upgrade", "origin"})
