@@ -84,20 +84,28 @@ TOOL_ARGUMENTS = {"city": "Paris"}
 
 
 def tool_to_call(body: dict[str, Any]) -> str | None:
-    """The tool a fake model calls: the first one offered, unless it just got a tool's answer or may not."""
+    """The tool a fake model calls: the first one offered, unless it just got a tool's answer or may not.
+
+    Chat nests a tool's name in ``function``; the Responses API does not, and answers a call with a
+    ``function_call_output`` input item instead of a ``tool`` message.
+    """
     tools = body.get("tools")
     if not isinstance(tools, list) or not tools or body.get("tool_choice") == "none":
         return None
-    messages = body.get("messages")
-    if (
-        isinstance(messages, list)
-        and messages
-        and isinstance(messages[-1], dict)
-        and messages[-1].get("role") == "tool"
-    ):
+    turns = body.get("messages", body.get("input"))
+    last = turns[-1] if isinstance(turns, list) and turns else None
+    if isinstance(last, dict) and (last.get("role") == "tool" or last.get("type") == "function_call_output"):
         return None
-    fn = tools[0].get("function") if isinstance(tools[0], dict) else None
-    return fn.get("name") if isinstance(fn, dict) and isinstance(fn.get("name"), str) else None
+    first = tools[0] if isinstance(tools[0], dict) else {}
+    fn = first.get("function", first)
+    name = fn.get("name") if isinstance(fn, dict) else None
+    return name if isinstance(name, str) else None
+
+
+def argument_pieces() -> list[str]:
+    """TOOL_ARGUMENTS as a fake streams them: in two fragments, one token each."""
+    text = json.dumps(TOOL_ARGUMENTS)
+    return [text[: len(text) // 2], text[len(text) // 2 :]]
 
 
 def _pieces(gen: _Generation, json_wanted: bool) -> list[str]:
@@ -667,7 +675,10 @@ class FakeOpenAI(_FakeServer):
             loaded). Without it, vLLM and llama-server refuse image parts (400 and 500). Defaults to False.
 
     As vLLM does, an assistant tool call without ``id``/``type``/``function.name`` and a tool message
-    without ``tool_call_id`` are 400. Embeddings take token arrays as well as text.
+    without ``tool_call_id`` are 400. Embeddings take token arrays as well as text. /v1/responses calls
+    the first function tool offered (a ``function_call`` item, or vLLM's events for it) unless the input
+    ends with its ``function_call_output``, and refuses a tool without a top-level ``name`` or a call or
+    output without ``call_id`` (400), as vLLM does.
     """
 
     def __init__(
@@ -835,20 +846,43 @@ class FakeOpenAI(_FakeServer):
         prompt = sum(_content_words(m.get("content")) for m in messages if isinstance(m, dict))
         return await self._answer(request, body, prompt, True, drop_after)
 
+    def _check_responses(self, body: dict[str, Any]) -> web.Response | None:
+        """As vLLM validates a Responses body: a function tool names itself, a call and its output name the call."""
+        tools = body.get("tools")
+        for i, tool in enumerate(tools if isinstance(tools, list) else ()):
+            if not isinstance(tool, dict) or not isinstance(tool.get("name"), str):
+                return self.error(400, f"1 validation error: tools.{i}.name Field required")
+        given = body.get("input")
+        for i, item in enumerate(given if isinstance(given, list) else ()):
+            kind = item.get("type") if isinstance(item, dict) else None
+            if kind in ("function_call", "function_call_output") and not isinstance(item.get("call_id"), str):
+                return self.error(400, f"1 validation error: input.{i}.call_id Field required")
+        return None
+
     async def _responses(
         self, request: web.Request, body: dict[str, Any], drop_after: int | None
     ) -> web.StreamResponse:
-        """The Responses API, text only: a Response object, or its events as OpenAI and vLLM name them."""
-        if (bad := self._check(body)) is not None:
+        """The Responses API: text, or a call of the first function tool offered, as OpenAI and vLLM answer.
+
+        A tool's answer (``function_call_output``) counts as prompt words; a call is TOOL_ARGUMENTS, one
+        token per fragment of :func:`argument_pieces`.
+        """
+        if (bad := self._check(body) or self._check_responses(body)) is not None:
             return bad
         given = body.get("input")
         if isinstance(given, str):
             prompt = _words(given)
         elif isinstance(given, list):
-            prompt = sum(_content_words(i.get("content")) for i in given if isinstance(i, dict))
+            items = [i for i in given if isinstance(i, dict)]
+            prompt = sum(_content_words(i.get("content")) + _words(i.get("output")) for i in items)
         else:
             return self.error(400, "input must be a string or a list of items")
-        gen = self.generation(prompt + _words(body.get("instructions")), body.get("max_output_tokens"))
+        prompt += _words(body.get("instructions"))
+        tool = tool_to_call(body)
+        pieces = argument_pieces() if tool else []
+        gen = (
+            _Generation(prompt, len(pieces), "stop") if tool else self.generation(prompt, body.get("max_output_tokens"))
+        )
         self._ids += 1
         rid, mid, created = f"resp_fake{self._ids}", f"msg_fake{self._ids}", int(time.time())
         status = "incomplete" if gen.finish == "length" else "completed"
@@ -859,10 +893,18 @@ class FakeOpenAI(_FakeServer):
             "output_tokens_details": {"reasoning_tokens": 0},
             "total_tokens": gen.prompt_tokens + gen.n,
         }
+        done = {"type": "output_text", "text": gen.text, "annotations": []}
+        call = {
+            "id": f"fc_fake{self._ids}",
+            "type": "function_call",
+            "status": "completed",
+            "call_id": f"call_fake{self._ids}",
+            "name": tool,
+            "arguments": "".join(pieces),
+        }
+        item = call if tool else _message(mid, "completed", [done])
 
-        def response(state: str, text: str | None, used: dict[str, Any] | None) -> dict[str, Any]:
-            part: dict[str, Any] = {"type": "output_text", "text": text, "annotations": []}
-            output = [] if text is None else [_message(mid, "completed", [part])]
+        def response(state: str, output: list[Any], used: dict[str, Any] | None) -> dict[str, Any]:
             return {
                 "id": rid,
                 "object": "response",
@@ -872,15 +914,15 @@ class FakeOpenAI(_FakeServer):
                 "model": body["model"],
                 "output": output,
                 "parallel_tool_calls": True,
-                "tool_choice": "auto",
-                "tools": [],
+                "tool_choice": body.get("tool_choice", "auto"),
+                "tools": body.get("tools") or [],
                 "usage": used,
             }
 
         if not body.get("stream"):
             await self.pace(time.monotonic(), gen.n)
             self.count(gen)
-            return web.Response(body=_compact(response(status, gen.text, usage)), content_type="application/json")
+            return web.Response(body=_compact(response(status, [item], usage)), content_type="application/json")
         resp = web.StreamResponse(
             headers={"Content-Type": "text/event-stream; charset=utf-8", "Cache-Control": "no-cache"}
         )
@@ -891,20 +933,25 @@ class FakeOpenAI(_FakeServer):
             payload = _compact({"type": kind, "sequence_number": next(seq), **data})
             return f"event: {kind}\ndata: ".encode() + payload + b"\n\n"
 
-        at = {"item_id": mid, "output_index": 0, "content_index": 0}
-        empty = {"type": "output_text", "text": "", "annotations": []}
-        done = {"type": "output_text", "text": gen.text, "annotations": []}
         chunks = [
-            event("response.created", response=response("in_progress", None, None)),
-            event("response.in_progress", response=response("in_progress", None, None)),
-            event("response.output_item.added", output_index=0, item=_message(mid, "in_progress", [])),
-            event("response.content_part.added", part=empty, **at),
-            *(event("response.output_text.delta", delta=_token(i), logprobs=[], **at) for i in range(gen.n)),
-            event("response.output_text.done", text=gen.text, logprobs=[], **at),
-            event("response.content_part.done", part=done, **at),
-            event("response.output_item.done", output_index=0, item=_message(mid, "completed", [done])),
-            event(f"response.{status}", response=response(status, gen.text, usage)),
+            event("response.created", response=response("in_progress", [], None)),
+            event("response.in_progress", response=response("in_progress", [], None)),
         ]
+        if tool:  # as vLLM streams a call: its item with empty arguments, the fragments, then the whole
+            at: dict[str, Any] = {"item_id": call["id"], "output_index": 0}
+            added = dict(call, status="in_progress", arguments="")
+            chunks.append(event("response.output_item.added", output_index=0, item=added))
+            chunks += [event("response.function_call_arguments.delta", delta=piece, **at) for piece in pieces]
+            chunks.append(event("response.function_call_arguments.done", arguments=call["arguments"], name=tool, **at))
+        else:
+            at = {"item_id": mid, "output_index": 0, "content_index": 0}
+            chunks.append(event("response.output_item.added", output_index=0, item=_message(mid, "in_progress", [])))
+            chunks.append(event("response.content_part.added", part=dict(done, text=""), **at))
+            chunks += [event("response.output_text.delta", delta=_token(i), logprobs=[], **at) for i in range(gen.n)]
+            chunks.append(event("response.output_text.done", text=gen.text, logprobs=[], **at))
+            chunks.append(event("response.content_part.done", part=done, **at))
+        chunks.append(event("response.output_item.done", output_index=0, item=item))
+        chunks.append(event(f"response.{status}", response=response(status, [item], usage)))
         await self.write_chunks(request, resp, chunks, drop_after)
         self.count(gen)
         await resp.write_eof()
@@ -1000,8 +1047,7 @@ class FakeOpenAI(_FakeServer):
             if tool:  # as vLLM streams a call: id and name first, then the arguments in fragments
                 head_call = {"index": 0, "id": call_id, "type": "function", "function": {"name": tool, "arguments": ""}}
                 yield event([make_choice(None, None, first=True, calls=[head_call])])
-                text = json.dumps(TOOL_ARGUMENTS)
-                for fragment in (text[: len(text) // 2], text[len(text) // 2 :]):
+                for fragment in argument_pieces():
                     yield event([make_choice(None, None, calls=[{"index": 0, "function": {"arguments": fragment}}])])
             for i, piece in enumerate(pieces):
                 yield event([make_choice(piece, None, first=i == 0, i=i)])

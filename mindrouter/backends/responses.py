@@ -360,7 +360,11 @@ class _Stream:
             )
         for s in self.calls.values():
             out += self.event(
-                "response.function_call_arguments.done", item_id=s["id"], output_index=s["index"], arguments=s["args"]
+                "response.function_call_arguments.done",
+                item_id=s["id"],
+                output_index=s["index"],
+                name=s["name"],
+                arguments=s["args"],
             )
             item = _call_item(s["id"], s["call_id"], s["name"], s["args"])
             out += self.event("response.output_item.done", output_index=s["index"], item=item)
