@@ -11,7 +11,9 @@ each request at ``tokens_per_second`` after a prefill of
 
 A user is an account (one weight, one name in the core) with one or more
 *phases*, the scenario's ``[[users]]`` entries of that name, each sending its
-own workload to its own model between its ``start`` and ``stop``. Service is
+own workload to its own model between its ``start`` and ``stop``; its weight
+lives in ``accounts.Accounts``, and its stretches (backlogged, starved,
+deprioritized) in its ``runs.UserRun``. Service is
 accounted per pool of contention (``pools.Pool``): a request counts in the pool
 of the backends that serve its model, prompt tokens when its prefill ends and
 completion tokens continuously at the decode rate.
@@ -27,9 +29,10 @@ from __future__ import annotations
 import heapq
 import random
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 
 from ..scheduler import Backend, Job, Scheduler
+from .accounts import Accounts
 from .pools import Pool, find_pools
 from .runs import BackendRun, PhaseRun, RequestTrace, Run, UserRun
 from .scenario import EventSpec, Scenario
@@ -49,44 +52,12 @@ PROGRESS_TOKENS = 32
 
 
 class _Sim:
+    """One run in progress: the core, its backends and pools, the phases, and the event heap."""
+
     def __init__(self, scenario: Scenario, *, trace: bool, window: float) -> None:
         self.sc = scenario
-        self.settings = settings = scenario.settings
+        settings = scenario.settings
         self.sched = Scheduler(settings)
-        self.group_weights = dict(settings.group_weights)
-        self.users: list[UserRun] = []
-        by_name: dict[str, UserRun] = {}
-        for spec in scenario.users:
-            if spec.name not in by_name:
-                user = UserRun(len(self.users), spec.name, spec.group, spec.weight_override, spec.weight)
-                by_name[spec.name] = user
-                self.users.append(user)
-        self.by_name = by_name
-        n = len(self.users)
-        self.pools = [
-            Pool(
-                i,
-                backends,
-                n,
-                self.entitlement,
-                prompt_cost=settings.prompt_token_cost,
-                completion_cost=settings.completion_token_cost,
-                window=window,
-            )
-            for i, backends in enumerate(find_pools(scenario.backends))
-        ]
-        pool_of = {m: pool for pool in self.pools for m in pool.models}
-        self.phases: list[PhaseRun] = []
-        seen: dict[str, int] = {}
-        for spec in scenario.users:
-            k = seen[spec.name] = seen.get(spec.name, -1) + 1
-            user = by_name[spec.name]
-            pool = pool_of[spec.model]
-            if pool not in user.pools:
-                user.pools.append(pool)
-            seed = f"{scenario.seed}/{spec.name}" + (f"/{k}" if k else "")
-            stop = scenario.duration if spec.stop is None else spec.stop
-            self.phases.append(PhaseRun(len(self.phases), spec, user, pool, random.Random(seed), stop))
         self.backends = {b.name: BackendRun(b) for b in scenario.backends}
         for b in scenario.backends:
             self.sched.set_backend(
@@ -99,8 +70,33 @@ class _Sim:
                     priority=b.priority,
                 )
             )
-        for user in self.users:
-            self.tell_core(user)
+        self.accounts = Accounts(scenario, self.sched)
+        self.users = self.accounts.users
+        n = len(self.users)
+        self.pools = [
+            Pool(
+                i,
+                backends,
+                n,
+                self.accounts.entitlement,
+                prompt_cost=settings.prompt_token_cost,
+                completion_cost=settings.completion_token_cost,
+                window=window,
+            )
+            for i, backends in enumerate(find_pools(scenario.backends))
+        ]
+        pool_of = {m: pool for pool in self.pools for m in pool.models}
+        self.phases: list[PhaseRun] = []
+        seen: dict[str, int] = {}
+        for spec in scenario.users:
+            k = seen[spec.name] = seen.get(spec.name, -1) + 1
+            user = self.accounts.by_name[spec.name]
+            pool = pool_of[spec.model]
+            if pool not in user.pools:
+                user.pools.append(pool)
+            seed = f"{scenario.seed}/{spec.name}" + (f"/{k}" if k else "")
+            stop = scenario.duration if spec.stop is None else spec.stop
+            self.phases.append(PhaseRun(len(self.phases), spec, user, pool, random.Random(seed), stop))
         self.heap: list[tuple[float, int, int, object]] = []
         self.seq = 0
         self.reqs: dict[str, RequestTrace] = {}
@@ -117,37 +113,6 @@ class _Sim:
         self.last_heavy_ids: frozenset[object] = frozenset()
         self.events = 0
         self.pc, self.cc = settings.prompt_token_cost, settings.completion_token_cost
-
-    def entitlement(self, backlogged: Sequence[int]) -> dict[int, float]:
-        """What each backlogged user of a pool is entitled to, relative to the others.
-
-        With ``shares = "user"`` that is its weight. With ``"group"``, a group's
-        weight is its share, divided among its backlogged members by their own
-        weights inside it (``weight_override``, else 1).
-        """
-        users = self.users
-        if self.settings.shares == "user":
-            return {u: users[u].weight for u in backlogged}
-        inner = {u: users[u].weight_override or 1.0 for u in backlogged}
-        totals: dict[str | None, float] = {}
-        for u in backlogged:
-            totals[users[u].group] = totals.get(users[u].group, 0.0) + inner[u]
-        return {u: self.group_weight(users[u]) * inner[u] / totals[users[u].group] for u in backlogged}
-
-    def group_weight(self, user: UserRun) -> float:
-        """The weight of ``user``'s group (its own weight when it has no group of known weight)."""
-        weight = self.group_weights.get(user.group) if user.group is not None else None
-        return user.weight if weight is None else weight
-
-    def tell_core(self, user: UserRun) -> None:
-        self.sched.set_user(
-            user.index,
-            user.weight,
-            name=user.name,
-            group=user.group,
-            weight_override=user.weight_override,
-            group_weight=self.group_weights.get(user.group) if user.group is not None else None,
-        )
 
     # -- events -------------------------------------------------------------
 
@@ -313,18 +278,7 @@ class _Sim:
         """
         for pool in self.pools:
             pool.close_epoch(now)
-        if event.user is not None:
-            user = self.by_name[event.user]
-            user.weight_override = event.weight
-            user.weight = event.weight or self.group_weights.get(user.group or "", 1.0)
-            self.tell_core(user)
-        else:
-            assert event.group is not None and event.weight is not None
-            self.group_weights[event.group] = event.weight
-            for user in self.users:
-                if user.group == event.group and user.weight_override is None:
-                    user.weight = event.weight
-            self.sched.set_group(event.group, event.weight)
+        self.accounts.set_weight(event)
         for pool in self.pools:
             pool.reweigh(now)
 
@@ -337,7 +291,7 @@ class _Sim:
             self.free_epoch[m] += 1
         self.freed_models.clear()
         for user in self.touched:
-            self.update_backlog(user, now)
+            user.update_backlog(now)
         self.touched.clear()
         for pool in self.pools:
             pool.end_batch(now)
@@ -369,9 +323,7 @@ class _Sim:
             user.max_skipped = skipped
         user.queued -= 1
         user.running += 1
-        if user.starved_since is not None:  # one of its requests started: the stretch ends here
-            user.max_starved = max(user.max_starved, now - user.starved_since)
-            user.starved_since = now
+        user.request_started(now)
         self.touch(user)
         backend.busy += 1
         backend.requests += 1
@@ -385,40 +337,18 @@ class _Sim:
         self.push(prefill_end, _PREFILL, req)
         self.push(done, _DONE, req)
 
-    def update_backlog(self, user: UserRun, now: float) -> None:
-        """Start or end the user's backlogged and starved stretches."""
-        if user.queued > 0 and user.backlogged_since is None:
-            user.backlogged_since = user.starved_since = now
-        elif user.queued == 0 and user.backlogged_since is not None:
-            user.backlogged_seconds += now - user.backlogged_since
-            user.backlogged_since = None
-            if user.starved_since is not None:
-                user.max_starved = max(user.max_starved, now - user.starved_since)
-                user.starved_since = None
-
     def track_heavy(self, now: float) -> None:
         heavy = self.sched.heavy
         for user in self.users:
             state = self.sched.user(user.index)
             assert state is not None
-            if user.index in heavy and state.factor < 1.0:
-                if user.deprioritized_since is None:
-                    user.deprioritized_since = now
-                user.min_factor = min(user.min_factor, state.factor)
-            elif user.deprioritized_since is not None:
-                user.deprioritized_seconds += now - user.deprioritized_since
-                user.deprioritized_since = None
+            user.note_factor(state.factor if user.index in heavy else 1.0, now)
 
     def finish(self, end: float) -> None:
         for pool in self.pools:
             pool.finish(end)
         for user in self.users:
-            if user.backlogged_since is not None:
-                user.backlogged_seconds += end - user.backlogged_since
-            if user.starved_since is not None:
-                user.max_starved = max(user.max_starved, end - user.starved_since)
-            if user.deprioritized_since is not None:
-                user.deprioritized_seconds += end - user.deprioritized_since
+            user.finish(end)
 
 
 def simulate(

@@ -1,7 +1,9 @@
 """What one simulation produced: requests, users and their phases, backends, and the run as a whole.
 
 The engine fills these in as events happen; ``report.build`` reads them. Only
-the engine writes them.
+the engine writes them. A ``UserRun`` opens and closes its own stretches
+(backlogged, starved, deprioritized), so the rule for each figure the report
+reads sits next to the field that holds it.
 """
 
 from __future__ import annotations
@@ -71,6 +73,42 @@ class UserRun:
     deprioritized_seconds: float = 0.0
     deprioritized_since: float | None = None
     min_factor: float = 1.0
+
+    def update_backlog(self, now: float) -> None:
+        """Start or end its backlogged and starved stretches (after a batch that changed its queue)."""
+        if self.queued > 0 and self.backlogged_since is None:
+            self.backlogged_since = self.starved_since = now
+        elif self.queued == 0 and self.backlogged_since is not None:
+            self.backlogged_seconds += now - self.backlogged_since
+            self.backlogged_since = None
+            if self.starved_since is not None:
+                self.max_starved = max(self.max_starved, now - self.starved_since)
+                self.starved_since = None
+
+    def request_started(self, now: float) -> None:
+        """One of its requests started: a starved stretch ends here, and the next one begins."""
+        if self.starved_since is not None:
+            self.max_starved = max(self.max_starved, now - self.starved_since)
+            self.starved_since = now
+
+    def note_factor(self, factor: float, now: float) -> None:
+        """Start, deepen or end its deprioritized stretch; ``factor`` is the core's for it (1: not deprioritized)."""
+        if factor < 1.0:
+            if self.deprioritized_since is None:
+                self.deprioritized_since = now
+            self.min_factor = min(self.min_factor, factor)
+        elif self.deprioritized_since is not None:
+            self.deprioritized_seconds += now - self.deprioritized_since
+            self.deprioritized_since = None
+
+    def finish(self, end: float) -> None:
+        """Count the stretches still open when the run ends."""
+        if self.backlogged_since is not None:
+            self.backlogged_seconds += end - self.backlogged_since
+        if self.starved_since is not None:
+            self.max_starved = max(self.max_starved, end - self.starved_since)
+        if self.deprioritized_since is not None:
+            self.deprioritized_seconds += end - self.deprioritized_since
 
     def tokens(self, t: float) -> float:
         return sum(pool.tokens(self.index, t) for pool in self.pools)
