@@ -1,13 +1,17 @@
-"""Processes for bench_daemon.py: a fast fake OpenAI backend and a bare aiohttp pass-through proxy.
+"""Processes for the benchmarks: a fast fake OpenAI backend, a bare aiohttp pass-through proxy, a holder.
 
 python benchmarks/_servers.py backend PORT
 python benchmarks/_servers.py proxy PORT UPSTREAM_URL
+python benchmarks/_servers.py hold PORT
 
 The backend answers at once: what is measured is everything in front of it.
+The holder (bench_memory.py) reads each chat request's body and never answers;
+``GET /held`` says how many it holds.
 """
 
 from __future__ import annotations
 
+import asyncio
 import json
 import sys
 
@@ -89,8 +93,38 @@ def proxy(port: int, upstream: str) -> None:
     web.run_app(app, host="127.0.0.1", port=port, access_log=None, print=None)
 
 
+def hold(port: int) -> None:
+    """The least a plain aiohttp app keeps for a request it is serving: the body read, then a wait."""
+    held = 0
+    forever = asyncio.Event()
+
+    async def chat(request: web.Request) -> web.StreamResponse:
+        nonlocal held
+        await request.json()
+        held += 1
+        try:
+            await forever.wait()
+        finally:
+            held -= 1
+        return web.Response()
+
+    async def count(_request: web.Request) -> web.Response:
+        return web.json_response({"held": held})
+
+    async def models(_request: web.Request) -> web.Response:
+        return web.json_response({"object": "list", "data": [{"id": "bench", "object": "model", "owned_by": "b"}]})
+
+    app = web.Application()
+    app.router.add_post("/v1/chat/completions", chat)
+    app.router.add_get("/v1/models", models)
+    app.router.add_get("/held", count)
+    web.run_app(app, host="127.0.0.1", port=port, access_log=None, print=None, backlog=4096)
+
+
 if __name__ == "__main__":
     if sys.argv[1] == "backend":
         backend(int(sys.argv[2]))
+    elif sys.argv[1] == "hold":
+        hold(int(sys.argv[2]))
     else:
         proxy(int(sys.argv[2]), sys.argv[3])

@@ -1,0 +1,145 @@
+"""Memory per queued request: `mr serve` against a plain aiohttp app holding as many requests.
+
+Issue 10's target is 150 MB for the daemon with 10,000 queued requests. A
+plain aiohttp app that reads a chat request's body and then waits (what
+aiohttp keeps for every request it is serving) sets the floor for a router
+that lets aiohttp hold its queue; `mr serve` holds a queued request at its
+front door instead (docs/reliability.md). One run measures both, on loopback:
+
+    python benchmarks/bench_memory.py [--requests 10000] [--loop uvloop|asyncio]
+
+1. The holder (`_servers.py hold`) alone: RSS before and while holding N requests.
+2. `mr serve` in front of another holder (256 slots): RSS before and while N
+   requests are in it, N - 256 of them queued.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import resource
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Awaitable, Callable
+from pathlib import Path
+
+import aiohttp
+from bench_daemon import HERE, free_port, start_daemon, wait_http
+
+BODY = {"model": "bench", "messages": [{"role": "user", "content": "one two three"}]}
+
+
+def rss_mb(pid: int) -> float:
+    status = Path(f"/proc/{pid}/status").read_text()
+    return int(next(line for line in status.splitlines() if line.startswith("VmRSS:")).split()[1]) / 1024
+
+
+def start_holder() -> tuple[subprocess.Popen[bytes], str]:
+    port = free_port()
+    proc = subprocess.Popen([sys.executable, str(HERE / "_servers.py"), "hold", str(port)])
+    return proc, f"http://127.0.0.1:{port}"
+
+
+async def fill(
+    url: str, headers: dict[str, str], n: int, arrived: Callable[[], Awaitable[bool]]
+) -> tuple[list[asyncio.Task[None]], aiohttp.ClientSession]:
+    """Send ``n`` requests that will not be answered; returns once ``arrived()`` says they are all in."""
+    session = aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0), timeout=aiohttp.ClientTimeout(total=None))
+
+    async def one(i: int) -> None:
+        async with session.post(url, json={**BODY, "stream": i % 2 == 1}, headers=headers) as r:
+            await r.read()
+
+    tasks = [asyncio.create_task(one(i)) for i in range(n)]
+    deadline = time.monotonic() + 300
+    while not await arrived():
+        if time.monotonic() > deadline:
+            raise RuntimeError("the requests did not all arrive within 300 s")
+        await asyncio.sleep(0.2)
+    await asyncio.sleep(1.0)  # let the last ones settle before reading memory
+    return tasks, session
+
+
+async def release(tasks: list[asyncio.Task[None]], session: aiohttp.ClientSession) -> None:
+    for task in tasks:
+        task.cancel()
+    await asyncio.gather(*tasks, return_exceptions=True)
+    await session.close()
+
+
+async def measure_holder(n: int) -> tuple[float, float]:
+    proc, url = start_holder()
+    try:
+        await wait_http(url + "/held")
+        idle = rss_mb(proc.pid)
+        async with aiohttp.ClientSession() as probe:
+
+            async def arrived() -> bool:
+                async with probe.get(url + "/held") as r:
+                    return bool((await r.json())["held"] >= n)
+
+            tasks, session = await fill(url + "/v1/chat/completions", {}, n, arrived)
+            held = rss_mb(proc.pid)
+            await release(tasks, session)
+        return idle, held
+    finally:
+        proc.kill()
+        proc.wait()
+
+
+async def measure_daemon(n: int, loop: str) -> tuple[float, float]:
+    holder, backend_url = start_holder()
+    tmp = Path(tempfile.mkdtemp(prefix="mr-bench-memory-"))
+    daemon = None
+    try:
+        await wait_http(backend_url + "/held")
+        daemon, url, headers = await start_daemon(tmp, backend_url, loop)
+        idle = rss_mb(daemon.pid)
+        admin = aiohttp.UnixConnector(path=str(tmp / "mr.sock"))
+        async with aiohttp.ClientSession(connector=admin) as probe:
+
+            async def arrived() -> bool:
+                async with probe.get("http://mr/admin/status") as r:
+                    status = await r.json()
+                return bool(status["queue_total"] + status["running"] >= n)
+
+            tasks, session = await fill(url, headers, n, arrived)
+            held = rss_mb(daemon.pid)
+            await release(tasks, session)
+        return idle, held
+    finally:
+        if daemon is not None:
+            daemon.kill()  # SIGTERM would wait out the grace for the requests the holder never answers
+            daemon.wait()
+        holder.kill()
+        holder.wait()
+
+
+async def main(n: int, loop: str) -> None:
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    need = n + 1000
+    if soft < need:
+        resource.setrlimit(resource.RLIMIT_NOFILE, (min(need, hard) if hard != resource.RLIM_INFINITY else need, hard))
+    bare = await measure_holder(n)
+    mr = await measure_daemon(n, loop)
+    print(f"{n:,} requests held, half of them streams; mr serve's event loop: {loop}")
+    for name, (idle, held) in (("plain aiohttp app", bare), ("mr serve", mr)):
+        print(
+            f"  {name:18} RSS {idle:6.1f} MB idle, {held:6.1f} MB holding: "
+            f"{(held - idle) * 1024 / n:5.1f} KB per request"
+        )
+    per_bare, per_mr = (bare[1] - bare[0]) / n, (mr[1] - mr[0]) / n
+    print(
+        f"mr serve per queued request: {per_mr / per_bare:.2f}x the plain app's; "
+        f"total {mr[1]:.0f} MB [target <= 150 MB at 10,000]"
+    )
+
+
+if __name__ == "__main__":
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--requests", type=int, default=10_000, help="requests to hold")
+    parser.add_argument("--loop", choices=("uvloop", "asyncio"), default="asyncio", help="mr serve's event loop")
+    args = parser.parse_args()
+    asyncio.run(main(args.requests, args.loop))
