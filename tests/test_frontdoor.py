@@ -349,3 +349,19 @@ async def test_a_client_gone_in_the_same_moment_it_was_parked_leaves_nothing_que
     assert not front.doors.waiting and transport.written == b""
     vllm.open_gate()
     assert (await first)[0] == 200 and vllm.requests == 1
+
+
+async def test_a_request_given_a_slot_at_once_whose_client_leaves_before_aiohttp_reads_it_frees_the_slot(front, vllm):
+    """Admitted at the front door with a slot, handed to aiohttp, gone before the handler took it over."""
+    door = FrontDoor(front.doors)
+    transport = _Transport()
+    door.connection_made(transport)
+    door.data_received(raw_request(front.key, CHAT))
+    assert front.app[SCHEDULER].running_count == 1 and transport in front.app[ADMITTED]
+    transport.closed = True
+    door.connection_lost(None)  # in the same tick: aiohttp's handler never ran
+    assert not front.app[ADMITTED]
+    await front.until(lambda: front.app[SCHEDULER].running_count == 0, "the slot should be free")
+    vllm.open_gate()
+    status, _, _ = await front.post("/v1/chat/completions", CHAT)
+    assert status == 200 and vllm.requests == 1
