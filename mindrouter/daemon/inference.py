@@ -3,8 +3,8 @@
 This module only translates HTTP: admission (``admission.py``, here or
 already at the front door) authenticates, parses the body into a ``Call`` and
 queues the job, and the request's :class:`~.lease.Lease` does everything with
-the slot, from waiting in the queue to failing over and settling the usage. The handler prepares the response,
-writes the chunks, and ends it; a streaming client that has to wait gets its
+the slot, from waiting in the queue to failing over and settling the usage.
+The handler prepares the response, writes the chunks, and ends it; a streaming client that has to wait gets its
 headers at once and its queue position, and every stream whose headers went
 out gets an end: the answer, or the dialect's error tail and a close.
 """
@@ -27,7 +27,6 @@ from .responses import error_response
 
 __all__ = [
     "CLOSE_WHEN_QUEUED",
-    "CONTENT_TYPES",
     "position_teller",
     "pour",
     "refused",
@@ -37,7 +36,7 @@ __all__ = [
 
 log = logging.getLogger(__name__)
 
-CONTENT_TYPES = {"ollama": "application/x-ndjson", "openai": "text/event-stream"}
+_CONTENT_TYPES = {"ollama": "application/x-ndjson", "openai": "text/event-stream"}
 CLOSE_WHEN_QUEUED = 1000
 """While this many requests wait, an answer closes its connection, so that the client's next
 request comes on a fresh connection, where the front door can hold it cheaply (``frontdoor.py``)."""
@@ -110,7 +109,7 @@ async def pour(lease: Lease, upstream: Upstream, write: Write, dialect: Dialect)
 
 def waiting_headers(lease: Lease, dialect: str) -> dict[str, str]:
     """The headers a stream gets at once when it has to wait: its type, id and queue position."""
-    headers = {"Content-Type": CONTENT_TYPES[dialect], "X-Request-Id": lease.job.id, "Cache-Control": "no-cache"}
+    headers = {"Content-Type": _CONTENT_TYPES[dialect], "X-Request-Id": lease.job.id, "Cache-Control": "no-cache"}
     position = lease.dispatcher.scheduler.queue_position(lease.job.id)
     if position is not None:
         headers["X-Queue-Position"] = str(position[0])
