@@ -22,6 +22,8 @@ from typing import Any
 import aiohttp
 import openai
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from mindrouter.daemon import inference
 from mindrouter.daemon.app import create_app, make_runner
@@ -365,3 +367,51 @@ async def test_a_request_given_a_slot_at_once_whose_client_leaves_before_aiohttp
     vllm.open_gate()
     status, _, _ = await front.post("/v1/chat/completions", CHAT)
     assert status == 200 and vllm.requests == 1
+
+
+async def test_a_request_read_a_byte_at_a_time_still_waits_at_the_front_door(front, vllm):
+    first = await occupy_the_slot(front, vllm)
+    door = FrontDoor(front.doors)
+    transport = _Transport()
+    door.connection_made(transport)
+    for byte in raw_request(front.key, CHAT):
+        door.data_received(bytes([byte]))
+    assert len(front.doors.waiting) == 1 and front.queued == 1
+    vllm.open_gate()
+    assert (await first)[0] == 200
+    await front.until(lambda: transport.written.startswith(b"HTTP/1.1 200"), "answered through aiohttp")
+    assert json.loads(transport.written.partition(b"\r\n\r\n")[2])["usage"]["completion_tokens"] == 3
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    st.lists(
+        st.sampled_from(
+            [
+                b"POST /v1/chat/completions HTTP/1.1",
+                b"POST /api/chat HTTP/1.1",
+                b"Content-Length: 12",
+                b"Content-Length: 0",
+                b"content-length:3",
+                b"Authorization: Bearer k",
+                b"Transfer-Encoding: chunked",
+                b"Host: x",
+                b"",
+                b" ",
+                b"X: \xff\xfe",
+                b"\x00",
+                b":",
+                b"Content-Length: 99999999999999999999999",
+            ]
+        )
+        | st.binary(max_size=40),
+        max_size=8,
+    ).map(b"\r\n".join)
+)
+def test_the_front_doors_reader_never_raises(head):
+    plain = _plain_request(head)
+    if plain is not None:
+        path, headers, length = plain
+        assert (
+            path in ("/v1/chat/completions", "/api/chat") and length >= 0 and len(headers.getall("Content-Length")) == 1
+        )
