@@ -92,6 +92,41 @@ async def test_cli_manages_a_running_daemon_and_sigterm_lets_requests_finish(ser
     assert not (tmp / "mr.sock").exists()
 
 
+async def test_sigterm_ends_what_waits_at_the_front_door_and_lets_the_running_stream_finish(served):
+    """The running stream finishes, the requests queued at the front door are told why, the daemon exits."""
+    proc, config, port, tmp = served
+    async with FakeOpenAI(flavor="vllm", models=["m"], tokens_per_second=10, completion_tokens=20) as fake:
+        r = await amr(config, "backend", "add", "gpu1", fake.url, "--engine", "vllm", "--max-concurrent", "1")
+        assert r.returncode == 0, r.stderr
+        assert (await amr(config, "user", "add", "ann", "--group", "staff")).returncode == 0
+        key = json.loads((await amr(config, "user", "key", "ann", "--json")).stdout)["key"]
+        url, headers = f"http://127.0.0.1:{port}/v1/chat/completions", {"Authorization": f"Bearer {key}"}
+        body = {"model": "m", "messages": [{"role": "user", "content": "hi"}]}
+
+        async def ask(session: aiohttp.ClientSession, stream: bool) -> tuple[int, str]:
+            async with session.post(url, json={**body, "stream": stream}, headers=headers) as resp:
+                return resp.status, await resp.text()
+
+        async with aiohttp.ClientSession() as session:
+            running = asyncio.create_task(ask(session, True))  # 2 s of tokens
+            for _ in range(200):
+                if fake.in_flight:
+                    break
+                await asyncio.sleep(0.02)
+            queued = [asyncio.create_task(ask(session, stream)) for stream in (True, False)]
+            await asyncio.sleep(0.5)  # both wait at the front door
+            began = time.monotonic()
+            proc.send_signal(signal.SIGTERM)
+            (stream_status, stream_text), (plain_status, plain_text) = await asyncio.gather(*queued)
+            status, text = await running
+        assert stream_status == 200 and "shutting down" in stream_text and stream_text.rstrip().endswith("[DONE]")
+        assert plain_status == 503 and "shutting down" in json.loads(plain_text)["error"]["message"]
+        assert status == 200 and text.count('"content"') == 20 and text.rstrip().endswith("data: [DONE]")
+    assert await asyncio.to_thread(proc.wait, 15) == 0
+    assert time.monotonic() - began < 10  # within the grace (10 s here)
+    assert "Traceback" not in (tmp / "serve.log").read_text()
+
+
 async def amr(config: Path, *args: str) -> subprocess.CompletedProcess[str]:
     """``mr`` from a thread, so the fake backends in this event loop keep answering."""
     return await asyncio.to_thread(mr, config, *args)

@@ -50,6 +50,7 @@ from .keys import (
     CONFIG,
     DECISIONS,
     DISPATCHER,
+    DRAINS,
     GPUS,
     QUOTAS,
     REGISTRY,
@@ -173,6 +174,8 @@ async def create_app(config: Config, *, nvml: Any = None, discover: bool | None 
     app.cleanup_ctx.append(decisions.flush_ctx)
     app.cleanup_ctx.append(dispatcher.timer_ctx)
     app.cleanup_ctx.append(gpus.poll_ctx)
+    app[DRAINS] = []
+    app.cleanup_ctx.append(_drained)  # the last set up, so the first torn down: before the resources close
     setup_inference_routes(app)
     setup_catalog_routes(app)
     setup_cors(app, server.cors_origins)
@@ -181,6 +184,11 @@ async def create_app(config: Config, *, nvml: Any = None, discover: bool | None 
     app.on_response_prepare.append(add_quota_headers)
     setup_metrics(app)
     return app
+
+
+async def _drained(app: web.Application) -> AsyncIterator[None]:
+    yield
+    await asyncio.gather(*app[DRAINS], return_exceptions=True)
 
 
 def _restore_usage(store: Store, scheduler: Scheduler, config: Config) -> None:
@@ -311,7 +319,8 @@ async def _serve_app(config: Config, *, discover: bool | None) -> None:
             app[SCHEDULER].running_count,
         )
     finally:
-        await doors.close(server.shutdown_grace_seconds)  # before the app's resources close under its streams
+        # The front door's streams and aiohttp's handlers share one grace; the resources outlive both.
+        app[DRAINS].append(asyncio.create_task(doors.close(server.shutdown_grace_seconds)))
         await runner.cleanup()
         with contextlib.suppress(OSError):
             socket_path.unlink()

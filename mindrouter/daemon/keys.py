@@ -22,6 +22,7 @@ __all__ = [
     "CONFIG",
     "DECISIONS",
     "DISPATCHER",
+    "DRAINS",
     "GPUS",
     "QUOTAS",
     "REGISTRY",
@@ -34,6 +35,8 @@ __all__ = [
 CONFIG = web.AppKey("config", Config)
 ADMITTED = web.AppKey("admitted", dict)
 """Requests the front door admitted, by their connection's transport, for the handler to take over."""
+DRAINS = web.AppKey("drains", list)
+"""Tasks the app's resources must outlive on shutdown (the front door's streams)."""
 STORE = web.AppKey("store", Store)
 SCHEDULER = web.AppKey("scheduler", Scheduler)
 DISPATCHER = web.AppKey("dispatcher", Dispatcher)
