@@ -27,7 +27,7 @@ from __future__ import annotations
 import asyncio
 import re
 from email.utils import formatdate
-from typing import Any, cast
+from typing import cast
 
 from aiohttp import web
 from multidict import CIMultiDict
@@ -238,7 +238,7 @@ class FrontDoor(asyncio.Protocol):
         if self._inner is not None:
             self._inner.connection_lost(exc)
             unclaimed = self.doors.app[ADMITTED].pop(self._transport, None)
-            if unclaimed is not None and unclaimed.lease is not None:
+            if unclaimed is not None:
                 _walk_away(unclaimed)
         elif self.task is not None:
             self.task.cancel()
@@ -296,8 +296,7 @@ class FrontDoor(asyncio.Protocol):
 
     def _stream_done(self, admitted: Admitted) -> None:
         """A stream cancelled before it began (its client left at once) still ends its lease."""
-        if admitted.lease is not None and not admitted.lease.settled:
-            _walk_away(admitted)
+        _walk_away(admitted)  # settled already when the stream ran
         if self._transport is not None:
             self._transport.close()
 
@@ -313,15 +312,9 @@ class FrontDoor(asyncio.Protocol):
 
 
 def _walk_away(admitted: Admitted) -> None:
-    """The lease of a request that will never be answered: it settles as the client gone."""
-    lease = admitted.lease
-    if lease is not None:
-        gone = ConnectionResetError("the client went away")
-        _closing_tasks.add(task := asyncio.ensure_future(lease.__aexit__(type(gone), gone, None)))
-        task.add_done_callback(_closing_tasks.discard)
-
-
-_closing_tasks: set[asyncio.Future[Any]] = set()
+    """The request will never be answered: its lease settles as the client gone (it was never opened)."""
+    if admitted.lease is not None:
+        admitted.lease.leave()
 
 
 def _refuse(transport: asyncio.Transport, admitted: Admitted, exc: RequestError) -> None:

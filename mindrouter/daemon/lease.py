@@ -146,11 +146,6 @@ class Lease:
         """The job is waiting for a slot (a streaming handler may send headers now)."""
         return self._future is not None and not self._future.done()
 
-    @property
-    def settled(self) -> bool:
-        """The request's end is recorded (exactly once)."""
-        return self._settled
-
     def when_ready(self, callback: Callable[[], None]) -> None:
         """Call ``callback`` once the queue is done with the job: it has a slot, or it timed out."""
         assert self._future is not None, "enter() first"
@@ -263,11 +258,20 @@ class Lease:
         prompt, completion = self._used()
         self._settle(outcome, upstream.error, upstream.status, prompt, completion)
 
+    def leave(self) -> None:
+        """The client left before the answer was opened (the front door saw its connection close)."""
+        self._end_unopened(Outcome.CLIENT_GONE, "the client went away", 499)
+
     def withdraw(self, refusal: RequestError) -> None:
         """The daemon ends a request that is still queued (it is shutting down); the client gets ``refusal``."""
-        if not self._settled:
-            self.dispatcher.abandon(self.job.id, prompt_tokens=0)
-            self._settle(Outcome.REJECTED, refusal.message, refusal.status)
+        self._end_unopened(Outcome.REJECTED, refusal.message, refusal.status)
+
+    def _end_unopened(self, outcome: Outcome, reason: str, status: int) -> None:
+        if self._settled:
+            return
+        assert self.upstream is None, "an opened lease ends in `async with`"
+        self.dispatcher.abandon(self.job.id, prompt_tokens=0)
+        self._settle(outcome, reason, status)
 
     async def __aexit__(self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: Any) -> None:
         upstream = self.upstream
