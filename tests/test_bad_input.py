@@ -43,6 +43,8 @@ class Served:
     key: str
     routes: list[tuple[str, str]]
     loop: asyncio.AbstractEventLoop
+    bob: str
+    """Another user's key, for the requests that keep a slot busy."""
 
 
 @pytest.fixture(scope="module")
@@ -58,13 +60,15 @@ def served(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Served]:
     async def start() -> None:
         fake = FakeOllama(models=["llama3"], completion_tokens=4)
         await fake.start()
+        busy = FakeOllama(models=["busy"], completion_tokens=10, tokens_per_second=100)
+        await busy.start()
         app = await create_app(config, nvml=FakeNvml(init_error=FakeNvml.NVML_ERROR_LIBRARY_NOT_FOUND))
         runner = make_runner(app, config)
         await runner.setup()
         assert runner.server is not None
         doors = FrontDoors(app, runner.server)  # as `mr serve` listens
         port = await doors.listen("127.0.0.1", 0, backlog=128)
-        state.update(fake=fake, runner=runner, port=port, app=app, doors=doors)
+        state.update(fake=fake, busy=busy, runner=runner, port=port, app=app, doors=doors)
 
     def run() -> None:
         asyncio.set_event_loop(loop)
@@ -78,8 +82,16 @@ def served(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Served]:
     port = state["port"]
     admin = {"Authorization": f"Bearer {ADMIN_KEY}", "Content-Type": "application/json"}
     post(port, "/admin/backends", json.dumps({"name": "b1", "url": state["fake"].url, "engine": "ollama"}), admin)
+    post(
+        port,
+        "/admin/backends",
+        json.dumps({"name": "one-slot", "url": state["busy"].url, "engine": "ollama", "max_concurrent": 1}),
+        admin,
+    )
     post(port, "/admin/users", json.dumps({"name": "alice", "group": "student"}), admin)
+    post(port, "/admin/users", json.dumps({"name": "bob", "group": "student"}), admin)
     key = json.loads(post(port, "/admin/users/alice/keys", b"", admin)[1])["key"]
+    bob = json.loads(post(port, "/admin/users/bob/keys", b"", admin)[1])["key"]
     routes = sorted(
         {
             (route.method, route.resource.canonical)
@@ -87,12 +99,13 @@ def served(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Served]:
             if route.method not in ("HEAD", "*") and route.resource is not None
         }
     )
-    yield Served(port, key, routes, loop)
+    yield Served(port, key, routes, loop, bob)
 
     async def stop() -> None:
         await state["doors"].close(1.0)
         await state["runner"].cleanup()
         await state["fake"].stop()
+        await state["busy"].stop()
 
     asyncio.run_coroutine_threadsafe(stop(), loop).result(20)
     loop.call_soon_threadsafe(loop.stop)
@@ -290,6 +303,104 @@ def test_property_no_body_on_any_route_gets_a_500(served, data, body):
     headers = {"Authorization": f"Bearer {key}", "Content-Type": "application/json"}
     status, answer = send(served.port, method, path, body, headers)
     check(status, answer, path)
+
+
+NUMERIC_FIELDS = {
+    "openai": [
+        "max_tokens",
+        "max_completion_tokens",
+        "max_output_tokens",
+        "n",
+        "seed",
+        "temperature",
+        "top_p",
+        "top_k",
+        "presence_penalty",
+        "frequency_penalty",
+        "top_logprobs",
+        "dimensions",
+    ],
+    "ollama": ["num_predict", "num_ctx", "num_keep", "temperature", "top_k", "top_p", "min_p", "seed", "keep_alive"],
+}
+NUMBER = st.one_of(
+    st.integers(-(2**70), 2**70),
+    st.sampled_from([10**400, -(10**400), 2**31, 2**63, 2**24 + 1, 0, -1, -2, 1]),
+    st.floats(allow_nan=True, allow_infinity=True),
+    st.booleans(),
+)
+INFERENCE_BASES = {
+    "/v1/chat/completions": {"messages": [{"role": "user", "content": "hi"}]},
+    "/v1/completions": {"prompt": "hi"},
+    "/v1/responses": {"input": "hi"},
+    "/v1/embeddings": {"input": "hi"},
+    "/api/chat": {"messages": [{"role": "user", "content": "hi"}], "stream": False},
+    "/api/generate": {"prompt": "hi", "stream": False},
+    "/api/embed": {"input": "hi"},
+    "/api/embeddings": {"prompt": "hi"},
+}
+
+
+class BusySlot:
+    """Bob keeps the one-slot backend's only slot taken, from a thread, and every answer he gets must be whole."""
+
+    def __init__(self, served: Served) -> None:
+        self.served = served
+        self.stop = threading.Event()
+        self.answers: list[tuple[int, int]] = []
+        self.thread = threading.Thread(target=self.run, daemon=True)
+
+    def run(self) -> None:
+        body = json.dumps({"model": "busy", "messages": [{"role": "user", "content": "hi"}], "stream": False})
+        headers = {"Authorization": f"Bearer {self.served.bob}", "Content-Type": "application/json"}
+        while not self.stop.is_set():
+            status, data = post(self.served.port, "/api/chat", body, headers)
+            self.answers.append((status, json.loads(data).get("eval_count", -1) if status == 200 else -1))
+
+    def __enter__(self) -> BusySlot:
+        self.thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop.set()
+        self.thread.join(30)
+
+
+@pytest.fixture(scope="module")
+def busy_slot(served: Served) -> Iterator[BusySlot]:
+    with BusySlot(served) as busy:
+        yield busy
+    assert busy.answers and set(busy.answers) == {(200, 10)}, busy.answers[:5]
+
+
+@settings(max_examples=400, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(data=st.data(), number=NUMBER, model=st.sampled_from(["llama3", "busy"]))
+def test_property_no_number_in_any_inference_field_gets_a_500_behind_a_busy_slot(
+    served, busy_slot, data, number, model
+):
+    """Issue 19 item 1: a 1 with 400 zeros as max_tokens stalled the pool; now every number is a 400 or an answer."""
+    path = data.draw(st.sampled_from(sorted(INFERENCE_BASES)))
+    dialect_ = "ollama" if path.startswith("/api/") else "openai"
+    field = data.draw(st.sampled_from(NUMERIC_FIELDS[dialect_]))
+    body: dict[str, Any] = {"model": model, **INFERENCE_BASES[path]}
+    if dialect_ == "ollama" and field != "keep_alive":
+        body["options"] = {field: number}
+    else:
+        body[field] = number
+    headers = {"Authorization": f"Bearer {served.key}", "Content-Type": "application/json"}
+    status, answer = post(served.port, path, json.dumps(body), headers)
+    check(status, answer, path)
+
+
+def test_the_busy_slot_is_never_lost(served, busy_slot):
+    """After the property run: no slot leaked, and Bob's every answer was whole (checked as the fixture ends)."""
+    status, data = post(
+        served.port,
+        "/api/chat",
+        json.dumps({"model": "busy", "messages": [{"role": "user", "content": "hi"}], "stream": False}),
+        {"Authorization": f"Bearer {served.key}", "Content-Type": "application/json"},
+    )
+    assert status == 200 and json.loads(data)["eval_count"] == 10
+    assert len(busy_slot.answers) >= 5
 
 
 def test_slow_loris_clients_are_cut_off(served):

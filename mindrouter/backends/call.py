@@ -1,7 +1,8 @@
 """A client's inference request, parsed and checked once: the dialects, the routes, :class:`Call`.
 
 Only what would make every backend refuse the request, or break translation,
-is checked here; values a backend judges itself (a temperature of 7) pass.
+is checked here, and every number is held to a range a backend can use
+(``numbers.py``); values within it that a backend judges itself pass.
 """
 
 from __future__ import annotations
@@ -13,6 +14,7 @@ from typing import Any
 from ..errors import RequestError
 from . import responses
 from ._shapes import Dialect, Kind, dumps
+from .numbers import check_numbers, loads
 
 __all__ = ["INFERENCE_PATHS", "Call", "inspect_body"]
 
@@ -116,6 +118,7 @@ def inspect_body(dialect: Dialect, kind: Kind, path: str, body: dict[str, Any]) 
         raise _fail('"stream" must be true or false.')
     if kind == "embeddings":
         stream = False
+    check_numbers(dialect, body)
     hints: dict[str, Any] = {"model": model, "stream": stream}
 
     if dialect == "openai":
@@ -231,15 +234,13 @@ class Call:
         if route is None:
             raise RequestError(f"{path} is not an inference endpoint.", status=404, code="not_found")
         dialect, kind = route
-        try:
-            body = json.loads(raw)
-        except ValueError:
-            raise RequestError("The request body is not valid JSON.") from None
+        body = loads(raw)
         if not isinstance(body, dict):
             raise RequestError("The request body must be a JSON object.")
         api = path == "/v1/responses"
         native = raw if api else None
         if api:  # served as chat completions, answered in the Responses API's shapes
+            check_numbers(dialect, body)  # before translation, so an error names the client's own field
             body = responses.to_chat(body)
             path, raw = "/v1/chat/completions", dumps(body)
         hints = inspect_body(dialect, kind, path, body)

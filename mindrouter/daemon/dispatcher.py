@@ -143,6 +143,19 @@ class Dispatcher:
                 self.scheduler.cancel(dispatch.job.id, now, prompt_tokens=0)
                 continue
             future.set_result(dispatch)
+        for job, exc in self.scheduler.take_unstartable():
+            log.error("request %s could not be started", job.id, exc_info=exc)
+            future = self._waiters.pop(job.id, None)
+            if future is not None and not future.done():
+                future.set_exception(
+                    RequestError(
+                        "mindrouter could not start this request (an internal error, logged with its request id);"
+                        " tell your admin",
+                        status=500,
+                        type="internal_error",
+                        code="internal_error",
+                    )
+                )
 
     def expire(self) -> int:
         """Fail the jobs that waited past ``queue_timeout`` with 504."""

@@ -3,7 +3,7 @@
 from .backend import ALL_MODALITIES, Backend, BackendLoad
 from .core import Scheduler, UnknownUser
 from .fairshare import FairShare
-from .jobs import Dispatch, Expired, Job, Modality, Outcome, Rejection
+from .jobs import TOKEN_LIMIT, Dispatch, Expired, Job, Modality, Outcome, Rejection
 from .pools import UserState, apply_factor, heavy_factor, seed_priority
 from .records import DecisionRecord, PriorityTerms
 from .scoring import REASONS, ScoreRow
@@ -15,6 +15,7 @@ __all__ = [
     "DEFAULT_GROUP_WEIGHTS",
     "REASONS",
     "SHARES",
+    "TOKEN_LIMIT",
     "Backend",
     "BackendLoad",
     "DecisionRecord",

@@ -35,7 +35,7 @@ from collections.abc import Hashable, Iterable
 from .backend import Backend, BackendLoad
 from .classes import Classes, Route
 from .fairshare import FairShare
-from .jobs import Dispatch, Job, Modality, Rejection
+from .jobs import Dispatch, Job, Modality, Rejection, numbers_refusal
 from .ledger import Ledger
 from .outcomes import JobOutcomes, class_key
 from .pools import Pool, Seat
@@ -72,6 +72,7 @@ class Scheduler(JobOutcomes, CoreReading):
         self._attempts: dict[str, int] = {}
         self._heavy_keyed: dict[frozenset, tuple[float, float]] = {}
         self._usage_backlog: dict[str, list[tuple[Hashable, float, float]]] = {}
+        self._unstartable: list[tuple[Job, Exception]] = []
         self._seq = 0
         self._wait_rate = settings.wait_bonus_per_second
 
@@ -216,7 +217,7 @@ class Scheduler(JobOutcomes, CoreReading):
             raise UnknownUser(job.user_id)
         if job.id in self.queues.jobs or job.id in self._running:
             raise ValueError(f"job {job.id!r} is already queued or running")
-        refusal = self.classes.refusal(job)
+        refusal = numbers_refusal(job) or self.classes.refusal(job)
         if refusal is not None:
             return refusal
         if user.queued >= self.settings.max_queued_per_user:
@@ -307,13 +308,23 @@ class Scheduler(JobOutcomes, CoreReading):
             if best_entry is None or best_key is None:
                 break
             job = self.queues.head(best_entry[2], best_key)
-            routed = self.classes.route(
-                best_key, self.scorer, self.settings.scores.short_queue, self._excluded.get(job.id)
-            )
-            if routed is None:
-                blocked.add(best_key)
-                continue
-            out.append(self._start(best_key, job, routed, now))
+            try:
+                routed = self.classes.route(
+                    best_key, self.scorer, self.settings.scores.short_queue, self._excluded.get(job.id)
+                )
+                if routed is None:
+                    blocked.add(best_key)
+                    continue
+                out.append(self._start(best_key, job, routed, now))
+            except Exception as exc:  # a value no check caught, or a bug: this job alone fails
+                self._unqueue(job, now)
+                self._forget(job.id)
+                self._unstartable.append((job, exc))
+        return out
+
+    def take_unstartable(self) -> list[tuple[Job, Exception]]:
+        """Jobs ``dispatch`` removed because starting them raised, with the error; each is returned once."""
+        out, self._unstartable = self._unstartable, []
         return out
 
     def _rekey_heavy(self) -> None:
@@ -350,6 +361,7 @@ class Scheduler(JobOutcomes, CoreReading):
             wait_bonus=wait_bonus,
             priority=pool.priority(seat, reference) + wait_bonus,
         )
+        running = self.ledger.prepare(job, backend_id, pool, seat)
         record = DecisionRecord(
             request_id=job.id,
             time=now,
@@ -371,7 +383,7 @@ class Scheduler(JobOutcomes, CoreReading):
         user.queued -= 1
         if not self.queues.jobs:
             fair.queue_became_empty(now)
-        self.ledger.start(job, backend_id, pool, seat)
+        self.ledger.start(running)
         self._rekey_seats(fair.activity(pool, seat))
         self._rekey(pool, seat)
         self._loads[backend_id].in_flight += 1

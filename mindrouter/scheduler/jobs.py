@@ -15,7 +15,13 @@ from typing import TYPE_CHECKING
 if TYPE_CHECKING:
     from .records import DecisionRecord
 
-__all__ = ["Dispatch", "Expired", "Job", "Modality", "Outcome", "Rejection"]
+__all__ = ["TOKEN_LIMIT", "Dispatch", "Expired", "Job", "Modality", "Outcome", "Rejection"]
+
+TOKEN_LIMIT = 1 << 24
+"""The most tokens a job may name (16,777,216: above any model's context today).
+
+Every token count of a job, and every token limit a client sends, stays
+within it, so the core's arithmetic stays finite and exact."""
 
 
 class Modality(str, Enum):
@@ -45,6 +51,23 @@ class Job:
     """Context size the client asked for (Ollama ``num_ctx``), for the VRAM estimate."""
     stream: bool = False
     """The answer streams, so the caller reports its progress (``Scheduler.progress``)."""
+
+
+def numbers_refusal(job: Job) -> Rejection | None:
+    """A 400 for a job whose token counts are not integers in ``[0, TOKEN_LIMIT]``.
+
+    The shell bounds what clients send; the core checks again, so no caller can
+    put a number into its arithmetic that overflows a float or runs it backwards.
+    """
+    for name in ("prompt_tokens", "max_tokens", "context_tokens"):
+        value = getattr(job, name)
+        if value is None and name != "prompt_tokens":
+            continue
+        if not isinstance(value, int) or isinstance(value, bool) or not 0 <= value <= TOKEN_LIMIT:
+            return Rejection(
+                job, 400, "invalid_request", f"{name} must be an integer from 0 to {TOKEN_LIMIT}; send a smaller number"
+            )
+    return None
 
 
 class Outcome(str, Enum):

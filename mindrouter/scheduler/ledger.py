@@ -55,15 +55,20 @@ class Ledger:
         self.settings = fair.settings
         self.jobs: dict[str, Running] = {}
 
-    def start(self, job: Job, backend_id: Hashable, pool: Pool, seat: Seat) -> None:
+    def prepare(self, job: Job, backend_id: Hashable, pool: Pool, seat: Seat) -> Running:
+        """What ``job`` will be charged as it starts; changes nothing, so a failure here leaves no trace."""
         running = Running(job, backend_id, pool, seat, *self.fair.provisional_answer(seat.user, pool, job))
         running.answer = running.answer_due()
-        cost = running.charged = self.settings.cost(job.prompt_tokens, running.answer)
+        running.charged = self.settings.cost(job.prompt_tokens, running.answer)
+        return running
+
+    def start(self, running: Running) -> None:
+        seat, pool, cost = running.seat, running.pool, running.charged
         seat.running += 1
         seat.user.running += 1
         seat.inflight += cost
         pool.charge(seat, cost)
-        self.jobs[job.id] = running
+        self.jobs[running.job.id] = running
 
     def progress(self, job_id: str, completion_tokens: int) -> Running | None:
         """Charge what streamed beyond what was charged; returns the job if its seat moved."""
