@@ -417,7 +417,7 @@ def test_a_busy_model_does_not_block_the_same_users_other_model():
     assert models == ["big", "small"]
 
 
-# -- routing: soft scores -------------------------------------------------------
+# -- routing: where the job is expected to finish first ------------------------
 
 
 @pytest.mark.parametrize(
@@ -427,9 +427,10 @@ def test_a_busy_model_does_not_block_the_same_users_other_model():
         ({"utilization": 0.1}, {"utilization": 0.9}),
         ({"backend_waiting": 0}, {"backend_waiting": 3}),
         ({"priority": 5}, {}),
+        ({"model_sizes": {"llama3": 10**9}}, {"model_sizes": {"llama3": 20 * 10**9}}),
     ],
 )
-def test_each_soft_score_wins_when_all_else_is_equal(better, worse):
+def test_each_term_of_the_estimate_wins_when_all_else_is_equal(better, worse):
     for order in (0, 1):
         s = Scheduler()
         specs = [(1, better), (2, worse)] if order == 0 else [(1, worse), (2, better)]
@@ -443,22 +444,25 @@ def test_each_soft_score_wins_when_all_else_is_equal(better, worse):
         assert scores[str(d.backend_id)] > min(scores.values())
 
 
-def test_lower_latency_and_higher_throughput_win():
+def test_a_faster_learned_decode_rate_wins_and_the_record_says_when_each_would_finish():
     s = Scheduler()
     for bid in (1, 2):
-        s.set_backend(Backend(id=bid, name=f"b{bid}", models=LLAMA, max_concurrent=1))
+        s.set_backend(Backend(id=bid, name=f"b{bid}", models=LLAMA, loaded_models=LLAMA, max_concurrent=1))
     s.set_user("u", 1)
     s.submit(job("u"), 0)
     s.submit(job("u"), 0)
-    for d in s.dispatch(0):  # one on each: b1 answers slowly, b2 quickly
+    for d in s.dispatch(0):  # one on each: b1 writes 10 tokens a second, b2 100
         fast = d.backend_id == 2
-        s.complete(d.job.id, 1, completion_tokens=100 if fast else 10, latency=0.2 if fast else 2.0, duration=1.0)
-    s.submit(job("u"), 1)
+        s.complete(d.job.id, 1, prompt_tokens=100, completion_tokens=100 if fast else 10, duration=1.0)
+    s.submit(job("u", max_tokens=200), 1)
     [d] = s.dispatch(1)
     assert d.backend_id == 2
     parts = d.record.to_dict()["score_components"]
-    assert parts["2"]["latency"] > parts["1"]["latency"]
-    assert parts["2"]["high_throughput"] > parts["1"]["high_throughput"]
+    assert parts["2"]["decode_rate"] == pytest.approx(100) and parts["1"]["decode_rate"] == pytest.approx(10)
+    assert parts["2"]["learned"] and parts["1"]["learned"]
+    # The answer expected is the user's usual one (an average of 10 and 100 tokens), within max_tokens.
+    assert parts["1"]["decode"] == pytest.approx(10 * parts["2"]["decode"], rel=1e-3)
+    assert parts["2"]["finish"] < parts["1"]["finish"] and parts["2"]["start"] == 0
 
 
 def test_shorter_queue_wins_through_our_own_in_flight_count():
@@ -622,4 +626,4 @@ def test_a_retry_goes_back_to_the_failed_backend_when_no_other_is_live():
     assert s.fail(j.id, 1, retry=True)
     [again] = s.dispatch(1)
     assert again.backend_id == d.backend_id == 1
-    assert again.record.rows[0].penalty > 0
+    assert again.record.candidates[0].penalty > 0

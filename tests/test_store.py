@@ -317,6 +317,7 @@ def test_backend_operations(st: Store) -> None:
         gpus=[0, 1],
         node="http://10.0.0.5:8485",
         priority=5,
+        parallel=4,
     )
     assert b.to_dict() == {
         "id": b.id,
@@ -328,8 +329,11 @@ def test_backend_operations(st: Store) -> None:
         "node": "http://10.0.0.5:8485",
         "priority": 5.0,
         "state": "enabled",
+        "parallel": 4,
+        "max_loaded": None,
     }
     assert st.get_backend("gpu1") == b == st.get_backend(b.id)
+    assert st.update_backend("gpu1", max_loaded=2).max_loaded == 2
     c = st.add_backend("vllm1", "https://box:8000", "vllm")
     assert (c.max_concurrent, c.gpus, c.node, c.priority, c.state) == (4, (), "", 0.0, "enabled")
     assert [x.name for x in st.list_backends()] == ["gpu1", "vllm1"]

@@ -53,6 +53,10 @@ class Usage:
 
     prompt_tokens: int | None = None
     completion_tokens: int | None = None
+    load_seconds: float | None = None
+    """Ollama's ``load_duration``, ``prompt_eval_duration`` and ``eval_duration``: what routing learns rates from."""
+    prefill_seconds: float | None = None
+    decode_seconds: float | None = None
 
     @property
     def total_tokens(self) -> int | None:
@@ -140,6 +144,20 @@ def openai_usage(usage: dict[str, Any], into: Usage) -> None:
 def ollama_usage(obj: dict[str, Any], into: Usage) -> None:
     into.prompt_tokens = obj.get("prompt_eval_count")
     into.completion_tokens = obj.get("eval_count")
+    into.load_seconds = _seconds(obj.get("load_duration"))
+    into.prefill_seconds = _seconds(obj.get("prompt_eval_duration"))
+    into.decode_seconds = _seconds(obj.get("eval_duration"))
+
+
+#: Ollama reports durations in nanoseconds; more than a day is not a reading.
+_MAX_NS = 86_400 * 10**9
+
+
+def _seconds(ns: Any) -> float | None:
+    """Nanoseconds as Ollama reports them, in seconds; None for anything that is not a sane duration."""
+    if isinstance(ns, bool) or not isinstance(ns, (int, float)) or not 0 <= ns <= _MAX_NS:
+        return None
+    return ns / 1e9
 
 
 def usage_json(u: Usage) -> dict[str, int]:

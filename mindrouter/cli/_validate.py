@@ -95,6 +95,11 @@ def max_concurrent(value: str | None) -> int | None:
     )
 
 
+def slots(value: str | None, option: str) -> int | None:
+    """Ollama's per-model slots or loaded models: a whole number from 1 to 1000."""
+    return None if value is None else _int(value, option, 1, "a whole number of at least 1, such as 4", 1000)
+
+
 def limit(value: str | None, option: str = "--limit") -> int | None:
     return None if value is None else _int(value, option, 1, "a whole number of at least 1, such as 50", 10_000)
 

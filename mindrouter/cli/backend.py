@@ -136,10 +136,31 @@ def add(
             show_default=False,
         ),
     ] = None,
+    parallel: Annotated[
+        str | None,
+        typer.Option(
+            "--parallel",
+            metavar="N",
+            help="Requests each loaded model serves at once (Ollama's OLLAMA_NUM_PARALLEL).",
+            show_default=False,
+        ),
+    ] = None,
+    max_loaded: Annotated[
+        str | None,
+        typer.Option(
+            "--max-loaded",
+            metavar="N",
+            help="Models it keeps loaded at once (Ollama's OLLAMA_MAX_LOADED_MODELS).",
+            show_default=False,
+        ),
+    ] = None,
     json: JsonOption = False,
     config: ConfigOption = None,
 ) -> None:
     """Add a backend; the daemon probes it once and lists its models before answering.
+
+    With --parallel, --max-concurrent defaults to parallel x max-loaded (3 models when not given),
+    so every loaded model can use its slots; set it lower to cap the whole server.
 
     Example: mr backend add ws3 http://ws3.lab:11434 --engine ollama --gpus 0 --node http://ws3.lab:8485
     """
@@ -148,11 +169,18 @@ def add(
         "url": _validate.url(url),
         "engine": _validate.engine(engine),
     }
+    per_model = _validate.slots(parallel, "--parallel")
+    loaded = _validate.slots(max_loaded, "--max-loaded")
+    cap = _validate.max_concurrent(max_concurrent)
+    if per_model is not None and cap is None:
+        cap = per_model * (loaded or 3)
     optional = {
-        "max_concurrent": _validate.max_concurrent(max_concurrent),
+        "max_concurrent": cap,
         "gpus": _validate.gpus(gpus),
         "node": None if node is None else _validate.url(node, "--node"),
         "priority": _validate.priority(priority),
+        "parallel": per_model,
+        "max_loaded": loaded,
     }
     body.update({k: v for k, v in optional.items() if v is not None})
     row = get_app(ctx, config).client.post("/admin/backends", body)

@@ -242,7 +242,11 @@ async def list_backends(request: web.Request) -> web.Response:
 async def add_backend(request: web.Request) -> web.Response:
     data = await _body(request)
     app = request.app
-    fields = {k: data[k] for k in ("max_concurrent", "gpus", "node", "priority") if data.get(k) is not None}
+    fields = {
+        k: data[k]
+        for k in ("max_concurrent", "gpus", "node", "priority", "parallel", "max_loaded")
+        if data.get(k) is not None
+    }
     row = app[STORE].add_backend(data.get("name"), data.get("url"), data.get("engine"), **fields)
     entry = app[REGISTRY].add(row)
     wait = app[CONFIG].backends.connect_timeout + 1

@@ -18,7 +18,7 @@ from collections.abc import Callable
 
 from ..backends.base import Call
 from ..errors import RequestError
-from ..scheduler import Dispatch, Job, Scheduler
+from ..scheduler import Dispatch, Job, Scheduler, Timings
 from ..tasks import background
 from .lease import Backends, Lease, Settlement
 
@@ -99,6 +99,7 @@ class Dispatcher:
         completion_tokens: int | None,
         latency: float | None,
         duration: float | None,
+        timings: Timings | None = None,
     ) -> None:
         if self.scheduler.complete(
             job_id,
@@ -107,6 +108,7 @@ class Dispatcher:
             completion_tokens=completion_tokens,
             latency=latency,
             duration=duration,
+            timings=timings,
         ):
             self.pump()
 

@@ -30,7 +30,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 
 from ..backends.base import BackendError, Call, Upstream
 from ..errors import RequestError
-from ..scheduler import DecisionRecord, Dispatch, Job
+from ..scheduler import DecisionRecord, Dispatch, Job, Timings
 
 if TYPE_CHECKING:
     from .dispatcher import Dispatcher
@@ -251,6 +251,7 @@ class Lease:
             completion_tokens=usage.completion_tokens,
             latency=first - upstream.opened_at,
             duration=now - upstream.opened_at,
+            timings=Timings(usage.load_seconds, usage.prefill_seconds, usage.decode_seconds),
         )
         self._released()
         outcome = Outcome.OK if upstream.status < 400 else Outcome.REJECTED

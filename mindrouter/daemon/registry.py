@@ -274,6 +274,10 @@ class Registry:
                 vram_free=vram_free,
                 vram_total=vram_total,
                 model_vram=model_vram,
+                model_sizes={model_key(m): size for m, size in probe.model_sizes.items()} if probe else {},
+                resident_vram={model_key(m): size for m, size in probe.loaded_vram.items()} if probe else {},
+                parallel=row.parallel,
+                max_loaded=row.max_loaded,
                 utilization=utilization,
                 backend_waiting=(probe.waiting or 0) if probe is not None else 0,
             )
@@ -310,6 +314,14 @@ class Registry:
             "loaded_models": sorted(probe.loaded_models) if probe else [],
             "latency_ema": load.latency_ema if load else None,
             "tokens_per_second": load.tokens_per_second if load else None,
+            "model_speeds": {
+                model: {"decode": speed.decode, "prefill": speed.prefill, "answers": speed.answers}
+                for model, speed in sorted(load.speeds.items())
+            }
+            if load
+            else {},
+            "parallel": row.parallel,
+            "max_loaded": row.max_loaded,
             "priority": row.priority,
             "gpus": list(row.gpus),
             "node": row.node or None,

@@ -1,12 +1,13 @@
 """The sans-I/O scheduling core: no asyncio, no sockets, no clock; time is passed in."""
 
 from .backend import ALL_MODALITIES, Backend, BackendLoad
+from .constraints import REASONS
 from .core import Scheduler, UnknownUser
+from .estimate import Estimate
 from .fairshare import FairShare
-from .jobs import TOKEN_LIMIT, Dispatch, Expired, Job, Modality, Outcome, Rejection
+from .jobs import TOKEN_LIMIT, Dispatch, Expired, Job, Modality, Outcome, Rejection, Timings
 from .pools import UserState, apply_factor, heavy_factor, seed_priority
 from .records import DecisionRecord, PriorityTerms
-from .scoring import REASONS, ScoreRow
 from .settings import DEFAULT_GROUP_WEIGHTS, SHARES, SchedulerSettings, ScoreWeights, check_weight
 from .views import PoolShare, QueueStats, SeatShare, ShareSnapshot, UserShare, normalized_shares
 
@@ -20,6 +21,7 @@ __all__ = [
     "BackendLoad",
     "DecisionRecord",
     "Dispatch",
+    "Estimate",
     "Expired",
     "FairShare",
     "Job",
@@ -31,10 +33,10 @@ __all__ = [
     "Rejection",
     "Scheduler",
     "SchedulerSettings",
-    "ScoreRow",
     "ScoreWeights",
     "SeatShare",
     "ShareSnapshot",
+    "Timings",
     "UnknownUser",
     "UserShare",
     "UserState",

@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 
 from .jobs import Modality
 
-__all__ = ["ALL_MODALITIES", "Backend", "BackendLoad"]
+__all__ = ["ALL_MODALITIES", "CONFIRM_SECONDS", "Backend", "BackendLoad", "ModelSpeed"]
 
 ALL_MODALITIES: frozenset[Modality] = frozenset(Modality)
 
@@ -44,6 +44,14 @@ class Backend:
     vram_total: int | None = None
     model_vram: Mapping[str, int] = field(default_factory=dict)
     """Estimated bytes each (not loaded) model needs to load here."""
+    model_sizes: Mapping[str, int] = field(default_factory=dict)
+    """Bytes on disk per model (Ollama /api/tags), for the time a load takes."""
+    resident_vram: Mapping[str, int] = field(default_factory=dict)
+    """Bytes of GPU memory each loaded model holds (Ollama ``size_vram``): what evicting it frees."""
+    parallel: int | None = None
+    """Requests each loaded model serves at once (Ollama ``OLLAMA_NUM_PARALLEL``); None: per server only."""
+    max_loaded: int | None = None
+    """Models resident at once (Ollama ``OLLAMA_MAX_LOADED_MODELS``); None: as many as fit."""
     utilization: float | None = None
     """0..1: GPU utilization, or vLLM's KV-cache usage, if known."""
     backend_waiting: int = 0
@@ -51,8 +59,23 @@ class Backend:
 
 
 @dataclass(slots=True)
+class ModelSpeed:
+    """What answers taught about one model on one backend: rates of one stream alone."""
+
+    decode: float | None = None
+    """Completion tokens per second."""
+    prefill: float | None = None
+    """Prompt tokens per second."""
+    answers: int = 0
+
+
+#: Seconds a load or an eviction the core triggered is assumed without a poll confirming it.
+CONFIRM_SECONDS = 30.0
+
+
+@dataclass(slots=True)
 class BackendLoad:
-    """Counters the core keeps for a backend from real traffic."""
+    """Counters the core keeps for a backend from real traffic, and what it expects of the backend's models."""
 
     in_flight: int = 0
     latency_ema: float | None = None
@@ -60,3 +83,30 @@ class BackendLoad:
     tokens_per_second: float | None = None
     completed: int = 0
     failed: int = 0
+    model_in_flight: dict[str, int] = field(default_factory=dict)
+    loading: dict[str, float] = field(default_factory=dict)
+    """Models the core sent a job to while not resident: when each is expected to be loaded."""
+    evicted: dict[str, float] = field(default_factory=dict)
+    """Idle models that load is expected to have evicted, and when."""
+    used: dict[str, float] = field(default_factory=dict)
+    """When each model last started or ended a job here (Ollama evicts the least recently used)."""
+    speeds: dict[str, ModelSpeed] = field(default_factory=dict)
+    load_bytes_per_second: float | None = None
+    """Measured from Ollama's ``load_duration``."""
+
+    def resident(self, backend: Backend, now: float) -> frozenset[str]:
+        """Models resident or loading now, as far as the core can tell before the next poll."""
+        loaded = backend.loaded_models
+        if self.loading:
+            loaded = loaded | {m for m, ready in self.loading.items() if now < ready + CONFIRM_SECONDS}
+        if self.evicted:
+            loaded = loaded - {m for m, at in self.evicted.items() if now < at + CONFIRM_SECONDS}
+        return loaded
+
+    def used_at(self, model: str) -> float:
+        return self.used.get(model, -1.0)
+
+    def polled(self, backend: Backend) -> None:
+        """A poll reported what is resident: it replaces what the core expected."""
+        self.loading = {m: t for m, t in self.loading.items() if m not in backend.loaded_models}
+        self.evicted = {m: t for m, t in self.evicted.items() if m in backend.loaded_models}

@@ -16,17 +16,19 @@ from __future__ import annotations
 import math
 from collections.abc import Hashable
 from dataclasses import dataclass, field
-from typing import Any
 
 from .backend import Backend, BackendLoad
+from .constraints import REASONS, RETRY_PENALTY, ClassKey, live_rejections, static_rejections
+from .estimate import Estimate, Speeds, estimate
 from .jobs import Job, Rejection
 from .pools import PoolKey
-from .scoring import REASONS, RETRY_PENALTY, BackendScorer, ClassKey, live_rejections, static_rejections
+from .settings import SchedulerSettings
 
 __all__ = ["ClassInfo", "Classes", "Route"]
 
-#: (chosen backend, captured score rows, closed candidates with reasons)
-Route = tuple[Hashable, tuple[tuple[Any, ...], ...], dict[Hashable, tuple[str, ...]]]
+#: (chosen backend, every candidate's estimate, closed candidates with reasons); the chosen backend
+#: is None when the job should wait for a full one, where it is expected to finish sooner.
+Route = tuple[Hashable | None, tuple[Estimate, ...], dict[Hashable, tuple[str, ...]]]
 
 
 @dataclass(slots=True)
@@ -49,6 +51,8 @@ class Classes:
     def __init__(self, backends: dict[Hashable, Backend], loads: dict[Hashable, BackendLoad]) -> None:
         self._backends = backends
         self._loads = loads
+        self.now = 0.0
+        """The core's clock at its last decision: when loads it triggered are expected to end."""
         self._classes: dict[ClassKey, ClassInfo] = {}
         self._by_backend: dict[Hashable, list[tuple[ClassKey, ClassInfo]]] = {}
 
@@ -103,7 +107,7 @@ class Classes:
 
     def _place(self, info: ClassInfo, bid: Hashable, model: str) -> None:
         """Put candidate ``bid`` in its class's open or closed set, by the live constraints."""
-        reasons = live_rejections(self._backends[bid], self._loads[bid], model)
+        reasons = live_rejections(self._backends[bid], self._loads[bid], model, self.now)
         if reasons:
             info.open.pop(bid, None)
             info.closed[bid] = reasons
@@ -117,46 +121,71 @@ class Classes:
             self._place(info, bid, key[0])
 
     def load_changed(self, bid: Hashable) -> None:
-        """A slot on ``bid`` was taken or freed: only capacity can have changed."""
-        backend = self._backends.get(bid)
-        if backend is None:
-            return
-        full = self._loads[bid].in_flight >= backend.max_concurrent
-        for key, info in self._by_backend.get(bid, ()):
-            if full or bid in info.closed:
-                self._place(info, bid, key[0])
+        """A slot on ``bid`` was taken or freed: capacity, and what idle models could be evicted, may have changed."""
+        if bid in self._backends:
+            self.reopen(bid)
 
     def live(self, bid: Hashable, model: str) -> bool:
-        """Could ``bid`` take a job for ``model`` once a slot frees (healthy, enabled, not draining, fits)?"""
-        reasons = live_rejections(self._backends[bid], self._loads[bid], model)
-        return all(r == REASONS["capacity"] for r in reasons)
+        """Could ``bid`` take a job for ``model`` once slots free (healthy, enabled, not draining, fits)?"""
+        reasons = live_rejections(self._backends[bid], self._loads[bid], model, self.now)
+        return all(r in _WAITS for r in reasons)
 
     def route(
-        self, key: ClassKey, scorer: BackendScorer, queue_points: float, excluded: set[Hashable] | None
+        self,
+        key: ClassKey,
+        job: Job,
+        answer_tokens: float,
+        settings: SchedulerSettings,
+        prior: Speeds,
+        excluded: set[Hashable] | None,
+        queued: int = 1,
     ) -> Route | None:
-        """The best open candidate for a job of class ``key``, or None when none is open."""
+        """Where ``job`` is expected to finish first, or None when no candidate is open.
+
+        Full candidates (closed for capacity alone) are estimated too, as starting once ``queued``
+        slots have freed (the jobs of this class waiting, this one included): when one of them
+        is expected to finish the job sooner than any open one, the route names no backend, and
+        the job waits for it rather than load a model elsewhere or take a much slower GPU.
+        """
         info = self.get(key)
         model = key[0]
         backends = self._backends
         loads = self._loads
+        now = self.now
         # A retry waits for another live backend rather than go straight back to one
         # that just failed it; only with no alternative left does it try that one again.
         avoid = bool(excluded) and any(bid not in excluded and self.live(bid, model) for bid in info.candidates)  # type: ignore[operator]
-        rows: list[tuple[Any, ...]] = []
-        best_id = None
-        best_total = -math.inf
+        rows: list[Estimate] = []
+        best: Estimate | None = None
+        best_score = -math.inf
         for bid in info.open:
             if avoid and bid in excluded:  # type: ignore[operator]
                 continue
-            backend = backends[bid]
-            load = loads[bid]
-            terms = scorer.static_terms(backend, load, model)
-            queue = queue_points / (1 + load.in_flight + backend.backend_waiting)
             penalty = RETRY_PENALTY if excluded and bid in excluded else 0.0
-            total = terms[0] + queue - penalty
-            rows.append((bid, total, terms, queue, penalty, backend.priority))
-            if total > best_total:
-                best_total, best_id = total, bid
-        if best_id is None:
+            row = estimate(
+                backends[bid], loads[bid], model, job.prompt_tokens, answer_tokens, now, settings, prior, penalty
+            )
+            if row is None:
+                continue
+            rows.append(row)
+            if row.score > best_score:
+                best_score, best = row.score, row
+        if best is None:
             return None
-        return best_id, tuple(rows), dict(info.closed)
+        waiting = None
+        for bid, reasons in info.closed.items():
+            if reasons != _FULL or (avoid and bid in excluded):  # type: ignore[operator]
+                continue
+            row = estimate(
+                backends[bid], loads[bid], model, job.prompt_tokens, answer_tokens, now, settings, prior, queued=queued
+            )
+            if row is not None and row.score > best_score + settings.wait_margin:
+                best_score, waiting = row.score, row
+        if waiting is not None:
+            return None, (waiting, *rows), dict(info.closed)
+        return best.backend_id, tuple(rows), dict(info.closed)
+
+
+#: Reasons that end by themselves as running jobs finish.
+_WAITS = frozenset({REASONS["capacity"], REASONS["loaded"]})
+_FULL = (REASONS["capacity"],)

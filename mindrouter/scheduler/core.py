@@ -17,8 +17,8 @@ pool, so a decision costs O(log n) in queued jobs, plus a constant per class
 and per candidate backend.
 
 ``dispatch(now)`` repeatedly takes the highest-priority head whose class has
-an open backend and routes it to that class's best-scoring backend, until
-nothing more can start. The caller performs the I/O, reports streamed tokens
+an open backend and routes it to the open backend where it is expected to
+finish first (``estimate.py``), until nothing more can start. The caller performs the I/O, reports streamed tokens
 with ``progress`` and the end with ``complete``, ``fail`` or ``cancel``.
 
 Invariants: a job is in exactly one of queued / running / finished; a backend's
@@ -34,6 +34,8 @@ from collections.abc import Hashable, Iterable
 
 from .backend import Backend, BackendLoad
 from .classes import Classes, Route
+from .constraints import ClassKey
+from .estimate import Speeds
 from .fairshare import FairShare
 from .jobs import Dispatch, Job, Modality, Rejection, numbers_refusal
 from .ledger import Ledger
@@ -42,7 +44,6 @@ from .pools import Pool, Seat
 from .queues import Entry, Queues
 from .reading import CoreReading
 from .records import DecisionRecord, PriorityTerms
-from .scoring import BackendScorer, ClassKey
 from .settings import SchedulerSettings, check_weight
 from .views import UserShare
 
@@ -59,7 +60,7 @@ class Scheduler(JobOutcomes, CoreReading):
     def __init__(self, settings: SchedulerSettings | None = None) -> None:
         self.settings = settings = settings or SchedulerSettings()
         self.fair = FairShare(settings)
-        self.scorer = BackendScorer(settings)
+        self.speeds = Speeds()
         self._backends: dict[Hashable, Backend] = {}
         self._loads: dict[Hashable, BackendLoad] = {}
         self.classes = Classes(self._backends, self._loads)
@@ -132,8 +133,7 @@ class Scheduler(JobOutcomes, CoreReading):
         """Add a backend or replace what is known about it (configuration and telemetry)."""
         old = self._backends.get(backend.id)
         self._backends[backend.id] = backend
-        self._loads.setdefault(backend.id, BackendLoad())
-        self.scorer.invalidate(backend.id)
+        self._loads.setdefault(backend.id, BackendLoad()).polled(backend)
         if old is None or (old.models, old.modalities, old.model_modalities, old.supports_json) != (
             backend.models,
             backend.modalities,
@@ -147,7 +147,6 @@ class Scheduler(JobOutcomes, CoreReading):
     def remove_backend(self, backend_id: Hashable) -> None:
         """Forget a backend; jobs running there still end through complete/fail/cancel."""
         if self._backends.pop(backend_id, None) is not None:
-            self.scorer.invalidate(backend_id)
             self._classes_changed()
         self._loads.pop(backend_id, None)
 
@@ -289,6 +288,7 @@ class Scheduler(JobOutcomes, CoreReading):
             if pool.maybe_shift():
                 for seat in pool.seats.values():
                     self._rekey(pool, seat)
+        self.classes.now = now
         out: list[Dispatch] = []
         blocked: set[ClassKey] = set()
         while self.queues.jobs:
@@ -310,9 +310,15 @@ class Scheduler(JobOutcomes, CoreReading):
             job = self.queues.head(best_entry[2], best_key)
             try:
                 routed = self.classes.route(
-                    best_key, self.scorer, self.settings.scores.short_queue, self._excluded.get(job.id)
+                    best_key,
+                    job,
+                    self._expected_answer(best_key, job),
+                    self.settings,
+                    self.speeds,
+                    self._excluded.get(job.id),
+                    self.queues.counts[best_key],
                 )
-                if routed is None:
+                if routed is None or routed[0] is None:  # nothing open, or better to wait for a full one
                     blocked.add(best_key)
                     continue
                 out.append(self._start(best_key, job, routed, now))
@@ -321,6 +327,14 @@ class Scheduler(JobOutcomes, CoreReading):
                 self._forget(job.id)
                 self._unstartable.append((job, exc))
         return out
+
+    def _expected_answer(self, key: ClassKey, job: Job) -> float:
+        """Completion tokens ``job`` should produce: its user's usual answer, else the pool's, within ``max_tokens``."""
+        if job.modality is Modality.EMBEDDINGS:
+            return 0.0
+        usual = self.fair.users[job.user_id].completion_ema
+        answer = self._pool(key).answer if usual is None else usual
+        return answer if job.max_tokens is None else min(answer, float(job.max_tokens))
 
     def take_unstartable(self) -> list[tuple[Job, Exception]]:
         """Jobs ``dispatch`` removed because starting them raised, with the error; each is returned once."""
@@ -348,6 +362,7 @@ class Scheduler(JobOutcomes, CoreReading):
         pool = self._pool(key)
         seat = pool.seats[user.id]
         backend_id, rows, live = routed
+        assert backend_id is not None
         reference = pool.reference()
         wait_bonus = self._wait_rate * (now - job.submitted_at)
         terms = PriorityTerms(
@@ -386,6 +401,18 @@ class Scheduler(JobOutcomes, CoreReading):
         self.ledger.start(running)
         self._rekey_seats(fair.activity(pool, seat))
         self._rekey(pool, seat)
-        self._loads[backend_id].in_flight += 1
+        self._took(backend_id, job.model, routed, now)
         self.classes.load_changed(backend_id)
         return Dispatch(job, backend_id, record)
+
+    def _took(self, backend_id: Hashable, model: str, routed: Route, now: float) -> None:
+        """A slot is taken: count it per model, and expect the load and evictions it triggers at once."""
+        load = self._loads[backend_id]
+        load.in_flight += 1
+        load.model_in_flight[model] = load.model_in_flight.get(model, 0) + 1
+        load.used[model] = now
+        chosen = next(row for row in routed[1] if row.backend_id == backend_id)
+        if chosen.start > 0 and model not in load.loading:
+            load.loading[model] = now + chosen.start
+        for victim in chosen.evicts:
+            load.evicted[victim] = now

@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING
 if TYPE_CHECKING:
     from .records import DecisionRecord
 
-__all__ = ["TOKEN_LIMIT", "Dispatch", "Expired", "Job", "Modality", "Outcome", "Rejection"]
+__all__ = ["TOKEN_LIMIT", "Dispatch", "Expired", "Job", "Modality", "Outcome", "Rejection", "Timings"]
 
 TOKEN_LIMIT = 1 << 24
 """The most tokens a job may name (16,777,216: above any model's context today).
@@ -68,6 +68,16 @@ def numbers_refusal(job: Job) -> Rejection | None:
                 job, 400, "invalid_request", f"{name} must be an integer from 0 to {TOKEN_LIMIT}; send a smaller number"
             )
     return None
+
+
+@dataclass(frozen=True, slots=True)
+class Timings:
+    """Seconds a backend says it spent on a job (Ollama's ``load_duration``, ``prompt_eval_duration``,
+    ``eval_duration``); None where it does not say, and the core falls back to the shell's clock."""
+
+    load: float | None = None
+    prefill: float | None = None
+    decode: float | None = None
 
 
 class Outcome(str, Enum):

@@ -11,14 +11,16 @@ from __future__ import annotations
 import heapq
 from collections.abc import Hashable, Iterable
 
-from .backend import BackendLoad
+from .backend import Backend, BackendLoad
 from .classes import Classes
+from .constraints import ClassKey
+from .estimate import Speeds
 from .fairshare import FairShare
-from .jobs import Expired, Job
+from .jobs import Expired, Job, Timings
+from .learning import Sample, learn
 from .ledger import Ledger, Running
 from .pools import Pool, Seat
 from .queues import Queues
-from .scoring import BackendScorer, ClassKey
 from .settings import SchedulerSettings
 
 __all__ = ["JobOutcomes"]
@@ -34,9 +36,10 @@ class JobOutcomes:
     ledger: Ledger
     queues: Queues
     classes: Classes
-    scorer: BackendScorer
+    speeds: Speeds
     _running: dict[str, Running]
     _loads: dict[Hashable, BackendLoad]
+    _backends: dict[Hashable, Backend]
     _deadlines: list[tuple[float, int, str]]
     _excluded: dict[str, set[Hashable]]
     _attempts: dict[str, int]
@@ -76,14 +79,17 @@ class JobOutcomes:
         completion_tokens: int | None = None,
         latency: float | None = None,
         duration: float | None = None,
+        timings: Timings | None = None,
     ) -> bool:
         """A running job finished. Token counts are the backend's; None means it reported none.
 
         Without counts, what was charged (the provisional answer, or what streamed beyond it) stands.
 
         Args:
-            latency: seconds to the first byte (streaming) or the whole answer, for the latency score.
-            duration: seconds the generation took, for the throughput score.
+            latency: seconds to the first byte (streaming) or the whole answer, by the shell's clock.
+            duration: seconds from sending the request to its end, by the shell's clock.
+            timings: what the backend says it spent loading, reading the prompt and answering;
+                with ``latency`` and ``duration`` they teach the estimate this (backend, model)'s rates.
 
         Returns False when the job was not running (already ended).
         """
@@ -91,6 +97,12 @@ class JobOutcomes:
         if running is None:
             return False
         job = running.job
+        load = self._loads.get(running.backend_id)
+        if load is not None:  # before ``_end``: the streams that shared the backend still count this one
+            backend = self._backends.get(running.backend_id)
+            size = backend.model_sizes.get(job.model) if backend is not None else None
+            sample = Sample(prompt_tokens, completion_tokens, latency, duration, timings or Timings(), size)
+            learn(load, self.speeds, job, sample, self.settings)
         prompt = job.prompt_tokens if prompt_tokens is None else prompt_tokens
         if completion_tokens is not None:
             completion = float(completion_tokens)
@@ -99,19 +111,6 @@ class JobOutcomes:
         else:
             completion = float(running.streamed)
         self._end(running, now, prompt, completion, completion_tokens)
-        load = self._loads.get(running.backend_id)
-        if load is not None:
-            load.completed += 1
-            alpha = self.settings.latency_ema_alpha
-            if latency is not None and latency >= 0:
-                load.latency_ema = (
-                    latency if load.latency_ema is None else load.latency_ema + alpha * (latency - load.latency_ema)
-                )
-            if duration and duration > 0 and completion_tokens:
-                tps = completion_tokens / duration
-                ema = load.tokens_per_second
-                load.tokens_per_second = tps if ema is None else ema + alpha * (tps - ema)
-            self.scorer.invalidate(running.backend_id)
         self._forget(job_id)
         return True
 
@@ -168,7 +167,10 @@ class JobOutcomes:
         """Free the slot and settle the charge against what the job really cost."""
         load = self._loads.get(running.backend_id)
         if load is not None:
+            model = running.job.model
             load.in_flight -= 1
+            load.model_in_flight[model] -= 1
+            load.used[model] = now
             self.classes.load_changed(running.backend_id)
         self.ledger.settle(running, now, prompt, completion, learned)
         pool, seat = running.pool, running.seat

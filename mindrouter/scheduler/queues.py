@@ -17,8 +17,8 @@ from collections import deque
 from collections.abc import Callable, Hashable, Iterator
 from dataclasses import dataclass, field
 
+from .constraints import ClassKey
 from .jobs import Job
-from .scoring import ClassKey
 
 __all__ = ["Entry", "Queues"]
 
@@ -40,6 +40,8 @@ class Queues:
         self.jobs: dict[str, Job] = {}
         self._queues: dict[Hashable, dict[ClassKey, deque[Job]]] = {}
         self._heads: dict[ClassKey, _Heads] = {}
+        self.counts: dict[ClassKey, int] = {}
+        """Jobs queued per class."""
         self._seq = 0
 
     def __len__(self) -> int:
@@ -57,6 +59,7 @@ class Queues:
         else:
             queue.append(job)
         self.jobs[job.id] = job
+        self.counts[key] = self.counts.get(key, 0) + 1
         if was_empty:
             self._heads.setdefault(key, _Heads()).live += 1
         return was_empty or front
@@ -76,6 +79,7 @@ class Queues:
             del queues[key]
             self._heads[key].live -= 1
         del self.jobs[job.id]
+        self.counts[key] -= 1
 
     def head(self, user_id: Hashable, key: ClassKey) -> Job:
         return self._queues[user_id][key][0]

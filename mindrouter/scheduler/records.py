@@ -11,7 +11,8 @@ from collections.abc import Hashable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from .scoring import ScoreRow, rejected_map
+from .constraints import rejected_map
+from .estimate import Estimate
 
 __all__ = ["DecisionRecord", "PriorityTerms"]
 
@@ -52,29 +53,21 @@ class DecisionRecord:
     user_recent_usage: float
     queue_wait: float
     selected_backend_id: Hashable
-    candidates: tuple[tuple[Any, ...], ...]
-    """Eligible backends as captured: (id, total, cached static terms, queue term, penalty, priority)."""
+    candidates: tuple[Estimate, ...]
+    """Every open candidate's estimate: when the job would start and finish there."""
     static_rejected: Mapping[Hashable, tuple[str, ...]]
     live_rejected: Mapping[Hashable, tuple[str, ...]]
     terms: PriorityTerms
     attempt: int = 1
 
-    @property
-    def rows(self) -> list[ScoreRow]:
-        """Every eligible backend's score, term by term."""
-        return [
-            ScoreRow(bid, total, terms[1], terms[2], terms[3], queue, terms[4], priority, penalty)
-            for bid, total, terms, queue, penalty, priority in self.candidates
-        ]
-
     def to_dict(self) -> dict[str, Any]:
         t = self.terms
-        rows = self.rows
+        rows = self.candidates
         return {
             "request_id": self.request_id,
             "selected_backend_id": self.selected_backend_id,
             "candidate_backends": [row.backend_id for row in rows],
-            "scores": {str(row.backend_id): round(row.total, 3) for row in rows},
+            "scores": {str(row.backend_id): round(row.score, 3) for row in rows},
             "user_deficit": round(t.deficit, 3),
             "user_weight": t.weight,
             "user_group": self.user_group,

@@ -36,18 +36,21 @@ def check_weight(value: object) -> float:
 
 @dataclass(frozen=True, slots=True)
 class ScoreWeights:
-    """Points each soft score can add to a backend (the seed's ``SCHEDULER_SCORE_*``)."""
+    """The seed's ``SCHEDULER_SCORE_*``: how much each term of the finish-time estimate weighs (``estimate.py``).
+
+    At these defaults every term weighs 1x; twice a default weighs its term twice, 0 leaves it out.
+    """
 
     model_loaded: float = 100.0
-    """Added when the requested model is already resident on the backend."""
+    """Weighs the seconds a load takes, and the reload that evicting an idle model costs."""
     low_utilization: float = 50.0
-    """Scaled by ``1 - utilization`` (GPU utilization or vLLM's KV-cache use)."""
+    """Weighs the slowdown from others' use of the GPU (its utilization while none of our streams run)."""
     latency: float = 40.0
-    """Scaled by ``latency_reference / (latency_reference + latency_ema)``."""
+    """Weighs the seconds of reading the prompt (prefill)."""
     short_queue: float = 30.0
-    """Scaled by ``1 / (1 + depth)``, depth being requests in flight plus the backend's own queue."""
+    """Weighs the slowdown each stream already on the backend (or in its own queue) causes."""
     high_throughput: float = 20.0
-    """Scaled by ``tps / (tps + throughput_reference)`` from measured tokens per second."""
+    """Weighs the seconds of writing the answer (decode)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -86,10 +89,20 @@ class SchedulerSettings:
     """When deficits drift this far below zero (per unit of weight), all are shifted up together."""
     heavy_refresh_interval: float = 1.0
     """Seconds between re-evaluations of who is a heavy user."""
-    latency_reference: float = 1.0
-    """Seconds of latency at which the latency score is half its maximum."""
-    throughput_reference: float = 50.0
-    """Tokens per second at which the throughput score is half its maximum."""
+    stream_slowdown: float = 0.2
+    """How much each stream already on a backend slows a new one: its rates divide by ``1 + this * streams``."""
+    default_decode_rate: float = 50.0
+    """Completion tokens per second assumed where no backend has answered for a model yet."""
+    prefill_speedup: float = 20.0
+    """Prompt tokens are read this many times faster than answer tokens are written, until measured."""
+    default_load_bytes_per_second: float = 2e9
+    """How fast a backend loads a model until one of its loads is measured."""
+    default_load_seconds: float = 10.0
+    """A load's time where the model's size is unknown."""
+    wait_margin: float = 1.0
+    """Seconds sooner a full backend must be expected to finish a job than any free one for the job to wait for it."""
+    eviction_price: float = 1.0
+    """Seconds of estimate charged per second of reload that evicting an idle model costs the pool."""
     latency_ema_alpha: float = 0.2
     """Weight of the newest sample in the latency and throughput averages."""
     group_weights: dict[str, float] = field(default_factory=lambda: dict(DEFAULT_GROUP_WEIGHTS))

@@ -98,8 +98,9 @@ _POSITIVE = {
     "queue_timeout",
     "max_queued_per_user",
     "min_deprioritization",
-    "latency_reference",
-    "throughput_reference",
+    "default_decode_rate",
+    "prefill_speedup",
+    "default_load_bytes_per_second",
     "heavy_refresh_interval",
     "deficit_shift_threshold",
 }

@@ -12,11 +12,15 @@ from .errors import AlreadyExists, NotFound
 from .rows import BackendRow
 from .validate import _backend_fields, _name
 
-_BACKEND_SELECT = "SELECT id, name, url, engine, max_concurrent, gpus, node, priority, state FROM backends"
+_BACKEND_COLUMNS = "url, engine, max_concurrent, gpus, node, priority, state, parallel, max_loaded"
+"""The columns ``_backend_fields`` returns, in its order."""
+_BACKEND_SELECT = f"SELECT id, name, {_BACKEND_COLUMNS} FROM backends"
 
 
 def _backend(row: tuple[Any, ...]) -> BackendRow:
-    return BackendRow(row[0], row[1], row[2], row[3], row[4], tuple(json.loads(row[5])), row[6], row[7], row[8])
+    return BackendRow(
+        row[0], row[1], row[2], row[3], row[4], tuple(json.loads(row[5])), row[6], row[7], row[8], row[9], row[10]
+    )
 
 
 class Backends:
@@ -42,17 +46,18 @@ class Backends:
         node: str = "",
         priority: float = 0.0,
         state: str = "enabled",
+        parallel: int | None = None,
+        max_loaded: int | None = None,
     ) -> BackendRow:
         name = _name("backend", name)
-        fields = _backend_fields(name, url, engine, max_concurrent, gpus, node, priority, state)
+        fields = _backend_fields(name, url, engine, max_concurrent, gpus, node, priority, state, parallel, max_loaded)
         if self._db.execute("SELECT 1 FROM backends WHERE name = ?", (name,)).fetchone():
             raise AlreadyExists(
                 f"backend {name!r} already exists; pick another name or remove it with `mr backend rm {name}` first"
             )
         self._refuse_same_server(fields[0])
         cur = self._db.execute(
-            "INSERT INTO backends (name, url, engine, max_concurrent, gpus, node, priority, state)"
-            " VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
+            f"INSERT INTO backends (name, {_BACKEND_COLUMNS}) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
             (name, *fields),
         )
         return self.get_backend(cur.lastrowid)  # type: ignore[arg-type]
@@ -68,6 +73,8 @@ class Backends:
         node: str | None = None,
         priority: float | None = None,
         state: str | None = None,
+        parallel: int | None = None,
+        max_loaded: int | None = None,
     ) -> BackendRow:
         """Change the given fields (None leaves one as it is; ``node=""`` clears the node)."""
         old = _backend(self._backend_row(key))
@@ -80,11 +87,13 @@ class Backends:
             old.node if node is None else node,
             old.priority if priority is None else priority,
             old.state if state is None else state,
+            old.parallel if parallel is None else parallel,
+            old.max_loaded if max_loaded is None else max_loaded,
         )
         self._refuse_same_server(fields[0], but=old.id)
         self._db.execute(
             "UPDATE backends SET url = ?, engine = ?, max_concurrent = ?, gpus = ?, node = ?,"
-            " priority = ?, state = ? WHERE id = ?",
+            " priority = ?, state = ?, parallel = ?, max_loaded = ? WHERE id = ?",
             (*fields, old.id),
         )
         return self.get_backend(old.id)

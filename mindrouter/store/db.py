@@ -15,7 +15,7 @@ from typing import Any
 
 from ..names import KEY_PREFIX, hash_key, new_key
 from ..scheduler.settings import DEFAULT_GROUP_WEIGHTS
-from .backends import Backends
+from .backends import _BACKEND_COLUMNS, Backends
 from .decisions import Decisions
 from .errors import AlreadyExists, InUse, InvalidValue, NotFound, StoreError
 from .rows import QUOTA_FIELDS, ApiKeyInfo, Group, Quota, User
@@ -353,7 +353,7 @@ class Store(Backends, UsageLog, Decisions):
             "version": 1,
             "groups": [_no_nulls(g.to_dict()) for g in self.list_groups()],
             "users": users,
-            "backends": [b.to_dict() for b in self.list_backends()],
+            "backends": [_no_nulls(b.to_dict()) for b in self.list_backends()],
         }
 
     def import_(self, data: Mapping[str, Any]) -> dict[str, int]:
@@ -394,11 +394,11 @@ class Store(Backends, UsageLog, Decisions):
                 )
             for name, fields in backends:
                 db.execute(
-                    "INSERT INTO backends (name, url, engine, max_concurrent, gpus, node, priority, state)"
-                    " VALUES (?, ?, ?, ?, ?, ?, ?, ?) ON CONFLICT (name) DO UPDATE SET url = excluded.url,"
+                    f"INSERT INTO backends (name, {_BACKEND_COLUMNS}) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)"
+                    " ON CONFLICT (name) DO UPDATE SET url = excluded.url,"
                     " engine = excluded.engine, max_concurrent = excluded.max_concurrent,"
                     " gpus = excluded.gpus, node = excluded.node, priority = excluded.priority,"
-                    " state = excluded.state",
+                    " state = excluded.state, parallel = excluded.parallel, max_loaded = excluded.max_loaded",
                     (name, *fields),
                 )
         return {"groups": len(groups), "users": len(users), "backends": len(backends)}

@@ -108,6 +108,10 @@ class BackendRow:
     """URL of the ``mr agent`` that reports this backend's GPUs; empty for this machine."""
     priority: float
     state: str
+    parallel: int | None = None
+    """Requests each loaded model serves at once (Ollama's OLLAMA_NUM_PARALLEL), if the admin said."""
+    max_loaded: int | None = None
+    """Models the server keeps loaded at once (Ollama's OLLAMA_MAX_LOADED_MODELS), if the admin said."""
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -120,6 +124,8 @@ class BackendRow:
             "node": self.node,
             "priority": self.priority,
             "state": self.state,
+            "parallel": self.parallel,
+            "max_loaded": self.max_loaded,
         }
 
 

@@ -101,6 +101,12 @@ _MIGRATIONS: list[Sequence[str] | Callable[[sqlite3.Connection], None]] = [
         "ALTER TABLE users ADD COLUMN proxy_group_id INTEGER REFERENCES groups(id) ON DELETE SET NULL",
     ),
     _MONTHLY,
+    # Ollama serves OLLAMA_NUM_PARALLEL requests per loaded model and holds at most
+    # OLLAMA_MAX_LOADED_MODELS; NULL where the engine has per-server slots only.
+    (
+        "ALTER TABLE backends ADD COLUMN parallel INTEGER CHECK (parallel IS NULL OR parallel > 0)",
+        "ALTER TABLE backends ADD COLUMN max_loaded INTEGER CHECK (max_loaded IS NULL OR max_loaded > 0)",
+    ),
 ]
 SCHEMA_VERSION = len(_MIGRATIONS)
 

@@ -48,8 +48,10 @@ def _backend_fields(
     node: object,
     priority: object,
     state: object,
-) -> tuple[str, str, int, str, str, float, str]:
-    """Validate a backend's fields; returns (url, engine, max_concurrent, gpus_json, node, priority, state)."""
+    parallel: object = None,
+    max_loaded: object = None,
+) -> tuple[str, str, int, str, str, float, str, int | None, int | None]:
+    """Validate a backend's fields; returns them in the table's column order, after the name."""
     what = f"backend {name!r}"
     url = _url(f"the URL of {what}", url)
     if engine not in ENGINES:
@@ -67,7 +69,10 @@ def _backend_fields(
         raise InvalidValue(f"priority {priority!r} of {what} must be a finite number such as 0 or 10")
     if state not in STATES:
         raise InvalidValue(f"state {state!r} of {what} is not known; use one of {', '.join(STATES)}")
-    return url, engine, max_concurrent, json.dumps(list(gpus)), node, float(priority), state
+    for field, value in (("parallel", parallel), ("max_loaded", max_loaded)):
+        if value is not None and (isinstance(value, bool) or not isinstance(value, int) or not 1 <= value <= 1000):
+            raise InvalidValue(f"{field} {value!r} of {what} must be a whole number from 1 to 1000, or null")
+    return url, engine, max_concurrent, json.dumps(list(gpus)), node, float(priority), state, parallel, max_loaded  # type: ignore[return-value]
 
 
 def _quota(what: str, field: str, value: object) -> int | None:
@@ -102,7 +107,7 @@ _IMPORT_FIELDS = {
     "users": ({"name", "group"}, {"name", "group", "weight_override", "proxy_for", *QUOTA_FIELDS}, {"weight"}),
     "backends": (
         {"name", "url", "engine"},
-        {"name", "url", "engine", "max_concurrent", "gpus", "node", "priority", "state"},
+        {"name", "url", "engine", "max_concurrent", "gpus", "node", "priority", "state", "parallel", "max_loaded"},
         {"id"},
     ),
 }
@@ -190,6 +195,8 @@ def _validate_import(data: Mapping[str, Any], existing_groups: set[str]) -> tupl
                 e.get("node", ""),
                 e.get("priority", 0.0),
                 e.get("state", "enabled"),
+                e.get("parallel"),
+                e.get("max_loaded"),
             ),
         )
         for i, e in enumerate(sections["backends"])

@@ -1,0 +1,117 @@
+"""Hard constraints: which backends may take a job, now or ever.
+
+Constraints that depend only on the backend and the kind of job (model, modality,
+JSON mode) are *static*: they are evaluated once per job class and cached until a
+backend changes. The rest (health, drain, capacity, memory fit) are checked per
+decision. Which of the backends that pass is best is ``estimate.py``'s question.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Hashable, Mapping
+
+from .backend import Backend, BackendLoad
+from .jobs import Modality
+
+__all__ = [
+    "REASONS",
+    "RETRY_PENALTY",
+    "ClassKey",
+    "fit",
+    "live_rejections",
+    "rejected_map",
+    "static_rejections",
+]
+
+#: (model, modality, json_mode): jobs of one class are interchangeable for routing.
+ClassKey = tuple[str, Modality, bool]
+
+#: Each rejection reason, as it appears in decision records.
+REASONS = {
+    "model": "model not available",
+    "modality": "modality not supported",
+    "json": "JSON mode not supported",
+    "unhealthy": "unhealthy (circuit open)",
+    "disabled": "disabled",
+    "draining": "draining",
+    "capacity": "at capacity",
+    "memory": "model does not fit in free VRAM, even after evicting idle models",
+    "loaded": "no room to load the model: the most models are loaded and all are busy",
+}
+
+
+def static_rejections(backend: Backend, key: ClassKey) -> tuple[str, ...]:
+    """Reasons ``backend`` can never serve jobs of class ``key`` as configured now."""
+    model, modality, json_mode = key
+    reasons = []
+    if model not in backend.models:
+        reasons.append(REASONS["model"])
+    if modality not in backend.model_modalities.get(model, backend.modalities):
+        reasons.append(REASONS["modality"])
+    if json_mode and not backend.supports_json:
+        reasons.append(REASONS["json"])
+    return tuple(reasons)
+
+
+def fit(backend: Backend, load: BackendLoad, model: str, now: float) -> tuple[str, ...] | str:
+    """The idle models (least recently used first) to evict so ``model`` fits, or why it cannot.
+
+    A resident or loading model fits. Otherwise the estimate must fit in free VRAM plus what
+    idle resident models would free, and a place must be left under ``max_loaded``; busy models
+    are never counted as free. Unknown readings fit, as before.
+    """
+    resident = load.resident(backend, now)
+    if model in resident:
+        return ()
+    need = backend.model_vram.get(model)
+    free = backend.vram_free
+    if free is not None:  # memory a load under way takes is not yet in the reading
+        free -= sum(backend.model_vram.get(m, 0) for m in load.loading if m not in backend.loaded_models)
+    room = backend.max_loaded
+    evict: list[str] = []
+    idle = sorted((m for m in resident if not load.model_in_flight.get(m) and m not in load.loading), key=load.used_at)
+    while True:
+        short = need is not None and free is not None and need > free
+        full = room is not None and len(resident) >= room
+        if not (short or full):
+            return tuple(evict)
+        if not idle:
+            return REASONS["memory"] if short else REASONS["loaded"]
+        victim = idle.pop(0)
+        evict.append(victim)
+        resident = resident - {victim}
+        if free is not None:
+            free += backend.resident_vram.get(victim, 0)
+
+
+def live_rejections(backend: Backend, load: BackendLoad, model: str, now: float) -> tuple[str, ...]:
+    """Reasons ``backend`` cannot take a job for ``model`` right now."""
+    reasons = []
+    if not backend.healthy:
+        reasons.append(REASONS["unhealthy"])
+    if not backend.enabled:
+        reasons.append(REASONS["disabled"])
+    if backend.draining:
+        reasons.append(REASONS["draining"])
+    if load.in_flight >= backend.max_concurrent or (
+        backend.parallel is not None and load.model_in_flight.get(model, 0) >= backend.parallel
+    ):
+        reasons.append(REASONS["capacity"])
+    room = fit(backend, load, model, now)
+    if isinstance(room, str):
+        reasons.append(room)
+    return tuple(reasons)
+
+
+#: Seconds taken from a backend's score when it already failed this request, so a retry goes elsewhere if it can.
+RETRY_PENALTY = 1000.0
+
+
+def rejected_map(
+    static: Mapping[Hashable, tuple[str, ...]], live: Mapping[Hashable, tuple[str, ...]]
+) -> dict[str, list[str]]:
+    """Merge static and live rejections into a record's ``rejected`` field."""
+    out = {str(bid): list(reasons) for bid, reasons in static.items()}
+    for bid, reasons in live.items():
+        out.setdefault(str(bid), []).extend(reasons)
+    return out

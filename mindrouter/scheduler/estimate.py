@@ -1,0 +1,180 @@
+"""Where a job finishes first: per candidate, when it would start and finish there.
+
+The seed's soft scores (model loaded, low utilization, latency, short queue,
+high throughput) added points that did not compare: one request in flight
+cost more than the whole gap between an H100 and an RTX 3060, and a 15 s 70B
+load scored like a 0.1 s embedding load (issue 17). Routing now estimates, in
+seconds from now, for each candidate with a free slot:
+
+    start   = the rest of a load under way, or a whole load (size / load speed) where the model is not resident
+    prefill = prompt tokens / (prefill rate / slowdown)
+    decode  = expected answer tokens / (decode rate / slowdown)
+    finish  = start + prefill + decode
+    slowdown = 1 + stream_slowdown * (streams already on that backend + its own queue),
+               or 1 + utilization where none of ours run there (someone else's work)
+
+with the decode and prefill rates of that (backend, model) pair learned from
+answers (``Speeds``); a pair with none yet borrows the best rate known for the
+model elsewhere (so a new backend gets tried), else the settings' defaults.
+Evicting an idle model to make room costs its reload time (``eviction_price``
+per second). The score, higher is better as in the seed's records, is
+
+    score = priority - (start + eviction cost) - prefill - decode - retry penalty        (seconds)
+
+so an admin's ``priority`` is worth that many seconds of expected finish. The
+seed's ``SCHEDULER_SCORE_*`` settings weigh the terms against their defaults:
+``model_loaded`` the load and eviction seconds, ``latency`` the prefill,
+``high_throughput`` the decode, ``short_queue`` the slowdown per stream and
+``low_utilization`` the slowdown from others' use of the GPU; at their
+defaults each weighs 1x, and 0 leaves a term out of the choice.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Hashable
+from dataclasses import dataclass, field
+
+from .backend import Backend, BackendLoad, ModelSpeed
+from .constraints import fit
+from .settings import SchedulerSettings, ScoreWeights
+
+__all__ = ["Estimate", "Speeds", "estimate", "load_seconds"]
+
+_SEED = ScoreWeights()
+"""The seed's score weights: each setting weighs its term against these (the default weighs every term 1x)."""
+
+
+@dataclass(frozen=True, slots=True)
+class Estimate:
+    """One candidate's expected start and finish for a job (what ``mr why`` shows), seconds from the decision."""
+
+    backend_id: Hashable
+    score: float
+    start: float
+    """Until the model is resident: the rest of a load under way, or a whole load."""
+    prefill: float
+    decode: float
+    finish: float
+    evicts: tuple[str, ...] = ()
+    """Idle models Ollama would evict to make room."""
+    eviction: float = 0.0
+    """Seconds of reload that evicting them costs the pool."""
+    decode_rate: float = 0.0
+    """Tokens per second this job is expected to get there (after the slowdown)."""
+    streams: int = 0
+    """Streams already on that backend (and its own queue)."""
+    learned: bool = False
+    """The rates come from this backend's own answers for this model."""
+    priority: float = 0.0
+    penalty: float = 0.0
+    """Subtracted when this backend already failed this request."""
+
+    @property
+    def total(self) -> float:
+        return self.score
+
+    def to_dict(self) -> dict[str, object]:
+        return {
+            "score": round(self.score, 3),
+            "start": round(self.start, 3),
+            "prefill": round(self.prefill, 3),
+            "decode": round(self.decode, 3),
+            "finish": round(self.finish, 3),
+            "evicts": list(self.evicts),
+            "eviction": round(self.eviction, 3),
+            "decode_rate": round(self.decode_rate, 2),
+            "streams": self.streams,
+            "learned": self.learned,
+            "priority": self.priority,
+            "penalty": self.penalty,
+        }
+
+
+def load_seconds(backend: Backend, load: BackendLoad, model: str, settings: SchedulerSettings) -> float:
+    """Seconds to load ``model`` on ``backend``: its size over the backend's measured load speed."""
+    size = backend.model_sizes.get(model) or backend.model_vram.get(model) or backend.resident_vram.get(model)
+    if not size:
+        return settings.default_load_seconds
+    return size / (load.load_bytes_per_second or settings.default_load_bytes_per_second)
+
+
+@dataclass(slots=True)
+class Speeds:
+    """The best decode and prefill rates known per model across the pool, the prior for unlearned pairs."""
+
+    best: dict[str, ModelSpeed] = field(default_factory=dict)
+
+    def learned(self, model: str, speed: ModelSpeed) -> None:
+        best = self.best.setdefault(model, ModelSpeed())
+        if speed.decode is not None and (best.decode is None or speed.decode > best.decode):
+            best.decode = speed.decode
+        if speed.prefill is not None and (best.prefill is None or speed.prefill > best.prefill):
+            best.prefill = speed.prefill
+
+
+def estimate(
+    backend: Backend,
+    load: BackendLoad,
+    model: str,
+    prompt_tokens: float,
+    answer_tokens: float,
+    now: float,
+    settings: SchedulerSettings,
+    prior: Speeds,
+    penalty: float = 0.0,
+    queued: int = 0,
+) -> Estimate | None:
+    """When a job would start and finish on ``backend``; None when its model cannot be made resident.
+
+    With ``queued`` jobs of its class waiting (itself included), every slot it could use there is
+    taken: it would start once that many slots have freed, each expected after a typical job's
+    time there divided by the jobs holding those slots.
+    """
+    evicts = fit(backend, load, model, now)
+    if isinstance(evicts, str):
+        return None
+    w = settings.scores
+    own = load.speeds.get(model)
+    best = prior.best.get(model)
+    decode = (own and own.decode) or (best and best.decode) or settings.default_decode_rate
+    prefill = (own and own.prefill) or (best and best.prefill) or decode * settings.prefill_speedup
+    streams = load.in_flight + backend.backend_waiting
+    slowdown = 1.0 + settings.stream_slowdown * streams * w.short_queue / _SEED.short_queue
+    if not streams and backend.utilization:  # the GPU is busy with work that is not ours
+        slowdown += min(1.0, max(0.0, backend.utilization)) * w.low_utilization / _SEED.low_utilization
+    ready = load.loading.get(model)
+    if ready is not None:
+        start = max(0.0, ready - now)
+    elif model in load.resident(backend, now):
+        start = 0.0
+    else:
+        start = load_seconds(backend, load, model, settings)
+    if queued:
+        holding = load.model_in_flight.get(model, 0) if backend.parallel is not None else load.in_flight
+        typical = (prompt_tokens / prefill + answer_tokens / decode) * slowdown
+        start = max(start, typical * queued / max(1, holding))
+    loads = w.model_loaded / _SEED.model_loaded
+    t_prefill = prompt_tokens * slowdown / prefill
+    t_decode = answer_tokens * slowdown / decode
+    finish = start + t_prefill + t_decode
+    eviction = settings.eviction_price * sum(load_seconds(backend, load, m, settings) for m in evicts)
+    weighed = (
+        loads * (start + eviction)
+        + t_prefill * w.latency / _SEED.latency
+        + t_decode * w.high_throughput / _SEED.high_throughput
+    )
+    return Estimate(
+        backend.id,
+        backend.priority - weighed - penalty,
+        start,
+        t_prefill,
+        t_decode,
+        finish,
+        evicts,
+        eviction,
+        decode / slowdown,
+        streams,
+        own is not None and own.decode is not None,
+        backend.priority,
+        penalty,
+    )

@@ -1,0 +1,88 @@
+"""What a finished answer teaches about its backend: latency, throughput, and per-model rates.
+
+Rates are learned per (backend, model), as one stream alone would get them:
+a sample measured while ``k`` streams shared the backend is multiplied by the
+slowdown ``1 + stream_slowdown * (k - 1)`` that the estimate divides by, so
+the two stay consistent. The backend's own timings are used where it reports
+them (Ollama's ``prompt_eval_duration``, ``eval_duration`` and ``load_duration``);
+otherwise the shell's clock: a stream's prompt is read by its first byte and
+its answer written after it. Samples that are not finite, not positive or
+beyond any GPU's reach are dropped: a backend is not trusted to report sanely.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+from .backend import BackendLoad, ModelSpeed
+from .estimate import Speeds
+from .jobs import Job, Timings
+from .settings import SchedulerSettings
+
+__all__ = ["Sample", "learn"]
+
+#: Tokens per second no backend reaches: a rate above it is a bad reading.
+MAX_RATE = 1e6
+#: Bytes per second no load reaches (PCIe 6 x16 is about 1.2e11).
+MAX_LOAD_RATE = 1e12
+#: Prompts shorter than this say more about overhead than about prefill speed.
+MIN_PREFILL_TOKENS = 64
+
+
+@dataclass(frozen=True, slots=True)
+class Sample:
+    """One finished job's figures, as the shell measured them and the backend reported them."""
+
+    prompt_tokens: int | None
+    completion_tokens: int | None
+    latency: float | None
+    duration: float | None
+    timings: Timings
+    model_size: int | None
+    """Bytes of the model, for the load speed."""
+
+
+def _rate(tokens: float | None, seconds: float | None, limit: float) -> float | None:
+    if tokens is None or seconds is None or not tokens > 0 or not seconds > 0:
+        return None
+    rate = tokens / seconds
+    return rate if math.isfinite(rate) and rate <= limit else None
+
+
+def _ema(old: float | None, new: float, alpha: float) -> float:
+    return new if old is None else old + alpha * (new - old)
+
+
+def learn(load: BackendLoad, speeds: Speeds, job: Job, sample: Sample, settings: SchedulerSettings) -> None:
+    """Fold one finished job into ``load`` (called while the job still counts as in flight)."""
+    alpha = settings.latency_ema_alpha
+    load.completed += 1
+    latency, duration, t = sample.latency, sample.duration, sample.timings
+    if latency is not None and math.isfinite(latency) and latency >= 0:
+        load.latency_ema = _ema(load.latency_ema, latency, alpha)
+    tps = _rate(sample.completion_tokens, duration, MAX_RATE)
+    if tps is not None:
+        load.tokens_per_second = _ema(load.tokens_per_second, tps, alpha)
+    slowdown = 1.0 + settings.stream_slowdown * max(0, load.in_flight - 1)
+    decode_s = t.decode
+    prefill_s = t.prefill
+    if decode_s is None and duration is not None:
+        decode_s = duration - latency if job.stream and latency is not None else duration
+    if prefill_s is None and job.stream and latency is not None and t.load is None and job.model not in load.loading:
+        prefill_s = latency  # no load came before the first byte
+    speed = load.speeds.setdefault(job.model, ModelSpeed())
+    decode = _rate(sample.completion_tokens, decode_s, MAX_RATE)
+    if decode is not None:
+        speed.decode = _ema(speed.decode, decode * slowdown, alpha)
+        speed.answers += 1
+    prompt = sample.prompt_tokens
+    if prompt is not None and prompt >= MIN_PREFILL_TOKENS:
+        prefill = _rate(prompt, prefill_s, MAX_RATE)
+        if prefill is not None:
+            speed.prefill = _ema(speed.prefill, prefill * slowdown, alpha)
+    if t.load is not None and t.load >= 0.5:  # shorter: the model was resident, nothing to learn
+        bps = _rate(sample.model_size, t.load, MAX_LOAD_RATE)
+        if bps is not None:
+            load.load_bytes_per_second = _ema(load.load_bytes_per_second, bps, alpha)
+    speeds.learned(job.model, speed)

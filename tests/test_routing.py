@@ -1,0 +1,176 @@
+"""Routing by expected finish time (issue 17): speeds per (backend, model), loads, eviction, per-model slots.
+
+Each test is one of the issue's defects, driven through the core with explicit times.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from mindrouter.scheduler import REASONS, Backend, Job, Modality, Scheduler, SchedulerSettings, Timings
+
+GB = 10**9
+_ids = iter(range(10**9))
+
+
+def job(user: str, model: str, t: float, prompt: int = 100, max_tokens: int | None = 200, **kw) -> Job:
+    return Job(f"j{next(_ids)}", user, model, t, prompt_tokens=prompt, max_tokens=max_tokens, stream=True, **kw)
+
+
+def core(*backends: Backend, settings: SchedulerSettings | None = None) -> Scheduler:
+    s = Scheduler(settings)
+    for b in backends:
+        s.set_backend(b)
+    for user in ("u", "v", "w"):
+        s.set_user(user, 1.0)
+    return s
+
+
+def teach(s: Scheduler, bid: int, model: str, rate: float, t: float, prompt: int = 1000) -> None:
+    """One answer of 100 tokens at ``rate`` tokens/s on backend ``bid``, alone there."""
+    j = job("w", model, t, prompt=prompt)
+    assert s.submit(j, t) is None
+    [d] = [d for d in s.dispatch(t) if d.job.id == j.id]
+    assert d.backend_id == bid, d.record.to_dict()["score_components"]
+    decode = 100 / rate
+    s.complete(
+        j.id,
+        t + 1,
+        prompt_tokens=prompt,
+        completion_tokens=100,
+        latency=0.1,
+        duration=0.1 + decode,
+        timings=Timings(load=0.0, prefill=prompt / (20 * rate), decode=decode),
+    )
+
+
+def test_a_faster_gpu_with_a_stream_running_beats_an_idle_slow_one():
+    """Defect 1: one request in flight cost 15 points, more than an H100 and an RTX 3060 were apart."""
+    llama = frozenset({"llama3"})
+    s = core(
+        Backend(1, "h100", models=llama, loaded_models=llama, max_concurrent=4),
+        Backend(2, "rtx3060", models=llama, loaded_models=llama, max_concurrent=4),
+    )
+    teach(s, 1, "llama3", 95.0, 0)
+    s.set_backend(Backend(1, "h100", models=llama, loaded_models=llama, max_concurrent=4, enabled=False))
+    teach(s, 2, "llama3", 30.0, 2)  # the 3060 answers once, with the H100 out of the way
+    s.set_backend(Backend(1, "h100", models=llama, loaded_models=llama, max_concurrent=4))
+    s.submit(busy := job("u", "llama3", 3), 3)
+    assert [d.backend_id for d in s.dispatch(3)] == [1]
+    s.submit(j := job("v", "llama3", 3.1), 3.1)
+    [d] = s.dispatch(3.1)
+    assert d.job.id == j.id and d.backend_id == 1, d.record.to_dict()["score_components"]
+    parts = d.record.to_dict()["score_components"]
+    assert parts["1"]["streams"] == 1 and parts["2"]["streams"] == 0
+    assert parts["1"]["decode_rate"] == pytest.approx(95 / 1.2, rel=0.01)
+    assert parts["2"]["decode_rate"] == pytest.approx(30, rel=0.01)
+    assert busy.id in s._running
+
+
+def test_rates_are_learned_per_backend_and_model():
+    """Defect 1: the H100's one average swung between 29 and 95 tok/s as 70B and 8B answers alternated."""
+    both = frozenset({"llama3:8b", "llama3:70b"})
+    s = core(Backend(1, "h100", models=both, loaded_models=both, max_concurrent=4))
+    for i in range(4):
+        teach(s, 1, "llama3:8b", 95.0, 10 * i)
+        teach(s, 1, "llama3:70b", 29.0, 10 * i + 5)
+    speeds = s.load(1).speeds
+    assert speeds["llama3:8b"].decode == pytest.approx(95.0)
+    assert speeds["llama3:70b"].decode == pytest.approx(29.0)
+    assert speeds["llama3:8b"].prefill == pytest.approx(20 * 95.0)
+
+
+def test_an_idle_resident_model_is_evicted_to_make_room_and_a_busy_one_is_not():
+    """Defect 2: the RTX 4080 holding an idle coder never served the 8B model all run."""
+    coder = frozenset({"coder"})
+    models = frozenset({"coder", "llama3"})
+    gpu = Backend(
+        1,
+        "rtx4080",
+        models=models,
+        loaded_models=coder,
+        max_concurrent=4,
+        vram_free=2 * GB,
+        vram_total=16 * GB,
+        model_vram={"llama3": 6 * GB},
+        resident_vram={"coder": 10 * GB},
+        model_sizes={"llama3": 5 * GB, "coder": 9 * GB},
+    )
+    s = core(gpu)
+    s.submit(j := job("u", "llama3", 0), 0)
+    [d] = s.dispatch(0)
+    parts = d.record.to_dict()["score_components"]["1"]
+    assert parts["evicts"] == ["coder"] and parts["start"] == pytest.approx(2.5)  # 5 GB at the default 2 GB/s
+    assert parts["eviction"] == pytest.approx(4.5)
+    s.complete(j.id, 5, prompt_tokens=100, completion_tokens=10)
+    # With the coder busy, the 8B model does not fit.
+    s2 = core(gpu)
+    s2.submit(c := job("u", "coder", 0), 0)
+    assert [d.job.id for d in s2.dispatch(0)] == [c.id]
+    s2.submit(job("v", "llama3", 1), 1)
+    assert s2.dispatch(1) == []
+    assert REASONS["memory"] in s2.classes.get(("llama3", Modality.CHAT, False)).closed[1]
+
+
+def test_a_load_the_core_triggered_counts_at_once():
+    """Defect 3: right after mr triggered a load it still scored that backend 'not loaded' until the next poll."""
+    llama = frozenset({"llama3"})
+    s = core(Backend(1, "gpu", models=llama, max_concurrent=4, model_sizes={"llama3": 20 * GB}))
+    s.submit(job("u", "llama3", 0), 0)
+    [first] = s.dispatch(0)
+    assert first.record.to_dict()["score_components"]["1"]["start"] == pytest.approx(10.0)
+    s.submit(job("v", "llama3", 4), 4)
+    [second] = s.dispatch(4)
+    assert second.record.to_dict()["score_components"]["1"]["start"] == pytest.approx(6.0)
+    # A poll saying it is loaded replaces the expectation.
+    s.set_backend(
+        Backend(1, "gpu", models=llama, loaded_models=llama, max_concurrent=4, model_sizes={"llama3": 20 * GB})
+    )
+    assert s.load(1).loading == {}
+
+
+def test_a_job_waits_for_the_gpu_with_its_model_rather_than_load_it_elsewhere():
+    """Defect 3: 222 decisions sent a job to a backend that had to load the model while another had it and was full."""
+    seventy = frozenset({"llama3:70b"})
+    loaded = Backend(1, "h100", models=seventy, loaded_models=seventy, max_concurrent=1)
+    cold = Backend(2, "a6000", models=seventy, max_concurrent=1, model_sizes={"llama3:70b": 40 * GB})
+    s = core(loaded, cold)
+    teach(s, 1, "llama3:70b", 30.0, 0)
+    s.submit(running := job("u", "llama3:70b", 1, max_tokens=30), 1)
+    assert [d.backend_id for d in s.dispatch(1)] == [1]
+    s.submit(waiting := job("v", "llama3:70b", 1.5, max_tokens=30), 1.5)
+    assert s.dispatch(1.5) == []  # a 20 s load elsewhere is worse than about a second's wait
+    s.complete(running.id, 2.5, prompt_tokens=100, completion_tokens=30)
+    [d] = s.dispatch(2.5)
+    assert d.job.id == waiting.id and d.backend_id == 1
+    # With many waiting, the free GPU is worth its load: work is not held back for ever.
+    for i in range(30):
+        s.submit(job("v", "llama3:70b", 3 + i * 0.01, max_tokens=30), 3)
+    assert [d.backend_id for d in s.dispatch(3.5)] == [2]
+    s.check()
+
+
+def test_slots_are_per_loaded_model_where_the_engine_has_them():
+    """Defect 4: Ollama's parallelism is per loaded model; embeddings waited for one of 4 slots behind chat streams."""
+    models = frozenset({"llama3", "embed"})
+    s = core(Backend(1, "ollama", models=models, loaded_models=models, max_concurrent=8, parallel=2))
+    for i in range(4):
+        s.submit(job("u", "llama3", i * 0.01), i * 0.01)
+    assert len(s.dispatch(0.1)) == 2  # two per model, although eight fit the server
+    s.submit(e := job("v", "embed", 0.2, modality=Modality.EMBEDDINGS, max_tokens=None), 0.2)
+    assert [d.job.id for d in s.dispatch(0.2)] == [e.id]
+    assert s.load(1).model_in_flight == {"llama3": 2, "embed": 1}
+    assert REASONS["capacity"] in s.classes.get(("llama3", Modality.CHAT, False)).closed[1]
+    s.check()
+
+
+def test_max_loaded_models_leaves_room_only_by_evicting_an_idle_one():
+    models = frozenset({"a", "b", "c"})
+    ab = frozenset({"a", "b"})
+    s = core(Backend(1, "ollama", models=models, loaded_models=ab, max_concurrent=8, max_loaded=2))
+    s.submit(job("u", "a", 0), 0)
+    s.submit(job("u", "b", 0), 0)
+    assert len(s.dispatch(0)) == 2
+    s.submit(job("v", "c", 1), 1)
+    assert s.dispatch(1) == []
+    assert REASONS["loaded"] in s.classes.get(("c", Modality.CHAT, False)).closed[1]
