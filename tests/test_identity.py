@@ -19,7 +19,7 @@ import pytest
 
 from mindrouter.daemon.app import create_app
 from mindrouter.daemon.keys import STORE
-from mindrouter.names import hash_key
+from mindrouter.names import hash_key, person_name
 from mindrouter.store import Store
 from mindrouter.store.schema import _MIGRATIONS
 
@@ -94,10 +94,17 @@ async def test_two_identities_are_never_one_person(daemon):
             await ask(daemon, key, **{"X-OpenWebUI-User-Email": email})
         await ask(daemon, key, **{"X-OpenWebUI-User-Id": "Dan Smith"})
         await ask(daemon, key, **{"X-OpenWebUI-User-Id": "dan-smith"})
+        await ask(daemon, key, **{"X-Forwarded-User": "Carol"})
+        await ask(daemon, key, **{"X-Forwarded-User": "carol"})
+        shown = person_name("Dan Smith")  # the name shown for "Dan Smith", sent as an identity of its own
+        await ask(daemon, key, **{"X-Forwarded-User": shown})
         people = {u["identity"]: u for u in await daemon.admin("GET", "/admin/users") if u.get("identity")}
-        assert set(people) == {"_prof@lab.edu", "-prof@lab.edu", "prof@lab.edu", "Dan Smith", "dan-smith"}
+        assert set(people) == {
+            *("_prof@lab.edu", "-prof@lab.edu", "prof@lab.edu", "Dan Smith", "dan-smith", "Carol", "carol", shown)
+        }
         assert people["prof@lab.edu"]["name"] == "prof@lab.edu"  # an address is case-folded, nothing else
-        assert len({p["name"] for p in people.values()}) == 5
+        assert len({p["name"].lower() for p in people.values()}) == 8
+        assert people[shown]["name"] == f"{shown}-2" and people["carol"]["name"] == "carol-2"
         counts = charged(daemon)
         assert counts[people["prof@lab.edu"]["name"]] == 2
         assert counts[people["_prof@lab.edu"]["name"]] == counts[people["-prof@lab.edu"]["name"]] == 1

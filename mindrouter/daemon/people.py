@@ -3,7 +3,7 @@
 A proxy names the person behind a front end by the identity it forwards (``names.person_identity``).
 It reaches only people created through it (``store.person_of``), so it can never act as, or
 charge, a regular user, an admin, another proxy or another proxy's people. An identity that is
-already some other user's name is charged to the proxy and logged once; so is one that cannot be
+already the name of a user that is not its own is charged to the proxy and logged once; so is one that cannot be
 an identity. New people are capped per proxy per hour (``[server] new_people_per_hour``), counted
 from the store, so a restart does not reset the count.
 """
@@ -79,7 +79,7 @@ class People:
             other = self.store.get_user(identity)
         except NotFound:
             other = None
-        if other is not None:
+        if other is not None and other.owner_id != proxy.user_id:
             self.refused(proxy, identity, f"which is user {other.name!r}, not its own person")
             return None
         self._check_cap(proxy)
