@@ -26,23 +26,13 @@ from mindrouter.store.schema import _MIGRATIONS
 from .conftest import Daemon, FrontDoorServer, daemon_config
 from .fake_nvml import FakeNvml
 from .fakes import FakeOpenAI
-
-USER = [{"role": "user", "content": "hello there"}]
-
-
-async def proxy_user(daemon: Any, name: str = "webui", **fields: Any) -> str:
-    await daemon.admin("POST", "/admin/users", {"name": name, "group": "student", "proxy": True, **fields})
-    return (await daemon.admin("POST", f"/admin/users/{name}/keys"))["key"]
-
-
-def client(daemon: Any, key: str, **headers: str) -> openai.AsyncOpenAI:
-    return openai.AsyncOpenAI(base_url=daemon.url + "/v1", api_key=key, max_retries=0, default_headers=headers)
+from .test_daemon_proxy import USER, as_person, proxy_user
 
 
 async def ask(daemon: Any, key: str, user: str | None = None, **headers: str) -> str:
     """One chat through the openai client; returns the request id."""
     extra = {} if user is None else {"user": user}
-    reply = await client(daemon, key, **headers).chat.completions.with_raw_response.create(
+    reply = await as_person(daemon, key, **headers).chat.completions.with_raw_response.create(
         model="m", messages=USER, max_tokens=1, **extra
     )
     return str(reply.headers["X-Request-Id"])
