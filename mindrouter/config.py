@@ -86,6 +86,8 @@ class ServerSettings:
     """Days per-request usage rows are kept; older ones live on as daily totals, which reports read."""
     cors_origins: str = ""
     """Comma-separated web origins whose pages may call the inference API from the browser (CORS), "*" for any."""
+    new_people_per_hour: int = 100
+    """People one proxy (`mr user set-proxy`) may add in an hour; past it, a request naming a new one gets 429."""
 
     @property
     def socket_path(self) -> Path:

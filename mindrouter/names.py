@@ -19,12 +19,15 @@ __all__ = [
     "ENGINES",
     "KEY_PREFIX",
     "LOOPBACK_HOSTS",
+    "PERSON_FROM",
     "check_name",
     "check_url",
     "hash_key",
     "is_loopback",
     "is_this_machine",
     "new_key",
+    "person_identity",
+    "person_name",
     "same_server",
     "server_identity",
 ]
@@ -34,6 +37,13 @@ ENGINES = ("ollama", "vllm", "llamacpp", "openai")
 
 #: Group, user and backend names: 1 to 64 letters, digits and ``. _ - @ +``, starting with a letter or digit.
 _NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._@+-]{0,63}\Z")
+
+#: Where a proxy's requests name their person: forwarding headers (the default) or OpenAI's ``user`` body field.
+PERSON_FROM = ("header", "user-field")
+
+#: The longest forwarded identity a person may have, in characters.
+_MAX_IDENTITY = 256
+_NOT_IN_NAMES = re.compile(r"[^A-Za-z0-9._@+-]+")
 
 #: Every key starts so, so a key pasted in the wrong place is recognisable.
 KEY_PREFIX = "mr-"
@@ -52,6 +62,39 @@ def check_name(kind: str, value: object) -> str:
             "'@' or '+', starting with a letter or digit"
         )
     return value
+
+
+def person_identity(raw: object) -> str | None:
+    """The identity a proxy forwarded, exactly as sent but for surrounding spaces; None if it cannot be one.
+
+    An e-mail address (anything with an ``@``) is case-folded, since mail systems treat it so; nothing
+    else is rewritten, so two different identities never become one person. Empty, overlong
+    (:data:`_MAX_IDENTITY`), control characters or text that is not valid Unicode give None.
+    """
+    if not isinstance(raw, str):
+        return None
+    identity = raw.strip()
+    if not identity or len(identity) > _MAX_IDENTITY or any(c < " " or "\x7f" <= c <= "\x9f" for c in identity):
+        return None
+    try:
+        identity.encode("utf-8")
+    except UnicodeEncodeError:  # a lone surrogate from a JSON body
+        return None
+    return identity.lower() if "@" in identity else identity
+
+
+def person_name(identity: str) -> str:
+    """A user name (``check_name``'s pattern) to show for a person; the identity stays the key.
+
+    An identity that is a valid name is its own name; any other is cleaned (other characters turned
+    into ``-``, a leading ``._@+-`` dropped) and ends in four hex digits of its hash, so the cleaned
+    forms of two identities differ and do not take the name of an identity that needed no cleaning.
+    """
+    if _NAME.match(identity):
+        return identity
+    digest = hashlib.sha256(identity.encode("utf-8")).hexdigest()
+    cleaned = _NOT_IN_NAMES.sub("-", identity).lstrip("._@+-")[:59].rstrip("-")
+    return f"{cleaned}-{digest[:4]}" if cleaned else f"person-{digest[:8]}"
 
 
 def check_url(value: object, what: str = "URL") -> str:

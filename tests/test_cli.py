@@ -638,5 +638,5 @@ def test_user_proxy_on_and_off(fake: FakeDaemon) -> None:
     run = mr("user", "set-proxy", "webui", "off")
     assert run.exit_code == 0 and "webui is no longer a proxy" in run.stdout
     run = mr("user", "set-proxy", "webui", "on")
-    assert run.exit_code == 0 and "the people it names go in group student" in run.stdout
+    assert run.exit_code == 0 and "the people its forwarding headers name go in group student" in run.stdout
     assert mr("user", "set-proxy", "webui", "maybe").exit_code == 2

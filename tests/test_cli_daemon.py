@@ -197,3 +197,21 @@ def test_bad_input_against_a_running_daemon(live: ThreadDaemon, args, code, word
     assert r.exit_code == code, r
     assert words in r.stderr and r.stderr.startswith("mr: ") and len(r.stderr.strip().splitlines()) == 1
     assert state(live) == before  # nothing changed
+
+
+def test_a_proxys_settings_through_the_command_line(live: ThreadDaemon) -> None:
+    assert run(live, "user", "add", "gateway", "--group", "staff", "--proxy-group", "student").exit_code == 0
+    changed = run(live, "user", "set-proxy", "gateway", "--person-from", "user-field")
+    assert changed.exit_code == 0 and "OpenAI's user field" in changed.stdout and "group student" in changed.stdout
+    users = {u["name"]: u for u in run(live, "user", "list", "--json").json()}
+    assert (users["gateway"]["proxy_for"], users["gateway"]["person_from"]) == ("student", "user-field")
+    table = run(live, "user", "list").stdout
+    assert "for student (user field)" in table
+    assert run(live, "user", "set-proxy", "gateway", "on").exit_code == 0  # the group and source stay
+    users = {u["name"]: u for u in run(live, "user", "list", "--json").json()}
+    assert (users["gateway"]["proxy_for"], users["gateway"]["person_from"]) == ("student", "user-field")
+    wrong = run(live, "user", "set-proxy", "gateway", "--person-from", "cookie")
+    assert wrong.exit_code == 2 and "use header" in wrong.stderr
+    assert run(live, "user", "set-proxy", "gateway", "off").exit_code == 0
+    users = {u["name"]: u for u in run(live, "user", "list", "--json").json()}
+    assert "proxy_for" not in users["gateway"] and "person_from" not in users["gateway"]

@@ -85,3 +85,32 @@ def test_every_setting_is_documented_once_on_its_own_field():
         if not field_docs(cls).get(f.name)
     ]
     assert missing == []
+
+
+@pytest.mark.parametrize(
+    ("raw", "identity"),
+    [
+        ("alice@lab.edu", "alice@lab.edu"),
+        ("  Prof@Lab.EDU ", "prof@lab.edu"),  # an address is case-folded
+        ("_prof@lab.edu", "_prof@lab.edu"),  # nothing else is rewritten
+        ("Dan Smith", "Dan Smith"),
+        ("..prof", "..prof"),
+        ("", None),
+        ("   ", None),
+        ("a\x00b", None),
+        ("a\x1bb", None),
+        ("x" * 257, None),
+        ("\ud800", None),
+        (["alice"], None),
+    ],
+)
+def test_a_forwarded_identity_is_kept_exactly(raw, identity):
+    assert names.person_identity(raw) == identity
+
+
+def test_each_identity_gets_a_valid_name_of_its_own_to_show():
+    identities = ["prof@lab.edu", "_prof@lab.edu", "-prof@lab.edu", "Dan Smith", "dan-smith", "日本", "..", "é" * 256]
+    shown = [names.person_name(i) for i in identities]
+    assert shown[0] == "prof@lab.edu" and shown[4] == "dan-smith"  # a valid name is its own
+    assert len(set(shown)) == len(shown)
+    assert all(names.check_name("user", s) for s in shown)

@@ -697,15 +697,16 @@ def test_exported_members() -> None:
 def test_proxies_survive_export_and_import(st: Store, tmp_path: Path) -> None:
     st.add_user("webui", "staff", proxy=True, proxy_group="student")
     st.add_user("gate", "staff", proxy=True)
-    st.person("alice@lab.edu", "student")
+    st.add_person(st.get_user("webui").id, "student", "alice@lab.edu")
     doc = st.export()
     rows = {u["name"]: u for u in doc["users"]}
     assert rows["webui"]["proxy_for"] == "student" and rows["gate"]["proxy_for"] == "staff"
-    assert "proxy_for" not in rows["alice@lab.edu"]
+    assert "proxy_for" not in rows["alice@lab.edu"] and rows["alice@lab.edu"]["person_of"] == "webui"
     with Store(tmp_path / "other.db") as other:
         other.ensure_default_groups()
         other.import_(doc)
         assert (other.get_user("webui").forwards_to, other.get_user("gate").forwards_to) == ("student", "staff")
         assert other.get_user("alice@lab.edu").forwards_to is None
+        assert other.get_user("alice@lab.edu").person_of == "webui"
     with pytest.raises(InvalidValue, match="proxy_for 'nope'"):
         st.import_({"users": [{"name": "x", "group": "staff", "proxy_for": "nope"}]})

@@ -57,6 +57,16 @@ def engine(value: str | None) -> str:
     return clean
 
 
+def person_from(value: str | None) -> str | None:
+    """``--person-from``: where a proxy's requests name their person (``names.PERSON_FROM``)."""
+    if value is None or value in names.PERSON_FROM:
+        return value
+    raise UsageError(
+        f"--person-from {value!r} is not known; use header (forwarding headers) or user-field "
+        '(OpenAI\'s "user" body field)'
+    )
+
+
 def _int(value: str, option: str, minimum: int, example: str, maximum: int | None = None) -> int:
     try:
         number = int(str(value).strip())

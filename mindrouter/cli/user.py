@@ -44,8 +44,19 @@ COLUMNS = [
     Column("running", "running", fmt=fmt_num, justify="right"),
     Column("recent_tokens", "recent tokens", fmt=fmt_tokens, justify="right"),
     Column("quotas", "quota (used/limit)", fmt=quota_text),
-    Column("proxy_for", "proxy for", fmt=lambda v: "-" if v is None else str(v)),
+    Column("proxy_for", "proxy", getter=lambda row: row, fmt=lambda row: _proxy_text(row)),
 ]
+
+
+def _proxy_text(row: Any) -> str:
+    """A proxy's people group (and "user field" when it reads their names there); a person's proxy; else "-"."""
+    if row.get("proxy_for") is not None:
+        source = " (user field)" if row.get("person_from") == "user-field" else ""
+        return f"for {row['proxy_for']}{source}"
+    if row.get("person_of") is not None:
+        return f"of {row['person_of']}"
+    return "-"
+
 
 UserName = Annotated[
     str,
@@ -76,6 +87,16 @@ ProxyGroupOption = Annotated[
         show_default=False,
     ),
 ]
+PersonFromOption = Annotated[
+    str | None,
+    typer.Option(
+        "--person-from",
+        metavar="header|user-field",
+        help="Where a proxy's requests name their person: forwarding headers such as X-OpenWebUI-User-Email "
+        '(header, the default) or OpenAI\'s "user" body field (user-field); the other names nobody.',
+        show_default=False,
+    ),
+]
 
 
 def _weight_note(row: dict[str, Any]) -> str:
@@ -88,7 +109,9 @@ def _weight_note(row: dict[str, Any]) -> str:
 def list_users(ctx: typer.Context, json: JsonOption = False, config: ConfigOption = None) -> None:
     """List users with their group, effective weight, key count and recent usage.
 
-    "own weight" is a per-user override; "-" means the group's weight applies.
+    "own weight" is a per-user override; "-" means the group's weight applies. "proxy" shows, for a
+    proxy, the group its people go in; for a person, the proxy it came through. With --json, a
+    proxy has "person_from" and a person "person_of" and "identity" (what its proxy forwards).
 
     Example: mr user list --json
     """
@@ -120,6 +143,7 @@ def add(
         ),
     ] = False,
     proxy_group: ProxyGroupOption = None,
+    person_from: PersonFromOption = None,
     json: JsonOption = False,
     config: ConfigOption = None,
 ) -> None:
@@ -133,8 +157,10 @@ def add(
     body["group"] = group
     if weight is not None:
         body["weight"] = _validate.weight(weight)
-    if proxy or proxy_group is not None:
+    if proxy or proxy_group is not None or person_from is not None:
         body.update(proxy=True, proxy_group=proxy_group)
+    if person_from is not None:
+        body["person_from"] = _validate.person_from(person_from)
     row = get_app(ctx, config).client.post("/admin/users", body)
     print_changed(
         row,
@@ -202,28 +228,43 @@ def set_proxy(
     ctx: typer.Context,
     name: UserName,
     state: Annotated[
-        str, typer.Argument(metavar="on|off", help="on: the user's requests may name a person.", show_default=False)
-    ],
+        str | None,
+        typer.Argument(
+            metavar="[on|off]",
+            help="on: the user's requests may name a person (implied by --proxy-group and --person-from).",
+            show_default=False,
+        ),
+    ] = None,
     proxy_group: ProxyGroupOption = None,
+    person_from: PersonFromOption = None,
     json: JsonOption = False,
     config: ConfigOption = None,
 ) -> None:
     """Make a user a proxy for the people behind a front end, or an ordinary user again.
 
     A proxy's request that names a person (Open WebUI's X-OpenWebUI-User-Email, X-Forwarded-User,
-    or OpenAI's "user" field) is queued, charged and recorded as that person, created on first
-    sight in the proxy group; without a name it is charged to the proxy.
+    or with --person-from user-field OpenAI's "user" field) is queued, charged and recorded as
+    that person, one of the proxy's own, created on first sight in the proxy group. A name that
+    is another user's, and a request without one, are charged to the proxy. Settings not given
+    stay as they are.
 
-    Example: mr user set-proxy webui on --proxy-group student
+    Example: mr user set-proxy webui --proxy-group student --person-from header
     """
-    if state not in ("on", "off"):
+    if state is None and proxy_group is None and person_from is None:
+        raise UsageError(f"say `on` or `off`, or give --proxy-group or --person-from: mr user set-proxy {name} on")
+    if state not in (None, "on", "off"):
         raise UsageError(f"say `on` or `off`, not {state!r}: mr user set-proxy {name} on")
-    if state == "off" and proxy_group is not None:
-        raise UsageError("--proxy-group goes with `on`")
-    body = {"proxy": state == "on", "proxy_group": proxy_group}
+    if state == "off" and (proxy_group is not None or person_from is not None):
+        raise UsageError("--proxy-group and --person-from go with `on`")
+    body: dict[str, Any] = {"proxy": state != "off"}
+    if proxy_group is not None:
+        body["proxy_group"] = proxy_group
+    if person_from is not None:
+        body["person_from"] = _validate.person_from(person_from)
     row = get_app(ctx, config).client.put(f"/admin/users/{quote_name(name)}", body)
     if row.get("proxy_for"):
-        note = f"is a proxy: the people it names go in group {escape(str(row['proxy_for']))}"
+        source = "OpenAI's user field" if row.get("person_from") == "user-field" else "forwarding headers"
+        note = f"is a proxy: the people its {source} name go in group {escape(str(row['proxy_for']))}"
     else:
         note = "is no longer a proxy"
     print_changed(row, json, f"user [bold]{escape(name)}[/] {note}")

@@ -16,6 +16,7 @@ from aiohttp import web
 
 from ..scheduler import check_weight
 from ..store import AlreadyExists, InUse, InvalidValue, NotFound, StoreError
+from ..store.people import KEEP
 from .auth import bearer_is
 from .catalog import pool_models
 from .keys import AUTH, CONFIG, DISPATCHER, GPUS, QUOTAS, REGISTRY, SCHEDULER, STORE
@@ -150,12 +151,16 @@ async def list_users(request: web.Request) -> web.Response:
 async def add_user(request: web.Request) -> web.Response:
     data = await _body(request)
     weight = data.get("weight")
+    proxy = _proxy_flag(data) or data.get("proxy_group") is not None
+    if not proxy and "person_from" in data:
+        raise InvalidValue('"person_from" goes with "proxy": true, for a user whose requests name a person')
     user = request.app[STORE].add_user(
         data.get("name"),
         data.get("group"),
         None if weight is None else check_weight(weight),
-        proxy=_proxy_flag(data),
+        proxy=proxy,
         proxy_group=data.get("proxy_group"),
+        person_from=data.get("person_from", "header"),
     )
     return web.json_response(_user_dict(request.app, user, {}), status=201)
 
@@ -171,12 +176,14 @@ async def set_user(request: web.Request) -> web.Response:
     data = await _body(request)
     name = request.match_info["name"]
     store = request.app[STORE]
-    if not ("weight" in data or "group" in data or "proxy" in data):
+    proxy_fields = {"proxy", "proxy_group", "person_from"} & set(data)
+    if not ("weight" in data or "group" in data or proxy_fields):
         raise InvalidValue(
-            'give a new "weight" (a number, or null to use the group\'s), a new "group" or "proxy" (true or false)'
+            'give a new "weight" (a number, or null to use the group\'s), a new "group", or "proxy" (true or false)'
+            ' with its "proxy_group" and "person_from"'
         )
-    if "proxy" in data:
-        store.set_user_proxy(name, _proxy_flag(data), data.get("proxy_group"))
+    if proxy_fields:
+        _set_proxy(store, name, data)
     if "weight" in data:
         weight = data["weight"]
         store.set_user_weight(name, None if weight is None else check_weight(weight))
@@ -185,6 +192,17 @@ async def set_user(request: web.Request) -> web.Response:
     _sync_users(request.app, name=name)
     user = store.get_user(name)
     return web.json_response(_user_dict(request.app, user, _key_counts(store)))
+
+
+def _set_proxy(store: Any, name: str, data: dict[str, Any]) -> None:
+    """``proxy``, ``proxy_group`` and ``person_from`` of a PUT; the settings a PUT leaves out stay."""
+    proxy = _proxy_flag(data) if "proxy" in data else store.get_user(name).proxy
+    if not proxy and {"proxy_group", "person_from"} & set(data):
+        raise InvalidValue(
+            f'user {name!r} is not a proxy, so it has no "proxy_group" or "person_from"; '
+            f"make it one with `mr user set-proxy {name} on`"
+        )
+    store.set_user_proxy(name, proxy, data.get("proxy_group", KEEP), data.get("person_from", KEEP))
 
 
 async def remove_user(request: web.Request) -> web.Response:

@@ -139,7 +139,7 @@ async def create_app(config: Config, *, nvml: Any = None, discover: bool | None 
     app[SCHEDULER] = scheduler
     app[DISPATCHER] = dispatcher
     app[REGISTRY] = registry
-    app[AUTH] = Auth(store)
+    app[AUTH] = Auth(store, new_people_per_hour=server.new_people_per_hour)
     app[ADMITTED] = {}
     app[QUOTAS] = quotas
     app[STATS] = stats

@@ -8,24 +8,25 @@ last used is kept here and written to the store at most once a minute.
 
 A proxy's key (a front end such as Open WebUI, made one with ``mr user
 set-proxy``) may name the person a request is for: :meth:`Auth.on_behalf`
-turns the proxy's caller into that person's, created on first sight in the
-proxy's people group, so each person behind the front end gets a fair share.
-The same headers from any other key are ignored.
+turns the proxy's caller into that person's, a person of the proxy's own
+(``people.py``), so each person behind the front end gets a fair share. The
+proxy's ``person_from`` says where the name is: the forwarding headers, or
+OpenAI's ``user`` body field; the other is ignored, and so are both from any
+other key.
 """
 
 from __future__ import annotations
 
 import hmac
 import logging
-import re
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, replace
 from typing import Any
 
 from ..errors import RequestError
-from ..names import hash_key
-from ..store import StoreError
+from ..names import hash_key, person_identity
+from .people import People
 
 __all__ = ["PERSON_HEADERS", "Auth", "Caller", "bearer_is"]
 
@@ -33,8 +34,8 @@ log = logging.getLogger(__name__)
 
 PERSON_HEADERS = ("X-OpenWebUI-User-Email", "X-OpenWebUI-User-Id", "X-OpenWebUI-User-Name", "X-Forwarded-User")
 """Headers that name the person behind a proxy, first found wins (Open WebUI sends its own with
-``ENABLE_FORWARD_USER_INFO_HEADERS=true``); then OpenAI's ``user`` body field."""
-_NOT_IN_NAMES = re.compile(r"[^A-Za-z0-9._@+-]+")
+``ENABLE_FORWARD_USER_INFO_HEADERS=true``); a proxy with ``person_from = "user-field"`` reads
+OpenAI's ``user`` body field instead."""
 
 
 def bearer_is(request: Any, secret: str) -> bool:
@@ -55,6 +56,8 @@ class Caller:
     key_id: int = 0
     forwards_to: str | None = None
     """For a proxy's key: the group the people it names go in."""
+    person_from: str = "header"
+    """For a proxy's key: where its requests name their person (``names.PERSON_FROM``)."""
 
     @property
     def weight(self) -> float:
@@ -62,23 +65,29 @@ class Caller:
         return self.group_weight if self.weight_override is None else self.weight_override
 
 
-def _person_name(raw: Any) -> str | None:
-    """A user name (``names.check_name``'s pattern) from what a proxy sent, or None if nothing is left."""
-    if not isinstance(raw, str):
-        return None
-    name = _NOT_IN_NAMES.sub("-", raw.strip()).lstrip("._@+-")[:64]
-    return name or None
+def _caller(user: Any, key_id: int = 0) -> Caller:
+    return Caller(
+        user.id,
+        user.name,
+        user.group,
+        user.weight_override,
+        user.group_weight,
+        key_id,
+        user.forwards_to,
+        user.person_from,
+    )
 
 
 class Auth:
     #: Seconds between writes of the keys' last-used times.
     TOUCH_EVERY = 60.0
 
-    def __init__(self, store: Any, clock: Callable[[], float] = time.time) -> None:
+    def __init__(self, store: Any, clock: Callable[[], float] = time.time, *, new_people_per_hour: int = 100) -> None:
         self.store = store
         self.clock = clock
+        self.people = People(store, new_people_per_hour, clock)
         self._cache: dict[str, Caller | None] = {}
-        self._people: dict[str, Caller] = {}
+        self._people: dict[tuple[int, str], Caller] = {}
         self._used: dict[int, float] = {}
         self._touched = clock()
 
@@ -113,13 +122,7 @@ class Auth:
         except KeyError:
             found = self.store.key_owner(digest)
             user = None if found is None else found[1]
-            caller = (
-                None
-                if user is None
-                else Caller(
-                    user.id, user.name, user.group, user.weight_override, user.group_weight, found[0], user.forwards_to
-                )
-            )
+            caller = None if user is None else _caller(user, found[0])
             if len(self._cache) > 100_000:
                 self._cache.clear()
             self._cache[digest] = caller
@@ -137,28 +140,31 @@ class Auth:
         return caller
 
     def on_behalf(self, caller: Caller, headers: Mapping[str, str], body_user: Any = None) -> Caller:
-        """The person a proxy's request names (see :data:`PERSON_HEADERS`), or ``caller`` itself.
+        """The person a proxy's request names, or ``caller`` itself.
 
-        Only a proxy's key may name someone; a named proxy, or a name that cannot be a user
-        name, leaves the request charged to the proxy.
+        Only a proxy's key may name someone, and only a person of its own (``people.py``): a
+        name that is anybody else's, or cannot be an identity, is charged to the proxy.
+
+        Raises:
+            RequestError: 429 when the name is new and the proxy has added its hour's people.
         """
         if caller.forwards_to is None:
             return caller
-        raw = next((headers[h] for h in PERSON_HEADERS if headers.get(h, "").strip()), body_user)
-        name = _person_name(raw)
-        if name is None or name.lower() == caller.name.lower():
+        if caller.person_from == "user-field":
+            raw = body_user
+        else:
+            raw = next((headers[h] for h in PERSON_HEADERS if headers.get(h, "").strip()), None)
+        if raw is None:
             return caller
-        person = self._people.get(name.lower())
+        identity = person_identity(raw)
+        if identity is None:
+            self.people.refused(caller, raw, "which cannot be an identity")
+            return caller
+        person = self._people.get((caller.user_id, identity))
         if person is None:
-            try:
-                user = self.store.person(name, caller.forwards_to)
-            except StoreError as exc:  # a name or group the store refuses: charge the proxy, not fail the request
-                log.warning("proxy=%s named %r, which cannot be a user: %s", caller.name, name, exc)
-                return caller
-            if user.proxy:
-                return caller
-            person = Caller(user.id, user.name, user.group, user.weight_override, user.group_weight)
+            user = self.people.find(caller, identity)
+            person = replace(caller, key_id=0) if user is None else _caller(user)
             if len(self._people) > 100_000:
                 self._people.clear()
-            self._people[name.lower()] = person
+            self._people[(caller.user_id, identity)] = person
         return replace(person, key_id=caller.key_id)

@@ -18,19 +18,17 @@ from ..scheduler.settings import DEFAULT_GROUP_WEIGHTS
 from .backends import _BACKEND_COLUMNS, Backends
 from .decisions import Decisions
 from .errors import AlreadyExists, InUse, InvalidValue, NotFound, StoreError
+from .people import USER_SELECT as _USER_SELECT
+from .people import People
+from .people import user_of_row as _user
 from .rows import QUOTA_FIELDS, ApiKeyInfo, Group, Quota, User
 from .schema import migrate, transaction
 from .usage import UsageLog
-from .validate import _name, _quota, _validate_import, _weight
+from .validate import _name, _person_from, _quota, _validate_import, _weight
 
 DAY = 86_400.0
 
 _QUOTAS = ", ".join(f"{{t}}.{f}" for f in QUOTA_FIELDS)
-_USER_SELECT = (
-    f"SELECT u.id, u.name, g.name, u.weight_override, g.scheduler_weight, u.created, {_QUOTAS.format(t='u')},"
-    " u.proxy = 1, pg.name"
-    " FROM users u JOIN groups g ON g.id = u.group_id LEFT JOIN groups pg ON pg.id = u.proxy_group_id"
-)
 _GROUP_SELECT = f"SELECT id, name, scheduler_weight, {_QUOTAS.format(t='groups')} FROM groups"
 
 
@@ -43,15 +41,11 @@ def _no_nulls(row: dict[str, Any]) -> dict[str, Any]:
     return {k: v for k, v in row.items() if v is not None}
 
 
-def _user(row: tuple[Any, ...]) -> User:
-    return User(row[0], row[1], row[2], row[3], row[4], row[5], Quota(row[6], row[7], row[8]), row[9], row[10])
-
-
 def _group(row: tuple[Any, ...]) -> Group:
     return Group(row[0], row[1], row[2], Quota(row[3], row[4], row[5]))
 
 
-class Store(Backends, UsageLog, Decisions):
+class Store(Backends, UsageLog, Decisions, People):
     """The daemon's durable state, on one connection; not for use from several threads.
 
     Args:
@@ -229,32 +223,22 @@ class Store(Backends, UsageLog, Decisions):
         *,
         proxy: bool = False,
         proxy_group: str | None = None,
+        person_from: str = "header",
     ) -> User:
+        """A regular user, or with ``proxy``/``proxy_group`` a proxy (see ``People.set_user_proxy``)."""
         name = _name("user", name)
+        person_from = _person_from(person_from)
         override = None if weight is None else _weight(f"user {name!r}", weight)
         group_id = self._group_id(group)
         people = None if proxy_group is None else self._group_id(proxy_group)
         if self._db.execute("SELECT 1 FROM users WHERE name = ?", (name,)).fetchone():
             raise AlreadyExists(f"user {name!r} already exists; give it a new key with `mr user key {name}`")
         self._db.execute(
-            "INSERT INTO users (name, group_id, weight_override, created, proxy, proxy_group_id)"
-            " VALUES (?, ?, ?, ?, ?, ?)",
-            (name, group_id, override, self._clock(), int(proxy or people is not None), people),
+            "INSERT INTO users (name, group_id, weight_override, created, proxy, proxy_group_id, person_from)"
+            " VALUES (?, ?, ?, ?, ?, ?, ?)",
+            (name, group_id, override, self._clock(), int(proxy or people is not None), people, person_from),
         )
         return self.get_user(name)
-
-    def set_user_proxy(self, name: str, proxy: bool, proxy_group: str | None = None) -> User:
-        """Let (or stop) ``name``'s requests name the person they are for, created in ``proxy_group``."""
-        people = None if proxy_group is None else self._group_id(proxy_group)
-        sql = "UPDATE users SET proxy = ?, proxy_group_id = ? WHERE name = ?"
-        if not self._db.execute(sql, (int(proxy), people if proxy else None, name)).rowcount:
-            self._user_id(name)
-        return self.get_user(name)
-
-    def person(self, name: str, group: str) -> User:
-        """The user a proxy names, created in ``group`` on first sight."""
-        row = self._db.execute(_USER_SELECT + " WHERE u.name = ?", (name,)).fetchone()
-        return _user(row) if row is not None else self.add_user(name, group)
 
     def set_user_weight(self, name: str, weight: float | None) -> User:
         """Set the user's own weight; None clears it so the group's weight applies."""
@@ -348,6 +332,10 @@ class Store(Backends, UsageLog, Decisions):
         for user in self.list_users():
             row: dict[str, Any] = {"name": user.name, "group": user.group, "weight_override": user.weight_override}
             row["proxy_for"] = user.forwards_to
+            if user.proxy and user.person_from != "header":
+                row["person_from"] = user.person_from
+            if user.owner_id is not None:
+                row.update(person_of=user.person_of, identity=user.identity)
             users.append(_no_nulls(row | user.quota.to_dict()))
         return {
             "version": 1,
@@ -382,16 +370,20 @@ class Store(Backends, UsageLog, Decisions):
                     f" ON CONFLICT (name) DO UPDATE SET scheduler_weight = excluded.scheduler_weight, {_QUOTA_SET}",
                     (name, weight, *quotas),
                 )
-            for name, group, override, quotas, proxy_for in users:
+            for name, group, override, quotas, proxy_for, person_from, _ in users:
                 group_id = db.execute("SELECT id FROM groups WHERE name = ?", (group,)).fetchone()[0]
                 people = proxy_for and db.execute("SELECT id FROM groups WHERE name = ?", (proxy_for,)).fetchone()[0]
                 db.execute(
                     f"INSERT INTO users (name, group_id, weight_override, created, {_QUOTA_COLUMNS}, proxy,"
-                    " proxy_group_id) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?) ON CONFLICT (name) DO UPDATE SET"
-                    f" group_id = excluded.group_id, weight_override = excluded.weight_override, {_QUOTA_SET},"
-                    " proxy = excluded.proxy, proxy_group_id = excluded.proxy_group_id",
-                    (name, group_id, override, self._clock(), *quotas, int(people is not None), people),
+                    " proxy_group_id, person_from) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?) ON CONFLICT (name) DO UPDATE"
+                    f" SET group_id = excluded.group_id, weight_override = excluded.weight_override, {_QUOTA_SET},"
+                    " proxy = excluded.proxy, proxy_group_id = excluded.proxy_group_id,"
+                    " person_from = excluded.person_from, owner_id = NULL, identity = NULL",
+                    (name, group_id, override, self._clock(), *quotas, int(people is not None), people, person_from),
                 )
+            for name, *_, person in users:
+                if person is not None:
+                    self._import_person(name, *person)
             for name, fields in backends:
                 db.execute(
                     f"INSERT INTO backends (name, {_BACKEND_COLUMNS}) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)"

@@ -48,6 +48,14 @@ class User:
     """A front end whose requests may name the person they are for (``mr user set-proxy``)."""
     proxy_group: str | None = None
     """Where a proxy's people are created: this group, or the proxy's own when None."""
+    person_from: str = "header"
+    """For a proxy: where its requests name their person, ``header`` or ``user-field`` (``names.PERSON_FROM``)."""
+    owner_id: int | None = None
+    """For a person: the id of the proxy it was created through, the only one that may name it."""
+    person_of: str | None = None
+    """For a person: that proxy's name."""
+    identity: str | None = None
+    """For a person: the identity its proxy forwards (``names.person_identity``); the name is for showing."""
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "proxy", bool(self.proxy))  # SQLite hands back 0 or 1
@@ -72,6 +80,10 @@ class User:
         }
         if self.proxy:
             out["proxy_for"] = self.forwards_to
+            out["person_from"] = self.person_from
+        if self.owner_id is not None:
+            out["person_of"] = self.person_of
+            out["identity"] = self.identity
         return out
 
 

@@ -6,6 +6,7 @@ import sqlite3
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 
+from ..names import person_identity
 from .errors import StoreError
 
 _SCHEMA_V1 = (
@@ -89,6 +90,39 @@ _MONTHLY = (
     f" gpu_seconds = gpu_seconds + excluded.gpu_seconds; END",
 )
 
+#: The proxy whose people group a user is in, when exactly one proxy's people go there.
+_ONLY_PROXY_OF_GROUP = (
+    "SELECT p.id, p.created FROM users p WHERE p.proxy = 1 AND coalesce(p.proxy_group_id, p.group_id) = ?"
+)
+
+
+def _people_keyed_by_identity(db: sqlite3.Connection) -> None:
+    """Give people a proxy of their own and an exact identity, so no proxy reaches anybody else.
+
+    Earlier releases kept no owner: a person was any user a proxy named. A user is taken to be a
+    proxy's person when it has no key, is no proxy, sits in the people group of exactly one proxy and
+    was created after that proxy; its identity is its stored name (case-folded if an e-mail address).
+    Everyone else is nobody's person, and no proxy can name them.
+    """
+    for statement in (
+        "ALTER TABLE users ADD COLUMN owner_id INTEGER REFERENCES users(id) ON DELETE SET NULL",
+        "ALTER TABLE users ADD COLUMN identity TEXT",
+        "ALTER TABLE users ADD COLUMN person_from TEXT NOT NULL DEFAULT 'header'"
+        " CHECK (person_from IN ('header', 'user-field'))",
+    ):
+        db.execute(statement)
+    candidates = db.execute(
+        "SELECT u.id, u.name, u.group_id, u.created FROM users u WHERE u.proxy = 0"
+        " AND NOT EXISTS (SELECT 1 FROM api_keys k WHERE k.user_id = u.id)"
+    ).fetchall()
+    for user_id, name, group_id, created in candidates:
+        proxies = db.execute(_ONLY_PROXY_OF_GROUP, (group_id,)).fetchall()
+        identity = person_identity(name)
+        if len(proxies) == 1 and proxies[0][1] <= created and identity is not None:
+            db.execute("UPDATE users SET owner_id = ?, identity = ? WHERE id = ?", (proxies[0][0], identity, user_id))
+    db.execute("CREATE UNIQUE INDEX users_identity ON users(owner_id, identity) WHERE owner_id IS NOT NULL")
+
+
 #: ``_MIGRATIONS[n]`` takes a database at version n to n + 1. Append; never edit a shipped entry.
 _MIGRATIONS: list[Sequence[str] | Callable[[sqlite3.Connection], None]] = [
     _SCHEMA_V1,
@@ -101,6 +135,7 @@ _MIGRATIONS: list[Sequence[str] | Callable[[sqlite3.Connection], None]] = [
         "ALTER TABLE users ADD COLUMN proxy_group_id INTEGER REFERENCES groups(id) ON DELETE SET NULL",
     ),
     _MONTHLY,
+    _people_keyed_by_identity,
     # Ollama serves OLLAMA_NUM_PARALLEL requests per loaded model and holds at most
     # OLLAMA_MAX_LOADED_MODELS; NULL where the engine has per-server slots only.
     (

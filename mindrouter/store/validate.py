@@ -30,6 +30,23 @@ def _weight(what: str, value: object) -> float:
         raise InvalidValue(f"cannot set the weight of {what}: {exc}") from None
 
 
+def _person_from(value: object) -> str:
+    if value not in names.PERSON_FROM:
+        raise InvalidValue(
+            f'person_from {value!r} is not known; use header or user-field (OpenAI\'s "user" body field)'
+        )
+    return str(value)
+
+
+def _identity(value: object) -> str:
+    if not isinstance(value, str) or names.person_identity(value) != value:
+        raise InvalidValue(
+            f"identity {value!r} is not one a proxy can forward; give it as sent, without control characters, "
+            "at most 256 characters, an e-mail address in lower case"
+        )
+    return value
+
+
 def _url(what: str, value: object, *, empty_ok: bool = False) -> str:
     if empty_ok and value == "":
         return ""
@@ -104,7 +121,11 @@ def _decision_params(record: Mapping[str, Any], at: float | None) -> tuple[Any, 
 
 _IMPORT_FIELDS = {
     "groups": ({"name", "scheduler_weight"}, {"name", "scheduler_weight", *QUOTA_FIELDS}, set()),
-    "users": ({"name", "group"}, {"name", "group", "weight_override", "proxy_for", *QUOTA_FIELDS}, {"weight"}),
+    "users": (
+        {"name", "group"},
+        {"name", "group", "weight_override", "proxy_for", "person_from", "person_of", "identity", *QUOTA_FIELDS},
+        {"weight"},
+    ),
     "backends": (
         {"name", "url", "engine"},
         {"name", "url", "engine", "max_concurrent", "gpus", "node", "priority", "state", "parallel", "max_loaded"},
@@ -180,7 +201,19 @@ def _validate_import(data: Mapping[str, Any], existing_groups: set[str]) -> tupl
                 f"users[{i}]: proxy_for {proxy_for!r} of user {e['name']!r} is not a group; name the group "
                 "its people go in (one of the file's groups or an existing one)"
             )
-        users.append((e["name"], group.lower(), override, quotas, proxy_for.lower() if proxy_for else None))
+        person_from = checked(f"users[{i}]", _person_from, e.get("person_from", "header"))
+        if person_from != "header" and proxy_for is None:
+            raise InvalidValue(f"users[{i}]: person_from goes with proxy_for, the group of the proxy's people")
+        if ("person_of" in e) != ("identity" in e):
+            raise InvalidValue(f"users[{i}]: give a person both person_of (its proxy) and identity, or neither")
+        person = None
+        if "person_of" in e:
+            person = (
+                checked(f"users[{i}]", _name, "user", e["person_of"]),
+                checked(f"users[{i}]", _identity, e["identity"]),
+            )
+        proxy = proxy_for.lower() if proxy_for else None
+        users.append((e["name"], group.lower(), override, quotas, proxy, person_from, person))
     backends = [
         (
             e["name"],
