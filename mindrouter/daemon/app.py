@@ -43,7 +43,7 @@ from .dispatcher import Dispatcher
 from .frontdoor import FrontDoors
 from .gpus import GpuState
 from .guard import guard_middleware
-from .inference import setup_inference_routes
+from .inference import end_handlers, setup_inference_routes
 from .keys import (
     ADMITTED,
     AUTH,
@@ -52,6 +52,7 @@ from .keys import (
     DISPATCHER,
     DRAINS,
     GPUS,
+    HANDLERS,
     QUOTAS,
     REGISTRY,
     SCHEDULER,
@@ -175,6 +176,7 @@ async def create_app(config: Config, *, nvml: Any = None, discover: bool | None 
     app.cleanup_ctx.append(dispatcher.timer_ctx)
     app.cleanup_ctx.append(gpus.poll_ctx)
     app[DRAINS] = []
+    app[HANDLERS] = {}
     app.cleanup_ctx.append(_drained)  # the last set up, so the first torn down: before the resources close
     setup_inference_routes(app)
     setup_catalog_routes(app)
@@ -321,6 +323,7 @@ async def _serve_app(config: Config, *, discover: bool | None) -> None:
     finally:
         # The front door's streams and aiohttp's handlers share one grace; the resources outlive both.
         app[DRAINS].append(asyncio.create_task(doors.close(server.shutdown_grace_seconds)))
+        app[DRAINS].append(asyncio.create_task(end_handlers(app, server.shutdown_grace_seconds)))
         await runner.cleanup()
         with contextlib.suppress(OSError):
             socket_path.unlink()

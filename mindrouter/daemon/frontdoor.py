@@ -36,7 +36,7 @@ from ..backends import INFERENCE_PATHS
 from ..backends._shapes import error_tail
 from ..errors import RequestError
 from .admission import Admitted, admit
-from .inference import position_teller, pour, refused, waiting_headers
+from .inference import SHUTTING_DOWN, position_teller, pour, refused, shutdown_tail, waiting_headers
 from .keys import ADMITTED, CONFIG
 from .responses import error_response
 
@@ -46,13 +46,6 @@ _MAX_HEAD = 8190  # aiohttp's limit on one line; a longer head goes to aiohttp u
 _REQUEST_LINE = re.compile(rb"POST (/[A-Za-z0-9/_.-]*) HTTP/1\.1")
 _FIELD = re.compile(rb"([!#$%&'*+.^_`|~0-9A-Za-z-]+):[ \t]*([\x20-\x7e\t]*?)[ \t]*")
 _NOT_HERE = frozenset({"transfer-encoding", "expect", "content-encoding", "upgrade", "origin"})
-_SHUTTING_DOWN = RequestError(
-    "the router is shutting down; send the request again in a few seconds",
-    status=503,
-    type="service_unavailable",
-    code="shutting_down",
-    retry_after=5,
-)
 
 
 def _plain_request(head: bytes) -> tuple[str, CIMultiDict[str], int] | None:
@@ -258,8 +251,8 @@ class FrontDoor(asyncio.Protocol):
         self._admitted = None
         self.doors.waiting.discard(self)
         if admitted.lease is not None:
-            admitted.lease.withdraw(_SHUTTING_DOWN)
-        _refuse(transport, admitted, _SHUTTING_DOWN)
+            admitted.lease.withdraw(SHUTTING_DOWN)
+        _refuse(transport, admitted, SHUTTING_DOWN)
 
     # -- a parked stream's answer ------------------------------------------
 
@@ -277,10 +270,9 @@ class FrontDoor(asyncio.Protocol):
                     refused(self.doors.app, admitted.rid, exc)
                     await self._write(error_tail(dialect, exc.message))
                 except asyncio.CancelledError:
-                    if self.doors.closing and lease.queued and not transport.is_closing():
-                        lease.withdraw(_SHUTTING_DOWN)
-                        refused(self.doors.app, admitted.rid, _SHUTTING_DOWN)
-                        transport.write(_chunk(error_tail(dialect, _SHUTTING_DOWN.message)) + b"0\r\n\r\n")
+                    if self.doors.closing and not transport.is_closing():
+                        tail = shutdown_tail(self.doors.app, admitted.rid, lease, dialect)
+                        transport.write(_chunk(tail) + b"0\r\n\r\n")
                     raise
                 else:
                     transport.write(b"0\r\n\r\n")

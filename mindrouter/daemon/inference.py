@@ -11,6 +11,8 @@ out gets an end: the answer, or the dialect's error tail and a close.
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import logging
 from collections.abc import Awaitable, Callable
 
@@ -20,17 +22,20 @@ from ..backends import INFERENCE_PATHS, Upstream
 from ..backends._shapes import Dialect, error_tail
 from ..errors import RequestError
 from .admission import Admitted, admit
-from .keys import ADMITTED, STATS
+from .keys import ADMITTED, HANDLERS, STATS
 from .lease import Lease
 from .quotas import QUOTA_HEADERS
 from .responses import error_response
 
 __all__ = [
     "CLOSE_WHEN_QUEUED",
+    "SHUTTING_DOWN",
+    "end_handlers",
     "position_teller",
     "pour",
     "refused",
     "setup_inference_routes",
+    "shutdown_tail",
     "waiting_headers",
 ]
 
@@ -43,6 +48,17 @@ request comes on a fresh connection, where the front door can hold it cheaply (`
 
 Write = Callable[[bytes], Awaitable[None]]
 
+SHUTTING_DOWN = RequestError(
+    "the router is shutting down; send the request again in a few seconds",
+    status=503,
+    type="service_unavailable",
+    code="shutting_down",
+    retry_after=5,
+)
+_SHUTDOWN = "mindrouter is shutting down"
+"""The cancel message ``end_handlers`` sends, as the handler tells it from a client gone."""
+_CUT_BY_SHUTDOWN = "the router shut down before the answer was complete; send the request again in a few seconds"
+
 
 async def handle_inference(request: web.Request) -> web.StreamResponse:
     app = request.app
@@ -53,6 +69,9 @@ async def handle_inference(request: web.Request) -> web.StreamResponse:
         request[QUOTA_HEADERS] = admitted.quota_headers
     rid, dialect, lease, call = admitted.rid, admitted.dialect, admitted.lease, admitted.call
     response: web.StreamResponse | None = None
+    task, handlers = asyncio.current_task(), app[HANDLERS]
+    if lease is not None and task is not None:
+        handlers[task] = lease
     try:
         if admitted.error is not None:
             raise admitted.error
@@ -77,6 +96,17 @@ async def handle_inference(request: web.Request) -> web.StreamResponse:
                 await response.write_eof()
             lease.finish()
         return response
+    except asyncio.CancelledError as exc:  # the client left, or ``end_handlers`` ends it at shutdown
+        if lease is None or exc.args != (_SHUTDOWN,):
+            raise
+        if response is None or not response.prepared:
+            lease.withdraw(SHUTTING_DOWN)
+            refused(app, rid, SHUTTING_DOWN)
+            return _refusal(SHUTTING_DOWN, dialect, rid)
+        with contextlib.suppress(Exception):  # best effort: the connection closes next in any case
+            await response.write(shutdown_tail(app, rid, lease, dialect))
+            await response.write_eof()
+        return response
     except ConnectionError:  # the client hung up mid-write; its lease has settled, and no one is listening
         return response if response is not None else web.Response(status=499)
     except RequestError as exc:
@@ -85,9 +115,45 @@ async def handle_inference(request: web.Request) -> web.StreamResponse:
             await response.write(error_tail(dialect, exc.message))
             await response.write_eof()
             return response
-        answer = error_response(exc, dialect)
-        answer.headers["X-Request-Id"] = rid
-        return answer
+        return _refusal(exc, dialect, rid)
+    finally:
+        if task is not None:
+            handlers.pop(task, None)
+
+
+async def end_handlers(app: web.Application, grace: float) -> None:
+    """At shutdown: a request still queued ends now, a running one when ``grace`` seconds are up.
+
+    Each gets its dialect's error ending (a 503, or a stream's error tail) while its connection is
+    open; aiohttp's own shutdown would cancel the handlers only after the same grace and then close
+    the connections with nothing said.
+    """
+    handlers = app[HANDLERS]
+    for task, lease in list(handlers.items()):
+        if lease.queued:
+            task.cancel(_SHUTDOWN)
+    deadline = asyncio.get_running_loop().time() + grace
+    while handlers and asyncio.get_running_loop().time() < deadline:
+        await asyncio.sleep(0.05)
+    for task in list(handlers):
+        task.cancel(_SHUTDOWN)
+
+
+def shutdown_tail(app: web.Application, rid: str, lease: Lease, dialect: Dialect) -> bytes:
+    """The error ending of a stream the shutdown cuts: a queued job is withdrawn, a running one was cut."""
+    if lease.queued:
+        lease.withdraw(SHUTTING_DOWN)
+        message = SHUTTING_DOWN.message
+    else:
+        message = _CUT_BY_SHUTDOWN
+    refused(app, rid, RequestError(message, status=503, type="service_unavailable", code="shutting_down"))
+    return error_tail(dialect, message)
+
+
+def _refusal(exc: RequestError, dialect: Dialect, rid: str) -> web.Response:
+    answer = error_response(exc, dialect)
+    answer.headers["X-Request-Id"] = rid
+    return answer
 
 
 def refused(app: web.Application, rid: str, exc: RequestError) -> None:

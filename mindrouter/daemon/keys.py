@@ -24,6 +24,7 @@ __all__ = [
     "DISPATCHER",
     "DRAINS",
     "GPUS",
+    "HANDLERS",
     "QUOTAS",
     "REGISTRY",
     "SCHEDULER",
@@ -37,6 +38,8 @@ ADMITTED = web.AppKey("admitted", dict)
 """Requests the front door admitted, by their connection's transport, for the handler to take over."""
 DRAINS = web.AppKey("drains", list)
 """Tasks the app's resources must outlive on shutdown (the front door's streams)."""
+HANDLERS = web.AppKey("handlers", dict)
+"""Inference handlers waiting or streaming, task -> lease, for the shutdown to end (``end_handlers``)."""
 STORE = web.AppKey("store", Store)
 SCHEDULER = web.AppKey("scheduler", Scheduler)
 DISPATCHER = web.AppKey("dispatcher", Dispatcher)

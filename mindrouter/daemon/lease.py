@@ -201,13 +201,19 @@ class Lease:
             return upstream
 
     async def _dispatched(self, heartbeat: Callable[[], Awaitable[None]] | None, every: float) -> Dispatch:
+        """The dispatch, once the queue has one; cancelling the waiter leaves the job queued.
+
+        Waiting through ``asyncio.wait`` (never ``await future``) keeps a cancelled handler's job
+        ``queued``, so a daemon shutting down can still withdraw it and end its stream in its dialect.
+        """
         future = self._future
         assert future is not None, "use the lease in `async with` first"
         try:
-            while heartbeat is not None and not future.done():
-                await heartbeat()
-                await asyncio.wait({future}, timeout=every)
-            return await future
+            while not future.done():
+                if heartbeat is not None:
+                    await heartbeat()
+                await asyncio.wait({future}, timeout=every if heartbeat is not None else None)
+            return future.result()
         except RequestError as exc:  # the dispatcher expired it (504)
             self._settle(Outcome.TIMEOUT, exc.message, exc.status)
             raise

@@ -1,0 +1,83 @@
+"""SIGTERM under load: every stream, queued or running, ends with its dialect's error ending."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import signal
+import time
+from pathlib import Path
+
+import aiohttp
+
+from .fakes import FakeOpenAI
+from .test_serve import amr, free_port, start_serve
+
+CHAT = {"model": "m", "messages": [{"role": "user", "content": "hi"}], "stream": True}
+
+
+def ends_in_its_dialect(path: str, text: str) -> bool:
+    """An Ollama stream's last line is ``{"error": ...}``; an OpenAI stream's last event is an error, then [DONE]."""
+    if path.startswith("/api/"):
+        last = text.strip().splitlines()[-1] if text.strip() else ""
+        return last.startswith("{") and "error" in json.loads(last)
+    events = [e for e in text.split("\n\n") if e.startswith("data: ")]
+    return len(events) >= 2 and events[-1] == "data: [DONE]" and '"error"' in events[-2]
+
+
+async def test_sigterm_ends_every_queued_and_running_stream_in_its_dialect(tmp_path: Path):
+    """A stream running past the grace, and streams queued at the front door and behind a reused
+    connection (aiohttp's handler), in both dialects: each gets its error ending, none an empty body."""
+    port = free_port()
+    config = tmp_path / "config.toml"
+    config.write_text(
+        f'[server]\nport = {port}\nsocket = "{tmp_path / "mr.sock"}"\nstate_dir = "{tmp_path / "state"}"\n'
+        "shutdown_grace_seconds = 1.5\n[backends]\npoll_interval = 0.5\n"
+    )
+    proc, _ = await asyncio.to_thread(start_serve, config, tmp_path / "serve.log", tmp_path / "mr.sock")
+    try:
+        async with FakeOpenAI(flavor="vllm", models=["m"], tokens_per_second=10, completion_tokens=300) as fake:
+            r = await amr(config, "backend", "add", "gpu1", fake.url, "--engine", "vllm", "--max-concurrent", "1")
+            assert r.returncode == 0, r.stderr
+            assert (await amr(config, "user", "add", "ann", "--group", "staff")).returncode == 0
+            key = json.loads((await amr(config, "user", "key", "ann", "--json")).stdout)["key"]
+            base, headers = f"http://127.0.0.1:{port}", {"Authorization": f"Bearer {key}"}
+
+            async def ask(path: str, reuse: bool) -> tuple[int, str]:
+                connector = aiohttp.TCPConnector(limit=1)
+                async with aiohttp.ClientSession(connector=connector) as session:
+                    if reuse:  # a second request on one connection: aiohttp's handler answers it
+                        async with session.get(f"{base}/api/version") as first:
+                            await first.read()
+                    async with session.post(f"{base}{path}", json=CHAT, headers=headers) as resp:
+                        got = bytearray()
+                        try:
+                            async for data in resp.content.iter_any():
+                                got += data
+                        except aiohttp.ClientPayloadError:
+                            got += b"<cut: unterminated body>"
+                        return resp.status, got.decode()
+
+            running = asyncio.create_task(ask("/api/chat", False))  # 30 s of tokens: cut at the grace
+            for _ in range(200):
+                if fake.in_flight:
+                    break
+                await asyncio.sleep(0.02)
+            cases = [(p, reuse) for p in ("/api/chat", "/v1/chat/completions") for reuse in (False, True)]
+            queued = [asyncio.create_task(ask(p, reuse)) for p, reuse in cases]
+            await asyncio.sleep(0.7)  # all four wait for the one slot
+            began = time.monotonic()
+            proc.send_signal(signal.SIGTERM)
+            answers = await asyncio.wait_for(asyncio.gather(*queued), 10)
+            status, text = await asyncio.wait_for(running, 10)
+        for (path, reuse), (code, body) in zip(cases, answers, strict=True):
+            assert code == 200 and ends_in_its_dialect(path, body), (path, reuse, body)
+            assert "shutting down" in body, (path, reuse, body)
+        assert status == 200 and '"content"' in text and ends_in_its_dialect("/api/chat", text), text[-300:]
+        assert await asyncio.to_thread(proc.wait, 15) == 0
+        assert time.monotonic() - began < 8
+        assert "Traceback" not in (tmp_path / "serve.log").read_text()
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait(10)
