@@ -133,7 +133,9 @@ async def create_app(config: Config, *, nvml: Any = None, discover: bool | None 
         stats.settled(settlement)
         decisions.settled(settlement)
 
-    dispatcher = Dispatcher(scheduler, registry, on_settled=settled, max_retries=config.backends.max_retries)
+    dispatcher = Dispatcher(
+        scheduler, registry, on_settled=settled, on_progress=quotas.progress, max_retries=config.backends.max_retries
+    )
 
     app[CONFIG] = config
     app[STORE] = store

@@ -1,18 +1,22 @@
 """Token and request quotas per user and per group, checked before a request queues.
 
 Admission makes one call, ``Quotas.admit(caller, job)``, before it submits
-the job: it raises a 429 ``RequestError`` when a quota is spent, and
-otherwise returns the ``X-Quota-*`` headers for the response. A request
-already admitted is never cut.
+the job: it raises a 429 ``RequestError`` when a quota is spent or the request
+cannot fit in what is left, and otherwise returns the ``X-Quota-*`` headers
+for the response. A request already admitted is never cut.
 
 What counts: tokens of completed requests (``record``, called where the usage
-row is written) plus an estimate of the requests still queued or running
-(prompt tokens plus the expected completion), so a burst of parallel requests
-cannot overshoot a budget by more than what is already running. A job's
-estimate is dropped once the scheduler no longer knows the job, so no exit
-path needs to report back here. Days and months are the server's local
-calendar; counters are rebuilt from the daily totals at start, so quotas
-survive restarts.
+row is written) plus a reservation for each request still queued or running.
+The reservation is what the request may use: its prompt plus its
+``max_tokens`` (or a typical answer where it names none), within what is left
+of the quota; a stream that outgrows it (an answer longer than the typical
+one) grows it as it streams (``progress``). Reservations together never exceed
+what is left, so only the request that took the last of a quota can end above
+it: use ends at most one request's answer above a limit (docs/accounting.md).
+A job's reservation is dropped once the scheduler no longer knows the job, so
+no exit path needs to report back here. Days and months are the server's local
+calendar; counters are rebuilt from the daily totals at start, and the
+per-minute counts from the last minute's usage rows, so quotas survive restarts.
 """
 
 from __future__ import annotations
@@ -38,6 +42,8 @@ QUOTA_HEADERS: Any = getattr(web, "RequestKey", lambda name, _type: name)("mindr
 
 _MINUTE = 60.0
 _PERIODS = {"tokens_per_day": "day", "tokens_per_month": "month"}
+_LEARN = 0.2
+"""Weight of each completed answer in a user's usual answer length (an exponential moving average)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -51,7 +57,7 @@ class Limit:
     """``tokens_per_day``, ``tokens_per_month`` or ``requests_per_minute``."""
     limit: int
     used: int
-    """Completed tokens plus the estimate of those in flight (requests in the last minute for the rate)."""
+    """Completed tokens plus the reservations of those in flight (requests in the last minute for the rate)."""
     resets: float
     """Wall-clock epoch seconds when the period turns over."""
 
@@ -82,7 +88,8 @@ class Quotas:
     Args:
         store: where limits live and usage is read back at start.
         scheduler: asked whether a job is still queued or running.
-        default_completion: completion tokens expected of a request that names no ``max_tokens``.
+        default_completion: the typical answer reserved for a request that names no ``max_tokens``
+            (a user's usual answer once it is longer).
         wall: wall-clock seconds (periods, resets). Defaults to ``time.time``.
         clock: monotonic seconds (the per-minute rate). Defaults to ``time.monotonic``.
     """
@@ -105,13 +112,29 @@ class Quotas:
         self._names: dict[Hashable, str] = {}
         self._used: dict[tuple[str, Hashable, str], int] = {}
         """(subject, id, period key) -> completed tokens; a day key is ``2026-12-03``, a month ``2026-12``."""
-        self._inflight: dict[tuple[str, Hashable], dict[str, int]] = {}
+        self._inflight: dict[tuple[str, Hashable], dict[str, list[int]]] = {}
+        """subject -> job id -> [prompt tokens, tokens reserved] (one list shared by the user and its group)."""
+        self._jobs: dict[str, list[int]] = {}
+        self._usual: dict[Hashable, float] = {}
+        """user id -> its usual answer length, learned from completed requests."""
         self._recent: dict[tuple[str, Hashable], deque[float]] = {}
         self._periods = ("", "")
         self.reload()
         now = wall()
         for day, user_id, group, tokens in store.daily_tokens(month_start(now)):
             self._add(user_id, group, tokens, day, day[:7])
+        self._restore_recent(now)
+
+    def _restore_recent(self, now: float) -> None:
+        """The last minute's requests from the usage rows, so a restart does not reset requests-per-minute."""
+        rated = {key for key, quota in self._limits.items() if quota.requests_per_minute is not None}
+        if not rated:
+            return
+        ago = self.clock() - now
+        for user_id, group, at in self.store.recent_requests(now - _MINUTE):
+            for subject in (("user", user_id), ("group", group)):
+                if subject in rated:
+                    self._recent.setdefault(subject, deque()).append(at + ago)
 
     def reload(self) -> None:
         """Read the limits again (after an admin change)."""
@@ -128,9 +151,22 @@ class Quotas:
 
     # -- counting --------------------------------------------------------------
 
-    def record(self, user_id: int, group: str, tokens: int, at: float) -> None:
-        """A completed request's real tokens (``at``: wall-clock time it ended)."""
+    def record(self, user_id: int, group: str, tokens: int, at: float, completion: int | None = None) -> None:
+        """A completed request's real tokens (``at``: wall-clock time it ended; ``completion``: its answer's)."""
         self._add(user_id, group, tokens, day_key(at), month_key(at))
+        if completion:
+            usual = self._usual.get(user_id)
+            self._usual[user_id] = completion if usual is None else usual + _LEARN * (completion - usual)
+
+    def progress(self, job_id: str, completion_tokens: int) -> None:
+        """A stream's answer so far: its reservation grows once the answer outgrows it."""
+        held = self._jobs.get(job_id)
+        if held is not None and held[0] + completion_tokens > held[1]:
+            held[1] = held[0] + completion_tokens
+
+    def typical_answer(self, user_id: Hashable) -> int:
+        """What a request that names no ``max_tokens`` reserves: the longer of the default and the user's usual."""
+        return max(self.default_completion, math.ceil(self._usual.get(user_id, 0)))
 
     def _add(self, user_id: int, group: str, tokens: int, day: str, month: str) -> None:
         self._turn_over()
@@ -155,7 +191,8 @@ class Quotas:
         scheduler = self.scheduler
         for job_id in [j for j in jobs if not (scheduler.is_queued(j) or scheduler.is_running(j))]:
             del jobs[job_id]
-        return sum(jobs.values())
+            self._jobs.pop(job_id, None)
+        return sum(held[1] for held in jobs.values())
 
     # -- checking --------------------------------------------------------------
 
@@ -200,31 +237,39 @@ class Quotas:
         return recent
 
     def admit(self, caller: Any, job: Any) -> dict[str, str] | None:
-        """Let the job queue, or refuse it with 429 naming the spent quota; returns the response's quota headers.
+        """Let the job queue with its reservation, or refuse it with 429; returns the response's quota headers.
 
         Raises:
-            RequestError: 429 with ``Retry-After`` until the quota's period turns over.
+            RequestError: 429 naming the spent quota, with ``Retry-After`` until its period turns over;
+                or 429 saying what is left is too little for the request's prompt.
         """
-        if ("user", caller.user_id) not in self._limits and ("group", caller.group) not in self._limits:
+        subjects = [s for s in (("user", caller.user_id), ("group", caller.group)) if s in self._limits]
+        if not subjects:
             return None
         limits = self.limits(caller.user_id, caller.group)
         for limit in limits:
             if limit.used >= limit.limit:
                 raise _refusal(limit, self.wall())
-        subjects = [("user", caller.user_id), ("group", caller.group)]
-        estimate = job.prompt_tokens + min(job.max_tokens or self.default_completion, self.default_completion)
+        tokens = [lim for lim in limits if lim.kind != "requests_per_minute"]
+        tightest = min(tokens, key=lambda lim: (lim.remaining, lim.resets)) if tokens else None
+        if tightest is not None:
+            prompt = job.prompt_tokens
+            if tightest.remaining <= prompt:
+                running = self._in_flight(
+                    (tightest.subject, caller.user_id if tightest.subject == "user" else caller.group)
+                )
+                raise _no_room(tightest, prompt, running > 0)
+            answer = job.max_tokens if job.max_tokens is not None else self.typical_answer(caller.user_id)
+            held = [prompt, min(prompt + answer, tightest.remaining)]
+            self._jobs[job.id] = held
         for subject in subjects:
-            quota = self._limits.get(subject)
-            if quota is None:
-                continue
-            if quota.tokens_per_day is not None or quota.tokens_per_month is not None:
-                self._inflight.setdefault(subject, {})[job.id] = estimate
+            quota = self._limits[subject]
+            if tightest is not None and (quota.tokens_per_day is not None or quota.tokens_per_month is not None):
+                self._inflight.setdefault(subject, {})[job.id] = held
             if quota.requests_per_minute is not None:
                 self._recent_requests(subject).append(self.clock())
-        tokens = [lim for lim in limits if lim.kind != "requests_per_minute"]
-        if not tokens:
+        if tightest is None:
             return None
-        tightest = min(tokens, key=lambda lim: (lim.remaining, lim.resets))
         return {"X-Quota-Remaining-Tokens": str(tightest.remaining), "X-Quota-Reset": _when(tightest.resets)}
 
 
@@ -248,6 +293,32 @@ def _refusal(limit: Limit, now: float) -> RequestError:
         type="rate_limit_error",
         code="quota_exceeded",
         retry_after=wait,
+    )
+
+
+def _no_room(limit: Limit, prompt: int, running: bool) -> RequestError:
+    """What is left of a token quota is too little for this request's prompt."""
+    left = (
+        f"{limit.subject} {limit.name!r} has {limit.remaining:,} of the {limit.limit:,} tokens a "
+        f"{_PERIODS[limit.kind]} its quota allows left"
+    )
+    if running:
+        return RequestError(
+            f"{left} after the requests running now, too few for this request's prompt of about {prompt:,} tokens;"
+            " wait for them to finish and send it again, or send a shorter prompt",
+            status=429,
+            type="rate_limit_error",
+            code="quota_exceeded",
+            retry_after=5,
+        )
+    flag = "--" + limit.kind.replace("_", "-")
+    return RequestError(
+        f"{left}, too few for this request's prompt of about {prompt:,} tokens; send a shorter prompt, or ask an"
+        f" admin to raise the quota with `mr {limit.subject} set-quota {limit.name} {flag} N`",
+        status=429,
+        type="rate_limit_error",
+        code="quota_exceeded",
+        retry_after=max(1, math.ceil(limit.resets - time.time())),
     )
 
 

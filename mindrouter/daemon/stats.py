@@ -35,11 +35,11 @@ class Stats:
         *,
         clock: Callable[[], float] = time.monotonic,
         wall: Callable[[], float] = time.time,
-        on_usage: Callable[[Any, str, int, float], None] | None = None,
+        on_usage: Callable[[Any, str, int, float, int], None] | None = None,
     ) -> None:
         self.store = store
         self.on_usage = on_usage
-        """Told (user id, group, tokens, wall time) of every usage row written: the quota counters."""
+        """Told (user id, group, tokens, wall time, completion tokens) of every usage row: the quota counters."""
         self.clock = clock
         self.wall = wall
         self.started = clock()
@@ -74,7 +74,7 @@ class Stats:
                 (job.user_id, job.id, job.model, s.backend_id, prompt, completion, s.wall, s.held, s.group)
             )
             if self.on_usage is not None:
-                self.on_usage(job.user_id, s.group, prompt + completion, s.wall)
+                self.on_usage(job.user_id, s.group, prompt + completion, s.wall, completion)
         if not s.answered:
             return  # no backend answered: the handler counted its error status
         self.requests_total += 1

@@ -103,6 +103,13 @@ class UsageLog:
             )
         ]
 
+    def recent_requests(self, since: float) -> list[tuple[int, str, float]]:
+        """(user id, group, ``at``) of each request that ended at or after ``since``, oldest first:
+        what requests-per-minute quotas count again after a restart."""
+        return self._db.execute(
+            "SELECT user_id, group_name, at FROM usage WHERE at >= ? ORDER BY at", (since,)
+        ).fetchall()
+
     def usage_totals(self, since: float) -> dict[int, UsageTotal]:
         """Requests and tokens per user id since ``since``."""
         rows = self._db.execute(

@@ -1,0 +1,134 @@
+"""Quotas that hold: 50 requests at once never take a quota past its limit by more than one answer.
+
+Admission reserves what a request may use (its ``max_tokens``, or a typical answer), within
+what is left of the quota, and settles at the end; a request that cannot fit is refused.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+
+import openai
+import pytest
+
+from mindrouter.daemon.app import create_app
+from mindrouter.daemon.keys import QUOTAS
+
+from .conftest import Daemon, FrontDoorServer, daemon_config
+from .fakes import FakeOllama
+
+pytestmark = pytest.mark.asyncio
+
+PROMPT = [{"role": "user", "content": "one two three"}]  # 3 tokens as the fake counts them
+LIMIT = 10_000
+
+
+def client(daemon: Daemon, key: str) -> openai.AsyncOpenAI:
+    return openai.AsyncOpenAI(base_url=f"{daemon.url}/v1", api_key=key, max_retries=0)
+
+
+async def burst(daemon: Daemon, keys: list[str], n: int, **body) -> tuple[int, int, list[str]]:
+    """Send ``n`` chat requests at once, spread over ``keys``; (answered, completion tokens, refusals)."""
+    clients = [client(daemon, k) for k in keys]
+
+    async def one(i: int) -> tuple[int, str | None]:
+        try:
+            answer = await clients[i % len(clients)].chat.completions.create(model="llama3", messages=PROMPT, **body)
+        except openai.RateLimitError as exc:
+            return 0, exc.body["message"] if isinstance(exc.body, dict) else str(exc)
+        assert answer.usage is not None
+        return answer.usage.completion_tokens, None
+
+    results = await asyncio.gather(*(one(i) for i in range(n)))
+    for c in clients:
+        await c.close()
+    return sum(1 for t, _ in results if t), sum(t for t, _ in results), [m for _, m in results if m]
+
+
+async def used_today(daemon: Daemon, subject: str, name: str) -> int:
+    limits = daemon.app[QUOTAS].overview()
+    return next(q.used for q in limits if q.subject == subject and q.name == name)
+
+
+@pytest.mark.parametrize("subject", ["user", "group"])
+@pytest.mark.parametrize("answer", [200, 2000])
+async def test_fifty_at_once_overshoot_a_quota_by_at_most_one_answer(daemon, subject, answer):
+    async with FakeOllama(models=["llama3"], tokens_per_second=answer * 2, completion_tokens=answer) as fake:
+        await daemon.backend("b1", fake.url, "ollama", max_concurrent=50)
+        await daemon.admin("POST", "/admin/groups", {"name": "lab", "weight": 1})
+        keys = [await daemon.user(f"u{i}", "lab") for i in range(1 if subject == "user" else 2)]
+        path = "/admin/users/u0/quota" if subject == "user" else "/admin/groups/lab/quota"
+        await daemon.admin("PUT", path, {"tokens_per_day": LIMIT})
+        answered, completion, refusals = await burst(daemon, keys, 50, max_tokens=answer)
+        total = answered * 3 + completion
+        used = await used_today(daemon, subject, "u0" if subject == "user" else "lab")
+        print(f"{subject} quota {LIMIT}, answers of {answer}: {answered} of 50 answered, {total} tokens")
+        assert used == total
+        assert total <= LIMIT + 3 + answer  # at most one request's answer beyond the limit
+        assert answered >= LIMIT // (3 + answer)  # and the quota is used, not refused early
+        assert all("try again after the reset" in m or "running now" in m for m in refusals), refusals
+
+
+async def test_a_request_that_cannot_fit_is_refused_saying_so_and_settles_at_the_end(daemon):
+    async with FakeOllama(models=["llama3"], tokens_per_second=50, completion_tokens=100) as fake:
+        await daemon.backend("b1", fake.url, "ollama", max_concurrent=4)
+        key = await daemon.user("ann")
+        await daemon.admin("PUT", "/admin/users/ann/quota", {"tokens_per_day": 250})
+        ann = client(daemon, key)
+        running = asyncio.create_task(ann.chat.completions.create(model="llama3", messages=PROMPT, max_tokens=100))
+        while not fake.in_flight:
+            await asyncio.sleep(0.01)
+        # 104 reserved (the daemon estimates 4 prompt tokens); the next too: 42 left, too few for 60 words.
+        second = asyncio.create_task(ann.chat.completions.create(model="llama3", messages=PROMPT, max_tokens=100))
+        while fake.in_flight < 2:
+            await asyncio.sleep(0.01)
+        long_prompt = [{"role": "user", "content": " ".join(["word"] * 60)}]
+        with pytest.raises(openai.RateLimitError) as refused:
+            await ann.chat.completions.create(model="llama3", messages=long_prompt, max_tokens=5)
+        message = refused.value.body["message"]  # type: ignore[index]
+        assert "user 'ann' has 42 of the 250 tokens a day its quota allows left" in message, message
+        assert "wait for them to finish" in message and message.count(".") <= 1
+        await asyncio.gather(running, second)
+        # Settled: only the real tokens count now (2 x 103).
+        assert await used_today(daemon, "user", "ann") == 206
+        await ann.close()
+
+
+async def test_requests_per_minute_survives_a_restart(tmp_path, aiohttp_client, nvml):
+    config = daemon_config(tmp_path)
+    async with FakeOllama(models=["llama3"]) as fake:
+        app = await create_app(config, nvml=nvml)
+        d = Daemon(await aiohttp_client(FrontDoorServer(app, config)), app, config)
+        key = await d.user("alice")
+        await d.backend("b1", fake.url, "ollama")
+        await d.admin("PUT", "/admin/users/alice/quota", {"requests_per_minute": 5})
+        answered, _, _ = await burst(d, [key], 3, max_tokens=2)
+        assert answered == 3
+        await d.client.close()
+        began = time.monotonic()
+        app2 = await create_app(config, nvml=nvml)
+        d2 = Daemon(await aiohttp_client(FrontDoorServer(app2, config)), app2, config)
+        answered, _, refusals = await burst(d2, [key], 5, max_tokens=2)
+        assert time.monotonic() - began < 30
+        assert answered == 2 and len(refusals) == 3, refusals  # 3 before the restart + 2 after = 5
+        assert "sent 5 requests in the last minute" in refusals[0]
+
+
+async def test_a_stream_longer_than_its_reservation_grows_it_as_it_streams(daemon):
+    """No ``max_tokens``: a typical answer (256) is reserved, and the answer counts as it streams past that."""
+    async with FakeOllama(models=["llama3"], tokens_per_second=400, completion_tokens=1200) as fake:
+        await daemon.backend("b1", fake.url, "ollama")
+        key = await daemon.user("ann")
+        await daemon.admin("PUT", "/admin/users/ann/quota", {"tokens_per_day": 100_000})
+        ann = client(daemon, key)
+        stream = await ann.chat.completions.create(model="llama3", messages=PROMPT, stream=True)
+        seen, counted = 0, []
+        async for _ in stream:
+            seen += 1
+            if seen in (100, 600, 1100):
+                counted.append(await used_today(daemon, "user", "ann"))
+        assert counted[0] == 4 + 256  # the reservation
+        assert 500 < counted[1] < counted[2] <= 4 + 1200  # then what has streamed (charged every 32 chunks)
+        assert await used_today(daemon, "user", "ann") == 3 + 1200  # settled: the backend's counts
+        await ann.close()
