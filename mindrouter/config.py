@@ -63,7 +63,7 @@ class ServerSettings:
     admin_key: str = ""
     """When set, admin calls are also accepted on TCP with this key."""
     metrics_key: str = ""
-    """Key a Prometheus scraper sends to see per-user series in /metrics when host is not loopback."""
+    """Key a Prometheus scraper sends to see per-user series in /metrics (the admin key works too)."""
     max_body_bytes: int = 16 * 1024 * 1024
     """Largest request body accepted, in bytes; a larger one gets 413."""
     header_timeout: float = 15.0

@@ -203,6 +203,20 @@ def test_user_key_is_printed_once_on_stdout(fake: FakeDaemon) -> None:
     assert mr("user", "key", "zed").exit_code == 1
 
 
+def test_user_key_to_a_file_is_0600_and_never_overwrites_one(fake: FakeDaemon, tmp_path) -> None:
+    target = tmp_path / "alice.key"
+    run = mr("user", "key", "alice", "-o", str(target))
+    assert run.exit_code == 0 and run.stdout == "", run.stderr
+    assert oct(target.stat().st_mode & 0o777) == "0o600"  # whatever the umask: no other account reads it
+    assert target.read_text() == "mr-alice-secretkey2\n" and str(target) in run.stderr
+    made = len(sent(fake))
+    run = mr("user", "key", "alice", "--output", str(target))
+    assert run.exit_code == 1 and run.stderr.count("\n") == 1 and "already exists" in run.stderr, run.stderr
+    assert len(sent(fake)) == made and target.read_text() == "mr-alice-secretkey2\n"  # no key made, none lost
+    run = mr("user", "key", "alice", "-o", str(tmp_path / "no" / "such" / "dir" / "k"))
+    assert run.exit_code == 1 and "cannot write" in run.stderr and len(sent(fake)) == made
+
+
 def test_user_rm(fake: FakeDaemon) -> None:
     assert "revoked" in mr("user", "rm", "bob").stdout
     assert mr("user", "rm", "bob").exit_code == 1

@@ -14,7 +14,6 @@ from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_l
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.registry import Collector
 
-from ..names import is_loopback
 from .auth import bearer_is
 from .keys import CONFIG, DISPATCHER, REGISTRY, SCHEDULER, STATS
 
@@ -80,9 +79,9 @@ class _Collector(Collector):
 def setup_metrics(app: web.Application) -> None:
     """``GET /metrics``: counts for anyone who can reach the port; per-user series only to a trusted caller.
 
-    Trusted: a daemon that listens on loopback only, the admin socket, or a
-    caller with ``[server] metrics_key`` or ``admin_key`` (who uses what is
-    nobody else's business on a lab network).
+    Trusted: the admin socket, or a caller with ``[server] metrics_key`` or ``admin_key``. Listening
+    on loopback is no trust: on a shared workstation every local account reaches 127.0.0.1, and who
+    uses what is nobody else's business.
     """
     full, counts = CollectorRegistry(auto_describe=False), CollectorRegistry(auto_describe=False)
     full.register(_Collector(app, per_user=True))
@@ -90,10 +89,8 @@ def setup_metrics(app: web.Application) -> None:
     server = app[CONFIG].server
 
     async def handle(request: web.Request) -> web.Response:
-        trusted = (
-            is_loopback(server.host)
-            or isinstance(request.transport.get_extra_info("sockname") if request.transport else None, str)
-            or any(key and bearer_is(request, key) for key in (server.metrics_key, server.admin_key))
+        trusted = isinstance(request.transport.get_extra_info("sockname") if request.transport else None, str) or any(
+            key and bearer_is(request, key) for key in (server.metrics_key, server.admin_key)
         )
         body = generate_latest(full if trusted else counts)
         return web.Response(body=body, headers={"Content-Type": CONTENT_TYPE_LATEST})
