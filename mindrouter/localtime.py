@@ -11,7 +11,17 @@ import re
 import time
 from datetime import date, datetime, timedelta
 
-__all__ = ["day_key", "day_start", "month_key", "month_start", "next_day", "next_month", "parse_when", "zone_label"]
+__all__ = [
+    "day_key",
+    "day_start",
+    "iso_local",
+    "month_key",
+    "month_start",
+    "next_day",
+    "next_month",
+    "parse_when",
+    "zone_label",
+]
 
 _UNITS = {"s": 1.0, "m": 60.0, "h": 3600.0, "d": 86400.0, "w": 7 * 86400.0}
 _AGO = re.compile(r"(\d+(?:\.\d+)?)([smhdw])\Z")
@@ -49,6 +59,12 @@ def day_key(ts: float) -> str:
 
 def month_key(ts: float) -> str:
     return time.strftime("%Y-%m", time.localtime(ts))
+
+
+def iso_local(ts: float) -> str:
+    """``2026-11-01T08:00:00+09:00``: a time in this machine's zone, offset included, so that a reader
+    elsewhere (the CLI on another machine) shows the server's time and not its own."""
+    return datetime.fromtimestamp(ts).astimezone().isoformat(timespec="seconds")
 
 
 def zone_label(ts: float) -> str:

@@ -91,3 +91,27 @@ def test_quotas_travel_through_export_and_import(live: ThreadDaemon, tmp_path) -
     file.write_text('[[users]]\nname = "cyd"\ngroup = "student"\ntokens_per_day = "lots"\n')
     bad = run(live, "import", str(file))
     assert bad.exit_code == 2 and "tokens_per_day 'lots' is not a count" in bad.stderr
+
+
+def test_usage_prints_times_in_the_zone_it_names(tmp_path, monkeypatch) -> None:
+    """The daemon in Tokyo, the CLI in New York: the report's times are the server's, as its title says."""
+    import os
+    import subprocess
+
+    from .test_serve import MR, free_port, start_serve
+
+    config = tmp_path / "config.toml"
+    config.write_text(
+        f'[server]\nport = {free_port()}\nsocket = "{tmp_path / "mr.sock"}"\nstate_dir = "{tmp_path / "state"}"\n'
+    )
+    monkeypatch.setenv("TZ", "Asia/Tokyo")
+    proc, _ = start_serve(config, tmp_path / "serve.log", tmp_path / "mr.sock")
+    try:
+        env = {**os.environ, "TZ": "America/New_York"}
+        args = ["usage", "--since", "2026-11-01T08:00", "--until", "2026-11-02"]
+        r = subprocess.run([*MR, "--config", str(config), *args], env=env, capture_output=True, text=True)
+        assert r.returncode == 0, r.stderr
+        assert "usage from 2026-11-01 08:00 to 2026-11-02 00:00 (server time, JST, UTC+09:00)" in r.stdout, r.stdout
+    finally:
+        proc.terminate()
+        proc.wait(15)

@@ -10,6 +10,7 @@ from __future__ import annotations
 import csv
 import sys
 import time
+from collections.abc import Mapping
 from typing import Annotated, Any
 
 import typer
@@ -26,7 +27,6 @@ from ._output import (
     console,
     fmt_duration,
     fmt_num,
-    fmt_time,
     fmt_tokens,
     print_changed,
     print_json,
@@ -63,8 +63,12 @@ def _gpu_time(seconds: Any) -> str:
     return f"{hours:,.1f} h" if hours >= 10 else fmt_duration(seconds or 0)
 
 
-def _stamp(ts: Any) -> str:
-    return time.strftime("%Y-%m-%d %H:%M", time.localtime(float(ts)))
+def _server_time(data: Mapping[str, Any], name: str) -> str:
+    """``2026-11-01 08:00`` in the server's zone (its ISO ``NAME_at``), which the report names; not the CLI's."""
+    iso = data.get(f"{name}_at")
+    if isinstance(iso, str) and len(iso) >= 16:
+        return iso[:16].replace("T", " ")
+    return time.strftime("%Y-%m-%d %H:%M", time.localtime(float(data[name])))  # an older daemon: epoch seconds only
 
 
 def usage(
@@ -109,7 +113,10 @@ def usage(
         for row in rows:
             writer.writerow([row.get(k) for k in (*dims, *_SUMS)])
         return
-    title = f"usage from {_stamp(data['since'])} to {_stamp(data['until'])} (server time, {data.get('timezone')})"
+    title = (
+        f"usage from {_server_time(data, 'since')} to {_server_time(data, 'until')}"
+        f" (server time, {data.get('timezone')})"
+    )
     t = table(rows, _columns(dims), empty="no usage in this period")
     if rows:
         t.show_footer = True
@@ -124,7 +131,7 @@ def usage(
     out.print(t)
     if data.get("day_resolution_before"):
         out.print(
-            f"[dim]before {fmt_time(data['day_resolution_before'])} only daily totals are kept "
+            f"[dim]before {_server_time(data, 'day_resolution_before')} only daily totals are kept "
             "([server] usage_retention_days), so the start is rounded to the day[/]"
         )
     quotas = data.get("quotas") or []
@@ -144,7 +151,7 @@ _QUOTA_COLUMNS = [
         fmt=lambda f: f"{f:.0%}",
         justify="right",
     ),
-    Column("resets", "resets", fmt=fmt_time),
+    Column("resets", "resets", getter=lambda q: _server_time(q, "resets")),
 ]
 
 

@@ -11,7 +11,7 @@ from typing import Any
 from aiohttp import web
 
 from ..errors import RequestError
-from ..localtime import day_start, month_start, parse_when, zone_label
+from ..localtime import day_start, iso_local, month_start, parse_when, zone_label
 from ..scheduler import normalized_shares
 from ..store import QUOTA_FIELDS, InvalidValue
 from .keys import AUTH, DISPATCHER, QUOTAS, REGISTRY, SCHEDULER, STATS, STORE
@@ -44,9 +44,11 @@ async def get_usage(request: web.Request) -> web.Response:
     since = _when(request, "since", DEFAULT_SINCE, now)
     until = _when(request, "until", None, now)
     report = app[STORE].usage_report(by, since, until)
+    stamps = {"since": report.since, "until": report.until, "day_resolution_before": report.day_resolution_before}
     return web.json_response(
         {
             **report.to_dict(),
+            **{f"{name}_at": iso_local(ts) for name, ts in stamps.items() if ts is not None},
             "timezone": zone_label(now),
             "quotas": [limit.to_dict() for limit in app[QUOTAS].overview()],
         }

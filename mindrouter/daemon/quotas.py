@@ -26,13 +26,12 @@ import time
 from collections import deque
 from collections.abc import Callable, Hashable
 from dataclasses import dataclass
-from datetime import datetime
 from typing import Any
 
 from aiohttp import web
 
 from ..errors import RequestError
-from ..localtime import day_key, month_key, month_start, next_day, next_month, zone_label
+from ..localtime import day_key, iso_local, month_key, month_start, next_day, next_month, zone_label
 from ..store import Quota, Store
 
 __all__ = ["QUOTA_HEADERS", "Limit", "Quotas"]
@@ -74,12 +73,8 @@ class Limit:
             "used": self.used,
             "remaining": self.remaining,
             "resets": self.resets,
-            "resets_at": _when(self.resets),
+            "resets_at": iso_local(self.resets),
         }
-
-
-def _when(ts: float) -> str:
-    return datetime.fromtimestamp(ts).astimezone().isoformat(timespec="seconds")
 
 
 class Quotas:
@@ -270,7 +265,7 @@ class Quotas:
                 self._recent_requests(subject).append(self.clock())
         if tightest is None:
             return None
-        return {"X-Quota-Remaining-Tokens": str(tightest.remaining), "X-Quota-Reset": _when(tightest.resets)}
+        return {"X-Quota-Remaining-Tokens": str(tightest.remaining), "X-Quota-Reset": iso_local(tightest.resets)}
 
 
 def _refusal(limit: Limit, now: float) -> RequestError:
