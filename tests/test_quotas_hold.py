@@ -132,3 +132,45 @@ async def test_a_stream_longer_than_its_reservation_grows_it_as_it_streams(daemo
         assert 500 < counted[1] < counted[2] <= 4 + 1200  # then what has streamed (charged every 32 chunks)
         assert await used_today(daemon, "user", "ann") == 3 + 1200  # settled: the backend's counts
         await ann.close()
+
+
+async def streams(daemon: Daemon, keys: list[str], n: int) -> tuple[int, list[str]]:
+    """``n`` streams at once without ``max_tokens``; (chunks received in all, the errors they ended with)."""
+    clients = [client(daemon, k) for k in keys]
+
+    async def one(i: int) -> tuple[int, str | None]:
+        got = 0
+        try:
+            stream = await clients[i % len(clients)].chat.completions.create(
+                model="llama3", messages=PROMPT, stream=True
+            )
+            async for chunk in stream:
+                got += bool(chunk.choices and chunk.choices[0].delta.content)
+        except openai.RateLimitError:
+            return 0, None  # refused before it began
+        except openai.APIError as exc:  # the stream's error event
+            return got, exc.message
+        return got, None
+
+    results = await asyncio.gather(*(one(i) for i in range(n)))
+    for c in clients:
+        await c.close()
+    return sum(g for g, _ in results), [m for _, m in results if m]
+
+
+@pytest.mark.parametrize("subject", ["user", "group"])
+async def test_fifty_streams_without_max_tokens_stop_at_the_quota(daemon, subject):
+    """No ``max_tokens`` (as Open WebUI sends): each reserves a typical answer (256 tokens), and one that
+    grows past its reservation while the quota is spent is ended with the quota's reason."""
+    async with FakeOllama(models=["llama3"], tokens_per_second=4000, completion_tokens=2000) as fake:
+        await daemon.backend("b1", fake.url, "ollama", max_concurrent=50)
+        await daemon.admin("POST", "/admin/groups", {"name": "lab", "weight": 1})
+        keys = [await daemon.user(f"u{i}", "lab") for i in range(1 if subject == "user" else 2)]
+        path = "/admin/users/u0/quota" if subject == "user" else "/admin/groups/lab/quota"
+        await daemon.admin("PUT", path, {"tokens_per_day": LIMIT})
+        delivered, cut = await streams(daemon, keys, 50)
+        used = await used_today(daemon, subject, "u0" if subject == "user" else "lab")
+        print(f"{subject} quota {LIMIT}, 50 streams of 2000 without max_tokens: {delivered} delivered, {used} used")
+        assert used <= LIMIT + 2000  # at most one answer beyond the limit
+        assert cut and all("its quota allows" in m and "max_tokens" in m for m in cut), cut
+        assert delivered <= used  # every token delivered is charged

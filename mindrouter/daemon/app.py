@@ -134,7 +134,7 @@ async def create_app(config: Config, *, nvml: Any = None, discover: bool | None 
         decisions.settled(settlement)
 
     dispatcher = Dispatcher(
-        scheduler, registry, on_settled=settled, on_progress=quotas.progress, max_retries=config.backends.max_retries
+        scheduler, registry, on_settled=settled, quotas=quotas, max_retries=config.backends.max_retries
     )
 
     app[CONFIG] = config

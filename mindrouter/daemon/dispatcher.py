@@ -20,7 +20,7 @@ from ..backends.base import Call
 from ..errors import RequestError
 from ..scheduler import Dispatch, Job, Scheduler, Timings
 from ..tasks import background
-from .lease import Backends, Lease, Settlement
+from .lease import Backends, Lease, Reservations, Settlement
 
 __all__ = ["Dispatcher"]
 
@@ -34,7 +34,7 @@ class Dispatcher:
         scheduler: the core.
         backends: opens calls and keeps the circuit breakers (the registry).
         on_settled: told once how each request ended (stats, usage, decision records).
-        on_progress: told each stream's answer so far as it is charged (the quota reservations).
+        quotas: what each job may stream within its quota reservation (None: no quotas).
         max_retries: other backends tried when one fails before its first byte.
     """
 
@@ -44,14 +44,14 @@ class Dispatcher:
         backends: Backends,
         *,
         on_settled: Callable[[Settlement], None],
-        on_progress: Callable[[str, int], None] | None = None,
+        quotas: Reservations | None = None,
         max_retries: int = 2,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
         self.scheduler = scheduler
         self.backends = backends
         self.on_settled = on_settled
-        self.on_progress = on_progress
+        self.quotas = quotas
         self.max_retries = max_retries
         self.clock = clock
         self._waiters: dict[str, asyncio.Future[Dispatch]] = {}
@@ -118,8 +118,6 @@ class Dispatcher:
     def progress(self, job_id: str, completion_tokens: int) -> None:
         """Charge a streaming job's tokens so far (cumulative) as they are produced."""
         self.scheduler.progress(job_id, self.clock(), completion_tokens=completion_tokens)
-        if self.on_progress is not None:
-            self.on_progress(job_id, completion_tokens)
 
     def fail(self, job_id: str, *, retry: bool, prompt_tokens: int = 0, completion_tokens: int = 0) -> bool:
         """The backend failed; True when the job is queued again (call ``requeued``)."""

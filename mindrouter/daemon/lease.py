@@ -22,6 +22,7 @@ exactly one :class:`Settlement`, handed to the dispatcher's ``on_settled``.
 from __future__ import annotations
 
 import asyncio
+import math
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Hashable
 from dataclasses import dataclass
@@ -35,7 +36,7 @@ from ..scheduler import DecisionRecord, Dispatch, Job, Timings
 if TYPE_CHECKING:
     from .dispatcher import Dispatcher
 
-__all__ = ["Backends", "Lease", "Outcome", "Settlement"]
+__all__ = ["Backends", "Lease", "Outcome", "Reservations", "Settlement"]
 
 
 class Outcome(str, Enum):
@@ -64,6 +65,16 @@ class Backends(Protocol):
 
     def released(self, backend_id: Any) -> None:
         """A slot there was freed (a draining backend may now be idle)."""
+
+
+class Reservations(Protocol):
+    """What a lease needs from the quotas: how far a stream may go within what admission reserved."""
+
+    def allowance(self, job_id: str) -> float:
+        """Completion tokens the job may stream before it asks again (infinite without a token quota)."""
+
+    def outgrow(self, job_id: str, completion_tokens: int) -> RequestError | None:
+        """The stream has this many; grow its reservation, or say why it must end (a spent quota)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -221,20 +232,45 @@ class Lease:
     async def chunks(self) -> AsyncIterator[bytes]:
         """The answer's chunks, in the client's dialect, ending with an error tail if the backend broke.
 
+        Raises:
+            RequestError: the daemon ended the stream (a quota it outgrew its reservation of is spent);
+                the lease has settled, and the handler writes the error tail.
+
         The job is charged as the answer is produced, every 32 chunks or 100 ms, whichever comes
         first: one upstream event carries about one token, so chunks stand in for tokens until the
         backend's own counts settle the charge in ``finish``.
         """
         assert self.upstream is not None, "open() first"
         upstream = self.upstream
-        progress, job_id = self.dispatcher.progress, self.job.id
-        next_charge, due = 32, time.monotonic() + 0.1
+        progress, job_id, quotas = self.dispatcher.progress, self.job.id, self.dispatcher.quotas
+        allowance = math.inf if quotas is None else quotas.allowance(job_id)
+        next_charge, due, delivered = 32, time.monotonic() + 0.1, 0
         async for chunk in upstream:
-            yield chunk
             sent = upstream.chunks
+            if sent > allowance:  # past the reservation: asked before the chunk goes out, so a cut withholds it
+                assert quotas is not None
+                cut = quotas.outgrow(job_id, sent)
+                if cut is not None:
+                    await self._cut(cut, delivered)
+                    raise cut
+                allowance = quotas.allowance(job_id)
+            yield chunk
+            delivered = sent
             if sent >= next_charge or time.monotonic() >= due:
                 progress(job_id, sent)
                 next_charge, due = sent + 32, time.monotonic() + 0.1
+
+    async def _cut(self, reason: RequestError, delivered: int) -> None:
+        """End a stream the daemon stops (a spent quota): the backend stops, what was delivered is charged."""
+        upstream = self.upstream
+        assert upstream is not None
+        await upstream.close()
+        prompt, _ = self._used()
+        completion = delivered
+        self.dispatcher.abandon(self.job.id, prompt_tokens=prompt, completion_tokens=completion)
+        self._end_attempt(Outcome.REJECTED, reason.message)
+        self._released()
+        self._settle(Outcome.REJECTED, reason.message, reason.status, prompt, completion)
 
     def finish(self) -> None:
         """The whole answer reached the client: charge the backend's counts and free the slot."""

@@ -3,16 +3,17 @@
 Admission makes one call, ``Quotas.admit(caller, job)``, before it submits
 the job: it raises a 429 ``RequestError`` when a quota is spent or the request
 cannot fit in what is left, and otherwise returns the ``X-Quota-*`` headers
-for the response. A request already admitted is never cut.
+for the response. A request is never cut within what it reserved; a stream that grows past it
+while a quota it counts against is spent is ended there (``progress``).
 
 What counts: tokens of completed requests (``record``, called where the usage
 row is written) plus a reservation for each request still queued or running.
 The reservation is what the request may use: its prompt plus its
 ``max_tokens`` (or a typical answer where it names none), within what is left
 of the quota; a stream that outgrows it (an answer longer than the typical
-one) grows it as it streams (``progress``). Reservations together never exceed
-what is left, so only the request that took the last of a quota can end above
-it: use ends at most one request's answer above a limit (docs/accounting.md).
+one) grows it as it streams (``progress``), and is ended once the quota is
+spent. Reservations together never exceed what is left, so use ends at most
+one request's answer above a limit (docs/accounting.md).
 A job's reservation is dropped once the scheduler no longer knows the job, so
 no exit path needs to report back here. Days and months are the server's local
 calendar; counters are rebuilt from the daily totals at start, and the
@@ -41,8 +42,21 @@ QUOTA_HEADERS: Any = getattr(web, "RequestKey", lambda name, _type: name)("mindr
 
 _MINUTE = 60.0
 _PERIODS = {"tokens_per_day": "day", "tokens_per_month": "month"}
+_GROW = 32
+"""Tokens a stream that has outgrown its reservation reserves at a time (one check per batch)."""
 _LEARN = 0.2
 """Weight of each completed answer in a user's usual answer length (an exponential moving average)."""
+
+
+@dataclass(slots=True)
+class _Hold:
+    """One request's reservation: what counts for it while it is queued or running."""
+
+    prompt: int
+    reserved: int
+    """Prompt plus the answer reserved at admission, grown as a longer answer streams."""
+    subjects: tuple[tuple[str, Hashable], ...]
+    """The user and group whose quotas it counts against."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -107,9 +121,9 @@ class Quotas:
         self._names: dict[Hashable, str] = {}
         self._used: dict[tuple[str, Hashable, str], int] = {}
         """(subject, id, period key) -> completed tokens; a day key is ``2026-12-03``, a month ``2026-12``."""
-        self._inflight: dict[tuple[str, Hashable], dict[str, list[int]]] = {}
-        """subject -> job id -> [prompt tokens, tokens reserved] (one list shared by the user and its group)."""
-        self._jobs: dict[str, list[int]] = {}
+        self._inflight: dict[tuple[str, Hashable], dict[str, _Hold]] = {}
+        """subject -> job id -> its reservation (one ``_Hold`` shared by the user and its group)."""
+        self._jobs: dict[str, _Hold] = {}
         self._usual: dict[Hashable, float] = {}
         """user id -> its usual answer length, learned from completed requests."""
         self._recent: dict[tuple[str, Hashable], deque[float]] = {}
@@ -153,11 +167,26 @@ class Quotas:
             usual = self._usual.get(user_id)
             self._usual[user_id] = completion if usual is None else usual + _LEARN * (completion - usual)
 
-    def progress(self, job_id: str, completion_tokens: int) -> None:
-        """A stream's answer so far: its reservation grows once the answer outgrows it."""
-        held = self._jobs.get(job_id)
-        if held is not None and held[0] + completion_tokens > held[1]:
-            held[1] = held[0] + completion_tokens
+    def allowance(self, job_id: str) -> float:
+        """Completion tokens the job may stream within its reservation (infinite when it has none)."""
+        hold = self._jobs.get(job_id)
+        return math.inf if hold is None else hold.reserved - hold.prompt
+
+    def outgrow(self, job_id: str, completion_tokens: int) -> RequestError | None:
+        """A stream past its reservation: grow it by the next batch, or end the stream if a quota is spent.
+
+        Within what admission reserved a request is never cut; past it, a stream is ended as soon as
+        a quota it counts against is used up, so no quota is overshot by more than a batch a stream.
+        """
+        hold = self._jobs.get(job_id)
+        if hold is None:
+            return None
+        hold.reserved = max(hold.reserved, hold.prompt + completion_tokens + _GROW)
+        for subject, key in hold.subjects:
+            for limit in self.subject_limits(subject, key):
+                if limit.kind != "requests_per_minute" and limit.used > limit.limit:
+                    return _cut(limit, completion_tokens)
+        return None
 
     def typical_answer(self, user_id: Hashable) -> int:
         """What a request that names no ``max_tokens`` reserves: the longer of the default and the user's usual."""
@@ -187,7 +216,7 @@ class Quotas:
         for job_id in [j for j in jobs if not (scheduler.is_queued(j) or scheduler.is_running(j))]:
             del jobs[job_id]
             self._jobs.pop(job_id, None)
-        return sum(held[1] for held in jobs.values())
+        return sum(hold.reserved for hold in jobs.values())
 
     # -- checking --------------------------------------------------------------
 
@@ -255,12 +284,12 @@ class Quotas:
                 )
                 raise _no_room(tightest, prompt, running > 0)
             answer = job.max_tokens if job.max_tokens is not None else self.typical_answer(caller.user_id)
-            held = [prompt, min(prompt + answer, tightest.remaining)]
-            self._jobs[job.id] = held
+            hold = _Hold(prompt, min(prompt + answer, tightest.remaining), tuple(subjects))
+            self._jobs[job.id] = hold
         for subject in subjects:
             quota = self._limits[subject]
             if tightest is not None and (quota.tokens_per_day is not None or quota.tokens_per_month is not None):
-                self._inflight.setdefault(subject, {})[job.id] = held
+                self._inflight.setdefault(subject, {})[job.id] = hold
             if quota.requests_per_minute is not None:
                 self._recent_requests(subject).append(self.clock())
         if tightest is None:
@@ -288,6 +317,19 @@ def _refusal(limit: Limit, now: float) -> RequestError:
         type="rate_limit_error",
         code="quota_exceeded",
         retry_after=wait,
+    )
+
+
+def _cut(limit: Limit, completion: int) -> RequestError:
+    """A stream past its reservation meets a spent quota: it ends here, charged what it delivered."""
+    flag = "--" + limit.kind.replace("_", "-")
+    return RequestError(
+        f"the answer stops after {completion:,} tokens because {limit.subject} {limit.name!r} has used the "
+        f"{limit.limit:,} tokens a {_PERIODS[limit.kind]} its quota allows; send max_tokens to reserve a whole"
+        f" answer up front, or ask an admin to raise it with `mr {limit.subject} set-quota {limit.name} {flag} N`",
+        status=429,
+        type="rate_limit_error",
+        code="quota_exceeded",
     )
 
 
