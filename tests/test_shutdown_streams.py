@@ -81,3 +81,53 @@ async def test_sigterm_ends_every_queued_and_running_stream_in_its_dialect(tmp_p
         if proc.poll() is None:
             proc.kill()
             proc.wait(10)
+
+
+async def test_sigkill_keeps_the_usage_streams_had_delivered(tmp_path: Path):
+    """Three streams killed mid-answer: after the restart each has a usage row for what its client got
+    (charges are written while streaming, once a second; a kill loses at most that last second)."""
+    import sqlite3
+
+    port = free_port()
+    config = tmp_path / "config.toml"
+    config.write_text(
+        f'[server]\nport = {port}\nsocket = "{tmp_path / "mr.sock"}"\nstate_dir = "{tmp_path / "state"}"\n'
+    )
+    proc, _ = await asyncio.to_thread(start_serve, config, tmp_path / "serve.log", tmp_path / "mr.sock")
+    try:
+        async with FakeOpenAI(flavor="vllm", models=["m"], tokens_per_second=20, completion_tokens=400) as fake:
+            assert (await amr(config, "backend", "add", "gpu1", fake.url, "--engine", "vllm")).returncode == 0
+            assert (await amr(config, "user", "add", "ann", "--group", "staff")).returncode == 0
+            key = json.loads((await amr(config, "user", "key", "ann", "--json")).stdout)["key"]
+            got = [0, 0, 0]
+
+            async def stream(i: int) -> None:
+                async with aiohttp.ClientSession() as session:
+                    path, body = ("/api/chat", CHAT) if i else ("/v1/chat/completions", CHAT)
+                    try:
+                        async with session.post(
+                            f"http://127.0.0.1:{port}{path}", json=body, headers={"Authorization": f"Bearer {key}"}
+                        ) as resp:
+                            async for line in resp.content:
+                                got[i] += b'"content"' in line and b'"content":""' not in line
+                    except aiohttp.ClientError:
+                        pass  # killed
+
+            tasks = [asyncio.create_task(stream(i)) for i in range(3)]
+            while min(got) < 60:
+                await asyncio.sleep(0.05)
+            proc.kill()
+            await asyncio.gather(*tasks)
+        await asyncio.to_thread(proc.wait, 10)
+        again, _ = await asyncio.to_thread(start_serve, config, tmp_path / "serve.log", tmp_path / "mr.sock")
+        again.terminate()
+        await asyncio.to_thread(again.wait, 15)
+        with sqlite3.connect(tmp_path / "state" / "mindrouter.db") as db:
+            rows = sorted(r[0] for r in db.execute("SELECT completion_tokens FROM usage"))
+        print(f"SIGKILL mid-stream: clients got {sorted(got)} tokens, usage rows say {rows}")
+        assert len(rows) == 3, rows
+        assert all(g - 25 <= r <= g + 5 for r, g in zip(rows, sorted(got), strict=True)), (rows, got)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait(10)

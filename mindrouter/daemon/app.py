@@ -90,6 +90,9 @@ async def create_app(config: Config, *, nvml: Any = None, discover: bool | None 
         max_decisions=server.decision_retention,
         usage_retention=server.usage_retention_days * 86400.0,
     )
+    recovered = store.recover_open_usage()
+    if recovered:
+        log.info("recorded the usage of %d streams that were cut when the daemon last stopped", recovered)
     created = store.ensure_default_groups(config.scheduler.group_weights)
     if created:
         log.info("created the default groups %s", ", ".join(created))
@@ -134,7 +137,12 @@ async def create_app(config: Config, *, nvml: Any = None, discover: bool | None 
         decisions.settled(settlement)
 
     dispatcher = Dispatcher(
-        scheduler, registry, on_settled=settled, quotas=quotas, max_retries=config.backends.max_retries
+        scheduler,
+        registry,
+        on_settled=settled,
+        quotas=quotas,
+        on_streamed=stats.streamed,
+        max_retries=config.backends.max_retries,
     )
 
     app[CONFIG] = config

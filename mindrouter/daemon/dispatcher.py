@@ -35,6 +35,7 @@ class Dispatcher:
         backends: opens calls and keeps the circuit breakers (the registry).
         on_settled: told once how each request ended (stats, usage, decision records).
         quotas: what each job may stream within its quota reservation (None: no quotas).
+        on_streamed: told a stream's answer so far with each charge (the durable streaming usage).
         max_retries: other backends tried when one fails before its first byte.
     """
 
@@ -45,6 +46,7 @@ class Dispatcher:
         *,
         on_settled: Callable[[Settlement], None],
         quotas: Reservations | None = None,
+        on_streamed: Callable[[Lease, int], None] | None = None,
         max_retries: int = 2,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
@@ -52,6 +54,7 @@ class Dispatcher:
         self.backends = backends
         self.on_settled = on_settled
         self.quotas = quotas
+        self.on_streamed = on_streamed
         self.max_retries = max_retries
         self.clock = clock
         self._waiters: dict[str, asyncio.Future[Dispatch]] = {}

@@ -243,6 +243,7 @@ class Lease:
         assert self.upstream is not None, "open() first"
         upstream = self.upstream
         progress, job_id, quotas = self.dispatcher.progress, self.job.id, self.dispatcher.quotas
+        streamed = self.dispatcher.on_streamed
         allowance = math.inf if quotas is None else quotas.allowance(job_id)
         next_charge, due, delivered = 32, time.monotonic() + 0.1, 0
         async for chunk in upstream:
@@ -258,6 +259,8 @@ class Lease:
             delivered = sent
             if sent >= next_charge or time.monotonic() >= due:
                 progress(job_id, sent)
+                if streamed is not None:
+                    streamed(self, sent)
                 next_charge, due = sent + 32, time.monotonic() + 0.1
 
     async def _cut(self, reason: RequestError, delivered: int) -> None:
@@ -332,6 +335,11 @@ class Lease:
         self._released()
         self._settle(outcome, reason, 499 if gone else 500, prompt, completion)
 
+    @property
+    def held(self) -> float:
+        """Seconds the slot has been held so far (0 before the dispatch)."""
+        return 0.0 if self._held_since is None else self.dispatcher.clock() - self._held_since
+
     # -- bookkeeping -------------------------------------------------------
 
     def _used(self) -> tuple[int, int]:
@@ -383,7 +391,7 @@ class Lease:
                 answered=self.upstream is not None,
                 prompt_tokens=prompt_tokens,
                 completion_tokens=completion_tokens,
-                held=0.0 if self._held_since is None else now - self._held_since,
+                held=self.held,
                 attempts=tuple(self._attempts),
                 waited=now - self.job.submitted_at,
                 wall=time.time(),

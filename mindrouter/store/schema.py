@@ -142,6 +142,13 @@ _MIGRATIONS: list[Sequence[str] | Callable[[sqlite3.Connection], None]] = [
         "ALTER TABLE backends ADD COLUMN parallel INTEGER CHECK (parallel IS NULL OR parallel > 0)",
         "ALTER TABLE backends ADD COLUMN max_loaded INTEGER CHECK (max_loaded IS NULL OR max_loaded > 0)",
     ),
+    # What each running stream has delivered so far, written as it streams (once a second); a row
+    # still here at start is a stream the daemon was killed in, and becomes its usage row.
+    (
+        "CREATE TABLE usage_open (request_id TEXT PRIMARY KEY, at REAL NOT NULL, user_id INTEGER NOT NULL,"
+        " model TEXT NOT NULL, backend_id INTEGER, prompt_tokens INTEGER NOT NULL,"
+        " completion_tokens INTEGER NOT NULL, gpu_seconds REAL NOT NULL, group_name TEXT NOT NULL)",
+    ),
 ]
 SCHEMA_VERSION = len(_MIGRATIONS)
 

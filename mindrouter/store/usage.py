@@ -34,6 +34,9 @@ _DIMENSION_SQL = {
     "month": "substr(day, 1, 7)",
 }
 _TIME_DIMENSIONS = ("day", "week", "month")
+
+UsageArgs = tuple[Any, str, str, Any, int, int, float, float, str]
+"""One usage row as ``record_usages`` takes it (``record_usage``'s arguments in order)."""
 _PRUNED_KEY = "usage_pruned_through"
 
 
@@ -71,13 +74,24 @@ class UsageLog:
             [(user_id, request_id, model, backend_id, prompt_tokens, completion_tokens, at, gpu_seconds, group)]
         )
 
-    def record_usages(self, rows: Sequence[tuple[Any, str, str, Any, int, int, float, float, str]]) -> None:
+    def record_usages(
+        self,
+        rows: Sequence[UsageArgs],
+        *,
+        streaming: Sequence[UsageArgs] = (),
+        ended: Sequence[str] = (),
+    ) -> None:
         """Record finished requests in one transaction (one commit for all); durable once this returns.
 
         Each row is ``record_usage``'s arguments in order: user id, request id, model, backend id,
         prompt and completion tokens, ``at``, GPU-seconds, group.
+
+        Args:
+            streaming: rows of streams still running, what each has delivered so far (replacing the
+                last such row of that request); ``recover_open_usage`` makes them usage after a kill.
+            ended: request ids whose streaming row is done with (their usage row is in ``rows``).
         """
-        if not rows:
+        if not (rows or streaming or ended):
             return
         params = [
             (at, uid, rid, model, bid, int(prompt), int(completion), float(gpu), group)
@@ -89,9 +103,31 @@ class UsageLog:
                 " gpu_seconds, group_name) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)",
                 params,
             )
+            db.executemany("DELETE FROM usage_open WHERE request_id = ?", [(rid,) for rid in ended])
+            db.executemany(
+                "INSERT OR REPLACE INTO usage_open (at, user_id, request_id, model, backend_id, prompt_tokens,"
+                " completion_tokens, gpu_seconds, group_name) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)",
+                [
+                    (at, uid, rid, model, bid, int(prompt), int(completion), float(gpu), group)
+                    for uid, rid, model, bid, prompt, completion, at, gpu, group in streaming
+                ],
+            )
+        if not rows:
+            return
         before, self._usage_inserts = self._usage_inserts, self._usage_inserts + len(rows)
         if before // self._PRUNE_USAGE_EVERY != self._usage_inserts // self._PRUNE_USAGE_EVERY:
             self.prune_usage(params[-1][0], limit=self._PRUNE_USAGE_BATCH)
+
+    def recover_open_usage(self) -> int:
+        """Turn the streaming rows left by a daemon that was killed into usage rows; returns how many."""
+        with transaction(self._db) as db:
+            moved = db.execute(
+                "INSERT INTO usage (at, user_id, request_id, model, backend_id, prompt_tokens, completion_tokens,"
+                " gpu_seconds, group_name) SELECT at, user_id, request_id, model, backend_id, prompt_tokens,"
+                " completion_tokens, gpu_seconds, group_name FROM usage_open"
+            ).rowcount
+            db.execute("DELETE FROM usage_open")
+        return moved
 
     def recent_usage(self, since: float) -> list[UsageRow]:
         """Usage at or after ``since``, oldest first: what the daemon replays into the fairness window."""
