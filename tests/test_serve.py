@@ -96,10 +96,7 @@ async def test_sigterm_ends_what_waits_at_the_front_door_and_lets_the_running_st
     """The running stream finishes, the requests queued at the front door are told why, the daemon exits."""
     proc, config, port, tmp = served
     async with FakeOpenAI(flavor="vllm", models=["m"], tokens_per_second=10, completion_tokens=20) as fake:
-        r = await amr(config, "backend", "add", "gpu1", fake.url, "--engine", "vllm", "--max-concurrent", "1")
-        assert r.returncode == 0, r.stderr
-        assert (await amr(config, "user", "add", "ann", "--group", "staff")).returncode == 0
-        key = json.loads((await amr(config, "user", "key", "ann", "--json")).stdout)["key"]
+        key = await pool_of_one(config, fake.url, "--max-concurrent", "1")
         url, headers = f"http://127.0.0.1:{port}/v1/chat/completions", {"Authorization": f"Bearer {key}"}
         body = {"model": "m", "messages": [{"role": "user", "content": "hi"}]}
 
@@ -125,6 +122,14 @@ async def test_sigterm_ends_what_waits_at_the_front_door_and_lets_the_running_st
     assert await asyncio.to_thread(proc.wait, 15) == 0
     assert time.monotonic() - began < 10  # within the grace (10 s here)
     assert "Traceback" not in (tmp / "serve.log").read_text()
+
+
+async def pool_of_one(config: Path, url: str, *backend: str) -> str:
+    """Backend gpu1 (vLLM at ``url``, with ``backend``'s options) and user ann (staff); returns ann's key."""
+    r = await amr(config, "backend", "add", "gpu1", url, "--engine", "vllm", *backend)
+    assert r.returncode == 0, r.stderr
+    assert (await amr(config, "user", "add", "ann", "--group", "staff")).returncode == 0
+    return json.loads((await amr(config, "user", "key", "ann", "--json")).stdout)["key"]
 
 
 async def amr(config: Path, *args: str) -> subprocess.CompletedProcess[str]:

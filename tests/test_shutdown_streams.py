@@ -11,7 +11,7 @@ from pathlib import Path
 import aiohttp
 
 from .fakes import FakeOpenAI
-from .test_serve import amr, free_port, start_serve
+from .test_serve import free_port, pool_of_one, start_serve
 
 CHAT = {"model": "m", "messages": [{"role": "user", "content": "hi"}], "stream": True}
 
@@ -37,10 +37,7 @@ async def test_sigterm_ends_every_queued_and_running_stream_in_its_dialect(tmp_p
     proc, _ = await asyncio.to_thread(start_serve, config, tmp_path / "serve.log", tmp_path / "mr.sock")
     try:
         async with FakeOpenAI(flavor="vllm", models=["m"], tokens_per_second=10, completion_tokens=300) as fake:
-            r = await amr(config, "backend", "add", "gpu1", fake.url, "--engine", "vllm", "--max-concurrent", "1")
-            assert r.returncode == 0, r.stderr
-            assert (await amr(config, "user", "add", "ann", "--group", "staff")).returncode == 0
-            key = json.loads((await amr(config, "user", "key", "ann", "--json")).stdout)["key"]
+            key = await pool_of_one(config, fake.url, "--max-concurrent", "1")
             base, headers = f"http://127.0.0.1:{port}", {"Authorization": f"Bearer {key}"}
 
             async def ask(path: str, reuse: bool) -> tuple[int, str]:
@@ -59,9 +56,7 @@ async def test_sigterm_ends_every_queued_and_running_stream_in_its_dialect(tmp_p
                         return resp.status, got.decode()
 
             running = asyncio.create_task(ask("/api/chat", False))  # 30 s of tokens: cut at the grace
-            for _ in range(200):
-                if fake.in_flight:
-                    break
+            while not fake.in_flight:  # the 30 s stream holds the one slot
                 await asyncio.sleep(0.02)
             cases = [(p, reuse) for p in ("/api/chat", "/v1/chat/completions") for reuse in (False, True)]
             queued = [asyncio.create_task(ask(p, reuse)) for p, reuse in cases]
@@ -96,9 +91,7 @@ async def test_sigkill_keeps_the_usage_streams_had_delivered(tmp_path: Path):
     proc, _ = await asyncio.to_thread(start_serve, config, tmp_path / "serve.log", tmp_path / "mr.sock")
     try:
         async with FakeOpenAI(flavor="vllm", models=["m"], tokens_per_second=20, completion_tokens=400) as fake:
-            assert (await amr(config, "backend", "add", "gpu1", fake.url, "--engine", "vllm")).returncode == 0
-            assert (await amr(config, "user", "add", "ann", "--group", "staff")).returncode == 0
-            key = json.loads((await amr(config, "user", "key", "ann", "--json")).stdout)["key"]
+            key = await pool_of_one(config, fake.url)
             got = [0, 0, 0]
 
             async def stream(i: int) -> None:

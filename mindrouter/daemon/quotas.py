@@ -297,6 +297,16 @@ class Quotas:
         return {"X-Quota-Remaining-Tokens": str(tightest.remaining), "X-Quota-Reset": iso_local(tightest.resets)}
 
 
+def _exceeded(message: str, retry_after: float | None = None) -> RequestError:
+    return RequestError(message, status=429, type="rate_limit_error", code="quota_exceeded", retry_after=retry_after)
+
+
+def _raise_it(limit: Limit) -> str:
+    """The admin's fix, as every quota message ends."""
+    flag = "--" + limit.kind.replace("_", "-")
+    return f"ask an admin to raise it with `mr {limit.subject} set-quota {limit.name} {flag} N`"
+
+
 def _refusal(limit: Limit, now: float) -> RequestError:
     wait = max(1, math.ceil(limit.resets - now))
     if limit.kind == "requests_per_minute":
@@ -308,28 +318,19 @@ def _refusal(limit: Limit, now: float) -> RequestError:
             " (running requests included)"
         )
         reset = time.strftime("%Y-%m-%d %H:%M", time.localtime(limit.resets))
-    flag = "--" + limit.kind.replace("_", "-")
-    return RequestError(
+    return _exceeded(
         f"{limit.subject} {limit.name!r} has {spent}; try again after the reset at {reset} "
-        f"({zone_label(limit.resets)}), or ask an admin to raise it with "
-        f"`mr {limit.subject} set-quota {limit.name} {flag} N`",
-        status=429,
-        type="rate_limit_error",
-        code="quota_exceeded",
+        f"({zone_label(limit.resets)}), or {_raise_it(limit)}",
         retry_after=wait,
     )
 
 
 def _cut(limit: Limit, completion: int) -> RequestError:
     """A stream past its reservation meets a spent quota: it ends here, charged what it delivered."""
-    flag = "--" + limit.kind.replace("_", "-")
-    return RequestError(
+    return _exceeded(
         f"the answer stops after {completion:,} tokens because {limit.subject} {limit.name!r} has used the "
         f"{limit.limit:,} tokens a {_PERIODS[limit.kind]} its quota allows; send max_tokens to reserve a whole"
-        f" answer up front, or ask an admin to raise it with `mr {limit.subject} set-quota {limit.name} {flag} N`",
-        status=429,
-        type="rate_limit_error",
-        code="quota_exceeded",
+        f" answer up front, or {_raise_it(limit)}"
     )
 
 
@@ -340,21 +341,14 @@ def _no_room(limit: Limit, prompt: int, running: bool) -> RequestError:
         f"{_PERIODS[limit.kind]} its quota allows left"
     )
     if running:
-        return RequestError(
+        return _exceeded(
             f"{left} after the requests running now, too few for this request's prompt of about {prompt:,} tokens;"
             " wait for them to finish and send it again, or send a shorter prompt",
-            status=429,
-            type="rate_limit_error",
-            code="quota_exceeded",
             retry_after=5,
         )
-    flag = "--" + limit.kind.replace("_", "-")
-    return RequestError(
-        f"{left}, too few for this request's prompt of about {prompt:,} tokens; send a shorter prompt, or ask an"
-        f" admin to raise the quota with `mr {limit.subject} set-quota {limit.name} {flag} N`",
-        status=429,
-        type="rate_limit_error",
-        code="quota_exceeded",
+    return _exceeded(
+        f"{left}, too few for this request's prompt of about {prompt:,} tokens; send a shorter prompt, or"
+        f" {_raise_it(limit)}",
         retry_after=max(1, math.ceil(limit.resets - time.time())),
     )
 
