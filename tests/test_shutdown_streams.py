@@ -40,13 +40,14 @@ async def test_sigterm_ends_every_queued_and_running_stream_in_its_dialect(tmp_p
             key = await pool_of_one(config, fake.url, "--max-concurrent", "1")
             base, headers = f"http://127.0.0.1:{port}", {"Authorization": f"Bearer {key}"}
 
-            async def ask(path: str, reuse: bool) -> tuple[int, str]:
+            async def ask(path: str, reuse: bool, stream: bool = True) -> tuple[int, str]:
                 connector = aiohttp.TCPConnector(limit=1)
                 async with aiohttp.ClientSession(connector=connector) as session:
                     if reuse:  # a second request on one connection: aiohttp's handler answers it
                         async with session.get(f"{base}/api/version") as first:
                             await first.read()
-                    async with session.post(f"{base}{path}", json=CHAT, headers=headers) as resp:
+                    body = {**CHAT, "stream": stream}
+                    async with session.post(f"{base}{path}", json=body, headers=headers) as resp:
                         got = bytearray()
                         try:
                             async for data in resp.content.iter_any():
@@ -60,14 +61,18 @@ async def test_sigterm_ends_every_queued_and_running_stream_in_its_dialect(tmp_p
                 await asyncio.sleep(0.02)
             cases = [(p, reuse) for p in ("/api/chat", "/v1/chat/completions") for reuse in (False, True)]
             queued = [asyncio.create_task(ask(p, reuse)) for p, reuse in cases]
-            await asyncio.sleep(0.7)  # all four wait for the one slot
+            plain = [asyncio.create_task(ask(p, True, stream=False)) for p in ("/api/chat", "/v1/chat/completions")]
+            await asyncio.sleep(0.7)  # all six wait for the one slot
             began = time.monotonic()
             proc.send_signal(signal.SIGTERM)
             answers = await asyncio.wait_for(asyncio.gather(*queued), 10)
+            refusals = await asyncio.wait_for(asyncio.gather(*plain), 10)
             status, text = await asyncio.wait_for(running, 10)
         for (path, reuse), (code, body) in zip(cases, answers, strict=True):
             assert code == 200 and ends_in_its_dialect(path, body), (path, reuse, body)
             assert "shutting down" in body, (path, reuse, body)
+        for code, body in refusals:  # not streamed, queued behind a reused connection: a 503 in its dialect
+            assert code == 503 and "shutting down" in body, (code, body)
         assert status == 200 and '"content"' in text and ends_in_its_dialect("/api/chat", text), text[-300:]
         assert await asyncio.to_thread(proc.wait, 15) == 0
         assert time.monotonic() - began < 8

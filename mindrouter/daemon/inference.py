@@ -97,10 +97,10 @@ async def handle_inference(request: web.Request) -> web.StreamResponse:
             lease.finish()
         return response
     except asyncio.CancelledError as exc:  # the client left, or ``end_handlers`` ends it at shutdown
-        if lease is None or exc.args != (_SHUTDOWN,):
+        if lease is None or task is None or exc.args != (_SHUTDOWN,):
             raise
+        task.uncancel()  # answered here: the connection's task goes on to write it and close
         if response is None or not response.prepared:
-            lease.withdraw(SHUTTING_DOWN)
             refused(app, rid, SHUTTING_DOWN)
             return _refusal(SHUTTING_DOWN, dialect, rid)
         with contextlib.suppress(Exception):  # best effort: the connection closes next in any case
