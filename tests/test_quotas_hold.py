@@ -174,3 +174,21 @@ async def test_fifty_streams_without_max_tokens_stop_at_the_quota(daemon, subjec
         assert used <= LIMIT + 2000  # at most one answer beyond the limit
         assert cut and all("its quota allows" in m and "max_tokens" in m for m in cut), cut
         assert delivered <= used  # every token delivered is charged
+
+
+async def test_the_ollama_client_sees_why_its_stream_stopped(daemon):
+    """Ollama's dialect: the cut stream ends with an ``{"error": ...}`` line, which the ollama client raises."""
+    import ollama
+
+    async with FakeOllama(models=["llama3"], tokens_per_second=2000, completion_tokens=2000) as fake:
+        await daemon.backend("b1", fake.url, "ollama")
+        key = await daemon.user("ann")
+        await daemon.admin("PUT", "/admin/users/ann/quota", {"tokens_per_day": 1000})
+        client = ollama.AsyncClient(host=daemon.url, headers={"Authorization": f"Bearer {key}"})
+        got = 0
+        with pytest.raises(ollama.ResponseError) as cut:
+            async for part in await client.chat(model="llama3", messages=PROMPT, stream=True):
+                got += bool(part.message.content)
+        assert "its quota allows" in cut.value.error and "max_tokens" in cut.value.error, cut.value.error
+        used = await used_today(daemon, "user", "ann")
+        assert got <= used - 3 and used <= 1000, (got, used)  # charged what it delivered, within the quota

@@ -329,8 +329,8 @@ def _cut(limit: Limit, completion: int) -> RequestError:
     """A stream past its reservation meets a spent quota: it ends here, charged what it delivered."""
     return _exceeded(
         f"the answer stops after {completion:,} tokens because {limit.subject} {limit.name!r} has used the "
-        f"{limit.limit:,} tokens a {_PERIODS[limit.kind]} its quota allows; send max_tokens to reserve a whole"
-        f" answer up front, or {_raise_it(limit)}"
+        f"{limit.limit:,} tokens a {_PERIODS[limit.kind]} its quota allows; send max_tokens"
+        f" (options.num_predict for Ollama) to reserve a whole answer up front, or {_raise_it(limit)}"
     )
 
 
