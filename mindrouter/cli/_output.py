@@ -235,6 +235,15 @@ def fmt_list(value: Any) -> str:
     return ", ".join(str(v) for v in value)
 
 
+def fmt_speeds(value: Any) -> str:
+    """Per-model decode rates a backend has shown (``model_speeds``), fastest first: "llama3 95, coder 61"."""
+    if not isinstance(value, dict):
+        return "-"
+    rates = [(m, _finite(s.get("decode"))) for m, s in value.items() if isinstance(s, dict)]
+    known = sorted(((r, str(m)) for m, r in rates if r is not None), reverse=True)
+    return ", ".join(f"{m} {fmt_num(r, 0)}" for r, m in known) or "-"
+
+
 def fmt_time(value: Any) -> str:
     """A wall-clock time (epoch seconds) as local HH:MM:SS, with the date when not today."""
     stamp = _finite(value)

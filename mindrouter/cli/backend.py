@@ -19,6 +19,7 @@ from ._output import (
     fmt_list,
     fmt_num,
     fmt_pct,
+    fmt_speeds,
     print_changed,
     print_json,
     print_rows,
@@ -55,6 +56,7 @@ COLUMNS = [
     Column("models", "models", fmt=lambda v: fmt_num(len(v)) if isinstance(v, list) else fmt_list(v), justify="right"),
     Column("latency_ema", "latency", fmt=fmt_duration, justify="right"),
     Column("tokens_per_second", "tok/s", fmt=lambda v: fmt_num(v, 1), justify="right"),
+    Column("model_speeds", "tok/s by model", fmt=fmt_speeds),
     Column("utilization", "gpu", fmt=fmt_pct, justify="right"),
     Column("url", "url", style="dim"),
 ]
