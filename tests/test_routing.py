@@ -174,3 +174,24 @@ def test_max_loaded_models_leaves_room_only_by_evicting_an_idle_one():
     s.submit(job("v", "c", 1), 1)
     assert s.dispatch(1) == []
     assert REASONS["loaded"] in s.classes.get(("c", Modality.CHAT, False)).closed[1]
+
+
+async def test_the_daemon_learns_a_backends_rate_per_model_from_ollamas_durations(daemon):
+    """Through `mr serve`'s path: Ollama's eval_count / eval_duration teach the (backend, model) rate."""
+    import openai
+
+    from .fakes import FakeOllama
+
+    async with FakeOllama(models=["llama3", "coder"], tokens_per_second=200, completion_tokens=20) as fake:
+        await daemon.backend("ws1", fake.url, "ollama", max_concurrent=4)
+        client = openai.AsyncOpenAI(base_url=daemon.url + "/v1", api_key=await daemon.user("u"), max_retries=0)
+        for _ in range(3):
+            stream = await client.chat.completions.create(
+                model="llama3", messages=[{"role": "user", "content": "hi"}], stream=True
+            )
+            async for _chunk in stream:
+                pass
+        [row] = await daemon.admin("GET", "/admin/backends")
+        speeds = row["model_speeds"]
+        assert list(speeds) == ["llama3"] and speeds["llama3"]["answers"] == 3
+        assert 150 < speeds["llama3"]["decode"] < 260, speeds  # 20 tokens paced at 200 a second
