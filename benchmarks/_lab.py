@@ -106,17 +106,24 @@ def mean_work(kind: Kind, speed: Speed) -> float:
 def capacity(pool: Sequence[WorkstationSpec] = POOL, kinds: Sequence[Kind] = KINDS) -> float:
     """Requests/s the pool serves with full batches (``num_parallel`` streams): an estimate, not a bound.
 
-    Each workstation is credited with the mix of the models it has, renormalised;
-    the 70B's share counts only where it is pulled.
+    The 70B's requests take the H100's time first; every workstation spends
+    the rest of its time on the other models in their shares, as a balanced
+    router would. A router that places models by speed can do somewhat better.
     """
-    total = 0.0
-    for ws in pool:
-        batch = ws.num_parallel / (1 + BATCH_COST * (ws.num_parallel - 1))
-        here = [k for k in kinds if k.model in ws.speeds]
+    big = next(k for k in kinds if k.model == BIG)
+    rest = [k for k in kinds if k is not big]
+
+    def batch(ws: WorkstationSpec) -> float:
+        return ws.num_parallel / (1 + BATCH_COST * (ws.num_parallel - 1))
+
+    def work(ws: WorkstationSpec) -> float:
+        here = [k for k in rest if k.model in ws.speeds]
         weight = sum(k.share for k in here)
-        work = sum(k.share / weight * mean_work(k, ws.speeds[k.model]) for k in here)
-        total += batch / work
-    return total
+        return sum(k.share / weight * mean_work(k, ws.speeds[k.model]) for k in here)
+
+    host = next(ws for ws in pool if BIG in ws.speeds)
+    others = sum(batch(ws) / work(ws) for ws in pool)
+    return others / ((1 - big.share) + big.share * mean_work(big, host.speeds[BIG]) / work(host))
 
 
 def users(kinds: Iterable[Kind] = KINDS) -> list[tuple[str, Kind]]:

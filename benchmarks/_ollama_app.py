@@ -109,6 +109,8 @@ async def _generate(request: web.Request) -> web.StreamResponse:
                     pass
                 return web.json_response(reply.whole())
             return await reply.stream(chunks, bool((body.get("stream_options") or {}).get("include_usage")))
+    except ConnectionResetError:  # the client left (a router cancelled, or the benchmark ended)
+        return web.Response(status=499)
     finally:
         ws.release(runner)
 

@@ -78,6 +78,8 @@ def create_router(policy: str, models: dict[str, list[str]], seed: int = 0) -> w
                     await resp.write(chunk)
                 await resp.write_eof()
                 return resp
+        except ConnectionResetError:  # the client left
+            return web.Response(status=499)
         finally:
             picker.in_flight[url] -= 1
 

@@ -273,7 +273,7 @@ async def main(args: argparse.Namespace) -> list[Figures]:
 
 if __name__ == "__main__":
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--quick", action="store_true", help="a short run: 120 + 90 lab s at 20x (under a minute)")
+    parser.add_argument("--quick", action="store_true", help="a short run: 120 + 90 lab s at 30x (under a minute)")
     parser.add_argument("--steady", type=float, default=300.0, help="lab seconds of the steady phase")
     parser.add_argument("--burst", type=float, default=180.0, help="lab seconds of the burst")
     parser.add_argument("--compression", type=float, default=10.0, help="lab seconds per wall second")
@@ -290,7 +290,7 @@ if __name__ == "__main__":
     parser.add_argument("--litellm", default=os.environ.get("MR_BENCH_LITELLM"), help="a virtualenv with LiteLLM")
     ns = parser.parse_args()
     if ns.quick:
-        ns.steady, ns.burst, ns.compression = 120.0, 90.0, 20.0
+        ns.steady, ns.burst, ns.compression = 120.0, 90.0, 30.0
     done = asyncio.run(main(ns))
     if ns.json:
         Path(ns.json).write_text(json.dumps({f.name: f.rows for f in done}, indent=1))
