@@ -10,8 +10,8 @@ burst at 1.3x. Every target gets fresh workstations (one process, started
 anew) and the same seeded workload, time-compressed (every duration, the
 daemon's settings included, scaled alike). Figures are in lab seconds.
 
-    python benchmarks/bench_pool.py                 # about 4 minutes
-    python benchmarks/bench_pool.py --quick         # under a minute, noisier
+    python benchmarks/bench_pool.py                 # about 3.5 minutes
+    python benchmarks/bench_pool.py --quick         # about 40 s, noisier
     python benchmarks/bench_pool.py --steady 600 --burst 360 --compression 10 --seed 17
     MR_BENCH_LITELLM=/path/to/venv-with-litellm python benchmarks/bench_pool.py   # adds LiteLLM's Router
 
