@@ -170,7 +170,7 @@ class Workstation:
         self._unloaded = asyncio.Event()
         self._loop = asyncio.get_running_loop()
         self._t0 = self._loop.time()
-        self._tasks = [asyncio.create_task(self._process_pending()), asyncio.create_task(self._advance())]
+        self._tasks = {asyncio.create_task(self._process_pending()), asyncio.create_task(self._advance())}
         for name in spec.preload:
             runner = self._runner(name, None)
             runner.loading = False
@@ -185,9 +185,10 @@ class Workstation:
         await asyncio.sleep(lab_seconds / self.compression)
 
     async def close(self) -> None:
-        for task in self._tasks:
+        tasks = list(self._tasks)
+        for task in tasks:
             task.cancel()
-        await asyncio.gather(*self._tasks, return_exceptions=True)
+        await asyncio.gather(*tasks, return_exceptions=True)
 
     def used_vram_gb(self) -> float:
         return sum(r.spec.vram_gb for r in self.loaded.values())
@@ -291,7 +292,9 @@ class Workstation:
             runner.loading = False
             runner.ready.set()
 
-        self._tasks.append(asyncio.create_task(load()))
+        task = asyncio.create_task(load())
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
         return runner
 
     def release(self, runner: Runner) -> None:

@@ -149,14 +149,23 @@ async def start_daemon(tmp: Path, backend_url: str, loop: str) -> tuple[subproce
     return daemon, f"http://127.0.0.1:{port}/v1/chat/completions", {"Authorization": f"Bearer {key}"}
 
 
+LITELLM_KEY = "sk-mr-bench-local"
+"""The master key LiteLLM's proxy is started with (recent versions refuse to start without one)."""
+LITELLM_AUTH = {"Authorization": f"Bearer {LITELLM_KEY}"}
+
+
 async def start_litellm_config(venv: str, tmp: Path, config_yaml: str) -> tuple[subprocess.Popen[bytes], str]:
-    """LiteLLM's proxy from ``venv`` with ``config_yaml``: the process and its base URL."""
+    """LiteLLM's proxy from ``venv`` with ``config_yaml`` (plus its master key): the process and its base URL.
+
+    ``LITELLM_LOCAL_MODEL_COST_MAP`` keeps it from fetching its price list from the internet at start.
+    """
     port = free_port()
-    (tmp / "litellm.yaml").write_text(config_yaml)
+    (tmp / "litellm.yaml").write_text(config_yaml + f"general_settings:\n  master_key: {LITELLM_KEY}\n")
     proc = subprocess.Popen(
         [str(Path(venv) / "bin" / "litellm"), "--config", str(tmp / "litellm.yaml"), "--port", str(port)],
         stdout=subprocess.DEVNULL,
         stderr=subprocess.DEVNULL,
+        env={**os.environ, "LITELLM_LOCAL_MODEL_COST_MAP": "True"},
     )
     await wait_http(f"http://127.0.0.1:{port}/health/liveliness", timeout=120)
     return proc, f"http://127.0.0.1:{port}"
@@ -193,7 +202,7 @@ async def main(seconds: float, loop: str) -> None:
         if os.environ.get("MR_BENCH_LITELLM"):
             litellm, litellm_url = await start_litellm(os.environ["MR_BENCH_LITELLM"], tmp, backend_url)
             procs.append(litellm)
-            targets["litellm"] = (litellm_url, {}, litellm.pid)
+            targets["litellm"] = (litellm_url, LITELLM_AUTH, litellm.pid)
         for url, headers, _ in targets.values():  # first-use costs (connections, caches) stay out of the cells
             for mode in MODES:
                 await run(url, headers, mode, 16, 0.5)

@@ -44,7 +44,16 @@ from _lab import MODELS, POOL, Request, capacity, users, workload
 from _pool_report import Figures, Outcome, compute, table
 from _routers import POLICIES, create_router, learn_models
 from aiohttp import web
-from bench_daemon import HERE, admin_call, free_port, launch_daemon, start_litellm_config, stop_all, wait_http
+from bench_daemon import (
+    HERE,
+    LITELLM_AUTH,
+    admin_call,
+    free_port,
+    launch_daemon,
+    start_litellm_config,
+    stop_all,
+    wait_http,
+)
 
 from mindrouter.config import BackendSettings, ServerSettings
 from mindrouter.scheduler import SchedulerSettings
@@ -235,6 +244,7 @@ async def run_target(name: str, args: argparse.Namespace, requests: list[Request
             strategy = name.removeprefix("litellm ")
             proc, target = await start_litellm_config(args.litellm, tmp, litellm_yaml(urls, strategy, args.compression))
             procs.append(proc)
+            headers = lambda _user: LITELLM_AUTH  # noqa: E731
         outcomes, arrivals, span = await replay(target, headers, requests, args.compression)
         async with aiohttp.ClientSession() as s:
             stats = []
