@@ -14,6 +14,7 @@ daemon's settings included, scaled alike). Figures are in lab seconds.
     python benchmarks/bench_pool.py --quick         # about 40 s, noisier
     python benchmarks/bench_pool.py --steady 600 --burst 360 --compression 10 --seed 17
     MR_BENCH_LITELLM=/path/to/venv-with-litellm python benchmarks/bench_pool.py   # adds LiteLLM's Router
+    python benchmarks/bench_pool.py --only "mr serve" "mr serve without GPU readings" least-busy
 
 `mr serve` runs with its defaults, ``--max-concurrent 4`` per backend (the
 README's suggestion), and each workstation as its ``mr agent`` node (its GPU
@@ -58,6 +59,9 @@ from bench_daemon import (
 from mindrouter.config import BackendSettings, ServerSettings
 from mindrouter.scheduler import SchedulerSettings
 
+LITELLM = ("litellm least-busy", "litellm simple-shuffle")
+TARGETS = ("mr serve", "mr serve without GPU readings", *POLICIES, *LITELLM)
+"""All targets; the default run is mr serve, the baselines and (with a LiteLLM virtualenv) LiteLLM."""
 TIMEOUT = 300.0
 """Lab seconds a client waits for an answer before it counts the request as lost."""
 SCALED = {
@@ -93,8 +97,10 @@ def scaled_settings(compression: float) -> dict[str, dict[str, Any]]:
     return out
 
 
-async def start_mr(tmp: Path, urls: list[str], compression: float, max_concurrent: int, loop: str) -> Any:
-    """`mr serve` with the workstations as backends and nodes, and one key per user."""
+async def start_mr(
+    tmp: Path, urls: list[str], compression: float, max_concurrent: int, loop: str, readings: bool = True
+) -> Any:
+    """`mr serve` with the workstations as backends (and, with ``readings``, as GPU nodes); one key per user."""
     daemon, port, sock = await launch_daemon(tmp, loop, scaled_settings(compression))
     for spec, url in zip(POOL, urls, strict=True):
         backend = {
@@ -102,9 +108,9 @@ async def start_mr(tmp: Path, urls: list[str], compression: float, max_concurren
             "url": url,
             "engine": "ollama",
             "max_concurrent": max_concurrent,
-            "node": url,
-            "gpus": [0],
         }
+        if readings:
+            backend.update(node=url, gpus=[0])
         await admin_call(sock, "POST", "/admin/backends", backend)
     keys = {}
     for name, _ in users():
@@ -229,8 +235,10 @@ async def run_target(name: str, args: argparse.Namespace, requests: list[Request
         for url in urls:
             await wait_http(f"{url}/api/version")
         headers: Callable[[str], dict[str, str]] = lambda _user: {}  # noqa: E731
-        if name == "mr serve":
-            daemon, target, headers = await start_mr(tmp, urls, args.compression, args.max_concurrent, args.loop)
+        if name.startswith("mr serve"):
+            daemon, target, headers = await start_mr(
+                tmp, urls, args.compression, args.max_concurrent, args.loop, readings=name == "mr serve"
+            )
             procs.append(daemon)
         elif name in POLICIES:
             async with aiohttp.ClientSession() as s:
@@ -260,10 +268,9 @@ async def run_target(name: str, args: argparse.Namespace, requests: list[Request
 
 async def main(args: argparse.Namespace) -> list[Figures]:
     requests = workload(args.seed, args.steady, args.burst)
-    targets = ["mr serve", *POLICIES]
-    if args.litellm:
-        targets += ["litellm least-busy", "litellm simple-shuffle"]
-    targets = [t for t in targets if not args.only or t in args.only]
+    targets = [t for t in TARGETS if t in args.only] if args.only else ["mr serve", *POLICIES]
+    if args.litellm and not args.only:
+        targets += LITELLM
     rate = capacity()
     print(
         f"seed {args.seed}: {len(requests)} requests from {len(users())} users over {args.steady:g} + {args.burst:g}"
@@ -289,7 +296,9 @@ if __name__ == "__main__":
     parser.add_argument("--compression", type=float, default=10.0, help="lab seconds per wall second")
     parser.add_argument("--seed", type=int, default=17)
     parser.add_argument("--max-concurrent", type=int, default=4, help="mr serve's cap per backend")
-    parser.add_argument("--only", nargs="*", help="targets to run (default: all)")
+    parser.add_argument(
+        "--only", nargs="*", choices=TARGETS, metavar="TARGET", help=f"targets to run, of: {', '.join(TARGETS)}"
+    )
     parser.add_argument("--json", help="also write the figures to this file")
     parser.add_argument(
         "--loop",
