@@ -32,6 +32,7 @@ import dataclasses
 import importlib.util
 import json
 import os
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -264,6 +265,7 @@ async def run_target(name: str, args: argparse.Namespace, requests: list[Request
         if runner is not None:
             await runner.cleanup()
         stop_all(procs)
+        shutil.rmtree(tmp, ignore_errors=True)
 
 
 async def main(args: argparse.Namespace) -> list[Figures]:
