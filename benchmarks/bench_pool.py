@@ -17,8 +17,10 @@ daemon's settings included, scaled alike). Figures are in lab seconds.
     python benchmarks/bench_pool.py --only "mr serve" "mr serve without GPU readings" least-busy
 
 `mr serve` runs with its defaults, ``--max-concurrent 4`` per backend (the
-README's suggestion), and each workstation as its ``mr agent`` node (its GPU
-readings). Clients speak OpenAI (``/v1/chat/completions`` streamed with
+README's suggestion), each workstation's ``parallel`` and ``max_loaded``
+(its OLLAMA_NUM_PARALLEL and OLLAMA_MAX_LOADED_MODELS; a daemon that does not
+know these backend fields ignores them), and each workstation as its ``mr
+agent`` node (its GPU readings). Clients speak OpenAI (``/v1/chat/completions`` streamed with
 usage, ``/v1/embeddings``), one key per user. The load generator, the
 workstations and the daemon share this machine; figures on a busy machine are
 noisy.
@@ -69,8 +71,14 @@ SCALED = {
     "server": (ServerSettings, ("gpu_poll_interval",), ()),
     "scheduler": (
         SchedulerSettings,
-        ("fairness_window", "queue_timeout", "heavy_refresh_interval", "latency_reference"),
-        ("credit_rate", "wait_bonus_per_second", "throughput_reference"),
+        ("fairness_window", "queue_timeout", "heavy_refresh_interval", "latency_reference", "default_load_seconds"),
+        (
+            "credit_rate",
+            "wait_bonus_per_second",
+            "throughput_reference",
+            "default_decode_rate",
+            "default_load_bytes_per_second",
+        ),
     ),
     "backends": (
         BackendSettings,
@@ -109,6 +117,8 @@ async def start_mr(
             "url": url,
             "engine": "ollama",
             "max_concurrent": max_concurrent,
+            "parallel": spec.num_parallel,  # what the lab set OLLAMA_NUM_PARALLEL and
+            "max_loaded": spec.max_loaded,  # OLLAMA_MAX_LOADED_MODELS to (a daemon without these ignores them)
         }
         if readings:
             backend.update(node=url, gpus=[0])
