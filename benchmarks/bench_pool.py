@@ -107,7 +107,7 @@ def scaled_settings(compression: float) -> dict[str, dict[str, Any]]:
 
 
 async def start_mr(
-    tmp: Path, urls: list[str], compression: float, max_concurrent: int, loop: str, readings: bool = True
+    tmp: Path, urls: list[str], compression: float, max_concurrent: int | None, loop: str, readings: bool = True
 ) -> Any:
     """`mr serve` with the workstations as backends (and, with ``readings``, as GPU nodes); one key per user."""
     daemon, port, sock = await launch_daemon(tmp, loop, scaled_settings(compression))
@@ -116,7 +116,7 @@ async def start_mr(
             "name": spec.name,
             "url": url,
             "engine": "ollama",
-            "max_concurrent": max_concurrent,
+            "max_concurrent": max_concurrent or spec.num_parallel * spec.max_loaded,
             "parallel": spec.num_parallel,  # what the lab set OLLAMA_NUM_PARALLEL and
             "max_loaded": spec.max_loaded,  # OLLAMA_MAX_LOADED_MODELS to (a daemon without these ignores them)
         }
@@ -287,7 +287,8 @@ async def main(args: argparse.Namespace) -> list[Figures]:
     print(
         f"seed {args.seed}: {len(requests)} requests from {len(users())} users over {args.steady:g} + {args.burst:g}"
         f" lab s (steady 0.6x, burst 1.3x of an estimated {rate:.2f} requests/s); compression {args.compression:g}x;"
-        f" mr serve: --max-concurrent {args.max_concurrent}, {args.loop} loop; figures in lab seconds",
+        f" mr serve: --max-concurrent {args.max_concurrent or 'parallel x max loaded'}, {args.loop} loop;"
+        " figures in lab seconds",
         flush=True,
     )
     figures = []
@@ -307,7 +308,12 @@ if __name__ == "__main__":
     parser.add_argument("--burst", type=float, default=180.0, help="lab seconds of the burst")
     parser.add_argument("--compression", type=float, default=10.0, help="lab seconds per wall second")
     parser.add_argument("--seed", type=int, default=17)
-    parser.add_argument("--max-concurrent", type=int, default=4, help="mr serve's cap per backend")
+    parser.add_argument(
+        "--max-concurrent",
+        type=int,
+        default=None,
+        help="mr serve's cap per backend (default: parallel x max loaded, as `mr backend add --parallel` sets it)",
+    )
     parser.add_argument(
         "--only", nargs="*", choices=TARGETS, metavar="TARGET", help=f"targets to run, of: {', '.join(TARGETS)}"
     )

@@ -30,6 +30,7 @@ SCORE_TERMS = [
     ("decode", "decode s", "writing the expected answer"),
     ("finish", "finish s", "start + prefill + decode"),
     ("eviction", "evict s", "reload time of the idle models it would evict"),
+    ("delay", "delay s", "time it would take, in all, from the streams already there"),
     ("decode_rate", "tok/s", "tokens a second the answer is expected to get there"),
     ("streams", "streams", "streams already running there"),
     ("priority", "priority", "the backend's own --priority, in seconds"),
@@ -39,6 +40,7 @@ SCORE_TERMS = [
 _LOST_BY = [
     ("start", "it would have to load the model or wait for a slot"),
     ("eviction", "it would evict idle models"),
+    ("delay", "it would slow the streams already there"),
     ("prefill", "it reads prompts more slowly"),
     ("decode", "it writes answers more slowly"),
     ("penalty", "it already failed this request"),
