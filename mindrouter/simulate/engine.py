@@ -234,6 +234,7 @@ class _Sim:
         user.submitted += 1
         phase.submitted += 1
         stats.submitted += 1
+        stats.arrivals.append((now, prompt, completion))
         rejection = self.sched.submit(job, now)
         if rejection is not None:
             user.rejected += 1

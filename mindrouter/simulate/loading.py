@@ -243,7 +243,7 @@ class _Parser(Fields):
                     )
                 if need > vram:
                     raise self.fail(
-                        f"{where}.models names {model!r} ({need:g} GB), more than {name!r}'s vram ({vram:g} GB)"
+                        f"{where}.models names {model!r}, which holds {need:g} GB, more than {where}.vram ({vram:g} GB)"
                     )
             held = sum(models[m].vram for m in loaded)
             if held > vram or len(loaded) > max_loaded:

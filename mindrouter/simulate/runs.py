@@ -58,6 +58,8 @@ class ModelRun:
     e2e: list[float] = field(default_factory=list)
     """Seconds from submission to the last token."""
     completion_tokens: int = 0
+    arrivals: list[tuple[float, int, int]] = field(default_factory=list)
+    """(when, prompt, completion tokens) of every request submitted for it: what the offline bound is offered."""
 
 
 @dataclass(slots=True)
