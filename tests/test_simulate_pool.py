@@ -14,7 +14,15 @@ import pytest
 from typer.testing import CliRunner
 
 from mindrouter.cli import app
-from mindrouter.simulate import ScenarioError, build, load_example, parse_scenario, run_scenario, simulate
+from mindrouter.simulate import (
+    ScenarioError,
+    arrivals,
+    build,
+    load_example,
+    parse_scenario,
+    run_scenario,
+    simulate,
+)
 from mindrouter.simulate._lp import maximize
 from mindrouter.simulate.runs import RequestTrace
 from mindrouter.simulate.scenario import BackendSpec, ModelSpec
@@ -344,3 +352,21 @@ def test_cli_json_and_table_for_lab_pool():
     assert {"users", "pools", "windows", "models", "throughput", "loads", "lost", "offline_bound"} <= set(data)
     table = CliRunner().invoke(app, ["simulate", "--example", "lab-pool", "--duration", "240"])
     assert table.exit_code == 0 and "Model loads" in table.stdout and "offline bound" in table.stdout
+
+
+# -- the workload, for a live replay ------------------------------------------------
+
+
+def test_arrivals_are_the_requests_the_simulator_submits():
+    sc = load_example("lab-pool").replace(duration=400)
+    run = simulate(sc, trace=True)
+    assert run.trace is not None
+    names = [u.name for u in run.users]
+    simulated = [(r.submitted, names[r.user], r.model, r.prompt, r.completion) for r in run.trace]
+    listed = [(a.at, a.user, a.model, a.prompt_tokens, a.completion_tokens) for a in arrivals(sc)]
+    assert listed == simulated and len(listed) > 500
+
+
+def test_a_closed_loop_workload_cannot_be_listed():
+    with pytest.raises(ScenarioError, match=r"users\[0\] \(prof\) is closed-loop"):
+        arrivals(load_example("scenario3"))

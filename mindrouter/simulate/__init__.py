@@ -174,16 +174,20 @@ from .engine import simulate
 from .loading import example_names, load_example, load_scenario, parse_scenario
 from .report import build, run_scenario
 from .runs import RequestTrace, Run
-from .scenario import BackendSpec, EventSpec, Scenario, ScenarioError, UserSpec
+from .scenario import BackendSpec, EventSpec, ModelSpec, Scenario, ScenarioError, UserSpec
+from .workload import Arrival, arrivals
 
 __all__ = [
+    "Arrival",
     "BackendSpec",
     "EventSpec",
+    "ModelSpec",
     "RequestTrace",
     "Run",
     "Scenario",
     "ScenarioError",
     "UserSpec",
+    "arrivals",
     "build",
     "example_names",
     "load_example",

@@ -31,7 +31,6 @@ not change the others' draws.
 from __future__ import annotations
 
 import heapq
-import random
 import time
 from collections.abc import Callable
 
@@ -40,6 +39,7 @@ from .accounts import Accounts
 from .pools import Pool, find_pools
 from .runs import BackendRun, ModelRun, PhaseRun, RequestTrace, Run, UserRun
 from .scenario import EventSpec, Scenario
+from .workload import draw_sizes, phase_rngs
 from .workstation import DECODE, DONE, PREFILL, Runner, Stream, Workstation
 
 __all__ = ["simulate"]
@@ -97,16 +97,13 @@ class _Sim:
         ]
         pool_of = {m: pool for pool in self.pools for m in pool.models}
         self.phases: list[PhaseRun] = []
-        seen: dict[str, int] = {}
-        for spec in scenario.users:
-            k = seen[spec.name] = seen.get(spec.name, -1) + 1
+        for spec, rng in zip(scenario.users, phase_rngs(scenario), strict=True):
             user = self.accounts.by_name[spec.name]
             pool = pool_of[spec.model]
             if pool not in user.pools:
                 user.pools.append(pool)
-            seed = f"{scenario.seed}/{spec.name}" + (f"/{k}" if k else "")
             stop = scenario.duration if spec.stop is None else spec.stop
-            self.phases.append(PhaseRun(len(self.phases), spec, user, pool, random.Random(seed), stop))
+            self.phases.append(PhaseRun(len(self.phases), spec, user, pool, rng, stop))
         self.heap: list[tuple[float, int, int, object]] = []
         self.seq = 0
         self.reqs: dict[str, RequestTrace] = {}
@@ -211,12 +208,7 @@ class _Sim:
             nxt = now + rng.expovariate(spec.rate)
             if nxt < phase.stop:
                 self.push(nxt, _ARRIVE, phase)
-        low, high = spec.prompt_tokens
-        prompt = low if low == high else rng.randint(low, high)
-        low, high = spec.completion_tokens
-        completion = low if low == high else rng.randint(low, high)
-        if spec.max_tokens is not None:
-            completion = min(completion, spec.max_tokens)
+        prompt, completion = draw_sizes(spec, rng)
         self.next_id += 1
         job_id = str(self.next_id)
         stats = self.models[spec.model]
