@@ -34,34 +34,30 @@ import heapq
 import time
 from collections.abc import Callable
 
-from ..scheduler import Job, Modality, Scheduler, Timings
+from ..scheduler import Job, Modality, Scheduler
 from .accounts import Accounts
+from .lifecycle import _DONE, _POLL, _PREFILL, _PROGRESS, Lifecycle
 from .pools import Pool, find_pools
 from .runs import BackendRun, ModelRun, PhaseRun, RequestTrace, Run, UserRun
 from .scenario import EventSpec, Scenario
 from .workload import draw_sizes, phase_rngs
-from .workstation import DECODE, DONE, PREFILL, Runner, Stream, Workstation
+from .workstation import Workstation
 
 __all__ = ["simulate"]
 
 # Event kinds; the first number is the order among events at the same instant.
 _WINDOW = 0  # window boundaries see the state before anything else at that instant
 _EVENT = 1  # weight changes apply before what else happens at their instant
-_PREFILL = 2
-_DONE = 3
+# _PREFILL = 2, _DONE = 3, _PROGRESS = 6 and _POLL = 9 are lifecycle.py's
 _EXPIRE = 4
 _ARRIVE = 5
-_PROGRESS = 6
 _LOADED = 7
 _UNLOAD = 8
-_POLL = 9
 #: The workstations' event names, as engine kinds.
 _KINDS = {"prefill": _PREFILL, "done": _DONE, "loaded": _LOADED, "expire": _UNLOAD}
-#: Streamed tokens between two progress reports, as the daemon batches them.
-PROGRESS_TOKENS = 32
 
 
-class _Sim:
+class _Sim(Lifecycle):
     """One run in progress: the core, its backends and pools, the phases, and the event heap."""
 
     def __init__(self, scenario: Scenario, *, trace: bool, window: float) -> None:
@@ -129,14 +125,6 @@ class _Sim:
 
     def push_named(self, t: float, kind: str, payload: object) -> None:
         self.push(t, _KINDS[kind], payload)
-
-    def publish(self, station: Workstation) -> None:
-        """Tell the core what the daemon's poll of ``station`` would report."""
-        self.sched.set_backend(station.snapshot())
-        station.dirty = False
-
-    def decode_rate_changed(self, stream: Stream, old: float, now: float) -> None:
-        self.phases[stream.req.phase].pool.decode_rate_changed(stream.req.user, old, stream.rate, now)
 
     def run(self, progress: Callable[[float], None] | None) -> None:
         for phase in self.phases:
@@ -252,83 +240,6 @@ class _Sim:
         phase.pool.submitted(user.index)
         self.touch(user)
 
-    def on_prefill(self, event: tuple[Stream, int], now: float) -> None:
-        stream, version = event
-        if version != stream.version or stream.phase != PREFILL:
-            return  # re-timed since
-        req = stream.req
-        rate = self.stations[req.backend].prefilled(stream, now)  # type: ignore[index]
-        req.prefill_end = now
-        self.models[req.model].ttft.append(now - req.submitted)
-        self.phases[req.phase].pool.prefill_done(req.user, req.prompt, rate, now)
-        if req.completion > PROGRESS_TOKENS:
-            self.push(now + PROGRESS_TOKENS / rate, _PROGRESS, stream)
-
-    def on_progress(self, stream: Stream, now: float) -> None:
-        """Report what ``stream`` has streamed so far to the core, every ``PROGRESS_TOKENS`` tokens."""
-        if stream.phase != DECODE:
-            return
-        req = stream.req
-        self.sched.progress(req.id, now, completion_tokens=min(req.completion, round(stream.tokens(now))))
-        if now + PROGRESS_TOKENS / stream.rate < stream.done:
-            self.push(now + PROGRESS_TOKENS / stream.rate, _PROGRESS, stream)
-
-    def on_done(self, event: tuple[Stream, int], now: float) -> None:
-        stream, version = event
-        if version != stream.version or stream.phase == DONE:
-            return  # re-timed since
-        req = stream.req
-        user = self.users[req.user]
-        backend = self.backends[req.backend]  # type: ignore[index]
-        station = self.stations[req.backend]  # type: ignore[index]
-        pool = self.phases[req.phase].pool
-        pool.decode_done(req.user, stream.rate, now)
-        assert req.dispatched is not None and req.prefill_end is not None
-        pool.finished(req.expected)
-        user.longest_request = max(user.longest_request, now - req.dispatched)
-        req.done = now
-        del self.reqs[req.id]
-        user.running -= 1
-        user.completed += 1
-        user.completed_tokens += req.prompt + req.completion
-        stats = self.models[req.model]
-        stats.completed += 1
-        stats.e2e.append(now - req.submitted)
-        stats.completion_tokens += req.completion
-        backend.busy -= 1
-        backend.tokens += req.prompt + req.completion
-        backend.slot_seconds += min(now, self.sc.duration) - req.dispatched
-        self.freed_models.update(backend.spec.models)
-        station.finish(stream, now)
-        if backend.spec.ollama:  # as Ollama's last chunk: load_duration, prompt_eval_duration, eval_duration
-            latency, duration = req.prefill_end - req.dispatched, now - req.dispatched
-            timings = Timings(stream.load, req.prefill_end - stream.began, now - req.prefill_end)
-        else:
-            latency, duration, timings = now - req.dispatched, now - req.prefill_end, None
-        self.sched.complete(
-            req.id,
-            now,
-            prompt_tokens=req.prompt,
-            completion_tokens=req.completion,
-            latency=latency,
-            duration=duration,
-            timings=timings,
-        )
-        self.next_request(self.phases[req.phase], now)
-
-    def on_loaded(self, event: tuple[Workstation, Runner], now: float) -> None:
-        station, runner = event
-        station.loaded(runner, now)
-
-    def on_unload(self, event: tuple[Workstation, Runner, int], now: float) -> None:
-        station, runner, version = event
-        station.expire(runner, version, now)
-
-    def on_poll(self, station: Workstation, now: float) -> None:
-        if station.dirty:
-            self.publish(station)
-        self.push(now + station.spec.poll_interval, _POLL, station)
-
     def next_request(self, phase: PhaseRun, now: float) -> None:
         spec = phase.spec
         if spec.concurrency is None:
@@ -390,46 +301,6 @@ class _Sim:
             self.next_heavy_check = now + 1.0
             self.last_heavy_ids = heavy
             self.track_heavy(now)
-
-    def start(self, job_id: str, backend_id: str, now: float) -> None:
-        req = self.reqs[job_id]
-        user = self.users[req.user]
-        phase = self.phases[req.phase]
-        backend = self.backends[backend_id]
-        spec = backend.spec
-        req.dispatched = now
-        req.backend = backend_id
-        wait = now - req.submitted
-        user.waits.append(wait)
-        if wait > 0:
-            user.waited += 1
-        skipped = self.free_epoch[phase.spec.model] - req.epoch
-        req.skipped = skipped
-        if skipped > user.max_skipped:
-            user.max_skipped = skipped
-        user.queued -= 1
-        user.running += 1
-        user.request_started(now)
-        self.touch(user)
-        backend.busy += 1
-        backend.requests += 1
-        self.queued_total -= 1
-        if backend.full_at is None and backend.busy >= spec.max_concurrent:
-            backend.full_at = now
-        stream = self.stations[backend_id].accept(req, phase.spec.model, now)
-        req.expected = self.stations[backend_id].expected_seconds(stream, now)
-        phase.pool.started(user.index, self.pc * req.prompt + self.cc * req.completion, req.expected)
-
-    def saturation_changed(self, now: float) -> None:
-        """Open or close a stretch during which some request waited in the core's queue."""
-        decoded = sum(pool.decoded(now) for pool in self.pools)
-        if self.saturated_since is None:
-            self.saturated_since = now
-            self.tokens_at_saturation = decoded
-        else:
-            self.saturated.append((self.saturated_since, now))
-            self.saturated_tokens += decoded - self.tokens_at_saturation
-            self.saturated_since = None
 
     def track_heavy(self, now: float) -> None:
         heavy = self.sched.heavy
