@@ -370,3 +370,19 @@ def test_arrivals_are_the_requests_the_simulator_submits():
 def test_a_closed_loop_workload_cannot_be_listed():
     with pytest.raises(ScenarioError, match=r"users\[0\] \(prof\) is closed-loop"):
         arrivals(load_example("scenario3"))
+
+
+def test_tokens_as_generated_add_up_when_streams_re_time_each_other():
+    """With a slowdown every start and end re-times the other streams' service lines; none is lost or doubled."""
+    text = ONE.format(duration=400, poll=0).replace("poll_interval = 0", "slowdown = 0.3\nparallel = 4")
+    text = text.replace("concurrency = 1\nrequests = 2", "rate = 0.5\nstop = 300").replace(
+        "completion_tokens = 100", "completion_tokens = [10, 400]"
+    )
+    run = simulate(parse_scenario(text), trace=True)
+    assert run.trace is not None and all(r.done is not None for r in run.trace)
+    result = build(run)
+    assert result["tokens"] == sum(r.prompt + r.completion for r in run.trace)
+    completion = sum(r.completion for r in run.trace)
+    assert result["throughput"]["tokens_per_second"] == pytest.approx(completion / 400, abs=1e-3)
+    longest = max(r.done - r.prefill_end for r in run.trace)  # type: ignore[operator]
+    assert longest > 400 / 50  # some answer was slowed by others
