@@ -126,7 +126,7 @@ ROWS = {
 NOT_FAIRNESS = {
     # Per-model slots (parallel = 4) make the pool's slots not interchangeable: a coder user's request
     # starts when a coder slot frees while 8B users wait for 8B slots, so the as-generated service gap
-    # between them outgrows 2 x the largest request (4,278 against 3,832) though every decision is fair.
+    # between them outgrows 2 x the largest request (6,001 against 3,832) though no decision is unfair.
     # tests/test_simulate_pool.py covers it.
     "lab-pool": "a throughput example: per-model slots are not interchangeable",
 }
