@@ -129,6 +129,21 @@ def test_a_load_the_core_triggered_counts_at_once():
     assert s.load(1).loading == {}
 
 
+def test_load_speed_is_learned_from_the_job_that_triggered_the_load_only():
+    """A job that joined a load under way reports only the rest of it (Ollama's load_duration): not a load speed.
+
+    Found with the simulator's lab-pool (issue 17): the H100 learned 4.8 GB/s where it loads at 3.3.
+    """
+    llama = frozenset({"llama3"})
+    s = core(Backend(1, "gpu", models=llama, max_concurrent=4, model_sizes={"llama3": 20 * GB}))
+    s.submit(first := job("u", "llama3", 0), 0)
+    s.submit(second := job("v", "llama3", 5), 5)
+    assert [d.job.id for d in s.dispatch(0) + s.dispatch(5)] == [first.id, second.id]
+    for j, load, end in ((first, 10.0, 14.0), (second, 5.0, 15.0)):  # the load takes 10 s: 2 GB/s
+        s.complete(j.id, end, prompt_tokens=100, completion_tokens=100, timings=Timings(load, 0.1, 3.9))
+    assert s.load(1).load_bytes_per_second == pytest.approx(2 * GB)
+
+
 def test_a_job_waits_for_the_gpu_with_its_model_rather_than_load_it_elsewhere():
     """Defect 3: 222 decisions sent a job to a backend that had to load the model while another had it and was full."""
     seventy = frozenset({"llama3:70b"})
