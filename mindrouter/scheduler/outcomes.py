@@ -14,7 +14,7 @@ from collections.abc import Hashable, Iterable
 from .backend import BackendLoad
 from .classes import Classes
 from .fairshare import FairShare
-from .jobs import Expired, Job
+from .jobs import Expired, Job, token_count
 from .ledger import Ledger, Running
 from .pools import Pool, Seat
 from .queues import Queues
@@ -91,6 +91,7 @@ class JobOutcomes:
         if running is None:
             return False
         job = running.job
+        prompt_tokens, completion_tokens = token_count(prompt_tokens), token_count(completion_tokens)  # else unknown
         prompt = job.prompt_tokens if prompt_tokens is None else prompt_tokens
         if completion_tokens is not None:
             completion = float(completion_tokens)
