@@ -20,12 +20,17 @@ import json
 import time
 import uuid
 from collections.abc import AsyncIterator
+from dataclasses import dataclass
 from typing import Any
 
 import aiohttp
 
+from ..config import BackendSettings
 from ._shapes import (
     DONE,
+    RESPONSES_USAGE,
+    Fault,
+    StreamCut,
     StreamFailed,
     Usage,
     dumps,
@@ -44,15 +49,50 @@ from ._shapes import (
 from .translate import Plan
 
 __all__ = [
+    "MAX_LINE_BYTES",
+    "Limits",
     "NdjsonPassthrough",
     "OllamaToOpenAI",
     "OpenAIToOllama",
     "Relay",
     "ResponsesPassthrough",
     "SsePassthrough",
+    "answer_limit",
     "events",
     "make_relay",
 ]
+
+
+MAX_LINE_BYTES = BackendSettings().max_line_bytes
+"""The default longest stream line (8 MiB): an Ollama ``/api/generate`` final line holds its whole
+``context`` (about 1 MB at 128k tokens), a Responses API ``response.completed`` event the whole answer."""
+
+
+@dataclass(frozen=True, slots=True)
+class Limits:
+    """Where :func:`events` cuts a stream (``StreamCut``), so a backend that never stops cannot hold memory or a slot.
+
+    Attributes:
+        line_bytes: the longest line (event) read before a newline. Defaults to MAX_LINE_BYTES.
+        events: the most events (about one token each) the request's ``max_tokens`` allows, with slack
+            (:func:`answer_limit`); None when it set none.
+        seconds: the longest a stream may run in all; None for no limit.
+    """
+
+    line_bytes: int = MAX_LINE_BYTES
+    events: int | None = None
+    seconds: float | None = None
+
+
+def answer_limit(max_tokens: int | None, choices: Any = 1) -> int | None:
+    """The most answer tokens (or events) believed of a request allowed ``max_tokens`` for each of ``choices``.
+
+    A quarter more, plus 32 (role, finish and usage chunks, tokenizer differences between engines).
+    """
+    if max_tokens is None:
+        return None
+    n = choices if isinstance(choices, int) and not isinstance(choices, bool) and choices > 0 else 1
+    return n * (max_tokens + max_tokens // 4 + 32)
 
 
 class Relay:
@@ -67,6 +107,8 @@ class Relay:
         self.first_ns: int | None = None
         self.fed = 0
         """Upstream events read so far (about one token each)."""
+        self.bytes = 0
+        """Upstream bytes read so far: a ceiling on the answer tokens a backend may claim."""
 
     event_lines = False
     """Pass SSE ``event:`` lines through to the client (the Responses API names its events)."""
@@ -140,8 +182,8 @@ class ResponsesPassthrough(Relay):
         if any(end in event for end in _RESPONSE_ENDS):  # escaped text cannot match
             obj = json.loads(event)
             usage = (obj.get("response") or {}).get("usage") or {}
-            self.usage.prompt_tokens = usage.get("input_tokens")
-            self.usage.completion_tokens = usage.get("output_tokens")
+            if isinstance(usage, dict):
+                self.usage.read(usage, *RESPONSES_USAGE)
             self.finished = True
         return b"data: " + event + b"\n\n"
 
@@ -191,7 +233,7 @@ class OllamaToOpenAI(Relay):
             return b""
         obj = json.loads(event)
         if "error" in obj:
-            raise StreamFailed(f"the backend reported: {obj['error']}")
+            raise StreamFailed(f"the backend reported: {obj['error']}", Fault.ERROR)
         message = obj.get("message") or {}
         text = (message.get("content") if self.chat else obj.get("response")) or ""
         out = b""
@@ -285,17 +327,45 @@ def make_relay(plan: Plan) -> Relay:
     return OllamaToOpenAI(plan) if plan.client == "openai" else OpenAIToOllama(plan)
 
 
-async def events(content: aiohttp.StreamReader, relay: Relay, *, sse: bool) -> AsyncIterator[bytes]:
+async def events(
+    content: aiohttp.StreamReader, relay: Relay, *, sse: bool, limits: Limits | None = None
+) -> AsyncIterator[bytes]:
     """Read upstream events (SSE ``data:`` payloads or NDJSON lines) and yield what the relay renders.
 
     What one socket read brought is rendered and yielded as one piece, so a burst of
     events costs one write to the client, not one per event; ``relay.fed`` counts events.
+
+    Raises:
+        StreamCut: a line longer than ``limits.line_bytes`` (what is held of it never grows past
+            that), more events than ``limits.events``, or a stream running past ``limits.seconds``.
     """
+    limits = limits or Limits()
+    line_bytes, most = limits.line_bytes, limits.events
+    deadline = None if limits.seconds is None else time.monotonic() + limits.seconds
     feed = relay.feed
     rest = b""
+    partial: list[bytes] = []
+    """Pieces of a line longer than one read, joined once its newline comes (never re-copied per read)."""
+    held = 0
     async for data in content.iter_any():
-        lines = (rest + data).split(b"\n")
+        relay.bytes += len(data)
+        if deadline is not None and time.monotonic() > deadline:
+            raise StreamCut(f"the answer ran past the {limits.seconds:g} s a stream may take, and was cut")
+        if b"\n" not in data:
+            held += len(data)
+            if held > line_bytes:
+                raise StreamCut(f"the backend sent a line longer than {line_bytes} bytes, and it was cut")
+            partial.append(data)
+            continue
+        if partial:
+            data, partial, held = b"".join([rest, *partial, data]), [], 0
+        elif rest:
+            data = rest + data
+        lines = data.split(b"\n")
         rest = lines.pop()
+        held = len(rest)
+        if held > line_bytes or any(len(line) > line_bytes for line in lines):
+            raise StreamCut(f"the backend sent a line longer than {line_bytes} bytes, and it was cut")
         out: list[bytes] = []
         for line in lines:
             line = line.strip()
@@ -307,8 +377,10 @@ async def events(content: aiohttp.StreamReader, relay: Relay, *, sse: bool) -> A
                         out.append(line + b"\n")
                     continue  # comments, id: lines, and event: lines unless passed on
                 line = line[5:].lstrip()
-            relay.fed += 1
             try:
+                if most is not None and relay.fed >= most:
+                    raise StreamCut(f"the answer ran past the {most} tokens its max_tokens allows, and was cut")
+                relay.fed += 1
                 rendered = feed(line)
             except Exception:  # what came before the failure still reaches the client first
                 if out:
@@ -323,7 +395,7 @@ async def events(content: aiohttp.StreamReader, relay: Relay, *, sse: bool) -> A
         if relay.finished:
             break
     else:
-        line = rest.strip()
+        line = (b"".join([rest, *partial])).strip()
         if line and (not sse or line.startswith(b"data:")):  # a last event without its newline
             relay.fed += 1
             rendered = feed(line[5:].lstrip() if sse else line)
