@@ -82,13 +82,13 @@ def fraction(value: Any) -> float | None:
 
 
 def distrust(source: str, field: str, value: Any) -> None:
-    """Log, once per ``source`` and ``field``, that ``value`` was dropped as not believable."""
+    """Log, once per ``source`` (a backend's or agent's URL) and ``field``, that ``value`` was dropped."""
     key = (source, field)
     if key in _warned or len(_warned) >= _WARNED_LIMIT:
         return
     _warned.add(key)
     log.warning(
-        "backend %s reported %s=%s, which is not a believable value; it is ignored (logged once)",
+        "%s reported %s=%s, which is not a believable value; it is ignored (logged once)",
         shown(source),
         shown(field, 80),
         shown(repr(value), 80),

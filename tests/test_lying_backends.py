@@ -227,3 +227,16 @@ async def test_a_stream_that_never_falls_silent_is_cut_at_the_total_limit(tmp_pa
         assert time.monotonic() - started < 3
         [(_, completion)] = await usage_rows(d)
         assert 10 <= completion <= 200  # charged for what was delivered
+
+
+def test_an_agents_readings_out_of_range_read_as_unknown(caplog):
+    from mindrouter.gpu.probe import readings_from_json
+
+    lies = {"index": 0, "memory_free": -5, "memory_total": 10**30, "power_w": math.nan, "utilization_gpu": 250}
+    with caplog.at_level(logging.WARNING, logger="mindrouter.reported"):
+        readings = readings_from_json([dict(lies, temperature_c=55)] * 2, "http://ws9:9100")
+    for reading in readings:
+        assert (reading.memory_free, reading.memory_total, reading.power_w, reading.utilization_gpu) == (None,) * 4
+        assert reading.temperature_c == 55
+    warned = [r.getMessage() for r in caplog.records if "ws9" in r.getMessage()]
+    assert len(warned) == 4  # one per field, not one per reading

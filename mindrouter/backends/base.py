@@ -48,6 +48,7 @@ from typing import Any
 import aiohttp
 
 from ..config import BackendSettings
+from . import events as reading
 from . import relay, responses, translate, whole
 from ._shapes import PROMPT_SLACK, Family, Fault, StreamFailed, Usage, error_body, error_message, not_supported
 from .call import Call
@@ -126,7 +127,7 @@ class Adapter(ABC):
         chunk_timeout (float): the longest silence between chunks of a stream. Defaults to 60.
         api_key (str | None): sent as ``Authorization: Bearer`` when set. Defaults to None.
         stream_timeout (float | None): the longest a stream may run in all. Defaults to None (no limit).
-        max_line_bytes (int): the longest stream line. Defaults to ``relay.MAX_LINE_BYTES``.
+        max_line_bytes (int): the longest stream line. Defaults to ``events.MAX_LINE_BYTES``.
         max_answer_bytes (int): the largest whole answer. Defaults to MAX_ANSWER_BYTES.
     """
 
@@ -146,7 +147,7 @@ class Adapter(ABC):
         chunk_timeout: float = 60.0,
         api_key: str | None = None,
         stream_timeout: float | None = None,
-        max_line_bytes: int = relay.MAX_LINE_BYTES,
+        max_line_bytes: int = reading.MAX_LINE_BYTES,
         max_answer_bytes: int = MAX_ANSWER_BYTES,
     ) -> None:
         self.base_url = self.normalize_url(base_url)
@@ -237,10 +238,10 @@ class Adapter(ABC):
                 if resp.status >= 400:
                     return await self._refused(call, resp, opened_at)
                 rel = relay.make_relay(plan)
-                limits = relay.Limits(
-                    self.max_line_bytes, relay.answer_limit(call.max_tokens, call.body.get("n")), self.stream_timeout
+                limits = reading.Limits(
+                    self.max_line_bytes, reading.answer_limit(call.max_tokens, call.body.get("n")), self.stream_timeout
                 )
-                events = relay.events(resp.content, rel, sse=self.family == "openai", limits=limits)
+                events = reading.events(resp.content, rel, sse=self.family == "openai", limits=limits)
                 first = await events.__anext__()
         except StopAsyncIteration:
             _close(resp)
@@ -272,7 +273,7 @@ class Adapter(ABC):
 
     def _vet(self, usage: Usage, call: Call, sent: int, received: int) -> None:
         """Drop counts no request of ``sent`` bytes and answer of ``received`` bytes could hold, logging once."""
-        allowed = relay.answer_limit(call.max_tokens, call.body.get("n"))
+        allowed = reading.answer_limit(call.max_tokens, call.body.get("n"))
         usage.vet(self.base_url, sent + PROMPT_SLACK, received if allowed is None else min(received, allowed))
 
     async def _whole(self, call: Call, plan: Plan, opened_at: float, opened_ns: int) -> Upstream:

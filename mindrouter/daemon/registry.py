@@ -269,7 +269,7 @@ class Registry:
         """Another backend (not in ``besides``) offers ``modality`` for ``model``, as far as is known."""
         key = model_key(model)
         for bid, entry in self.entries.items():
-            if bid in besides or entry.row.state == "disabled" or not self.healthy(entry):
+            if bid in besides or entry.row.state != "enabled" or not self.healthy(entry):
                 continue
             core = self.scheduler.backend(bid)
             if core is not None and key in core.models and modality in core.model_modalities.get(key, core.modalities):

@@ -26,7 +26,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import asdict, dataclass, fields
 from typing import Any, NamedTuple
 
-from ..reported import BYTES_LIMIT, nbytes, number
+from ..reported import BYTES_LIMIT, distrust, nbytes, number
 
 __all__ = ["GpuProbe", "GpuProcess", "GpuReading", "read_gpus", "readings_from_json"]
 
@@ -82,8 +82,9 @@ class GpuReading:
         return data
 
     @classmethod
-    def from_dict(cls, data: Mapping[str, Any]) -> GpuReading:
-        """Build a reading from JSON sent by another machine; a value of the wrong type reads as None.
+    def from_dict(cls, data: Mapping[str, Any], source: str = "") -> GpuReading:
+        """Build a reading from JSON sent by another machine (``source``, named once in the log for each
+        value dropped); a value of the wrong type or out of range reads as None.
 
         Raises:
             ValueError: ``data`` is not a JSON object.
@@ -101,7 +102,10 @@ class GpuReading:
             value = value if isinstance(value, kind) and not isinstance(value, bool) else None
             if f.name in _RANGES and value is not None:  # another machine's numbers: NaN, negative, huge dropped
                 low, high = _RANGES[f.name]
-                value = number(value, high, low=low, integral=kind is int)
+                checked = number(value, high, low=low, integral=kind is int)
+                if checked is None:
+                    distrust(source, f.name, value)
+                value = checked
             values[f.name] = value
         procs = data.get("processes")
         if isinstance(procs, list):
@@ -151,15 +155,15 @@ def _process_from(data: Mapping[str, Any]) -> GpuProcess:
     return GpuProcess(int(data["pid"]), nbytes(used), name if isinstance(name, str) else None)
 
 
-def readings_from_json(data: Any) -> list[GpuReading]:
-    """Parse a JSON array of readings (the agent's ``GET /gpus``).
+def readings_from_json(data: Any, source: str = "") -> list[GpuReading]:
+    """Parse a JSON array of readings (the agent's ``GET /gpus`` at ``source``).
 
     Raises:
         ValueError: ``data`` is not a list of objects.
     """
     if not isinstance(data, list):
         raise ValueError(f"expected a JSON array of GPU readings, not {type(data).__name__}")
-    return [GpuReading.from_dict(item) for item in data]
+    return [GpuReading.from_dict(item, source) for item in data]
 
 
 def _explain_once(message: str, level: int = logging.WARNING) -> None:
