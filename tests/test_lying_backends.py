@@ -240,3 +240,17 @@ def test_an_agents_readings_out_of_range_read_as_unknown(caplog):
         assert reading.temperature_c == 55
     warned = [r.getMessage() for r in caplog.records if "ws9" in r.getMessage()]
     assert len(warned) == 4  # one per field, not one per reading
+
+
+def test_metrics_that_are_not_believable_read_as_unknown():
+    """``int(+Inf)`` raised OverflowError in a vLLM poll, so a lying /metrics crashed the probe."""
+    from mindrouter.backends._prometheus import Samples
+    from mindrouter.backends.probe import Reply
+
+    text = (
+        b"vllm:num_requests_running +Inf\nvllm:num_requests_waiting -3\n"
+        b"vllm:kv_cache_usage_perc NaN\nvllm:prompt_tokens_total 12\n"
+    )
+    m = Samples(Reply(200, text), ("vllm:",), "http://liar:8000")
+    assert m.count("vllm:num_requests_running") is None and m.count("vllm:num_requests_waiting") is None
+    assert m.highest("vllm:kv_cache_usage_perc") is None and m.count("vllm:prompt_tokens_total") == 12
