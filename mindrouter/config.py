@@ -120,7 +120,7 @@ class BackendSettings:
     probe_failures: int = 2
     """Failed health probes in a row that take a backend out; one bad probe does not."""
     circuit_failures: int = 3
-    """Failures (failed probes, requests that got a connection error or timeout, and 5xx answers once
+    """Failures (failed probes, requests whose connection failed, and timeouts and 5xx answers once
     more than one user's requests meet them) within circuit_window seconds that open a backend's
     circuit, holding it out even if it keeps coming back. A "not supported" answer never counts."""
     circuit_window: float = 60.0

@@ -175,3 +175,19 @@ async def test_a_backend_that_recovers_is_back_within_about_a_second(tmp_path, a
         await settle(lambda: d.registry.healthy(entry), timeout=5)
         back = time.monotonic() - started
         assert back < 2.5, back  # not the 10 s poll_interval
+
+
+async def test_one_clients_timeouts_never_open_the_breaker(tmp_path, aiohttp_client, nvml):
+    """A prompt that makes the backend slow for its sender alone (here every answer starts late) is that
+    client's problem until a second user meets it too."""
+    d = await make_daemon(tmp_path, aiohttp_client, nvml, poll_interval=60, first_byte_timeout=0.3)
+    async with FakeOllama(models=["llama3"], first_byte_delay=1.0) as slow:
+        await d.backend("b1", slow.url, "ollama")
+        mallory, bob = await d.user("mallory"), await d.user("bob")
+        body = {"model": "llama3", "messages": [{"role": "user", "content": "hi"}], "stream": True}
+        for _ in range(4):
+            assert (await d.client.post("/api/chat", json=body, headers=auth(mallory))).status == 503
+        entry = d.registry.by_name("b1")
+        assert entry.failures == 0 and not entry.circuit_open
+        assert (await d.client.post("/api/chat", json=body, headers=auth(bob))).status == 503
+        assert entry.failures == 5 and entry.circuit_open  # two people met it: the backend is slow for everyone

@@ -104,9 +104,10 @@ class Fault(str, Enum):
     """Whose fault a failed answer was, for the circuit breaker (``daemon/breaker.py``)."""
 
     DOWN = "down"
-    """No answer: refused or reset connection, timeout, a stream cut off. Always the backend's."""
+    """No connection: refused or reset, a stream cut off. Always the backend's."""
     ERROR = "error"
-    """A 5xx, an error event or an unreadable answer: the backend's only once more than one user meets it."""
+    """A 5xx, an error event, a timeout or an unreadable answer: the backend's only once more than one
+    user meets it (or a probe fails), since one client's body can cause it."""
     UNSUPPORTED = "unsupported"
     """The backend lacks what the request needs (501, llama-server without --embeddings): never counted."""
     CUT = "cut"

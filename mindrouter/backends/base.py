@@ -248,7 +248,9 @@ class Adapter(ABC):
             raise BackendError("the backend ended the stream before any output") from None
         except TimeoutError:
             _close(resp)
-            raise BackendError(f"the backend sent nothing for {self.first_byte_timeout:g} s") from None
+            raise BackendError(
+                f"the backend sent nothing for {self.first_byte_timeout:g} s", fault=Fault.ERROR
+            ) from None
         except BackendError:
             _close(resp)
             raise

@@ -166,10 +166,11 @@ class Upstream:
 
 
 def fault_of(exc: BaseException) -> Fault:
-    """Whose fault ``exc`` is: a stream's own verdict, an unreadable answer's (ERROR), else DOWN."""
+    """Whose fault ``exc`` is: a stream's own verdict; ERROR for a timeout or an unreadable answer (one
+    client's prompt can make a backend slow or odd for it alone); DOWN for a connection that failed."""
     if isinstance(exc, StreamFailed):
         return exc.fault
-    if isinstance(exc, MALFORMED):
+    if isinstance(exc, (asyncio.TimeoutError, *MALFORMED)):
         return Fault.ERROR
     return Fault.DOWN
 

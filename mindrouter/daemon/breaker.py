@@ -2,13 +2,13 @@
 
 Invariants:
 
-- A failed probe, and a request that got no answer (connection refused or
-  reset, a timeout, a stream cut off: ``Fault.DOWN``), always count.
-- A 5xx or an error event (``Fault.ERROR``) counts only once more than one
-  user's requests met one within ``circuit_window``, or a probe failed in it:
-  one client whose body makes the backend fail (a lone UTF-16 surrogate on
-  /api/embed answered 500, the openai SDK's two retries) meets it alone, and
-  that is the client's error, not the backend's.
+- A failed probe, and a request whose connection failed (refused or reset,
+  a stream cut off: ``Fault.DOWN``), always count.
+- A 5xx, an error event or a timeout (``Fault.ERROR``) counts only once more
+  than one user's requests met one within ``circuit_window``, or a probe
+  failed in it: one client whose body makes the backend fail or hang (a lone
+  UTF-16 surrogate on /api/embed answered 500, the openai SDK's two retries)
+  meets it alone, and that is the client's error, not the backend's.
 - "Not supported" (``Fault.UNSUPPORTED``) and answers the daemon cut
   (``Fault.CUT``) never count: the backend is up, and routing learns the
   first (``Registry.lacks``).
