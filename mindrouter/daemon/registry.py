@@ -62,7 +62,9 @@ class Entry:
     task: asyncio.Task[None] | None = None
     probed: asyncio.Event = field(default_factory=asyncio.Event)
     wake: asyncio.Event = field(default_factory=asyncio.Event)
-    """Set to probe again at once (a request met the backend down)."""
+    """Set to probe again at once (a request met the backend failing)."""
+    probed_at: float = float("-inf")
+    """When the last probe ended."""
 
     @property
     def circuit_open(self) -> bool:
@@ -179,6 +181,9 @@ class Registry:
             entry.wake.clear()
             with contextlib.suppress(asyncio.TimeoutError):
                 await asyncio.wait_for(entry.wake.wait(), delay)
+            gap = entry.probed_at + self.settings.reprobe_interval - self.clock()
+            if gap > 0:  # woken by failing requests: at most one probe every reprobe_interval
+                await asyncio.sleep(gap)
 
     async def probe(self, entry: Entry) -> None:
         try:
@@ -190,7 +195,7 @@ class Registry:
             probe = Probe(healthy=False, error=f"probe failed: {exc}")
         was_healthy = self.healthy(entry)
         entry.probe = probe
-        now = self.clock()
+        now = entry.probed_at = self.clock()
         if probe.healthy:
             if entry.known is None or entry.probe_streak >= self.settings.probe_failures:
                 entry.lacks.clear()  # seen down and back (or new): it may have been restarted with other flags
@@ -240,8 +245,7 @@ class Registry:
         if entry.breaker.record(fault, user, self.clock()):
             self._opened(entry)
         self._publish(entry)
-        if fault is Fault.DOWN:
-            entry.wake.set()  # probe now: if it is down, it is taken out within a probe, not a poll
+        entry.wake.set()  # probe soon: is it failing for everyone, or for this one request?
 
     def request_succeeded(self, backend_id: Hashable) -> None:
         entry = self.entries.get(backend_id)  # type: ignore[call-overload]
