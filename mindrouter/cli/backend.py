@@ -9,6 +9,7 @@ from rich.markup import escape
 from rich.text import Text
 
 from .. import names
+from ..reported import shown
 from . import _validate
 from ._app import ConfigOption, JsonOption, complete_from, get_app
 from ._client import quote_name
@@ -197,10 +198,10 @@ def add(
     )
     if state == "unhealthy" and row.get("error"):
         console(stderr=True).print(
-            f"[yellow]warning:[/] {escape(name)} did not answer its first probe: {escape(str(row['error']))}"
+            f"[yellow]warning:[/] {escape(name)} did not answer its first probe: {escape(shown(row['error']))}"
         )
     if row.get("node_error"):
-        console(stderr=True).print(f"[yellow]warning:[/] {escape(str(row['node_error']))}")
+        console(stderr=True).print(f"[yellow]warning:[/] {escape(shown(row['node_error']))}")
 
 
 @backend_app.command("drain")

@@ -12,14 +12,19 @@ Where those rows are already gone, the report widens to whole days and says so.
 
 from __future__ import annotations
 
+import logging
+import math
 import sqlite3
 from collections.abc import Sequence
 from typing import Any
 
 from ..localtime import day_key, day_start, month_key, month_start, next_day, next_month
+from ..reported import count
 from .errors import InvalidValue
 from .rows import UsageReport, UsageRow, UsageTotal
 from .schema import transaction
+
+log = logging.getLogger(__name__)
 
 DIMENSIONS = ("user", "group", "model", "backend", "day", "week", "month")
 """What a report can group by; ``week`` starts on Monday and is named by that Monday's date."""
@@ -35,6 +40,26 @@ _DIMENSION_SQL = {
 }
 _TIME_DIMENSIONS = ("day", "week", "month")
 _PRUNED_KEY = "usage_pruned_through"
+_INSERT = (
+    "INSERT INTO usage (at, user_id, request_id, model, backend_id, prompt_tokens, completion_tokens,"
+    " gpu_seconds, group_name) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)"
+)
+
+
+def _seconds(value: Any) -> float:
+    """A finite, non-negative number of seconds, else 0 (one bad row must not fail its batch)."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) or value < 0:
+        return 0.0
+    return float(value)
+
+
+def _params(row: tuple[Any, ...]) -> tuple[Any, ...]:
+    """One usage row's SQL parameters, every count held to the core's token range (else 0, logged)."""
+    uid, rid, model, bid, prompt, completion, at, gpu, group = row
+    checked = [count(prompt), count(completion)]
+    if None in checked:
+        log.warning("usage row %s had token counts %r and %r; stored as 0 where out of range", rid, prompt, completion)
+    return (_seconds(at), uid, rid, model, bid, checked[0] or 0, checked[1] or 0, _seconds(gpu), group)
 
 
 class UsageLog:
@@ -79,16 +104,17 @@ class UsageLog:
         """
         if not rows:
             return
-        params = [
-            (at, uid, rid, model, bid, int(prompt), int(completion), float(gpu), group)
-            for uid, rid, model, bid, prompt, completion, at, gpu, group in rows
-        ]
-        with transaction(self._db) as db:
-            db.executemany(
-                "INSERT INTO usage (at, user_id, request_id, model, backend_id, prompt_tokens, completion_tokens,"
-                " gpu_seconds, group_name) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)",
-                params,
-            )
+        params = [_params(row) for row in rows]
+        try:
+            with transaction(self._db) as db:
+                db.executemany(_INSERT, params)
+        except (sqlite3.Error, OverflowError, ValueError, TypeError):  # one bad row: write the others one by one
+            for one in params:
+                try:
+                    with transaction(self._db) as db:
+                        db.execute(_INSERT, one)
+                except (sqlite3.Error, OverflowError, ValueError, TypeError) as exc:
+                    log.error("could not store the usage row of request %s: %s", one[2], exc)
         before, self._usage_inserts = self._usage_inserts, self._usage_inserts + len(rows)
         if before // self._PRUNE_USAGE_EVERY != self._usage_inserts // self._PRUNE_USAGE_EVERY:
             self.prune_usage(params[-1][0], limit=self._PRUNE_USAGE_BATCH)
