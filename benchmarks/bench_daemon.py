@@ -32,8 +32,10 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+from typing import Any
 
 import aiohttp
+import tomli_w
 
 HERE = Path(__file__).parent
 CLIENTS = (1, 16, 64)
@@ -49,6 +51,17 @@ def free_port() -> int:
 def cpu_seconds(pid: int) -> float:
     fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def stop_all(procs: list[subprocess.Popen[bytes]]) -> None:
+    """Terminate the processes, then kill any still there after 10 s."""
+    for p in procs:
+        p.terminate()
+    for p in procs:
+        try:
+            p.wait(10)
+        except subprocess.TimeoutExpired:
+            p.kill()
 
 
 async def wait_http(url: str, timeout: float = 60.0) -> None:
@@ -89,12 +102,24 @@ def pct(values: list[float], q: float) -> float:
     return values[min(len(values) - 1, int(len(values) * q))] * 1000
 
 
-async def start_daemon(tmp: Path, backend_url: str, loop: str) -> tuple[subprocess.Popen[bytes], str, dict[str, str]]:
+async def launch_daemon(
+    tmp: Path, loop: str, settings: dict[str, dict[str, Any]] | None = None
+) -> tuple[subprocess.Popen[bytes], int, Path]:
+    """`mr serve` with temporary state and ``settings`` (TOML sections) on a free port: process, port, socket."""
     port, sock = free_port(), tmp / "mr.sock"
-    (tmp / "config.toml").write_text(
-        f'[server]\nport = {port}\nsocket = "{sock}"\nstate_dir = "{tmp / "state"}"\nlog_level = "warning"\n'
-        "discover = false\n[scheduler]\nmax_queued_per_user = 100000\n"
-    )
+    config: dict[str, dict[str, Any]] = {
+        "server": {
+            "port": port,
+            "socket": str(sock),
+            "state_dir": str(tmp / "state"),
+            "log_level": "warning",
+            "discover": False,
+        },
+        "scheduler": {"max_queued_per_user": 100000},
+    }
+    for section, values in (settings or {}).items():
+        config.setdefault(section, {}).update(values)
+    (tmp / "config.toml").write_text(tomli_w.dumps(config))
     env = {**os.environ, "MR_EVENT_LOOP": loop}
     daemon = subprocess.Popen(
         [sys.executable, "-m", "mindrouter.cli", "serve", "--config", str(tmp / "config.toml")],
@@ -102,32 +127,58 @@ async def start_daemon(tmp: Path, backend_url: str, loop: str) -> tuple[subproce
         env=env,
     )
     await wait_http(f"http://127.0.0.1:{port}/api/version")
-    async with aiohttp.ClientSession(connector=aiohttp.UnixConnector(path=str(sock))) as admin:
-        async with admin.post(
-            "http://mr/admin/backends",
-            json={"name": "fast", "url": backend_url, "engine": "openai", "max_concurrent": 256},
-        ) as r:
-            assert r.status == 201, await r.text()
-        async with admin.post("http://mr/admin/users", json={"name": "bench", "group": "staff"}) as r:
-            assert r.status == 201, await r.text()
-        async with admin.post("http://mr/admin/users/bench/keys") as r:
-            key = (await r.json())["key"]
+    return daemon, port, sock
+
+
+async def admin_call(sock: Path, method: str, path: str, body: dict[str, Any] | None = None) -> Any:
+    """One call to the daemon's admin API over its Unix socket; the JSON answer (asserts 2xx)."""
+    async with (
+        aiohttp.ClientSession(connector=aiohttp.UnixConnector(path=str(sock))) as admin,
+        admin.request(method, f"http://mr{path}", json=body) as r,
+    ):
+        assert r.status < 300, (path, r.status, await r.text())
+        return await r.json()
+
+
+async def start_daemon(tmp: Path, backend_url: str, loop: str) -> tuple[subprocess.Popen[bytes], str, dict[str, str]]:
+    daemon, port, sock = await launch_daemon(tmp, loop)
+    backend = {"name": "fast", "url": backend_url, "engine": "openai", "max_concurrent": 256}
+    await admin_call(sock, "POST", "/admin/backends", backend)
+    await admin_call(sock, "POST", "/admin/users", {"name": "bench", "group": "staff"})
+    key = (await admin_call(sock, "POST", "/admin/users/bench/keys"))["key"]
     return daemon, f"http://127.0.0.1:{port}/v1/chat/completions", {"Authorization": f"Bearer {key}"}
 
 
-async def start_litellm(venv: str, tmp: Path, backend_url: str) -> tuple[subprocess.Popen[bytes], str]:
+LITELLM_KEY = "sk-mr-bench-local"
+"""The master key LiteLLM's proxy is started with (recent versions refuse to start without one)."""
+LITELLM_AUTH = {"Authorization": f"Bearer {LITELLM_KEY}"}
+
+
+async def start_litellm_config(venv: str, tmp: Path, config_yaml: str) -> tuple[subprocess.Popen[bytes], str]:
+    """LiteLLM's proxy from ``venv`` with ``config_yaml`` (plus its master key): the process and its base URL.
+
+    ``LITELLM_LOCAL_MODEL_COST_MAP`` keeps it from fetching its price list from the internet at start.
+    """
     port = free_port()
-    (tmp / "litellm.yaml").write_text(
-        "model_list:\n  - model_name: bench\n    litellm_params:\n"
-        f"      model: openai/bench\n      api_base: {backend_url}/v1\n      api_key: none\n"
-    )
+    (tmp / "litellm.yaml").write_text(config_yaml + f"general_settings:\n  master_key: {LITELLM_KEY}\n")
     proc = subprocess.Popen(
         [str(Path(venv) / "bin" / "litellm"), "--config", str(tmp / "litellm.yaml"), "--port", str(port)],
         stdout=subprocess.DEVNULL,
         stderr=subprocess.DEVNULL,
+        env={**os.environ, "LITELLM_LOCAL_MODEL_COST_MAP": "True"},
     )
     await wait_http(f"http://127.0.0.1:{port}/health/liveliness", timeout=120)
-    return proc, f"http://127.0.0.1:{port}/v1/chat/completions"
+    return proc, f"http://127.0.0.1:{port}"
+
+
+async def start_litellm(venv: str, tmp: Path, backend_url: str) -> tuple[subprocess.Popen[bytes], str]:
+    proc, url = await start_litellm_config(
+        venv,
+        tmp,
+        "model_list:\n  - model_name: bench\n    litellm_params:\n"
+        f"      model: openai/bench\n      api_base: {backend_url}/v1\n      api_key: none\n",
+    )
+    return proc, f"{url}/v1/chat/completions"
 
 
 async def main(seconds: float, loop: str) -> None:
@@ -151,7 +202,7 @@ async def main(seconds: float, loop: str) -> None:
         if os.environ.get("MR_BENCH_LITELLM"):
             litellm, litellm_url = await start_litellm(os.environ["MR_BENCH_LITELLM"], tmp, backend_url)
             procs.append(litellm)
-            targets["litellm"] = (litellm_url, {}, litellm.pid)
+            targets["litellm"] = (litellm_url, LITELLM_AUTH, litellm.pid)
         for url, headers, _ in targets.values():  # first-use costs (connections, caches) stay out of the cells
             for mode in MODES:
                 await run(url, headers, mode, 16, 0.5)
@@ -186,13 +237,7 @@ async def main(seconds: float, loop: str) -> None:
                 lite = results[mode, "litellm", 16]
                 print(f"  {mode:<6} LiteLLM at 16 clients: {lite[0]:,.0f} req/s, CPU {lite[3]:.3f} ms/request")
     finally:
-        for p in procs:
-            p.terminate()
-        for p in procs:
-            try:
-                p.wait(10)
-            except subprocess.TimeoutExpired:
-                p.kill()
+        stop_all(procs)
 
 
 if __name__ == "__main__":

@@ -108,6 +108,13 @@ class BackendSettings:
     """Seconds a backend may take to start a streamed answer (its first chunk), model loading included."""
     chunk_timeout: float = 60.0
     """Seconds of silence allowed between two chunks of a streamed answer before it is cut."""
+    stream_timeout: float = 3600.0
+    """Seconds a streamed answer may run in all before it is cut (and charged for what was delivered);
+    0 for no limit."""
+    max_line_bytes: int = 8388608
+    """Bytes one line (event) of a streamed answer may hold before the stream is cut (8 MiB)."""
+    max_answer_bytes: int = 268435456
+    """Bytes a whole (non-streamed) answer may hold; a longer one is not read (256 MiB)."""
     request_timeout: float = 600.0
     """Seconds a backend may take to finish one non-streaming request."""
     max_retries: int = 2
@@ -115,12 +122,16 @@ class BackendSettings:
     probe_failures: int = 2
     """Failed health probes in a row that take a backend out; one bad probe does not."""
     circuit_failures: int = 3
-    """Failures (probes, or requests that got a connection error, timeout or 5xx) within circuit_window
-    seconds that open a backend's circuit, holding it out even if it keeps coming back."""
+    """Failures (failed probes, requests whose connection failed, and timeouts and 5xx answers once
+    more than one user's requests meet them) within circuit_window seconds that open a backend's
+    circuit, holding it out even if it keeps coming back. A "not supported" answer never counts."""
     circuit_window: float = 60.0
     """Seconds within which circuit_failures failures open the circuit."""
     circuit_cooldown: float = 30.0
     """Seconds an open circuit waits before a successful probe may close it again."""
+    reprobe_interval: float = 0.5
+    """Seconds before the first new probe of a backend that is down, doubling up to poll_interval,
+    so one that recovers is back within about a second."""
 
 
 @dataclass(frozen=True, slots=True)

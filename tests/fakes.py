@@ -30,6 +30,17 @@ Load and faults, all settable while the server runs:
 - ``await go_down()`` / ``await come_up()``: stop listening (connections are
   refused) and listen again on the same port.
 
+Lies, as a backend on someone's workstation may tell them:
+
+- ``usage_lies``: fields merged into the usage the fake reports (Ollama's final
+  line, OpenAI's ``usage``), e.g. ``{"eval_count": -1000000}``; a :class:`Raw`
+  value is written as it is, so ``Raw("1e400")`` or ``Raw("NaN")`` reach the wire.
+- ``ignore_limits``: generate ``completion_tokens`` whatever ``max_tokens`` says.
+- ``endless_line``: after that many chunks, a stream sends one line that never
+  ends (bytes, no newline); None (the default) for none.
+- ``embeddings_supported`` (llamacpp): False answers embeddings 501, as
+  llama-server started without ``--embeddings`` does.
+
 Counters: ``requests`` (inference requests received), ``in_flight`` (open now,
 waiting ones included), ``max_seen_in_flight``, ``running``, ``waiting``,
 ``completed``, ``cancelled`` (the client went away before the end: proof that
@@ -59,7 +70,16 @@ from typing import Any, Self
 import pytest
 from aiohttp import web
 
-__all__ = ["FakeOllama", "FakeOpenAI", "Received", "fake_llamacpp", "fake_ollama", "fake_openai", "fake_vllm"]
+__all__ = [
+    "FakeOllama",
+    "FakeOpenAI",
+    "Raw",
+    "Received",
+    "fake_llamacpp",
+    "fake_ollama",
+    "fake_openai",
+    "fake_vllm",
+]
 
 DEFAULT_SIZE = 2_000_000_000
 
@@ -142,7 +162,30 @@ def _is_base64(value: Any) -> bool:
     return isinstance(value, str)
 
 
+class Raw(str):
+    """A value written into the fake's JSON as it is (``1e400``, ``NaN``): what json.dumps would not write."""
+
+
 def _compact(obj: Any) -> bytes:
+    raws: list[Raw] = []
+
+    def mark(value: Any) -> Any:
+        if isinstance(value, Raw):
+            raws.append(value)
+            return f"__raw{len(raws) - 1}__"
+        if isinstance(value, dict):
+            return {k: mark(v) for k, v in value.items()}
+        if isinstance(value, list):
+            return [mark(v) for v in value]
+        return value
+
+    out = _plain(mark(obj))
+    for i, raw in enumerate(raws):
+        out = out.replace(f'"__raw{i}__"'.encode(), raw.encode())
+    return out
+
+
+def _plain(obj: Any) -> bytes:
     return json.dumps(obj, separators=(",", ":")).encode()
 
 
@@ -226,6 +269,9 @@ class _FakeServer:
         self.embedding_dim = embedding_dim
         self.first_byte_delay = first_byte_delay
         self.health_status = 200
+        self.usage_lies: dict[str, Any] = {}
+        self.ignore_limits = False
+        self.endless_line: int | None = None
         self._gate = _Gate(max_concurrent)
         self._fail: deque[int] = deque()
         self._drops: deque[int] = deque()
@@ -339,7 +385,7 @@ class _FakeServer:
 
     def generation(self, prompt_tokens: int, limit: Any) -> _Generation:
         n = self.completion_tokens
-        if isinstance(limit, int) and not isinstance(limit, bool) and 0 <= limit < n:
+        if not self.ignore_limits and isinstance(limit, int) and not isinstance(limit, bool) and 0 <= limit < n:
             return _Generation(prompt_tokens, limit, "length")
         return _Generation(prompt_tokens, n, "stop")
 
@@ -362,6 +408,9 @@ class _FakeServer:
         """Write chunk i at i / tokens_per_second: the first token at once, the terminator after the last."""
         started = time.monotonic()
         for i, chunk in enumerate(chunks):
+            while i == self.endless_line:  # one line that never ends: the client must cut it
+                await resp.write(b'{"message":{"content":"' + b"x" * 65536)
+                await asyncio.sleep(0.001)
             await self.pace(started, i)
             if i == drop_after:
                 self._drop(request)
@@ -599,6 +648,7 @@ class FakeOllama(_FakeServer):
         }  # fmt: skip
         if key == "response":
             final["context"] = [1, 2, 3]
+        final.update(self.usage_lies)
         pieces = [] if tool else _pieces(gen, bool(body.get("format")))
         if body.get("format"):
             final["done_reason"] = "stop"  # a JSON answer is always a whole object
@@ -649,18 +699,20 @@ class FakeOllama(_FakeServer):
         inputs = [inputs] if isinstance(inputs, str) else inputs
         if not isinstance(inputs, list) or not all(isinstance(x, str) for x in inputs):
             return self.error(400, "input must be a string or a list of strings")
+        if any(0xD800 <= ord(c) <= 0xDFFF for x in inputs for c in x):  # a lone UTF-16 surrogate, as Ollama fails it
+            return self.error(500, "failed to encode response: json: invalid UTF-8 in string")
         words = sum(map(_words, inputs))
         self.prompt_tokens_total += words
         vectors = [embedding(x, self.embedding_dim) for x in inputs]
-        return web.json_response(
-            {
-                "model": body["model"],
-                "embeddings": vectors,
-                "total_duration": 1000,
-                "load_duration": 10,
-                "prompt_eval_count": words,
-            }
-        )
+        answer = {
+            "model": body["model"],
+            "embeddings": vectors,
+            "total_duration": 1000,
+            "load_duration": 10,
+            "prompt_eval_count": words,
+            **self.usage_lies,
+        }
+        return web.Response(body=_compact(answer), content_type="application/json")
 
 
 class FakeOpenAI(_FakeServer):
@@ -698,6 +750,8 @@ class FakeOpenAI(_FakeServer):
         """Put stream usage on the finish_reason chunk instead of a separate chunk (older servers)."""
         self.kv_cache_usage: float | None = None
         """Override the exported KV-cache usage (default: running / slots)."""
+        self.embeddings_supported = True
+        """llamacpp: False answers /v1/embeddings 501, as llama-server without --embeddings does."""
         self._ids = 0
 
     def add_routes(self, router: web.UrlDispatcher) -> None:
@@ -981,6 +1035,7 @@ class FakeOpenAI(_FakeServer):
             "prompt_tokens": gen.prompt_tokens,
             "completion_tokens": gen.n,
             "total_tokens": gen.prompt_tokens + gen.n,
+            **self.usage_lies,
         }
         tool = tool_to_call(body) if chat else None
         call_id = f"chatcmpl-tool-{self._ids}"
@@ -1065,6 +1120,13 @@ class FakeOpenAI(_FakeServer):
     async def _embeddings(
         self, request: web.Request, body: dict[str, Any], drop_after: int | None
     ) -> web.StreamResponse:
+        if not self.embeddings_supported:  # llama-server's own words and shape
+            err = {
+                "code": 501,
+                "message": "This server does not support embeddings. Start it with `--embeddings`",
+                "type": "not_supported_error",
+            }
+            return web.Response(status=501, body=_compact({"error": err}), content_type="application/json")
         if (bad := self._check(body)) is not None:
             return bad
         inputs = body.get("input")
@@ -1081,14 +1143,13 @@ class FakeOpenAI(_FakeServer):
             if body.get("encoding_format") == "base64":
                 vec = base64.b64encode(struct.pack(f"<{len(vec)}f", *vec)).decode()
             data.append({"object": "embedding", "index": i, "embedding": vec})
-        return web.json_response(
-            {
-                "object": "list",
-                "data": data,
-                "model": body["model"],
-                "usage": {"prompt_tokens": words, "total_tokens": words},
-            }
-        )
+        answer = {
+            "object": "list",
+            "data": data,
+            "model": body["model"],
+            "usage": {"prompt_tokens": words, "total_tokens": words, **self.usage_lies},
+        }
+        return web.Response(body=_compact(answer), content_type="application/json")
 
 
 @pytest.fixture

@@ -27,12 +27,16 @@ async def test_failures_open_the_circuit_and_a_probe_closes_it(daemon):
         await daemon.backend("steady", steady.url, "vllm")
         key = await daemon.user("c")
         client = openai.AsyncOpenAI(base_url=daemon.url + "/v1", api_key=key, max_retries=0)
+        others = [
+            openai.AsyncOpenAI(base_url=daemon.url + "/v1", api_key=await daemon.user(n), max_retries=0)
+            for n in ("d", "e")
+        ]
         # The breaker's clock stands still until the test lets the cool-down pass, however slow the machine.
         now = [daemon.registry.clock()]
         daemon.registry.clock = lambda: now[0]
         flaky.fail_next(3, 503)
-        for _ in range(3):  # each fails over to steady; the third failure in a row opens flaky's circuit
-            reply = await client.chat.completions.create(
+        for who in (client, *others):  # each fails over to steady; three people meeting 503s open flaky's circuit
+            reply = await who.chat.completions.create(
                 model="llama3", messages=[{"role": "user", "content": "x"}], max_tokens=1
             )
             assert reply.choices[0].message.content == "tok0"

@@ -83,12 +83,19 @@ class FakeBackends:
         self.failures: list[tuple[Hashable, str]] = []
         self.successes: list[Hashable] = []
         self.releases: list[Hashable] = []
+        self.lacking: list[tuple[Hashable, Any]] = []
 
     def adapter(self, backend_id: Hashable) -> FakeAdapter | None:
         return self.adapters.get(backend_id)
 
-    def request_failed(self, backend_id: Hashable, error: str) -> None:
+    def request_failed(self, backend_id: Hashable, error: str, *, fault: Any = None, user: Any = None) -> None:
         self.failures.append((backend_id, error))
+
+    def lacks(self, backend_id: Hashable, model: str, modality: Any) -> None:
+        self.lacking.append((backend_id, modality))
+
+    def serves(self, model: str, modality: Any, *, besides: Any = ()) -> bool:
+        return any(bid not in besides and (bid, modality) not in self.lacking for bid in self.adapters)
 
     def request_succeeded(self, backend_id: Hashable) -> None:
         self.successes.append(backend_id)
@@ -251,7 +258,7 @@ async def test_a_failed_backend_is_never_tried_again_for_the_same_request():
     assert len(world.backends.failures) == 1  # one request, one count toward the breaker
     settled = world.outcome("r1")
     assert settled.outcome is Outcome.BACKEND_FAILED and "did not answer in time" in settled.reason
-    assert [a.outcome for a in settled.attempts] == [Outcome.BACKEND_FAILED, Outcome.BACKEND_FAILED]
+    assert [a.outcome for a in settled.attempts] == [Outcome.BACKEND_FAILED]  # no other backend: no wait, no retry
     world.assert_idle()
 
 

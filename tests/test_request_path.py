@@ -200,17 +200,20 @@ async def test_a_body_that_cannot_be_translated_is_a_400_and_never_touches_the_b
         assert (await d.client.post(CHAT, json=body(max_tokens=1), headers=auth(key))).status == 200
 
 
-async def test_one_request_answered_500_counts_once_toward_the_breaker(tmp_path, aiohttp_client, nvml):
-    d = await make_daemon(tmp_path, aiohttp_client, nvml, poll_interval=60, circuit_failures=2)
+async def test_a_500_counts_toward_the_breaker_once_a_second_user_meets_one(tmp_path, aiohttp_client, nvml):
+    d = await make_daemon(tmp_path, aiohttp_client, nvml, poll_interval=60, circuit_failures=3, circuit_cooldown=60)
     async with FakeOllama(models=["llama3"]) as fake:
         await d.backend("b1", fake.url, "ollama")
-        key = await d.user("c")
-        fake.fail_next(1, 500)  # Ollama's answer to a per-request problem
-        resp = await d.client.post(CHAT, json=body(), headers=auth(key))
-        assert resp.status == 503
+        key, other = await d.user("c"), await d.user("d")
         entry = d.registry.by_name("b1")
-        assert fake.failed == 1 and entry.failures == 1 and not entry.circuit_open
-        assert (await d.client.post(CHAT, json=body(max_tokens=1), headers=auth(key))).status == 200
+        fake.fail_next(2, 500)  # Ollama's answer to a per-request problem
+        for _ in range(2):  # one client alone: its body may be what fails, so nothing counts yet
+            resp = await d.client.post(CHAT, json=body(), headers=auth(key))
+            assert resp.status == 503
+        assert fake.failed == 2 and entry.failures == 0 and not entry.circuit_open
+        fake.fail_next(1, 500)
+        assert (await d.client.post(CHAT, json=body(), headers=auth(other))).status == 503
+        assert entry.failures == 3 and entry.circuit_open  # two people met it: the backend's fault, each counted once
 
 
 async def test_a_backends_4xx_goes_to_the_client_in_its_dialect(tmp_path, aiohttp_client, nvml):

@@ -129,6 +129,21 @@ def test_a_load_the_core_triggered_counts_at_once():
     assert s.load(1).loading == {}
 
 
+def test_load_speed_is_learned_from_the_job_that_triggered_the_load_only():
+    """A job that joined a load under way reports only the rest of it (Ollama's load_duration): not a load speed.
+
+    Found with the simulator's lab-pool (issue 17): the H100 learned 4.8 GB/s where it loads at 3.3.
+    """
+    llama = frozenset({"llama3"})
+    s = core(Backend(1, "gpu", models=llama, max_concurrent=4, model_sizes={"llama3": 20 * GB}))
+    s.submit(first := job("u", "llama3", 0), 0)
+    s.submit(second := job("v", "llama3", 5), 5)
+    assert [d.job.id for d in s.dispatch(0) + s.dispatch(5)] == [first.id, second.id]
+    for j, load, end in ((first, 10.0, 14.0), (second, 5.0, 15.0)):  # the load takes 10 s: 2 GB/s
+        s.complete(j.id, end, prompt_tokens=100, completion_tokens=100, timings=Timings(load, 0.1, 3.9))
+    assert s.load(1).load_bytes_per_second == pytest.approx(2 * GB)
+
+
 def test_a_job_waits_for_the_gpu_with_its_model_rather_than_load_it_elsewhere():
     """Defect 3: 222 decisions sent a job to a backend that had to load the model while another had it and was full."""
     seventy = frozenset({"llama3:70b"})
@@ -174,3 +189,24 @@ def test_max_loaded_models_leaves_room_only_by_evicting_an_idle_one():
     s.submit(job("v", "c", 1), 1)
     assert s.dispatch(1) == []
     assert REASONS["loaded"] in s.classes.get(("c", Modality.CHAT, False)).closed[1]
+
+
+async def test_the_daemon_learns_a_backends_rate_per_model_from_ollamas_durations(daemon):
+    """Through `mr serve`'s path: Ollama's eval_count / eval_duration teach the (backend, model) rate."""
+    import openai
+
+    from .fakes import FakeOllama
+
+    async with FakeOllama(models=["llama3", "coder"], tokens_per_second=200, completion_tokens=20) as fake:
+        await daemon.backend("ws1", fake.url, "ollama", max_concurrent=4)
+        client = openai.AsyncOpenAI(base_url=daemon.url + "/v1", api_key=await daemon.user("u"), max_retries=0)
+        for _ in range(3):
+            stream = await client.chat.completions.create(
+                model="llama3", messages=[{"role": "user", "content": "hi"}], stream=True
+            )
+            async for _chunk in stream:
+                pass
+        [row] = await daemon.admin("GET", "/admin/backends")
+        speeds = row["model_speeds"]
+        assert list(speeds) == ["llama3"] and speeds["llama3"]["answers"] == 3
+        assert 150 < speeds["llama3"]["decode"] < 260, speeds  # 20 tokens paced at 200 a second

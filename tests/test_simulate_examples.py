@@ -119,6 +119,16 @@ ROWS = {
     "admin-two-students": "row 6: admin (10) and two students",
     "group-shares": "row 7: 20 students and 1 faculty member",
     "separate-models": "row 8: two users on separate models",
+    "lab-pool": "issue 17: four Ollama workstations, loads and a burst over capacity",
+}
+
+#: Examples about throughput rather than issue 9's fairness targets, with the reason (tested elsewhere).
+NOT_FAIRNESS = {
+    # Per-model slots (parallel = 4) make the pool's slots not interchangeable: a coder user's request
+    # starts when a coder slot frees while 8B users wait for 8B slots, so the as-generated service gap
+    # between them outgrows 2 x the largest request (6,001 against 3,832) though no decision is unfair.
+    # tests/test_simulate_pool.py covers it.
+    "lab-pool": "a throughput example: per-model slots are not interchangeable",
 }
 
 #: Examples that miss a target until the scheduler core does what issue 9 asks;
@@ -139,7 +149,7 @@ def test_every_example_is_covered():
     assert sorted(ROWS) == example_names()
 
 
-@pytest.mark.parametrize("name", [core(n) for n in sorted(ROWS)])
+@pytest.mark.parametrize("name", [core(n) for n in sorted(ROWS) if n not in NOT_FAIRNESS])
 def test_example_meets_the_targets(name):
     found = misses(measure(name))
     assert not found, f"{ROWS[name]}: " + "; ".join(found)

@@ -3,7 +3,7 @@
 See :mod:`mindrouter.backends.base` for the seam the daemon uses.
 """
 
-from ._shapes import Dialect, Family, Kind, Usage, error_body
+from ._shapes import Dialect, Family, Fault, Kind, Usage, error_body
 from .base import Adapter, BackendError
 from .call import INFERENCE_PATHS, Call
 from .engines import ENGINES, make_adapter
@@ -22,6 +22,7 @@ __all__ = [
     "Call",
     "Dialect",
     "Family",
+    "Fault",
     "Kind",
     "LlamaCppAdapter",
     "OllamaAdapter",

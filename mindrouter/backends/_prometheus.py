@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from prometheus_client.parser import text_string_to_metric_families
 
+from ..reported import COUNTER_LIMIT, counter, distrust, number
 from .probe import Reply
 
 __all__ = ["Samples"]
@@ -18,7 +19,8 @@ __all__ = ["Samples"]
 class Samples:
     """Sample values by sample name (``vllm:prompt_tokens_total``, not the family name)."""
 
-    def __init__(self, reply: Reply, names: tuple[str, ...]) -> None:
+    def __init__(self, reply: Reply, names: tuple[str, ...], source: str = "") -> None:
+        """A sample that is NaN, infinite, negative or past ``COUNTER_LIMIT`` is dropped (logged once)."""
         self.values: dict[str, list[float]] = {}
         if not reply.ok:
             return
@@ -31,7 +33,11 @@ class Samples:
         try:
             for family in text_string_to_metric_families("\n".join(keep) + "\n"):
                 for sample in family.samples:
-                    self.values.setdefault(sample.name, []).append(float(sample.value))
+                    value = number(float(sample.value), COUNTER_LIMIT)
+                    if value is None:
+                        distrust(source, sample.name, sample.value)
+                        continue
+                    self.values.setdefault(sample.name, []).append(float(value))
         except ValueError:  # not Prometheus text: treat as no metrics, as for a 404
             self.values.clear()
 
@@ -47,7 +53,7 @@ class Samples:
 
     def count(self, *names: str) -> int | None:
         value = self.total(*names)
-        return None if value is None else int(value)
+        return None if value is None else counter(round(value))
 
     def highest(self, *names: str) -> float | None:
         """The largest value over label sets of the first of ``names`` present."""

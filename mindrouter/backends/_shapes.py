@@ -8,18 +8,24 @@ from __future__ import annotations
 
 import json
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import UTC, datetime
+from enum import Enum
 from typing import Any, Literal
+
+from ..reported import count, distrust, shown
 
 __all__ = [
     "DONE",
     "OLLAMA_USAGE",
     "OPENAI_USAGE",
+    "PROMPT_SLACK",
     "RESPONSES_USAGE",
     "Dialect",
     "Family",
+    "Fault",
     "Kind",
+    "StreamCut",
     "StreamFailed",
     "Usage",
     "dumps",
@@ -27,6 +33,7 @@ __all__ = [
     "error_message",
     "error_tail",
     "in_band_error",
+    "not_supported",
     "ollama_done",
     "ollama_logprobs",
     "ollama_timestamp",
@@ -47,9 +54,14 @@ Family = Dialect
 Kind = Literal["chat", "completion", "embeddings"]
 
 
+PROMPT_SLACK = 8192
+"""Prompt tokens a backend may add to what the request's bytes could hold (templates, a model's system
+prompt, image tokens): a count beyond ``bytes sent + PROMPT_SLACK`` is not believed."""
+
+
 @dataclass(slots=True)
 class Usage:
-    """Token counts as the backend reported them; ``None`` where it reported none."""
+    """Token counts as the backend reported them; ``None`` where it reported none, or none believable."""
 
     prompt_tokens: int | None = None
     completion_tokens: int | None = None
@@ -57,6 +69,8 @@ class Usage:
     """Ollama's ``load_duration``, ``prompt_eval_duration`` and ``eval_duration``: what routing learns rates from."""
     prefill_seconds: float | None = None
     decode_seconds: float | None = None
+    dropped: list[tuple[str, Any]] = field(default_factory=list)
+    """(field, value) the backend reported that failed its check; logged once per backend by :meth:`vet`."""
 
     @property
     def total_tokens(self) -> int | None:
@@ -64,9 +78,61 @@ class Usage:
             return None
         return (self.prompt_tokens or 0) + (self.completion_tokens or 0)
 
+    def read(self, obj: dict[str, Any], prompt_field: str, completion_field: str) -> None:
+        """Take both counts from a backend's object: each a whole number in range, else None (and noted)."""
+        for attr, name in (("prompt_tokens", prompt_field), ("completion_tokens", completion_field)):
+            value = obj.get(name)
+            checked = count(value)
+            if checked is None and value is not None:
+                self.dropped.append((name, value))
+            setattr(self, attr, checked)
+
+    def vet(self, source: str, prompt_ceiling: int, completion_ceiling: int) -> None:
+        """Drop counts above what the request and the answer's bytes could hold, and log what was dropped.
+
+        A backend that says it read a million tokens of a 2 kB request, or wrote more
+        tokens than it sent bytes, is not believed: the daemon's estimate stands.
+        """
+        if self.prompt_tokens is not None and self.prompt_tokens > prompt_ceiling:
+            self.dropped.append(("prompt_tokens", self.prompt_tokens))
+            self.prompt_tokens = None
+        if self.completion_tokens is not None and self.completion_tokens > completion_ceiling:
+            self.dropped.append(("completion_tokens", self.completion_tokens))
+            self.completion_tokens = None
+        for name, value in self.dropped:
+            distrust(source, name, value)
+        self.dropped.clear()
+
+
+class Fault(str, Enum):
+    """Whose fault a failed answer was, for the circuit breaker (``daemon/breaker.py``)."""
+
+    DOWN = "down"
+    """No connection: refused or reset, a stream cut off. Always the backend's."""
+    ERROR = "error"
+    """A 5xx, an error event, a timeout or an unreadable answer: the backend's only once more than one
+    user meets it (or a probe fails), since one client's body can cause it."""
+    UNSUPPORTED = "unsupported"
+    """The backend lacks what the request needs (501, llama-server without --embeddings): never counted."""
+    CUT = "cut"
+    """The daemon cut an answer past its limits (line, max_tokens, total time): charged, not counted."""
+
 
 class StreamFailed(Exception):
     """A stream broke, or carried an error event, after the backend said 200."""
+
+    fault = Fault.DOWN
+
+    def __init__(self, message: str, fault: Fault | None = None) -> None:
+        super().__init__(message)
+        if fault is not None:
+            self.fault = fault
+
+
+class StreamCut(StreamFailed):
+    """The daemon ended a stream that broke a limit: a line too long, too many tokens, too long in total."""
+
+    fault = Fault.CUT
 
 
 DONE = b"data: [DONE]\n\n"
@@ -77,9 +143,15 @@ _ERROR_TYPES = {
     404: "not_found_error",
     429: "rate_limit_error",
 }
-OPENAI_USAGE = (re.compile(rb'"prompt_tokens"\s*:\s*(\d+)'), re.compile(rb'"completion_tokens"\s*:\s*(\d+)'))
-RESPONSES_USAGE = (re.compile(rb'"input_tokens"\s*:\s*(\d+)'), re.compile(rb'"output_tokens"\s*:\s*(\d+)'))
-OLLAMA_USAGE = (re.compile(rb'"prompt_eval_count"\s*:\s*(\d+)'), re.compile(rb'"eval_count"\s*:\s*(\d+)'))
+_VALUE = rb'"\s*:\s*("[^"]{0,64}"?|[^,}\]\s]{1,64})'
+"""A JSON value as it stands after a key (a number, a short string, a literal), for :func:`scan_usage`."""
+OPENAI_USAGE = ("prompt_tokens", "completion_tokens")
+RESPONSES_USAGE = ("input_tokens", "output_tokens")
+OLLAMA_USAGE = ("prompt_eval_count", "eval_count")
+_SCANS = {
+    names: tuple(re.compile(b'"' + name.encode() + _VALUE) for name in names)
+    for names in (OPENAI_USAGE, RESPONSES_USAGE, OLLAMA_USAGE)
+}
 
 
 def dumps(obj: Any) -> bytes:
@@ -91,28 +163,51 @@ def ollama_timestamp() -> str:
     return datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
 
 
-def scan_usage(body: bytes, patterns: tuple[re.Pattern[bytes], re.Pattern[bytes]]) -> Usage:
-    """Token counts found in a JSON body without decoding it (escaped text cannot match)."""
-    found = [p.search(body) for p in patterns]
-    return Usage(*(int(m.group(1)) if m else None for m in found))
+def scan_usage(body: bytes, names: tuple[str, str]) -> Usage:
+    """Token counts found in a JSON body without decoding it (escaped text cannot match), each checked."""
+    found: dict[str, Any] = {}
+    for name, pattern in zip(names, _SCANS[names], strict=True):
+        m = pattern.search(body)
+        if m is not None:
+            try:
+                found[name] = json.loads(m.group(1))
+            except ValueError:
+                found[name] = m.group(1).decode(errors="replace")
+    usage = Usage()
+    usage.read(found, *names)
+    return usage
 
 
 def error_message(body: bytes, status: int) -> str:
-    """The message of an error body in any engine's shape, or a sentence about ``status``."""
+    """The message of an error body in any engine's shape, or a sentence about ``status``; safe to show."""
     try:
         obj = json.loads(body)
     except ValueError:
         text = body.decode(errors="replace").strip()
-        return text[:300] if text else f"HTTP {status}"
+        return shown(text, 300) if text else f"HTTP {status}"
     if isinstance(obj, dict):
         err = obj.get("error", obj)
         if isinstance(err, str):
-            return err
+            return shown(err, 300)
         if isinstance(err, dict):
             for key in ("message", "detail"):
                 if isinstance(err.get(key), str):
-                    return err[key]
-    return str(obj)[:300]
+                    return shown(err[key], 300)
+    return shown(str(obj), 300)
+
+
+def not_supported(status: int, body: bytes) -> bool:
+    """The backend answered that it lacks what was asked, not that it failed: HTTP 501, or an error of
+    type ``not_supported_error`` (llama-server without ``--embeddings``, whatever its status)."""
+    if status == 501:
+        return True
+    if b"not_supported_error" not in body:
+        return False
+    try:
+        err = json.loads(body).get("error")
+    except (ValueError, AttributeError):
+        return False
+    return isinstance(err, dict) and err.get("type") == "not_supported_error"
 
 
 def error_body(dialect: Dialect, status: int, message: str) -> bytes:
@@ -133,17 +228,20 @@ def error_tail(dialect: Dialect, message: str) -> bytes:
 
 def in_band_error(event: bytes) -> None:
     if event.startswith((b'{"error"', b'{"object":"error"', b'{"object": "error"')):
-        raise StreamFailed(f"the backend reported: {error_message(event, 500)}")
+        raise StreamFailed(f"the backend reported: {error_message(event, 500)}", Fault.ERROR)
 
 
-def openai_usage(usage: dict[str, Any], into: Usage) -> None:
-    into.prompt_tokens = usage.get("prompt_tokens")
-    into.completion_tokens = usage.get("completion_tokens")
+def openai_usage(usage: Any, into: Usage) -> None:
+    """OpenAI's ``usage`` object into ``into``, each count checked (a usage that is not an object is noted)."""
+    if isinstance(usage, dict):
+        into.read(usage, *OPENAI_USAGE)
+    else:
+        into.dropped.append(("usage", usage))
 
 
 def ollama_usage(obj: dict[str, Any], into: Usage) -> None:
-    into.prompt_tokens = obj.get("prompt_eval_count")
-    into.completion_tokens = obj.get("eval_count")
+    """Ollama's final-line counts into ``into``, each checked."""
+    into.read(obj, *OLLAMA_USAGE)
     into.load_seconds = _seconds(obj.get("load_duration"))
     into.prefill_seconds = _seconds(obj.get("prompt_eval_duration"))
     into.decode_seconds = _seconds(obj.get("eval_duration"))

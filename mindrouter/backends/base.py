@@ -47,14 +47,23 @@ from typing import Any
 
 import aiohttp
 
+from ..config import BackendSettings
+from . import events as reading
 from . import relay, responses, translate, whole
-from ._shapes import Family, StreamFailed, error_body, error_message
+from ._shapes import PROMPT_SLACK, Family, Fault, StreamFailed, Usage, error_body, error_message, not_supported
 from .call import Call
 from .probe import Probe, Reply, model_key
 from .translate import Plan
-from .upstream import MALFORMED, Upstream, describe
+from .upstream import MALFORMED, Upstream, describe, fault_of
 
-__all__ = ["Adapter", "BackendError"]
+__all__ = ["MAX_ANSWER_BYTES", "Adapter", "BackendError"]
+
+MAX_ANSWER_BYTES = BackendSettings().max_answer_bytes
+"""The default largest whole (non-streamed) answer read (256 MiB: a large batch of embeddings)."""
+_PROBE_BYTES = 16 << 20
+"""The largest probe answer read (/api/tags of a big library, vLLM's /metrics)."""
+_ERROR_BYTES = 64 << 10
+"""What is read of an error answer: enough for its message."""
 
 
 class BackendError(Exception):
@@ -64,13 +73,41 @@ class BackendError(Exception):
         before_first_byte (bool): nothing reached the client, so the daemon may
             retry on another backend.
         status (int | None): the backend's HTTP status, if it answered at all.
+        fault (Fault): whose fault it was, for the circuit breaker; DOWN (no answer) unless said.
     """
 
-    def __init__(self, message: str, *, before_first_byte: bool = True, status: int | None = None) -> None:
+    def __init__(
+        self,
+        message: str,
+        *,
+        before_first_byte: bool = True,
+        status: int | None = None,
+        fault: Fault = Fault.DOWN,
+    ) -> None:
         super().__init__(message)
         self.message = message
         self.before_first_byte = before_first_byte
         self.status = status
+        self.fault = fault
+
+
+class _TooLong(Exception):
+    """An answer was longer than what is read of it."""
+
+
+async def _read(resp: aiohttp.ClientResponse, limit: int, *, truncate: bool = False) -> bytes:
+    """The body, at most ``limit`` bytes: beyond it, the rest is dropped (``truncate``) or ``_TooLong`` raised."""
+    parts: list[bytes] = []
+    size = 0
+    async for data in resp.content.iter_any():
+        if size + len(data) > limit:
+            if truncate:
+                parts.append(data[: limit - size])
+                break
+            raise _TooLong(f"the backend's answer was longer than {limit} bytes")
+        size += len(data)
+        parts.append(data)
+    return b"".join(parts)
 
 
 _RETRYABLE_4XX = frozenset({408, 429})
@@ -89,6 +126,9 @@ class Adapter(ABC):
         first_byte_timeout (float): seconds until a stream's first chunk. Defaults to 300.
         chunk_timeout (float): the longest silence between chunks of a stream. Defaults to 60.
         api_key (str | None): sent as ``Authorization: Bearer`` when set. Defaults to None.
+        stream_timeout (float | None): the longest a stream may run in all. Defaults to None (no limit).
+        max_line_bytes (int): the longest stream line. Defaults to ``events.MAX_LINE_BYTES``.
+        max_answer_bytes (int): the largest whole answer. Defaults to MAX_ANSWER_BYTES.
     """
 
     engine: str = ""
@@ -106,8 +146,14 @@ class Adapter(ABC):
         first_byte_timeout: float = 300.0,
         chunk_timeout: float = 60.0,
         api_key: str | None = None,
+        stream_timeout: float | None = None,
+        max_line_bytes: int = reading.MAX_LINE_BYTES,
+        max_answer_bytes: int = MAX_ANSWER_BYTES,
     ) -> None:
         self.base_url = self.normalize_url(base_url)
+        self.stream_timeout = stream_timeout
+        self.max_line_bytes = max_line_bytes
+        self.max_answer_bytes = max_answer_bytes
         self.session = session
         self.request_timeout = request_timeout
         self.connect_timeout = connect_timeout
@@ -146,9 +192,11 @@ class Adapter(ABC):
             async with self.session.request(
                 method, self.base_url + path, json=json_body, headers=self._headers, timeout=self._probe_timeout
             ) as resp:
-                return Reply(resp.status, await resp.read())
+                return Reply(resp.status, await _read(resp, _PROBE_BYTES))
         except _NETWORK_ERRORS as exc:
             return Reply(None, error=describe(exc))
+        except _TooLong as exc:
+            return Reply(None, error=str(exc))
 
     def down(self, reply: Reply, what: str) -> Probe:
         """The unhealthy Probe for a failed ``what`` request."""
@@ -190,24 +238,30 @@ class Adapter(ABC):
                 if resp.status >= 400:
                     return await self._refused(call, resp, opened_at)
                 rel = relay.make_relay(plan)
-                events = relay.events(resp.content, rel, sse=self.family == "openai")
+                limits = reading.Limits(
+                    self.max_line_bytes, reading.answer_limit(call.max_tokens, call.body.get("n")), self.stream_timeout
+                )
+                events = reading.events(resp.content, rel, sse=self.family == "openai", limits=limits)
                 first = await events.__anext__()
         except StopAsyncIteration:
             _close(resp)
             raise BackendError("the backend ended the stream before any output") from None
         except TimeoutError:
             _close(resp)
-            raise BackendError(f"the backend sent nothing for {self.first_byte_timeout:g} s") from None
+            raise BackendError(
+                f"the backend sent nothing for {self.first_byte_timeout:g} s", fault=Fault.ERROR
+            ) from None
         except BackendError:
             _close(resp)
             raise
         except (*_NETWORK_ERRORS, StreamFailed, *MALFORMED) as exc:
             _close(resp)
-            raise BackendError(describe(exc)) from exc
+            raise BackendError(describe(exc), fault=fault_of(exc)) from exc
         except BaseException:
             _close(resp)
             raise
         _read_timeout(resp, self.chunk_timeout)
+        sent = len(plan.data)
         return Upstream(
             dialect=call.dialect,
             first=first,
@@ -216,7 +270,13 @@ class Adapter(ABC):
             usage=rel.usage,
             opened_at=opened_at,
             counter=rel,
+            vet=lambda: self._vet(rel.usage, call, sent, rel.bytes),
         )
+
+    def _vet(self, usage: Usage, call: Call, sent: int, received: int) -> None:
+        """Drop counts no request of ``sent`` bytes and answer of ``received`` bytes could hold, logging once."""
+        allowed = reading.answer_limit(call.max_tokens, call.body.get("n"))
+        usage.vet(self.base_url, sent + PROMPT_SLACK, received if allowed is None else min(received, allowed))
 
     async def _whole(self, call: Call, plan: Plan, opened_at: float, opened_ns: int) -> Upstream:
         """A non-streaming answer: the whole body within ``request_timeout``."""
@@ -226,17 +286,27 @@ class Adapter(ABC):
             ) as resp:
                 if resp.status >= 400:
                     return await self._refused(call, resp, opened_at)
-                body, usage = whole.convert_body(plan, await resp.read(), time.monotonic_ns() - opened_ns)
+                raw = await _read(resp, self.max_answer_bytes)
+                body, usage = whole.convert_body(plan, raw, time.monotonic_ns() - opened_ns)
+        except _TooLong as exc:
+            raise BackendError(str(exc), fault=Fault.CUT) from None
         except (*_NETWORK_ERRORS, *MALFORMED) as exc:
-            raise BackendError(describe(exc)) from exc
+            raise BackendError(describe(exc), fault=fault_of(exc)) from exc
+        self._vet(usage, call, len(plan.data), len(raw))
         return Upstream(dialect=call.dialect, body=body, usage=usage, opened_at=opened_at)
 
     async def _refused(self, call: Call, resp: aiohttp.ClientResponse, opened_at: float) -> Upstream:
-        """A 4xx is the client's answer, in its dialect; a 5xx, 408 or 429 is the backend's failure."""
-        message = error_message(await resp.read(), resp.status)
+        """A 4xx is the client's answer, in its dialect; a 5xx, 408 or 429 is the backend's failure,
+        and a "not supported" (501) says what the backend lacks."""
+        raw = await _read(resp, _ERROR_BYTES, truncate=True)
+        message = error_message(raw, resp.status)
         resp.release()
+        if not_supported(resp.status, raw):
+            raise BackendError(message, status=resp.status, fault=Fault.UNSUPPORTED)
         if resp.status >= 500 or resp.status in _RETRYABLE_4XX:
-            raise BackendError(f"the backend answered HTTP {resp.status}: {message}", status=resp.status)
+            raise BackendError(
+                f"the backend answered HTTP {resp.status}: {message}", status=resp.status, fault=Fault.ERROR
+            )
         body = error_body(call.dialect, resp.status, message)
         return Upstream(dialect=call.dialect, status=resp.status, body=body, error=message, opened_at=opened_at)
 

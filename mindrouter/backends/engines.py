@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 import aiohttp
 
 from ..errors import ConfigError
@@ -31,8 +33,11 @@ def make_adapter(
     first_byte_timeout: float = 300.0,
     chunk_timeout: float = 60.0,
     api_key: str | None = None,
+    **limits: Any,
 ) -> Adapter:
     """The adapter for ``engine`` at ``base_url``.
+
+    ``limits`` are the adapter's ``stream_timeout``, ``max_line_bytes`` and ``max_answer_bytes``.
 
     Raises:
         ConfigError: ``engine`` is not one of :data:`ENGINES`.
@@ -49,4 +54,5 @@ def make_adapter(
         first_byte_timeout=first_byte_timeout,
         chunk_timeout=chunk_timeout,
         api_key=api_key,
+        **limits,
     )

@@ -12,6 +12,7 @@ from __future__ import annotations
 from dataclasses import replace
 from typing import Any
 
+from ..reported import counter, fraction
 from ._prometheus import Samples
 from .openai import OpenAIAdapter
 from .probe import Probe, Reply
@@ -38,7 +39,7 @@ class LlamaCppAdapter(OpenAIAdapter):
         slots = [s for s in slots if isinstance(s, dict)] if isinstance(slots, list) else None
         props = replies["/props"].json() if replies["/props"].ok else None
         props = props if isinstance(props, dict) else {}
-        m = Samples(replies["/metrics"], ("llamacpp:",))
+        m = Samples(replies["/metrics"], ("llamacpp:",), self.base_url)
         busy = sum(map(_busy, slots)) if slots is not None else None
         modalities = props.get("modalities")
         vision = modalities.get("vision") if isinstance(modalities, dict) else props.get("multimodal")
@@ -53,8 +54,8 @@ class LlamaCppAdapter(OpenAIAdapter):
             probe,
             running=running if running is not None else busy,
             waiting=m.count("llamacpp:requests_deferred"),
-            kv_cache_usage=m.highest("llamacpp:kv_cache_usage_ratio"),
-            slots_total=total if isinstance(total, int) else None,
+            kv_cache_usage=fraction(m.highest("llamacpp:kv_cache_usage_ratio")),
+            slots_total=counter(total),
             slots_busy=busy,
             prompt_tokens_total=m.count("llamacpp:prompt_tokens_total"),
             completion_tokens_total=m.count("llamacpp:tokens_predicted_total"),

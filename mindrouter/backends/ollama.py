@@ -13,6 +13,7 @@ from typing import Any
 
 import aiohttp
 
+from ..reported import distrust, nbytes
 from .base import Adapter
 from .probe import Probe
 
@@ -57,8 +58,8 @@ class OllamaAdapter(Adapter):
         for entry in listed:
             if (name := _name(entry)) is not None:
                 details[name] = entry
-                if isinstance(entry.get("size"), int):
-                    sizes[name] = entry["size"]
+                if (size := self._bytes(entry, "size")) is not None:
+                    sizes[name] = size
         models = frozenset(details)
         loaded: set[str] = set()
         vram: dict[str, int] = {}
@@ -68,8 +69,8 @@ class OllamaAdapter(Adapter):
             if (name := _name(entry)) is not None:
                 loaded.add(name)
                 details[name] = {**details.get(name, {}), **entry}  # adds expires_at, size_vram
-                size = entry.get("size_vram", entry.get("size"))
-                if isinstance(size, int):
+                size = self._bytes(entry, "size_vram" if "size_vram" in entry else "size")
+                if size is not None:
                     vram[name] = size
         ver = version.json() if version.ok else None
         return Probe(
@@ -82,6 +83,14 @@ class OllamaAdapter(Adapter):
             details=details,
             version=ver.get("version") if isinstance(ver, dict) else None,
         )
+
+    def _bytes(self, entry: dict[str, Any], key: str) -> int | None:
+        """A size from /api/tags or /api/ps, checked: a negative, huge or mistyped one is dropped (logged once)."""
+        value = entry.get(key)
+        size = nbytes(value)
+        if size is None and value is not None:
+            distrust(self.base_url, key, value)
+        return size
 
     async def _learn_capabilities(self, listed: list[Any]) -> dict[str, frozenset[str]]:
         key_of: dict[str, str] = {}  # every name -> its digest

@@ -5,8 +5,8 @@ SSE ``data:`` payload, or one NDJSON line) and returns the bytes to send to
 the client (possibly none); ``end()`` is called at the upstream's EOF. Both
 raise :class:`StreamFailed` when the upstream reported an error or stopped
 early. Relays keep ``usage`` current as events pass, so the daemon can charge
-the backend's own token counts. Only :func:`events` does I/O. Whole
-(non-streaming) answers are converted in whole.py.
+the backend's own token counts. Only ``events.py``, which reads the upstream's
+lines into a relay, does I/O. Whole (non-streaming) answers are converted in whole.py.
 
 Passthrough relays look inside an event only when its bytes say it may carry
 usage or an error, so a matching stream costs one substring test per chunk.
@@ -14,18 +14,15 @@ usage or an error, so a matching stream costs one substring test per chunk.
 
 from __future__ import annotations
 
-import asyncio
-import contextlib
 import json
 import time
 import uuid
-from collections.abc import AsyncIterator
 from typing import Any
-
-import aiohttp
 
 from ._shapes import (
     DONE,
+    RESPONSES_USAGE,
+    Fault,
     StreamFailed,
     Usage,
     dumps,
@@ -50,7 +47,6 @@ __all__ = [
     "Relay",
     "ResponsesPassthrough",
     "SsePassthrough",
-    "events",
     "make_relay",
 ]
 
@@ -67,6 +63,8 @@ class Relay:
         self.first_ns: int | None = None
         self.fed = 0
         """Upstream events read so far (about one token each)."""
+        self.bytes = 0
+        """Upstream bytes read so far: a ceiling on the answer tokens a backend may claim."""
 
     event_lines = False
     """Pass SSE ``event:`` lines through to the client (the Responses API names its events)."""
@@ -140,8 +138,8 @@ class ResponsesPassthrough(Relay):
         if any(end in event for end in _RESPONSE_ENDS):  # escaped text cannot match
             obj = json.loads(event)
             usage = (obj.get("response") or {}).get("usage") or {}
-            self.usage.prompt_tokens = usage.get("input_tokens")
-            self.usage.completion_tokens = usage.get("output_tokens")
+            if isinstance(usage, dict):
+                self.usage.read(usage, *RESPONSES_USAGE)
             self.finished = True
         return b"data: " + event + b"\n\n"
 
@@ -191,7 +189,7 @@ class OllamaToOpenAI(Relay):
             return b""
         obj = json.loads(event)
         if "error" in obj:
-            raise StreamFailed(f"the backend reported: {obj['error']}")
+            raise StreamFailed(f"the backend reported: {obj['error']}", Fault.ERROR)
         message = obj.get("message") or {}
         text = (message.get("content") if self.chat else obj.get("response")) or ""
         out = b""
@@ -283,55 +281,3 @@ def make_relay(plan: Plan) -> Relay:
     if plan.passthrough:
         return SsePassthrough(plan) if plan.client == "openai" else NdjsonPassthrough(plan)
     return OllamaToOpenAI(plan) if plan.client == "openai" else OpenAIToOllama(plan)
-
-
-async def events(content: aiohttp.StreamReader, relay: Relay, *, sse: bool) -> AsyncIterator[bytes]:
-    """Read upstream events (SSE ``data:`` payloads or NDJSON lines) and yield what the relay renders.
-
-    What one socket read brought is rendered and yielded as one piece, so a burst of
-    events costs one write to the client, not one per event; ``relay.fed`` counts events.
-    """
-    feed = relay.feed
-    rest = b""
-    async for data in content.iter_any():
-        lines = (rest + data).split(b"\n")
-        rest = lines.pop()
-        out: list[bytes] = []
-        for line in lines:
-            line = line.strip()
-            if not line:
-                continue
-            if sse:
-                if not line.startswith(b"data:"):
-                    if relay.event_lines and line.startswith(b"event:"):
-                        out.append(line + b"\n")
-                    continue  # comments, id: lines, and event: lines unless passed on
-                line = line[5:].lstrip()
-            relay.fed += 1
-            try:
-                rendered = feed(line)
-            except Exception:  # what came before the failure still reaches the client first
-                if out:
-                    yield b"".join(out)
-                raise
-            if rendered:
-                out.append(rendered)
-            if relay.finished:
-                break
-        if out:
-            yield b"".join(out)
-        if relay.finished:
-            break
-    else:
-        line = rest.strip()
-        if line and (not sse or line.startswith(b"data:")):  # a last event without its newline
-            relay.fed += 1
-            rendered = feed(line[5:].lstrip() if sse else line)
-            if rendered:
-                yield rendered
-    tail = relay.end()
-    if tail:
-        yield tail
-    if not content.at_eof():  # let the connection go back to the pool; it ends right after the last event
-        with contextlib.suppress(TimeoutError, aiohttp.ClientError):
-            await asyncio.wait_for(content.read(), 1.0)

@@ -24,6 +24,7 @@ from collections.abc import Callable
 from typing import Any
 
 from ..errors import RequestError
+from ..reported import count
 from ._shapes import dumps
 
 __all__ = ["error_event", "renderer", "to_chat"]
@@ -152,7 +153,7 @@ def _tool(tool: Any, i: int) -> dict[str, Any]:
 def _usage(usage: Any) -> dict[str, Any] | None:
     if not isinstance(usage, dict):
         return None
-    prompt, completion = usage.get("prompt_tokens") or 0, usage.get("completion_tokens") or 0
+    prompt, completion = count(usage.get("prompt_tokens")) or 0, count(usage.get("completion_tokens")) or 0
     return {
         "input_tokens": prompt,
         "input_tokens_details": {"cached_tokens": 0},

@@ -15,9 +15,9 @@ from typing import Any
 
 import aiohttp
 
-from ._shapes import Dialect, StreamFailed, Usage, error_tail
+from ._shapes import Dialect, Fault, StreamFailed, Usage, error_tail
 
-__all__ = ["MALFORMED", "Upstream", "describe"]
+__all__ = ["MALFORMED", "Upstream", "describe", "fault_of"]
 
 MALFORMED = (ValueError, TypeError, KeyError, AttributeError, IndexError)
 """What reading a backend's unexpected JSON can raise: the backend's fault, never the daemon's."""
@@ -52,6 +52,7 @@ class Upstream:
         error: str | None = None,
         opened_at: float | None = None,
         counter: Any = None,
+        vet: Callable[[], None] | None = None,
     ) -> None:
         self.dialect = dialect
         self.status = status
@@ -64,6 +65,10 @@ class Upstream:
         self.usage = usage if usage is not None else Usage()
         self.error = error
         """Why the answer failed: the backend's 4xx message, or why a stream broke."""
+        self.fault: Fault | None = None
+        """Whose fault a broken stream was (set with ``error`` when it broke after the first byte)."""
+        self._vet = vet
+        """Checks ``usage`` against what the answer's bytes could hold, once, when the answer ends."""
         self.opened_at = opened_at if opened_at is not None else time.monotonic()
         self.first_byte_at: float | None = time.monotonic()
         """When the first chunk (or the whole body) was in hand."""
@@ -113,15 +118,22 @@ class Upstream:
             if self._closed:
                 raise StopAsyncIteration from None
             self.error = describe(exc)
+            self.fault = fault_of(exc)
             self._end(broken=True)
             tail = error_tail(self.dialect, self.error)
             return tail if self._render is None else self._render(tail)
         self.chunks = self._counter.fed if self._counter is not None else self.chunks + 1
         return chunk if self._render is None else self._render(chunk)
 
+    def _settle_usage(self) -> None:
+        vet, self._vet = self._vet, None
+        if vet is not None:
+            vet()
+
     def _end(self, *, broken: bool = False) -> None:
         self.done = True
         self._events = None
+        self._settle_usage()
         if self._response is not None:
             if broken:
                 self._response.close()
@@ -134,6 +146,7 @@ class Upstream:
         if self._closed:
             return
         self._closed = True
+        self._settle_usage()
         if self._response is not None:
             self._response.close()
             self._response = None
@@ -150,6 +163,16 @@ class Upstream:
 
     async def __aexit__(self, *exc: object) -> None:
         await self.close()
+
+
+def fault_of(exc: BaseException) -> Fault:
+    """Whose fault ``exc`` is: a stream's own verdict; ERROR for a timeout or an unreadable answer (one
+    client's prompt can make a backend slow or odd for it alone); DOWN for a connection that failed."""
+    if isinstance(exc, StreamFailed):
+        return exc.fault
+    if isinstance(exc, (asyncio.TimeoutError, *MALFORMED)):
+        return Fault.ERROR
+    return Fault.DOWN
 
 
 def describe(exc: BaseException) -> str:

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from dataclasses import replace
 
+from ..reported import fraction
 from ._prometheus import Samples
 from .openai import OpenAIAdapter
 from .probe import Probe, Reply
@@ -32,13 +33,13 @@ class VllmAdapter(OpenAIAdapter):
         probe = super().telemetry(probe, replies)
         if not probe.healthy:
             return probe
-        m = Samples(replies["/metrics"], _METRICS)
+        m = Samples(replies["/metrics"], _METRICS, self.base_url)
         version = replies["/version"].json() if replies["/version"].ok else None
         return replace(
             probe,
             running=m.count("vllm:num_requests_running"),
             waiting=m.count("vllm:num_requests_waiting"),
-            kv_cache_usage=m.highest("vllm:kv_cache_usage_perc", "vllm:gpu_cache_usage_perc"),
+            kv_cache_usage=fraction(m.highest("vllm:kv_cache_usage_perc", "vllm:gpu_cache_usage_perc")),
             prompt_tokens_total=m.count("vllm:prompt_tokens_total"),
             completion_tokens_total=m.count("vllm:generation_tokens_total"),
             version=version.get("version") if isinstance(version, dict) else None,

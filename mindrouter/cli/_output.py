@@ -22,6 +22,8 @@ from rich.console import Console, JustifyMethod
 from rich.table import Table
 from rich.text import Text
 
+from ..reported import shown
+
 __all__ = [
     "Column",
     "bar",
@@ -40,6 +42,7 @@ __all__ = [
     "print_json",
     "print_json_lines",
     "print_rows",
+    "safe_cell",
     "status_text",
     "table",
 ]
@@ -95,6 +98,15 @@ class Column:
         return NA if value is None else str(value)
 
 
+def safe_cell(value: str | Text) -> Text:
+    """A cell that shows what a backend or client named as it is: no rich markup read from it, and escape
+    sequences and newlines escaped (``reported.shown``), so a model named ``ESC[2J`` cannot clear the screen."""
+    if isinstance(value, Text):
+        plain = value.plain
+        return value if plain.isprintable() else Text(shown(plain, 10_000), style=value.style)
+    return Text(shown(value, 10_000))
+
+
 def titled_table(title: str | Text | None) -> Table:
     """An empty table in the CLI's one style: bold title on the left, a rule under the header, no edge."""
     return Table(
@@ -123,7 +135,7 @@ def table(
             overflow="fold",
         )
     for row in rows:
-        t.add_row(*(col.cell(row) for col in columns))
+        t.add_row(*(safe_cell(col.cell(row)) for col in columns))
     if not rows and empty:
         t.add_row(Text(empty, style="dim"), *([""] * (len(columns) - 1)))
     return t
@@ -233,6 +245,15 @@ def fmt_list(value: Any) -> str:
     if isinstance(value, str):
         return value
     return ", ".join(str(v) for v in value)
+
+
+def fmt_speeds(value: Any) -> str:
+    """Per-model decode rates a backend has shown (``model_speeds``), fastest first: "llama3 95, coder 61"."""
+    if not isinstance(value, dict):
+        return "-"
+    rates = [(m, _finite(s.get("decode"))) for m, s in value.items() if isinstance(s, dict)]
+    known = sorted(((r, str(m)) for m, r in rates if r is not None), reverse=True)
+    return ", ".join(f"{m} {fmt_num(r, 0)}" for r, m in known) or "-"
 
 
 def fmt_time(value: Any) -> str:

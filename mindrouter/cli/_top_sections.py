@@ -13,7 +13,17 @@ from typing import Any
 
 from rich.text import Text
 
-from ._output import bar, factor_text, fmt_duration, fmt_list, fmt_num, fmt_pct, fmt_tokens, status_text
+from ._output import (
+    bar,
+    factor_text,
+    fmt_duration,
+    fmt_list,
+    fmt_num,
+    fmt_pct,
+    fmt_speeds,
+    fmt_tokens,
+    status_text,
+)
 from ._pictures import share_bar, sparkline
 from .queue import user_model_rows
 
@@ -127,6 +137,7 @@ def _backends(data: Mapping[str, Any], bars: int) -> Section:
         ),
         Col("latency", lambda r: fmt_duration(r.get("latency_ema")), 7, "right", drop=6),
         Col("tok/s", lambda r: fmt_num(r.get("tokens_per_second"), 1), 5, "right", drop=7),
+        Col("tok/s by model", lambda r: fmt_speeds(r.get("model_speeds")), 14, max_width=30, drop=8),
         Col(
             "loaded models",
             lambda r: Text(fmt_list(one_name_per_model(r.get("loaded_models"))), style="green"),

@@ -25,7 +25,7 @@ from rich.console import Group, RenderableType
 from rich.table import Table
 from rich.text import Text
 
-from ._output import fmt_duration, fmt_num, fmt_tokens
+from ._output import fmt_duration, fmt_num, fmt_tokens, safe_cell
 from ._top_sections import Col, Section, clock, sections
 
 __all__ = ["Section", "allocate", "render_top"]
@@ -95,7 +95,7 @@ def _table(section: Section, width: int, rows: int) -> RenderableType:
     items = section.rows
     cut = 1 < rows < len(items)  # one line left: better the top row than only "… N more"
     for row in items[: rows - 1 if cut else rows]:
-        t.add_row(*(col.cell(row) for col in cols))
+        t.add_row(*(safe_cell(col.cell(row)) for col in cols))
     if cut:
         t.add_row(Text(f"… {len(items) - rows + 1} more", style="dim"), *[""] * (len(cols) - 1))
     return Group(title, t)

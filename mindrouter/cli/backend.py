@@ -9,6 +9,7 @@ from rich.markup import escape
 from rich.text import Text
 
 from .. import names
+from ..reported import shown
 from . import _validate
 from ._app import ConfigOption, JsonOption, complete_from, get_app
 from ._client import quote_name
@@ -19,6 +20,7 @@ from ._output import (
     fmt_list,
     fmt_num,
     fmt_pct,
+    fmt_speeds,
     print_changed,
     print_json,
     print_rows,
@@ -55,6 +57,7 @@ COLUMNS = [
     Column("models", "models", fmt=lambda v: fmt_num(len(v)) if isinstance(v, list) else fmt_list(v), justify="right"),
     Column("latency_ema", "latency", fmt=fmt_duration, justify="right"),
     Column("tokens_per_second", "tok/s", fmt=lambda v: fmt_num(v, 1), justify="right"),
+    Column("model_speeds", "tok/s by model", fmt=fmt_speeds),
     Column("utilization", "gpu", fmt=fmt_pct, justify="right"),
     Column("url", "url", style="dim"),
 ]
@@ -195,10 +198,10 @@ def add(
     )
     if state == "unhealthy" and row.get("error"):
         console(stderr=True).print(
-            f"[yellow]warning:[/] {escape(name)} did not answer its first probe: {escape(str(row['error']))}"
+            f"[yellow]warning:[/] {escape(name)} did not answer its first probe: {escape(shown(row['error']))}"
         )
     if row.get("node_error"):
-        console(stderr=True).print(f"[yellow]warning:[/] {escape(str(row['node_error']))}")
+        console(stderr=True).print(f"[yellow]warning:[/] {escape(shown(row['node_error']))}")
 
 
 @backend_app.command("drain")

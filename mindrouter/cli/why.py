@@ -23,16 +23,36 @@ from ._output import console, fmt_duration, fmt_num, fmt_pct, fmt_time, fmt_toke
 
 __all__ = ["SCORE_TERMS", "ended", "register", "why_view"]
 
-#: (record key, header, meaning) of each score term, in the order they add up.
+#: (record key, header, meaning) of each term of a candidate's estimate (docs/routing.md), in seconds from the decision.
 SCORE_TERMS = [
-    ("model_loaded", "loaded", "the model is already in GPU memory"),
-    ("low_utilization", "low util", "its GPUs are idle"),
-    ("latency", "latency", "it answers quickly"),
-    ("short_queue", "short queue", "few requests in flight there"),
-    ("high_throughput", "throughput", "it produces tokens fast"),
-    ("priority", "priority", "the backend's own --priority"),
+    ("start", "start s", "until it could start: the rest of a load, a whole load, or a slot to free"),
+    ("prefill", "prefill s", "reading the prompt"),
+    ("decode", "decode s", "writing the expected answer"),
+    ("finish", "finish s", "start + prefill + decode"),
+    ("eviction", "evict s", "reload time of the idle models it would evict"),
+    ("delay", "delay s", "time it would take, in all, from the streams already there"),
+    ("decode_rate", "tok/s", "tokens a second the answer is expected to get there"),
+    ("streams", "streams", "streams already running there"),
+    ("priority", "priority", "the backend's own --priority, in seconds"),
     ("penalty", "penalty", "it already failed this request (subtracted)"),
 ]
+#: The terms a loser can have lost by, and how to say so.
+_LOST_BY = [
+    ("start", "it would have to load the model or wait for a slot"),
+    ("eviction", "it would evict idle models"),
+    ("delay", "it would slow the streams already there"),
+    ("prefill", "it reads prompts more slowly"),
+    ("decode", "it writes answers more slowly"),
+    ("penalty", "it already failed this request"),
+]
+
+
+def _lost_by(row: Mapping[str, Any], best: Mapping[str, Any]) -> str:
+    """The term that cost this candidate the most seconds against the chosen one."""
+    gaps = [(float(row.get(k) or 0) - float(best.get(k) or 0), why) for k, why in _LOST_BY]
+    gap, reason = max(gaps)
+    return f"{reason} (+{gap:.1f} s)" if gap > 0.05 else ""
+
 
 #: (record key, label, meaning, formatter) of each priority term.
 PRIORITY_TERMS = [
@@ -127,15 +147,17 @@ def why_view(record: Mapping[str, Any], names: Mapping[str, str]) -> Group:
     components = record.get("score_components") or {}
     scores = record.get("scores") or {}
     ids = [str(b) for b in record.get("candidate_backends") or []] or list(components) or list(scores)
-    ids.sort(key=lambda b: -float((components.get(b) or {}).get("total", scores.get(b, 0)) or 0))
-    cand = titled_table("backends that could serve it (the highest total wins)")
+    ids.sort(key=lambda b: -float((components.get(b) or {}).get("score", scores.get(b, 0)) or 0))
+    cand = titled_table("backends that could serve it (the highest score wins: priority - expected seconds)")
     cand.add_column("backend")
-    cand.add_column("total", justify="right")
+    cand.add_column("score", justify="right")
     for _, header, _ in SCORE_TERMS:
         cand.add_column(header, justify="right")
+    best = components.get(str(chosen)) or {}
+    lost: list[str] = []
     for bid in ids:
         row = components.get(bid) or {}
-        total = row.get("total", scores.get(bid))
+        total = row.get("score", scores.get(bid))
         cell = Text(label(bid), style="bold cyan" if bid == chosen else "")
         if bid == chosen:
             cell.append(" ✓", style="green")
@@ -144,10 +166,17 @@ def why_view(record: Mapping[str, Any], names: Mapping[str, str]) -> Group:
             for key, _, _ in SCORE_TERMS
         ]
         cand.add_row(cell, Text(fmt_num(total, 1), style="bold"), *cells)
+        reason = _lost_by(row, best) if bid != chosen and row and best else ""
+        if reason:
+            lost.append(f"{label(bid)} lost: {reason}")
+        if row.get("evicts"):
+            lost.append(f"{label(bid)} would evict {', '.join(map(str, row['evicts']))}")
     if not ids:
         cand.add_row(Text("none", style="dim"), *[""] * (len(SCORE_TERMS) + 1))
 
     parts: list[Any] = [head, Text(), prio, Text(), cand]
+    if lost:
+        parts.append(Text("\n".join(lost)))
     rejected = record.get("rejected") or {}
     if rejected:
         refused = titled_table("backends refused")
@@ -158,7 +187,7 @@ def why_view(record: Mapping[str, Any], names: Mapping[str, str]) -> Group:
                 label(str(bid)), "; ".join(map(str, reasons)) if isinstance(reasons, list) else str(reasons)
             )
         parts += [Text(), refused]
-    legend = Text("score terms: " + "; ".join(f"{h} = {m}" for _, h, m in SCORE_TERMS), style="dim")
+    legend = Text("estimate: " + "; ".join(f"{h} = {m}" for _, h, m in SCORE_TERMS), style="dim")
     parts += [Text(), legend]
     return Group(*parts)
 

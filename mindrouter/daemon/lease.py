@@ -29,6 +29,7 @@ from dataclasses import dataclass
 from enum import Enum
 from typing import TYPE_CHECKING, Any, Protocol
 
+from ..backends import Fault
 from ..backends.base import BackendError, Call, Upstream
 from ..errors import RequestError
 from ..scheduler import DecisionRecord, Dispatch, Job, Timings
@@ -58,10 +59,16 @@ class Backends(Protocol):
     def adapter(self, backend_id: Any) -> Any:
         """The backend's adapter (with ``open(call, model)``), or None if it was removed."""
 
-    def request_failed(self, backend_id: Any, error: str) -> None:
-        """One request failed on this backend: one count toward its circuit breaker."""
+    def request_failed(self, backend_id: Any, error: str, *, fault: Fault = Fault.DOWN, user: Any = None) -> None:
+        """One request failed on this backend with ``fault``: the breaker decides whether it counts."""
 
     def request_succeeded(self, backend_id: Any) -> None: ...
+
+    def lacks(self, backend_id: Any, model: str, modality: Any) -> None:
+        """The backend answered "not supported" for ``modality`` on ``model``: route such requests elsewhere."""
+
+    def serves(self, model: str, modality: Any, *, besides: Any = ()) -> bool:
+        """Another backend (not in ``besides``) offers ``modality`` for ``model``."""
 
     def released(self, backend_id: Any) -> None:
         """A slot there was freed (a draining backend may now be idle)."""
@@ -198,11 +205,19 @@ class Lease:
                 raise
             except BackendError as exc:
                 self._failed_on[bid] = exc.message
-                if adapter is not None:
-                    backends.request_failed(bid, exc.message)
+                if exc.fault is Fault.UNSUPPORTED:  # routing learns it
+                    backends.lacks(bid, job.model, job.modality)
+                elif adapter is not None:
+                    backends.request_failed(bid, exc.message, fault=exc.fault, user=job.user_id)
+                # Only another live backend may serve it: waiting for none would hold the client to its timeout.
+                retry = len(self._failed_on) <= dispatcher.max_retries and backends.serves(
+                    job.model, job.modality, besides=self._failed_on
+                )
                 self._end_attempt(Outcome.BACKEND_FAILED, exc.message)
-                again = dispatcher.fail(job.id, retry=len(self._failed_on) <= dispatcher.max_retries)
+                again = dispatcher.fail(job.id, retry=retry)
                 self._released()
+                if not again and exc.fault is Fault.UNSUPPORTED:
+                    raise self._unsupported(exc.message) from None
                 if not again:
                     raise self._backend_failed(exc.message) from None
                 self._future = dispatcher.requeued(job)
@@ -283,7 +298,9 @@ class Lease:
         now = time.monotonic()
         if upstream.error is not None and upstream.status < 400:  # broke after the first byte
             prompt, completion = self._used()
-            dispatcher.backends.request_failed(bid, upstream.error)
+            dispatcher.backends.request_failed(
+                bid, upstream.error, fault=upstream.fault or Fault.DOWN, user=self.job.user_id
+            )
             dispatcher.fail(self.job.id, retry=False, prompt_tokens=prompt, completion_tokens=completion)
             self._end_attempt(Outcome.BACKEND_FAILED, upstream.error)
             self._released()
@@ -371,6 +388,16 @@ class Lease:
         )
         self._settle(Outcome.BACKEND_FAILED, message, 503)
         return RequestError(message, status=503, type="service_unavailable", code="backend_failed", retry_after=5)
+
+    def _unsupported(self, error: str) -> RequestError:
+        """No backend left offers what the request needs: say what the backend lacks, not "try again"."""
+        what = self.job.modality.value
+        message = (
+            f"no backend serving {self.job.model!r} can answer {what} requests (the backend said: {error});"
+            " use a model served with them, or ask an admin to enable them on its backend"
+        )
+        self._settle(Outcome.REJECTED, message, 400)
+        return RequestError(message, status=400, type="invalid_request_error", code="unsupported")
 
     def _settle(
         self, outcome: Outcome, reason: str | None, status: int, prompt_tokens: int = 0, completion_tokens: int = 0

@@ -2,7 +2,8 @@
 
 A model name or path is the client's to choose; written verbatim, a newline
 in it forges a log line of the client's making. :func:`safe` escapes control
-and non-printable characters (as ``repr`` would) and bounds the length;
+and non-printable characters (as ``repr`` would) and bounds the length
+(it is :func:`mindrouter.reported.shown`, the one rule for text shown anywhere);
 :class:`OneLineFormatter` applies it to every line the daemon logs, so no
 call site can forget.
 """
@@ -11,15 +12,9 @@ from __future__ import annotations
 
 import logging
 
+from ..reported import shown as safe
+
 __all__ = ["OneLineFormatter", "safe"]
-
-
-def safe(text: object, limit: int = 200) -> str:
-    """``text`` on one line: control characters escaped, at most ``limit`` characters plus an ellipsis."""
-    value = text if isinstance(text, str) else str(text)
-    if not value.isprintable():
-        value = "".join(c if c.isprintable() else repr(c)[1:-1] for c in value)
-    return value if len(value) <= limit else value[:limit] + "..."
 
 
 class OneLineFormatter(logging.Formatter):

@@ -1,17 +1,18 @@
-"""Backends as the daemon runs them: adapters, probes, circuit breakers, drain.
+"""Backends as the daemon runs them: adapters, probes, circuit breakers, drain, what each lacks.
 
 Each backend has one poll task that probes it at once when added and then every
-``poll_interval``. What a probe (and the GPU readings for the backend's GPUs)
-says is folded into a fresh ``scheduler.Backend`` snapshot and handed to the
-core; the core's own counters (in flight, latency, tokens/s) stay in the core.
-A backend is taken out by ``probe_failures`` failed probes in a row, never by
-one. Failed probes and failed requests (a connection failure, a timeout or a
-5xx; one count per request, however often it was retried) both count toward
-the circuit breaker: ``circuit_failures`` of them within ``circuit_window``
-seconds open it for ``circuit_cooldown`` seconds, after which the first
-successful probe closes it again. A request the backend served clears the
-count; a passing probe does not, so a backend that flaps between probes is
-held out rather than readmitted at every good one.
+``poll_interval``; one that is down is probed again after ``reprobe_interval``
+(about 0.5 s), doubling up to ``poll_interval``, so a backend that recovers is
+back within about a second rather than a whole poll later. What a probe (and
+the GPU readings for the backend's GPUs) says is folded into a fresh
+``scheduler.Backend`` snapshot and handed to the core; the core's own counters
+(in flight, latency, tokens/s) stay in the core. A backend is taken out by
+``probe_failures`` failed probes in a row, never by one. The circuit breaker
+(``breaker.py``) counts only the backend's own faults. A backend that answered
+"not supported" for a model and modality (llama-server without
+``--embeddings``) lacks it: its snapshot stops offering that modality, so
+routing sends such requests to another backend with the model, until the
+backend is seen down and back (a restart may have changed its flags).
 """
 
 from __future__ import annotations
@@ -20,17 +21,17 @@ import asyncio
 import contextlib
 import logging
 import time
-from collections import deque
-from collections.abc import Callable
+from collections.abc import Callable, Hashable
 from dataclasses import dataclass, field
 from typing import Any
 
 import aiohttp
 
-from ..backends import Adapter, Probe, make_adapter, model_key
+from ..backends import Adapter, Fault, Probe, make_adapter, model_key
 from ..config import BackendSettings
-from ..scheduler import Backend, Modality, Scheduler
+from ..scheduler import ALL_MODALITIES, Backend, Modality, Scheduler
 from ..tasks import stop
+from .breaker import Breaker
 
 __all__ = ["Entry", "Registry"]
 
@@ -47,23 +48,32 @@ class Entry:
     row: Any
     """The store's backend row (id, name, url, engine, max_concurrent, gpus, node, priority, state)."""
     adapter: Adapter
+    breaker: Breaker
+    clock: Callable[[], float]
+    """The registry's clock (tests replace it)."""
     probe: Probe | None = None
     known: Probe | None = None
     """The last healthy probe: a backend that is down still names its models, so requests get 503, not 404."""
-    failed_at: deque[float] = field(default_factory=deque)
-    """When the failures counted toward the circuit breaker happened (within ``circuit_window``)."""
     probe_streak: int = 0
     """Failed probes in a row."""
-    open_until: float = 0.0
-    circuit_open: bool = False
     error: str | None = None
+    lacks: dict[str, frozenset[Modality]] = field(default_factory=dict)
+    """Per model key, what the backend answered "not supported" to."""
     task: asyncio.Task[None] | None = None
     probed: asyncio.Event = field(default_factory=asyncio.Event)
+    wake: asyncio.Event = field(default_factory=asyncio.Event)
+    """Set to probe again at once (a request met the backend failing)."""
+    probed_at: float = float("-inf")
+    """When the last probe ended."""
+
+    @property
+    def circuit_open(self) -> bool:
+        return self.breaker.open
 
     @property
     def failures(self) -> int:
-        """Failures counted toward the circuit breaker now."""
-        return len(self.failed_at)
+        """Faults counted toward the circuit breaker now."""
+        return self.breaker.failures(self.clock())
 
 
 def _modalities(capabilities: frozenset[str]) -> frozenset[Modality]:
@@ -125,8 +135,11 @@ class Registry:
             connect_timeout=self.settings.connect_timeout,
             first_byte_timeout=self.settings.first_byte_timeout,
             chunk_timeout=self.settings.chunk_timeout,
+            stream_timeout=self.settings.stream_timeout or None,
+            max_line_bytes=self.settings.max_line_bytes,
+            max_answer_bytes=self.settings.max_answer_bytes,
         )
-        entry = Entry(row, adapter)
+        entry = Entry(row, adapter, Breaker(self.settings), lambda: self.clock())
         self.entries[row.id] = entry
         self._publish(entry)
         entry.task = asyncio.create_task(self._poll(entry), name=f"probe-{row.name}")
@@ -157,9 +170,20 @@ class Registry:
     # -- probing -----------------------------------------------------------
 
     async def _poll(self, entry: Entry) -> None:
+        backoff = self.settings.reprobe_interval
         while True:
             await self.probe(entry)
-            await asyncio.sleep(self.settings.poll_interval)
+            if self.healthy(entry):
+                backoff, delay = self.settings.reprobe_interval, self.settings.poll_interval
+            else:  # down: look again soon, backing off, so a recovered backend is back within about a second
+                delay = entry.breaker.next_probe(self.clock(), backoff)
+                backoff = min(2 * backoff, self.settings.poll_interval)
+            entry.wake.clear()
+            with contextlib.suppress(asyncio.TimeoutError):
+                await asyncio.wait_for(entry.wake.wait(), delay)
+            gap = entry.probed_at + self.settings.reprobe_interval - self.clock()
+            if gap > 0:  # woken by failing requests: at most one probe every reprobe_interval
+                await asyncio.sleep(gap)
 
     async def probe(self, entry: Entry) -> None:
         try:
@@ -171,19 +195,23 @@ class Registry:
             probe = Probe(healthy=False, error=f"probe failed: {exc}")
         was_healthy = self.healthy(entry)
         entry.probe = probe
+        now = entry.probed_at = self.clock()
         if probe.healthy:
+            if entry.known is None or entry.probe_streak >= self.settings.probe_failures:
+                entry.lacks.clear()  # seen down and back (or new): it may have been restarted with other flags
             entry.known = probe
             entry.error = None
             entry.probe_streak = 0
-            if entry.circuit_open and self.clock() >= entry.open_until:
+            if entry.breaker.probe_passed(now):
                 log.info("backend=%s circuit closed after a successful probe", entry.row.name)
-                entry.failed_at.clear()
-                entry.circuit_open = False
         else:
             entry.error = probe.error or "probe failed"
             entry.probe_streak += 1
-            self._count_failure(entry)
+            if entry.breaker.probe_failed(now):
+                self._opened(entry)
         if was_healthy != self.healthy(entry):
+            if was_healthy:
+                entry.wake.set()  # a probe from outside the poll loop found it down: start backing off now
             log.info(
                 "backend=%s is now %s%s",
                 entry.row.name,
@@ -194,36 +222,63 @@ class Registry:
         self._publish(entry)
         entry.probed.set()
 
-    def _count_failure(self, entry: Entry) -> None:
-        now = self.clock()
-        failed_at = entry.failed_at
-        failed_at.append(now)
-        while failed_at[0] < now - self.settings.circuit_window:
-            failed_at.popleft()
-        if entry.failures >= self.settings.circuit_failures and not entry.circuit_open:
-            entry.circuit_open = True
-            entry.open_until = now + self.settings.circuit_cooldown
-            log.warning(
-                "backend=%s circuit opened after %d failures within %.0f s (%s)",
-                entry.row.name,
-                entry.failures,
-                self.settings.circuit_window,
-                entry.error,
-            )
+    def _opened(self, entry: Entry) -> None:
+        log.warning(
+            "backend=%s circuit opened after %d failures within %.0f s (%s)",
+            entry.row.name,
+            entry.failures,
+            self.settings.circuit_window,
+            entry.error,
+        )
 
-    def request_failed(self, backend_id: int, error: str) -> None:
-        """A request failed on this backend (connection, timeout, 5xx): one count toward its breaker."""
-        entry = self.entries.get(backend_id)
-        if entry is None:
+    def request_failed(self, backend_id: Hashable, error: str, *, fault: Fault = Fault.DOWN, user: Any = None) -> None:
+        """A request failed on this backend; ``breaker.py`` decides whether ``fault`` counts against it.
+
+        Args:
+            fault: whose fault: DOWN always counts, ERROR once more than one user met one, the rest never.
+            user: whose request it was.
+        """
+        entry = self.entries.get(backend_id)  # type: ignore[call-overload]
+        if entry is None or fault in (Fault.UNSUPPORTED, Fault.CUT):
             return
         entry.error = error
-        self._count_failure(entry)
+        if entry.breaker.record(fault, user, self.clock()):
+            self._opened(entry)
         self._publish(entry)
+        entry.wake.set()  # probe soon: is it failing for everyone, or for this one request?
 
-    def request_succeeded(self, backend_id: int) -> None:
-        entry = self.entries.get(backend_id)
-        if entry is not None and entry.failed_at and not entry.circuit_open:
-            entry.failed_at.clear()
+    def request_succeeded(self, backend_id: Hashable) -> None:
+        entry = self.entries.get(backend_id)  # type: ignore[call-overload]
+        if entry is not None:
+            entry.breaker.served()
+
+    def lacks(self, backend_id: Hashable, model: str, modality: Modality) -> None:
+        """The backend answered "not supported" to ``modality`` on ``model``: route such requests elsewhere."""
+        entry = self.entries.get(backend_id)  # type: ignore[call-overload]
+        if entry is None:
+            return
+        key = model_key(model)
+        had = entry.lacks.get(key, frozenset())
+        if modality not in had:
+            entry.lacks[key] = had | {modality}
+            log.info(
+                "backend=%s does not serve %s requests for %s; routing them elsewhere",
+                entry.row.name,
+                modality.value,
+                key,
+            )
+            self._publish(entry)
+
+    def serves(self, model: str, modality: Modality, *, besides: Any = ()) -> bool:
+        """Another backend (not in ``besides``) offers ``modality`` for ``model``, as far as is known."""
+        key = model_key(model)
+        for bid, entry in self.entries.items():
+            if bid in besides or entry.row.state != "enabled" or not self.healthy(entry):
+                continue
+            core = self.scheduler.backend(bid)
+            if core is not None and key in core.models and modality in core.model_modalities.get(key, core.modalities):
+                return True
+        return False
 
     def released(self, backend_id: int) -> None:
         """A slot on this backend was freed: a draining backend may now be idle."""
@@ -259,13 +314,16 @@ class Registry:
                 if need is not None:
                     model_vram[model_key(model)] = need
         capabilities = probe.capabilities if probe is not None else {}
+        modalities = {model_key(m): _modalities(c) for m, c in capabilities.items()}
+        for key, lacking in entry.lacks.items():
+            modalities[key] = modalities.get(key, ALL_MODALITIES) - lacking
         self.scheduler.set_backend(
             Backend(
                 id=row.id,
                 name=row.name,
                 models=frozenset(map(model_key, models)),
                 loaded_models=frozenset(map(model_key, probe.loaded_models)) if probe is not None else frozenset(),
-                model_modalities={model_key(m): _modalities(c) for m, c in capabilities.items()},
+                model_modalities=modalities,
                 max_concurrent=row.max_concurrent,
                 priority=row.priority,
                 healthy=self.healthy(entry),

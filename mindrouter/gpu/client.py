@@ -62,7 +62,7 @@ async def fetch_agent(
     except aiohttp.ClientError as exc:
         raise AgentError(f"cannot reach GPU agent at {base} ({exc}); is `mr agent` running there?") from exc
     try:
-        return readings_from_json(json.loads(body))
+        return readings_from_json(json.loads(body), base)
     except ValueError as exc:  # JSONDecodeError or the wrong shape
         raise AgentError(f"GPU agent at {base} sent something that is not GPU readings ({exc})") from exc
 

@@ -26,6 +26,8 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import asdict, dataclass, fields
 from typing import Any, NamedTuple
 
+from ..reported import BYTES_LIMIT, distrust, nbytes, number
+
 __all__ = ["GpuProbe", "GpuProcess", "GpuReading", "read_gpus", "readings_from_json"]
 
 log = logging.getLogger(__name__)
@@ -80,8 +82,9 @@ class GpuReading:
         return data
 
     @classmethod
-    def from_dict(cls, data: Mapping[str, Any]) -> GpuReading:
-        """Build a reading from JSON sent by another machine; a value of the wrong type reads as None.
+    def from_dict(cls, data: Mapping[str, Any], source: str = "") -> GpuReading:
+        """Build a reading from JSON sent by another machine (``source``, named once in the log for each
+        value dropped); a value of the wrong type or out of range reads as None.
 
         Raises:
             ValueError: ``data`` is not a JSON object.
@@ -96,7 +99,14 @@ class GpuReading:
             value = data.get(f.name)
             if kind is float and isinstance(value, int) and not isinstance(value, bool):
                 value = float(value)
-            values[f.name] = value if isinstance(value, kind) and not isinstance(value, bool) else None
+            value = value if isinstance(value, kind) and not isinstance(value, bool) else None
+            if f.name in _RANGES and value is not None:  # another machine's numbers: NaN, negative, huge dropped
+                low, high = _RANGES[f.name]
+                checked = number(value, high, low=low, integral=kind is int)
+                if checked is None:
+                    distrust(source, f.name, value)
+                value = checked
+            values[f.name] = value
         procs = data.get("processes")
         if isinstance(procs, list):
             values["processes"] = tuple(
@@ -122,6 +132,19 @@ _FIELD_TYPES: dict[str, type] = {
 }
 
 
+_RANGES: dict[str, tuple[float, float]] = {
+    "memory_total": (0, BYTES_LIMIT),
+    "memory_used": (0, BYTES_LIMIT),
+    "memory_free": (0, BYTES_LIMIT),
+    "utilization_gpu": (0, 100),
+    "utilization_memory": (0, 100),
+    "temperature_c": (-100, 300),
+    "power_w": (0, 100_000),
+    "power_limit_w": (0, 100_000),
+}
+"""What a reading from ``mr agent`` may say; anything else reads as unknown."""
+
+
 def _is_int(value: Any) -> bool:
     return isinstance(value, int) and not isinstance(value, bool)
 
@@ -129,18 +152,18 @@ def _is_int(value: Any) -> bool:
 def _process_from(data: Mapping[str, Any]) -> GpuProcess:
     used = data.get("used_memory")
     name = data.get("name")
-    return GpuProcess(int(data["pid"]), used if _is_int(used) else None, name if isinstance(name, str) else None)
+    return GpuProcess(int(data["pid"]), nbytes(used), name if isinstance(name, str) else None)
 
 
-def readings_from_json(data: Any) -> list[GpuReading]:
-    """Parse a JSON array of readings (the agent's ``GET /gpus``).
+def readings_from_json(data: Any, source: str = "") -> list[GpuReading]:
+    """Parse a JSON array of readings (the agent's ``GET /gpus`` at ``source``).
 
     Raises:
         ValueError: ``data`` is not a list of objects.
     """
     if not isinstance(data, list):
         raise ValueError(f"expected a JSON array of GPU readings, not {type(data).__name__}")
-    return [GpuReading.from_dict(item) for item in data]
+    return [GpuReading.from_dict(item, source) for item in data]
 
 
 def _explain_once(message: str, level: int = logging.WARNING) -> None:

@@ -93,6 +93,8 @@ class BackendLoad:
     speeds: dict[str, ModelSpeed] = field(default_factory=dict)
     load_bytes_per_second: float | None = None
     """Measured from Ollama's ``load_duration``."""
+    loaders: set[str] = field(default_factory=set)
+    """Jobs running here that the core sent while their model was not resident: only theirs time a whole load."""
 
     def resident(self, backend: Backend, now: float) -> frozenset[str]:
         """Models resident or loading now, as far as the core can tell before the next poll."""

@@ -173,6 +173,8 @@ class Classes:
         if best is None:
             return None
         waiting = None
+        if info.closed and not self._wait_may_win(info, model, job, answer_tokens, best, queued, settings, prior):
+            return best.backend_id, tuple(rows), dict(info.closed)
         for bid, reasons in info.closed.items():
             if reasons != _FULL or (avoid and bid in excluded):  # type: ignore[operator]
                 continue
@@ -184,6 +186,31 @@ class Classes:
         if waiting is not None:
             return None, (waiting, *rows), dict(info.closed)
         return best.backend_id, tuple(rows), dict(info.closed)
+
+    def _wait_may_win(
+        self,
+        info: ClassInfo,
+        model: str,
+        job: Job,
+        answer_tokens: float,
+        best: Estimate,
+        queued: int,
+        settings: SchedulerSettings,
+        prior: Speeds,
+    ) -> bool:
+        """Whether any full candidate could beat ``best``: a bound that skips them all when the queue is long.
+
+        Waiting there takes at least ``queued`` jobs' time at the best rates known, spread over
+        the most slots a candidate has; when that alone is longer than ``best`` takes, none can win.
+        """
+        fastest = prior.best.get(model)
+        decode = max(fastest.decode or 0.0, settings.default_decode_rate) if fastest else settings.default_decode_rate
+        prefill = (fastest.prefill if fastest and fastest.prefill else 0.0) or decode * settings.prefill_speedup
+        prefill = max(prefill, decode * settings.prefill_speedup)
+        typical = job.prompt_tokens / prefill + answer_tokens / decode
+        slots = max(1, max(self._backends[bid].max_concurrent for bid in info.closed))
+        top = max(self._backends[bid].priority for bid in info.closed)
+        return top - typical * queued / slots > best.score + settings.wait_margin
 
 
 #: Reasons that end by themselves as running jobs finish.

@@ -401,11 +401,11 @@ class Scheduler(JobOutcomes, CoreReading):
         self.ledger.start(running)
         self._rekey_seats(fair.activity(pool, seat))
         self._rekey(pool, seat)
-        self._took(backend_id, job.model, routed, now)
+        self._took(backend_id, job.id, job.model, routed, now)
         self.classes.load_changed(backend_id)
         return Dispatch(job, backend_id, record)
 
-    def _took(self, backend_id: Hashable, model: str, routed: Route, now: float) -> None:
+    def _took(self, backend_id: Hashable, job_id: str, model: str, routed: Route, now: float) -> None:
         """A slot is taken: count it per model, and expect the load and evictions it triggers at once."""
         load = self._loads[backend_id]
         load.in_flight += 1
@@ -414,5 +414,6 @@ class Scheduler(JobOutcomes, CoreReading):
         chosen = next(row for row in routed[1] if row.backend_id == backend_id)
         if chosen.start > 0 and model not in load.loading:
             load.loading[model] = now + chosen.start
+            load.loaders.add(job_id)
         for victim in chosen.evicts:
             load.evicted[victim] = now

@@ -13,13 +13,17 @@ seconds from now, for each candidate with a free slot:
     slowdown = 1 + stream_slowdown * (streams already on that backend + its own queue),
                or 1 + utilization where none of ours run there (someone else's work)
 
-with the decode and prefill rates of that (backend, model) pair learned from
+The delay is what the job costs the others: finishing first is not the
+only aim, and a job that would take the fastest GPU from jobs that can run
+nowhere else (a 70B on the one H100) pays for the time it takes from them.
+The rates are those of that (backend, model) pair learned from
 answers (``Speeds``); a pair with none yet borrows the best rate known for the
 model elsewhere (so a new backend gets tried), else the settings' defaults.
 Evicting an idle model to make room costs its reload time (``eviction_price``
 per second). The score, higher is better as in the seed's records, is
 
-    score = priority - (start + eviction cost) - prefill - decode - retry penalty        (seconds)
+    delay = streams already running there x stream_slowdown x this job's time alone there
+    score = priority - (start + eviction cost) - prefill - decode - delay - retry penalty        (seconds)
 
 so an admin's ``priority`` is worth that many seconds of expected finish. The
 seed's ``SCHEDULER_SCORE_*`` settings weigh the terms against their defaults:
@@ -59,6 +63,8 @@ class Estimate:
     """Idle models Ollama would evict to make room."""
     eviction: float = 0.0
     """Seconds of reload that evicting them costs the pool."""
+    delay: float = 0.0
+    """Seconds this job adds, in all, to the streams already running there."""
     decode_rate: float = 0.0
     """Tokens per second this job is expected to get there (after the slowdown)."""
     streams: int = 0
@@ -82,6 +88,7 @@ class Estimate:
             "finish": round(self.finish, 3),
             "evicts": list(self.evicts),
             "eviction": round(self.eviction, 3),
+            "delay": round(self.delay, 3),
             "decode_rate": round(self.decode_rate, 2),
             "streams": self.streams,
             "learned": self.learned,
@@ -158,8 +165,11 @@ def estimate(
     t_decode = answer_tokens * slowdown / decode
     finish = start + t_prefill + t_decode
     eviction = settings.eviction_price * sum(load_seconds(backend, load, m, settings) for m in evicts)
+    # Each stream already there runs slower while this one runs: about stream_slowdown of this job's time alone.
+    delay = load.in_flight * settings.stream_slowdown * (t_prefill + t_decode) / slowdown
     weighed = (
         loads * (start + eviction)
+        + delay * w.short_queue / _SEED.short_queue
         + t_prefill * w.latency / _SEED.latency
         + t_decode * w.high_throughput / _SEED.high_throughput
     )
@@ -172,6 +182,7 @@ def estimate(
         finish,
         evicts,
         eviction,
+        delay,
         decode / slowdown,
         streams,
         own is not None and own.decode is not None,

@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING
 if TYPE_CHECKING:
     from .records import DecisionRecord
 
-__all__ = ["TOKEN_LIMIT", "Dispatch", "Expired", "Job", "Modality", "Outcome", "Rejection", "Timings"]
+__all__ = ["TOKEN_LIMIT", "Dispatch", "Expired", "Job", "Modality", "Outcome", "Rejection", "Timings", "token_count"]
 
 TOKEN_LIMIT = 1 << 24
 """The most tokens a job may name (16,777,216: above any model's context today).
@@ -51,6 +51,17 @@ class Job:
     """Context size the client asked for (Ollama ``num_ctx``), for the VRAM estimate."""
     stream: bool = False
     """The answer streams, so the caller reports its progress (``Scheduler.progress``)."""
+
+
+def token_count(value: object) -> int | None:
+    """``value`` if it is a token count the core can use (an integer in ``[0, TOKEN_LIMIT]``), else None.
+
+    The one rule for a token count: the core applies it to what it is told, and
+    ``mindrouter.reported`` to what a backend says.
+    """
+    if isinstance(value, int) and not isinstance(value, bool) and 0 <= value <= TOKEN_LIMIT:
+        return value
+    return None
 
 
 def numbers_refusal(job: Job) -> Rejection | None:

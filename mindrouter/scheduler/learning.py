@@ -81,7 +81,9 @@ def learn(load: BackendLoad, speeds: Speeds, job: Job, sample: Sample, settings:
         prefill = _rate(prompt, prefill_s, MAX_RATE)
         if prefill is not None:
             speed.prefill = _ema(speed.prefill, prefill * slowdown, alpha)
-    if t.load is not None and t.load >= 0.5:  # shorter: the model was resident, nothing to learn
+    # Only the job that started a load times all of it: one that joined it later, or waited
+    # behind the backend's queue, reports part of a load or a wait (Ollama's load_duration).
+    if t.load is not None and t.load >= 0.5 and job.id in load.loaders:
         bps = _rate(sample.model_size, t.load, MAX_LOAD_RATE)
         if bps is not None:
             load.load_bytes_per_second = _ema(load.load_bytes_per_second, bps, alpha)

@@ -16,7 +16,7 @@ from .classes import Classes
 from .constraints import ClassKey
 from .estimate import Speeds
 from .fairshare import FairShare
-from .jobs import Expired, Job, Timings
+from .jobs import Expired, Job, Timings, token_count
 from .learning import Sample, learn
 from .ledger import Ledger, Running
 from .pools import Pool, Seat
@@ -97,6 +97,7 @@ class JobOutcomes:
         if running is None:
             return False
         job = running.job
+        prompt_tokens, completion_tokens = token_count(prompt_tokens), token_count(completion_tokens)  # else unknown
         load = self._loads.get(running.backend_id)
         if load is not None:  # before ``_end``: the streams that shared the backend still count this one
             backend = self._backends.get(running.backend_id)
@@ -170,6 +171,7 @@ class JobOutcomes:
             model = running.job.model
             load.in_flight -= 1
             load.model_in_flight[model] -= 1
+            load.loaders.discard(running.job.id)
             load.used[model] = now
             self.classes.load_changed(running.backend_id)
         self.ledger.settle(running, now, prompt, completion, learned)

@@ -11,16 +11,40 @@ Scenario format (TOML; a contract other tools rely on). Keys marked * are requir
     faculty = 3                  falls back to the built-in student 1 / staff 2 /
                                  faculty 3 / admin 10, any other is an error
 
+    [models."llama3.1:8b"]       optional, one table per model, the same on every backend
+    size = 4.9                   GB a load reads (default 0)
+    vram = 6.5                   GB it holds once loaded (default: its size)
+    kind = "chat"                or "embedding": its requests only prefill (completion 0;
+                                 completion_tokens and max_tokens are refused for its users)
+
     [[backends]]
     name = "gpu1"              * unique
     models = ["llama3"]        * models it serves
     max_concurrent = 4         * requests it runs at once
     tokens_per_second = 50     * decode rate of ONE request; requests side by side
-                                 do not slow each other
+                                 do not slow each other (unless slowdown says so)
     prefill_tokens_per_second    prompt processing rate (default 10 x tokens_per_second),
                                  so a request takes prompt / prefill + completion / decode
-    loaded_models = [...]        resident at the start (default: all of models)
+    loaded_models = [...]        resident at the start (default: all of models; with vram, none)
     priority = 0                 admin-set score points
+    vram = 24                    GB for models; given, the backend behaves like Ollama
+                                 (docs/simulate.md): it loads a model on demand, evicts
+                                 idle ones (least recently used first) when memory or
+                                 max_loaded is short, waits while all are busy, and unloads
+                                 one idle for keep_alive; every model it serves needs a size
+    load_seconds_per_gb = 0.4    seconds a load takes per GB of size (needs vram)
+    max_loaded = 3               models loaded at once (needs vram; Ollama's default, 3)
+    keep_alive = 300             seconds an idle model stays loaded (needs vram; default 300)
+    parallel = 4                 requests each loaded model serves at once (OLLAMA_NUM_PARALLEL;
+                                 with vram an embedding model serves 1); default: no limit
+                                 per model under max_concurrent
+    slowdown = 0                 streams side by side slow each other: each one's rates divide
+                                 by 1 + slowdown x (other streams on the backend)
+    poll_interval = 0            seconds between the daemon's polls: what is loaded reaches the
+                                 core at the next one (default 0: at once)
+    [backends.rates]             per model, one stream's rates alone on the GPU, e.g.
+    "llama3.1:8b" = { decode = 80, prefill = 3500 }     (default: tokens_per_second and
+                                 prefill_tokens_per_second; a decode alone: prefill 10 x it)
 
     [[users]]
     name = "prof"              * entries with the same name are ONE user (one account,
@@ -123,8 +147,24 @@ models are each owed all of their own pool.
   them, where someone was backlogged, with ``allowed``: 5
   points, or while a request that takes longer than a window runs there
   (``outlasting``), one slot's share of the pool plus 2 points.
+- ``models``: per model, ``kind``, ``submitted``, ``completed``,
+  ``timed_out``, ``rejected``, ``completion_tokens``, ``ttft_p50``/``_p95``
+  (seconds from submission to the end of the prefill) and ``e2e_p50``/``_p95``
+  (to the last token), nearest rank, waits in the queue and for loads included.
+- ``throughput``: ``tokens_per_second`` (completion tokens as generated, over
+  the run), ``saturated_seconds`` (while some request was queued in the core)
+  and ``tokens_per_second_at_saturation``. ``loads``: ``count``, ``seconds``,
+  ``per_hour``, ``seconds_per_hour``, ``evictions``, ``expirations``
+  (keep_alive). ``lost``: ``requests`` (``timed_out`` + ``rejected``).
+- ``offline_bound`` (its formula: docs/simulate.md): ``tokens_per_second``
+  with every model placed perfectly and no loads, capped by what the users
+  sent; ``tokens_per_second_at_saturation``, the mix they sent while the pool
+  was saturated served as fast as possible; ``offered_tokens_per_second``;
+  ``backends_at_saturation`` (per backend: ``streams``, ``tokens_per_second``,
+  ``models``).
 - ``backends`` (requests, tokens, utilization, ``full_at``: when every slot
-  was first busy), ``deprioritization`` (seconds per user and, if it was in
+  was first busy, ``loads``, ``load_seconds``, ``evictions``,
+  ``expirations``), ``deprioritization`` (seconds per user and, if it was in
   play, the same run without it: ``without.shares``, ``max_share_shift``,
   ``max_service_gap``), ``scenario``, ``seed``, ``duration``, ``shares``,
   ``tokens``, ``events``.
@@ -134,16 +174,20 @@ from .engine import simulate
 from .loading import example_names, load_example, load_scenario, parse_scenario
 from .report import build, run_scenario
 from .runs import RequestTrace, Run
-from .scenario import BackendSpec, EventSpec, Scenario, ScenarioError, UserSpec
+from .scenario import BackendSpec, EventSpec, ModelSpec, Scenario, ScenarioError, UserSpec
+from .workload import Arrival, arrivals
 
 __all__ = [
+    "Arrival",
     "BackendSpec",
     "EventSpec",
+    "ModelSpec",
     "RequestTrace",
     "Run",
     "Scenario",
     "ScenarioError",
     "UserSpec",
+    "arrivals",
     "build",
     "example_names",
     "load_example",

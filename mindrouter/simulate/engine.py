@@ -7,7 +7,11 @@ All events at one instant form a *batch*; after each batch the loop calls
 ``Scheduler.dispatch(now)`` once and starts what it returns. A backend decodes
 each request at ``tokens_per_second`` after a prefill of
 ``prompt_tokens / prefill_tokens_per_second``, up to ``max_concurrent`` at once
-(the core never hands it more).
+(the core never hands it more). What happens on a backend (its queue, loads,
+evictions, keep_alive, per-model slots, streams slowing each other) is
+``workstation.Workstation``'s; the engine tells the core what the daemon would
+poll from it (at once, or every ``poll_interval``) and completes each job with
+the timings Ollama's last chunk carries.
 
 A user is an account (one weight, one name in the core) with one or more
 *phases*, the scenario's ``[[users]]`` entries of that name, each sending its
@@ -27,31 +31,33 @@ not change the others' draws.
 from __future__ import annotations
 
 import heapq
-import random
 import time
 from collections.abc import Callable
 
-from ..scheduler import Backend, Job, Scheduler
+from ..scheduler import Job, Modality, Scheduler
 from .accounts import Accounts
+from .lifecycle import _DONE, _POLL, _PREFILL, _PROGRESS, Lifecycle
 from .pools import Pool, find_pools
-from .runs import BackendRun, PhaseRun, RequestTrace, Run, UserRun
+from .runs import BackendRun, ModelRun, PhaseRun, RequestTrace, Run, UserRun
 from .scenario import EventSpec, Scenario
+from .workload import draw_sizes, phase_rngs
+from .workstation import Workstation
 
 __all__ = ["simulate"]
 
 # Event kinds; the first number is the order among events at the same instant.
 _WINDOW = 0  # window boundaries see the state before anything else at that instant
 _EVENT = 1  # weight changes apply before what else happens at their instant
-_PREFILL = 2
-_DONE = 3
+# _PREFILL = 2, _DONE = 3, _PROGRESS = 6 and _POLL = 9 are lifecycle.py's
 _EXPIRE = 4
 _ARRIVE = 5
-_PROGRESS = 6
-#: Streamed tokens between two progress reports, as the daemon batches them.
-PROGRESS_TOKENS = 32
+_LOADED = 7
+_UNLOAD = 8
+#: The workstations' event names, as engine kinds.
+_KINDS = {"prefill": _PREFILL, "done": _DONE, "loaded": _LOADED, "expire": _UNLOAD}
 
 
-class _Sim:
+class _Sim(Lifecycle):
     """One run in progress: the core, its backends and pools, the phases, and the event heap."""
 
     def __init__(self, scenario: Scenario, *, trace: bool, window: float) -> None:
@@ -59,17 +65,17 @@ class _Sim:
         settings = scenario.settings
         self.sched = Scheduler(settings)
         self.backends = {b.name: BackendRun(b) for b in scenario.backends}
-        for b in scenario.backends:
-            self.sched.set_backend(
-                Backend(
-                    id=b.name,
-                    name=b.name,
-                    models=frozenset(b.models),
-                    loaded_models=frozenset(b.loaded_models),
-                    max_concurrent=b.max_concurrent,
-                    priority=b.priority,
-                )
-            )
+        self.stations = {
+            b.name: Workstation(b, scenario.model, self.push_named, self.decode_rate_changed) for b in scenario.backends
+        }
+        for station in self.stations.values():
+            self.publish(station)
+        self.models = {m: ModelRun(m, scenario.model(m).kind) for b in scenario.backends for m in b.models}
+        self.queued_total = 0
+        self.saturated: list[tuple[float, float]] = []
+        self.saturated_since: float | None = None
+        self.saturated_tokens = 0.0
+        self.tokens_at_saturation = 0.0
         self.accounts = Accounts(scenario, self.sched)
         self.users = self.accounts.users
         n = len(self.users)
@@ -87,16 +93,13 @@ class _Sim:
         ]
         pool_of = {m: pool for pool in self.pools for m in pool.models}
         self.phases: list[PhaseRun] = []
-        seen: dict[str, int] = {}
-        for spec in scenario.users:
-            k = seen[spec.name] = seen.get(spec.name, -1) + 1
+        for spec, rng in zip(scenario.users, phase_rngs(scenario), strict=True):
             user = self.accounts.by_name[spec.name]
             pool = pool_of[spec.model]
             if pool not in user.pools:
                 user.pools.append(pool)
-            seed = f"{scenario.seed}/{spec.name}" + (f"/{k}" if k else "")
             stop = scenario.duration if spec.stop is None else spec.stop
-            self.phases.append(PhaseRun(len(self.phases), spec, user, pool, random.Random(seed), stop))
+            self.phases.append(PhaseRun(len(self.phases), spec, user, pool, rng, stop))
         self.heap: list[tuple[float, int, int, object]] = []
         self.seq = 0
         self.reqs: dict[str, RequestTrace] = {}
@@ -120,6 +123,9 @@ class _Sim:
         self.seq += 1
         heapq.heappush(self.heap, (t, kind, self.seq, payload))
 
+    def push_named(self, t: float, kind: str, payload: object) -> None:
+        self.push(t, _KINDS[kind], payload)
+
     def run(self, progress: Callable[[float], None] | None) -> None:
         for phase in self.phases:
             spec = phase.spec
@@ -135,6 +141,9 @@ class _Sim:
         while k * self.window <= self.sc.duration:
             self.push(k * self.window, _WINDOW, None)
             k += 1
+        for station in self.stations.values():
+            if station.spec.poll_interval:
+                self.push(station.spec.poll_interval, _POLL, station)
         heap = self.heap
         duration = self.sc.duration
         pop = heapq.heappop
@@ -156,6 +165,12 @@ class _Sim:
                     self.on_event(payload, now)  # type: ignore[arg-type]
                 elif kind == _PROGRESS:
                     self.on_progress(payload, now)  # type: ignore[arg-type]
+                elif kind == _LOADED:
+                    self.on_loaded(payload, now)  # type: ignore[arg-type]
+                elif kind == _UNLOAD:
+                    self.on_unload(payload, now)  # type: ignore[arg-type]
+                elif kind == _POLL:
+                    self.on_poll(payload, now)  # type: ignore[arg-type]
                 else:
                     for pool in self.pools:
                         pool.close_window(now)
@@ -181,74 +196,49 @@ class _Sim:
             nxt = now + rng.expovariate(spec.rate)
             if nxt < phase.stop:
                 self.push(nxt, _ARRIVE, phase)
-        low, high = spec.prompt_tokens
-        prompt = low if low == high else rng.randint(low, high)
-        low, high = spec.completion_tokens
-        completion = low if low == high else rng.randint(low, high)
-        if spec.max_tokens is not None:
-            completion = min(completion, spec.max_tokens)
+        prompt, completion = draw_sizes(spec, rng)
         self.next_id += 1
         job_id = str(self.next_id)
-        job = Job(job_id, user.index, spec.model, now, prompt_tokens=prompt, max_tokens=spec.max_tokens, stream=True)
+        stats = self.models[spec.model]
+        modality = Modality.EMBEDDINGS if stats.kind == "embedding" else Modality.CHAT
+        job = Job(
+            job_id,
+            user.index,
+            spec.model,
+            now,
+            modality=modality,
+            prompt_tokens=prompt,
+            max_tokens=spec.max_tokens,
+            stream=True,
+        )
         user.submitted += 1
         phase.submitted += 1
+        stats.submitted += 1
+        stats.arrivals.append((now, prompt, completion))
         rejection = self.sched.submit(job, now)
         if rejection is not None:
             user.rejected += 1
+            stats.rejected += 1
             if spec.concurrency is not None:
                 self.push(now + max(1.0, rejection.retry_after or 1.0), _ARRIVE, phase)
             return
         req = RequestTrace(
-            job_id, user.index, prompt, completion, now, phase=phase.index, epoch=self.free_epoch[spec.model]
+            job_id,
+            user.index,
+            prompt,
+            completion,
+            now,
+            phase=phase.index,
+            epoch=self.free_epoch[spec.model],
+            model=spec.model,
         )
+        self.queued_total += 1
         self.reqs[job_id] = req
         if self.trace is not None:
             self.trace.append(req)
         user.queued += 1
         phase.pool.submitted(user.index)
         self.touch(user)
-
-    def on_prefill(self, req: RequestTrace, now: float) -> None:
-        rate = self.backends[req.backend].spec.tokens_per_second  # type: ignore[index]
-        self.phases[req.phase].pool.prefill_done(req.user, req.prompt, rate, now)
-        if req.completion > PROGRESS_TOKENS:
-            self.push(now + PROGRESS_TOKENS / rate, _PROGRESS, req)
-
-    def on_progress(self, req: RequestTrace, now: float) -> None:
-        """Report what ``req`` has streamed so far to the core, every ``PROGRESS_TOKENS`` tokens."""
-        if req.done is not None:
-            return
-        assert req.prefill_end is not None
-        rate = self.backends[req.backend].spec.tokens_per_second  # type: ignore[index]
-        self.sched.progress(req.id, now, completion_tokens=min(req.completion, round((now - req.prefill_end) * rate)))
-        if now + PROGRESS_TOKENS / rate < req.prefill_end + req.completion / rate:
-            self.push(now + PROGRESS_TOKENS / rate, _PROGRESS, req)
-
-    def on_done(self, req: RequestTrace, now: float) -> None:
-        user = self.users[req.user]
-        backend = self.backends[req.backend]  # type: ignore[index]
-        pool = self.phases[req.phase].pool
-        pool.decode_done(req.user, backend.spec.tokens_per_second, now)
-        assert req.dispatched is not None and req.prefill_end is not None
-        pool.finished(now - req.dispatched)
-        user.longest_request = max(user.longest_request, now - req.dispatched)
-        req.done = now
-        del self.reqs[req.id]
-        user.running -= 1
-        user.completed += 1
-        user.completed_tokens += req.prompt + req.completion
-        backend.busy -= 1
-        backend.tokens += req.prompt + req.completion
-        self.freed_models.update(backend.spec.models)
-        self.sched.complete(
-            req.id,
-            now,
-            prompt_tokens=req.prompt,
-            completion_tokens=req.completion,
-            latency=now - req.dispatched,
-            duration=now - req.prefill_end,
-        )
-        self.next_request(self.phases[req.phase], now)
 
     def next_request(self, phase: PhaseRun, now: float) -> None:
         spec = phase.spec
@@ -267,6 +257,8 @@ class _Sim:
             user = self.users[req.user]
             user.queued -= 1
             user.timed_out += 1
+            self.queued_total -= 1
+            self.models[req.model].timed_out += 1
             self.phases[req.phase].pool.left_queue(user.index)
             self.touch(user)
             self.next_request(self.phases[req.phase], now)
@@ -285,8 +277,13 @@ class _Sim:
     # -- after each batch ---------------------------------------------------
 
     def end_batch(self, now: float) -> None:
+        for station in self.stations.values():
+            if station.dirty and not station.spec.poll_interval:
+                self.publish(station)
         for d in self.sched.dispatch(now):
             self.start(d.job.id, d.backend_id, now)  # type: ignore[arg-type]
+        if (self.queued_total > 0) != (self.saturated_since is not None):
+            self.saturation_changed(now)
         for m in self.freed_models:
             self.free_epoch[m] += 1
         self.freed_models.clear()
@@ -305,38 +302,6 @@ class _Sim:
             self.last_heavy_ids = heavy
             self.track_heavy(now)
 
-    def start(self, job_id: str, backend_id: str, now: float) -> None:
-        req = self.reqs[job_id]
-        user = self.users[req.user]
-        phase = self.phases[req.phase]
-        backend = self.backends[backend_id]
-        spec = backend.spec
-        req.dispatched = now
-        req.backend = backend_id
-        wait = now - req.submitted
-        user.waits.append(wait)
-        if wait > 0:
-            user.waited += 1
-        skipped = self.free_epoch[phase.spec.model] - req.epoch
-        req.skipped = skipped
-        if skipped > user.max_skipped:
-            user.max_skipped = skipped
-        user.queued -= 1
-        user.running += 1
-        user.request_started(now)
-        self.touch(user)
-        backend.busy += 1
-        backend.requests += 1
-        if backend.full_at is None and backend.busy >= spec.max_concurrent:
-            backend.full_at = now
-        prefill_end = now + req.prompt / spec.prefill_tokens_per_second
-        done = prefill_end + req.completion / spec.tokens_per_second
-        req.prefill_end = prefill_end
-        backend.slot_seconds += min(done, self.sc.duration) - now
-        phase.pool.started(user.index, self.pc * req.prompt + self.cc * req.completion, done - now)
-        self.push(prefill_end, _PREFILL, req)
-        self.push(done, _DONE, req)
-
     def track_heavy(self, now: float) -> None:
         heavy = self.sched.heavy
         for user in self.users:
@@ -345,6 +310,15 @@ class _Sim:
             user.note_factor(state.factor if user.index in heavy else 1.0, now)
 
     def finish(self, end: float) -> None:
+        if self.saturated_since is not None:
+            self.saturation_changed(end)
+        for req in self.reqs.values():
+            if req.dispatched is not None:
+                self.backends[req.backend].slot_seconds += end - req.dispatched  # type: ignore[index]
+        for name, station in self.stations.items():
+            backend = self.backends[name]
+            backend.loads, backend.load_seconds = station.loads, station.load_seconds
+            backend.evictions, backend.expirations = station.evictions, station.expirations
         for pool in self.pools:
             pool.finish(end)
         for user in self.users:
@@ -376,4 +350,7 @@ def simulate(
         wall_seconds=time.perf_counter() - began,
         scheduler=sim.sched,
         trace=sim.trace,
+        models=sim.models,
+        saturated=sim.saturated,
+        saturated_tokens=sim.saturated_tokens,
     )

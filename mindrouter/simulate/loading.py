@@ -17,7 +17,8 @@ from pathlib import Path
 from typing import Any
 
 from ..scheduler.settings import DEFAULT_GROUP_WEIGHTS, SchedulerSettings, ScoreWeights
-from .scenario import BackendSpec, EventSpec, Scenario, ScenarioError, Tokens, UserSpec
+from ._backends import BackendFields
+from .scenario import EventSpec, Scenario, ScenarioError, UserSpec
 
 __all__ = ["example_names", "load_example", "load_scenario", "parse_scenario"]
 
@@ -64,16 +65,7 @@ def parse_scenario(text: str, *, source: str = "scenario", name: str = "scenario
     return _Parser(source).scenario(data, name)
 
 
-_TOP = {"duration", "seed", "name", "description", "groups", "backends", "users", "events", "scheduler"}
-_BACKEND = {
-    "name",
-    "models",
-    "max_concurrent",
-    "tokens_per_second",
-    "prefill_tokens_per_second",
-    "loaded_models",
-    "priority",
-}
+_TOP = {"duration", "seed", "name", "description", "groups", "models", "backends", "users", "events", "scheduler"}
 _USER = {
     "name",
     "group",
@@ -106,63 +98,7 @@ _POSITIVE = {
 }
 
 
-class _Parser:
-    def __init__(self, source: str) -> None:
-        self.source = source
-
-    def fail(self, message: str) -> ScenarioError:
-        return ScenarioError(f"{self.source}: {message}")
-
-    # -- typed fields -----------------------------------------------------
-
-    def number(self, key: str, value: Any, *, positive: bool = False, minimum: float = 0.0) -> float:
-        if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
-            raise self.fail(f"{key} must be a number, not {value!r}")
-        if positive and value <= 0:
-            raise self.fail(f"{key} must be greater than 0, not {value!r}")
-        if value < minimum:
-            raise self.fail(f"{key} must be at least {minimum:g}, not {value!r}")
-        return float(value)
-
-    def integer(self, key: str, value: Any, *, minimum: int = 1) -> int:
-        if isinstance(value, bool) or not isinstance(value, int):
-            raise self.fail(f"{key} must be a whole number, not {value!r}")
-        if value < minimum:
-            raise self.fail(f"{key} must be at least {minimum}, not {value!r}")
-        return value
-
-    def string(self, key: str, value: Any) -> str:
-        if not isinstance(value, str) or not value.strip():
-            raise self.fail(f"{key} must be a non-empty string, not {value!r}")
-        return value
-
-    def strings(self, key: str, value: Any) -> tuple[str, ...]:
-        if not isinstance(value, list) or not all(isinstance(v, str) and v for v in value):
-            raise self.fail(f'{key} must be a list of model names such as ["llama3"], not {value!r}')
-        return tuple(value)
-
-    def tokens(self, key: str, value: Any) -> Tokens:
-        if isinstance(value, list):
-            if len(value) != 2:
-                raise self.fail(f"{key} must be a number or a [min, max] pair, not {value!r}")
-            low = self.integer(f"{key}[0]", value[0], minimum=0)
-            high = self.integer(f"{key}[1]", value[1], minimum=0)
-            if low > high:
-                raise self.fail(f"{key} must be [min, max] with min <= max, not {value!r}")
-            return low, high
-        count = self.integer(key, value, minimum=0)
-        return count, count
-
-    def table(self, key: str, value: Any) -> dict[str, Any]:
-        if not isinstance(value, dict):
-            raise self.fail(f"{key} must be a table")
-        return value
-
-    def unknown(self, where: str, data: Mapping[str, Any], known: set[str]) -> None:
-        for key in data:
-            if key not in known:
-                raise self.fail(f"unknown key {where}{key}; the keys are {', '.join(sorted(known))}")
-
+class _Parser(BackendFields):
     # -- sections ---------------------------------------------------------
 
     def scenario(self, data: dict[str, Any], default_name: str) -> Scenario:
@@ -180,13 +116,14 @@ class _Parser:
         for group, weight in self.table("[groups]", data.get("groups", {})).items():
             groups[group] = self.number(f"groups.{group}", weight, positive=True)
 
+        models = {m: self.model(m, raw) for m, raw in self.table("[models]", data.get("models", {})).items()}
         raw_backends = data.get("backends")
         if not isinstance(raw_backends, list) or not raw_backends:
             raise self.fail(
                 "[[backends]] is missing; add at least one backend with name, models, max_concurrent"
                 " and tokens_per_second"
             )
-        backends = tuple(self.backend(i, b) for i, b in enumerate(raw_backends))
+        backends = tuple(self.backend(i, b, models) for i, b in enumerate(raw_backends))
         names = [b.name for b in backends]
         for b in backends:
             if names.count(b.name) > 1:
@@ -203,6 +140,8 @@ class _Parser:
                     f"users[{i}] ({u.name}).model {u.model!r} is served by no backend;"
                     f" the models are {', '.join(sorted(served))}"
                 )
+            if u.model in models and models[u.model].kind == "embedding":
+                users = self.embedding_user(i, u, raw_users, users)
         raw_events = data.get("events", [])
         if not isinstance(raw_events, list):
             raise self.fail("events must be a list of [[events]] tables")
@@ -210,36 +149,22 @@ class _Parser:
 
         settings = self.settings(self.table("[scheduler]", data.get("scheduler", {})))
         settings = dataclasses.replace(settings, group_weights={**DEFAULT_GROUP_WEIGHTS, **groups})
-        return Scenario(duration, seed, backends, users, settings, groups, name, description, events)
+        return Scenario(duration, seed, backends, users, settings, groups, name, description, events, models)
 
-    def backend(self, index: int, raw: Any) -> BackendSpec:
-        where = f"backends[{index}]"
-        raw = self.table(where, raw)
-        self.unknown(f"{where}.", raw, _BACKEND)
-        for key in ("name", "models", "max_concurrent", "tokens_per_second"):
-            if key not in raw:
-                raise self.fail(f"{where}.{key} is missing")
-        name = self.string(f"{where}.name", raw["name"])
-        models = self.strings(f"{where}.models", raw["models"])
-        if not models:
-            raise self.fail(f"{where}.models is empty; list the models backend {name!r} serves")
-        tps = self.number(f"{where}.tokens_per_second", raw["tokens_per_second"], positive=True)
-        prefill = self.number(
-            f"{where}.prefill_tokens_per_second", raw.get("prefill_tokens_per_second", 10 * tps), positive=True
+    def embedding_user(
+        self, index: int, user: UserSpec, raw: list[Any], users: tuple[UserSpec, ...]
+    ) -> tuple[UserSpec, ...]:
+        """An embedding request generates nothing: its completion is 0, and asking for more is an error."""
+        entry = next(
+            r for r in raw if isinstance(r, dict) and r.get("name") == user.name and r.get("model") == user.model
         )
-        loaded = self.strings(f"{where}.loaded_models", raw["loaded_models"]) if "loaded_models" in raw else models
-        for model in loaded:
-            if model not in models:
-                raise self.fail(f"{where}.loaded_models names {model!r}, which is not in its models")
-        return BackendSpec(
-            name=name,
-            models=models,
-            max_concurrent=self.integer(f"{where}.max_concurrent", raw["max_concurrent"]),
-            tokens_per_second=tps,
-            prefill_tokens_per_second=prefill,
-            loaded_models=loaded,
-            priority=self.number(f"{where}.priority", raw.get("priority", 0.0), minimum=-math.inf),
-        )
+        for key in ("completion_tokens", "max_tokens"):
+            if key in entry:
+                raise self.fail(
+                    f"users[{index}] ({user.name}).{key} is set, but {user.model!r} is an embedding model,"
+                    " whose requests generate no tokens; leave it out"
+                )
+        return tuple(dataclasses.replace(u, completion_tokens=(0, 0)) if u is user else u for u in users)
 
     def user(self, index: int, raw: Any) -> UserSpec:
         """One entry as written; ``merge_phases`` settles the weight of the user it belongs to."""

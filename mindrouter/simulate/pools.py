@@ -122,6 +122,9 @@ class Pool:
         self.max_request_cost = 0.0
         self.min_entitlement = 1.0
         """The smallest entitlement a backlogged user had, if below 1 (group shares: a member's part)."""
+        self.decoded_base = 0.0
+        self.decoded_rate = 0.0
+        """Completion tokens of every user here, as generated: ``decoded_base + decoded_rate * t``."""
 
     @property
     def gap_bound(self) -> float:
@@ -150,14 +153,27 @@ class Pool:
         self.prompt_done[u] += prompt
         self.c_rate[u] += rate
         self.c_base[u] -= rate * now
+        self.decoded_rate += rate
+        self.decoded_base -= rate * now
         self._set_line(u)
 
     def decode_done(self, u: int, rate: float, now: float) -> None:
         self.c_rate[u] -= rate
         self.c_base[u] += rate * now
+        self.decoded_rate -= rate
+        self.decoded_base += rate * now
         if self.c_rate[u] < 1e-9:  # no decode left: drop rounding so the line stays exact
             self.c_rate[u] = 0.0
         self._set_line(u)
+
+    def decode_rate_changed(self, u: int, old: float, new: float, now: float) -> None:
+        """A stream of ``u`` decodes at ``new`` tokens/s from ``now`` on, no longer at ``old`` (streams share a GPU)."""
+        self.decode_done(u, old, now)
+        self.prefill_done(u, 0, new, now)
+
+    def decoded(self, t: float) -> float:
+        """Completion tokens generated here by ``t``."""
+        return self.decoded_base + self.decoded_rate * t
 
     # -- queue ------------------------------------------------------------------
 

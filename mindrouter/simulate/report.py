@@ -12,8 +12,7 @@ time), so two runs can be compared byte for byte.
 from __future__ import annotations
 
 import dataclasses
-import math
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from functools import partial
 from typing import Any
 
@@ -21,30 +20,14 @@ from rich import box
 from rich.console import Console
 from rich.table import Table
 
+from ._stats import jain, percentile
 from .engine import simulate
+from .figures import add_pool_figures, render_pool
 from .pools import Pool, PoolWindow
 from .runs import Run, UserRun
 from .scenario import Scenario
 
 __all__ = ["allowed_deviation", "build", "jain", "percentile", "render", "run_scenario", "worst_window"]
-
-
-def percentile(values: Sequence[float], q: float) -> float | None:
-    """Nearest-rank percentile (q in 0..1) of unsorted ``values``; None when empty."""
-    if not values:
-        return None
-    ordered = sorted(values)
-    rank = max(1, math.ceil(q * len(ordered)))
-    return ordered[rank - 1]
-
-
-def jain(values: Sequence[float]) -> float | None:
-    """Jain's fairness index: 1 when all values are equal, 1/n when one takes everything."""
-    if not values:
-        return None
-    total = sum(values)
-    squares = sum(v * v for v in values)
-    return 1.0 if squares == 0 else total * total / (len(values) * squares)
 
 
 def _r(value: float | None, digits: int = 6) -> float | None:
@@ -265,6 +248,7 @@ def build(run: Run, baseline: Run | None = None) -> dict[str, Any]:
         "events": run.events,
         "deprioritization": _deprioritization(run, baseline, total),
     }
+    add_pool_figures(out, run)
     return out
 
 
@@ -400,5 +384,7 @@ def render(result: dict[str, Any], console: Console, *, wall_seconds: float | No
                 f" and the service gap is {without['max_service_gap']:,.0f}"
             )
         console.print(line + ".")
+    if any(b["loads"] for b in result["backends"]) or any(m["kind"] != "chat" for m in result["models"].values()):
+        render_pool(result, console)
     if wall_seconds is not None:
         console.print(f"[dim]Simulated in {wall_seconds:.2f} s ({result['events']:,} events).[/dim]")

@@ -15,7 +15,7 @@ from ..scheduler import Scheduler
 from .pools import Pool
 from .scenario import BackendSpec, Scenario, UserSpec
 
-__all__ = ["BackendRun", "PhaseRun", "RequestTrace", "Run", "UserRun"]
+__all__ = ["BackendRun", "ModelRun", "PhaseRun", "RequestTrace", "Run", "UserRun"]
 
 
 @dataclass(slots=True)
@@ -38,6 +38,28 @@ class RequestTrace:
     skipped: int = 0
     """Slot-freeing batches that passed while it waited, their slots going to others."""
     timed_out: bool = False
+    model: str = ""
+    expected: float = 0.0
+    """Seconds it was expected to take from dispatch, as it was dispatched (for windows it outlasts)."""
+
+
+@dataclass(slots=True)
+class ModelRun:
+    """What the requests for one model felt: times from submission to first token and to the last."""
+
+    name: str
+    kind: str
+    submitted: int = 0
+    completed: int = 0
+    timed_out: int = 0
+    rejected: int = 0
+    ttft: list[float] = field(default_factory=list)
+    """Seconds from submission to the end of the prefill (for an embedding, its answer)."""
+    e2e: list[float] = field(default_factory=list)
+    """Seconds from submission to the last token."""
+    completion_tokens: int = 0
+    arrivals: list[tuple[float, int, int]] = field(default_factory=list)
+    """(when, prompt, completion tokens) of every request submitted for it: what the offline bound is offered."""
 
 
 @dataclass(slots=True)
@@ -141,6 +163,10 @@ class BackendRun:
     """Slot-seconds spent on requests, up to the end of the run."""
     full_at: float | None = None
     """First moment every slot was busy."""
+    loads: int = 0
+    load_seconds: float = 0.0
+    evictions: int = 0
+    expirations: int = 0
 
 
 @dataclass(slots=True)
@@ -159,6 +185,11 @@ class Run:
     wall_seconds: float
     scheduler: Scheduler
     trace: list[RequestTrace] | None
+    models: dict[str, ModelRun] = field(default_factory=dict)
+    saturated: list[tuple[float, float]] = field(default_factory=list)
+    """Stretches (start, end) during which some request waited in the core's queue."""
+    saturated_tokens: float = 0.0
+    """Completion tokens generated during those stretches."""
 
     @property
     def max_request_cost(self) -> float:

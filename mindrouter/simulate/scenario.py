@@ -16,6 +16,8 @@ from ..scheduler.settings import SchedulerSettings
 __all__ = [
     "BackendSpec",
     "EventSpec",
+    "ModelSpec",
+    "Rates",
     "Scenario",
     "ScenarioError",
     "Tokens",
@@ -25,9 +27,36 @@ __all__ = [
 #: A token count: fixed, or drawn uniformly from an inclusive [min, max].
 Tokens = tuple[int, int]
 
+#: Bytes in the GB of the scenario's sizes (what Ollama and nvidia-smi print).
+GB = 1e9
+
+#: Model kinds: a chat model prefills then decodes; an embedding model only prefills.
+KINDS = ("chat", "embedding")
+
 
 class ScenarioError(UsageError):
     """A scenario file that cannot be simulated as written (exit status 2)."""
+
+
+@dataclass(frozen=True, slots=True)
+class ModelSpec:
+    """A ``[models]`` entry: what a model weighs and what its requests do, the same on every backend."""
+
+    name: str
+    size: float = 0.0
+    """GB read from disk on a load (Ollama /api/tags ``size``): with a backend's load speed, the load time."""
+    vram: float = 0.0
+    """GB of GPU memory it holds once loaded (Ollama /api/ps ``size_vram``); defaults to ``size``."""
+    kind: str = "chat"
+    """"chat" (prefill, then decode) or "embedding" (prefill only, one request at a time per loaded copy)."""
+
+
+@dataclass(frozen=True, slots=True)
+class Rates:
+    """One stream's decode and prefill tokens per second for one model on one backend, alone on the GPU."""
+
+    decode: float
+    prefill: float
 
 
 @dataclass(frozen=True, slots=True)
@@ -40,8 +69,32 @@ class BackendSpec:
     prefill_tokens_per_second: float
     """Prompt processing rate; defaults to 10 x ``tokens_per_second``."""
     loaded_models: tuple[str, ...]
-    """Models resident at the start (default: all of ``models``)."""
+    """Models resident at the start (default: all of ``models``; with ``vram``, none)."""
     priority: float = 0.0
+    vram: float | None = None
+    """GB of GPU memory for models. Set, the backend behaves like Ollama: loads on demand, evicts, expires."""
+    load_seconds_per_gb: float = 0.0
+    """Seconds a load takes per GB of the model's ``size``."""
+    parallel: int | None = None
+    """Requests each loaded model serves at once (``OLLAMA_NUM_PARALLEL``); None: up to ``max_concurrent``."""
+    max_loaded: int | None = None
+    """Models resident at once (``OLLAMA_MAX_LOADED_MODELS``); None: as many as fit."""
+    keep_alive: float | None = None
+    """Seconds an idle model stays loaded; None: forever."""
+    slowdown: float = 0.0
+    """Each other stream on the GPU divides a stream's rates by ``1 + slowdown * others``."""
+    poll_interval: float = 0.0
+    """Seconds between the daemon's polls: what the core learns of loads waits for the next one (0: at once)."""
+    rates: Mapping[str, Rates] = dataclasses.field(default_factory=dict)
+    """Per model; a model not listed runs at ``tokens_per_second`` / ``prefill_tokens_per_second``."""
+
+    @property
+    def ollama(self) -> bool:
+        """Whether this backend manages memory like Ollama (``vram`` given)."""
+        return self.vram is not None
+
+    def rate(self, model: str) -> Rates:
+        return self.rates.get(model) or Rates(self.tokens_per_second, self.prefill_tokens_per_second)
 
 
 @dataclass(frozen=True, slots=True)
@@ -102,6 +155,11 @@ class Scenario:
     description: str = ""
     events: tuple[EventSpec, ...] = ()
     """Sorted by ``at``."""
+    models: Mapping[str, ModelSpec] = dataclasses.field(default_factory=dict)
+    """The ``[models]`` table; a model not in it is a chat model of unknown size."""
+
+    def model(self, name: str) -> ModelSpec:
+        return self.models.get(name) or ModelSpec(name)
 
     def replace(self, **changes: Any) -> Scenario:
         return dataclasses.replace(self, **changes)

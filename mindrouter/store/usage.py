@@ -12,14 +12,19 @@ Where those rows are already gone, the report widens to whole days and says so.
 
 from __future__ import annotations
 
+import logging
+import math
 import sqlite3
 from collections.abc import Sequence
 from typing import Any
 
 from ..localtime import day_key, day_start, month_key, month_start, next_day, next_month
+from ..reported import count
 from .errors import InvalidValue
 from .rows import UsageReport, UsageRow, UsageTotal
 from .schema import transaction
+
+log = logging.getLogger(__name__)
 
 DIMENSIONS = ("user", "group", "model", "backend", "day", "week", "month")
 """What a report can group by; ``week`` starts on Monday and is named by that Monday's date."""
@@ -38,6 +43,27 @@ _TIME_DIMENSIONS = ("day", "week", "month")
 UsageArgs = tuple[Any, str, str, Any, int, int, float, float, str]
 """One usage row as ``record_usages`` takes it (``record_usage``'s arguments in order)."""
 _PRUNED_KEY = "usage_pruned_through"
+_COLUMNS = "(at, user_id, request_id, model, backend_id, prompt_tokens, completion_tokens, gpu_seconds, group_name)"
+_INSERT = f"INSERT INTO usage {_COLUMNS} VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)"
+_OPEN = f"INSERT OR REPLACE INTO usage_open {_COLUMNS} VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)"
+"""What a running stream has delivered so far (one row per request, replaced as it grows)."""
+_CLOSE_OPEN = "DELETE FROM usage_open WHERE request_id = ?"
+
+
+def _seconds(value: Any) -> float:
+    """A finite, non-negative number of seconds, else 0 (one bad row must not fail its batch)."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) or value < 0:
+        return 0.0
+    return float(value)
+
+
+def _params(row: tuple[Any, ...]) -> tuple[Any, ...]:
+    """One usage row's SQL parameters, every count held to the core's token range (else 0, logged)."""
+    uid, rid, model, bid, prompt, completion, at, gpu, group = row
+    checked = [count(prompt), count(completion)]
+    if None in checked:
+        log.warning("usage row %s had token counts %r and %r; stored as 0 where out of range", rid, prompt, completion)
+    return (_seconds(at), uid, rid, model, bid, checked[0] or 0, checked[1] or 0, _seconds(gpu), group)
 
 
 class UsageLog:
@@ -93,25 +119,23 @@ class UsageLog:
         """
         if not (rows or streaming or ended):
             return
-        params = [
-            (at, uid, rid, model, bid, int(prompt), int(completion), float(gpu), group)
-            for uid, rid, model, bid, prompt, completion, at, gpu, group in rows
+        params = [_params(row) for row in rows]
+        writes = [
+            *((_INSERT, one) for one in params),
+            *((_CLOSE_OPEN, (rid,)) for rid in ended),
+            *((_OPEN, _params(row)) for row in streaming),
         ]
-        with transaction(self._db) as db:
-            db.executemany(
-                "INSERT INTO usage (at, user_id, request_id, model, backend_id, prompt_tokens, completion_tokens,"
-                " gpu_seconds, group_name) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)",
-                params,
-            )
-            db.executemany("DELETE FROM usage_open WHERE request_id = ?", [(rid,) for rid in ended])
-            db.executemany(
-                "INSERT OR REPLACE INTO usage_open (at, user_id, request_id, model, backend_id, prompt_tokens,"
-                " completion_tokens, gpu_seconds, group_name) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)",
-                [
-                    (at, uid, rid, model, bid, int(prompt), int(completion), float(gpu), group)
-                    for uid, rid, model, bid, prompt, completion, at, gpu, group in streaming
-                ],
-            )
+        try:
+            with transaction(self._db) as db:
+                for sql, one in writes:
+                    db.execute(sql, one)
+        except (sqlite3.Error, OverflowError, ValueError, TypeError):  # one bad row: write the others one by one
+            for sql, one in writes:
+                try:
+                    with transaction(self._db) as db:
+                        db.execute(sql, one)
+                except (sqlite3.Error, OverflowError, ValueError, TypeError) as exc:
+                    log.error("could not store the usage row of request %s: %s", one[2 if len(one) > 2 else 0], exc)
         if not rows:
             return
         before, self._usage_inserts = self._usage_inserts, self._usage_inserts + len(rows)
@@ -121,11 +145,7 @@ class UsageLog:
     def recover_open_usage(self) -> int:
         """Turn the streaming rows left by a daemon that was killed into usage rows; returns how many."""
         with transaction(self._db) as db:
-            moved = db.execute(
-                "INSERT INTO usage (at, user_id, request_id, model, backend_id, prompt_tokens, completion_tokens,"
-                " gpu_seconds, group_name) SELECT at, user_id, request_id, model, backend_id, prompt_tokens,"
-                " completion_tokens, gpu_seconds, group_name FROM usage_open"
-            ).rowcount
+            moved = db.execute(f"INSERT INTO usage {_COLUMNS} SELECT {_COLUMNS[1:-1]} FROM usage_open").rowcount
             db.execute("DELETE FROM usage_open")
         return moved
 

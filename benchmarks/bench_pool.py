@@ -1,0 +1,333 @@
+"""A pool of fake Ollama workstations behind `mr serve`, round-robin, least-busy (and LiteLLM), in one run.
+
+Issue 17's lab, replayed on 127.0.0.1: four workstations (H100 80 GB, RTX
+4090 24 GB, RTX 4080 16 GB, RTX 3060 12 GB) that schedule as Ollama does
+(VRAM, loads by size, eviction, keep_alive, four slots per loaded model;
+``_workstation.py`` says where they simplify), 20 users on an 8B chat model,
+a 14B coder with long prompts, a 70B and an embedding model, Poisson
+arrivals: a steady phase at 0.6x the pool's estimated capacity, then a
+burst at 1.3x. Every target gets fresh workstations (one process, started
+anew) and the same seeded workload, time-compressed (every duration, the
+daemon's settings included, scaled alike). Figures are in lab seconds.
+
+    python benchmarks/bench_pool.py                 # about 3.5 minutes
+    python benchmarks/bench_pool.py --quick         # about 40 s, noisier
+    python benchmarks/bench_pool.py --steady 600 --burst 360 --compression 10 --seed 17
+    MR_BENCH_LITELLM=/path/to/venv-with-litellm python benchmarks/bench_pool.py   # adds LiteLLM's Router
+    python benchmarks/bench_pool.py --only "mr serve" "mr serve without GPU readings" least-busy
+
+`mr serve` runs with its defaults, ``--max-concurrent 4`` per backend (the
+README's suggestion), each workstation's ``parallel`` and ``max_loaded``
+(its OLLAMA_NUM_PARALLEL and OLLAMA_MAX_LOADED_MODELS; a daemon that does not
+know these backend fields ignores them), and each workstation as its ``mr
+agent`` node (its GPU readings). Clients speak OpenAI (``/v1/chat/completions`` streamed with
+usage, ``/v1/embeddings``), one key per user. The load generator, the
+workstations and the daemon share this machine; figures on a busy machine are
+noisy.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import dataclasses
+import importlib.util
+import json
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import aiohttp
+from _lab import MODELS, POOL, Request, capacity, users, workload
+from _pool_report import Figures, Outcome, compute, table
+from _routers import POLICIES, create_router, learn_models
+from aiohttp import web
+from bench_daemon import (
+    HERE,
+    LITELLM_AUTH,
+    admin_call,
+    free_port,
+    launch_daemon,
+    start_litellm_config,
+    stop_all,
+    wait_http,
+)
+
+from mindrouter.config import BackendSettings, ServerSettings
+from mindrouter.scheduler import SchedulerSettings
+
+LITELLM = ("litellm least-busy", "litellm simple-shuffle")
+TARGETS = ("mr serve", "mr serve without GPU readings", *POLICIES, *LITELLM)
+"""All targets; the default run is mr serve, the baselines and (with a LiteLLM virtualenv) LiteLLM."""
+TIMEOUT = 300.0
+"""Lab seconds a client waits for an answer before it counts the request as lost."""
+SCALED = {
+    "server": (ServerSettings, ("gpu_poll_interval",), ()),
+    "scheduler": (
+        SchedulerSettings,
+        ("fairness_window", "queue_timeout", "heavy_refresh_interval", "latency_reference", "default_load_seconds"),
+        (
+            "credit_rate",
+            "wait_bonus_per_second",
+            "throughput_reference",
+            "default_decode_rate",
+            "default_load_bytes_per_second",
+        ),
+    ),
+    "backends": (
+        BackendSettings,
+        (
+            "poll_interval",
+            "first_byte_timeout",
+            "chunk_timeout",
+            "request_timeout",
+            "circuit_window",
+            "circuit_cooldown",
+        ),
+        (),
+    ),
+}
+"""Per config section: its defaults, the settings in seconds (divided) and those per second (multiplied)."""
+
+
+def scaled_settings(compression: float) -> dict[str, dict[str, Any]]:
+    """The daemon's time settings at ``compression`` (only those this version has)."""
+    out: dict[str, dict[str, Any]] = {}
+    for section, (cls, seconds, rates) in SCALED.items():
+        defaults = {f.name: getattr(cls(), f.name) for f in dataclasses.fields(cls)}
+        out[section] = {k: defaults[k] / compression for k in seconds if k in defaults}
+        out[section].update({k: defaults[k] * compression for k in rates if k in defaults})
+    return out
+
+
+async def start_mr(
+    tmp: Path, urls: list[str], compression: float, max_concurrent: int | None, loop: str, readings: bool = True
+) -> Any:
+    """`mr serve` with the workstations as backends (and, with ``readings``, as GPU nodes); one key per user."""
+    daemon, port, sock = await launch_daemon(tmp, loop, scaled_settings(compression))
+    for spec, url in zip(POOL, urls, strict=True):
+        backend = {
+            "name": spec.name,
+            "url": url,
+            "engine": "ollama",
+            "max_concurrent": max_concurrent or spec.num_parallel * spec.max_loaded,
+            "parallel": spec.num_parallel,  # what the lab set OLLAMA_NUM_PARALLEL and
+            "max_loaded": spec.max_loaded,  # OLLAMA_MAX_LOADED_MODELS to (a daemon without these ignores them)
+        }
+        if readings:
+            backend.update(node=url, gpus=[0])
+        await admin_call(sock, "POST", "/admin/backends", backend)
+    keys = {}
+    for name, _ in users():
+        await admin_call(sock, "POST", "/admin/users", {"name": name, "group": "staff"})
+        keys[name] = (await admin_call(sock, "POST", f"/admin/users/{name}/keys"))["key"]
+    for row in await admin_call(sock, "GET", "/admin/backends"):
+        assert row["healthy"] and row["models"], row
+    return daemon, f"http://127.0.0.1:{port}", lambda user: {"Authorization": f"Bearer {keys[user]}"}
+
+
+def litellm_yaml(urls: list[str], strategy: str, compression: float) -> str:
+    lines = ["model_list:"]
+    for spec, url in zip(POOL, urls, strict=True):
+        for model in spec.speeds:
+            lines += [
+                f"  - model_name: {model}",
+                "    litellm_params:",
+                f"      model: openai/{model}",
+                f"      api_base: {url}/v1",
+                "      api_key: none",
+            ]
+    lines += [
+        "router_settings:",
+        f"  routing_strategy: {strategy}",
+        "litellm_settings:",
+        f"  request_timeout: {TIMEOUT / compression:g}",
+        "  num_retries: 0",
+    ]
+    return "\n".join(lines) + "\n"
+
+
+async def one_request(
+    session: aiohttp.ClientSession,
+    url: str,
+    headers: dict[str, str],
+    o: Outcome,
+    clock: Callable[[], float],
+    arrivals: list[tuple[float, int]],
+    timeout: float,
+) -> None:
+    r = o.req
+    try:
+        if MODELS[r.model].embedding:
+            texts = [" ".join(["w"] * max(1, r.prompt // 8))] * 8
+            async with session.post(
+                f"{url}/v1/embeddings",
+                json={"model": r.model, "input": texts},
+                headers=headers,
+                timeout=aiohttp.ClientTimeout(total=timeout),
+            ) as resp:
+                await resp.read()
+                o.error = None if resp.status == 200 else f"HTTP {resp.status}"
+                o.end = clock()
+            return
+        body = {
+            "model": r.model,
+            "messages": [{"role": "user", "content": " ".join(["w"] * r.prompt)}],
+            "max_tokens": r.out,
+            "stream": True,
+            "stream_options": {"include_usage": True},
+        }
+        async with session.post(
+            f"{url}/v1/chat/completions", json=body, headers=headers, timeout=aiohttp.ClientTimeout(total=timeout)
+        ) as resp:
+            if resp.status != 200:
+                o.error = f"HTTP {resp.status}"
+                return
+            async for line in resp.content:
+                if not line.startswith(b"data: {"):
+                    continue
+                choices = json.loads(line[6:]).get("choices") or [{}]
+                n = (choices[0].get("delta") or {}).get("content", "").count("tok")
+                if n:
+                    now = clock()
+                    o.first = now if o.first is None else o.first
+                    o.tokens += n
+                    arrivals.append((now, n))
+            o.end = clock()
+            o.error = None if o.tokens >= r.out else f"short answer: {o.tokens} of {r.out} tokens"
+    except (TimeoutError, aiohttp.ClientError) as exc:
+        o.error = type(exc).__name__
+
+
+async def replay(
+    url: str, headers: Callable[[str], dict[str, str]], requests: list[Request], compression: float
+) -> tuple[list[Outcome], list[tuple[float, int]], float]:
+    """Send each request at its time; wait for all, at most ``TIMEOUT`` after the last. Lab seconds."""
+    loop = asyncio.get_running_loop()
+    t0 = loop.time() + 0.2
+
+    def clock() -> float:
+        return (loop.time() - t0) * compression
+
+    outcomes: list[Outcome] = []
+    arrivals: list[tuple[float, int]] = []
+    tasks = []
+    async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0)) as session:
+        for r in requests:
+            await asyncio.sleep(max(0.0, t0 + r.at / compression - loop.time()))
+            o = Outcome(r, clock())
+            outcomes.append(o)
+            coro = one_request(session, url, headers(r.user), o, clock, arrivals, TIMEOUT / compression)
+            tasks.append(asyncio.create_task(coro))
+        await asyncio.wait(tasks, timeout=TIMEOUT / compression + 1)
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+    for o in outcomes:
+        if o.end is None and o.error is None:
+            o.error = "unfinished"
+    return outcomes, arrivals, clock()
+
+
+async def run_target(name: str, args: argparse.Namespace, requests: list[Request]) -> Figures:
+    """``name`` against fresh workstations: start everything, replay, read the workstations' stats, stop."""
+    tmp = Path(tempfile.mkdtemp(prefix="mr-bench-pool-"))
+    ports = [free_port() for _ in POOL]
+    urls = [f"http://127.0.0.1:{p}" for p in ports]
+    procs = [subprocess.Popen([sys.executable, str(HERE / "_ollama_app.py"), str(args.compression), *map(str, ports)])]
+    runner: web.AppRunner | None = None
+    try:
+        for url in urls:
+            await wait_http(f"{url}/api/version")
+        headers: Callable[[str], dict[str, str]] = lambda _user: {}  # noqa: E731
+        if name.startswith("mr serve"):
+            daemon, target, headers = await start_mr(
+                tmp, urls, args.compression, args.max_concurrent, args.loop, readings=name == "mr serve"
+            )
+            procs.append(daemon)
+        elif name in POLICIES:
+            async with aiohttp.ClientSession() as s:
+                models = await learn_models(s, urls)
+            runner = web.AppRunner(create_router(name, models, args.seed), access_log=None)
+            await runner.setup()
+            port = free_port()
+            await web.TCPSite(runner, "127.0.0.1", port).start()
+            target = f"http://127.0.0.1:{port}"
+        else:
+            strategy = name.removeprefix("litellm ")
+            proc, target = await start_litellm_config(args.litellm, tmp, litellm_yaml(urls, strategy, args.compression))
+            procs.append(proc)
+            headers = lambda _user: LITELLM_AUTH  # noqa: E731
+        outcomes, arrivals, span = await replay(target, headers, requests, args.compression)
+        async with aiohttp.ClientSession() as s:
+            stats = []
+            for url in urls:
+                async with s.get(f"{url}/bench/stats") as r:
+                    stats.append(await r.json())
+        return compute(Figures(name, outcomes, arrivals, stats, args.steady, args.burst, span))
+    finally:
+        if runner is not None:
+            await runner.cleanup()
+        stop_all(procs)
+        shutil.rmtree(tmp, ignore_errors=True)
+
+
+async def main(args: argparse.Namespace) -> list[Figures]:
+    requests = workload(args.seed, args.steady, args.burst)
+    targets = [t for t in TARGETS if t in args.only] if args.only else ["mr serve", *POLICIES]
+    if args.litellm and not args.only:
+        targets += LITELLM
+    rate = capacity()
+    print(
+        f"seed {args.seed}: {len(requests)} requests from {len(users())} users over {args.steady:g} + {args.burst:g}"
+        f" lab s (steady 0.6x, burst 1.3x of an estimated {rate:.2f} requests/s); compression {args.compression:g}x;"
+        f" mr serve: --max-concurrent {args.max_concurrent or 'parallel x max loaded'}, {args.loop} loop;"
+        " figures in lab seconds",
+        flush=True,
+    )
+    figures = []
+    for name in targets:
+        t0 = time.monotonic()
+        figures.append(await run_target(name, args, requests))
+        print(f"  {name}: {time.monotonic() - t0:.0f} s wall", flush=True)
+    print()
+    print(table(figures))
+    return figures
+
+
+if __name__ == "__main__":
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--quick", action="store_true", help="a short run: 120 + 90 lab s at 30x (under a minute)")
+    parser.add_argument("--steady", type=float, default=300.0, help="lab seconds of the steady phase")
+    parser.add_argument("--burst", type=float, default=180.0, help="lab seconds of the burst")
+    parser.add_argument("--compression", type=float, default=10.0, help="lab seconds per wall second")
+    parser.add_argument("--seed", type=int, default=17)
+    parser.add_argument(
+        "--max-concurrent",
+        type=int,
+        default=None,
+        help="mr serve's cap per backend (default: parallel x max loaded, as `mr backend add --parallel` sets it)",
+    )
+    parser.add_argument(
+        "--only", nargs="*", choices=TARGETS, metavar="TARGET", help=f"targets to run, of: {', '.join(TARGETS)}"
+    )
+    parser.add_argument("--json", help="also write the figures to this file")
+    parser.add_argument(
+        "--loop",
+        choices=("uvloop", "asyncio"),
+        default="uvloop" if importlib.util.find_spec("uvloop") else "asyncio",
+        help="mr serve's event loop",
+    )
+    parser.add_argument("--litellm", default=os.environ.get("MR_BENCH_LITELLM"), help="a virtualenv with LiteLLM")
+    ns = parser.parse_args()
+    if ns.quick:
+        ns.steady, ns.burst, ns.compression = 120.0, 90.0, 30.0
+    done = asyncio.run(main(ns))
+    if ns.json:
+        Path(ns.json).write_text(json.dumps({f.name: f.rows for f in done}, indent=1))

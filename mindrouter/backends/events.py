@@ -1,0 +1,138 @@
+"""Reading a stream's events off the wire into a relay, within limits.
+
+:func:`events` is the only I/O of a streamed answer: it splits what the socket
+brings into SSE ``data:`` payloads or NDJSON lines, feeds them to the relay
+(relay.py) and yields what it renders. :class:`Limits` is where it cuts a
+backend that does not stop: a line too long, more tokens than the request's
+``max_tokens`` allows, or a stream running too long in all.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import time
+from collections.abc import AsyncIterator
+from dataclasses import dataclass
+from typing import Any
+
+import aiohttp
+
+from ..config import BackendSettings
+from ._shapes import StreamCut
+from .relay import Relay
+
+__all__ = ["MAX_LINE_BYTES", "Limits", "answer_limit", "events"]
+
+MAX_LINE_BYTES = BackendSettings().max_line_bytes
+"""The default longest stream line (8 MiB): an Ollama ``/api/generate`` final line holds its whole
+``context`` (about 1 MB at 128k tokens), a Responses API ``response.completed`` event the whole answer."""
+
+
+@dataclass(frozen=True, slots=True)
+class Limits:
+    """Where :func:`events` cuts a stream (``StreamCut``), so a backend that never stops cannot hold memory or a slot.
+
+    Attributes:
+        line_bytes: the longest line (event) read before a newline. Defaults to MAX_LINE_BYTES.
+        events: the most events (about one token each) the request's ``max_tokens`` allows, with slack
+            (:func:`answer_limit`); None when it set none.
+        seconds: the longest a stream may run in all; None for no limit.
+    """
+
+    line_bytes: int = MAX_LINE_BYTES
+    events: int | None = None
+    seconds: float | None = None
+
+
+def answer_limit(max_tokens: int | None, choices: Any = 1) -> int | None:
+    """The most answer tokens (or events) believed of a request allowed ``max_tokens`` for each of ``choices``.
+
+    A quarter more, plus 32 (role, finish and usage chunks, tokenizer differences between engines).
+    """
+    if max_tokens is None:
+        return None
+    n = choices if isinstance(choices, int) and not isinstance(choices, bool) and choices > 0 else 1
+    return n * (max_tokens + max_tokens // 4 + 32)
+
+
+async def events(
+    content: aiohttp.StreamReader, relay: Relay, *, sse: bool, limits: Limits | None = None
+) -> AsyncIterator[bytes]:
+    """Read upstream events (SSE ``data:`` payloads or NDJSON lines) and yield what the relay renders.
+
+    What one socket read brought is rendered and yielded as one piece, so a burst of
+    events costs one write to the client, not one per event; ``relay.fed`` counts events.
+
+    Raises:
+        StreamCut: a line longer than ``limits.line_bytes`` (what is held of it never grows past
+            that), more events than ``limits.events``, or a stream running past ``limits.seconds``.
+    """
+    limits = limits or Limits()
+    line_bytes, most = limits.line_bytes, limits.events
+    deadline = None if limits.seconds is None else time.monotonic() + limits.seconds
+    feed = relay.feed
+    rest = b""
+    partial: list[bytes] = []
+    """Pieces of a line longer than one read, joined once its newline comes (never re-copied per read)."""
+    held = 0
+    async for data in content.iter_any():
+        relay.bytes += len(data)
+        if deadline is not None and time.monotonic() > deadline:
+            raise StreamCut(f"the answer ran past the {limits.seconds:g} s a stream may take, and was cut")
+        if b"\n" not in data:
+            held += len(data)
+            if held > line_bytes:
+                raise StreamCut(f"the backend sent a line longer than {line_bytes} bytes, and it was cut")
+            partial.append(data)
+            continue
+        if partial:
+            data, partial, held = b"".join([rest, *partial, data]), [], 0
+        elif rest:
+            data = rest + data
+        lines = data.split(b"\n")
+        rest = lines.pop()
+        held = len(rest)
+        if held > line_bytes or any(len(line) > line_bytes for line in lines):
+            raise StreamCut(f"the backend sent a line longer than {line_bytes} bytes, and it was cut")
+        out: list[bytes] = []
+        for line in lines:
+            line = line.strip()
+            if not line:
+                continue
+            if sse:
+                if not line.startswith(b"data:"):
+                    if relay.event_lines and line.startswith(b"event:"):
+                        out.append(line + b"\n")
+                    continue  # comments, id: lines, and event: lines unless passed on
+                line = line[5:].lstrip()
+            try:
+                if most is not None and relay.fed >= most:
+                    raise StreamCut(f"the answer ran past the {most} tokens its max_tokens allows, and was cut")
+                relay.fed += 1
+                rendered = feed(line)
+            except Exception:  # what came before the failure still reaches the client first
+                if out:
+                    yield b"".join(out)
+                raise
+            if rendered:
+                out.append(rendered)
+            if relay.finished:
+                break
+        if out:
+            yield b"".join(out)
+        if relay.finished:
+            break
+    else:
+        line = (b"".join([rest, *partial])).strip()
+        if line and (not sse or line.startswith(b"data:")):  # a last event without its newline
+            relay.fed += 1
+            rendered = feed(line[5:].lstrip() if sse else line)
+            if rendered:
+                yield rendered
+    tail = relay.end()
+    if tail:
+        yield tail
+    if not content.at_eof():  # let the connection go back to the pool; it ends right after the last event
+        with contextlib.suppress(TimeoutError, aiohttp.ClientError):
+            await asyncio.wait_for(content.read(), 1.0)

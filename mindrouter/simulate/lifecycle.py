@@ -1,0 +1,179 @@
+"""A request's life on its backend, for the engine: dispatch, prefill, streamed progress, completion.
+
+A mixin of ``engine._Sim`` (as ``JobOutcomes`` is of the core's ``Scheduler``):
+the half of the loop that follows a request once the core has dispatched it,
+and what the engine tells the core about each backend. The workstation
+(``workstation.py``) decides when things happen there; this module accounts
+for them: the pools' service lines, per-model latencies, the core's progress
+and completion calls, and the stretches of saturation.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+from ..scheduler import Scheduler, Timings
+from .pools import Pool
+from .runs import BackendRun, ModelRun, PhaseRun, RequestTrace, UserRun
+from .scenario import Scenario
+from .workstation import DECODE, DONE, PREFILL, Runner, Stream, Workstation
+
+__all__ = ["Lifecycle"]
+
+# Event kinds of the engine's heap that this module pushes (the order among equal times, with the others in
+# ``engine.py``).
+_PREFILL = 2
+_DONE = 3
+_PROGRESS = 6
+_POLL = 9
+#: Streamed tokens between two progress reports, as the daemon batches them.
+PROGRESS_TOKENS = 32
+
+
+class Lifecycle:
+    sc: Scenario
+    sched: Scheduler
+    users: list[UserRun]
+    phases: list[PhaseRun]
+    pools: list[Pool]
+    backends: dict[str, BackendRun]
+    stations: dict[str, Workstation]
+    models: dict[str, ModelRun]
+    reqs: dict[str, RequestTrace]
+    free_epoch: dict[str, int]
+    freed_models: set[str]
+    queued_total: int
+    saturated: list[tuple[float, float]]
+    saturated_since: float | None
+    saturated_tokens: float
+    tokens_at_saturation: float
+    pc: float
+    cc: float
+    push: Callable[[float, int, object], None]
+    touch: Callable[[UserRun], None]
+    next_request: Callable[[PhaseRun, float], None]
+
+    def publish(self, station: Workstation) -> None:
+        """Tell the core what the daemon's poll of ``station`` would report."""
+        self.sched.set_backend(station.snapshot())
+        station.dirty = False
+
+    def decode_rate_changed(self, stream: Stream, old: float, now: float) -> None:
+        self.phases[stream.req.phase].pool.decode_rate_changed(stream.req.user, old, stream.rate, now)
+
+    def start(self, job_id: str, backend_id: str, now: float) -> None:
+        req = self.reqs[job_id]
+        user = self.users[req.user]
+        phase = self.phases[req.phase]
+        backend = self.backends[backend_id]
+        spec = backend.spec
+        req.dispatched = now
+        req.backend = backend_id
+        wait = now - req.submitted
+        user.waits.append(wait)
+        if wait > 0:
+            user.waited += 1
+        skipped = self.free_epoch[phase.spec.model] - req.epoch
+        req.skipped = skipped
+        if skipped > user.max_skipped:
+            user.max_skipped = skipped
+        user.queued -= 1
+        user.running += 1
+        user.request_started(now)
+        self.touch(user)
+        backend.busy += 1
+        backend.requests += 1
+        self.queued_total -= 1
+        if backend.full_at is None and backend.busy >= spec.max_concurrent:
+            backend.full_at = now
+        stream = self.stations[backend_id].accept(req, phase.spec.model, now)
+        req.expected = self.stations[backend_id].expected_seconds(stream, now)
+        phase.pool.started(user.index, self.pc * req.prompt + self.cc * req.completion, req.expected)
+
+    def saturation_changed(self, now: float) -> None:
+        """Open or close a stretch during which some request waited in the core's queue."""
+        decoded = sum(pool.decoded(now) for pool in self.pools)
+        if self.saturated_since is None:
+            self.saturated_since = now
+            self.tokens_at_saturation = decoded
+        else:
+            self.saturated.append((self.saturated_since, now))
+            self.saturated_tokens += decoded - self.tokens_at_saturation
+            self.saturated_since = None
+
+    def on_prefill(self, event: tuple[Stream, int], now: float) -> None:
+        stream, version = event
+        if version != stream.version or stream.phase != PREFILL:
+            return  # re-timed since
+        req = stream.req
+        rate = self.stations[req.backend].prefilled(stream, now)  # type: ignore[index]
+        req.prefill_end = now
+        self.models[req.model].ttft.append(now - req.submitted)
+        self.phases[req.phase].pool.prefill_done(req.user, req.prompt, rate, now)
+        if req.completion > PROGRESS_TOKENS:
+            self.push(now + PROGRESS_TOKENS / rate, _PROGRESS, stream)
+
+    def on_progress(self, stream: Stream, now: float) -> None:
+        """Report what ``stream`` has streamed so far to the core, every ``PROGRESS_TOKENS`` tokens."""
+        if stream.phase != DECODE:
+            return
+        req = stream.req
+        self.sched.progress(req.id, now, completion_tokens=min(req.completion, round(stream.tokens(now))))
+        if now + PROGRESS_TOKENS / stream.rate < stream.done:
+            self.push(now + PROGRESS_TOKENS / stream.rate, _PROGRESS, stream)
+
+    def on_done(self, event: tuple[Stream, int], now: float) -> None:
+        stream, version = event
+        if version != stream.version or stream.phase == DONE:
+            return  # re-timed since
+        req = stream.req
+        user = self.users[req.user]
+        backend = self.backends[req.backend]  # type: ignore[index]
+        station = self.stations[req.backend]  # type: ignore[index]
+        pool = self.phases[req.phase].pool
+        pool.decode_done(req.user, stream.rate, now)
+        assert req.dispatched is not None and req.prefill_end is not None
+        pool.finished(req.expected)
+        user.longest_request = max(user.longest_request, now - req.dispatched)
+        req.done = now
+        del self.reqs[req.id]
+        user.running -= 1
+        user.completed += 1
+        user.completed_tokens += req.prompt + req.completion
+        stats = self.models[req.model]
+        stats.completed += 1
+        stats.e2e.append(now - req.submitted)
+        stats.completion_tokens += req.completion
+        backend.busy -= 1
+        backend.tokens += req.prompt + req.completion
+        backend.slot_seconds += min(now, self.sc.duration) - req.dispatched
+        self.freed_models.update(backend.spec.models)
+        station.finish(stream, now)
+        if backend.spec.ollama:  # as Ollama's last chunk: load_duration, prompt_eval_duration, eval_duration
+            latency, duration = req.prefill_end - req.dispatched, now - req.dispatched
+            timings = Timings(stream.load, req.prefill_end - stream.began, now - req.prefill_end)
+        else:
+            latency, duration, timings = now - req.dispatched, now - req.prefill_end, None
+        self.sched.complete(
+            req.id,
+            now,
+            prompt_tokens=req.prompt,
+            completion_tokens=req.completion,
+            latency=latency,
+            duration=duration,
+            timings=timings,
+        )
+        self.next_request(self.phases[req.phase], now)
+
+    def on_loaded(self, event: tuple[Workstation, Runner], now: float) -> None:
+        station, runner = event
+        station.loaded(runner, now)
+
+    def on_unload(self, event: tuple[Workstation, Runner, int], now: float) -> None:
+        station, runner, version = event
+        station.expire(runner, version, now)
+
+    def on_poll(self, station: Workstation, now: float) -> None:
+        if station.dirty:
+            self.publish(station)
+        self.push(now + station.spec.poll_interval, _POLL, station)

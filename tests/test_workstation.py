@@ -1,0 +1,149 @@
+"""The fake Ollama workstation of bench_pool.py loads, evicts, keeps alive and limits slots as sched.go does.
+
+Lab seconds below; the workstation runs ``C`` times faster and reports wall
+nanoseconds, so a lab second reads as ``1e9 / C`` ns.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "benchmarks"))
+
+from _ollama_app import WORKSTATION, create_app, keep_alive_seconds
+from _workstation import GB, ModelSpec, Speed, WorkstationSpec
+
+C = 50.0
+NS = 1e9 / C
+"""Reported nanoseconds per lab second."""
+MODELS = {
+    "a:latest": ModelSpec("a:latest", disk_gb=5, vram_gb=10),
+    "b:latest": ModelSpec("b:latest", disk_gb=5, vram_gb=10),
+    "c:latest": ModelSpec("c:latest", disk_gb=5, vram_gb=10),
+    "e:latest": ModelSpec("e:latest", disk_gb=0.5, vram_gb=1, embedding=True),
+}
+FAST = Speed(decode=100, prefill=1000)
+
+
+def spec(**kw: Any) -> WorkstationSpec:
+    fields: dict[str, Any] = {
+        "name": "ws",
+        "gpu": "Fake GPU",
+        "vram_gb": 24,
+        "load_s_per_gb": 1.0,
+        "speeds": dict.fromkeys(MODELS, FAST),
+        "num_parallel": 2,
+        "load_start_s": 1.0,
+    }
+    return WorkstationSpec(**{**fields, **kw})
+
+
+@pytest.fixture
+def workstation(aiohttp_client):  # type: ignore[no-untyped-def]
+    async def make(**kw: Any) -> Any:
+        return await aiohttp_client(create_app(spec(**kw), MODELS, C))
+
+    return make
+
+
+async def chat(client: Any, model: str, out: int = 10, prompt: int = 100, **extra: Any) -> dict[str, Any]:
+    body = {"model": model, "prompt": " ".join(["w"] * prompt), "stream": False, "options": {"num_predict": out}}
+    resp = await client.post("/api/generate", json={**body, **extra})
+    assert resp.status == 200, await resp.text()
+    return await resp.json()
+
+
+async def resident(client: Any) -> list[str]:
+    return [m["name"] for m in (await (await client.get("/api/ps")).json())["models"]]
+
+
+async def test_a_load_takes_size_times_speed_and_the_model_stays(workstation) -> None:  # type: ignore[no-untyped-def]
+    client = await workstation()
+    first = await chat(client, "a", out=20, prompt=500)
+    assert first["load_duration"] == pytest.approx(6 * NS, rel=0.25)  # 1 s start + 5 GB at 1 s/GB
+    assert first["prompt_eval_count"] == 500 and first["prompt_eval_duration"] == pytest.approx(0.5 * NS, rel=0.01)
+    assert first["eval_count"] == 20 and first["eval_duration"] == pytest.approx(0.2 * NS, rel=0.01)
+    ps = (await (await client.get("/api/ps")).json())["models"]
+    assert [m["name"] for m in ps] == ["a:latest"] and ps[0]["size_vram"] == 10 * GB
+    second = await chat(client, "a")
+    assert second["load_duration"] < 0.5 * NS
+    stats = await (await client.get("/bench/stats")).json()
+    assert stats["loads"] == 1 and stats["load_seconds"] == pytest.approx(6.0)
+    assert (await (await client.get("/gpus")).json())[0]["memory_free"] == 14 * GB
+
+
+async def test_an_idle_model_is_evicted_when_vram_is_needed_first_by_keep_alive_then_name(workstation) -> None:  # type: ignore[no-untyped-def]
+    client = await workstation()
+    await chat(client, "b")
+    await chat(client, "a", keep_alive="10m")  # longer keep_alive: evicted after b
+    await chat(client, "c")  # 30 GB would not fit in 24
+    assert sorted(await resident(client)) == ["a:latest", "c:latest"]
+    stats = await (await client.get("/bench/stats")).json()
+    assert stats["loads"] == 3 and stats["evictions"] == 1
+
+
+async def test_a_busy_model_is_not_evicted_and_a_load_waits_when_all_are_busy(workstation) -> None:  # type: ignore[no-untyped-def]
+    client = await workstation()
+    await asyncio.gather(chat(client, "a"), chat(client, "b"))
+    long_a = asyncio.create_task(chat(client, "a", out=2000))  # 20 lab s of decoding alone
+    await asyncio.sleep(2 / C)
+    await chat(client, "c")  # b is idle: it goes, a stays
+    assert sorted(await resident(client)) == ["a:latest", "c:latest"] and not long_a.done()
+    long_c = asyncio.create_task(chat(client, "c", out=4000))
+    await asyncio.sleep(2 / C)
+    waited = await chat(client, "b")  # a and c busy: wait for a (first by name) to finish, then load b
+    assert long_a.done() and not long_c.done()
+    assert waited["load_duration"] > 15 * NS
+    assert sorted(await resident(client)) == ["b:latest", "c:latest"]
+    await long_c
+
+
+async def test_keep_alive_expires_and_zero_unloads_at_once(workstation) -> None:  # type: ignore[no-untyped-def]
+    client = await workstation(keep_alive=5.0)
+    await chat(client, "a")
+    ps = (await (await client.get("/api/ps")).json())["models"]
+    assert ps[0]["expires_at"].endswith("Z")
+    await asyncio.sleep(1.0 / C)
+    assert await resident(client) == ["a:latest"]
+    await asyncio.sleep(5.0 / C)
+    assert await resident(client) == []
+    await chat(client, "b", keep_alive=0)
+    assert await resident(client) == []
+    stats = await (await client.get("/bench/stats")).json()
+    assert stats["expiries"] == 1 and stats["loads"] == 2
+    assert keep_alive_seconds("5m") == 300 and keep_alive_seconds(-1) == float("inf")
+
+
+async def test_max_loaded_models_evicts_even_when_vram_is_free(workstation) -> None:  # type: ignore[no-untyped-def]
+    client = await workstation(vram_gb=80, max_loaded=2)
+    for model in ("a", "b", "c"):
+        await chat(client, model)
+    assert sorted(await resident(client)) == ["b:latest", "c:latest"]
+
+
+async def test_parallel_slots_per_model_and_streams_slow_each_other(workstation) -> None:  # type: ignore[no-untyped-def]
+    client = await workstation()
+    await chat(client, "a")
+    ws = client.server.app[WORKSTATION]
+    runs = [asyncio.create_task(chat(client, "a", out=500, prompt=1)) for _ in range(3)]
+    await asyncio.sleep(2 / C)
+    runner = ws.loaded["a:latest"]
+    assert len(runner.active) == 2 and len(runner.waiting) == 1  # OLLAMA_NUM_PARALLEL=2
+    answers = await asyncio.gather(*runs)
+    took = sorted(a["eval_duration"] for a in answers)
+    # two streams in one batch: each at 100 / 1.25 tok/s (1.6x one stream's tokens/s together);
+    # the third waited for a slot and ran alone
+    assert took[-1] == pytest.approx(6.25 * NS, rel=0.05) and took[0] == pytest.approx(5 * NS, rel=0.05)
+    body = {"model": "e", "input": ["w " * 2000]}
+    embeds = await asyncio.gather(*(client.post("/api/embed", json=body) for _ in range(2)))
+    replies = [await r.json() for r in embeds]
+    assert ws.loaded["e:latest"].parallel == 1  # embedding models get one slot
+    for reply in replies:  # one at a time: neither slowed by the other
+        assert reply["embeddings"] and reply["prompt_eval_count"] == 2001
+        assert reply["prompt_eval_duration"] == pytest.approx(2.001 * NS, rel=0.02)
+    assert max(r["total_duration"] for r in replies) > 4 * NS
