@@ -122,3 +122,19 @@ def test_staggered_big_prompts_take_no_more_than_half(outstanding, others):
     assert lab.starved["small"] <= 3 * (200 / PREFILL + 300 / DECODE), lab.starved
     if outstanding <= 2:  # more big requests than its half of the slots serves within queue_timeout: they wait
         assert not lab.timeouts, lab.timeouts
+
+
+@pytest.mark.parametrize("first", ["a", "b"])
+def test_a_huge_max_tokens_on_unstreamed_requests_changes_no_share(first):
+    """a asks max_tokens 100,000 on non-streamed requests with 200-token answers; b asks nothing special.
+
+    Before, a job that does not stream was charged its whole max_tokens when it
+    started: with a first, b got nothing (all of b's requests timed out); with b
+    first, a held one slot of four (21-25%).
+    """
+    a = [Loop("a", 20, 200, start=0.0 if first == "a" else 5.0, stream=False, max_tokens=100_000) for _ in range(4)]
+    b = [Loop("b", 20, 200, start=0.0 if first == "b" else 5.0, stream=False) for _ in range(4)]
+    lab = Loops(a + b)
+    shares = lab.run(600)
+    assert shares["a"] == pytest.approx(0.5, abs=0.04), shares
+    assert not lab.timeouts, lab.timeouts
