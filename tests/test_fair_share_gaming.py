@@ -30,6 +30,7 @@ class Loop:
     start: float = 0.0
     stream: bool = True
     max_tokens: int | None = None
+    model: str = "llama3"
 
 
 @dataclass
@@ -38,18 +39,21 @@ class Loops:
     slots: int = 4
     weights: dict[str, float] = field(default_factory=dict)
     settings: SchedulerSettings = field(default_factory=SchedulerSettings)
+    backends: dict[str, tuple[str, ...]] = field(default_factory=lambda: {"gpu": ("llama3",)})
+    """Backend name: the models it serves (each with ``slots`` slots)."""
     restart_at: float | None = None
     """Replace the core with a fresh one then, as a restarted daemon does: the usage of the
     fairness window replayed (``add_usage``), the requests in flight lost (the loops send again)."""
 
     def _core(self, done: list[tuple[str, float, float]], now: float) -> Scheduler:
         s = self.s = Scheduler(self.settings)
-        s.set_backend(Backend(id="gpu", name="gpu", models=frozenset({"llama3"}), max_concurrent=self.slots))
+        for name, models in self.backends.items():
+            s.set_backend(Backend(id=name, name=name, models=frozenset(models), max_concurrent=self.slots))
         for loop in self.loops:
             s.set_user(loop.user, self.weights.get(loop.user, 1.0))
         for user, tokens, at in done:
             if at >= now - self.settings.fairness_window:
-                s.add_usage(user, tokens, at, "llama3")
+                s.add_usage(user, tokens, at, "llama3")  # every loop of the restart test asks for llama3
         return s
 
     def run(self, duration: float, count_from: float = WARMUP) -> dict[str, float]:
@@ -87,7 +91,7 @@ class Loops:
                     job = Job(
                         f"j{n}",
                         loop.user,
-                        "llama3",
+                        loop.model,
                         t,
                         prompt_tokens=loop.prompt,
                         stream=loop.stream,
@@ -175,3 +179,19 @@ def test_a_restart_keeps_fair_share():
         assert shares["a"] == pytest.approx(2 / 3, abs=0.02), shares
     moved = abs(after["a"] - steady["a"])
     assert moved <= 0.01, (after, steady)
+
+
+@pytest.mark.xfail(strict=True, reason="needs one share per person across overlapping pools (issue 18, case 3)")
+def test_overlapping_pools_share_by_weight_across_the_whole_pool():
+    """gpu1 serves qwen and llama3, gpu2 llama3 only; a student (weight 1) asks qwen, an admin (10) llama3.
+
+    Weighted max-min over the 8 slots owes the student 1/11 (9.1%): the admin's
+    llama3 can run anywhere, so weights decide on the shared gpu1. Each candidate
+    set being its own pool, the pools split gpu1 between them instead: the issue
+    measured 44.0% for the student (88% of gpu1).
+    """
+    loops = [Loop("student", 200, 300, model="qwen") for _ in range(8)]
+    loops += [Loop("admin", 200, 300) for _ in range(16)]
+    lab = Loops(loops, weights={"admin": 10.0}, backends={"gpu1": ("qwen", "llama3"), "gpu2": ("llama3",)})
+    shares = lab.run(900)
+    assert shares["student"] == pytest.approx(1 / 11, abs=0.04), shares

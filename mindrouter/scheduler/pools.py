@@ -212,9 +212,9 @@ class Pool:
         above V, where a newcomer stands, and that distance (negative) is divided by
         its factor, as the seed's formula does below zero; the handicap this adds is
         capped at one credit. So deprioritization always acts (a factor below 1
-        moves the heavy seat back) and never starves: a seat entering contention is
-        placed at most one credit below V, where it ties with a fully handicapped
-        heavy seat, and the older job wins the tie.
+        moves the heavy seat back) and never starves: it stands at most one credit
+        further back than its lag puts it, so it waits at most one more request
+        per competing seat than fair share alone makes it wait.
         """
         base = seat.lag - reference
         if seat.factor == 1.0:
