@@ -153,6 +153,10 @@ def config_path(explicit: str | os.PathLike[str] | None = None) -> Path:
     return Path(platformdirs.user_config_dir(APP)) / "config.toml"
 
 
+#: Settings that are unset (None) by default and take a number of at least 0 when set.
+_OPTIONAL_NUMBERS = frozenset({"return_credit", "return_debt"})
+
+
 def _coerce(section: str, key: str, value: Any, default: Any) -> Any:
     name = f"[{section}] {key}"
     if isinstance(default, bool):
@@ -169,7 +173,7 @@ def _coerce(section: str, key: str, value: Any, default: Any) -> Any:
         if whole is None or isinstance(value, bool):
             raise ConfigError(f"{name} must be a whole number, not {value!r}")
         return whole
-    if isinstance(default, float) or (default is None and key == "return_credit"):
+    if isinstance(default, float) or (default is None and key in _OPTIONAL_NUMBERS):
         try:
             number = float(value)
         except (TypeError, ValueError):

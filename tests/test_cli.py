@@ -464,7 +464,7 @@ def test_config_init_show_path(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) 
     assert mr("config", "init", "--force").exit_code == 0
     # every commented default, uncommented, is a valid setting equal to the default
     active = "\n".join(line[2:] if re.match(r"# [a-z_]+ = ", line) else line for line in text.splitlines())
-    active = active.replace("return_credit = 2048.0", "")
+    active = active.replace("return_credit = 2048.0", "").replace("return_debt = 8192.0", "")
     target.write_text(active)
     loaded = load_config(target, environ={})
     assert loaded.server == Config().server and loaded.backends == Config().backends

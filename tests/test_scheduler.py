@@ -273,13 +273,15 @@ def test_wait_bonus_favours_the_older_job_between_equals():
     assert first_dispatched(s, 6.0) == "a"
 
 
-def test_returning_user_is_at_most_one_credit_ahead_and_one_behind():
-    settings = SchedulerSettings(return_credit=1000)
+@pytest.mark.parametrize(("return_debt", "behind"), [(None, 30_000), (1000.0, 1000)])
+def test_returning_user_is_at_most_one_credit_ahead_and_keeps_its_debt(return_debt, behind):
+    """Idle time banks one credit; what a user was charged stays, unless ``return_debt`` bounds it."""
+    settings = SchedulerSettings(return_credit=1000, return_debt=return_debt)
     s = make(settings, slots=2)
     s.set_user("busy", 1)
     s.set_user("back", 1)
     s.set_user("greedy", 1)
-    served(s, "greedy", 50_000, 0)  # far ahead of its share... then it leaves
+    served(s, "greedy", 80_000, 0)  # 30,000 more than busy will get... then it leaves
     for t in range(1, 6):
         served(s, "busy", 10_000, t)
     s.submit(job("busy", 6, max_tokens=0), 6)  # busy waits: V is busy's lag
@@ -287,7 +289,7 @@ def test_returning_user_is_at_most_one_credit_ahead_and_one_behind():
     s.submit(job("greedy", 6), 6)
     v = deficit(s, "busy", 6)
     assert deficit(s, "back", 6) - v == pytest.approx(1000)  # idle banked only one credit
-    assert deficit(s, "greedy", 6) - v == pytest.approx(-1000)  # past use weighs one credit at most
+    assert deficit(s, "greedy", 6) - v == pytest.approx(-behind)  # service received is never erased
     assert [d.job.user_id for d in s.dispatch(6)] == ["back", "busy"]
 
 

@@ -48,7 +48,7 @@ SECTIONS: list[tuple[str, type]] = [
 _NOT_IN_FILE = {"scheduler": {"scores", "group_weights"}}
 
 #: Example values shown for settings that are unset by default.
-_UNSET_EXAMPLES: dict[str, Any] = {"return_credit": 2048.0}
+_UNSET_EXAMPLES: dict[str, Any] = {"return_credit": 2048.0, "return_debt": 8192.0}
 
 
 @cache

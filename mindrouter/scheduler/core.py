@@ -172,6 +172,7 @@ class Scheduler(JobOutcomes, CoreReading):
         for pool in self.fair.pools.values():
             for seat in pool.seats.values():
                 if seat.queued:
+                    pool.queue_emptied(seat)
                     seat.queued = 0
                     seats.append((pool, seat))
         for job in self.queues.jobs.values():
@@ -240,7 +241,7 @@ class Scheduler(JobOutcomes, CoreReading):
         pool = self._pool(key)
         seat, new = self.fair.seat(pool, user)
         entering = not seat.queued
-        if entering:  # a user entering contention here stands within one typical request of V
+        if entering:  # credit banked while nothing was queued goes; a debt stays (pools.py)
             pool.place(seat, new)
         head = self.queues.add(job, key, front=front)
         seat.queued += 1
@@ -399,6 +400,8 @@ class Scheduler(JobOutcomes, CoreReading):
         if not self.queues.jobs:
             fair.queue_became_empty(now)
         self.ledger.start(running)
+        if not seat.queued:
+            pool.queue_emptied(seat)
         self._rekey_seats(fair.activity(pool, seat))
         self._rekey(pool, seat)
         self._took(backend_id, job.id, job.model, routed, now)

@@ -13,7 +13,9 @@ Invariants (checked by ``FairShare.check()`` in tests):
 - A running job is charged as its service is produced, a little ahead: its
   prompt and a provisional answer when it starts, then one or two typical
   answers beyond what it has streamed (never past its expected total), then
-  settled against the backend's token counts when it ends.
+  settled against the backend's token counts when it ends. A job that does not
+  stream is charged its expected answer at once, capped by ``max_tokens`` but
+  never ``max_tokens`` itself.
 - Burst credits are the same amount per unit of weight for every user (they
   grow while nothing is queued and halve when contention starts), so they
   never reorder users; they are reported, not used as a priority term. What
@@ -213,14 +215,17 @@ class FairShare:
         answer ahead of what it has produced (``ANSWERS_AHEAD`` once known), so a user
         taking several slots at once moves by each of them, and one whose answers
         are long is charged as they are produced, not all at the start. A job that
-        does not stream reports nothing before its end: charged its total at once
-        (``max_tokens`` when given).
+        does not stream reports nothing before its end: charged its expected answer
+        at once (the larger of the user's usual and the pool's typical, at most
+        ``max_tokens``), never ``max_tokens`` itself, so what a request asks for
+        never changes a share (a 100,000 ``max_tokens`` had taken every slot from
+        the others, or 3 of its sender's 4).
         """
         max_tokens = job.max_tokens
         usual = user.completion_ema
         total = max(self.settings.default_completion_tokens if usual is None else usual, pool.answer)
         if not job.stream:
-            return (total if max_tokens is None else float(max_tokens)), math.inf
+            return (total if max_tokens is None else min(total, float(max_tokens))), math.inf
         ahead = ANSWERS_AHEAD * pool.answer
         if usual is None:
             total, ahead = math.inf, pool.answer

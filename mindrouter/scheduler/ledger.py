@@ -7,7 +7,8 @@ stream has produced (one of the pool's typical answers while the user's answers
 are unknown, and the total unbounded; two once known), but never past the
 answer's expected total. So a user taking several slots at once moves by each of them, and a
 long answer is charged as it is produced rather than all at once. A job that
-does not stream is charged its whole estimate at once (``ahead`` infinite). At
+does not stream is charged its whole estimate at once (``ahead`` infinite): its
+expected answer, capped by ``max_tokens``, as a stream's total is. At
 the end the charge is settled against the backend's own counts: the
 difference is charged or refunded at the seat's weight of that moment.
 

@@ -186,6 +186,8 @@ class JobOutcomes:
         self.queues.remove(job, key)
         seat.queued -= 1
         seat.user.queued -= 1
+        if not seat.queued:
+            pool.queue_emptied(seat)
         if not self.queues.jobs:
             self.fair.queue_became_empty(now)
         self._rekey_seats(self.fair.activity(pool, seat))

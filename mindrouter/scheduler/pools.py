@@ -15,12 +15,15 @@ Invariants (``Pool.check()`` asserts them in tests):
 - ``reference()`` (V) is the highest lag among seats with queued jobs, except
   that it never rises (seats placed above it leave it where it was). Priorities
   are measured from V.
-- A seat that starts queuing is placed within one typical request of V, on
-  either side: idle time banks at most one request of credit, and past use
-  weighs at most one request against it.
+- A seat is never raised: service received is never erased (VTC's rule),
+  except that a seat returning from idle may have its debt bounded by
+  ``return_debt``, an explicit setting that is unset by default.
+- A seat that starts queuing is lowered only by credit banked while it had
+  nothing queued: from idle it stands at most one typical request above V; with
+  jobs running, at most where it stood from V when its queue emptied.
 - Lags leave their place in only two ways besides charges: that placement, and
   a shift of every seat of the pool by the same amount when V drifts far below
-  zero (order and shares unchanged). Nobody is clipped on its own.
+  zero (order and shares unchanged). Nobody is raised on its own.
 - The deprioritization factor only ever lowers a heavy seat's priority.
 """
 
@@ -100,6 +103,8 @@ class Seat:
     running: int = 0
     inflight: float = 0.0
     """Cost charged so far for this seat's running jobs (part of ``lag``)."""
+    left: float = 0.0
+    """``lag - V`` when its queue last emptied: what it may keep while its jobs run (``Pool.place``)."""
     recent: float = 0.0
     """Tokens completed here within the fairness window."""
     factor: float = 1.0
@@ -172,10 +177,33 @@ class Pool:
         return self.typical if fixed is None else fixed
 
     def place(self, seat: Seat, new: bool) -> None:
-        """``seat`` starts queuing: put it within one credit of V (a new seat at the top)."""
+        """``seat``'s queue here was empty and a job joins it: keep what it was owed, bank no more.
+
+        A seat is never raised: what it was charged, running jobs included, stays
+        charged (VTC's rule), unless the explicit ``return_debt`` bounds the debt
+        of a seat with nothing running. It is lowered only by credit it banked
+        while it had nothing queued, when others were served and it asked for
+        nothing more: an idle seat keeps at most one credit above V (VTC's lift);
+        a seat with jobs running keeps where it stood when its queue emptied (or
+        one credit, if more), so a user who keeps 4 streams on 4 slots keeps what
+        it is owed, and one who kept a few running below its share cannot then
+        take every slot. A new seat starts one credit above V.
+        """
         ref = self.reference()
         room = self.credit() / seat.weight
-        seat.lag = ref + room if new else min(ref + room, max(ref - room, seat.lag))
+        if new:
+            seat.lag = ref + room
+        elif seat.running:
+            seat.lag = min(ref + max(seat.left, room), seat.lag)
+        else:
+            seat.lag = min(ref + room, seat.lag)
+            debt = self.settings.return_debt
+            if debt is not None:
+                seat.lag = max(ref - debt / seat.weight, seat.lag)
+
+    def queue_emptied(self, seat: Seat) -> None:
+        """``seat`` has nothing queued here any more: remember where it stands from V."""
+        seat.left = seat.lag - self.reference()
 
     def priority(self, seat: Seat, reference: float) -> float:
         """Priority of a queued ``seat`` measured from ``reference``, without the wait bonus.
@@ -184,9 +212,9 @@ class Pool:
         above V, where a newcomer stands, and that distance (negative) is divided by
         its factor, as the seed's formula does below zero; the handicap this adds is
         capped at one credit. So deprioritization always acts (a factor below 1
-        moves the heavy seat back) and never starves: a seat entering contention is
-        placed at most one credit below V, where it ties with a fully handicapped
-        heavy seat, and the older job wins the tie.
+        moves the heavy seat back) and never starves: it stands at most one credit
+        further back than its lag puts it, so it waits at most one more request
+        per competing seat than fair share alone makes it wait.
         """
         base = seat.lag - reference
         if seat.factor == 1.0:

@@ -81,8 +81,12 @@ class SchedulerSettings:
     """How weights divide a pool: "user" (each user weighs its weight) or "group" (Slurm-style:
     a group's weight is its share, split among its active users by weight_override, 1 without one)."""
     return_credit: float | None = None
-    """How far (in cost) a user entering contention may stand from the most-owed waiting user, ahead or
-    behind. Unset means one typical request of that pool (a moving average of its completed requests)."""
+    """How far (in cost) ahead of the most-owed waiting user a user whose queue was empty may stand when it sends
+    again. Unset means one typical request of that pool (a moving average of its completed requests)."""
+    return_debt: float | None = None
+    """How far (in cost) behind the most-owed waiting user a user with nothing queued or running in a pool may
+    stand when it sends again. Unset (the default) keeps everything it was charged, as VTC does: a debt is paid
+    back by the others being served, so sending one request at a time, or leaving and returning, gains nothing."""
     default_completion_tokens: int = 256
     """A pool's typical answer before any has completed there, and a user's usual answer before its first."""
     deficit_shift_threshold: float = 1e9
