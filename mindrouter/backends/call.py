@@ -141,8 +141,6 @@ def inspect_body(dialect: Dialect, kind: Kind, path: str, body: dict[str, Any]) 
         if fmt is not None and not isinstance(fmt, (str, dict)):
             raise _fail('"format" must be "json" or a JSON schema object.')
         hints["json_mode"] = bool(fmt)
-    if max_tokens is not None and max_tokens < 1 and dialect == "openai":
-        raise _fail('"max_tokens" must be a positive integer.')
     hints["max_tokens"] = max_tokens
     for key in ("temperature", "top_p"):
         _optional(options, key, (int, float), "a number")

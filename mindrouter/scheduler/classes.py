@@ -17,7 +17,7 @@ import math
 from collections.abc import Hashable
 from dataclasses import dataclass, field
 
-from .backend import Backend, BackendLoad
+from .backend import Backend, BackendLoad, ModelSpeed
 from .constraints import REASONS, RETRY_PENALTY, ClassKey, live_rejections, static_rejections
 from .estimate import Estimate, Speeds, estimate
 from .jobs import Job, Rejection
@@ -203,10 +203,9 @@ class Classes:
         Waiting there takes at least ``queued`` jobs' time at the best rates known, spread over
         the most slots a candidate has; when that alone is longer than ``best`` takes, none can win.
         """
-        fastest = prior.best.get(model)
-        decode = max(fastest.decode or 0.0, settings.default_decode_rate) if fastest else settings.default_decode_rate
-        prefill = (fastest.prefill if fastest and fastest.prefill else 0.0) or decode * settings.prefill_speedup
-        prefill = max(prefill, decode * settings.prefill_speedup)
+        fastest = prior.best.get(model) or ModelSpeed()
+        decode = max(fastest.decode or 0.0, settings.default_decode_rate)
+        prefill = max(fastest.prefill or 0.0, decode * settings.prefill_speedup)
         typical = job.prompt_tokens / prefill + answer_tokens / decode
         slots = max(1, max(self._backends[bid].max_concurrent for bid in info.closed))
         top = max(self._backends[bid].priority for bid in info.closed)

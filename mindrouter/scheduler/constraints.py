@@ -53,14 +53,13 @@ def static_rejections(backend: Backend, key: ClassKey) -> tuple[str, ...]:
     return tuple(reasons)
 
 
-def fit(backend: Backend, load: BackendLoad, model: str, now: float) -> tuple[str, ...] | str:
+def fit(backend: Backend, load: BackendLoad, model: str, resident: frozenset[str]) -> tuple[str, ...] | str:
     """The idle models (least recently used first) to evict so ``model`` fits, or why it cannot.
 
     A resident or loading model fits. Otherwise the estimate must fit in free VRAM plus what
     idle resident models would free, and a place must be left under ``max_loaded``; busy models
-    are never counted as free. Unknown readings fit, as before.
+    are never counted as free. Unknown readings fit, as before. ``resident``: ``load.resident(backend, now)``.
     """
-    resident = load.resident(backend, now)
     if model in resident:
         return ()
     need = backend.model_vram.get(model)
@@ -97,7 +96,7 @@ def live_rejections(backend: Backend, load: BackendLoad, model: str, now: float)
         backend.parallel is not None and load.model_in_flight.get(model, 0) >= backend.parallel
     ):
         reasons.append(REASONS["capacity"])
-    room = fit(backend, load, model, now)
+    room = fit(backend, load, model, load.resident(backend, now))
     if isinstance(room, str):
         reasons.append(room)
     return tuple(reasons)

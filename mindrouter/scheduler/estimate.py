@@ -75,10 +75,6 @@ class Estimate:
     penalty: float = 0.0
     """Subtracted when this backend already failed this request."""
 
-    @property
-    def total(self) -> float:
-        return self.score
-
     def to_dict(self) -> dict[str, object]:
         return {
             "score": round(self.score, 3),
@@ -137,7 +133,8 @@ def estimate(
     taken: it would start once that many slots have freed, each expected after a typical job's
     time there divided by the jobs holding those slots.
     """
-    evicts = fit(backend, load, model, now)
+    resident = load.resident(backend, now)
+    evicts = fit(backend, load, model, resident)
     if isinstance(evicts, str):
         return None
     w = settings.scores
@@ -152,7 +149,7 @@ def estimate(
     ready = load.loading.get(model)
     if ready is not None:
         start = max(0.0, ready - now)
-    elif model in load.resident(backend, now):
+    elif model in resident:
         start = 0.0
     else:
         start = load_seconds(backend, load, model, settings)

@@ -89,7 +89,9 @@ def _backend_fields(
     for field, value in (("parallel", parallel), ("max_loaded", max_loaded)):
         if value is not None and (isinstance(value, bool) or not isinstance(value, int) or not 1 <= value <= 1000):
             raise InvalidValue(f"{field} {value!r} of {what} must be a whole number from 1 to 1000, or null")
-    return url, engine, max_concurrent, json.dumps(list(gpus)), node, float(priority), state, parallel, max_loaded  # type: ignore[return-value]
+    per_model = parallel if isinstance(parallel, int) else None
+    loaded = max_loaded if isinstance(max_loaded, int) else None
+    return url, engine, max_concurrent, json.dumps(list(gpus)), node, float(priority), state, per_model, loaded
 
 
 def _quota(what: str, field: str, value: object) -> int | None:
