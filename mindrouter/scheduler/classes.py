@@ -43,6 +43,10 @@ class ClassInfo:
     """Candidates that can take a job now (an ordered set)."""
     closed: dict[Hashable, tuple[str, ...]] = field(default_factory=dict)
     """Candidates that cannot, with the reasons why."""
+    most_slots: int = 1
+    """The largest ``max_concurrent`` among the candidates, and the highest priority: bounds for
+    ``_wait_may_win``, kept as backends change so a decision need not scan them."""
+    top_priority: float = 0.0
 
 
 class Classes:
@@ -75,6 +79,7 @@ class Classes:
                 else:
                     candidates.append(bid)
             info = self._classes[key] = ClassInfo(candidates, rejected, known, frozenset(candidates))
+            self._bound(info)
             for bid in candidates:
                 self._by_backend.setdefault(bid, []).append((key, info))
                 self._place(info, bid, key[0])
@@ -114,6 +119,17 @@ class Classes:
         else:
             info.closed.pop(bid, None)
             info.open[bid] = None
+
+    def _bound(self, info: ClassInfo) -> None:
+        backends = [self._backends[bid] for bid in info.candidates]
+        info.most_slots = max((b.max_concurrent for b in backends), default=1)
+        info.top_priority = max((b.priority for b in backends), default=0.0)
+
+    def changed(self, bid: Hashable) -> None:
+        """``bid``'s settings or readings changed (not its models): re-evaluate it, and its classes' bounds."""
+        for _, info in self._by_backend.get(bid, ()):
+            self._bound(info)
+        self.reopen(bid)
 
     def reopen(self, bid: Hashable) -> None:
         """Re-evaluate ``bid``'s live constraints in every class it serves."""
@@ -201,15 +217,13 @@ class Classes:
         """Whether any full candidate could beat ``best``: a bound that skips them all when the queue is long.
 
         Waiting there takes at least ``queued`` jobs' time at the best rates known, spread over
-        the most slots a candidate has; when that alone is longer than ``best`` takes, none can win.
+        the most slots any candidate has; when that alone is longer than ``best`` takes, none can win.
         """
         fastest = prior.best.get(model) or ModelSpeed()
         decode = max(fastest.decode or 0.0, settings.default_decode_rate)
         prefill = max(fastest.prefill or 0.0, decode * settings.prefill_speedup)
         typical = job.prompt_tokens / prefill + answer_tokens / decode
-        slots = max(1, max(self._backends[bid].max_concurrent for bid in info.closed))
-        top = max(self._backends[bid].priority for bid in info.closed)
-        return top - typical * queued / slots > best.score + settings.wait_margin
+        return info.top_priority - typical * queued / max(1, info.most_slots) > best.score + settings.wait_margin
 
 
 #: Reasons that end by themselves as running jobs finish.

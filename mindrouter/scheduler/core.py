@@ -142,7 +142,7 @@ class Scheduler(JobOutcomes, CoreReading):
         ):
             self._classes_changed()
         else:
-            self.classes.reopen(backend.id)
+            self.classes.changed(backend.id)
 
     def remove_backend(self, backend_id: Hashable) -> None:
         """Forget a backend; jobs running there still end through complete/fail/cancel."""
