@@ -104,10 +104,17 @@ class BackendSettings:
     """Seconds between health and model probes of each backend."""
     connect_timeout: float = 5.0
     """Seconds to wait for a backend to accept a connection."""
-    first_byte_timeout: float = 300.0
-    """Seconds a backend may take to start a streamed answer (its first chunk), model loading included."""
+    first_byte_timeout: float = 60.0
+    """Seconds a backend with the model loaded may take to start a streamed answer (its first chunk,
+    the prompt's prefill included) before the attempt fails over; a hung backend holds a stream no longer."""
+    load_timeout: float = 180.0
+    """Seconds added to first_byte_timeout when the backend's last probe did not list the model as
+    loaded: Ollama sends nothing while it loads one (a 70B model at 4 bits, about 40 GB, in 180 s is
+    220 MB/s, a SATA disk's pace)."""
     chunk_timeout: float = 60.0
-    """Seconds of silence allowed between two chunks of a streamed answer before it is cut."""
+    """Seconds of silence allowed between two chunks of a streamed answer before it is cut with the
+    dialect's error ending and charged for what was delivered (Ollama sends a tool call only once it is
+    whole: raise this for long tool calls on slow machines)."""
     stream_timeout: float = 3600.0
     """Seconds a streamed answer may run in all before it is cut (and charged for what was delivered);
     0 for no limit."""

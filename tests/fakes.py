@@ -27,6 +27,9 @@ Load and faults, all settable while the server runs:
 - ``drop_next(after_chunks, times)``: cut the connection after K chunks (0:
   before any response).
 - ``first_byte_delay``: seconds before the answer starts.
+- ``hang_after``: after that many chunks a stream falls silent, its connection open (a hung GPU).
+- ``load_seconds`` (Ollama): a request for a model that is not loaded waits this long first, sending
+  nothing, as Ollama does while it loads one.
 - ``await go_down()`` / ``await come_up()``: stop listening (connections are
   refused) and listen again on the same port.
 
@@ -272,6 +275,7 @@ class _FakeServer:
         self.usage_lies: dict[str, Any] = {}
         self.ignore_limits = False
         self.endless_line: int | None = None
+        self.hang_after: int | None = None
         self._gate = _Gate(max_concurrent)
         self._fail: deque[int] = deque()
         self._drops: deque[int] = deque()
@@ -411,6 +415,8 @@ class _FakeServer:
             while i == self.endless_line:  # one line that never ends: the client must cut it
                 await resp.write(b'{"message":{"content":"' + b"x" * 65536)
                 await asyncio.sleep(0.001)
+            if i == self.hang_after:
+                await asyncio.sleep(3600)  # the client's close cancels this handler
             await self.pace(started, i)
             if i == drop_after:
                 self._drop(request)
@@ -466,6 +472,7 @@ class FakeOllama(_FakeServer):
 
     Args:
         autoload: a request for a model that is not loaded loads it, as Ollama does. Defaults to True.
+        load_seconds: how long that load takes, sending nothing. Defaults to 0.
         capabilities: /api/show ``capabilities`` per model. Defaults to ["completion", "tools"]. As
             real Ollama: chat to a model without "completion" and tools to one without "tools" are 400,
             images to one without "vision" a 500.
@@ -478,10 +485,12 @@ class FakeOllama(_FakeServer):
         autoload: bool = True,
         capabilities: Mapping[str, list[str]] | None = None,
         version: str = "0.6.5",
+        load_seconds: float = 0.0,
         **kwargs: Any,
     ) -> None:
         super().__init__(**kwargs)
         self.autoload = autoload
+        self.load_seconds = load_seconds
         self.capabilities = dict(capabilities or {})
         self.version = version
         self.show_requests = 0
@@ -615,9 +624,12 @@ class FakeOllama(_FakeServer):
         empty: bool,
         images: list[Any],
     ) -> web.StreamResponse:
+        cold = self.known(str(body.get("model", ""))) not in self.loaded
         name = self._resolve(body)
         if isinstance(name, web.Response):
             return name
+        if cold and self.load_seconds:
+            await asyncio.sleep(self.load_seconds)
         if (refused := self._refuse(name, body, images)) is not None:
             return refused
         model = body["model"]

@@ -349,7 +349,9 @@ async def test_drop_before_the_first_chunk_is_a_backend_error(vllm: tuple[FakeOp
 
 async def test_timeouts_are_backend_errors_per_phase(session: aiohttp.ClientSession) -> None:
     async with FakeOpenAI(models=["m"], first_byte_delay=2) as fake:
-        a = make_adapter("openai", fake.url, session, request_timeout=0.2, connect_timeout=1, first_byte_timeout=0.3)
+        a = make_adapter(
+            "openai", fake.url, session, request_timeout=0.2, connect_timeout=1, first_byte_timeout=0.3, load_timeout=0
+        )
         with pytest.raises(BackendError, match=r"sent nothing for 0\.3 s") as info:
             await a.open(call("/v1/chat/completions", model="m", messages=MESSAGES, stream=True), "m")
         assert info.value.before_first_byte

@@ -19,7 +19,7 @@ import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 import pytest
 from hypothesis import HealthCheck, given, settings
@@ -112,16 +112,22 @@ def served(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Served]:
     thread.join(10)
 
 
-def post(port: int, path: str, body: str | bytes, headers: dict[str, str]) -> tuple[int, bytes]:
+class Answer(NamedTuple):
+    status: int
+    data: bytes
+    headers: http.client.HTTPMessage
+
+
+def post(port: int, path: str, body: str | bytes, headers: dict[str, str]) -> Answer:
     return send(port, "POST", path, body.encode() if isinstance(body, str) else body, headers)
 
 
-def send(port: int, method: str, path: str, body: bytes | None, headers: dict[str, str]) -> tuple[int, bytes]:
+def send(port: int, method: str, path: str, body: bytes | None, headers: dict[str, str]) -> Answer:
     conn = http.client.HTTPConnection("127.0.0.1", port, timeout=20)
     try:
         conn.request(method, path, body=body, headers=headers)
         resp = conn.getresponse()
-        return resp.status, resp.read()
+        return Answer(resp.status, resp.read(), resp.headers)
     finally:
         conn.close()
 
@@ -134,12 +140,16 @@ def dialect(path: str) -> str:
     return "openai"
 
 
-def check(status: int, data: bytes, path: str) -> None:
-    """Below 500, and an error body in the shape its path's clients parse."""
+def check(answer: Answer, path: str) -> None:
+    """Below 500, no version banner, and an error is a body in the shape its path's clients parse, with an id."""
     TRIED["inputs"] += 1
+    status, data, headers = answer
     assert status < 500, (status, path, data[:300])
+    assert "Server" not in headers, (path, headers["Server"])
     if status < 400:
         return
+    assert headers.get("Content-Type", "").startswith("application/json"), (path, status, headers)
+    assert headers.get("X-Request-Id", "").startswith("mr-"), (path, status, dict(headers))
     body = json.loads(data)
     if dialect(path) == "ollama":
         assert isinstance(body, dict) and isinstance(body.get("error"), str) and body["error"], body
@@ -150,7 +160,7 @@ def check(status: int, data: bytes, path: str) -> None:
 
 
 def still_serving(served: Served) -> None:
-    status, data = post(
+    status, data, _ = post(
         served.port,
         "/v1/chat/completions",
         json.dumps({"model": "llama3", "messages": [{"role": "user", "content": "hi"}]}),
@@ -195,8 +205,8 @@ def test_every_route_answers_every_bad_body_in_its_dialect(served):
             headers = {**(admin if path.startswith("/admin/") else auth), "Content-Type": "application/json"}
             if method in ("GET", "DELETE") and name != "too large":
                 continue
-            status, data = send(served.port, method, path, body, headers)
-            check(status, data, path)
+            answer = status, data, _ = send(served.port, method, path, body, headers)
+            check(answer, path)
             if name == "too large":
                 assert status == 413, (path, status, data[:200])
     still_serving(served)
@@ -206,11 +216,10 @@ def test_every_route_answers_every_bad_body_in_its_dialect(served):
 def test_a_body_falsely_labelled_gzip_is_a_400(served, path):
     headers = {"Authorization": f"Bearer {served.key if not path.startswith('/admin') else ADMIN_KEY}"}
     for body in (b'{"model": "llama3"}', b"\x1f\x8b\x08\x00garbage", gzip.compress(b"[" * 50_000)):
-        status, data = send(served.port, "POST", path, body, {**headers, "Content-Encoding": "gzip"})
-        check(status, data, path)
+        answer = status, data, _ = send(served.port, "POST", path, body, {**headers, "Content-Encoding": "gzip"})
+        check(answer, path)
         assert status in (400, 413), (status, data)
-    status, data = send(served.port, "POST", path, b"x", {**headers, "Content-Encoding": "zstd-or-whatever"})
-    check(status, data, path)
+    check(send(served.port, "POST", path, b"x", {**headers, "Content-Encoding": "zstd-or-whatever"}), path)
     still_serving(served)
 
 
@@ -228,9 +237,9 @@ def test_a_body_falsely_labelled_gzip_is_a_400(served, path):
 )
 def test_unknown_routes_and_wrong_methods_are_json_in_the_dialect(served, method, path, status):
     headers = {"Authorization": f"Bearer {ADMIN_KEY if path.startswith('/admin') else served.key}"}
-    got, data = send(served.port, method, path, None, headers)
-    assert got == status, data
-    check(got, data, path)
+    answer = send(served.port, method, path, None, headers)
+    assert answer.status == status, answer.data
+    check(answer, path)
 
 
 @pytest.mark.parametrize(
@@ -301,8 +310,7 @@ def test_property_no_body_on_any_route_gets_a_500(served, data, body):
     path = concrete(route)
     key = ADMIN_KEY if path.startswith("/admin/") else served.key
     headers = {"Authorization": f"Bearer {key}", "Content-Type": "application/json"}
-    status, answer = send(served.port, method, path, body, headers)
-    check(status, answer, path)
+    check(send(served.port, method, path, body, headers), path)
 
 
 NUMERIC_FIELDS = {
@@ -353,7 +361,7 @@ class BusySlot:
         body = json.dumps({"model": "busy", "messages": [{"role": "user", "content": "hi"}], "stream": False})
         headers = {"Authorization": f"Bearer {self.served.bob}", "Content-Type": "application/json"}
         while not self.stop.is_set():
-            status, data = post(self.served.port, "/api/chat", body, headers)
+            status, data, _ = post(self.served.port, "/api/chat", body, headers)
             self.answers.append((status, json.loads(data).get("eval_count", -1) if status == 200 else -1))
 
     def __enter__(self) -> BusySlot:
@@ -387,13 +395,12 @@ def test_property_no_number_in_any_inference_field_gets_a_500_behind_a_busy_slot
     else:
         body[field] = number
     headers = {"Authorization": f"Bearer {served.key}", "Content-Type": "application/json"}
-    status, answer = post(served.port, path, json.dumps(body), headers)
-    check(status, answer, path)
+    check(post(served.port, path, json.dumps(body), headers), path)
 
 
 def test_the_busy_slot_is_never_lost(served, busy_slot):
     """After the property run: no slot leaked, and Bob's every answer was whole (checked as the fixture ends)."""
-    status, data = post(
+    status, data, _ = post(
         served.port,
         "/api/chat",
         json.dumps({"model": "busy", "messages": [{"role": "user", "content": "hi"}], "stream": False}),

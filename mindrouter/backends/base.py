@@ -58,7 +58,8 @@ from .upstream import MALFORMED, Upstream, describe, fault_of
 
 __all__ = ["MAX_ANSWER_BYTES", "Adapter", "BackendError"]
 
-MAX_ANSWER_BYTES = BackendSettings().max_answer_bytes
+_DEFAULTS = BackendSettings()
+MAX_ANSWER_BYTES = _DEFAULTS.max_answer_bytes
 """The default largest whole (non-streamed) answer read (256 MiB: a large batch of embeddings)."""
 _PROBE_BYTES = 16 << 20
 """The largest probe answer read (/api/tags of a big library, vLLM's /metrics)."""
@@ -123,7 +124,8 @@ class Adapter(ABC):
         session (aiohttp.ClientSession): the daemon's one pooled session.
         request_timeout (float): seconds for a whole non-streaming answer.
         connect_timeout (float): seconds to open a connection; probes get twice this.
-        first_byte_timeout (float): seconds until a stream's first chunk. Defaults to 300.
+        first_byte_timeout (float): seconds until a stream's first chunk with the model loaded. Defaults to 60.
+        load_timeout (float): seconds more when the last probe did not list the model loaded. Defaults to 180.
         chunk_timeout (float): the longest silence between chunks of a stream. Defaults to 60.
         api_key (str | None): sent as ``Authorization: Bearer`` when set. Defaults to None.
         stream_timeout (float | None): the longest a stream may run in all. Defaults to None (no limit).
@@ -143,8 +145,9 @@ class Adapter(ABC):
         *,
         request_timeout: float,
         connect_timeout: float,
-        first_byte_timeout: float = 300.0,
-        chunk_timeout: float = 60.0,
+        first_byte_timeout: float = _DEFAULTS.first_byte_timeout,
+        load_timeout: float = _DEFAULTS.load_timeout,
+        chunk_timeout: float = _DEFAULTS.chunk_timeout,
         api_key: str | None = None,
         stream_timeout: float | None = None,
         max_line_bytes: int = reading.MAX_LINE_BYTES,
@@ -158,6 +161,7 @@ class Adapter(ABC):
         self.request_timeout = request_timeout
         self.connect_timeout = connect_timeout
         self.first_byte_timeout = first_byte_timeout
+        self.load_timeout = load_timeout
         self.chunk_timeout = chunk_timeout
         self._headers = {"Content-Type": "application/json"}
         if api_key:
@@ -167,6 +171,8 @@ class Adapter(ABC):
         self._body_timeout = aiohttp.ClientTimeout(total=request_timeout, sock_connect=connect_timeout)
         self._spellings: dict[str, str] = {}
         """model_key -> the name this backend lists, learnt by :meth:`poll`."""
+        self._resident: frozenset[str] = frozenset()
+        """model_keys loaded at the last :meth:`poll`: a stream for any other may first wait for a load."""
 
     @staticmethod
     def normalize_url(url: str) -> str:
@@ -184,6 +190,7 @@ class Adapter(ABC):
         probe = await self.probe()
         if probe.healthy:
             self._spellings = {model_key(m): m for m in probe.models}
+            self._resident = frozenset(map(model_key, probe.loaded_models))
         return probe
 
     async def get(self, path: str, *, method: str = "GET", json_body: Any = None) -> Reply:
@@ -210,7 +217,8 @@ class Adapter(ABC):
 
         Raises:
             BackendError: connection failure, timeout (``connect_timeout``, then
-                ``first_byte_timeout`` for a stream or ``request_timeout`` for a whole
+                ``first_byte_timeout`` for a stream, plus ``load_timeout`` when the model was not
+                loaded at the last poll, or ``request_timeout`` for a whole
                 answer), 5xx, 408/429, or a stream that broke before its first chunk;
                 always before the first byte. Once open, a stream silent for
                 ``chunk_timeout`` ends with an error tail.
@@ -230,8 +238,9 @@ class Adapter(ABC):
         if not plan.stream:
             return await self._whole(call, plan, opened_at, opened_ns)
         resp: aiohttp.ClientResponse | None = None
+        wait = self.first_byte_timeout + (0 if model_key(model) in self._resident else self.load_timeout)
         try:
-            async with asyncio.timeout(self.first_byte_timeout):
+            async with asyncio.timeout(wait):
                 resp = await self.session.post(
                     self.base_url + plan.path, data=plan.data, headers=self._headers, timeout=self._stream_timeout
                 )
@@ -239,7 +248,10 @@ class Adapter(ABC):
                     return await self._refused(call, resp, opened_at)
                 rel = relay.make_relay(plan)
                 limits = reading.Limits(
-                    self.max_line_bytes, reading.answer_limit(call.max_tokens, call.body.get("n")), self.stream_timeout
+                    self.max_line_bytes,
+                    reading.answer_limit(call.max_tokens, call.body.get("n")),
+                    self.stream_timeout,
+                    self.chunk_timeout,
                 )
                 events = reading.events(resp.content, rel, sse=self.family == "openai", limits=limits)
                 first = await events.__anext__()
@@ -248,9 +260,7 @@ class Adapter(ABC):
             raise BackendError("the backend ended the stream before any output") from None
         except TimeoutError:
             _close(resp)
-            raise BackendError(
-                f"the backend sent nothing for {self.first_byte_timeout:g} s", fault=Fault.ERROR
-            ) from None
+            raise BackendError(f"the backend sent nothing for {wait:g} s", fault=Fault.ERROR) from None
         except BackendError:
             _close(resp)
             raise

@@ -30,14 +30,13 @@ def make_adapter(
     *,
     request_timeout: float,
     connect_timeout: float,
-    first_byte_timeout: float = 300.0,
-    chunk_timeout: float = 60.0,
     api_key: str | None = None,
     **limits: Any,
 ) -> Adapter:
     """The adapter for ``engine`` at ``base_url``.
 
-    ``limits`` are the adapter's ``stream_timeout``, ``max_line_bytes`` and ``max_answer_bytes``.
+    ``limits`` are the adapter's ``first_byte_timeout``, ``load_timeout``, ``chunk_timeout``,
+    ``stream_timeout``, ``max_line_bytes`` and ``max_answer_bytes``.
 
     Raises:
         ConfigError: ``engine`` is not one of :data:`ENGINES`.
@@ -51,8 +50,6 @@ def make_adapter(
         session,
         request_timeout=request_timeout,
         connect_timeout=connect_timeout,
-        first_byte_timeout=first_byte_timeout,
-        chunk_timeout=chunk_timeout,
         api_key=api_key,
         **limits,
     )

@@ -19,7 +19,7 @@ from typing import Any
 import aiohttp
 
 from ..config import BackendSettings
-from ._shapes import StreamCut
+from ._shapes import Fault, StreamCut, StreamFailed
 from .relay import Relay
 
 __all__ = ["MAX_LINE_BYTES", "Limits", "answer_limit", "events"]
@@ -38,11 +38,13 @@ class Limits:
         events: the most events (about one token each) the request's ``max_tokens`` allows, with slack
             (:func:`answer_limit`); None when it set none.
         seconds: the longest a stream may run in all; None for no limit.
+        silence: the ``chunk_timeout`` the connection's reads run under, named when one expires.
     """
 
     line_bytes: int = MAX_LINE_BYTES
     events: int | None = None
     seconds: float | None = None
+    silence: float | None = None
 
 
 def answer_limit(max_tokens: int | None, choices: Any = 1) -> int | None:
@@ -54,6 +56,17 @@ def answer_limit(max_tokens: int | None, choices: Any = 1) -> int | None:
         return None
     n = choices if isinstance(choices, int) and not isinstance(choices, bool) and choices > 0 else 1
     return n * (max_tokens + max_tokens // 4 + 32)
+
+
+async def _reads(content: aiohttp.StreamReader, silence: float | None) -> AsyncIterator[bytes]:
+    """What each socket read brings; a read timeout (``chunk_timeout``) says how long the backend was silent."""
+    try:
+        async for data in content.iter_any():
+            yield data
+    except aiohttp.ServerTimeoutError:
+        raise StreamFailed(
+            f"the backend sent nothing for {silence:g} s in the middle of the answer", fault=Fault.ERROR
+        ) from None
 
 
 async def events(
@@ -76,7 +89,7 @@ async def events(
     partial: list[bytes] = []
     """Pieces of a line longer than one read, joined once its newline comes (never re-copied per read)."""
     held = 0
-    async for data in content.iter_any():
+    async for data in _reads(content, limits.silence):
         relay.bytes += len(data)
         if deadline is not None and time.monotonic() > deadline:
             raise StreamCut(f"the answer ran past the {limits.seconds:g} s a stream may take, and was cut")

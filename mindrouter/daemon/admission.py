@@ -10,8 +10,6 @@ proxy, check the quotas, and queue the job.
 
 from __future__ import annotations
 
-import itertools
-import os
 from collections.abc import Mapping
 from dataclasses import dataclass
 
@@ -23,14 +21,12 @@ from ..errors import RequestError
 from ..scheduler import Job, Modality
 from .keys import AUTH, DISPATCHER, QUOTAS, SCHEDULER
 from .lease import Lease
-from .responses import dialect_of
+from .responses import dialect_of, request_id
 from .weights import apply_user
 
 __all__ = ["Admitted", "admit"]
 
 _MODALITY = {"chat": Modality.CHAT, "completion": Modality.COMPLETION, "embeddings": Modality.EMBEDDINGS}
-_counter = itertools.count(1)
-_prefix = os.urandom(3).hex()
 
 
 @dataclass(slots=True)
@@ -51,7 +47,7 @@ def admit(app: web.Application, path: str, headers: Mapping[str, str], body: byt
     Anything else (a body nested too deeply, a lone surrogate) propagates before
     the request has changed anything, for the caller to answer.
     """
-    admitted = Admitted(f"mr-{_prefix}{next(_counter):x}", dialect_of(path))
+    admitted = Admitted(request_id(), dialect_of(path))
     try:
         caller = app[AUTH].caller(headers.get("Authorization"))
         call = admitted.call = Call.from_request(path, body)

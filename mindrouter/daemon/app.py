@@ -65,6 +65,7 @@ from .logsafe import OneLineFormatter
 from .metrics import setup_metrics
 from .quotas import Quotas, add_quota_headers
 from .registry import Registry
+from .responses import label_answer
 from .statelock import StateLock
 from .stats import Stats
 from .weights import apply_user
@@ -194,6 +195,7 @@ async def create_app(config: Config, *, nvml: Any = None, discover: bool | None 
     setup_admin_routes(app)
     setup_accounting_routes(app)
     app.on_response_prepare.append(add_quota_headers)
+    app.on_response_prepare.append(label_answer)
     setup_metrics(app)
     return app
 

@@ -222,7 +222,8 @@ class Lease:
                     raise self._backend_failed(exc.message) from None
                 self._future = dispatcher.requeued(job)
                 continue
-            backends.request_succeeded(bid)
+            if not upstream.stream:  # a stream is served once it ends whole (finish): it may yet hang
+                backends.request_succeeded(bid)
             self.upstream = upstream
             return upstream
 
@@ -306,6 +307,8 @@ class Lease:
             self._released()
             self._settle(Outcome.BACKEND_FAILED, upstream.error, upstream.status, prompt, completion)
             return
+        if upstream.stream:
+            dispatcher.backends.request_succeeded(bid)
         first = upstream.first_byte_at if upstream.first_byte_at is not None else now
         dispatcher.finish(
             self.job.id,

@@ -134,6 +134,7 @@ class Registry:
             request_timeout=self.settings.request_timeout,
             connect_timeout=self.settings.connect_timeout,
             first_byte_timeout=self.settings.first_byte_timeout,
+            load_timeout=self.settings.load_timeout,
             chunk_timeout=self.settings.chunk_timeout,
             stream_timeout=self.settings.stream_timeout or None,
             max_line_bytes=self.settings.max_line_bytes,
