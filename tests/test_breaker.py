@@ -105,10 +105,16 @@ async def test_llama_server_without_embeddings_never_opens_the_breaker(tmp_path,
         message = caught.value.body["message"]
         assert "embeddings" in message and "--embeddings" in message and "try again" not in message
         assert llama.requests == 1
-        for _ in range(3):  # routing learnt it: the backend is not asked again, the answer is at once
+        for _ in range(3):  # routing learnt it: the backend is not asked again, the answer names what it lacks
             with pytest.raises(openai.BadRequestError) as caught:
                 await client.embeddings.create(model="tiny", input="hello")
-            assert "embeddings" in caught.value.body["message"]
+            assert caught.value.body["message"] == message
+        assert llama.requests == 1
+        resp = await d.client.post(
+            "/api/embed", json={"model": "tiny", "input": "hello"}, headers={"Authorization": f"Bearer {alice}"}
+        )
+        assert resp.status == 400 and (await resp.json()) == {"error": message}  # Ollama's dialect, same sentence
+        assert "backend 'llama'" in message and resp.headers["X-Request-Id"].startswith("mr-")
         assert llama.requests == 1
         entry = d.registry.by_name("llama")
         assert entry.failures == 0 and d.registry.healthy(entry)

@@ -83,7 +83,8 @@ class FakeBackends:
         self.failures: list[tuple[Hashable, str]] = []
         self.successes: list[Hashable] = []
         self.releases: list[Hashable] = []
-        self.lacking: list[tuple[Hashable, Any]] = []
+        self.lacked: list[tuple[Hashable, Any]] = []
+        self.said = ""
 
     def adapter(self, backend_id: Hashable) -> FakeAdapter | None:
         return self.adapters.get(backend_id)
@@ -91,11 +92,15 @@ class FakeBackends:
     def request_failed(self, backend_id: Hashable, error: str, *, fault: Any = None, user: Any = None) -> None:
         self.failures.append((backend_id, error))
 
-    def lacks(self, backend_id: Hashable, model: str, modality: Any) -> None:
-        self.lacking.append((backend_id, modality))
+    def lacks(self, backend_id: Hashable, model: str, modality: Any, said: str) -> None:
+        self.lacked.append((backend_id, modality))
+        self.said = said
+
+    def lacking(self, model: str, modality: Any) -> str:
+        return f"backend said: {self.said}"
 
     def serves(self, model: str, modality: Any, *, besides: Any = ()) -> bool:
-        return any(bid not in besides and (bid, modality) not in self.lacking for bid in self.adapters)
+        return any(bid not in besides and (bid, modality) not in self.lacked for bid in self.adapters)
 
     def request_succeeded(self, backend_id: Hashable) -> None:
         self.successes.append(backend_id)

@@ -20,7 +20,7 @@ from ..backends.base import Call
 from ..errors import RequestError
 from ..scheduler import Dispatch, Job, Scheduler, Timings
 from ..tasks import background
-from .lease import Backends, Lease, Reservations, Settlement
+from .lease import Backends, Lease, Reservations, Settlement, unsupported
 
 __all__ = ["Dispatcher"]
 
@@ -77,6 +77,9 @@ class Dispatcher:
         """
         rejection = self.scheduler.submit(job, self.clock())
         if rejection is not None:
+            said = self.backends.lacking(job.model, job.modality) if rejection.code == "unsupported" else ""
+            if said:  # routing learnt it from the backends' answers: name what they lack, as the first refusal did
+                raise unsupported(job.model, job.modality, said)
             raise RequestError(
                 rejection.message,
                 status=rejection.status,

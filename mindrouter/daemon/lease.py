@@ -37,7 +37,16 @@ from ..scheduler import DecisionRecord, Dispatch, Job, Timings
 if TYPE_CHECKING:
     from .dispatcher import Dispatcher
 
-__all__ = ["Backends", "Lease", "Outcome", "Reservations", "Settlement"]
+__all__ = ["Backends", "Lease", "Outcome", "Reservations", "Settlement", "unsupported"]
+
+
+def unsupported(model: str, modality: Any, said: str) -> RequestError:
+    """The 400 for a request no backend can serve because each that has the model said it lacks ``modality``."""
+    message = (
+        f"no backend serving {model!r} can answer {modality.value} requests ({said}); use a model served "
+        "with them, or ask an admin to enable them on that backend"
+    )
+    return RequestError(message, status=400, type="invalid_request_error", code="unsupported")
 
 
 class Outcome(str, Enum):
@@ -64,8 +73,12 @@ class Backends(Protocol):
 
     def request_succeeded(self, backend_id: Any) -> None: ...
 
-    def lacks(self, backend_id: Any, model: str, modality: Any) -> None:
-        """The backend answered "not supported" for ``modality`` on ``model``: route such requests elsewhere."""
+    def lacks(self, backend_id: Any, model: str, modality: Any, said: str) -> None:
+        """The backend answered "not supported" (``said``) for ``modality`` on ``model``: route such requests
+        elsewhere."""
+
+    def lacking(self, model: str, modality: Any) -> str:
+        """What the backends serving ``model`` said when they lacked ``modality`` ("" if none did)."""
 
     def serves(self, model: str, modality: Any, *, besides: Any = ()) -> bool:
         """Another backend (not in ``besides``) offers ``modality`` for ``model``."""
@@ -206,7 +219,7 @@ class Lease:
             except BackendError as exc:
                 self._failed_on[bid] = exc.message
                 if exc.fault is Fault.UNSUPPORTED:  # routing learns it
-                    backends.lacks(bid, job.model, job.modality)
+                    backends.lacks(bid, job.model, job.modality, exc.message)
                 elif adapter is not None:
                     backends.request_failed(bid, exc.message, fault=exc.fault, user=job.user_id)
                 # Only another live backend may serve it: waiting for none would hold the client to its timeout.
@@ -217,7 +230,7 @@ class Lease:
                 again = dispatcher.fail(job.id, retry=retry)
                 self._released()
                 if not again and exc.fault is Fault.UNSUPPORTED:
-                    raise self._unsupported(exc.message) from None
+                    raise self._unsupported() from None
                 if not again:
                     raise self._backend_failed(exc.message) from None
                 self._future = dispatcher.requeued(job)
@@ -392,15 +405,12 @@ class Lease:
         self._settle(Outcome.BACKEND_FAILED, message, 503)
         return RequestError(message, status=503, type="service_unavailable", code="backend_failed", retry_after=5)
 
-    def _unsupported(self, error: str) -> RequestError:
+    def _unsupported(self) -> RequestError:
         """No backend left offers what the request needs: say what the backend lacks, not "try again"."""
-        what = self.job.modality.value
-        message = (
-            f"no backend serving {self.job.model!r} can answer {what} requests (the backend said: {error});"
-            " use a model served with them, or ask an admin to enable them on its backend"
-        )
-        self._settle(Outcome.REJECTED, message, 400)
-        return RequestError(message, status=400, type="invalid_request_error", code="unsupported")
+        job = self.job
+        refusal = unsupported(job.model, job.modality, self.dispatcher.backends.lacking(job.model, job.modality))
+        self._settle(Outcome.REJECTED, refusal.message, 400)
+        return refusal
 
     def _settle(
         self, outcome: Outcome, reason: str | None, status: int, prompt_tokens: int = 0, completion_tokens: int = 0

@@ -59,6 +59,8 @@ class Entry:
     error: str | None = None
     lacks: dict[str, frozenset[Modality]] = field(default_factory=dict)
     """Per model key, what the backend answered "not supported" to."""
+    said: dict[tuple[str, Modality], str] = field(default_factory=dict)
+    """Per (model key, modality) it lacks, what it said (llama-server: start it with ``--embeddings``)."""
     task: asyncio.Task[None] | None = None
     probed: asyncio.Event = field(default_factory=asyncio.Event)
     wake: asyncio.Event = field(default_factory=asyncio.Event)
@@ -199,6 +201,7 @@ class Registry:
         now = entry.probed_at = self.clock()
         if probe.healthy:
             if entry.known is None or entry.probe_streak >= self.settings.probe_failures:
+                entry.said.clear()
                 entry.lacks.clear()  # seen down and back (or new): it may have been restarted with other flags
             entry.known = probe
             entry.error = None
@@ -253,12 +256,14 @@ class Registry:
         if entry is not None:
             entry.breaker.served()
 
-    def lacks(self, backend_id: Hashable, model: str, modality: Modality) -> None:
-        """The backend answered "not supported" to ``modality`` on ``model``: route such requests elsewhere."""
+    def lacks(self, backend_id: Hashable, model: str, modality: Modality, said: str) -> None:
+        """The backend answered "not supported" (``said``) to ``modality`` on ``model``: route such requests
+        elsewhere."""
         entry = self.entries.get(backend_id)  # type: ignore[call-overload]
         if entry is None:
             return
         key = model_key(model)
+        entry.said[key, modality] = said
         had = entry.lacks.get(key, frozenset())
         if modality not in had:
             entry.lacks[key] = had | {modality}
@@ -269,6 +274,15 @@ class Registry:
                 key,
             )
             self._publish(entry)
+
+    def lacking(self, model: str, modality: Modality) -> str:
+        """What the backends serving ``model`` said when they lacked ``modality`` ("" if none did)."""
+        key = model_key(model)
+        return "; ".join(
+            f"backend {entry.row.name!r} said: {entry.said[key, modality]}"
+            for entry in self.entries.values()
+            if (key, modality) in entry.said
+        )
 
     def serves(self, model: str, modality: Modality, *, besides: Any = ()) -> bool:
         """Another backend (not in ``besides``) offers ``modality`` for ``model``, as far as is known."""
