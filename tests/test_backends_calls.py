@@ -296,3 +296,16 @@ def test_error_shapes() -> None:
     tail = shapes.error_tail("openai", "gone")
     assert tail.endswith(b"data: [DONE]\n\n") and json.loads(tail.split(b"\n\n")[0][6:])["error"]["message"] == "gone"
     assert json.loads(shapes.error_tail("ollama", "gone")) == {"error": "gone"}
+
+
+def test_a_quota_cap_is_said_in_each_dialect():
+    """A whole answer that named no limit is held to its quota share (quotas.py) in the client's own field."""
+    chat = Call.from_request("/v1/chat/completions", b'{"model": "m", "messages": [{"role": "user", "content": "x"}]}')
+    assert json.loads(chat.capped(7).raw)["max_tokens"] == 7 and chat.capped(7).max_tokens == 7
+    ollama = Call.from_request(
+        "/api/chat", b'{"model": "m", "messages": [], "options": {"num_predict": -1, "seed": 3}}'
+    )
+    assert json.loads(ollama.capped(7).raw)["options"] == {"num_predict": 7, "seed": 3}
+    assert ollama.body["options"]["num_predict"] == -1  # the client's body is not changed
+    api = Call.from_request("/v1/responses", b'{"model": "m", "input": "x"}').capped(7)
+    assert api.body["max_tokens"] == 7 and json.loads(api.as_sent().raw)["max_output_tokens"] == 7

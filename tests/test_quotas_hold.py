@@ -192,3 +192,44 @@ async def test_the_ollama_client_sees_why_its_stream_stopped(daemon):
         assert "its quota allows" in cut.value.error and "max_tokens" in cut.value.error, cut.value.error
         used = await used_today(daemon, "user", "ann")
         assert got <= used - 3 and used <= 1000, (got, used)  # charged what it delivered, within the quota
+
+
+@pytest.mark.parametrize("subject", ["user", "group"])
+@pytest.mark.parametrize("answer", [200, 2000])
+async def test_fifty_whole_answers_without_max_tokens_hold_the_quota(daemon, subject, answer):
+    """Issue 19: non-streamed requests naming no ``max_tokens`` each reserved a typical answer (256) and, known
+    only at their end, passed it together. Now each reserves a share of what is left and is capped there."""
+    async with FakeOllama(models=["llama3"], tokens_per_second=answer * 2, completion_tokens=answer) as fake:
+        await daemon.backend("b1", fake.url, "ollama", max_concurrent=50)
+        await daemon.admin("POST", "/admin/groups", {"name": "lab", "weight": 1})
+        keys = [await daemon.user(f"u{i}", "lab") for i in range(1 if subject == "user" else 2)]
+        path = "/admin/users/u0/quota" if subject == "user" else "/admin/groups/lab/quota"
+        await daemon.admin("PUT", path, {"tokens_per_day": LIMIT})
+        answered, completion, refusals = await burst(daemon, keys, 50)
+        used = await used_today(daemon, subject, "u0" if subject == "user" else "lab")
+        print(f"{subject} quota {LIMIT}, 50 whole answers of {answer}, no max_tokens: {answered} answered, {used} used")
+        assert used == answered * 3 + completion
+        assert used <= LIMIT + 3 + answer, used  # at most one request's answer beyond the limit
+        caps = [r.body["options"]["num_predict"] for r in fake.received]
+        assert len(caps) == answered and sum(caps) + 3 * answered <= LIMIT, caps  # the caps share what was left
+        assert answered >= 10 and all("running now" in m or "try again after the reset" in m for m in refusals)
+
+
+async def test_a_whole_answer_without_max_tokens_is_capped_where_its_quota_share_ends_in_both_dialects(daemon):
+    async with FakeOllama(models=["llama3"], completion_tokens=5000) as fake:
+        await daemon.backend("b1", fake.url, "ollama")
+        key = await daemon.user("ann")
+        await daemon.admin("PUT", "/admin/users/ann/quota", {"tokens_per_day": 8004})
+        headers = {"Authorization": f"Bearer {key}"}
+        body = {"model": "llama3", "messages": PROMPT, "stream": False}
+        resp = await daemon.client.post("/api/chat", json=body, headers=headers)
+        whole = await resp.json()
+        assert resp.status == 200 and whole["eval_count"] == 1000 and whole["done_reason"] == "length"
+        assert resp.headers["X-Quota-Max-Tokens"] == "1000"  # an eighth of the 8,000 left after the prompt (4)
+        resp = await daemon.client.post("/v1/chat/completions", json=body, headers=headers)
+        whole = await resp.json()
+        assert whole["usage"]["completion_tokens"] == 1000 and whole["choices"][0]["finish_reason"] == "length"
+        assert fake.received[-1].body["options"]["num_predict"] == 1000  # ann's usual answer now, over 7,001 / 8
+        resp = await daemon.client.post("/v1/chat/completions", json={**body, "stream": True}, headers=headers)
+        assert resp.status == 200 and "X-Quota-Max-Tokens" not in resp.headers  # a stream is cut as it goes
+        await resp.read()

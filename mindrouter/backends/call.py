@@ -211,6 +211,17 @@ class Call:
     native: bytes | None = None
     """A Responses API body as the client sent it, for engines that serve /v1/responses themselves."""
 
+    def capped(self, tokens: int) -> Call:
+        """This call with its answer held to ``tokens``, as its dialect says it (a quota's share, where the
+        client named no limit)."""
+        body = dict(self.body)
+        if self.dialect == "ollama":
+            body["options"] = {**(body.get("options") or {}), "num_predict": tokens}
+        else:
+            body["max_tokens"] = tokens
+        native = self.native if self.native is None else dumps({**json.loads(self.native), "max_output_tokens": tokens})
+        return replace(self, body=body, raw=dumps(body), max_tokens=tokens, native=native)
+
     def as_sent(self) -> Call:
         """This Responses API call as the client sent it (``path`` /v1/responses), to pass through."""
         assert self.native is not None

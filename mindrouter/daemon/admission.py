@@ -68,7 +68,11 @@ def admit(app: web.Application, path: str, headers: Mapping[str, str], body: byt
             context_tokens=call.context_tokens,
             stream=call.stream,
         )
-        admitted.quota_headers = app[QUOTAS].admit(caller, job)  # 429 before the job queues
+        quotas = app[QUOTAS]
+        admitted.quota_headers = quotas.admit(caller, job)  # 429 before the job queues
+        cap = quotas.answer_cap(job.id)
+        if cap is not None:  # a whole answer naming no max_tokens: held to its share of the quota
+            call = admitted.call = call.capped(cap)
         admitted.lease = dispatcher.lease(job, call, user=caller.name, group=caller.group).enter()
     except RequestError as exc:
         admitted.error = exc

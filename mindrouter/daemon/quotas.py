@@ -33,6 +33,7 @@ from aiohttp import web
 
 from ..errors import RequestError
 from ..localtime import day_key, iso_local, month_key, month_start, next_day, next_month, zone_label
+from ..scheduler import Modality
 from ..store import Quota, Store
 
 __all__ = ["QUOTA_HEADERS", "Limit", "Quotas"]
@@ -46,6 +47,9 @@ _GROW = 32
 """Tokens a stream that has outgrown its reservation reserves at a time (one check per batch)."""
 _LEARN = 0.2
 """Weight of each completed answer in a user's usual answer length (an exponential moving average)."""
+_SHARE = 8
+"""A whole answer that names no ``max_tokens`` reserves, and is capped at, this fraction of what is left
+(at least a typical answer): concurrent ones then never pass the quota together, and a few dozen fit."""
 
 
 @dataclass(slots=True)
@@ -57,6 +61,8 @@ class _Hold:
     """Prompt plus the answer reserved at admission, grown as a longer answer streams."""
     subjects: tuple[tuple[str, Hashable], ...]
     """The user and group whose quotas it counts against."""
+    cap: int | None = None
+    """The answer's tokens sent to the backend as its limit (a whole answer that named none)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -188,6 +194,11 @@ class Quotas:
                     return _cut(limit, completion_tokens)
         return None
 
+    def answer_cap(self, job_id: str) -> int | None:
+        """The most answer tokens the job may have, where admission set it (a whole answer naming none)."""
+        hold = self._jobs.get(job_id)
+        return None if hold is None else hold.cap
+
     def typical_answer(self, user_id: Hashable) -> int:
         """What a request that names no ``max_tokens`` reserves: the longer of the default and the user's usual."""
         return max(self.default_completion, math.ceil(self._usual.get(user_id, 0)))
@@ -283,8 +294,14 @@ class Quotas:
                     (tightest.subject, caller.user_id if tightest.subject == "user" else caller.group)
                 )
                 raise _no_room(tightest, prompt, running > 0)
-            answer = job.max_tokens if job.max_tokens is not None else self.typical_answer(caller.user_id)
+            answer, whole = job.max_tokens, not job.stream and job.modality is not Modality.EMBEDDINGS
+            if answer is None:
+                answer = self.typical_answer(caller.user_id)
+            if whole and job.max_tokens is None:  # known only at its end, it cannot be cut as a stream is: capped
+                answer = max(answer, (tightest.remaining - prompt) // _SHARE)
             hold = _Hold(prompt, min(prompt + answer, tightest.remaining), tuple(subjects))
+            if whole and job.max_tokens is None:
+                hold.cap = hold.reserved - prompt
             self._jobs[job.id] = hold
         for subject in subjects:
             quota = self._limits[subject]
@@ -294,7 +311,10 @@ class Quotas:
                 self._recent_requests(subject).append(self.clock())
         if tightest is None:
             return None
-        return {"X-Quota-Remaining-Tokens": str(tightest.remaining), "X-Quota-Reset": iso_local(tightest.resets)}
+        headers = {"X-Quota-Remaining-Tokens": str(tightest.remaining), "X-Quota-Reset": iso_local(tightest.resets)}
+        if hold.cap is not None:
+            headers["X-Quota-Max-Tokens"] = str(hold.cap)
+        return headers
 
 
 def _exceeded(message: str, retry_after: float | None = None) -> RequestError:
