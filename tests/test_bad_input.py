@@ -287,7 +287,7 @@ BODY = st.one_of(
     JSON.map(lambda v: json.dumps(v).encode()),
     st.dictionaries(FIELDS | st.text(max_size=8), JSON, max_size=6).map(lambda v: json.dumps(v).encode()),
     st.fixed_dictionaries(
-        {"model": st.sampled_from(["llama3", "llama3:latest", "nosuch"]) | st.text(max_size=10)},
+        {"model": st.sampled_from(["llama3", "llama3:latest", "nosuch", "busy"]) | st.text(max_size=10)},
         optional={
             "messages": st.lists(
                 st.fixed_dictionaries({"role": st.sampled_from(["user", "assistant", "tool", "x"]), "content": JSON}),
@@ -303,9 +303,10 @@ BODY = st.one_of(
 )
 
 
-@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@settings(max_examples=500, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(data=st.data(), body=BODY)
-def test_property_no_body_on_any_route_gets_a_500(served, data, body):
+def test_property_no_body_on_any_route_gets_a_500_behind_a_busy_slot(served, busy_slot, data, body):
+    """Every POST and PUT route, while another user keeps the one-slot backend busy (the model "busy")."""
     method, route = data.draw(st.sampled_from([r for r in served.routes if r[0] in ("POST", "PUT")]))
     path = concrete(route)
     key = ADMIN_KEY if path.startswith("/admin/") else served.key
@@ -380,7 +381,7 @@ def busy_slot(served: Served) -> Iterator[BusySlot]:
     assert busy.answers and set(busy.answers) == {(200, 10)}, busy.answers[:5]
 
 
-@settings(max_examples=400, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@settings(max_examples=1100, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(data=st.data(), number=NUMBER, model=st.sampled_from(["llama3", "busy"]))
 def test_property_no_number_in_any_inference_field_gets_a_500_behind_a_busy_slot(
     served, busy_slot, data, number, model
