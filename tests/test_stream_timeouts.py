@@ -129,3 +129,22 @@ async def test_one_users_hung_streams_never_open_the_breaker_but_two_users_do(tm
         resp = await d.client.post("/api/chat", json=chat(), headers=auth(bob))
         assert "error" in events(await resp.read(), "ollama")[-1]
         assert entry.failures == 5 and entry.circuit_open  # two people met it: the backend hangs for everyone
+
+
+@pytest.mark.parametrize("dialect", ["openai", "ollama"])
+async def test_a_stream_told_to_wait_ends_in_its_dialect_when_its_backend_then_hangs(
+    tmp_path, aiohttp_client, nvml, dialect
+):
+    d = await make_daemon(tmp_path, aiohttp_client, nvml, poll_interval=60, first_byte_timeout=0.4, load_timeout=30)
+    async with FakeOllama(models=["llama3"], first_byte_delay=3600) as hung:
+        await d.backend("b1", hung.url, "ollama", max_concurrent=1)
+        await settle(lambda: d.registry.healthy(d.registry.by_name("b1")))
+        first = asyncio.create_task(d.client.post(PATHS[dialect], json=chat(), headers=auth(await d.user("a"))))
+        await settle(lambda: d.scheduler.running_count == 1)
+        resp = await d.client.post(PATHS[dialect], json=chat(), headers=auth(await d.user("b")))
+        assert resp.status == 200  # queued: its headers went out at once
+        items = events(await asyncio.wait_for(resp.read(), 5), dialect)
+        assert "sent nothing for 0.4 s" in error_of(items, dialect)
+        assert (await first).status == 503
+        await settle(lambda: hung.in_flight == 0 and d.scheduler.running_count == 0)
+        assert await usage_rows(d) == []
