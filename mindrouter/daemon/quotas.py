@@ -48,8 +48,9 @@ _GROW = 32
 _LEARN = 0.2
 """Weight of each completed answer in a user's usual answer length (an exponential moving average)."""
 _SHARE = 8
-"""A whole answer that names no ``max_tokens`` reserves, and is capped at, this fraction of what is left
-(at least a typical answer): concurrent ones then never pass the quota together, and a few dozen fit."""
+"""A whole answer that names no ``max_tokens`` reserves, and is capped at, what is left divided by this
+times one more than the requests already holding some of it (at least a typical answer): together they
+never pass the quota, a lone one gets an eighth, and the shares shrink as more run at once, so dozens fit."""
 
 
 @dataclass(slots=True)
@@ -289,16 +290,16 @@ class Quotas:
         tightest = min(tokens, key=lambda lim: (lim.remaining, lim.resets)) if tokens else None
         if tightest is not None:
             prompt = job.prompt_tokens
+            held = self._inflight.get(
+                (tightest.subject, caller.user_id if tightest.subject == "user" else caller.group)
+            )
             if tightest.remaining <= prompt:
-                running = self._in_flight(
-                    (tightest.subject, caller.user_id if tightest.subject == "user" else caller.group)
-                )
-                raise _no_room(tightest, prompt, running > 0)
+                raise _no_room(tightest, prompt, bool(held))
             answer, whole = job.max_tokens, not job.stream and job.modality is not Modality.EMBEDDINGS
             if answer is None:
                 answer = self.typical_answer(caller.user_id)
             if whole and job.max_tokens is None:  # known only at its end, it cannot be cut as a stream is: capped
-                answer = max(answer, (tightest.remaining - prompt) // _SHARE)
+                answer = max(answer, (tightest.remaining - prompt) // (_SHARE * (1 + len(held or ()))))
             hold = _Hold(prompt, min(prompt + answer, tightest.remaining), tuple(subjects))
             if whole and job.max_tokens is None:
                 hold.cap = hold.reserved - prompt
