@@ -12,7 +12,9 @@ The reservation is what the request may use: its prompt plus its
 ``max_tokens`` (or a typical answer where it names none), within what is left
 of the quota; a stream that outgrows it (an answer longer than the typical
 one) grows it as it streams (``progress``), and is ended once the quota is
-spent. Reservations together never exceed what is left, so use ends at most
+spent; a whole answer that names none, which cannot be cut as it goes,
+reserves a share of what is left and is capped there (``answer_cap``: the
+backend is sent it as the request's limit). Reservations together never exceed what is left, so use ends at most
 one request's answer above a limit (docs/accounting.md).
 A job's reservation is dropped once the scheduler no longer knows the job, so
 no exit path needs to report back here. Days and months are the server's local
