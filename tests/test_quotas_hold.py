@@ -51,15 +51,21 @@ async def used_today(daemon: Daemon, subject: str, name: str) -> int:
     return next(q.used for q in limits if q.subject == subject and q.name == name)
 
 
+async def fifty_slots_and_a_quota(daemon: Daemon, url: str, subject: str) -> list[str]:
+    """A backend with 50 slots, and the keys of one user with a LIMIT quota, or two sharing their group's."""
+    await daemon.backend("b1", url, "ollama", max_concurrent=50)
+    await daemon.admin("POST", "/admin/groups", {"name": "lab", "weight": 1})
+    keys = [await daemon.user(f"u{i}", "lab") for i in range(1 if subject == "user" else 2)]
+    path = "/admin/users/u0/quota" if subject == "user" else "/admin/groups/lab/quota"
+    await daemon.admin("PUT", path, {"tokens_per_day": LIMIT})
+    return keys
+
+
 @pytest.mark.parametrize("subject", ["user", "group"])
 @pytest.mark.parametrize("answer", [200, 2000])
 async def test_fifty_at_once_overshoot_a_quota_by_at_most_one_answer(daemon, subject, answer):
     async with FakeOllama(models=["llama3"], tokens_per_second=answer * 2, completion_tokens=answer) as fake:
-        await daemon.backend("b1", fake.url, "ollama", max_concurrent=50)
-        await daemon.admin("POST", "/admin/groups", {"name": "lab", "weight": 1})
-        keys = [await daemon.user(f"u{i}", "lab") for i in range(1 if subject == "user" else 2)]
-        path = "/admin/users/u0/quota" if subject == "user" else "/admin/groups/lab/quota"
-        await daemon.admin("PUT", path, {"tokens_per_day": LIMIT})
+        keys = await fifty_slots_and_a_quota(daemon, fake.url, subject)
         answered, completion, refusals = await burst(daemon, keys, 50, max_tokens=answer)
         total = answered * 3 + completion
         used = await used_today(daemon, subject, "u0" if subject == "user" else "lab")
@@ -163,11 +169,7 @@ async def test_fifty_streams_without_max_tokens_stop_at_the_quota(daemon, subjec
     """No ``max_tokens`` (as Open WebUI sends): each reserves a typical answer (256 tokens), and one that
     grows past its reservation while the quota is spent is ended with the quota's reason."""
     async with FakeOllama(models=["llama3"], tokens_per_second=4000, completion_tokens=2000) as fake:
-        await daemon.backend("b1", fake.url, "ollama", max_concurrent=50)
-        await daemon.admin("POST", "/admin/groups", {"name": "lab", "weight": 1})
-        keys = [await daemon.user(f"u{i}", "lab") for i in range(1 if subject == "user" else 2)]
-        path = "/admin/users/u0/quota" if subject == "user" else "/admin/groups/lab/quota"
-        await daemon.admin("PUT", path, {"tokens_per_day": LIMIT})
+        keys = await fifty_slots_and_a_quota(daemon, fake.url, subject)
         delivered, cut = await streams(daemon, keys, 50)
         used = await used_today(daemon, subject, "u0" if subject == "user" else "lab")
         print(f"{subject} quota {LIMIT}, 50 streams of 2000 without max_tokens: {delivered} delivered, {used} used")
@@ -200,11 +202,7 @@ async def test_fifty_whole_answers_without_max_tokens_hold_the_quota(daemon, sub
     """Issue 19: non-streamed requests naming no ``max_tokens`` each reserved a typical answer (256) and, known
     only at their end, passed it together. Now each reserves a share of what is left and is capped there."""
     async with FakeOllama(models=["llama3"], tokens_per_second=answer * 2, completion_tokens=answer) as fake:
-        await daemon.backend("b1", fake.url, "ollama", max_concurrent=50)
-        await daemon.admin("POST", "/admin/groups", {"name": "lab", "weight": 1})
-        keys = [await daemon.user(f"u{i}", "lab") for i in range(1 if subject == "user" else 2)]
-        path = "/admin/users/u0/quota" if subject == "user" else "/admin/groups/lab/quota"
-        await daemon.admin("PUT", path, {"tokens_per_day": LIMIT})
+        keys = await fifty_slots_and_a_quota(daemon, fake.url, subject)
         answered, completion, refusals = await burst(daemon, keys, 50)
         used = await used_today(daemon, subject, "u0" if subject == "user" else "lab")
         print(f"{subject} quota {LIMIT}, 50 whole answers of {answer}, no max_tokens: {answered} answered, {used} used")
