@@ -47,7 +47,7 @@ async def test_every_refusal_is_json_in_its_dialect_with_an_id_and_no_banner(tmp
     path = PATHS[dialect]
     bad = {"options": {"temperature": -1}} if dialect == "ollama" else {"temperature": -1}
     root = "/api" if dialect == "ollama" else "/v1"
-    async with FakeOllama(models=["llama3"], completion_tokens=50, tokens_per_second=20) as fake:
+    async with FakeOllama(models=["llama3"], completion_tokens=10, tokens_per_second=10) as fake:
         await d.backend("b1", fake.url, "ollama", max_concurrent=1)
         key, other = await d.user("alice"), await d.user("bob")
         cases = {
