@@ -85,6 +85,7 @@ SCALED = {
         (
             "poll_interval",
             "first_byte_timeout",
+            "load_timeout",
             "chunk_timeout",
             "request_timeout",
             "circuit_window",
