@@ -67,6 +67,7 @@ from .quotas import Quotas, add_quota_headers
 from .registry import Registry
 from .statelock import StateLock
 from .stats import Stats
+from .ui import setup_ui
 from .weights import apply_user
 
 __all__ = ["create_app", "make_runner", "serve"]
@@ -195,6 +196,7 @@ async def create_app(config: Config, *, nvml: Any = None, discover: bool | None 
     setup_accounting_routes(app)
     app.on_response_prepare.append(add_quota_headers)
     setup_metrics(app)
+    setup_ui(app)
     return app
 
 
