@@ -211,7 +211,7 @@ async def test_live_page_and_why_explain_a_request(daemon: Daemon, fake_ollama: 
     listing = await (await daemon.client.get("/ui/admin/decisions?user=ana")).text()
     assert rid in listing
     why = await (await daemon.client.get(f"/ui/admin/decisions/{rid}")).text()
-    assert "priority terms" in why and "box" in why
+    assert "Priority terms" in why and "went to <b>box</b>" in why and "it was answered in full" in why
     assert (await daemon.client.get("/ui/admin/decisions/nope")).status == 404
 
 

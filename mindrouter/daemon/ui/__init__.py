@@ -22,7 +22,7 @@ __all__ = ["setup_ui"]
 
 def setup_ui(app: web.Application) -> None:
     app[SESSIONS] = Sessions()
-    ENV.filters["when"] = iso_local
+    ENV.filters["when"] = lambda at: iso_local(at)[:16].replace("T", " ")
     setup_login_routes(app)
     setup_admin_pages(app)
     app.router.add_static("/ui/static/", Path(__file__).parent / "static", append_version=False)

@@ -7,18 +7,19 @@ the same sentence.
 
 from __future__ import annotations
 
-import io
+from collections.abc import Mapping
 from typing import Any
 
 from aiohttp import web
-from rich.console import Console
 
-from ...cli.why import why_view
+from ...cli._output import fmt_duration, fmt_num, fmt_time
+from ...cli.why import PRIORITY_TERMS, SCORE_TERMS, _lost_by, ended
 from ...store import QUOTA_FIELDS, NotFound
 from .. import admin as api
 from ..accounting import change_quota
-from ..keys import DECISIONS, REGISTRY, STORE
-from ..watch import queue_dict, quota_rows, share_dict, status_dict
+from ..keys import AUTH, DECISIONS, DISPATCHER, REGISTRY, SCHEDULER, STORE
+from ..views import share_view
+from ..watch import queue_dict, quota_rows, status_dict
 from .render import action, admin_page, page
 from .sessions import Session
 
@@ -30,11 +31,18 @@ def _field(form: Any, name: str) -> str:
     return value.strip() if isinstance(value, str) else ""
 
 
+def _shares(app: web.Application) -> dict[str, Any]:
+    """``mr share``'s figures without each subject's quotas (which no page here shows), so 1,000 users stay cheap."""
+    store = app[STORE]
+    share = app[SCHEDULER].share(app[DISPATCHER].clock())
+    return share_view(share, store.list_users(), store.list_groups(), lambda _kind, _key: [])
+
+
 @admin_page
 async def groups(request: web.Request, session: Session) -> web.StreamResponse:
     app = request.app
     rows = app[STORE].list_groups()
-    share = {g["name"]: g for g in share_dict(app)["groups"]}
+    share = {g["name"]: g for g in _shares(app)["groups"]}
     return page(request, "groups.html", session, groups=rows, share=share)
 
 
@@ -59,6 +67,7 @@ async def users(request: web.Request, session: Session) -> web.StreamResponse:
 async def user(request: web.Request, session: Session, *, new_key: str | None = None) -> web.StreamResponse:
     app = request.app
     store = app[STORE]
+    app[AUTH].flush()  # the keys' last-used times, as `mr user keys` shows them
     try:
         row = store.get_user(request.match_info["name"])
     except NotFound as exc:
@@ -136,7 +145,7 @@ async def backend_state(request: web.Request, session: Session) -> str:
 @admin_page
 async def top(request: web.Request, session: Session) -> web.StreamResponse:
     app = request.app
-    share = share_dict(app)
+    share = _shares(app)
     active = [u for u in share["users"] if u["queued"] or u["running"] or u["recent_tokens"]]
     active.sort(key=lambda u: -u["recent_tokens"])
     return page(
@@ -159,17 +168,62 @@ async def decisions(request: web.Request, session: Session) -> web.StreamRespons
     return page(request, "decisions.html", session, decisions=rows, user=user_name or "")
 
 
+def explain(record: Mapping[str, Any], names: Mapping[str, str]) -> dict[str, Any]:
+    """``mr why``'s explanation as rows for a page: the same terms, meanings and sentences (``cli/why.py``)."""
+    chosen = str(record.get("selected_backend_id"))
+
+    def label(bid: str) -> str:
+        return names.get(bid) or (str(record.get("selected_backend") or "") if bid == chosen else "") or f"#{bid}"
+
+    terms = record.get("priority") if isinstance(record.get("priority"), Mapping) else {}
+    fallback = {"weight": record.get("user_weight"), "deficit": record.get("user_deficit")}
+    priority = [
+        (term, fmt(terms.get(key, fallback.get(key))), meaning)  # type: ignore[union-attr]
+        for key, term, meaning, fmt in PRIORITY_TERMS
+    ]
+    components = record.get("score_components") or {}
+    scores = record.get("scores") or {}
+    ids = [str(b) for b in record.get("candidate_backends") or []] or list(components) or list(scores)
+    ids.sort(key=lambda b: -float((components.get(b) or {}).get("score", scores.get(b, 0)) or 0))
+    best = components.get(chosen) or {}
+    candidates = []
+    for bid in ids:
+        row = components.get(bid) or {}
+        cells = [
+            f"-{fmt_num(row[key], 1)}" if key == "penalty" and row.get(key) else fmt_num(row.get(key), 1)
+            for key, _, _ in SCORE_TERMS
+        ]
+        lost = _lost_by(row, best) if bid != chosen and row and best else ""
+        evicts = ", ".join(map(str, row.get("evicts") or []))
+        candidates.append(
+            (label(bid), bid == chosen, fmt_num(row.get("score", scores.get(bid)), 1), cells, lost, evicts)
+        )
+    rejected = sorted(
+        (label(str(bid)), "; ".join(map(str, why)) if isinstance(why, list) else str(why))
+        for bid, why in (record.get("rejected") or {}).items()
+    )
+    return {
+        "record": record,
+        "backend": None if record.get("selected_backend_id") is None else label(chosen),
+        "when": fmt_time(record.get("wall_time")) if record.get("wall_time") is not None else None,
+        "waited": fmt_duration(record.get("queue_wait")),
+        "ended": ended(record),
+        "priority": priority,
+        "score_terms": SCORE_TERMS,
+        "candidates": candidates,
+        "rejected": rejected,
+    }
+
+
 @admin_page
 async def why(request: web.Request, session: Session) -> web.StreamResponse:
-    """``mr why``'s explanation, drawn by the same code into HTML."""
+    """``mr why``'s explanation of one decision."""
     rid = request.match_info["request_id"]
     record = request.app[DECISIONS].get(rid)
     if record is None:
         return page(request, "error.html", session, 404, message=f"No decision record for request {rid!r}.")
     names = {str(bid): e.row.name for bid, e in request.app[REGISTRY].entries.items()}
-    console = Console(record=True, width=140, file=io.StringIO(), color_system=None)
-    console.print(why_view(record, names))
-    return page(request, "why.html", session, rid=rid, explanation=console.export_text())
+    return page(request, "why.html", session, rid=rid, **explain(record, names))
 
 
 def setup_admin_pages(app: web.Application) -> None:
