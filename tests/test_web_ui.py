@@ -6,8 +6,11 @@ redirects); the admin API checks that each form changed what ``mr`` reads.
 
 from __future__ import annotations
 
+import asyncio
 import re
 from typing import Any
+
+from mindrouter.daemon.keys import STORE
 
 from .conftest import ADMIN_KEY, Daemon
 
@@ -30,9 +33,7 @@ async def login(daemon: Daemon, key: str, client: Any = None) -> str:
 async def post(daemon: Daemon, page: str, action: str, data: dict[str, str] | None = None) -> str:
     """Submit a form of ``page`` to ``action`` with that page's CSRF token; the page shown after."""
     token = csrf_of(await (await daemon.client.get(page)).text())
-    resp = await daemon.client.post(
-        action, data={"csrf": token, **(data or {})}, headers={"Referer": str(daemon.client.make_url(page))}
-    )
+    resp = await daemon.client.post(action, data={"csrf": token, **(data or {})})
     assert resp.status == 200, await resp.text()
     return await resp.text()
 
@@ -230,3 +231,40 @@ async def test_logout_ends_the_session(daemon: Daemon) -> None:
     resp = await daemon.client.post("/ui/logout", data={"csrf": csrf_of(page)}, allow_redirects=False)
     assert resp.status == 303
     assert (await daemon.client.get("/ui/me", allow_redirects=False)).status == 303
+
+
+async def test_a_person_sees_their_own_requests_running_and_queued_with_their_place(
+    daemon: Daemon, fake_ollama: Any
+) -> None:
+    await daemon.backend("box", fake_ollama.url, "ollama", max_concurrent=1)
+    ana = await daemon.user("ana")
+    bo = await daemon.user("bo")
+    fake_ollama.max_concurrent = 0  # the first request holds the one slot until the gate opens
+
+    async def chat(key: str) -> int:
+        resp = await daemon.client.post(
+            "/v1/chat/completions",
+            json={"model": "llama3.2", "messages": [{"role": "user", "content": "hi"}]},
+            headers={"Authorization": f"Bearer {key}"},
+        )
+        await resp.read()
+        return resp.status
+
+    tasks = [asyncio.create_task(chat(ana))]
+    while daemon.scheduler.running_count < 1:
+        await asyncio.sleep(0.01)
+    tasks += [asyncio.create_task(chat(k)) for k in (ana, ana, bo)]
+    while daemon.scheduler.queued_count < 3:
+        await asyncio.sleep(0.01)
+    page = await login(daemon, ana)
+    assert page.count("running on box") == 1
+    assert page.count("of yours next, 3 waiting in all") == 2
+    assert "1 of yours next" in page and "2 of yours next" in page
+    bo_ids = [j.id for j in daemon.scheduler.queued_jobs() if j.user_id == _user_id(daemon, "bo")]
+    assert len(bo_ids) == 1 and bo_ids[0] not in page
+    fake_ollama.open_gate()
+    assert await asyncio.gather(*tasks) == [200, 200, 200, 200]
+
+
+def _user_id(daemon: Daemon, name: str) -> int:
+    return int(daemon.app[STORE].get_user(name).id)

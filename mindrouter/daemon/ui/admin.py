@@ -47,7 +47,7 @@ async def groups(request: web.Request, session: Session) -> web.StreamResponse:
 
 
 @admin_page
-@action
+@action("/ui/admin/groups")
 async def set_group_weight(request: web.Request, session: Session) -> str:
     name = request.match_info["name"]
     group = api.change_group_weight(request.app, name, _field(await request.post(), "weight"))
@@ -64,7 +64,11 @@ async def users(request: web.Request, session: Session) -> web.StreamResponse:
 
 
 @admin_page
-async def user(request: web.Request, session: Session, *, new_key: str | None = None) -> web.StreamResponse:
+async def user(request: web.Request, session: Session) -> web.StreamResponse:
+    return _user_page(request, session)
+
+
+def _user_page(request: web.Request, session: Session, new_key: str | None = None) -> web.Response:
     app = request.app
     store = app[STORE]
     app[AUTH].flush()  # the keys' last-used times, as `mr user keys` shows them
@@ -86,7 +90,7 @@ async def user(request: web.Request, session: Session, *, new_key: str | None = 
 
 
 @admin_page
-@action
+@action("/ui/admin/users/{name}")
 async def set_user(request: web.Request, session: Session) -> str:
     name = request.match_info["name"]
     form = await request.post()
@@ -104,7 +108,7 @@ def _quota_value(raw: str) -> int | str | None:
 
 
 @admin_page
-@action
+@action("/ui/admin/users/{name}")
 async def set_user_quota(request: web.Request, session: Session) -> str:
     name = request.match_info["name"]
     form = await request.post()
@@ -113,7 +117,7 @@ async def set_user_quota(request: web.Request, session: Session) -> str:
 
 
 @admin_page
-@action
+@action("/ui/admin/users/{name}")
 async def revoke_key(request: web.Request, session: Session) -> str:
     name = request.match_info["name"]
     key_id = api.revoke_user_key(request.app, name, request.match_info["key_id"])
@@ -124,7 +128,7 @@ async def revoke_key(request: web.Request, session: Session) -> str:
 async def create_key(request: web.Request, session: Session) -> web.StreamResponse:
     """A new key, shown on this one answer only (never stored in plain, never in a URL or a later page)."""
     key = api.new_key(request.app, request.match_info["name"])
-    return await user.__wrapped__(request, session, new_key=key)  # type: ignore[attr-defined]
+    return _user_page(request, session, new_key=key)
 
 
 @admin_page
@@ -135,7 +139,7 @@ async def backends(request: web.Request, session: Session) -> web.StreamResponse
 
 
 @admin_page
-@action
+@action("/ui/admin/backends")
 async def backend_state(request: web.Request, session: Session) -> str:
     name, verb = request.match_info["name"], request.match_info["verb"]
     row = api.set_backend_state(request.app, name, "draining" if verb == "drain" else "enabled")

@@ -8,13 +8,14 @@ whoever holds ``[server] admin_key``, also gets the admin pages.
 from __future__ import annotations
 
 import secrets
+from typing import Any
 
 from aiohttp import web
 
 from ...names import hash_key
 from ..accounting import me_dict
 from ..auth import Caller
-from ..keys import CONFIG, STORE
+from ..keys import CONFIG, DISPATCHER, REGISTRY, SCHEDULER, STORE
 from .render import ADMIN_GROUP, SESSIONS, page, person_page, redirect
 from .sessions import LOGIN_COOKIE, Session, same, set_cookie
 
@@ -69,9 +70,32 @@ async def logout(request: web.Request, session: Session) -> web.StreamResponse:
 async def me(request: web.Request, session: Session) -> web.StreamResponse:
     if session.user is None:
         return redirect("/ui/admin/top")
-    user = request.app[STORE].get_user(session.user)
+    app = request.app
+    user = app[STORE].get_user(session.user)
     caller = Caller(user.id, user.name, user.group, user.weight_override, user.group_weight)
-    return page(request, "me.html", session, me=me_dict(request.app, caller), weight=user.weight, refresh=True)
+    return page(
+        request, "me.html", session, me=me_dict(app, caller), weight=user.weight, jobs=_jobs(app, user.id), refresh=True
+    )
+
+
+def _jobs(app: web.Application, user_id: int) -> list[dict[str, Any]]:
+    """This person's requests now: running (where) and queued (their place among their own, the queue's length)."""
+    scheduler, registry = app[SCHEDULER], app[REGISTRY]
+    now = app[DISPATCHER].clock()
+    rows = []
+    for job, backend_id in scheduler.running_jobs():
+        if job.user_id == user_id:
+            entry = registry.entries.get(backend_id) if isinstance(backend_id, int) else None
+            where = entry.row.name if entry else f"#{backend_id}"
+            rows.append(
+                {"id": job.id, "model": job.model, "state": f"running on {where}", "since": now - job.submitted_at}
+            )
+    for job in scheduler.queued_jobs():
+        if job.user_id == user_id:
+            place = scheduler.queue_position(job.id)
+            state = "queued" if place is None else f"queued: {place[0]} of yours next, {place[1]} waiting in all"
+            rows.append({"id": job.id, "model": job.model, "state": state, "since": now - job.submitted_at})
+    return rows
 
 
 def setup_login_routes(app: web.Application) -> None:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import functools
 from collections.abc import Awaitable, Callable
 from typing import Any
+from urllib.parse import quote
 
 import jinja2
 from aiohttp import web
@@ -82,20 +83,24 @@ person_page = _checked(admin=False)
 admin_page = _checked(admin=True)
 
 
-def action(handler: Callable[[web.Request, Session], Awaitable[str]]) -> Handler:
-    """An admin form's POST: run it, show its outcome (or the admin API's error sentence) on the page it names."""
+def action(back: str) -> Callable[[Callable[[web.Request, Session], Awaitable[str]]], Handler]:
+    """An admin form's POST: run it, then show its outcome (or the admin API's error sentence) on the page ``back``.
 
-    @functools.wraps(handler)
-    async def run(request: web.Request, session: Session) -> web.StreamResponse:
-        back = request.headers.get("Referer", "")
-        try:
-            session.flash = ("ok", await handler(request, session))
-        except (StoreError, ValueError) as exc:  # the store's and validators' errors: one sentence to act on
-            session.flash = ("error", str(exc).strip("'\""))
-        target = back if back.startswith(f"{request.scheme}://{request.host}/ui/") else "/ui/admin/"
-        return redirect(target)
+    ``back`` is a path with the route's ``{name}`` in it, such as ``/ui/admin/users/{name}``.
+    """
 
-    return run
+    def wrap(handler: Callable[[web.Request, Session], Awaitable[str]]) -> Handler:
+        @functools.wraps(handler)
+        async def run(request: web.Request, session: Session) -> web.StreamResponse:
+            try:
+                session.flash = ("ok", await handler(request, session))
+            except (StoreError, ValueError) as exc:  # the store's and validators' errors: one sentence to act on
+                session.flash = ("error", str(exc).strip("'\""))
+            return redirect(back.format(name=quote(request.match_info.get("name", ""), safe="")))
+
+        return run
+
+    return wrap
 
 
 def _still_valid(request: web.Request, session: Session) -> bool:
