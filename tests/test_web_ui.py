@@ -10,7 +10,11 @@ import asyncio
 import re
 from typing import Any
 
+from aiohttp import web
+from aiohttp.test_utils import make_mocked_request
+
 from mindrouter.daemon.keys import STORE
+from mindrouter.daemon.ui.sessions import COOKIE, Sessions
 
 from .conftest import ADMIN_KEY, Daemon
 
@@ -28,6 +32,12 @@ async def login(daemon: Daemon, key: str, client: Any = None) -> str:
     resp = await client.post("/ui/login", data={"key": key, "csrf": csrf_of(form)})
     assert resp.status == 200, await resp.text()
     return await resp.text()
+
+
+async def student_weight(daemon: Daemon) -> float:
+    """The student group's weight as the admin API (`mr group list`) reads it."""
+    groups = {g["name"]: g["scheduler_weight"] for g in await daemon.admin("GET", "/admin/groups")}
+    return float(groups["student"])
 
 
 async def post(daemon: Daemon, page: str, action: str, data: dict[str, str] | None = None) -> str:
@@ -73,8 +83,7 @@ async def test_a_form_without_the_session_csrf_token_changes_nothing(daemon: Dae
     assert resp.status == 403
     resp = await daemon.client.post("/ui/admin/groups/student/weight", data={"weight": "7", "csrf": "forged"})
     assert resp.status == 403
-    groups = {g["name"]: g["scheduler_weight"] for g in await daemon.admin("GET", "/admin/groups")}
-    assert groups["student"] == 1
+    assert (await student_weight(daemon)) == 1
 
 
 async def test_a_person_gets_no_admin_page_or_action(daemon: Daemon) -> None:
@@ -85,8 +94,7 @@ async def test_a_person_gets_no_admin_page_or_action(daemon: Daemon) -> None:
     token = csrf_of(await (await daemon.client.get("/ui/me")).text())
     resp = await daemon.client.post("/ui/admin/groups/student/weight", data={"weight": "7", "csrf": token})
     assert resp.status == 403
-    groups = {g["name"]: g["scheduler_weight"] for g in await daemon.admin("GET", "/admin/groups")}
-    assert groups["student"] == 1
+    assert (await student_weight(daemon)) == 1
 
 
 async def test_a_person_sees_only_their_own_data(daemon: Daemon, fake_ollama: Any) -> None:
@@ -128,16 +136,14 @@ async def test_setting_a_group_weight_is_what_the_admin_api_reads(daemon: Daemon
     await login(daemon, ADMIN_KEY)
     page = await post(daemon, "/ui/admin/groups", "/ui/admin/groups/student/weight", {"weight": "2.5"})
     assert "group student now weighs 2.5" in page
-    groups = {g["name"]: g["scheduler_weight"] for g in await daemon.admin("GET", "/admin/groups")}
-    assert groups["student"] == 2.5
+    assert (await student_weight(daemon)) == 2.5
 
 
 async def test_a_bad_weight_shows_the_cli_sentence_and_changes_nothing(daemon: Daemon) -> None:
     await login(daemon, ADMIN_KEY)
     page = await post(daemon, "/ui/admin/groups", "/ui/admin/groups/student/weight", {"weight": "-1"})
     assert "weight &#39;-1&#39; must be a finite number greater than 0, such as 1 or 2.5" in page
-    groups = {g["name"]: g["scheduler_weight"] for g in await daemon.admin("GET", "/admin/groups")}
-    assert groups["student"] == 1
+    assert (await student_weight(daemon)) == 1
 
 
 async def test_a_users_group_weight_and_quotas_are_set_from_their_page(daemon: Daemon) -> None:
@@ -268,3 +274,23 @@ async def test_a_person_sees_their_own_requests_running_and_queued_with_their_pl
 
 def _user_id(daemon: Daemon, name: str) -> int:
     return int(daemon.app[STORE].get_user(name).id)
+
+
+def test_a_session_ends_when_it_expires_and_the_oldest_goes_when_the_table_is_full() -> None:
+    now = [1000.0]
+    sessions = Sessions(ttl=60.0, limit=2, clock=lambda: now[0])
+
+    def opened() -> str:
+        response = web.Response()
+        sessions.open(response, make_mocked_request("POST", "/ui/login"), "ana", False, "hash")
+        return response.cookies[COOKIE].value
+
+    def found(token: str) -> bool:
+        return sessions.get(make_mocked_request("GET", "/ui/me", headers={"Cookie": f"{COOKIE}={token}"})) is not None
+
+    first, second = opened(), opened()
+    assert found(first) and found(second)
+    third = opened()
+    assert not found(first) and found(second) and found(third)
+    now[0] += 61
+    assert not found(second) and not found(third)
