@@ -294,3 +294,10 @@ def test_a_session_ends_when_it_expires_and_the_oldest_goes_when_the_table_is_fu
     assert not found(first) and found(second) and found(third)
     now[0] += 61
     assert not found(second) and not found(third)
+
+
+async def test_an_unknown_user_page_says_so_in_the_stores_words(daemon: Daemon) -> None:
+    await login(daemon, ADMIN_KEY)
+    resp = await daemon.client.get("/ui/admin/users/nobody")
+    assert resp.status == 404
+    assert "user &#39;nobody&#39; does not exist" in await resp.text()

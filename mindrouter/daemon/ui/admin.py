@@ -75,7 +75,7 @@ def _user_page(request: web.Request, session: Session, new_key: str | None = Non
     try:
         row = store.get_user(request.match_info["name"])
     except NotFound as exc:
-        return page(request, "error.html", session, 404, message=str(exc).strip("'\""))
+        return page(request, "error.html", session, 404, message=str(exc))
     return page(
         request,
         "user.html",

@@ -95,7 +95,7 @@ def action(back: str) -> Callable[[Callable[[web.Request, Session], Awaitable[st
             try:
                 session.flash = ("ok", await handler(request, session))
             except (StoreError, ValueError) as exc:  # the store's and validators' errors: one sentence to act on
-                session.flash = ("error", str(exc).strip("'\""))
+                session.flash = ("error", str(exc))
             return redirect(back.format(name=quote(request.match_info.get("name", ""), safe="")))
 
         return run
