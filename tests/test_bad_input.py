@@ -131,6 +131,8 @@ def dialect(path: str) -> str:
         return "ollama"
     if path.startswith("/admin/"):
         return "admin"
+    if path.startswith("/ui"):
+        return "html"
     return "openai"
 
 
@@ -139,6 +141,9 @@ def check(status: int, data: bytes, path: str) -> None:
     TRIED["inputs"] += 1
     assert status < 500, (status, path, data[:300])
     if status < 400:
+        return
+    if dialect(path) == "html" and data.startswith(b"<!doctype html>"):  # the web UI's pages answer browsers in HTML
+        assert b'class="flash error"' in data, data[:300]
         return
     body = json.loads(data)
     if dialect(path) == "ollama":
