@@ -301,3 +301,13 @@ async def test_an_unknown_user_page_says_so_in_the_stores_words(daemon: Daemon) 
     resp = await daemon.client.get("/ui/admin/users/nobody")
     assert resp.status == 404
     assert "user &#39;nobody&#39; does not exist" in await resp.text()
+
+
+async def test_a_quota_that_is_not_a_whole_number_is_refused_in_the_stores_words(daemon: Daemon) -> None:
+    await daemon.user("ana")
+    await login(daemon, ADMIN_KEY)
+    fields = {"tokens_per_day": "lots", "tokens_per_month": "", "requests_per_minute": ""}
+    page = await post(daemon, "/ui/admin/users/ana", "/ui/admin/users/ana/quota", fields)
+    assert 'class="flash error"' in page and "tokens_per_day" in page
+    row = next(u for u in await daemon.admin("GET", "/admin/users") if u["name"] == "ana")
+    assert [q for q in row["quotas"] if q["subject"] == "user"] == []

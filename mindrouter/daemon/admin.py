@@ -28,6 +28,7 @@ __all__ = [
     "admin_middleware",
     "change_group_weight",
     "change_user",
+    "key_counts",
     "new_key",
     "revoke_user_key",
     "set_backend_state",
@@ -148,7 +149,8 @@ def _user_dict(app: web.Application, user: Any, keys: dict[str, int]) -> dict[st
     }
 
 
-def _key_counts(store: Any) -> dict[str, int]:
+def key_counts(store: Any) -> dict[str, int]:
+    """How many keys each user has, by name (``mr user list``, the web UI's users page)."""
     counts: dict[str, int] = {}
     for key in store.list_keys():
         counts[key.user] = counts.get(key.user, 0) + 1
@@ -157,7 +159,7 @@ def _key_counts(store: Any) -> dict[str, int]:
 
 async def list_users(request: web.Request) -> web.Response:
     store = request.app[STORE]
-    keys = _key_counts(store)
+    keys = key_counts(store)
     return web.json_response([_user_dict(request.app, u, keys) for u in store.list_users()])
 
 
@@ -188,7 +190,7 @@ def _proxy_flag(data: dict[str, Any]) -> bool:
 async def set_user(request: web.Request) -> web.Response:
     data = await _body(request)
     user = change_user(request.app, request.match_info["name"], data)
-    return web.json_response(_user_dict(request.app, user, _key_counts(request.app[STORE])))
+    return web.json_response(_user_dict(request.app, user, key_counts(request.app[STORE])))
 
 
 def change_user(app: web.Application, name: str, data: dict[str, Any]) -> Any:

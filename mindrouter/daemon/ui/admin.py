@@ -57,10 +57,7 @@ async def set_group_weight(request: web.Request, session: Session) -> str:
 @admin_page
 async def users(request: web.Request, session: Session) -> web.StreamResponse:
     store = request.app[STORE]
-    keys: dict[str, int] = {}
-    for key in store.list_keys():
-        keys[key.user] = keys.get(key.user, 0) + 1
-    return page(request, "users.html", session, users=store.list_users(), keys=keys)
+    return page(request, "users.html", session, users=store.list_users(), keys=api.key_counts(store))
 
 
 @admin_page

@@ -31,7 +31,7 @@ ENV = jinja2.Environment(
 )
 
 HEADERS = {
-    # Our own CSS only, no script but the one inline refresh line, no framing, no referrer to other sites.
+    # Our own stylesheet only, no script at all (live pages use a meta refresh), no framing, no referrer elsewhere.
     "Content-Security-Policy": "default-src 'none'; style-src 'self'; img-src 'self'; form-action 'self'; "
     "frame-ancestors 'none'; base-uri 'none'",
     "X-Content-Type-Options": "nosniff",
