@@ -18,7 +18,7 @@ from .keys import AUTH, DISPATCHER, QUOTAS, REGISTRY, SCHEDULER, STATS, STORE
 from .responses import error_response
 from .stats import BUCKET_SECONDS
 
-__all__ = ["setup_accounting_routes", "top_panels"]
+__all__ = ["change_quota", "me_dict", "setup_accounting_routes", "top_panels"]
 
 #: A quota this full is a warning in `mr top`.
 WARN_AT = 0.8
@@ -64,17 +64,19 @@ async def _set_quota(request: web.Request, subject: str) -> web.Response:
         raise InvalidValue("the request body is not valid JSON") from None
     if not isinstance(data, dict) or not data:
         raise InvalidValue(f'give a JSON object with any of {", ".join(QUOTA_FIELDS)}, or {{"clear": true}}')
+    return web.json_response(change_quota(app, subject, request.match_info["name"], data))
+
+
+def change_quota(app: web.Application, subject: str, name: str, data: dict[str, Any]) -> dict[str, Any]:
+    """Set a user's or group's limits (the admin API and the web UI): the row with its quotas and their use."""
     changes = dict.fromkeys(QUOTA_FIELDS) if data.pop("clear", False) is True else {}
     changes.update(data)
-    name = request.match_info["name"]
     store = app[STORE]
     row = store.set_user_quota(name, changes) if subject == "user" else store.set_group_quota(name, changes)
     quotas = app[QUOTAS]
     quotas.reload()
     key = row.id if subject == "user" else row.name
-    return web.json_response(
-        {**row.to_dict(), "quotas": [limit.to_dict() for limit in quotas.subject_limits(subject, key)]}
-    )
+    return {**row.to_dict(), "quotas": [limit.to_dict() for limit in quotas.subject_limits(subject, key)]}
 
 
 async def set_user_quota(request: web.Request) -> web.Response:
@@ -92,22 +94,25 @@ async def get_me(request: web.Request) -> web.Response:
         caller = app[AUTH].caller(request.headers.get("Authorization"))
     except RequestError as exc:
         return error_response(exc, "openai")
+    return web.json_response(me_dict(app, caller))
+
+
+def me_dict(app: web.Application, caller: Any) -> dict[str, Any]:
+    """The caller's own usage today and this month, quotas and fair-share standing (``/v1/me``, the web UI)."""
     store, quotas = app[STORE], app[QUOTAS]
     now = quotas.wall()
     periods = {}
     for period, start in (("today", day_start(now)), ("month", month_start(now))):
         total = store.usage_report([], start, now + 1e-3, user_id=caller.user_id).total
         periods[period] = {**total, "since": start}
-    return web.json_response(
-        {
-            "user": caller.name,
-            "group": caller.group,
-            "timezone": zone_label(now),
-            **periods,
-            "quotas": [limit.to_dict() for limit in quotas.limits(caller.user_id, caller.group)],
-            "fair_share": _standing(app, caller.user_id),
-        }
-    )
+    return {
+        "user": caller.name,
+        "group": caller.group,
+        "timezone": zone_label(now),
+        **periods,
+        "quotas": [limit.to_dict() for limit in quotas.limits(caller.user_id, caller.group)],
+        "fair_share": _standing(app, caller.user_id),
+    }
 
 
 def _standing(app: web.Application, user_id: int) -> dict[str, Any]:

@@ -24,7 +24,16 @@ from .responses import json_error
 from .watch import quota_rows, setup_watch_routes
 from .weights import apply_user
 
-__all__ = ["admin_middleware", "setup_admin_routes"]
+__all__ = [
+    "admin_middleware",
+    "change_group_weight",
+    "change_user",
+    "key_counts",
+    "new_key",
+    "revoke_user_key",
+    "set_backend_state",
+    "setup_admin_routes",
+]
 
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 
@@ -105,12 +114,17 @@ async def add_group(request: web.Request) -> web.Response:
     return web.json_response({**group.to_dict(), "users": 0}, status=201)
 
 
+def change_group_weight(app: web.Application, name: str, weight: object) -> Any:
+    """Set a group's weight (the admin API and the web UI): validated, stored, applied from now on."""
+    group = app[STORE].set_group_weight(name, check_weight(weight))
+    app[SCHEDULER].set_group(name, group.scheduler_weight)
+    _sync_users(app, group=name)
+    return group
+
+
 async def set_group(request: web.Request) -> web.Response:
     data = await _body(request)
-    name = request.match_info["name"]
-    group = request.app[STORE].set_group_weight(name, check_weight(data.get("weight")))
-    request.app[SCHEDULER].set_group(name, group.scheduler_weight)
-    _sync_users(request.app, group=name)
+    group = change_group_weight(request.app, request.match_info["name"], data.get("weight"))
     return web.json_response(group.to_dict())
 
 
@@ -135,7 +149,8 @@ def _user_dict(app: web.Application, user: Any, keys: dict[str, int]) -> dict[st
     }
 
 
-def _key_counts(store: Any) -> dict[str, int]:
+def key_counts(store: Any) -> dict[str, int]:
+    """How many keys each user has, by name (``mr user list``, the web UI's users page)."""
     counts: dict[str, int] = {}
     for key in store.list_keys():
         counts[key.user] = counts.get(key.user, 0) + 1
@@ -144,7 +159,7 @@ def _key_counts(store: Any) -> dict[str, int]:
 
 async def list_users(request: web.Request) -> web.Response:
     store = request.app[STORE]
-    keys = _key_counts(store)
+    keys = key_counts(store)
     return web.json_response([_user_dict(request.app, u, keys) for u in store.list_users()])
 
 
@@ -174,8 +189,13 @@ def _proxy_flag(data: dict[str, Any]) -> bool:
 
 async def set_user(request: web.Request) -> web.Response:
     data = await _body(request)
-    name = request.match_info["name"]
-    store = request.app[STORE]
+    user = change_user(request.app, request.match_info["name"], data)
+    return web.json_response(_user_dict(request.app, user, key_counts(request.app[STORE])))
+
+
+def change_user(app: web.Application, name: str, data: dict[str, Any]) -> Any:
+    """Change a user's weight, group or proxy settings (the admin API and the web UI); returns the user."""
+    store = app[STORE]
     proxy_fields = {"proxy", "proxy_group", "person_from"} & set(data)
     if not ("weight" in data or "group" in data or proxy_fields):
         raise InvalidValue(
@@ -189,9 +209,8 @@ async def set_user(request: web.Request) -> web.Response:
         store.set_user_weight(name, None if weight is None else check_weight(weight))
     if "group" in data:
         store.set_user_group(name, data["group"])
-    _sync_users(request.app, name=name)
-    user = store.get_user(name)
-    return web.json_response(_user_dict(request.app, user, _key_counts(store)))
+    _sync_users(app, name=name)
+    return store.get_user(name)
 
 
 def _set_proxy(store: Any, name: str, data: dict[str, Any]) -> None:
@@ -217,11 +236,16 @@ async def remove_user(request: web.Request) -> web.Response:
     return web.json_response({"removed": name})
 
 
+def new_key(app: web.Application, name: str) -> str:
+    """A new API key for ``name``; the caller shows it once (only its hash is kept)."""
+    key: str = app[STORE].create_key(name)
+    app[AUTH].clear()
+    return key
+
+
 async def create_key(request: web.Request) -> web.Response:
     name = request.match_info["name"]
-    key = request.app[STORE].create_key(name)
-    request.app[AUTH].clear()
-    return web.json_response({"user": name, "key": key}, status=201)
+    return web.json_response({"user": name, "key": new_key(request.app, name)}, status=201)
 
 
 async def list_keys(request: web.Request) -> web.Response:
@@ -230,13 +254,19 @@ async def list_keys(request: web.Request) -> web.Response:
     return web.json_response([k.to_dict() for k in request.app[STORE].list_keys(request.match_info["name"])])
 
 
-async def revoke_key(request: web.Request) -> web.Response:
-    name, key_id = request.match_info["name"], request.match_info["key_id"]
+def revoke_user_key(app: web.Application, name: str, key_id: str) -> int:
+    """Revoke one of ``name``'s keys by its id (a string, as a path or form gives it)."""
     if not key_id.isdigit():
         raise InvalidValue(f"key id {key_id!r} is not a number; see the ids with `mr user keys {name}`")
-    request.app[STORE].revoke_key(name, int(key_id))
-    request.app[AUTH].clear()
-    return web.json_response({"user": name, "revoked": int(key_id)})
+    app[STORE].revoke_key(name, int(key_id))
+    app[AUTH].clear()
+    return int(key_id)
+
+
+async def revoke_key(request: web.Request) -> web.Response:
+    name = request.match_info["name"]
+    revoked = revoke_user_key(request.app, name, request.match_info["key_id"])
+    return web.json_response({"user": name, "revoked": revoked})
 
 
 # -- backends ----------------------------------------------------------------------------
@@ -276,23 +306,23 @@ async def add_backend(request: web.Request) -> web.Response:
     return web.json_response(_backend_dict(app, entry), status=201)
 
 
-async def _set_state(request: web.Request, state: str) -> web.Response:
-    app = request.app
-    row = app[STORE].set_backend_state(request.match_info["name"], state)
+def set_backend_state(app: web.Application, name: str, state: str) -> dict[str, Any]:
+    """Drain (``"draining"``) or enable (``"enabled"``) a backend (the admin API and the web UI); its row."""
+    row = app[STORE].set_backend_state(name, state)
     registry = app[REGISTRY]
     registry.update_row(row)
     if state == "draining":
         registry.released(row.id)
     app[DISPATCHER].pump()
-    return web.json_response(registry.row_dict(registry.entries[row.id]))
+    return registry.row_dict(registry.entries[row.id])
 
 
 async def drain_backend(request: web.Request) -> web.Response:
-    return await _set_state(request, "draining")
+    return web.json_response(set_backend_state(request.app, request.match_info["name"], "draining"))
 
 
 async def enable_backend(request: web.Request) -> web.Response:
-    return await _set_state(request, "enabled")
+    return web.json_response(set_backend_state(request.app, request.match_info["name"], "enabled"))
 
 
 async def remove_backend(request: web.Request) -> web.Response:

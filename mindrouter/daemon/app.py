@@ -68,6 +68,7 @@ from .registry import Registry
 from .responses import label_answer
 from .statelock import StateLock
 from .stats import Stats
+from .ui import setup_ui
 from .weights import apply_user
 
 __all__ = ["create_app", "make_runner", "serve"]
@@ -197,6 +198,7 @@ async def create_app(config: Config, *, nvml: Any = None, discover: bool | None 
     app.on_response_prepare.append(add_quota_headers)
     app.on_response_prepare.append(label_answer)
     setup_metrics(app)
+    setup_ui(app)
     return app
 
 

@@ -1,0 +1,115 @@
+"""Templates and the answers every page shares: HTML with strict security headers, redirects, the access checks."""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Awaitable, Callable
+from typing import Any
+from urllib.parse import quote
+
+import jinja2
+from aiohttp import web
+
+from ...names import hash_key
+from ...store import StoreError
+from ..keys import CONFIG, STORE
+from .sessions import Session, Sessions, same
+
+__all__ = ["ADMIN_GROUP", "SESSIONS", "action", "admin_page", "page", "person_page", "redirect"]
+
+ADMIN_GROUP = "admin"
+"""Members of this group who log in with their own key get the admin pages."""
+
+SESSIONS = web.AppKey("ui_sessions", Sessions)
+
+ENV = jinja2.Environment(
+    loader=jinja2.PackageLoader("mindrouter.daemon.ui", "templates"),
+    autoescape=True,
+    undefined=jinja2.StrictUndefined,
+    trim_blocks=True,
+    lstrip_blocks=True,
+)
+
+HEADERS = {
+    # Our own stylesheet only, no script at all (live pages use a meta refresh), no framing, no referrer elsewhere.
+    "Content-Security-Policy": "default-src 'none'; style-src 'self'; img-src 'self'; form-action 'self'; "
+    "frame-ancestors 'none'; base-uri 'none'",
+    "X-Content-Type-Options": "nosniff",
+    "Referrer-Policy": "same-origin",
+    "Cache-Control": "no-store",
+}
+
+Handler = Callable[[web.Request, Session], Awaitable[web.StreamResponse]]
+
+
+def page(
+    request: web.Request, template: str, session: Session | None, status: int = 200, **context: Any
+) -> web.Response:
+    flash = session.flash if session else None
+    if session:
+        session.flash = None
+    html = ENV.get_template(template).render(session=session, path=request.path, flash=flash, **context)
+    return web.Response(text=html, status=status, content_type="text/html", headers=HEADERS)
+
+
+def redirect(location: str) -> web.Response:
+    return web.Response(status=303, headers={**HEADERS, "Location": location})
+
+
+def _checked(admin: bool) -> Callable[[Handler], Callable[[web.Request], Awaitable[web.StreamResponse]]]:
+    def wrap(handler: Handler) -> Callable[[web.Request], Awaitable[web.StreamResponse]]:
+        @functools.wraps(handler)
+        async def checked(request: web.Request) -> web.StreamResponse:
+            session = request.app[SESSIONS].get(request)
+            if session is None or not _still_valid(request, session):
+                return redirect("/ui/login")
+            if admin and not session.admin:
+                return page(
+                    request, "error.html", session, 403, message="This page is for admins; log in with an admin key."
+                )
+            if request.method == "POST":
+                token = (await request.post()).get("csrf")
+                if not (isinstance(token, str) and same(token, session.csrf)):
+                    message = "The form expired; reload the page and try again."
+                    return page(request, "error.html", session, 403, message=message)
+            return await handler(request, session)
+
+        return checked
+
+    return wrap
+
+
+person_page = _checked(admin=False)
+admin_page = _checked(admin=True)
+
+
+def action(back: str) -> Callable[[Callable[[web.Request, Session], Awaitable[str]]], Handler]:
+    """An admin form's POST: run it, then show its outcome (or the admin API's error sentence) on the page ``back``.
+
+    ``back`` is a path with the route's ``{name}`` in it, such as ``/ui/admin/users/{name}``.
+    """
+
+    def wrap(handler: Callable[[web.Request, Session], Awaitable[str]]) -> Handler:
+        @functools.wraps(handler)
+        async def run(request: web.Request, session: Session) -> web.StreamResponse:
+            try:
+                session.flash = ("ok", await handler(request, session))
+            except (StoreError, ValueError) as exc:  # the store's and validators' errors: one sentence to act on
+                session.flash = ("error", str(exc))
+            return redirect(back.format(name=quote(request.match_info.get("name", ""), safe="")))
+
+        return run
+
+    return wrap
+
+
+def _still_valid(request: web.Request, session: Session) -> bool:
+    """The session's key is still the admin key or a live key of its user (revoked keys end their sessions)."""
+    if session.user is None:
+        admin_key = request.app[CONFIG].server.admin_key
+        return bool(admin_key) and same(hash_key(admin_key), session.key_hash)
+    found = request.app[STORE].key_owner(session.key_hash)
+    if found is None or found[1].name != session.user:
+        return False
+    session.admin = found[1].group == ADMIN_GROUP  # moving someone out of the admin group ends their admin pages
+    return True

@@ -1,0 +1,159 @@
+"""The web UI in headless Chromium (Debian's chromium + chromium-driver, driven by Selenium): run with -m browser.
+
+A real daemon (Unix socket for `mr`, TCP port for the browser) runs in a
+thread. The browser logs in as an admin, changes a weight that `mr group
+list` then shows, drains a backend, and a student's page shows nothing of
+another person's. With ``MR_WEB_SCREENSHOTS=DIR`` the main pages are saved
+there as PNG at 1280x800 and 390 px wide (docs/web/ holds the published ones).
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import aiohttp
+import pytest
+
+from .conftest import ADMIN_KEY
+from .test_cli_daemon import ThreadDaemon, run
+
+pytestmark = pytest.mark.browser
+
+CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
+CHROMEDRIVER = shutil.which("chromedriver")
+if not (CHROMIUM and CHROMEDRIVER):
+    pytest.skip("needs chromium and chromedriver (apt-get install chromium chromium-driver)", allow_module_level=True)
+
+webdriver = pytest.importorskip("selenium.webdriver")
+from selenium.webdriver.common.by import By  # noqa: E402
+from selenium.webdriver.support import expected_conditions  # noqa: E402
+from selenium.webdriver.support.wait import WebDriverWait  # noqa: E402
+
+
+@pytest.fixture(scope="module")
+def live(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ThreadDaemon]:
+    d = ThreadDaemon(tmp_path_factory.mktemp("web"))  # its config has the admin key (conftest.daemon_config)
+    d.start()
+    yield d
+    d.stop()
+
+
+@pytest.fixture
+def browser() -> Iterator[Any]:
+    options = webdriver.ChromeOptions()
+    options.binary_location = CHROMIUM
+    for arg in ("--headless=new", "--no-sandbox", "--disable-gpu", "--disable-dev-shm-usage", "--window-size=1280,800"):
+        options.add_argument(arg)
+    driver = webdriver.Chrome(service=webdriver.ChromeService(executable_path=CHROMEDRIVER), options=options)
+    driver.implicitly_wait(5)
+    yield driver
+    driver.quit()
+
+
+def base(live: ThreadDaemon) -> str:
+    return f"http://127.0.0.1:{live.port}"
+
+
+def submit(driver: Any, css: str) -> None:
+    """Click a form's button and wait for the page the form leads to."""
+    button = driver.find_element(By.CSS_SELECTOR, css)
+    button.click()
+    WebDriverWait(driver, 10).until(expected_conditions.staleness_of(button))
+
+
+def log_in(driver: Any, live: ThreadDaemon, key: str) -> None:
+    driver.delete_all_cookies()
+    driver.get(base(live) + "/ui/login")
+    driver.find_element(By.ID, "key").send_keys(key)
+    submit(driver, "form[action='/ui/login'] button")
+
+
+def shoot(driver: Any, name: str) -> None:
+    """Save the page at 1280x800 and 390 px wide when MR_WEB_SCREENSHOTS names a folder."""
+    folder = os.environ.get("MR_WEB_SCREENSHOTS")
+    if not folder:
+        return
+    Path(folder).mkdir(parents=True, exist_ok=True)
+    for width, height, suffix in ((1280, 800, ""), (390, 844, "-390")):
+        driver.set_window_size(width, height)
+        driver.refresh()
+        driver.save_screenshot(str(Path(folder) / f"{name}{suffix}.png"))
+    driver.set_window_size(1280, 800)
+
+
+def chat(live: ThreadDaemon, key: str, words: int = 3) -> str:
+    async def go() -> str:
+        async with (
+            aiohttp.ClientSession() as s,
+            s.post(
+                f"{base(live)}/v1/chat/completions",
+                json={"model": "llama3", "messages": [{"role": "user", "content": "a " * words}], "max_tokens": 8},
+                headers={"Authorization": f"Bearer {key}"},
+            ) as resp,
+        ):
+            assert resp.status == 200, await resp.text()
+            return resp.headers["X-Request-Id"]
+
+    return str(live.call(go()))
+
+
+def test_admin_changes_a_weight_drains_a_backend_and_a_student_sees_only_their_own(
+    live: ThreadDaemon, browser: Any
+) -> None:
+    assert run(live, "backend", "add", "ws1", live.fake.url, "--engine", "ollama").exit_code == 0
+    assert run(live, "user", "add", "alice", "--group", "student").exit_code == 0
+    assert run(live, "user", "add", "bob", "--group", "faculty").exit_code == 0
+    alice = run(live, "user", "key", "alice", "--json").json()["key"]
+    bob = run(live, "user", "key", "bob", "--json").json()["key"]
+    assert run(live, "user", "set-quota", "bob", "--tokens-per-day", "424242").exit_code == 0
+    assert run(live, "user", "set-quota", "alice", "--tokens-per-day", "50000").exit_code == 0
+    chat(live, alice)
+    rid = chat(live, bob, 40)
+
+    # An admin logs in with the admin key and sets the student group's weight.
+    log_in(browser, live, ADMIN_KEY)
+    assert browser.current_url.endswith("/ui/admin/top")
+    shoot(browser, "live")
+    browser.get(base(live) + "/ui/admin/groups")
+    field = browser.find_element(By.CSS_SELECTOR, "#group-student input[name=weight]")
+    field.clear()
+    field.send_keys("1.5")
+    submit(browser, "#group-student button")
+    assert "group student now weighs 1.5" in browser.find_element(By.CSS_SELECTOR, ".flash.ok").text
+    groups = {g["name"]: g["scheduler_weight"] for g in run(live, "group", "list", "--json").json()}
+    assert groups["student"] == 1.5
+    shoot(browser, "groups")
+
+    # Drains a backend: `mr backend list` shows it.
+    browser.get(base(live) + "/ui/admin/backends")
+    submit(browser, "#backend-ws1 button")
+    assert "backend ws1 is" in browser.find_element(By.CSS_SELECTOR, ".flash.ok").text
+    status = {b["name"]: b["status"] for b in run(live, "backend", "list", "--json").json()}
+    assert status["ws1"] in ("draining", "disabled")
+    shoot(browser, "backends")
+    submit(browser, "#backend-ws1 button")
+    assert {b["name"]: b["status"] for b in run(live, "backend", "list", "--json").json()}["ws1"] == "healthy"
+
+    browser.get(base(live) + "/ui/admin/users/bob")
+    shoot(browser, "user")
+    browser.get(base(live) + f"/ui/admin/decisions/{rid}")
+    assert "went to ws1" in browser.find_element(By.TAG_NAME, "main").text
+    shoot(browser, "why")
+
+    # A student sees their own figures and nothing of bob's.
+    log_in(browser, live, alice)
+    assert browser.current_url.endswith("/ui/me")
+    text = browser.find_element(By.TAG_NAME, "body").text
+    assert "alice" in text and "50000" in text
+    assert "bob" not in text and "424242" not in text and "faculty" not in text
+    browser.get(base(live) + "/ui/admin/users")
+    assert "for admins" in browser.find_element(By.TAG_NAME, "body").text
+    browser.get(base(live) + "/ui/me")
+    shoot(browser, "me")
+    browser.delete_all_cookies()
+    browser.get(base(live) + "/ui/login")
+    shoot(browser, "login")
