@@ -86,8 +86,16 @@ def test_seed_priority_formula():
 
 
 def test_cost_is_configurable():
-    assert SchedulerSettings().cost(100, 50) == 150
+    assert SchedulerSettings(prompt_token_cost=1, completion_token_cost=1).cost(100, 50) == 150
     assert SchedulerSettings(prompt_token_cost=1, completion_token_cost=2).cost(100, 50) == 200
+
+
+@pytest.mark.parametrize("name", ["prompt_token_cost", "completion_token_cost"])
+@pytest.mark.parametrize("value", [0, -1, math.inf, math.nan])
+def test_a_token_cost_that_is_not_positive_is_refused_in_one_sentence(name, value):
+    with pytest.raises(ValueError, match=f"^{name} must be a finite number greater than 0") as info:
+        SchedulerSettings(**{name: value})
+    assert "such as" in str(info.value)
 
 
 # -- priorities ----------------------------------------------------------------

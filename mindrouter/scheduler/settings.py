@@ -116,6 +116,10 @@ class SchedulerSettings:
     def __post_init__(self) -> None:
         if self.shares not in SHARES:
             raise ValueError(f'shares must be "user" or "group", not {self.shares!r}')
+        for name in ("prompt_token_cost", "completion_token_cost"):
+            value = getattr(self, name)
+            if not (math.isfinite(value) and value > 0):
+                raise ValueError(f"{name} must be a finite number greater than 0, such as 1 or 2, not {value!r}")
 
     def cost(self, prompt_tokens: float, completion_tokens: float) -> float:
         """The fair-share cost of a request."""
