@@ -248,7 +248,7 @@ def scenario_2_order(threshold: float) -> list[str]:
     s = make(SchedulerSettings(heavy_refresh_interval=0.0, return_credit=100, deprioritize_threshold=threshold))
     s.set_user("heavy", 1)
     s.set_user("light", 1)
-    s.add_usage("light", 100, 0, "llama3")  # not alone in the window: heavy holds 90% of it
+    s.add_usage("light", 100, 0, 0, "llama3")  # not alone in the window: heavy holds 90% of it
     for t in range(1, 10):
         served(s, "heavy", 100, t)
     for _ in range(6):
@@ -583,10 +583,10 @@ def test_a_user_alone_in_the_window_is_not_heavy():
     s = make(SchedulerSettings(heavy_refresh_interval=0.0))
     s.set_user("solo", 1)
     s.set_user("idle", 1)
-    s.add_usage("solo", 2000, 0, "llama3")
+    s.add_usage("solo", 2000, 0, 0, "llama3")
     s.dispatch(1.0)
     assert s.share(1.0).user("solo").factor == 1.0
-    s.add_usage("idle", 10, 1.0, "llama3")
+    s.add_usage("idle", 10, 0, 1.0, "llama3")
     s.dispatch(2.0)
     assert s.share(2.0).user("solo").factor == pytest.approx(0.1)
 
@@ -596,7 +596,7 @@ def heavy_factor_of(usage: dict[str, tuple[float, int]]) -> dict[str, float]:
     s = make(SchedulerSettings(heavy_refresh_interval=0.0, return_credit=100))
     for name, (tokens, weight) in usage.items():
         s.set_user(name, weight)
-        s.add_usage(name, tokens, 0, "llama3")
+        s.add_usage(name, tokens, 0, 0, "llama3")
     s.dispatch(1.0)
     return {name: s.share(1.0).user(name).factor for name in usage}
 

@@ -75,7 +75,7 @@ class SchedulerSettings:
     """Queued jobs one user may hold; more are refused with 429."""
     prompt_token_cost: float = 1.0
     """Fair-share cost of one prompt token."""
-    completion_token_cost: float = 1.0
+    completion_token_cost: float = 2.0
     """Fair-share cost of one completion token."""
     shares: str = "user"
     """How weights divide a pool: "user" (each user weighs its weight) or "group" (Slurm-style:

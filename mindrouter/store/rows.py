@@ -143,7 +143,8 @@ class BackendRow:
 
 class UsageRow(NamedTuple):
     user_id: int
-    tokens: int
+    prompt_tokens: int
+    completion_tokens: int
     at: float
     model: str
 
