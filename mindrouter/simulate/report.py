@@ -332,8 +332,7 @@ def render(result: dict[str, Any], console: Console, *, wall_seconds: float | No
     )
     table.add_column("user", no_wrap=True)
     table.add_column("group (w)", no_wrap=True)
-    headers = ("target", "share", "tokens", "units", "GPU s", "GPU %", "reqs", "wait p50", "p95", "max", "starved")
-    for header in (*headers, "timeouts"):
+    for header in ("target", "share", "tokens", "reqs", "wait p50", "p95", "max", "starved", "timeouts"):
         table.add_column(header, justify="right", no_wrap=True)
     for row in result["users"]:
         group = f"{row['group']} ({row['weight']:g})" if row["group"] else f"({row['weight']:g})"
@@ -343,9 +342,6 @@ def render(result: dict[str, Any], console: Console, *, wall_seconds: float | No
             _pct(row["target_share"]),
             _pct(row["share"]),
             f"{row['tokens']:,}",
-            f"{row['service_units']:,}",
-            f"{row['gpu_seconds']:,.0f}",
-            _pct(row["gpu_share"]),
             f"{row['requests']:,}",
             _sec(row["wait_p50"]),
             _sec(row["wait_p95"]),
@@ -370,6 +366,15 @@ def render(result: dict[str, Any], console: Console, *, wall_seconds: float | No
             f"; worst 60 s window {100 * worst['deviation']:.1f} points off ({worst['user']} at t={worst['start']:g})"
         )
     console.print(line + ". Tokens count as generated.")
+    console.print(
+        "Service units and GPU time (seconds holding a slot): "
+        + "; ".join(
+            f"{r['name']} {r['service_units']:,} ({_pct(r['service_share'])}), "
+            f"{r['gpu_seconds']:,.0f} s ({_pct(r['gpu_share'])})"
+            for r in result["users"]
+        )
+        + "."
+    )
     if len(result["pools"]) > 1:
         for pool in result["pools"]:
             shares = ", ".join(
