@@ -423,6 +423,8 @@ def test_why_explains_priority_and_scores(fake: FakeDaemon) -> None:
     assert re.search(r"ws2\s+-20.2\s+12.5\s+0.8\s+7\s+20.2\s+0\s+n/a\s+36.5\s+0", out)
     assert "ws2 lost: it would have to load the model or wait for a slot (+12.5 s)" in out
     assert "ws2 would evict coder" in out
+    assert re.search(r"recent tokens\s+30,?000|recent tokens\s+30(\.0)?k", out), out
+    assert re.search(r"recent units\s+52,?000|recent units\s+52(\.0)?k", out), out
     assert re.search(r"old\s+model not available; unhealthy", out)  # id 3 shown by name
     data = mr("why", "req-1", "--json").json()
     assert data["priority"]["priority"] == -300.1 and data["backend_names"]["3"] == "old"

@@ -44,6 +44,7 @@ def decision(
         "user_weight": 3.0,
         "user_group": group,
         "user_recent_usage": 30000,
+        "user_recent_units": 52000,
         "user_id": 7,
         "user": user,
         "model": "llama3.2",

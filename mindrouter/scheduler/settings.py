@@ -60,7 +60,7 @@ class SchedulerSettings:
     fairness_window: float = 300.0
     """Seconds of recent usage that decide who is a heavy user."""
     deprioritize_threshold: float = 0.5
-    """A user holding more than this fraction of recent tokens is deprioritized."""
+    """A user holding more than this fraction of recent service units (per unit of weight) is deprioritized."""
     min_deprioritization: float = 0.1
     """The deprioritization factor never goes below this."""
     credit_rate: float = 1.0
