@@ -531,7 +531,7 @@ def test_everything_survives_restart(path: Path) -> None:
     with Store(path) as s:
         assert s.export() == before
         assert s.user_for_key(key).name == "alice"
-        assert s.recent_usage(0) == [(1, 7, 50.0, "m")]
+        assert s.recent_usage(0) == [(1, 3, 4, 50.0, "m")]
         assert s.get_decision("req1") == decision(1)
 
 
@@ -571,7 +571,7 @@ def test_sigkill_loses_nothing_that_returned(path: Path) -> None:
         assert s.user_for_key(key).name == "alice"
         assert s.get_backend("gpu1").engine == "ollama"
         usage = s.recent_usage(0)
-        assert len(usage) == 100 and usage[-1] == (1, 100, 1099.0, "llama3")
+        assert len(usage) == 100 and (usage[-1].user_id, usage[-1].tokens, usage[-1].at) == (1, 100, 1099.0)
         assert s.get_decision("last") is not None
 
 

@@ -148,6 +148,10 @@ class UsageRow(NamedTuple):
     at: float
     model: str
 
+    @property
+    def tokens(self) -> int:
+        return self.prompt_tokens + self.completion_tokens
+
 
 @dataclass(frozen=True, slots=True)
 class UsageTotal:
