@@ -505,3 +505,20 @@ def test_service_gap_matches_a_brute_force_replay(change):
                         base[(a, b)] = right[a] - right[b]
         assert gap > 0
         assert tracker.max == pytest.approx(gap, abs=1e-3)
+
+
+def test_equal_prompt_and_answer_mixes_share_alike_at_any_token_costs():
+    """Scenario 3's users all send 200/300: the answer-token cost moves no share, and GPU time follows tokens."""
+    sc = load_example("scenario3").replace(duration=600)
+    results = [
+        build(simulate(sc.replace(settings=dataclasses.replace(sc.settings, completion_token_cost=cost))))
+        for cost in (1.0, 2.0)
+    ]
+    assert [[(u["name"], u["share"]) for u in r["users"]] for r in results][0] == [
+        (u["name"], u["share"]) for u in results[1]["users"]
+    ]
+    for user in results[1]["users"]:  # not to the last digit: the answers still streaming at the end are partial
+        assert user["service_share"] == pytest.approx(user["share"], abs=1e-4)
+        assert user["gpu_share"] == pytest.approx(user["share"], abs=0.01)
+        assert user["service_units"] == pytest.approx(user["tokens"] * (200 + 2 * 300) / 500, rel=0.01)
+    assert [u["share"] for u in results[1]["users"]] == pytest.approx([1 / 2, 1 / 3, 1 / 6], abs=0.005)
