@@ -514,9 +514,8 @@ def test_equal_prompt_and_answer_mixes_share_alike_at_any_token_costs():
         build(simulate(sc.replace(settings=dataclasses.replace(sc.settings, completion_token_cost=cost))))
         for cost in (1.0, 2.0)
     ]
-    assert [[(u["name"], u["share"]) for u in r["users"]] for r in results][0] == [
-        (u["name"], u["share"]) for u in results[1]["users"]
-    ]
+    at_1, at_2 = ([(u["name"], u["share"]) for u in r["users"]] for r in results)
+    assert at_1 == at_2
     for user in results[1]["users"]:  # not to the last digit: the answers still streaming at the end are partial
         assert user["service_share"] == pytest.approx(user["share"], abs=1e-4)
         assert user["gpu_share"] == pytest.approx(user["share"], abs=0.01)
