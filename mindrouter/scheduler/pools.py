@@ -263,7 +263,7 @@ class Pool:
             self.recent_total += units
 
     def usage_fraction(self, seat: Seat) -> float:
-        """Recent tokens per unit of weight, as a part of that sum over the seats active in the window.
+        """Recent service units per unit of weight, as a part of that sum over the seats active in the window.
 
         With equal weights this is the seed's ``user_recent_tokens / global_recent_tokens``;
         a weight-10 user using its 91% next to a weight-1 user stands at 0.5. The sum is
