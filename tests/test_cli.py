@@ -355,9 +355,10 @@ def test_share_like_sshare(fake: FakeDaemon) -> None:
     lines = run.stdout.splitlines()
     faculty = next(i for i, line in enumerate(lines) if line.lstrip().startswith("faculty"))
     assert lines[faculty + 1].lstrip().startswith("alice")  # users under their group
-    assert re.search(r"alice\s+3\s+60.0%\s+30.0k\s+71.4%\s+-1,000\s+0.57\s+2\s+1", run.stdout)
+    assert re.search(r"alice\s+3\s+60.0%\s+30.0k\s+71.4%\s+52.0k\s+74.3%\s+-1,000\s+0.57\s+2\s+1", run.stdout)
+    assert "(42.0k tokens, 70.0k service units)" in run.stdout
     assert "burst" not in run.stdout  # the same for everyone: it never reorders anyone
-    for header in ("weight", "norm share", "recent tokens", "actual share", "deficit", "factor"):
+    for header in ("weight", "norm share", "recent tokens", "actual share", "recent units", "unit share", "deficit"):
         assert header in run.stdout
     data = mr("share", "--json").json()
     assert {"groups", "users", "window_seconds"} <= set(data)
@@ -423,6 +424,8 @@ def test_why_explains_priority_and_scores(fake: FakeDaemon) -> None:
     assert re.search(r"ws2\s+-20.2\s+12.5\s+0.8\s+7\s+20.2\s+0\s+n/a\s+36.5\s+0", out)
     assert "ws2 lost: it would have to load the model or wait for a slot (+12.5 s)" in out
     assert "ws2 would evict coder" in out
+    assert re.search(r"recent tokens\s+30,?000|recent tokens\s+30(\.0)?k", out), out
+    assert re.search(r"recent units\s+52,?000|recent units\s+52(\.0)?k", out), out
     assert re.search(r"old\s+model not available; unhealthy", out)  # id 3 shown by name
     data = mr("why", "req-1", "--json").json()
     assert data["priority"]["priority"] == -300.1 and data["backend_names"]["3"] == "old"

@@ -135,8 +135,10 @@ def test_every_command_against_a_running_daemon(live: ThreadDaemon) -> None:
     assert queue["queue"]["total"] == 0 and queue["fair_share"]["global_recent_tokens"] == 6
     share = run(live, "share", "--json").json()
     alice = next(u for u in share["users"] if u["name"] == "alice")
-    # A newcomer stands one typical request (256) above the reference; it used 6 since.
-    assert alice["recent_tokens"] == 6 and alice["actual_share"] == 1.0 and alice["deficit"] == 256 - 6
+    # A newcomer stands one typical request (256 answer tokens at 2 units each) above the reference; it used
+    # 6 tokens since (3 prompt tokens and 3 answer tokens: 9 service units).
+    assert alice["recent_tokens"] == 6 and alice["actual_share"] == 1.0 and alice["deficit"] == 2 * 256 - 9
+    assert alice["recent_units"] == 9 and alice["unit_share"] == 1.0 and share["global_recent_units"] == 9
     lines = run(live, "decisions", "--json", "--limit", "5").stdout.strip().splitlines()
     record = json.loads(lines[-1])
     assert record["request_id"] == rid and record["selected_backend"] == "ws1"

@@ -44,6 +44,7 @@ def decision(
         "user_weight": 3.0,
         "user_group": group,
         "user_recent_usage": 30000,
+        "user_recent_units": 52000,
         "user_id": 7,
         "user": user,
         "model": "llama3.2",
@@ -280,6 +281,7 @@ class FakeDaemon:
         return {
             "window_seconds": 300.0,
             "global_recent_tokens": 42000,
+            "global_recent_units": 70000,
             "groups": [
                 {
                     "name": "faculty",
@@ -306,6 +308,8 @@ class FakeDaemon:
                     "normalized_share": 0.6,
                     "recent_tokens": 30000,
                     "actual_share": 0.7143,
+                    "recent_units": 52000,
+                    "unit_share": 0.7429,
                     "deficit": -1000.0,
                     "burst_credits": 30.0,
                     "factor": 0.57,

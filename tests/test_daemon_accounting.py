@@ -180,12 +180,14 @@ async def test_me_shows_only_the_callers_own_data(daemon):
         me = json.loads(text)
         assert (me["user"], me["group"]) == ("alice", "staff")
         assert (me["today"]["requests"], me["today"]["prompt_tokens"], me["today"]["completion_tokens"]) == (1, 3, 5)
+        assert me["today"]["service_units"] == me["month"]["service_units"] == 3 + 2 * 5  # tokens and units apart
         assert me["month"]["requests"] == 1 and me["timezone"]
         assert [(q["subject"], q["name"], q["kind"], q["used"]) for q in me["quotas"]] == [
             ("group", "staff", "tokens_per_month", 8)
         ]
         share = me["fair_share"]
         assert share["weight"] == 2 and share["recent_tokens"] == 8 and share["position"] in (1, 2)
+        assert share["recent_units"] == 3 + 2 * 5
         assert share["active_users"] == 2
         mine = await (await daemon.client.get("/v1/me", headers={"Authorization": f"Bearer {bob}"})).json()
         assert mine["today"]["completion_tokens"] == 7 and mine["quotas"][0]["name"] == "bob-secret"

@@ -147,6 +147,7 @@ def test_entries_with_one_name_are_phases_of_one_user():
         (lambda t: t + "[scheduler]\ngroup_weights = 1\n", "unknown key [scheduler] group_weights"),
         (lambda t: t + "[scheduler]\nshares = 'team'\n", '[scheduler] shares must be "user" or "group"'),
         (lambda t: t + "[scheduler]\nshares = 1\n", "[scheduler] shares must be a string"),
+        (lambda t: t + "[scheduler]\nprompt_token_cost = 0\n", "[scheduler] prompt_token_cost must be a finite number"),
         (lambda t: t + "[scheduler.scores]\nloaded = 1\n", "unknown key [scheduler.scores] loaded"),
         (lambda t: t.replace("duration = 600", "duration = = 600"), "is not valid TOML"),
         (

@@ -28,6 +28,8 @@ HEADERS = [
     "norm share",
     "recent tokens",
     "actual share",
+    "recent units",
+    "unit share",
     "deficit",
     "factor",
     "queued",
@@ -60,7 +62,8 @@ def share_table(data: dict[str, Any]) -> Table:
         header_style="bold",
         pad_edge=False,
         title=f"fair share over the last {fmt_duration(data.get('window_seconds'))} "
-        f"({fmt_tokens(data.get('global_recent_tokens'))} tokens)"
+        f"({fmt_tokens(data.get('global_recent_tokens'))} tokens, "
+        f"{fmt_tokens(data.get('global_recent_units'))} service units)"
         + ("; group shares: a group's weight is split among its active users" if data.get("shares") == "group" else ""),
         title_justify="left",
         title_style="bold",
@@ -75,6 +78,8 @@ def share_table(data: dict[str, Any]) -> Table:
                 fmt_pct(row.get("normalized_share"), 1),
                 fmt_tokens(row.get("recent_tokens")),
                 fmt_pct(row.get("actual_share"), 1),
+                fmt_tokens(row.get("recent_units")),
+                fmt_pct(row.get("unit_share"), 1),
                 "",
                 "",
                 "",
@@ -88,6 +93,8 @@ def share_table(data: dict[str, Any]) -> Table:
                 fmt_pct(row.get("normalized_share"), 1),
                 fmt_tokens(row.get("recent_tokens")),
                 fmt_pct(row.get("actual_share"), 1),
+                fmt_tokens(row.get("recent_units")),
+                fmt_pct(row.get("unit_share"), 1),
                 fmt_num(row.get("deficit"), 0),
                 factor_text(row.get("factor")),
                 fmt_num(row.get("queued")),
@@ -104,7 +111,10 @@ def share(ctx: typer.Context, json: JsonOption = False, config: ConfigOption = N
 
     norm share is what the weights entitle one to; actual share is what they
     used over the fairness window. A factor below 1 means deprioritized for
-    heavy recent use; deficit is tokens owed next to the most-owed waiting user.
+    heavy recent use; deficit is service units owed next to the most-owed waiting
+    user. Service units weigh prompt and answer tokens by [scheduler]
+    prompt_token_cost and completion_token_cost; fair share counts them, quotas
+    count tokens.
     With [scheduler] shares = "group", a group's weight is its share and its
     users split it.
 

@@ -35,7 +35,7 @@ from ._output import (
 
 __all__ = ["quota_text", "register", "set_quota"]
 
-_SUMS = ("requests", "prompt_tokens", "completion_tokens", "gpu_seconds")
+_SUMS = ("requests", "prompt_tokens", "completion_tokens", "gpu_seconds", "service_units")
 _SHORT = {"tokens_per_day": "day", "tokens_per_month": "month", "requests_per_minute": "req/min"}
 
 
@@ -54,6 +54,7 @@ def _columns(by: list[str]) -> list[Column]:
         Column("prompt_tokens", "prompt tokens", fmt=fmt_tokens, justify="right"),
         Column("completion_tokens", "completion tokens", fmt=fmt_tokens, justify="right"),
         Column("gpu_seconds", "GPU time", fmt=_gpu_time, justify="right"),
+        Column("service_units", "service units", fmt=fmt_tokens, justify="right"),
     ]
 
 
@@ -93,7 +94,9 @@ def usage(
     """Show requests, tokens and GPU time, grouped and totalled, like Slurm's sreport.
 
     Days, weeks (from Monday) and months are the server's local calendar.
-    GPU time is how long requests held a backend slot.
+    GPU time is how long requests held a backend slot. Service units are the
+    tokens at the [scheduler] prompt_token_cost and completion_token_cost in
+    effect now: what fair share counts (quotas count tokens).
 
     Example: mr usage --by group,model --since 2026-11-01 --until 2026-12-01 --csv
     """

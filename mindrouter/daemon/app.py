@@ -212,7 +212,7 @@ def _restore_usage(store: Store, scheduler: Scheduler, config: Config) -> None:
     wall, mono = time.time(), time.monotonic()
     rows = store.recent_usage(wall - config.scheduler.fairness_window)
     for row in rows:
-        scheduler.add_usage(row.user_id, row.tokens, mono - (wall - row.at), row.model)
+        scheduler.add_usage(row.user_id, row.prompt_tokens, row.completion_tokens, mono - (wall - row.at), row.model)
     if rows:
         log.info(
             "restored %d usage records from the last %.0f s for fair share", len(rows), config.scheduler.fairness_window

@@ -72,7 +72,8 @@ class Scheduler(JobOutcomes, CoreReading):
         self._excluded: dict[str, set[Hashable]] = {}
         self._attempts: dict[str, int] = {}
         self._heavy_keyed: dict[frozenset, tuple[float, float]] = {}
-        self._usage_backlog: dict[str, list[tuple[Hashable, float, float]]] = {}
+        self._usage_backlog: dict[str, list[tuple[Hashable, float, float, float]]] = {}
+        """Restored usage by model, as (user id, prompt tokens, completion tokens, at), until its pool exists."""
         self._unstartable: list[tuple[Job, Exception]] = []
         self._seq = 0
         self._wait_rate = settings.wait_bonus_per_second
@@ -192,11 +193,11 @@ class Scheduler(JobOutcomes, CoreReading):
         pool = self._class_pool.get(key)
         if pool is None:
             pool = self._class_pool[key] = self.fair.pool(self.classes.get(key).pool)
-            for uid, tokens, at in self._usage_backlog.pop(key[0], ()) if pool.key else ():
-                self.fair.add_usage(uid, tokens, at, pool.key)
+            for uid, prompt, completion, at in self._usage_backlog.pop(key[0], ()) if pool.key else ():
+                self.fair.add_usage(uid, prompt, completion, at, pool.key)
         return pool
 
-    def add_usage(self, user_id: Hashable, tokens: float, at: float, model: str) -> None:
+    def add_usage(self, user_id: Hashable, prompt: float, completion: float, at: float, model: str) -> None:
         """Replay usage from before a restart (``at`` on the caller's clock) into ``model``'s pool.
 
         Backends are usually not known yet at that point, so the usage waits until
@@ -204,9 +205,9 @@ class Scheduler(JobOutcomes, CoreReading):
         """
         key = (model, Modality.CHAT, False)
         if self.classes.get(key).candidates:
-            self.fair.add_usage(user_id, tokens, at, self._pool(key).key)
+            self.fair.add_usage(user_id, prompt, completion, at, self._pool(key).key)
         else:
-            self._usage_backlog.setdefault(model, []).append((user_id, tokens, at))
+            self._usage_backlog.setdefault(model, []).append((user_id, prompt, completion, at))
 
     # -- submitting --------------------------------------------------------
 
@@ -385,7 +386,8 @@ class Scheduler(JobOutcomes, CoreReading):
             user_id=user.id,
             user_name=user.name,
             user_group=user.group,
-            user_recent_usage=seat.recent,
+            user_recent_usage=seat.recent_tokens,
+            user_recent_units=seat.recent,
             queue_wait=now - job.submitted_at,
             selected_backend_id=backend_id,
             candidates=rows,

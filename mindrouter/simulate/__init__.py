@@ -103,7 +103,12 @@ models are each owed all of their own pool.
   request of this user sat through while the slots went to others; 0 means it
   always got the next freed slot), ``backlogged_seconds``,
   ``deprioritized_seconds`` and ``min_factor``. ``target_share`` is the sum of
-  the user's targets in every pool over all tokens.
+  the user's targets in every pool over all tokens. Beside tokens:
+  ``service_units`` and ``service_share`` (its tokens at the scenario's
+  ``prompt_token_cost`` and ``completion_token_cost``, as generated: what fair
+  share charges) and ``gpu_seconds`` and ``gpu_share`` (seconds its requests
+  held a backend slot, from dispatch to the last token, as a backend's
+  utilization counts them). The table prints these on a line under it.
 - ``pools``: one object per pool: ``backends``, ``models``, ``slots``,
   ``users`` (who sent requests there), ``tokens``, ``shares`` and
   ``target_shares`` over the run, ``max_service_gap`` (``_pair``, ``_at``),

@@ -315,6 +315,7 @@ class _Sim(Lifecycle):
         for req in self.reqs.values():
             if req.dispatched is not None:
                 self.backends[req.backend].slot_seconds += end - req.dispatched  # type: ignore[index]
+                self.users[req.user].gpu_seconds += end - req.dispatched
         for name, station in self.stations.items():
             backend = self.backends[name]
             backend.loads, backend.load_seconds = station.loads, station.load_seconds

@@ -146,7 +146,9 @@ class Lifecycle:
         stats.completion_tokens += req.completion
         backend.busy -= 1
         backend.tokens += req.prompt + req.completion
-        backend.slot_seconds += min(now, self.sc.duration) - req.dispatched
+        held = min(now, self.sc.duration) - req.dispatched
+        backend.slot_seconds += held
+        user.gpu_seconds += held
         self.freed_models.update(backend.spec.models)
         station.finish(stream, now)
         if backend.spec.ollama:  # as Ollama's last chunk: load_duration, prompt_eval_duration, eval_duration

@@ -140,6 +140,11 @@ class Pool:
     def tokens(self, u: int, t: float) -> float:
         return self.prompt_done[u] + self.c_base[u] + self.c_rate[u] * t
 
+    def service(self, u: int, t: float) -> float:
+        """Service units of ``u`` by ``t``: its tokens at the prompt and completion costs."""
+        a, b = self._cost_line(u)
+        return a + b * t
+
     def _cost_line(self, u: int) -> tuple[float, float]:
         """Service in cost units as ``a + b * t``."""
         return self.pc * self.prompt_done[u] + self.cc * self.c_base[u], self.cc * self.c_rate[u]

@@ -79,6 +79,8 @@ class UserRun:
     running: int = 0
     completed: int = 0
     completed_tokens: int = 0
+    gpu_seconds: float = 0.0
+    """Seconds its requests held a backend slot (dispatch to last token, as a backend's ``slot_seconds``)."""
     timed_out: int = 0
     rejected: int = 0
     waits: list[float] = field(default_factory=list)
@@ -134,6 +136,10 @@ class UserRun:
 
     def tokens(self, t: float) -> float:
         return sum(pool.tokens(self.index, t) for pool in self.pools)
+
+    def service_units(self, t: float) -> float:
+        """Its service by ``t`` at the run's prompt and completion token costs, as generated."""
+        return sum(pool.service(self.index, t) for pool in self.pools)
 
     def target(self) -> float:
         return sum(pool.target[self.index] for pool in self.pools)
