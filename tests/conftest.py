@@ -2,14 +2,16 @@
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import dataclasses
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from pathlib import Path
 from typing import Any
 
 import pytest
 from aiohttp import web
-from aiohttp.test_utils import TestServer
+from aiohttp.test_utils import TestClient, TestServer
 from yarl import URL
 
 from mindrouter.config import BackendSettings, Config, ServerSettings
@@ -117,6 +119,52 @@ class FrontDoorServer(TestServer):
         if self.doors is not None and not self.closed:
             await self.doors.close(1.0)
         await super().close()
+
+
+@dataclasses.dataclass
+class ServedDaemon:
+    """A daemon served on a TCP port as ``mr serve`` serves it, with backend "gpu" and user "ann" (key ``key``)."""
+
+    app: web.Application
+    port: int
+    key: str
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+
+@contextlib.asynccontextmanager
+async def serve_daemon(
+    tmp_path: Path, fake_url: str, engine: str, *, max_concurrent: int = 1, **server: Any
+) -> AsyncIterator[ServedDaemon]:
+    """Serve a daemon whose one backend (``max_concurrent`` slots) is ``fake_url``; ``server`` overrides settings."""
+    config = daemon_config(tmp_path)
+    config = dataclasses.replace(config, server=dataclasses.replace(config.server, **server))
+    app = await create_app(config, nvml=FakeNvml(init_error=FakeNvml.NVML_ERROR_LIBRARY_NOT_FOUND))
+    served = FrontDoorServer(app, config)
+    await served.start_server()
+    try:
+        async with TestClient(served) as client:
+            admin = {"Authorization": f"Bearer {ADMIN_KEY}"}
+            backend = {"name": "gpu", "url": fake_url, "engine": engine, "max_concurrent": max_concurrent}
+            for path, body in (("/admin/backends", backend), ("/admin/users", {"name": "ann", "group": "student"})):
+                async with client.post(path, json=body, headers=admin) as r:
+                    assert r.status < 300, await r.text()
+            async with client.post("/admin/users/ann/keys", json={}, headers=admin) as r:
+                key = (await r.json())["key"]
+            yield ServedDaemon(app, served.port or 0, key)
+    finally:
+        await served.close()
+
+
+async def until(predicate: Callable[[], object], what: str, timeout: float = 10.0) -> None:
+    """Wait until ``predicate()`` is true; fail with ``what`` after ``timeout`` seconds."""
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + timeout
+    while not predicate():
+        assert loop.time() < deadline, what
+        await asyncio.sleep(0.02)
 
 
 @pytest.fixture
