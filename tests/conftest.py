@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import dataclasses
+import inspect
 from collections.abc import AsyncIterator, Callable
 from pathlib import Path
 from typing import Any
@@ -12,11 +13,9 @@ from typing import Any
 import pytest
 from aiohttp import web
 from aiohttp.test_utils import TestClient, TestServer
-from yarl import URL
 
 from mindrouter.config import BackendSettings, Config, ServerSettings
 from mindrouter.daemon.app import create_app, make_runner
-from mindrouter.daemon.frontdoor import FrontDoors
 from mindrouter.daemon.keys import REGISTRY, SCHEDULER
 from mindrouter.scheduler import SchedulerSettings
 
@@ -96,29 +95,15 @@ def daemon_config(tmp_path: Path, **scheduler: Any) -> Config:
     )
 
 
-class FrontDoorServer(TestServer):
-    """The app served as ``mr serve`` serves it: its runner, behind the front door (frontdoor.py)."""
+class ServeServer(TestServer):
+    """The app served as ``mr serve`` serves it: with the runner ``make_runner`` sets up."""
 
     def __init__(self, app: web.Application, config: Config) -> None:
         super().__init__(app)
         self.config = config
-        self.doors: FrontDoors | None = None
 
-    async def start_server(self, loop: Any = None, **kwargs: Any) -> None:
-        if self.runner:
-            return
-        self.runner = make_runner(self.app, self.config)
-        await self.runner.setup()
-        assert self.runner.server is not None
-        self.doors = FrontDoors(self.app, self.runner.server)
-        self.port = await self.doors.listen(self.host, 0, backlog=128)
-        self.scheme = "http"
-        self._root = URL(f"http://{self.host}:{self.port}")
-
-    async def close(self) -> None:
-        if self.doors is not None and not self.closed:
-            await self.doors.close(1.0)
-        await super().close()
+    async def _make_runner(self, **kwargs: Any) -> web.AppRunner:
+        return make_runner(self.app, self.config)
 
 
 @dataclasses.dataclass
@@ -126,8 +111,12 @@ class ServedDaemon:
     """A daemon served on a TCP port as ``mr serve`` serves it, with backend "gpu" and user "ann" (key ``key``)."""
 
     app: web.Application
-    port: int
+    server: TestServer
     key: str
+
+    @property
+    def port(self) -> int:
+        return self.server.port or 0
 
     @property
     def url(self) -> str:
@@ -136,13 +125,19 @@ class ServedDaemon:
 
 @contextlib.asynccontextmanager
 async def serve_daemon(
-    tmp_path: Path, fake_url: str, engine: str, *, max_concurrent: int = 1, **server: Any
+    tmp_path: Path,
+    fake_url: str,
+    engine: str,
+    *,
+    max_concurrent: int = 1,
+    scheduler: dict[str, Any] | None = None,
+    **server: Any,
 ) -> AsyncIterator[ServedDaemon]:
     """Serve a daemon whose one backend (``max_concurrent`` slots) is ``fake_url``; ``server`` overrides settings."""
-    config = daemon_config(tmp_path)
+    config = daemon_config(tmp_path, **(scheduler or {}))
     config = dataclasses.replace(config, server=dataclasses.replace(config.server, **server))
     app = await create_app(config, nvml=FakeNvml(init_error=FakeNvml.NVML_ERROR_LIBRARY_NOT_FOUND))
-    served = FrontDoorServer(app, config)
+    served = ServeServer(app, config)
     await served.start_server()
     try:
         async with TestClient(served) as client:
@@ -153,16 +148,21 @@ async def serve_daemon(
                     assert r.status < 300, await r.text()
             async with client.post("/admin/users/ann/keys", json={}, headers=admin) as r:
                 key = (await r.json())["key"]
-            yield ServedDaemon(app, served.port or 0, key)
+            yield ServedDaemon(app, served, key)
     finally:
         await served.close()
 
 
 async def until(predicate: Callable[[], object], what: str, timeout: float = 10.0) -> None:
-    """Wait until ``predicate()`` is true; fail with ``what`` after ``timeout`` seconds."""
+    """Wait until ``predicate()`` (or what it returns, awaited) is true; fail with ``what`` after ``timeout`` s."""
     loop = asyncio.get_running_loop()
     deadline = loop.time() + timeout
-    while not predicate():
+    while True:
+        result = predicate()
+        if inspect.isawaitable(result):
+            result = await result
+        if result:
+            return
         assert loop.time() < deadline, what
         await asyncio.sleep(0.02)
 
@@ -177,5 +177,5 @@ def nvml() -> FakeNvml:
 async def daemon(tmp_path: Path, aiohttp_client: Any, nvml: FakeNvml) -> AsyncIterator[Daemon]:
     config = daemon_config(tmp_path)
     app = await create_app(config, nvml=nvml)
-    client = await aiohttp_client(FrontDoorServer(app, config))
+    client = await aiohttp_client(ServeServer(app, config))
     yield Daemon(client, app, config)

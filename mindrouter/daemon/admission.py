@@ -1,11 +1,8 @@
 """Admission: from a request's path, headers and body to a queued job with its lease, or the refusal.
 
-One function for both doors a request can come through: the inference
-handler (aiohttp parsed the request) and the front door (a fresh
-connection's first request, read before aiohttp sees it, so that a request
-that has to wait can wait in a few KB; see ``frontdoor.py``). Admission runs
-once per request: authenticate, parse the body, name the person behind a
-proxy, check the quotas, and queue the job.
+Admission runs once per request, on what aiohttp parsed: authenticate, parse
+the body, name the person behind a proxy, check the quotas, and queue the job
+(or refuse it at once: a full queue is a 429 with ``Retry-After``).
 """
 
 from __future__ import annotations

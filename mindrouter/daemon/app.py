@@ -40,17 +40,14 @@ from .cors import setup_cors
 from .decisions import DecisionLog
 from .discover import discover_local_backends
 from .dispatcher import Dispatcher
-from .frontdoor import FrontDoors
 from .gpus import GpuState
 from .guard import guard_middleware
 from .inference import end_handlers, setup_inference_routes
 from .keys import (
-    ADMITTED,
     AUTH,
     CONFIG,
     DECISIONS,
     DISPATCHER,
-    DRAINS,
     GPUS,
     HANDLERS,
     QUOTAS,
@@ -151,7 +148,6 @@ async def create_app(config: Config, *, nvml: Any = None, discover: bool | None 
     app[DISPATCHER] = dispatcher
     app[REGISTRY] = registry
     app[AUTH] = Auth(store, new_people_per_hour=server.new_people_per_hour)
-    app[ADMITTED] = {}
     app[QUOTAS] = quotas
     app[STATS] = stats
     app[DECISIONS] = decisions
@@ -185,9 +181,8 @@ async def create_app(config: Config, *, nvml: Any = None, discover: bool | None 
     app.cleanup_ctx.append(decisions.flush_ctx)
     app.cleanup_ctx.append(dispatcher.timer_ctx)
     app.cleanup_ctx.append(gpus.poll_ctx)
-    app[DRAINS] = []
     app[HANDLERS] = {}
-    app.cleanup_ctx.append(_drained)  # the last set up, so the first torn down: before the resources close
+    app.on_shutdown.append(end_handlers)  # runs before the cleanup contexts close the resources
     setup_inference_routes(app)
     setup_catalog_routes(app)
     setup_cors(app, server.cors_origins)
@@ -196,11 +191,6 @@ async def create_app(config: Config, *, nvml: Any = None, discover: bool | None 
     app.on_response_prepare.append(add_quota_headers)
     setup_metrics(app)
     return app
-
-
-async def _drained(app: web.Application) -> AsyncIterator[None]:
-    yield
-    await asyncio.gather(*app[DRAINS], return_exceptions=True)
 
 
 def _restore_usage(store: Store, scheduler: Scheduler, config: Config) -> None:
@@ -292,10 +282,8 @@ async def _serve_app(config: Config, *, discover: bool | None) -> None:
     runner = make_runner(app, config)
     await runner.setup()
     socket_path = server.socket_path
-    assert runner.server is not None, "set up above"
-    doors = FrontDoors(app, runner.server)
     try:
-        await doors.listen(server.host, server.port, backlog=1024)
+        await web.TCPSite(runner, server.host, server.port, backlog=1024).start()
         old_umask = os.umask(0o177)
         try:
             unix = web.UnixSite(runner, str(socket_path))
@@ -331,10 +319,7 @@ async def _serve_app(config: Config, *, discover: bool | None) -> None:
             app[SCHEDULER].running_count,
         )
     finally:
-        # The front door's streams and aiohttp's handlers share one grace; the resources outlive both.
-        app[DRAINS].append(asyncio.create_task(doors.close(server.shutdown_grace_seconds)))
-        app[DRAINS].append(asyncio.create_task(end_handlers(app, server.shutdown_grace_seconds)))
-        await runner.cleanup()
+        await runner.cleanup()  # on_shutdown ends the handlers within the grace; then the resources close
         with contextlib.suppress(OSError):
             socket_path.unlink()
     log.info("stopped")

@@ -143,7 +143,7 @@ class Lease:
     # -- the request's life ------------------------------------------------
 
     def enter(self) -> Lease:
-        """Queue the job, once: ``async with`` does it, or the front door before aiohttp sees the request.
+        """Queue the job, once: admission does it, so that a refusal comes before the handler goes on.
 
         Raises:
             RequestError: the core refused the job (the lease has settled as rejected).
@@ -163,11 +163,6 @@ class Lease:
     def queued(self) -> bool:
         """The job is waiting for a slot (a streaming handler may send headers now)."""
         return self._future is not None and not self._future.done()
-
-    def when_ready(self, callback: Callable[[], None]) -> None:
-        """Call ``callback`` once the queue is done with the job: it has a slot, or it timed out."""
-        assert self._future is not None, "enter() first"
-        self._future.add_done_callback(lambda _future: callback())
 
     async def open(self, heartbeat: Callable[[], Awaitable[None]] | None = None, every: float = 2.0) -> Upstream:
         """Wait for a slot and open the answer there, failing over before the first byte.
@@ -321,20 +316,13 @@ class Lease:
         prompt, completion = self._used()
         self._settle(outcome, upstream.error, upstream.status, prompt, completion)
 
-    def leave(self) -> None:
-        """The client left before the answer was opened (the front door saw its connection close)."""
-        self._end_unopened(Outcome.CLIENT_GONE, "the client went away", 499)
-
     def withdraw(self, refusal: RequestError) -> None:
         """The daemon ends a request that is still queued (it is shutting down); the client gets ``refusal``."""
-        self._end_unopened(Outcome.REJECTED, refusal.message, refusal.status)
-
-    def _end_unopened(self, outcome: Outcome, reason: str, status: int) -> None:
         if self._settled:
             return
         assert self.upstream is None, "an opened lease ends in `async with`"
         self.dispatcher.abandon(self.job.id, prompt_tokens=0)
-        self._settle(outcome, reason, status)
+        self._settle(Outcome.REJECTED, refusal.message, refusal.status)
 
     async def __aexit__(self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: Any) -> None:
         upstream = self.upstream
