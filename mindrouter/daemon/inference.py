@@ -123,7 +123,7 @@ async def end_handlers(app: web.Application) -> None:
 
 def _shutdown_tail(app: web.Application, rid: str, lease: Lease, dialect: Dialect) -> bytes:
     """The error ending of a stream the shutdown cuts: a queued job is withdrawn, a running one was cut."""
-    if lease.queued:
+    if lease.upstream is None:  # never answered: it waited (``end_handlers`` withdrew it already)
         lease.withdraw(SHUTTING_DOWN)
         message = SHUTTING_DOWN.message
     else:
@@ -158,7 +158,7 @@ async def _pour(lease: Lease, upstream: Upstream, write: Write, dialect: Dialect
 def _waiting_headers(lease: Lease, dialect: str) -> dict[str, str]:
     """The headers a stream gets at once when it has to wait: its type, id and queue position."""
     headers = {"Content-Type": _CONTENT_TYPES[dialect], "X-Request-Id": lease.job.id, "Cache-Control": "no-cache"}
-    position = lease.dispatcher.scheduler.queue_position(lease.job.id)
+    position = lease.position()
     if position is not None:
         headers["X-Queue-Position"] = str(position[0])
         headers["X-Queue-Length"] = str(position[1])
@@ -175,10 +175,9 @@ def _position_teller(write: Write, lease: Lease, dialect: str) -> Callable[[], A
     """OpenAI streams get an SSE comment with their queue position every 2 s; NDJSON has no comments."""
     if dialect != "openai":
         return None
-    scheduler = lease.dispatcher.scheduler
 
     async def tell() -> None:
-        position = scheduler.queue_position(lease.job.id)
+        position = lease.position()
         if position is not None:
             await write(f": queued position={position[0]} queue_length={position[1]}\n\n".encode())
 
