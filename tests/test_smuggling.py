@@ -101,6 +101,16 @@ def cases(key: str) -> dict[str, bytes]:
 CASES = list(cases("k"))
 
 
+def assert_answered_as_ours(received: bytes) -> None:
+    """One JSON error in the OpenAI shape, with a request id, and no version banner."""
+    head, _, body = received.partition(b"\r\n\r\n")
+    assert re.search(rb"\r\nX-Request-Id: mr-\S+", head), head
+    assert re.search(rb"\r\nServer: mindrouter\r\n", head), head
+    assert b"aiohttp" not in head and b"Python" not in head
+    error = json.loads(body)["error"]
+    assert error["message"].endswith("fix the client or the proxy in front of the router") or error["code"]
+
+
 def assert_nothing_charged(served: ServedDaemon, vllm: FakeOpenAI) -> None:
     scheduler = served.app[SCHEDULER]
     assert (scheduler.queued_count, scheduler.running_count) == (0, 0)
@@ -113,6 +123,7 @@ def assert_nothing_charged(served: ServedDaemon, vllm: FakeOpenAI) -> None:
 async def test_a_malformed_or_ambiguous_request_is_refused_before_it_costs_anything(served, vllm, case):
     received = await exchange(served, cases(served.key)[case])
     assert statuses(received) == [400], received[:300]
+    assert_answered_as_ours(received)
     assert_nothing_charged(served, vllm)
 
 
@@ -127,6 +138,7 @@ async def test_a_head_without_its_body_gets_408_within_the_body_timeout(served, 
     started = loop.time()
     received = await exchange(served, post(served.key, HOST, JSON, b"Content-Length: 1000"))
     assert statuses(received) == [408], received[:300]
+    assert_answered_as_ours(received)
     assert loop.time() - started < TIMEOUT + 2  # the body's deadline, not the header's, with slack for a busy machine
     assert vllm.requests == 0 and served.app[SCHEDULER].queued_count == 0
 

@@ -7,8 +7,6 @@ the body, name the person behind a proxy, check the quotas, and queue the job
 
 from __future__ import annotations
 
-import itertools
-import os
 from collections.abc import Mapping
 from dataclasses import dataclass
 
@@ -18,6 +16,7 @@ from ..backends import Call, model_key
 from ..backends._shapes import Dialect
 from ..errors import RequestError
 from ..scheduler import Job, Modality
+from .answers import new_request_id
 from .keys import AUTH, DISPATCHER, QUOTAS, SCHEDULER
 from .lease import Lease
 from .responses import dialect_of
@@ -26,8 +25,6 @@ from .weights import apply_user
 __all__ = ["Admitted", "admit"]
 
 _MODALITY = {"chat": Modality.CHAT, "completion": Modality.COMPLETION, "embeddings": Modality.EMBEDDINGS}
-_counter = itertools.count(1)
-_prefix = os.urandom(3).hex()
 
 
 @dataclass(slots=True)
@@ -48,7 +45,7 @@ def admit(app: web.Application, path: str, headers: Mapping[str, str], body: byt
     Anything else (a body nested too deeply, a lone surrogate) propagates before
     the request has changed anything, for the caller to answer.
     """
-    admitted = Admitted(f"mr-{_prefix}{next(_counter):x}", dialect_of(path))
+    admitted = Admitted(new_request_id(), dialect_of(path))
     try:
         caller = app[AUTH].caller(headers.get("Authorization"))
         call = admitted.call = Call.from_request(path, body)

@@ -34,6 +34,7 @@ from ..scheduler import Scheduler
 from ..store import Store
 from .accounting import setup_accounting_routes
 from .admin import admin_middleware, setup_admin_routes
+from .answers import Runner, stamp
 from .auth import Auth
 from .catalog import setup_catalog_routes
 from .cors import setup_cors
@@ -60,7 +61,7 @@ from .keys import (
 from .lease import Settlement
 from .logsafe import OneLineFormatter
 from .metrics import setup_metrics
-from .quotas import Quotas, add_quota_headers
+from .quotas import Quotas
 from .registry import Registry
 from .statelock import StateLock
 from .stats import Stats
@@ -188,7 +189,7 @@ async def create_app(config: Config, *, nvml: Any = None, discover: bool | None 
     setup_cors(app, server.cors_origins)
     setup_admin_routes(app)
     setup_accounting_routes(app)
-    app.on_response_prepare.append(add_quota_headers)
+    app.on_response_prepare.append(stamp)
     setup_metrics(app)
     return app
 
@@ -266,7 +267,7 @@ def make_runner(app: web.Application, config: Config) -> web.AppRunner:
     connection closes.
     """
     server = config.server
-    return web.AppRunner(
+    return Runner(
         app,
         handler_cancellation=True,
         shutdown_timeout=server.shutdown_grace_seconds,

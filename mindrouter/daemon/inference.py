@@ -21,6 +21,7 @@ from ..backends import INFERENCE_PATHS, Upstream
 from ..backends._shapes import Dialect, error_tail
 from ..errors import RequestError
 from .admission import admit
+from .answers import REQUEST_ID
 from .keys import CONFIG, HANDLERS, STATS
 from .lease import Lease
 from .quotas import QUOTA_HEADERS
@@ -48,6 +49,7 @@ _CUT_BY_SHUTDOWN = "the router shut down before the answer was complete; send th
 async def handle_inference(request: web.Request) -> web.StreamResponse:
     app = request.app
     admitted = admit(app, request.path, request.headers, await request.read())
+    request[REQUEST_ID] = admitted.rid
     if admitted.quota_headers:
         request[QUOTA_HEADERS] = admitted.quota_headers
     rid, dialect, lease, call = admitted.rid, admitted.dialect, admitted.lease, admitted.call
@@ -66,12 +68,10 @@ async def handle_inference(request: web.Request) -> web.StreamResponse:
             else:
                 upstream = await lease.open()
             if response is None and upstream.body is not None:
-                headers = {**upstream.headers, "X-Request-Id": rid}
-                response = web.Response(body=upstream.body, status=upstream.status, headers=headers)
+                response = web.Response(body=upstream.body, status=upstream.status, headers=upstream.headers)
             else:
                 if response is None:
-                    headers = {**upstream.headers, "X-Request-Id": rid}
-                    response = web.StreamResponse(status=upstream.status, headers=headers)
+                    response = web.StreamResponse(status=upstream.status, headers=upstream.headers)
                     await response.prepare(request)
                 await _pour(lease, upstream, response.write, dialect)
                 await response.write_eof()
@@ -83,7 +83,7 @@ async def handle_inference(request: web.Request) -> web.StreamResponse:
         task.uncancel()  # answered here: the connection's task goes on to write it and close
         if response is None or not response.prepared:
             _refused(app, rid, SHUTTING_DOWN)
-            return _refusal(SHUTTING_DOWN, dialect, rid)
+            return error_response(SHUTTING_DOWN, dialect)
         with contextlib.suppress(Exception):  # best effort: the connection closes next in any case
             await response.write(_shutdown_tail(app, rid, lease, dialect))
             await response.write_eof()
@@ -96,7 +96,7 @@ async def handle_inference(request: web.Request) -> web.StreamResponse:
             await response.write(error_tail(dialect, exc.message))
             await response.write_eof()
             return response
-        return _refusal(exc, dialect, rid)
+        return error_response(exc, dialect)
     finally:
         if task is not None:
             handlers.pop(task, None)
@@ -132,12 +132,6 @@ def _shutdown_tail(app: web.Application, rid: str, lease: Lease, dialect: Dialec
     return error_tail(dialect, message)
 
 
-def _refusal(exc: RequestError, dialect: Dialect, rid: str) -> web.Response:
-    answer = error_response(exc, dialect)
-    answer.headers["X-Request-Id"] = rid
-    return answer
-
-
 def _refused(app: web.Application, rid: str, exc: RequestError) -> None:
     """Count and log a request that ends in an error."""
     app[STATS].count_error(exc.status)
@@ -157,7 +151,7 @@ async def _pour(lease: Lease, upstream: Upstream, write: Write, dialect: Dialect
 
 def _waiting_headers(lease: Lease, dialect: str) -> dict[str, str]:
     """The headers a stream gets at once when it has to wait: its type, id and queue position."""
-    headers = {"Content-Type": _CONTENT_TYPES[dialect], "X-Request-Id": lease.job.id, "Cache-Control": "no-cache"}
+    headers = {"Content-Type": _CONTENT_TYPES[dialect], "Cache-Control": "no-cache"}
     position = lease.position()
     if position is not None:
         headers["X-Queue-Position"] = str(position[0])

@@ -176,8 +176,13 @@ class Lease:
 
     @property
     def queued(self) -> bool:
-        """The job is waiting for a slot (a streaming handler may send headers now)."""
-        return self.state is State.QUEUED
+        """The job is waiting for a slot (a streaming handler may send headers now).
+
+        The queue may have resolved the job (a slot, or its time ran out) before ``open`` takes it;
+        a future cancelled with its handler leaves the job waiting.
+        """
+        future = self._future
+        return self.state is State.QUEUED and (future is None or not future.done() or future.cancelled())
 
     def position(self) -> tuple[int, int] | None:
         """The job's place in the queue and the queue's length, while it waits."""
