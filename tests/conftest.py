@@ -131,12 +131,13 @@ async def serve_daemon(
     *,
     max_concurrent: int = 1,
     scheduler: dict[str, Any] | None = None,
+    adapters: Any = None,
     **server: Any,
 ) -> AsyncIterator[ServedDaemon]:
     """Serve a daemon whose one backend (``max_concurrent`` slots) is ``fake_url``; ``server`` overrides settings."""
     config = daemon_config(tmp_path, **(scheduler or {}))
     config = dataclasses.replace(config, server=dataclasses.replace(config.server, **server))
-    app = await create_app(config, nvml=FakeNvml(init_error=FakeNvml.NVML_ERROR_LIBRARY_NOT_FOUND))
+    app = await create_app(config, nvml=FakeNvml(init_error=FakeNvml.NVML_ERROR_LIBRARY_NOT_FOUND), adapters=adapters)
     served = ServeServer(app, config)
     await served.start_server()
     try:

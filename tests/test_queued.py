@@ -22,6 +22,7 @@ from mindrouter.daemon.keys import DECISIONS, SCHEDULER, STATS
 
 from .conftest import ServedDaemon, serve_daemon, until
 from .fakes import FakeOllama, FakeOpenAI
+from .inprocess import InProcess
 
 CHAT = {"model": "m", "messages": [{"role": "user", "content": "hi"}]}
 
@@ -213,3 +214,19 @@ async def test_a_full_queue_refuses_at_once_with_429_and_retry_after_in_the_dial
         assert "requests queued" in message
         vllm.open_gate()
         assert [answer[0] for answer in [await first, *await asyncio.gather(*waiting)]] == [200] * 3
+
+
+async def test_an_in_process_backend_drives_the_queue_without_a_backend_socket(tmp_path):
+    backends = InProcess(completion_tokens=4, held=True)
+    async with (
+        serve_daemon(tmp_path, "http://in-process:1", "vllm", adapters=backends) as served,
+        aiohttp.ClientSession() as session,
+    ):
+        front = Client(served, session)
+        answers = [asyncio.create_task(front.post("/v1/chat/completions", CHAT)) for _ in range(3)]
+        await until(lambda: backends.in_flight == 1 and front.queued == 2, "one should run and two wait")
+        backends.open_gate()
+        done = await asyncio.gather(*answers)
+    assert [status for status, _, _ in done] == [200] * 3
+    assert [json.loads(text)["usage"]["completion_tokens"] for _, text, _ in done] == [4] * 3
+    assert backends.requests == 3

@@ -62,7 +62,7 @@ from .lease import Settlement
 from .logsafe import OneLineFormatter
 from .metrics import setup_metrics
 from .quotas import Quotas
-from .registry import Registry
+from .registry import AdapterFactory, Registry
 from .statelock import StateLock
 from .stats import Stats
 from .weights import apply_user
@@ -72,7 +72,9 @@ __all__ = ["create_app", "make_runner", "serve"]
 log = logging.getLogger("mindrouter.daemon")
 
 
-async def create_app(config: Config, *, nvml: Any = None, discover: bool | None = None) -> web.Application:
+async def create_app(
+    config: Config, *, nvml: Any = None, discover: bool | None = None, adapters: AdapterFactory | None = None
+) -> web.Application:
     """The daemon's application, ready to be served.
 
     Args:
@@ -80,6 +82,8 @@ async def create_app(config: Config, *, nvml: Any = None, discover: bool | None 
         nvml: a ``pynvml`` stand-in (tests); defaults to the real module.
         discover: look for local servers when no backend is configured;
             defaults to ``config.server.discover``.
+        adapters: builds each backend's adapter from its row (tests: in-process backends);
+            defaults to the engine's adapter over HTTP.
     """
     server = config.server
     app = web.Application(client_max_size=server.max_body_bytes, middlewares=[guard_middleware, admin_middleware])
@@ -128,6 +132,7 @@ async def create_app(config: Config, *, nvml: Any = None, discover: bool | None 
         on_change=lambda: dispatcher.pump(),
         gpu_lookup=gpus.lookup,
         vram_estimate=gpus.vram_estimate,
+        adapters=adapters,
     )
 
     def settled(settlement: Settlement) -> None:
