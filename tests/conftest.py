@@ -154,7 +154,7 @@ async def serve_daemon(
         await served.close()
 
 
-async def until(predicate: Callable[[], object], what: str, timeout: float = 10.0) -> None:
+async def until(predicate: Callable[[], object], what: str = "the condition never held", timeout: float = 10.0) -> None:
     """Wait until ``predicate()`` (or what it returns, awaited) is true; fail with ``what`` after ``timeout`` s."""
     loop = asyncio.get_running_loop()
     deadline = loop.time() + timeout

@@ -17,12 +17,12 @@ import collections
 import resource
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import aiohttp
 import pytest
 
+from .conftest import until
 from .fakes import FakeOpenAI
 from .test_serve import MR, free_port
 
@@ -43,13 +43,6 @@ def rss_mb(pid: int) -> float:
     raise AssertionError("no VmRSS")
 
 
-async def until(predicate, timeout: float) -> None:
-    deadline = time.monotonic() + timeout
-    while not await predicate():
-        assert time.monotonic() < deadline, "timed out"
-        await asyncio.sleep(0.2)
-
-
 async def plain_aiohttp_rss_mb(session: aiohttp.ClientSession, total: int) -> float:
     """RSS of a plain aiohttp app holding ``total`` chat requests (half streams), each body read, none answered."""
     port = free_port()
@@ -64,14 +57,14 @@ async def plain_aiohttp_rss_mb(session: aiohttp.ClientSession, total: int) -> fl
             except aiohttp.ClientError:
                 return False
 
-        await until(lambda: held(0), 30)
+        await until(lambda: held(0), "the plain aiohttp app did not start", timeout=30)
 
         async def one(stream: bool) -> None:
             async with session.post(url + "/v1/chat/completions", json={**CHAT, "stream": stream}) as r:
                 await r.read()
 
         tasks = [asyncio.create_task(one(i % 2 == 1)) for i in range(total)]
-        await until(lambda: held(total), 300)
+        await until(lambda: held(total), "the plain aiohttp app did not hold them all", timeout=300)
         rss = rss_mb(proc.pid)
         for task in tasks:
             task.cancel()
@@ -120,7 +113,7 @@ async def test_queued_requests_are_held_bounded_and_all_answered_in_fair_order(t
                     return False
 
             plain_mb = await plain_aiohttp_rss_mb(session, total)
-            await until(up, 30)
+            await until(up, "mr serve did not start", timeout=30)
             idle_mb = rss_mb(proc.pid)
             body = {"name": "gpu", "url": fake.url, "engine": "vllm", "max_concurrent": SLOTS}
             async with session.post(url + "/admin/backends", json=body, headers=ADMIN) as r:
@@ -152,7 +145,7 @@ async def test_queued_requests_are_held_bounded_and_all_answered_in_fair_order(t
                 async with session.get(url + "/admin/status", headers=ADMIN) as r:
                     return (await r.json())["queue_total"] >= total - SLOTS
 
-            await until(all_queued, 300)
+            await until(all_queued, "the requests did not all queue", timeout=300)
             queued_mb = rss_mb(proc.pid)
             # One more for a user at the limit: 429 at once, with Retry-After.
             async with session.get(url + "/admin/users", headers=ADMIN) as r:
