@@ -86,6 +86,7 @@ def _modalities(capabilities: frozenset[str]) -> frozenset[Modality]:
             out.add(Modality.VISION)
     return frozenset(out)
 
+
 AdapterFactory = Callable[[Any], Adapter]
 """A backend's adapter from its store row (``engine``, ``url``, ``name``...)."""
 
