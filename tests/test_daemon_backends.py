@@ -7,15 +7,8 @@ import asyncio
 import ollama
 import openai
 
+from .conftest import until
 from .fakes import FakeOllama, FakeOpenAI
-
-
-async def until(predicate, timeout: float = 5.0) -> None:
-    for _ in range(int(timeout / 0.02)):
-        if predicate():
-            return
-        await asyncio.sleep(0.02)
-    assert predicate()
 
 
 async def test_failures_open_the_circuit_and_a_probe_closes_it(daemon):

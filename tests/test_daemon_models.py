@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import asyncio
 import hashlib
 from typing import Any
 
@@ -10,6 +9,7 @@ import ollama
 import openai
 import pytest
 
+from .conftest import until
 from .fakes import FakeOllama, FakeOpenAI
 
 PNG = "iVBORw0KGgoAAAANSUhEUgAAAAEAAAABCAYAAAAfFcSJAAAADUlEQVR42mNk+M9QDwADhgGAWjR9awAAAABJRU5ErkJggg=="
@@ -22,14 +22,6 @@ IMAGE_MESSAGE: Any = [
         ],
     }
 ]
-
-
-async def until(predicate: Any, timeout: float = 5.0) -> None:
-    for _ in range(int(timeout / 0.02)):
-        if predicate():
-            return
-        await asyncio.sleep(0.02)
-    assert predicate()
 
 
 async def probed(daemon: Any, n: int) -> None:

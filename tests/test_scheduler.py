@@ -410,6 +410,17 @@ def test_user_queue_limit_is_429():
     assert s.submit(job("u"), 0).status == 429
 
 
+def test_the_pools_queue_limit_is_429_for_everyone():
+    s = make(SchedulerSettings(max_queued=3), slots=0)
+    for user in "abc":
+        s.set_user(user, 1)
+        assert s.submit(job(user), 0) is None
+    s.set_user("d", 5)
+    refusal = s.submit(job("d"), 0)
+    assert (refusal.status, refusal.code, refusal.retry_after) == (429, "queue_full", 5.0)
+    assert s.queued_count == 3
+
+
 def test_queue_timeout_expires_jobs():
     s = make(dataclasses.replace(TOKENS, queue_timeout=30), slots=0)
     s.set_user("u", 1)

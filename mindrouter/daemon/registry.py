@@ -89,6 +89,10 @@ def _modalities(capabilities: frozenset[str]) -> frozenset[Modality]:
     return frozenset(out)
 
 
+AdapterFactory = Callable[[Any], Adapter]
+"""A backend's adapter from its store row (``engine``, ``url``, ``name``...)."""
+
+
 class Registry:
     def __init__(
         self,
@@ -101,7 +105,10 @@ class Registry:
         gpu_lookup: GpuLookup | None = None,
         vram_estimate: VramEstimate | None = None,
         clock: Callable[[], float] = time.monotonic,
+        adapters: AdapterFactory | None = None,
     ) -> None:
+        """``adapters`` builds a backend's adapter from its row (default: the engine's, over ``session``);
+        tests pass one that answers in-process."""
         self.scheduler = scheduler
         self.store = store
         self.session = session
@@ -110,6 +117,7 @@ class Registry:
         self.gpu_lookup = gpu_lookup
         self.vram_estimate = vram_estimate
         self.clock = clock
+        self.adapters = adapters or self._engine_adapter
         self.entries: dict[int, Entry] = {}
 
     # -- lifecycle ---------------------------------------------------------
@@ -128,8 +136,8 @@ class Registry:
             if entry.task is not None:
                 await stop(entry.task)
 
-    def add(self, row: Any) -> Entry:
-        adapter = make_adapter(
+    def _engine_adapter(self, row: Any) -> Adapter:
+        return make_adapter(
             row.engine,
             row.url,
             self.session,
@@ -142,6 +150,9 @@ class Registry:
             max_line_bytes=self.settings.max_line_bytes,
             max_answer_bytes=self.settings.max_answer_bytes,
         )
+
+    def add(self, row: Any) -> Entry:
+        adapter = self.adapters(row)
         entry = Entry(row, adapter, Breaker(self.settings), lambda: self.clock())
         self.entries[row.id] = entry
         self._publish(entry)

@@ -221,6 +221,15 @@ class Scheduler(JobOutcomes, CoreReading):
         refusal = numbers_refusal(job) or self.classes.refusal(job)
         if refusal is not None:
             return refusal
+        if len(self.queues.jobs) >= self.settings.max_queued:
+            return Rejection(
+                job,
+                429,
+                "queue_full",
+                f"the router already has {len(self.queues.jobs)} requests queued, the most it holds; "
+                "send the request again in a few seconds",
+                retry_after=5.0,
+            )
         if user.queued >= self.settings.max_queued_per_user:
             return Rejection(
                 job,

@@ -73,6 +73,9 @@ class SchedulerSettings:
     """Seconds a job may wait for capacity before it fails with 504."""
     max_queued_per_user: int = 1000
     """Queued jobs one user may hold; more are refused with 429."""
+    max_queued: int = 10_000
+    """Queued jobs in all, everyone's together; more are refused with 429 at once, which bounds the daemon's memory
+    (each waiting request holds about 20 KB in aiohttp)."""
     prompt_token_cost: float = 1.0
     """Service units one prompt token costs in fair share (quotas count tokens). Must be greater than 0."""
     completion_token_cost: float = 2.0

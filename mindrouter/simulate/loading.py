@@ -89,6 +89,7 @@ _POSITIVE = {
     "fairness_window",
     "queue_timeout",
     "max_queued_per_user",
+    "max_queued",
     "min_deprioritization",
     "default_decode_rate",
     "prefill_speedup",
