@@ -237,7 +237,7 @@ class _Sim(Lifecycle):
         if self.trace is not None:
             self.trace.append(req)
         user.queued += 1
-        phase.pool.submitted(user.index)
+        phase.pool.submitted(user.index, spec.model)
         self.touch(user)
 
     def next_request(self, phase: PhaseRun, now: float) -> None:
@@ -259,7 +259,7 @@ class _Sim(Lifecycle):
             user.timed_out += 1
             self.queued_total -= 1
             self.models[req.model].timed_out += 1
-            self.phases[req.phase].pool.left_queue(user.index)
+            self.phases[req.phase].pool.expired(user.index, req.model)
             self.touch(user)
             self.next_request(self.phases[req.phase], now)
 

@@ -133,7 +133,7 @@ class Lifecycle:
         pool = self.phases[req.phase].pool
         pool.decode_done(req.user, stream.rate, now)
         assert req.dispatched is not None and req.prefill_end is not None
-        pool.finished(req.expected)
+        pool.finished(req.user, req.model, req.expected)
         user.longest_request = max(user.longest_request, now - req.dispatched)
         req.done = now
         del self.reqs[req.id]
