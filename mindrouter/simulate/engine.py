@@ -209,7 +209,7 @@ class _Sim(Lifecycle):
             modality=modality,
             prompt_tokens=prompt,
             max_tokens=spec.max_tokens,
-            stream=True,
+            stream=spec.stream,
         )
         user.submitted += 1
         phase.submitted += 1
@@ -231,6 +231,7 @@ class _Sim(Lifecycle):
             phase=phase.index,
             epoch=self.free_epoch[spec.model],
             model=spec.model,
+            stream=spec.stream,
         )
         self.queued_total += 1
         self.reqs[job_id] = req

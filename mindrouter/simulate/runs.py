@@ -41,6 +41,8 @@ class RequestTrace:
     model: str = ""
     expected: float = 0.0
     """Seconds it was expected to take from dispatch, as it was dispatched (for windows it outlasts)."""
+    stream: bool = True
+    """False: nothing reaches the core before the end (no progress reports)."""
 
 
 @dataclass(slots=True)
@@ -91,6 +93,10 @@ class UserRun:
     """Since when it has had a request queued and none of its requests started."""
     max_starved: float = 0.0
     longest_request: float = 0.0
+    largest_request: int = 0
+    """Tokens (prompt and completion) of its largest request that ended."""
+    gpu_seconds: float = 0.0
+    """Its requests' prefill and decode time at one stream's rates alone on the GPU (the work it asked of the GPUs)."""
     """Seconds the longest of its requests took from dispatch to the last token."""
     deprioritized_seconds: float = 0.0
     deprioritized_since: float | None = None

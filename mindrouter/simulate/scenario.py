@@ -126,6 +126,10 @@ class UserSpec:
     """Closed loop: seconds between one answer and the next request."""
     requests: int | None = None
     """Stop this phase after submitting this many requests."""
+    stream: bool = True
+    """False: the client waits for the whole answer (the openai client's default), so the core hears of it only at the end."""
+    leave_after: int | None = None
+    """The client disconnects after this many completion tokens; the backend stops there and the core is told so."""
     weight_override: float | None = None
     """The user's own ``weight``, if given (an event with ``clear`` drops it for the group's)."""
 
