@@ -128,6 +128,8 @@ ROWS = {
     "lab-pool": "issue 17: four Ollama workstations, loads and a burst over capacity",
     "staggered-big-prompts": "issue 18, case 1: staggered loops of 30k-token prompts",
     "few-outstanding": "issue 18, case 1: few big requests outstanding",
+    "big-max-tokens": "issue 18, case 2: non-streamed requests with max_tokens 100000 against streams",
+    "early-leavers": "issue 18, case 2: streams that leave after 10 tokens, readers and non-streamed requests",
 }
 
 #: Examples about throughput rather than issue 9's fairness targets, with the reason (tested elsewhere).
@@ -144,13 +146,34 @@ NOT_FAIRNESS = {
 #: (strict: an unexpected pass fails the suite, so none is left behind).
 NEEDS_CORE: dict[str, str] = {}
 
+#: Examples that miss a target no scheduler that never preempts a running request can meet, with the reason.
+BEYOND_SLOTS = {
+    # leaver's requests take 0.6 s; the slots are held by reader's and batch's 6-10 s requests, so
+    # one of its requests waits up to 5.4 s for a slot to free, over 3 x 0.6 s plus its turn (3.3 s).
+    # Its share is right (33.3% against 33.3%); docs/simulate.md says so.
+    "early-leavers": "a 0.6 s request waits for a slot held by 6 s requests",
+}
+
 
 def core(name: str, reason: str | None = None) -> Any:
     """``name`` as a parameter, expected to fail (strictly) while the core lacks what it needs."""
     reason = reason or NEEDS_CORE.get(name)
     if reason is not None:
         return pytest.param(name, marks=pytest.mark.xfail(strict=True, reason=f"needs the core to {reason}"))
+    if name in BEYOND_SLOTS:
+        return pytest.param(name, marks=pytest.mark.xfail(strict=True, reason=BEYOND_SLOTS[name]))
     return pytest.param(name)
+
+
+@pytest.mark.parametrize("name", ["big-max-tokens", "early-leavers"])
+def test_what_a_client_asks_for_or_reads_never_changes_shares(name):
+    """A 100,000 max_tokens without streaming, or streams left after 10 tokens: each still gets its target."""
+    result = measure(name)
+    for user in result["users"]:
+        assert abs(user["share"] - user["target_share"]) <= 0.02, user
+        assert user["timeouts"] == 0, user
+        assert user["worst_window"]["deviation"] <= 0.05, user
+    assert result["max_service_gap"] <= result["gap_bound"] + 1e-6
 
 
 def test_every_example_is_covered():

@@ -127,9 +127,9 @@ class UserSpec:
     requests: int | None = None
     """Stop this phase after submitting this many requests."""
     stream: bool = True
-    """False: the client waits for the whole answer (the openai client's default), so the core hears of it only at the end."""
+    """False: the client waits for the whole answer (the openai client's default); the core hears only the end."""
     leave_after: int | None = None
-    """The client disconnects after this many completion tokens; the backend stops there and the core is told so."""
+    """The client leaves after this many completion tokens; the backend stops there and the core is told so."""
     weight_override: float | None = None
     """The user's own ``weight``, if given (an event with ``clear`` drops it for the group's)."""
 
