@@ -52,14 +52,24 @@ def test_minimal_scenario_and_defaults():
 
 def test_clients_stream_by_default_and_may_not_stream_or_leave_early():
     assert parse_scenario(BASE).users[0].stream is True and parse_scenario(BASE).users[0].leave_after is None
-    (user,) = parse_scenario(BASE + "stream = false\nleave_after = 10\n").users
-    assert user.stream is False and user.leave_after == 10
+    (user,) = parse_scenario(BASE + "stream = false\nleave_after = 10\njson_mode = true\n").users
+    assert user.stream is False and user.leave_after == 10 and user.json_mode is True
 
 
 def test_a_client_that_leaves_after_10_tokens_receives_10_tokens_an_answer():
     sc = parse_scenario(BASE + "leave_after = 10\nrequests = 3\n")
     (user,) = simulate(sc).users
     assert (user.completed, user.completed_tokens) == (3, 3 * (200 + 10))
+
+
+def test_json_mode_and_unstreamed_requests_are_served_and_charged_as_chat():
+    sc = parse_scenario(
+        BASE + 'requests = 4\n[[users]]\nname = "ta"\nmodel = "llama3"\nconcurrency = 2\n'
+        "requests = 4\njson_mode = true\nstream = false\n"
+    )
+    prof, ta = simulate(sc).users
+    assert (prof.completed, ta.completed) == (4, 4)
+    assert ta.completed_tokens == prof.completed_tokens == 4 * (200 + 300)
 
 
 def test_weights_from_builtin_groups_explicit_weight_and_ranges():

@@ -69,6 +69,11 @@ Scenario format (TOML; a contract other tools rely on). Keys marked * are requir
                                  charges it its expected answer meanwhile, as the daemon does
     leave_after = 10             the client disconnects after this many completion tokens:
                                  the backend stops there, and it is charged what it received
+    json_mode = false            true: asks for JSON mode (every simulated backend supports it);
+                                 the core routes it as a class of its own and charges it as
+                                 any chat request. A user mixes kinds of requests (chat,
+                                 embeddings, JSON mode, streamed or not) with several entries
+                                 of one name running side by side
 
     [[events]]                   weight changes applied to the live scheduler
     at = 1800                  * seconds

@@ -210,6 +210,7 @@ class _Sim(Lifecycle):
             prompt_tokens=prompt,
             max_tokens=spec.max_tokens,
             stream=spec.stream,
+            json_mode=spec.json_mode,
         )
         user.submitted += 1
         phase.submitted += 1

@@ -82,6 +82,7 @@ _USER = {
     "requests",
     "stream",
     "leave_after",
+    "json_mode",
 }
 _EVENT = {"at", "user", "group", "weight", "clear"}
 #: SchedulerSettings fields a scenario may not set ([groups] sets the weights; scores are a sub-table).
@@ -208,6 +209,7 @@ class _Parser(BackendFields):
             requests=self.integer(f"{where}.requests", raw["requests"]) if "requests" in raw else None,
             stream=self.boolean(f"{where}.stream", raw.get("stream", True)),
             leave_after=self.integer(f"{where}.leave_after", raw["leave_after"]) if "leave_after" in raw else None,
+            json_mode=self.boolean(f"{where}.json_mode", raw.get("json_mode", False)),
         )
 
     def merge_phases(self, entries: list[UserSpec], groups: Mapping[str, float]) -> tuple[UserSpec, ...]:
