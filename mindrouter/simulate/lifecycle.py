@@ -110,7 +110,7 @@ class Lifecycle:
         req.prefill_end = now
         self.models[req.model].ttft.append(now - req.submitted)
         self.phases[req.phase].pool.prefill_done(req.user, req.prompt, rate, now)
-        if req.completion > PROGRESS_TOKENS:
+        if req.stream and req.completion > PROGRESS_TOKENS:
             self.push(now + PROGRESS_TOKENS / rate, _PROGRESS, stream)
 
     def on_progress(self, stream: Stream, now: float) -> None:
@@ -133,8 +133,9 @@ class Lifecycle:
         pool = self.phases[req.phase].pool
         pool.decode_done(req.user, stream.rate, now)
         assert req.dispatched is not None and req.prefill_end is not None
-        pool.finished(req.expected)
+        pool.finished(req.user, req.model, req.expected)
         user.longest_request = max(user.longest_request, now - req.dispatched)
+        user.largest_request = max(user.largest_request, req.prompt + req.completion)
         req.done = now
         del self.reqs[req.id]
         user.running -= 1

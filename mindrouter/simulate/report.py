@@ -26,6 +26,7 @@ from .figures import add_pool_figures, render_pool
 from .pools import Pool, PoolWindow
 from .runs import Run, UserRun
 from .scenario import Scenario
+from .targets import add_user_figures
 
 __all__ = ["allowed_deviation", "build", "jain", "percentile", "render", "run_scenario", "worst_window"]
 
@@ -54,10 +55,16 @@ def _changes(run: Run, pool: Pool) -> list[float]:
 
 
 def allowed_deviation(pool: Pool, window: PoolWindow) -> float:
-    """How far a window's shares may be from their targets (issue 9's rule)."""
+    """How far a window's shares may be from their targets (issue 9's rule).
+
+    A request is never split, so one whose cost is a large part of what the
+    window delivered moves its shares by that part, whatever the scheduler does.
+    """
+    total = sum(window.tokens)
+    lump = min(1.0, pool.max_request_cost / total) if total > 0 else 0.0
     if window.outlasting:
-        return max(WINDOW_TOLERANCE, 1 / pool.slots + OUTLASTING_TOLERANCE)
-    return WINDOW_TOLERANCE
+        return max(WINDOW_TOLERANCE, lump, 1 / pool.slots + OUTLASTING_TOLERANCE)
+    return max(WINDOW_TOLERANCE, lump)
 
 
 def _window_rows(run: Run, pool: Pool) -> list[dict[str, Any]]:
@@ -257,6 +264,7 @@ def build(run: Run, baseline: Run | None = None) -> dict[str, Any]:
         "deprioritization": _deprioritization(run, baseline, total),
     }
     add_pool_figures(out, run)
+    add_user_figures(out, run)
     return out
 
 
