@@ -101,7 +101,9 @@ def usage(
     unknown = [d for d in dims if d not in DIMENSIONS]
     if unknown or not dims:
         raise UsageError(f"--by {by!r} is not known; use any of {', '.join(DIMENSIONS)}, such as --by user,model")
-    query = {"by": ",".join(dims), "since": since, **({"until": until} if until else {})}
+    query = {"by": ",".join(dims), "since": _validate.when(since, "--since")}
+    if until is not None:
+        query["until"] = _validate.when(until, "--until")
     data = get_app(ctx, config).client.get("/admin/usage", **query)
     rows = data.get("rows") or []
     if json:
