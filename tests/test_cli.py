@@ -235,7 +235,7 @@ def test_backend_list(fake: FakeDaemon) -> None:
         rows,
         {"id", "name", "url", "engine", "status", "healthy", "in_flight", "max_concurrent", "models", "loaded_models"},
     )
-    assert {r["status"] for r in rows} <= {"healthy", "unhealthy", "draining", "disabled"}
+    assert {r["status"] for r in rows} <= {"healthy", "unhealthy", "draining", "drained"}
 
 
 def test_backend_add_sends_checked_values(fake: FakeDaemon) -> None:

@@ -291,7 +291,7 @@ def bar(fraction: Any, width: int = 10) -> Text:
 
 def status_text(status: Any) -> Text:
     """A backend status word in its colour."""
-    styles = {"healthy": "green", "unhealthy": "red", "draining": "yellow", "disabled": "dim"}
+    styles = {"healthy": "green", "unhealthy": "red", "draining": "yellow", "drained": "dim"}
     word = str(status or "unknown")
     return Text(word, style=styles.get(word, ""))
 

@@ -218,7 +218,7 @@ def drain(ctx: typer.Context, name: BackendName, json: JsonOption = False, confi
 
 @backend_app.command("enable")
 def enable(ctx: typer.Context, name: BackendName, json: JsonOption = False, config: ConfigOption = None) -> None:
-    """Send requests to a drained or disabled backend again.
+    """Send requests to a draining or drained backend again.
 
     Example: mr backend enable ws3
     """

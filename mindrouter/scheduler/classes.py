@@ -105,7 +105,7 @@ class Classes:
                 job,
                 503,
                 "no_backend",
-                f"every backend serving {job.model!r} is unhealthy, draining or disabled; try again shortly",
+                f"every backend serving {job.model!r} is unhealthy, draining or drained; try again shortly",
                 retry_after=5.0,
             )
         return None
