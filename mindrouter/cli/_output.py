@@ -19,6 +19,7 @@ from typing import Any
 
 from rich import box
 from rich.console import Console, JustifyMethod
+from rich.measure import Measurement
 from rich.table import Table
 from rich.text import Text
 
@@ -29,6 +30,7 @@ __all__ = [
     "bar",
     "console",
     "err_console",
+    "fit",
     "fmt_age",
     "fmt_bool",
     "fmt_bytes",
@@ -42,6 +44,7 @@ __all__ = [
     "print_json",
     "print_json_lines",
     "print_rows",
+    "print_table",
     "safe_cell",
     "status_text",
     "table",
@@ -49,6 +52,7 @@ __all__ = [
 
 NA = "n/a"
 _PIPE_WIDTH = 200
+_UNBOUNDED = 100_000
 
 
 def console(stderr: bool = False) -> Console:
@@ -82,6 +86,10 @@ class Column:
 
     key: str
     header: str
+    short: str | None = None
+    """A shorter header for a narrow terminal, explained in a legend under the table."""
+    drop: int = 0
+    """Order in which a narrow terminal hides the column: 1 first, then 2...; 0 never."""
     fmt: Callable[[Any], str | Text] | None = None
     """Turns the raw value into text; defaults to ``str`` with ``None`` as "n/a"."""
     justify: JustifyMethod = "left"
@@ -149,11 +157,86 @@ def print_rows(
     title: str | None = None,
     empty: str | None = None,
 ) -> None:
-    """The list commands' output: a JSON array of the rows, or their table."""
+    """The list commands' output: a JSON array of the rows, or their table fitted to the terminal."""
     if as_json:
         print_json(list(rows))
         return
-    console().print(table(rows, columns, title=title, empty=empty))
+    print_table(table(rows, columns, title=title, empty=empty), **fit_hints(columns))
+
+
+def fit_hints(columns: Sequence[Column]) -> dict[str, Any]:
+    """``print_table``'s ``short`` and ``drop`` from the columns' own hints."""
+    return {
+        "short": {c.header: c.short for c in columns if c.short},
+        "drop": [c.header for c in sorted((c for c in columns if c.drop), key=lambda c: c.drop)],
+    }
+
+
+def fit(t: Table, out: Console, *, short: Mapping[str, str] | None = None, drop: Sequence[str] = ()) -> list[str]:
+    """Make ``t`` fit ``out``'s width with every value whole: a narrow terminal first gets the ``short``
+    headers, then loses the ``drop`` columns in that order. Returns the lines that say so, for under the table.
+
+    A value is never cut or split: each column is at least as wide as its longest word (rich wraps only
+    between words), and when even that does not fit a column goes rather than a value.
+    """
+
+    unbounded = out.options.update_width(_UNBOUNDED)  # measured at the width it fits, not clamped to the terminal
+
+    def fits() -> bool:
+        return Measurement.get(out, unbounded, t).minimum <= out.width
+
+    notes: list[str] = []
+    if Measurement.get(out, unbounded, t).maximum <= out.width:
+        return notes
+    by_header = {str(c.header): c for c in t.columns}
+    legend: dict[str, str] = {}
+    for header, abbreviation in (short or {}).items():
+        if header in by_header:
+            by_header[header].header = abbreviation
+            legend[header] = abbreviation
+    hidden: list[str] = []
+    for header in drop:
+        if fits():
+            break
+        if header in by_header:
+            t.columns.remove(by_header[header])
+            hidden.append(header)
+    if legend.keys() - set(hidden):
+        notes.append(", ".join(f"{a}: {h}" for h, a in legend.items() if h not in hidden))
+    if hidden:
+        notes.append(f"not shown at {out.width} columns: {', '.join(hidden)} (a wider terminal or --json shows them)")
+    _set_widths(t, out)
+    return notes
+
+
+def _set_widths(t: Table, out: Console) -> None:
+    """Fix each column's width: its longest word, plus a share of what is left in proportion to what it could use.
+
+    rich would instead narrow the widest columns first, below their longest word, and split it.
+    """
+    unbounded = out.options.update_width(_UNBOUNDED)
+    ranges = [[Measurement.get(out, unbounded, cell) for cell in (c.header, *c.cells)] for c in t.columns]
+    lows = [max(m.minimum for m in r) for r in ranges]
+    highs = [max(m.maximum for m in r) for r in ranges]
+    overhead = Measurement.get(out, unbounded, t).minimum - sum(lows)
+    spare = out.width - overhead - sum(lows)
+    wants = [high - low for low, high in zip(lows, highs, strict=True)]
+    if spare < 0 or not sum(wants):
+        return  # nothing fits whole, or nothing would grow: leave it to rich
+    gives = [min(want, spare * want // sum(wants)) for want in wants]
+    for column, low, give in zip(t.columns, lows, gives, strict=True):
+        column.width = low + give
+
+
+def print_table(
+    t: Table, *, short: Mapping[str, str] | None = None, drop: Sequence[str] = (), notes: Sequence[str] = ()
+) -> None:
+    """Print ``t`` fitted to the terminal (``fit``), then its legend and ``notes`` (such as long errors)."""
+    out = console()
+    lines = fit(t, out, short=short, drop=drop)
+    out.print(t)
+    for line in [*lines, *notes]:
+        out.print(Text(line, style="dim"))
 
 
 # -- human formatting ------------------------------------------------------

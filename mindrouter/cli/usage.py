@@ -25,11 +25,13 @@ from ._client import quote_name
 from ._output import (
     Column,
     console,
+    fit,
     fmt_duration,
     fmt_num,
     fmt_tokens,
     print_changed,
     print_json,
+    print_table,
     table,
 )
 
@@ -130,6 +132,7 @@ def usage(
             )
     out = console()
     out.print(Text(title, style="bold"))
+    fit(t, out)
     out.print(t)
     if data.get("day_resolution_before"):
         out.print(
@@ -138,7 +141,7 @@ def usage(
         )
     quotas = data.get("quotas") or []
     if quotas:
-        out.print(table(quotas, _QUOTA_COLUMNS, title="quotas"))
+        print_table(table(quotas, _QUOTA_COLUMNS, title="quotas"))
 
 
 _QUOTA_COLUMNS = [

@@ -41,12 +41,12 @@ COLUMNS = [
     Column("group", "group"),
     Column("weight", "weight", fmt=fmt_num, justify="right"),
     Column("weight_override", "own weight", fmt=_override, justify="right"),
-    Column("keys", "keys", fmt=fmt_count, justify="right"),
-    Column("queued", "queued", fmt=fmt_num, justify="right"),
-    Column("running", "running", fmt=fmt_num, justify="right"),
-    Column("recent_tokens", "recent tokens", fmt=fmt_tokens, justify="right"),
+    Column("keys", "keys", fmt=fmt_count, justify="right", drop=1),
+    Column("queued", "queued", fmt=fmt_num, justify="right", drop=4),
+    Column("running", "running", fmt=fmt_num, justify="right", drop=3),
+    Column("recent_tokens", "recent tokens", fmt=fmt_tokens, justify="right", drop=5),
     Column("quotas", "quota (used/limit)", fmt=quota_text),
-    Column("proxy_for", "proxy", getter=lambda row: row, fmt=lambda row: _proxy_text(row)),
+    Column("proxy_for", "proxy", getter=lambda row: row, fmt=lambda row: _proxy_text(row), drop=2),
 ]
 
 
