@@ -229,7 +229,7 @@ def test_backend_list(fake: FakeDaemon) -> None:
     run = mr("backend", "list")
     assert run.exit_code == 0
     assert re.search(r"ws1\s+ollama\s+healthy\s+2/4\s+llama3.2", run.stdout)
-    assert "unhealthy (connection refused)" in run.stdout and "draining" in run.stdout
+    assert "old is unhealthy: connection refused" in run.stdout and "draining" in run.stdout
     rows = mr("backend", "list", "--json").json()
     assert_rows(
         rows,

@@ -10,7 +10,7 @@ from rich.table import Table
 from rich.text import Text
 
 from ._app import ConfigOption, JsonOption, get_app
-from ._output import Column, console, fit, fmt_duration, fmt_num, fmt_tokens, print_json, table
+from ._output import Column, console, fitted, fmt_duration, fmt_num, fmt_tokens, print_json, table
 
 __all__ = ["queue_view", "register", "user_model_rows"]
 
@@ -125,11 +125,7 @@ def queue(ctx: typer.Context, json: JsonOption = False, config: ConfigOption = N
         print_json(data)
         return
     out = console()
-    view = queue_view(data)
-    for part in view.renderables:
-        if isinstance(part, Table):
-            fit(part, out)
-    out.print(view)
+    out.print(*(fitted(part, out)[0] if isinstance(part, Table) else part for part in queue_view(data).renderables))
 
 
 def register(app: typer.Typer) -> None:

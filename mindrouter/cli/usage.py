@@ -25,7 +25,7 @@ from ._client import quote_name
 from ._output import (
     Column,
     console,
-    fit,
+    fitted,
     fmt_duration,
     fmt_num,
     fmt_tokens,
@@ -132,8 +132,7 @@ def usage(
             )
     out = console()
     out.print(Text(title, style="bold"))
-    fit(t, out)
-    out.print(t)
+    out.print(fitted(t, out)[0])
     if data.get("day_resolution_before"):
         out.print(
             f"[dim]before {_server_time(data, 'day_resolution_before')} only daily totals are kept "
