@@ -18,7 +18,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from rich import box
-from rich.console import Console, JustifyMethod
+from rich.console import Console, Group, JustifyMethod, RenderableType
 from rich.measure import Measurement
 from rich.table import Table
 from rich.text import Text
@@ -215,10 +215,9 @@ def _least_width(t: Table, out: Console) -> int:
     return Measurement.get(out, out.options.update_width(_UNBOUNDED), t).minimum
 
 
-def _records(t: Table, headers: Sequence[tuple[Any, Any]]) -> Table:
+def _records(t: Table, headers: Sequence[tuple[Any, Any]]) -> RenderableType:
     """The rows of ``t`` as blocks of "header  value" lines, for a terminal too narrow for any table of them."""
     grid = Table.grid(padding=(0, 2))
-    grid.title, grid.title_justify, grid.title_style = t.title, "left", "bold"
     grid.add_column(style="bold", no_wrap=True)
     grid.add_column()
     blocks = [[column_cells[row] for column_cells in (list(c.cells) for c, _ in headers)] for row in range(t.row_count)]
@@ -229,7 +228,8 @@ def _records(t: Table, headers: Sequence[tuple[Any, Any]]) -> Table:
             grid.add_row("", "")
         for (_, header), cell in zip(headers, block, strict=True):
             grid.add_row(header, cell)
-    return grid
+    title = Text(t.title, style="bold") if isinstance(t.title, str) else t.title
+    return Group(title, grid) if title else grid
 
 
 def _set_widths(t: Table, out: Console) -> None:
@@ -274,7 +274,7 @@ def print_table(
 
 def fitted(
     t: Table, out: Console, *, short: Mapping[str, str] | None = None, drop: Sequence[str] = ()
-) -> tuple[Table, list[str]]:
+) -> tuple[RenderableType, list[str]]:
     """``t`` fitted to ``out`` and the lines for under it, or, when even its fewest columns cannot show each
     value whole, its rows as blocks of lines (every column, so nothing is hidden)."""
     headers = [(column, column.header) for column in t.columns]

@@ -114,7 +114,11 @@ def share(ctx: typer.Context, json: JsonOption = False, config: ConfigOption = N
     if json:
         print_json(data)
         return
-    print_table(share_table(data), drop=["queued", "running"])
+    print_table(
+        share_table(data),
+        short={"quota (used/limit)": "quota"},
+        drop=["queued", "running", "quota (used/limit)", "recent tokens"],
+    )
 
 
 def register(app: typer.Typer) -> None:

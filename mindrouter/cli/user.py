@@ -45,7 +45,7 @@ COLUMNS = [
     Column("queued", "queued", fmt=fmt_num, justify="right", drop=4),
     Column("running", "running", fmt=fmt_num, justify="right", drop=3),
     Column("recent_tokens", "recent tokens", fmt=fmt_tokens, justify="right", drop=5),
-    Column("quotas", "quota (used/limit)", fmt=quota_text),
+    Column("quotas", "quota (used/limit)", fmt=quota_text, short="quota"),
     Column("proxy_for", "proxy", getter=lambda row: row, fmt=lambda row: _proxy_text(row), drop=2),
 ]
 
