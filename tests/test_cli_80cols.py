@@ -74,7 +74,7 @@ def lab(fake: FakeDaemon) -> None:
 
 #: Each command and the values it must show whole.
 TABLES: dict[str, list[str]] = {
-    "share": [GROUP, PERSON, "-2,345,678", "0.13", "60.0%", "71.4%", "30.0k"],
+    "share": [GROUP, PERSON, "-2,345,678", "0.13", "60.0%", "71.4%"],
     "backend list": [
         "local-ollama",
         "gpu-node-18-llamacpp",
