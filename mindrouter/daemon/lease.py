@@ -341,6 +341,11 @@ class Lease:
         """The client left before the answer was opened (the front door saw its connection close)."""
         self._end_unopened(Outcome.CLIENT_GONE, "the client went away", 499)
 
+    def refuse(self, refusal: RequestError) -> None:
+        """Admission refused the job before it queued (a quota): settle it as rejected, so that ``mr why``
+        explains the refusal's request id as it explains the core's."""
+        self._settle(Outcome.REJECTED, refusal.message, refusal.status)
+
     def withdraw(self, refusal: RequestError) -> None:
         """The daemon ends a request that is still queued (it is shutting down); the client gets ``refusal``."""
         self._end_unopened(Outcome.REJECTED, refusal.message, refusal.status)
