@@ -146,6 +146,16 @@ def add(
     ] = False,
     proxy_group: ProxyGroupOption = None,
     person_from: PersonFromOption = None,
+    person_of: Annotated[
+        str | None,
+        typer.Option(
+            "--person-of",
+            metavar="PROXY",
+            help="Make a proxy's person before their first request: NAME is what the proxy forwards "
+            "(an e-mail address for Open WebUI), so they start in --group.",
+            show_default=False,
+        ),
+    ] = None,
     json: JsonOption = False,
     config: ConfigOption = None,
 ) -> None:
@@ -153,10 +163,20 @@ def add(
 
     Example: mr user add alice --group faculty
     """
-    body: dict[str, Any] = {"name": _validate.name(name, "user")}
     if group is None:
         raise UsageError("--group is required; name the user's group, such as --group student (see `mr group list`)")
-    body["group"] = group
+    if person_of is not None:
+        if weight is not None or proxy or proxy_group is not None or person_from is not None:
+            raise UsageError("--person-of takes only --group; give a weight afterwards with `mr user set-weight`")
+        person = {"name": name, "group": group, "person_of": _validate.name(person_of, "proxy")}
+        row = get_app(ctx, config).client.post("/admin/users", person)
+        print_changed(
+            row,
+            json,
+            f"added [bold]{escape(str(row.get('name')))}[/], {escape(person_of)}'s person, to group {escape(group)}",
+        )
+        return
+    body: dict[str, Any] = {"name": _validate.name(name, "user"), "group": group}
     if weight is not None:
         body["weight"] = _validate.weight(weight)
     if proxy or proxy_group is not None or person_from is not None:
