@@ -10,7 +10,8 @@ from rich.table import Table
 from rich.text import Text
 
 from ._app import ConfigOption, JsonOption, get_app
-from ._output import Column, console, fitted, fmt_duration, fmt_num, fmt_tokens, print_json, table
+from ._fit import fitted
+from ._output import Column, console, fmt_duration, fmt_num, fmt_tokens, print_json, table
 
 __all__ = ["queue_view", "register", "user_model_rows"]
 

@@ -22,10 +22,10 @@ from ..store import DIMENSIONS, QUOTA_FIELDS
 from . import _validate
 from ._app import ConfigOption, JsonOption, get_app
 from ._client import quote_name
+from ._fit import fitted
 from ._output import (
     Column,
     console,
-    fitted,
     fmt_duration,
     fmt_num,
     fmt_tokens,
