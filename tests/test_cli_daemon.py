@@ -167,7 +167,7 @@ def test_every_command_against_a_running_daemon(live: ThreadDaemon) -> None:
             assert word in r.stdout, (args, word, r.stdout)
 
     # Changes, then clean-up.
-    assert run(live, "backend", "drain", "ws1", "--json").json()["status"] in ("draining", "disabled")
+    assert run(live, "backend", "drain", "ws1", "--json").json()["status"] in ("draining", "drained")
     assert run(live, "backend", "enable", "ws1", "--json").json()["status"] == "healthy"
     assert run(live, "user", "rm", "bob").exit_code == 0
     assert run(live, "group", "rm", "phd").exit_code == 0
@@ -217,3 +217,12 @@ def test_a_proxys_settings_through_the_command_line(live: ThreadDaemon) -> None:
     assert run(live, "user", "set-proxy", "gateway", "off").exit_code == 0
     users = {u["name"]: u for u in run(live, "user", "list", "--json").json()}
     assert "proxy_for" not in users["gateway"] and "person_from" not in users["gateway"]
+
+
+def test_user_add_person_of_makes_a_proxys_person_before_their_first_chat(live: ThreadDaemon) -> None:
+    assert run(live, "user", "add", "webui", "--group", "student", "--proxy").exit_code == 0
+    r = run(live, "user", "add", "Prof@Lab.edu", "--group", "faculty", "--person-of", "webui", "--json")
+    assert r.exit_code == 0, r
+    assert (r.json()["name"], r.json()["group"], r.json()["person_of"]) == ("prof@lab.edu", "faculty", "webui")
+    r = run(live, "user", "add", "x@lab.edu", "--group", "faculty", "--person-of", "webui", "--weight", "2")
+    assert r.exit_code == 2 and "--person-of takes only --group" in r.stderr

@@ -187,6 +187,12 @@ class FakeDaemon:
             ),
         }
         self.next_id = 4
+        self.models = [
+            {"model": "mistral", "backends": ["ws1", "ws2"], "loaded_on": []},
+            {"model": "llama3.2", "backends": ["ws1", "ws2"], "loaded_on": ["ws1"]},
+        ]
+        self.usage: dict[str, Any] | None = None
+        """``GET /admin/usage``'s answer, when a test sets one."""
         self.decisions = [
             decision("req-1", wall=NOW - 5),
             decision(
@@ -510,12 +516,9 @@ class FakeDaemon:
                 del self.backends[name]
                 return j({"removed": name})
             case "GET", ["models"]:
-                return j(
-                    [
-                        {"model": "mistral", "backends": ["ws1", "ws2"], "loaded_on": []},
-                        {"model": "llama3.2", "backends": ["ws1", "ws2"], "loaded_on": ["ws1"]},
-                    ]
-                )
+                return j(self.models)
+            case "GET", ["usage"] if self.usage is not None:
+                return j(self.usage)
             case "GET", ["queue"]:
                 return j(self.queue())
             case "GET", ["share"]:

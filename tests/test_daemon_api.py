@@ -107,11 +107,14 @@ async def test_error_statuses_in_each_dialect(daemon):
             json={"model": "gpt-99", "messages": [{"role": "user", "content": "x"}]},
             headers=auth,
         )
-        assert r.status == 404 and "gpt-99" in (await r.json())["error"]["message"]
+        said = (await r.json())["error"]["message"]
+        assert r.status == 404 and "gpt-99" in said
+        assert "`GET /v1/models`" in said and "mr models" not in said  # people cannot run admin commands
         r = await c.post(
             "/api/chat", json={"model": "gpt-99", "messages": [{"role": "user", "content": "x"}]}, headers=auth
         )
-        assert r.status == 404 and "gpt-99" in (await r.json())["error"]
+        said = (await r.json())["error"]
+        assert r.status == 404 and "gpt-99" in said and "`GET /api/tags`" in said and "mr models" not in said
         big = "x" * (daemon.config.server.max_body_bytes + 10)
         r = await c.post("/v1/chat/completions", data=big.encode(), headers=auth)
         assert r.status == 413

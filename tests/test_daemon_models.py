@@ -155,7 +155,7 @@ async def test_the_ollama_and_openai_model_routes_carry_the_backends_real_facts(
         assert shown.parameters == "num_ctx 4096"
         with pytest.raises(ollama.ResponseError) as missing:
             await ol.show("nope")
-        assert missing.value.status_code == 404 and "ollama list" in missing.value.error
+        assert missing.value.status_code == 404 and "`GET /api/tags`" in missing.value.error
         with pytest.raises(ollama.ResponseError) as pulled:
             await ol.pull("llama3.2")
         assert pulled.value.status_code == 403 and "ollama pull NAME" in pulled.value.error

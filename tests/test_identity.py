@@ -205,3 +205,31 @@ def test_proxy_settings_and_people_survive_export_and_import(tmp_path: Path) -> 
         assert proxy.person_from == "user-field"
         found = other.person_of(proxy.id, "_alice@lab.edu")
         assert found is not None and found.name == alice.name
+
+
+async def test_an_admin_makes_a_proxys_person_before_their_first_chat(daemon):
+    """`mr user add IDENTITY --person-of webui --group faculty` (issue 21): their first chat is faculty's."""
+    async with FakeOpenAI(flavor="vllm", models=["m"]) as fake:
+        await daemon.backend("b", fake.url, "vllm")
+        webui = await proxy_user(daemon)
+        made = await daemon.admin(
+            "POST", "/admin/users", {"name": "Prof@Lab.edu", "group": "faculty", "person_of": "webui"}, status=201
+        )
+        assert (made["name"], made["group"], made["person_of"], made["identity"]) == (
+            "prof@lab.edu",
+            "faculty",
+            "webui",
+            "prof@lab.edu",
+        )
+        rid = await ask(daemon, webui, **{"X-OpenWebUI-User-Email": "prof@lab.edu"})
+        record = await daemon.admin("GET", f"/admin/decisions/{rid}")
+        assert (record["user"], record["user_group"]) == ("prof@lab.edu", "faculty")
+        again = await daemon.admin(
+            "POST", "/admin/users", {"name": "prof@lab.edu", "group": "staff", "person_of": "webui"}, status=409
+        )
+        assert "already" in again["error"]["message"]
+        await daemon.user("plain", "student")
+        refused = await daemon.admin(
+            "POST", "/admin/users", {"name": "x@lab.edu", "group": "staff", "person_of": "plain"}, status=400
+        )
+        assert "not a proxy" in refused["error"]["message"]

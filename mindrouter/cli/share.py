@@ -17,7 +17,7 @@ from rich.table import Table
 from rich.text import Text
 
 from ._app import ConfigOption, JsonOption, get_app
-from ._output import console, factor_text, fmt_duration, fmt_num, fmt_pct, fmt_tokens, print_json
+from ._output import factor_text, fmt_duration, fmt_num, fmt_pct, fmt_tokens, print_json, print_table
 from .usage import quota_text
 
 __all__ = ["register", "share_rows", "share_table"]
@@ -69,7 +69,7 @@ def share_table(data: dict[str, Any]) -> Table:
         title_style="bold",
     )
     for i, header in enumerate(HEADERS):
-        t.add_column(header, justify="left" if i == 0 else "right", no_wrap=True)
+        t.add_column(header, justify="left" if i == 0 else "right")
     for kind, row in share_rows(data):
         if kind == "group":
             t.add_row(
@@ -124,7 +124,11 @@ def share(ctx: typer.Context, json: JsonOption = False, config: ConfigOption = N
     if json:
         print_json(data)
         return
-    console().print(share_table(data))
+    print_table(
+        share_table(data),
+        short={"quota (used/limit)": "quota"},
+        drop=["queued", "running", "quota (used/limit)", "recent tokens"],
+    )
 
 
 def register(app: typer.Typer) -> None:

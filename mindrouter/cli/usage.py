@@ -22,6 +22,7 @@ from ..store import DIMENSIONS, QUOTA_FIELDS
 from . import _validate
 from ._app import ConfigOption, JsonOption, get_app
 from ._client import quote_name
+from ._fit import fitted
 from ._output import (
     Column,
     console,
@@ -30,6 +31,7 @@ from ._output import (
     fmt_tokens,
     print_changed,
     print_json,
+    print_table,
     table,
 )
 
@@ -104,7 +106,9 @@ def usage(
     unknown = [d for d in dims if d not in DIMENSIONS]
     if unknown or not dims:
         raise UsageError(f"--by {by!r} is not known; use any of {', '.join(DIMENSIONS)}, such as --by user,model")
-    query = {"by": ",".join(dims), "since": since, **({"until": until} if until else {})}
+    query = {"by": ",".join(dims), "since": _validate.when(since, "--since")}
+    if until is not None:
+        query["until"] = _validate.when(until, "--until")
     data = get_app(ctx, config).client.get("/admin/usage", **query)
     rows = data.get("rows") or []
     if json:
@@ -131,7 +135,7 @@ def usage(
             )
     out = console()
     out.print(Text(title, style="bold"))
-    out.print(t)
+    out.print(fitted(t, out)[0])
     if data.get("day_resolution_before"):
         out.print(
             f"[dim]before {_server_time(data, 'day_resolution_before')} only daily totals are kept "
@@ -139,7 +143,7 @@ def usage(
         )
     quotas = data.get("quotas") or []
     if quotas:
-        out.print(table(quotas, _QUOTA_COLUMNS, title="quotas"))
+        print_table(table(quotas, _QUOTA_COLUMNS, title="quotas"))
 
 
 _QUOTA_COLUMNS = [

@@ -140,6 +140,8 @@ def why_view(record: Mapping[str, Any], names: Mapping[str, str]) -> Group:
     if (record.get("attempt") or 1) > 1:
         head.append(f" (attempt {record['attempt']})", style="yellow")
     head.append("\n" + ended(record))
+    if record.get("selected_backend_id") is None and not record.get("priority") and not record.get("scores"):
+        return Group(head)  # refused before any pick (a quota, an unknown model): no terms to show
 
     raw_terms = record.get("priority")
     terms: Mapping[str, Any] = raw_terms if isinstance(raw_terms, Mapping) else {}

@@ -67,7 +67,11 @@ def admit(app: web.Application, path: str, headers: Mapping[str, str], body: byt
             stream=call.stream,
         )
         quotas = app[QUOTAS]
-        admitted.quota_headers = quotas.admit(caller, job)  # 429 before the job queues
+        try:
+            admitted.quota_headers = quotas.admit(caller, job)  # 429 before the job queues
+        except RequestError as refusal:  # a decision record, as the core's refusals get one
+            dispatcher.lease(job, call, user=caller.name, group=caller.group).refuse(refusal)
+            raise
         cap = quotas.answer_cap(job.id)
         if cap is not None:  # a whole answer naming no max_tokens: held to its share of the quota
             call = admitted.call = call.capped(cap)

@@ -51,7 +51,7 @@ class State(Enum):
     STREAMING = "streaming"
     """The backend's answer is open [``open``]."""
     SETTLED = "settled"
-    """The books are closed: exactly one settlement went out [``_settle``: ``finish``, ``withdraw``, the exit]."""
+    """The books are closed: one settlement went out [``_settle``: ``finish``, ``withdraw``, ``refuse``, the exit]."""
 
 
 def unsupported(model: str, modality: Any, said: str) -> RequestError:
@@ -360,6 +360,11 @@ class Lease:
         self._end_attempt(outcome, upstream.error)
         prompt, completion = self._used()
         self._settle(outcome, upstream.error, upstream.status, prompt, completion)
+
+    def refuse(self, refusal: RequestError) -> None:
+        """Admission refused the job before it queued (a quota): settle it as rejected, so that ``mr why``
+        explains the refusal's request id as it explains the core's."""
+        self._settle(Outcome.REJECTED, refusal.message, refusal.status)
 
     def withdraw(self, refusal: RequestError) -> None:
         """The daemon ends a request that is still queued (it is shutting down); the client gets ``refusal``."""

@@ -316,7 +316,7 @@ class Registry:
         load = self.scheduler.load(entry.row.id)
         if entry.row.state == "draining" and (load is None or load.in_flight == 0):
             entry.row = self.store.set_backend_state(entry.row.name, "disabled")
-            log.info("backend=%s drained and is now disabled", entry.row.name)
+            log.info("backend=%s is drained: idle, and takes no new requests until `mr backend enable`", entry.row.name)
             return True
         return False
 
@@ -376,8 +376,11 @@ class Registry:
     # -- reading -----------------------------------------------------------
 
     def status(self, entry: Entry) -> str:
+        """What people see: a backend is only disabled by draining it, so the stored "disabled" reads "drained"."""
         state = entry.row.state
-        if state in ("draining", "disabled"):
+        if state == "disabled":
+            return "drained"
+        if state == "draining":
             return state
         return "healthy" if self.healthy(entry) else "unhealthy"
 
