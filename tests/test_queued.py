@@ -116,10 +116,12 @@ async def test_an_ollama_stream_waits_in_its_own_dialect(tmp_path):
         front = Client(served, session)
         first = await occupy_the_slot(front, fake, "/api/chat")
         body = {"model": "m", "messages": CHAT["messages"]}  # Ollama streams unless told not to
-        async with session.post(front.url + "/api/chat", json=body, headers=front.auth) as r:
-            assert r.headers["Content-Type"].startswith("application/x-ndjson")
-            assert r.headers["X-Queue-Position"] == "1"
-            fake.open_gate()
+        waiting = asyncio.create_task(session.post(front.url + "/api/chat", json=body, headers=front.auth))
+        await until(lambda: front.queued == 1, "the stream should wait")
+        assert not waiting.done()  # no headers until the slot: Ollama's clients read errors from the status
+        fake.open_gate()
+        async with await waiting as r:
+            assert r.status == 200 and r.headers["Content-Type"].startswith("application/x-ndjson")
             lines = [json.loads(line) for line in (await r.content.read()).splitlines() if line]
         assert lines[-1]["done"] is True and len(lines) == 4
         assert (await first)[0] == 200

@@ -13,6 +13,7 @@ import time
 from typing import Any
 
 import aiohttp
+import ollama
 import pytest
 
 from mindrouter.daemon.app import create_app
@@ -70,15 +71,32 @@ async def test_a_queued_stream_that_times_out_gets_the_dialects_error_tail_and_a
         await settle(lambda: d.scheduler.running_count == 1)
         path = CHAT if dialect == "openai" else "/api/chat"
         resp = await d.client.post(path, json=body(stream=True), headers=auth(key))
-        assert resp.status == 200 and resp.headers["X-Request-Id"].startswith("mr-")
+        assert resp.headers["X-Request-Id"].startswith("mr-")
         raw = await asyncio.wait_for(resp.read(), 5)  # ends: the daemon closed the stream
-        lines = [line for line in raw.decode().splitlines() if line and not line.startswith(":")]
         if dialect == "openai":
+            assert resp.status == 200
+            lines = [line for line in raw.decode().splitlines() if line and not line.startswith(":")]
             assert lines[-1] == "data: [DONE]"
             error = json.loads(lines[-2][6:])["error"]
             assert "waited" in error["message"]
-        else:
-            assert "waited" in json.loads(lines[-1])["error"]
+        else:  # Ollama's clients show an error only as the HTTP status: no headers went out while it waited
+            assert resp.status == 504 and "waited" in json.loads(raw)["error"]
+        busy.cancel()
+
+
+async def test_the_ollama_client_sees_a_queue_timeout_as_an_error(tmp_path, aiohttp_client, nvml):
+    """Open WebUI's Ollama connection dropped an error line sent after a 200; a 504 it shows."""
+    d = await make_daemon(tmp_path, aiohttp_client, nvml, {"queue_timeout": 0.5})
+    async with FakeOllama(models=["llama3"], tokens_per_second=10, completion_tokens=30) as fake:
+        await d.backend("b1", fake.url, "ollama", max_concurrent=1)
+        key = await d.user("q")
+        busy = asyncio.create_task(d.client.post(CHAT, json=body(max_tokens=30), headers=auth(key)))
+        await settle(lambda: d.scheduler.running_count == 1)
+        client = ollama.AsyncClient(host=str(d.client.make_url("/")).rstrip("/"), headers=auth(key))
+        with pytest.raises(ollama.ResponseError) as raised:
+            async for _ in await client.chat(model="llama3", messages=[{"role": "user", "content": "hi"}], stream=True):
+                pass
+        assert raised.value.status_code == 504 and "waited" in raised.value.error
         busy.cancel()
 
 

@@ -62,7 +62,7 @@ async def handle_inference(request: web.Request) -> web.StreamResponse:
             raise admitted.error
         assert lease is not None and call is not None
         async with lease:
-            if call.stream and lease.queued:
+            if call.stream and lease.queued and dialect == "openai":
                 response = await _prepare_waiting_stream(request, lease, dialect)
                 upstream = await lease.open(heartbeat=_position_teller(response.write, lease, dialect))
             else:
@@ -160,6 +160,10 @@ def _waiting_headers(lease: Lease, dialect: str) -> dict[str, str]:
 
 
 async def _prepare_waiting_stream(request: web.Request, lease: Lease, dialect: str) -> web.StreamResponse:
+    """An OpenAI stream that must wait gets its headers and position at once, and SSE comments while it
+    waits. An Ollama stream gets nothing until its slot: NDJSON has no comments, and Ollama's clients
+    (Open WebUI's stream conversion among them) show an error only when it comes as the HTTP status,
+    so a queue timeout there is a 504 with ``{"error": ...}``, never an error line after a 200."""
     response = web.StreamResponse(status=200, headers=_waiting_headers(lease, dialect))
     await response.prepare(request)
     return response
