@@ -194,9 +194,9 @@ async def test_drain_and_enable_a_backend(daemon: Daemon, fake_ollama: Any) -> N
     page = await (await daemon.client.get("/ui/admin/backends")).text()
     assert "llama3.2" in page and "healthy" in page
     page = await post(daemon, "/ui/admin/backends", "/ui/admin/backends/box/drain")
-    assert "backend box is draining" in page or "backend box is disabled" in page
+    assert "backend box is draining" in page or "backend box is drained" in page
     status = (await daemon.admin("GET", "/admin/backends"))[0]["status"]
-    assert status in ("draining", "disabled")
+    assert status in ("draining", "drained")
     page = await post(daemon, "/ui/admin/backends", "/ui/admin/backends/box/enable")
     assert "backend box is healthy" in page
     page = await post(daemon, "/ui/admin/backends", "/ui/admin/backends/nobox/drain")
