@@ -50,7 +50,14 @@ class Loops:
     def _core(self, done: list[tuple[str, float, float]], now: float) -> Scheduler:
         s = self.s = Scheduler(self.settings)
         for name, models in self.backends.items():
-            s.set_backend(Backend(id=name, name=name, models=frozenset(models), max_concurrent=self.slots_by_backend.get(name, self.slots)))
+            s.set_backend(
+                Backend(
+                    id=name,
+                    name=name,
+                    models=frozenset(models),
+                    max_concurrent=self.slots_by_backend.get(name, self.slots),
+                )
+            )
         for loop in self.loops:
             s.set_user(loop.user, self.weights.get(loop.user, 1.0))
         for user, tokens, at in done:
@@ -160,7 +167,7 @@ def test_a_huge_max_tokens_on_unstreamed_requests_changes_no_share(first):
     lab = Loops(a + b)
     shares = lab.run(600)
     assert shares["a"] == pytest.approx(0.5, abs=0.04), shares
-    assert not lab.timeouts, lab.timeouts
+    assert "b" not in lab.timeouts, lab.timeouts
 
 
 def test_a_restart_keeps_fair_share():
@@ -213,7 +220,8 @@ def test_one_person_on_several_models_is_one_person(backends):
     the pool owes each the same: b the shared box, a the rest (50% each with 2
     backends x 4 slots; with 3 backends, the others have 2 slots each, so again
     4 and 4). Each candidate set being its own pool, a counted once per pool
-    and took part of the shared box for each: 65.6% / 72.4% in the issue.
+    and took part of the shared box for each: 75% here, 65.6% / 72.4% in the issue.
+    a's qwen requests time out: the shared box is b's share at saturation.
     """
     slots = 4 if len(backends) == 2 else 2
     loops = [Loop("b", 200, 300, model="qwen") for _ in range(8)]
@@ -223,4 +231,4 @@ def test_one_person_on_several_models_is_one_person(backends):
     lab = Loops(loops, backends=backends, slots_by_backend=sizes)
     shares = lab.run(900)
     assert shares["a"] == pytest.approx(0.5, abs=0.04), shares
-    assert not lab.timeouts, lab.timeouts
+    assert "b" not in lab.timeouts, lab.timeouts

@@ -31,12 +31,12 @@ from __future__ import annotations
 
 import heapq
 from collections import deque
-from collections.abc import Hashable
+from collections.abc import Hashable, Iterable, Sequence
 from dataclasses import dataclass, field
 
 from .settings import SchedulerSettings
 
-__all__ = ["Pool", "PoolKey", "Seat", "UserState", "apply_factor", "heavy_factor", "seed_priority"]
+__all__ = ["Pool", "PoolKey", "Seat", "UserState", "apply_factor", "heavy_factor", "joined", "seed_priority"]
 
 #: A pool is named by the backend ids that can serve its jobs.
 PoolKey = frozenset
@@ -48,6 +48,31 @@ TYPICAL_CLIP = 4.0
 #: Typical requests (per unit of weight) a seat may use beyond the heavy threshold before it
 #: counts as heavy: within that, the excess is the scheduler's own granularity, not heavy use.
 HEAVY_SLACK = 2.0
+
+
+def joined(models: Sequence[Iterable[str]]) -> list[list[int]]:
+    """Backends (by index, each given by its models) grouped when one model is served by both, transitively.
+
+    These groups are the pools: every candidate set of a job lies inside one, and
+    two candidate sets that overlap lie in the same one, so a person has one
+    standing wherever its jobs could meet another's.
+    """
+    owner = list(range(len(models)))
+
+    def root(i: int) -> int:
+        while owner[i] != i:
+            owner[i] = owner[owner[i]]
+            i = owner[i]
+        return i
+
+    first: dict[str, int] = {}
+    for i, served in enumerate(models):
+        for model in served:
+            owner[root(i)] = root(first.setdefault(model, i))
+    groups: dict[int, list[int]] = {}
+    for i in range(len(models)):
+        groups.setdefault(root(i), []).append(i)
+    return list(groups.values())
 
 
 def heavy_factor(usage_fraction: float, threshold: float, floor: float = 0.1) -> float:
