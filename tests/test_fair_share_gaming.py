@@ -232,3 +232,22 @@ def test_one_person_on_several_models_is_one_person(backends):
     shares = lab.run(900)
     assert shares["a"] == pytest.approx(0.5, abs=0.04), shares
     assert "b" not in lab.timeouts, lab.timeouts
+
+
+def test_service_where_no_one_else_could_run_is_not_paid_back_for_long():
+    """x asks qwen (gpu1 only), y llama3 (gpu2 only, half the slots); at 600 s y adds mistral, on both.
+
+    Sharing one standing per person, x's 10 minutes of 4 slots against y's 2
+    had put x far behind y, though neither could have used the other's GPU: y's
+    mistral then took all of gpu1 for about 5 minutes. A backlogged person
+    stands at most two of the largest requests behind the most-owed one, so
+    from 2 minutes after the change max-min holds: 3 slots each (50%).
+    """
+    loops = [Loop("x", 200, 300, model="qwen") for _ in range(8)]
+    loops += [Loop("y", 200, 300) for _ in range(8)]
+    loops += [Loop("y", 200, 300, model="mistral", start=600.0) for _ in range(8)]
+    backends = {"gpu1": ("qwen", "mistral"), "gpu2": ("llama3", "mistral")}
+    lab = Loops(loops, backends=backends, slots_by_backend={"gpu2": 2})
+    shares = lab.run(900, count_from=720)
+    assert shares["x"] == pytest.approx(0.5, abs=0.04), shares
+    assert lab.starved["x"] < 60, lab.starved

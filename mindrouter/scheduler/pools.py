@@ -48,6 +48,9 @@ TYPICAL_CLIP = 4.0
 #: Typical requests (per unit of weight) a seat may use beyond the heavy threshold before it
 #: counts as heavy: within that, the excess is the scheduler's own granularity, not heavy use.
 HEAVY_SLACK = 2.0
+#: How many of the pool's largest requests (per unit of weight) a queued seat may stand behind V:
+#: VTC's bound on the service gap between backlogged people.
+DEBT_BOUND = 2.0
 
 
 def joined(models: Sequence[Iterable[str]]) -> list[list[int]]:
@@ -152,6 +155,8 @@ class Pool:
     recent_total: float = 0.0
     heavy: set[Hashable] = field(default_factory=set)
     shifts: int = 0
+    largest: float = 0.0
+    """The largest single charge made here: the unit of the bound on how far a seat stands behind V."""
     _ref_heap: list[tuple[float, int, Hashable, int]] = field(default_factory=list)
     _seq: int = 0
     _reference: float = 0.0
@@ -248,8 +253,24 @@ class Pool:
         return max(room + apply_factor(base - room, seat.factor), base - room)
 
     def charge(self, seat: Seat, cost: float) -> None:
-        """Move ``seat`` by ``cost`` (negative: a refund) at its current weight."""
-        seat.lag -= cost / seat.weight
+        """Move ``seat`` by ``cost`` (negative: a refund) at its current weight.
+
+        A charge takes a queued seat's settled lag (its lag without what its running
+        jobs were charged ahead) at most two of the pool's largest requests (per unit
+        of its weight) behind V, or leaves it where it stood if already further
+        behind: that is VTC's bound between people who compete, so it never binds
+        between them, and it bounds what a person pays back for service on backends
+        that nobody it meets later could have used (one standing per person spans
+        the whole pool, where lags of people who never meet drift apart).
+        """
+        if cost > self.largest:
+            self.largest = cost
+        lag = seat.lag - cost / seat.weight
+        if cost > 0 and seat.queued:
+            held = seat.inflight / seat.weight  # charged ahead for jobs still running: not yet a debt
+            floor = self.reference() - DEBT_BOUND * self.largest / seat.weight - held
+            lag = max(lag, min(seat.lag, floor))
+        seat.lag = lag
         self.touch(seat)
 
     def maybe_shift(self) -> bool:
