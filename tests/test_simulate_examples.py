@@ -51,6 +51,8 @@ FIRST = {
     "separate-models": 600,
     "scenario3": 600,
     "huge-request": 1800,
+    "overlapping-pools": 600,
+    "one-person-many-models": 600,
 }
 
 
@@ -122,6 +124,8 @@ ROWS = {
     "lab-pool": "issue 17: four Ollama workstations, loads and a burst over capacity",
     "staggered-big-prompts": "issue 18, case 1: staggered loops of 30k-token prompts",
     "few-outstanding": "issue 18, case 1: few big requests outstanding",
+    "overlapping-pools": "issue 18, case 3: a student on a model only the shared GPU has, next to an admin",
+    "one-person-many-models": "issue 18, case 3: one person on two models of the shared box",
 }
 
 #: Examples about throughput rather than issue 9's fairness targets, with the reason (tested elsewhere).
