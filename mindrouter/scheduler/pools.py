@@ -1,10 +1,14 @@
 """Pools of contention: where users compete, and each user's standing in each.
 
-A *pool* is the set of backends that can serve a job class (model, modality,
-JSON mode); classes with the same candidate backends share one. Users compete
-only inside a pool, so service a user got on a model nobody else wanted is
-never held against it on another model: every pool keeps its own reference,
-its own positions and its own recent usage.
+A *pool* is a group of backends joined by the models they serve (two backends
+serving one model are joined, transitively, ``joined``); every job class's
+candidate backends lie in one pool, and classes whose candidates overlap share
+it. In a pool a person has one seat, whichever models it asks for, so when a
+slot frees the most-owed person with a job that backend can serve is served:
+weighted max-min fairness under the candidates' constraints. Pools that share
+no backend never compete, so service a user got on a model nobody else could
+run is never held against it on another model: every pool keeps its own
+reference, its own positions and its own recent usage.
 
 Invariants (``Pool.check()`` asserts them in tests):
 
@@ -21,6 +25,10 @@ Invariants (``Pool.check()`` asserts them in tests):
 - A seat that starts queuing is lowered only by credit banked while it had
   nothing queued: from idle it stands at most one typical request above V; with
   jobs running, at most where it stood from V when its queue emptied.
+- A charge takes a queued seat's settled lag (``lag`` without ``inflight``) at most
+  ``DEBT_BOUND`` of the pool's largest charges (per unit of weight) behind V, and
+  never moves a seat already further behind: people in one pool who never meet
+  on a backend drift apart, and this bounds what one pays back when they meet.
 - Lags leave their place in only two ways besides charges: that placement, and
   a shift of every seat of the pool by the same amount when V drifts far below
   zero (order and shares unchanged). Nobody is raised on its own.
