@@ -26,8 +26,8 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
-from ._gap import GapTracker
 from ..scheduler.pools import joined
+from ._gap import GapTracker
 from .scenario import BackendSpec
 
 __all__ = ["Pool", "PoolWindow", "find_pools"]
