@@ -205,6 +205,20 @@ def test_overlapping_pools_share_by_weight_across_the_whole_pool():
     assert shares["student"] == pytest.approx(1 / 11, abs=0.04), shares
 
 
+def test_where_a_constraint_binds_max_min_gives_the_rest_to_the_others():
+    """The same GPUs with the weights swapped: the student (10) is owed 10/11 of 8 slots but can use 4.
+
+    Max-min caps it at gpu1 (50%) and gives gpu2 to the admin (1): weights decide
+    on the shared gpu1 only as far as the admin is not served elsewhere.
+    """
+    loops = [Loop("student", 200, 300, model="qwen") for _ in range(8)]
+    loops += [Loop("admin", 200, 300) for _ in range(16)]
+    lab = Loops(loops, weights={"student": 10.0}, backends={"gpu1": ("qwen", "llama3"), "gpu2": ("llama3",)})
+    shares = lab.run(900)
+    assert shares["student"] == pytest.approx(0.5, abs=0.04), shares
+    assert not lab.timeouts, lab.timeouts
+
+
 @pytest.mark.parametrize(
     "backends",
     [
