@@ -24,7 +24,7 @@ from aiohttp.test_utils import TestClient
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from mindrouter.daemon.app import create_app
-from tests.conftest import ADMIN_KEY, FrontDoorServer, daemon_config
+from tests.conftest import ADMIN_KEY, ServeServer, daemon_config
 from tests.fake_nvml import FakeNvml
 from tests.fakes import FakeOllama
 
@@ -42,7 +42,7 @@ async def main(streams: int, max_line_bytes: int) -> None:
     backends = dataclasses.replace(config.backends, poll_interval=60, max_line_bytes=max_line_bytes)
     config = dataclasses.replace(config, backends=backends)
     app = await create_app(config, nvml=FakeNvml(init_error=FakeNvml.NVML_ERROR_LIBRARY_NOT_FOUND))
-    client = TestClient(FrontDoorServer(app, config))
+    client = TestClient(ServeServer(app, config))
     await client.start_server()
     admin = {"Authorization": f"Bearer {ADMIN_KEY}"}
     try:

@@ -202,7 +202,10 @@ def _merge(section: str, obj: Any, values: Mapping[str, Any], skip: frozenset[st
         if key not in known:
             raise ConfigError(f"unknown setting [{section}] {key}; see config.example.toml for the keys")
         changes[key] = _coerce(section, key, value, getattr(obj, key))
-    return dataclasses.replace(obj, **changes)
+    try:
+        return dataclasses.replace(obj, **changes)
+    except ValueError as exc:  # the settings check their own values together (token costs)
+        raise ConfigError(f"[{section}] {exc}") from None
 
 
 _ENV_SCORES = {f"SCHEDULER_SCORE_{f.name.upper()}": f.name for f in dataclasses.fields(ScoreWeights)}

@@ -53,10 +53,14 @@ host_python() {
 
 # ---------------------------------------------------------------- build
 cmd_build() {
-    if [[ -x "$BIN" ]]; then
+    if [[ -x "$BIN" ]] && grep -q '^GGML_NATIVE:BOOL=OFF$' "$BUILD_DIR/CMakeCache.txt" 2>/dev/null; then
         say "llama-server already built"
         printf '%s\n' "$BIN"
         return 0
+    fi
+    if [[ -x "$BIN" ]]; then
+        say "rebuilding llama-server: the one in $BUILD_DIR was built for this CPU only (-march=native)"
+        rm -rf "$BUILD_DIR"
     fi
     command -v cmake >/dev/null 2>&1 || die "cmake is required"
     command -v c++ >/dev/null 2>&1 || command -v g++ >/dev/null 2>&1 || die "a C++ compiler is required"
@@ -86,8 +90,12 @@ cmd_build() {
     start=$(date +%s)
     say "configuring llama.cpp in $BUILD_DIR"
     # The prebuilt web UI is fetched from a host we may not reach: keep it off.
+    # GGML_NATIVE=OFF: portable code (on x86-64 up to AVX2/FMA/F16C, no AVX-512) instead of -march=native,
+    # whose binary died with SIGILL in weight repacking when copied to, or run from a shared cache on,
+    # another CPU.
     cmake -S "$src" -B "$BUILD_DIR" \
         -DCMAKE_BUILD_TYPE=Release \
+        -DGGML_NATIVE=OFF \
         -DLLAMA_BUILD_TESTS=OFF \
         -DLLAMA_BUILD_EXAMPLES=OFF \
         -DLLAMA_USE_PREBUILT_UI=OFF \
@@ -232,11 +240,13 @@ cmd_start() {
 
     # --metrics is needed for /metrics (off by default). /slots is on by
     # default in this llama.cpp (--no-slots turns it off); --slots says so.
+    # --embeddings --pooling mean: /v1/embeddings answers too (a RAG client's
+    # first call); this llama.cpp still serves chat and completions with it.
     say "starting llama-server on $url (model $model_path, alias $alias, $parallel slots), log: $log"
     nohup "$bin" -m "$model_path" --alias "$alias" \
         --host 127.0.0.1 --port "$port" \
         -c "${MR_LLAMA_CTX:-2048}" -np "$parallel" -t "${MR_LLAMA_THREADS:-2}" \
-        --metrics --slots \
+        --metrics --slots --embeddings --pooling mean \
         ${extra[@]+"${extra[@]}"} >"$log" 2>&1 </dev/null &
     local pid=$!
     printf '%s\n' "$pid" >"$pidfile"

@@ -2,19 +2,20 @@
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import dataclasses
-from collections.abc import AsyncIterator
+import inspect
+from collections.abc import AsyncIterator, Callable
 from pathlib import Path
 from typing import Any
 
 import pytest
 from aiohttp import web
-from aiohttp.test_utils import TestServer
-from yarl import URL
+from aiohttp.test_utils import TestClient, TestServer
 
 from mindrouter.config import BackendSettings, Config, ServerSettings
 from mindrouter.daemon.app import create_app, make_runner
-from mindrouter.daemon.frontdoor import FrontDoors
 from mindrouter.daemon.keys import REGISTRY, SCHEDULER
 from mindrouter.scheduler import SchedulerSettings
 
@@ -94,29 +95,77 @@ def daemon_config(tmp_path: Path, **scheduler: Any) -> Config:
     )
 
 
-class FrontDoorServer(TestServer):
-    """The app served as ``mr serve`` serves it: its runner, behind the front door (frontdoor.py)."""
+class ServeServer(TestServer):
+    """The app served as ``mr serve`` serves it: with the runner ``make_runner`` sets up."""
 
     def __init__(self, app: web.Application, config: Config) -> None:
         super().__init__(app)
         self.config = config
-        self.doors: FrontDoors | None = None
 
-    async def start_server(self, loop: Any = None, **kwargs: Any) -> None:
-        if self.runner:
+    async def _make_runner(self, **kwargs: Any) -> web.AppRunner:
+        return make_runner(self.app, self.config)
+
+
+@dataclasses.dataclass
+class ServedDaemon:
+    """A daemon served on a TCP port as ``mr serve`` serves it, with backend "gpu" and user "ann" (key ``key``)."""
+
+    app: web.Application
+    server: TestServer
+    key: str
+
+    @property
+    def port(self) -> int:
+        return self.server.port or 0
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+
+@contextlib.asynccontextmanager
+async def serve_daemon(
+    tmp_path: Path,
+    fake_url: str,
+    engine: str,
+    *,
+    max_concurrent: int = 1,
+    scheduler: dict[str, Any] | None = None,
+    adapters: Any = None,
+    **server: Any,
+) -> AsyncIterator[ServedDaemon]:
+    """Serve a daemon whose one backend (``max_concurrent`` slots) is ``fake_url``; ``server`` overrides settings."""
+    config = daemon_config(tmp_path, **(scheduler or {}))
+    config = dataclasses.replace(config, server=dataclasses.replace(config.server, **server))
+    app = await create_app(config, nvml=FakeNvml(init_error=FakeNvml.NVML_ERROR_LIBRARY_NOT_FOUND), adapters=adapters)
+    served = ServeServer(app, config)
+    await served.start_server()
+    try:
+        async with TestClient(served) as client:
+            admin = {"Authorization": f"Bearer {ADMIN_KEY}"}
+            backend = {"name": "gpu", "url": fake_url, "engine": engine, "max_concurrent": max_concurrent}
+            for path, body in (("/admin/backends", backend), ("/admin/users", {"name": "ann", "group": "student"})):
+                async with client.post(path, json=body, headers=admin) as r:
+                    assert r.status < 300, await r.text()
+            async with client.post("/admin/users/ann/keys", json={}, headers=admin) as r:
+                key = (await r.json())["key"]
+            yield ServedDaemon(app, served, key)
+    finally:
+        await served.close()
+
+
+async def until(predicate: Callable[[], object], what: str = "the condition never held", timeout: float = 10.0) -> None:
+    """Wait until ``predicate()`` (or what it returns, awaited) is true; fail with ``what`` after ``timeout`` s."""
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + timeout
+    while True:
+        result = predicate()
+        if inspect.isawaitable(result):
+            result = await result
+        if result:
             return
-        self.runner = make_runner(self.app, self.config)
-        await self.runner.setup()
-        assert self.runner.server is not None
-        self.doors = FrontDoors(self.app, self.runner.server)
-        self.port = await self.doors.listen(self.host, 0, backlog=128)
-        self.scheme = "http"
-        self._root = URL(f"http://{self.host}:{self.port}")
-
-    async def close(self) -> None:
-        if self.doors is not None and not self.closed:
-            await self.doors.close(1.0)
-        await super().close()
+        assert loop.time() < deadline, what
+        await asyncio.sleep(0.02)
 
 
 @pytest.fixture
@@ -129,5 +178,5 @@ def nvml() -> FakeNvml:
 async def daemon(tmp_path: Path, aiohttp_client: Any, nvml: FakeNvml) -> AsyncIterator[Daemon]:
     config = daemon_config(tmp_path)
     app = await create_app(config, nvml=nvml)
-    client = await aiohttp_client(FrontDoorServer(app, config))
+    client = await aiohttp_client(ServeServer(app, config))
     yield Daemon(client, app, config)

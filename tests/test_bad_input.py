@@ -22,11 +22,11 @@ from pathlib import Path
 from typing import Any, NamedTuple
 
 import pytest
+from aiohttp import web
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from mindrouter.daemon.app import create_app, make_runner
-from mindrouter.daemon.frontdoor import FrontDoors
 
 from .conftest import ADMIN_KEY, daemon_config
 from .fake_nvml import FakeNvml
@@ -65,10 +65,10 @@ def served(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Served]:
         app = await create_app(config, nvml=FakeNvml(init_error=FakeNvml.NVML_ERROR_LIBRARY_NOT_FOUND))
         runner = make_runner(app, config)
         await runner.setup()
-        assert runner.server is not None
-        doors = FrontDoors(app, runner.server)  # as `mr serve` listens
-        port = await doors.listen("127.0.0.1", 0, backlog=128)
-        state.update(fake=fake, busy=busy, runner=runner, port=port, app=app, doors=doors)
+        site = web.TCPSite(runner, "127.0.0.1", 0)
+        await site.start()
+        port = site.port
+        state.update(fake=fake, busy=busy, runner=runner, port=port, app=app)
 
     def run() -> None:
         asyncio.set_event_loop(loop)
@@ -102,7 +102,6 @@ def served(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Served]:
     yield Served(port, key, routes, loop, bob)
 
     async def stop() -> None:
-        await state["doors"].close(1.0)
         await state["runner"].cleanup()
         await state["fake"].stop()
         await state["busy"].stop()
@@ -147,7 +146,7 @@ def check(answer: Answer, path: str) -> None:
     TRIED["inputs"] += 1
     status, data, headers = answer
     assert status < 500, (status, path, data[:300])
-    assert "Server" not in headers, (path, headers["Server"])
+    assert headers.get("Server") == "mindrouter", (path, headers.get("Server"))
     if status < 400:
         return
     assert headers.get("X-Request-Id", "").startswith("mr-"), (path, status, dict(headers))

@@ -229,13 +229,13 @@ def test_backend_list(fake: FakeDaemon) -> None:
     run = mr("backend", "list")
     assert run.exit_code == 0
     assert re.search(r"ws1\s+ollama\s+healthy\s+2/4\s+llama3.2", run.stdout)
-    assert "unhealthy (connection refused)" in run.stdout and "draining" in run.stdout
+    assert "old is unhealthy: connection refused" in run.stdout and "draining" in run.stdout
     rows = mr("backend", "list", "--json").json()
     assert_rows(
         rows,
         {"id", "name", "url", "engine", "status", "healthy", "in_flight", "max_concurrent", "models", "loaded_models"},
     )
-    assert {r["status"] for r in rows} <= {"healthy", "unhealthy", "draining", "disabled"}
+    assert {r["status"] for r in rows} <= {"healthy", "unhealthy", "draining", "drained"}
 
 
 def test_backend_add_sends_checked_values(fake: FakeDaemon) -> None:
@@ -355,9 +355,10 @@ def test_share_like_sshare(fake: FakeDaemon) -> None:
     lines = run.stdout.splitlines()
     faculty = next(i for i, line in enumerate(lines) if line.lstrip().startswith("faculty"))
     assert lines[faculty + 1].lstrip().startswith("alice")  # users under their group
-    assert re.search(r"alice\s+3\s+60.0%\s+30.0k\s+71.4%\s+-1,000\s+0.57\s+2\s+1", run.stdout)
+    assert re.search(r"alice\s+3\s+60.0%\s+30.0k\s+71.4%\s+52.0k\s+74.3%\s+-1,000\s+0.57\s+2\s+1", run.stdout)
+    assert "(42.0k tokens, 70.0k service units)" in run.stdout
     assert "burst" not in run.stdout  # the same for everyone: it never reorders anyone
-    for header in ("weight", "norm share", "recent tokens", "actual share", "deficit", "factor"):
+    for header in ("weight", "norm share", "recent tokens", "actual share", "recent units", "unit share", "deficit"):
         assert header in run.stdout
     data = mr("share", "--json").json()
     assert {"groups", "users", "window_seconds"} <= set(data)
@@ -423,6 +424,8 @@ def test_why_explains_priority_and_scores(fake: FakeDaemon) -> None:
     assert re.search(r"ws2\s+-20.2\s+12.5\s+0.8\s+7\s+20.2\s+0\s+n/a\s+36.5\s+0", out)
     assert "ws2 lost: it would have to load the model or wait for a slot (+12.5 s)" in out
     assert "ws2 would evict coder" in out
+    assert re.search(r"recent tokens\s+30,?000|recent tokens\s+30(\.0)?k", out), out
+    assert re.search(r"recent units\s+52,?000|recent units\s+52(\.0)?k", out), out
     assert re.search(r"old\s+model not available; unhealthy", out)  # id 3 shown by name
     data = mr("why", "req-1", "--json").json()
     assert data["priority"]["priority"] == -300.1 and data["backend_names"]["3"] == "old"
@@ -480,8 +483,34 @@ def test_config_show(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     assert data["scheduler"]["scores"]["latency"] == 10 and data["path"] == str(target)
     run = mr("config", "show")
     assert run.exit_code == 0 and "s3cret" not in run.stdout
-    assert re.search(r"port\s+9000\s+8484", run.stdout)
-    assert "[scheduler.scores]" in run.stdout
+    assert "port = 9000  # default: 8484" in run.stdout.splitlines()
+    assert "# admin_key is set (not shown)" in run.stdout.splitlines()
+
+
+def test_config_show_prints_toml_that_loads_back_to_the_settings(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """It printed Python reprs (True, 'text') before: not TOML (issue 21)."""
+    target = tmp_path / "config.toml"
+    target.write_text(
+        '[server]\nport = 9000\ndiscover = false\nlog_level = "debug"\n'
+        "[scheduler]\nreturn_credit = 100.0\n[scheduler.scores]\nlatency = 10\n"
+    )
+    monkeypatch.setenv("MR_CONFIG", str(target))
+    run = mr("config", "show")
+    assert run.exit_code == 0, run
+    parsed = tomllib.loads(run.stdout)
+    assert parsed["server"]["discover"] is False and parsed["server"]["log_level"] == "debug"
+    assert parsed["scheduler"]["return_credit"] == 100.0 and "return_debt" not in parsed["scheduler"]
+    assert parsed["scheduler"]["scores"]["latency"] == 10.0
+    shown = tmp_path / "shown.toml"
+    shown.write_text(run.stdout)
+    loaded, original = load_config(shown, environ={}), load_config(target, environ={})
+    assert (loaded.server, loaded.scheduler, loaded.backends) == (
+        original.server,
+        original.scheduler,
+        original.backends,
+    )
 
 
 # -- import / export -------------------------------------------------------------------------

@@ -135,8 +135,10 @@ def test_every_command_against_a_running_daemon(live: ThreadDaemon) -> None:
     assert queue["queue"]["total"] == 0 and queue["fair_share"]["global_recent_tokens"] == 6
     share = run(live, "share", "--json").json()
     alice = next(u for u in share["users"] if u["name"] == "alice")
-    # A newcomer stands one typical request (256) above the reference; it used 6 since.
-    assert alice["recent_tokens"] == 6 and alice["actual_share"] == 1.0 and alice["deficit"] == 256 - 6
+    # A newcomer stands one typical request (256 answer tokens at 2 units each) above the reference; it used
+    # 6 tokens since (3 prompt tokens and 3 answer tokens: 9 service units).
+    assert alice["recent_tokens"] == 6 and alice["actual_share"] == 1.0 and alice["deficit"] == 2 * 256 - 9
+    assert alice["recent_units"] == 9 and alice["unit_share"] == 1.0 and share["global_recent_units"] == 9
     lines = run(live, "decisions", "--json", "--limit", "5").stdout.strip().splitlines()
     record = json.loads(lines[-1])
     assert record["request_id"] == rid and record["selected_backend"] == "ws1"
@@ -165,7 +167,7 @@ def test_every_command_against_a_running_daemon(live: ThreadDaemon) -> None:
             assert word in r.stdout, (args, word, r.stdout)
 
     # Changes, then clean-up.
-    assert run(live, "backend", "drain", "ws1", "--json").json()["status"] in ("draining", "disabled")
+    assert run(live, "backend", "drain", "ws1", "--json").json()["status"] in ("draining", "drained")
     assert run(live, "backend", "enable", "ws1", "--json").json()["status"] == "healthy"
     assert run(live, "user", "rm", "bob").exit_code == 0
     assert run(live, "group", "rm", "phd").exit_code == 0
@@ -215,3 +217,12 @@ def test_a_proxys_settings_through_the_command_line(live: ThreadDaemon) -> None:
     assert run(live, "user", "set-proxy", "gateway", "off").exit_code == 0
     users = {u["name"]: u for u in run(live, "user", "list", "--json").json()}
     assert "proxy_for" not in users["gateway"] and "person_from" not in users["gateway"]
+
+
+def test_user_add_person_of_makes_a_proxys_person_before_their_first_chat(live: ThreadDaemon) -> None:
+    assert run(live, "user", "add", "webui", "--group", "student", "--proxy").exit_code == 0
+    r = run(live, "user", "add", "Prof@Lab.edu", "--group", "faculty", "--person-of", "webui", "--json")
+    assert r.exit_code == 0, r
+    assert (r.json()["name"], r.json()["group"], r.json()["person_of"]) == ("prof@lab.edu", "faculty", "webui")
+    r = run(live, "user", "add", "x@lab.edu", "--group", "faculty", "--person-of", "webui", "--weight", "2")
+    assert r.exit_code == 2 and "--person-of takes only --group" in r.stderr

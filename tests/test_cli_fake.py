@@ -44,6 +44,7 @@ def decision(
         "user_weight": 3.0,
         "user_group": group,
         "user_recent_usage": 30000,
+        "user_recent_units": 52000,
         "user_id": 7,
         "user": user,
         "model": "llama3.2",
@@ -186,6 +187,12 @@ class FakeDaemon:
             ),
         }
         self.next_id = 4
+        self.models = [
+            {"model": "mistral", "backends": ["ws1", "ws2"], "loaded_on": []},
+            {"model": "llama3.2", "backends": ["ws1", "ws2"], "loaded_on": ["ws1"]},
+        ]
+        self.usage: dict[str, Any] | None = None
+        """``GET /admin/usage``'s answer, when a test sets one."""
         self.decisions = [
             decision("req-1", wall=NOW - 5),
             decision(
@@ -280,6 +287,7 @@ class FakeDaemon:
         return {
             "window_seconds": 300.0,
             "global_recent_tokens": 42000,
+            "global_recent_units": 70000,
             "groups": [
                 {
                     "name": "faculty",
@@ -306,6 +314,8 @@ class FakeDaemon:
                     "normalized_share": 0.6,
                     "recent_tokens": 30000,
                     "actual_share": 0.7143,
+                    "recent_units": 52000,
+                    "unit_share": 0.7429,
                     "deficit": -1000.0,
                     "burst_credits": 30.0,
                     "factor": 0.57,
@@ -506,12 +516,9 @@ class FakeDaemon:
                 del self.backends[name]
                 return j({"removed": name})
             case "GET", ["models"]:
-                return j(
-                    [
-                        {"model": "mistral", "backends": ["ws1", "ws2"], "loaded_on": []},
-                        {"model": "llama3.2", "backends": ["ws1", "ws2"], "loaded_on": ["ws1"]},
-                    ]
-                )
+                return j(self.models)
+            case "GET", ["usage"] if self.usage is not None:
+                return j(self.usage)
             case "GET", ["queue"]:
                 return j(self.queue())
             case "GET", ["share"]:

@@ -44,10 +44,21 @@ def test_usage_and_quotas_from_the_command_line(live: ThreadDaemon) -> None:  # 
         ("ann", "llama3", 1, 3, 3),
         ("ann", "mistral", 1, 3, 1),
     ]
-    assert set(mine[0]) == {"user", "model", "requests", "prompt_tokens", "completion_tokens", "gpu_seconds"}
+    keys = {"user", "model", "requests", "prompt_tokens", "completion_tokens", "gpu_seconds", "service_units"}
+    assert set(mine[0]) == keys
+    # Service units apart from tokens: prompt tokens cost 1, answer tokens 2 by default.
+    assert [r["service_units"] for r in mine] == [3 + 2 * 5, 3 + 2 * 3, 3 + 2 * 1]
     out = run(live, "usage", "--by", "group,day", "--csv").stdout
     table = list(csv.reader(io.StringIO(out)))
-    assert table[0] == ["group", "day", "requests", "prompt_tokens", "completion_tokens", "gpu_seconds"]
+    assert table[0] == [
+        "group",
+        "day",
+        "requests",
+        "prompt_tokens",
+        "completion_tokens",
+        "gpu_seconds",
+        "service_units",
+    ]
     assert [table[1 + [r[0] for r in table[1:]].index("student")][i] for i in (0, 2)] == ["student", "2"]
     people = run(live, "usage", "--by", "user")
     assert people.exit_code == 0 and "total" in people.stdout and "ann" in people.stdout

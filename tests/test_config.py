@@ -53,6 +53,14 @@ def test_layers_defaults_file_environment_flags(tmp_path):
         ("[server]\nprot = 1\n", "unknown setting [server] prot"),
         ("[server]\nport = 'x'\n", "[server] port must be a whole number"),
         ("[scheduler]\nqueue_timeout = -1\n", "[scheduler] queue_timeout must be a finite number"),
+        (
+            "[scheduler]\nprompt_token_cost = 0\n",
+            "[scheduler] prompt_token_cost must be a finite number greater than 0",
+        ),
+        (
+            "[scheduler]\ncompletion_token_cost = 0\n",
+            "[scheduler] completion_token_cost must be a finite number greater",
+        ),
         ("[nope]\n", "unknown section [nope]"),
         ("[server\n", "not valid TOML"),
     ],

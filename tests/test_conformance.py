@@ -29,7 +29,6 @@ from langchain_core.messages import HumanMessage
 from langchain_openai import ChatOpenAI, OpenAIEmbeddings
 
 from mindrouter.daemon.app import create_app
-from mindrouter.daemon.frontdoor import FrontDoors
 
 from .conftest import ADMIN_KEY, daemon_config
 from .fake_nvml import FakeNvml
@@ -71,9 +70,9 @@ async def pool(tmp_path_factory: pytest.TempPathFactory) -> AsyncIterator[Pool]:
         app = await create_app(daemon_config(Path(tmp_path_factory.mktemp("pool"))), nvml=FakeNvml(init_error=1))
         runner = web.AppRunner(app)
         await runner.setup()
-        assert runner.server is not None
-        doors = FrontDoors(app, runner.server)  # as `mr serve` listens
-        port = await doors.listen("127.0.0.1", 0, backlog=128)
+        site = web.TCPSite(runner, "127.0.0.1", 0)
+        await site.start()
+        port = site.port
         pool = Pool()
         pool.url = f"http://127.0.0.1:{port}"
         admin = {"Authorization": f"Bearer {ADMIN_KEY}"}
@@ -91,7 +90,6 @@ async def pool(tmp_path_factory: pytest.TempPathFactory) -> AsyncIterator[Pool]:
         try:
             yield pool
         finally:
-            await doors.close(1.0)
             await runner.cleanup()
 
 

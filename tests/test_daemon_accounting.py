@@ -12,7 +12,7 @@ from mindrouter.daemon.app import create_app
 from mindrouter.daemon.keys import QUOTAS, STATS
 from mindrouter.localtime import next_day
 
-from .conftest import Daemon, FrontDoorServer, daemon_config
+from .conftest import Daemon, ServeServer, daemon_config
 from .fakes import FakeOllama
 
 pytestmark = pytest.mark.asyncio
@@ -129,7 +129,7 @@ async def test_quotas_survive_a_restart_and_travel_in_export(tmp_path, aiohttp_c
     config = daemon_config(tmp_path)
     async with FakeOllama(models=["llama3"]) as fake:
         app = await create_app(config, nvml=nvml)
-        d = Daemon(await aiohttp_client(FrontDoorServer(app, config)), app, config)
+        d = Daemon(await aiohttp_client(ServeServer(app, config)), app, config)
         key = await d.user("alice", "staff")
         await d.backend("b1", fake.url, "ollama")
         await d.admin("PUT", "/admin/users/alice/quota", {"tokens_per_day": 8, "requests_per_minute": 100})
@@ -138,7 +138,7 @@ async def test_quotas_survive_a_restart_and_travel_in_export(tmp_path, aiohttp_c
         exported = await d.admin("GET", "/admin/export")
         await d.client.close()
         app2 = await create_app(config, nvml=nvml)
-        d2 = Daemon(await aiohttp_client(FrontDoorServer(app2, config)), app2, config)
+        d2 = Daemon(await aiohttp_client(ServeServer(app2, config)), app2, config)
         refused = await ask(d2, key)
         assert refused.status == 429 and "used 8 of the 8 tokens a day" in (await refused.json())["error"]["message"]
         staff = next(g for g in exported["groups"] if g["name"] == "staff")
@@ -147,7 +147,7 @@ async def test_quotas_survive_a_restart_and_travel_in_export(tmp_path, aiohttp_c
         assert (alice["tokens_per_day"], alice["requests_per_minute"]) == (8, 100)
         # Import into a fresh daemon: the same limits.
         config3 = daemon_config(tmp_path / "other")
-        d3 = Daemon(await aiohttp_client(FrontDoorServer(await create_app(config3, nvml=nvml), config3)), None, config3)
+        d3 = Daemon(await aiohttp_client(ServeServer(await create_app(config3, nvml=nvml), config3)), None, config3)
         await d3.admin("POST", "/admin/import", {k: v for k, v in exported.items() if k != "backends"})
         assert (await d3.admin("GET", "/admin/export"))["users"] == exported["users"]
         cleared = await d3.admin("PUT", "/admin/users/alice/quota", {"clear": True})
@@ -180,12 +180,14 @@ async def test_me_shows_only_the_callers_own_data(daemon):
         me = json.loads(text)
         assert (me["user"], me["group"]) == ("alice", "staff")
         assert (me["today"]["requests"], me["today"]["prompt_tokens"], me["today"]["completion_tokens"]) == (1, 3, 5)
+        assert me["today"]["service_units"] == me["month"]["service_units"] == 3 + 2 * 5  # tokens and units apart
         assert me["month"]["requests"] == 1 and me["timezone"]
         assert [(q["subject"], q["name"], q["kind"], q["used"]) for q in me["quotas"]] == [
             ("group", "staff", "tokens_per_month", 8)
         ]
         share = me["fair_share"]
         assert share["weight"] == 2 and share["recent_tokens"] == 8 and share["position"] in (1, 2)
+        assert share["recent_units"] == 3 + 2 * 5
         assert share["active_users"] == 2
         mine = await (await daemon.client.get("/v1/me", headers={"Authorization": f"Bearer {bob}"})).json()
         assert mine["today"]["completion_tokens"] == 7 and mine["quotas"][0]["name"] == "bob-secret"

@@ -43,7 +43,9 @@ async def test_openai_client_both_engines_stream_and_not(daemon, engine):
         assert text.split() == ["tok0", "tok1", "tok2", "tok3"]
         assert all(c.usage is None for c in chunks)  # usage hidden: the client did not ask
         state = next(u for u in daemon.scheduler.share(0).users if u.name == "alice")
-        assert state.served == (3 + 5) + (2 + 4)  # charged from the backend's own counts
+        # Charged from the backend's own counts, in service units: a prompt token 1, an answer token 2.
+        assert state.served == (3 + 2 * 5) + (2 + 2 * 4)
+        assert state.recent_tokens == (3 + 5) + (2 + 4)
         assert fake.in_flight == 0
 
 
@@ -68,7 +70,8 @@ async def test_ollama_client_both_engines_stream_and_not(daemon, engine):
         assert "".join(p.response for p in parts).split() == ["tok0", "tok1"]
         assert parts[-1].done and parts[-1].eval_count == 2
         state = next(u for u in daemon.scheduler.share(0).users if u.name == "bob")
-        assert state.served == (4 + 3) + (2 + 2)
+        assert state.served == (4 + 2 * 3) + (2 + 2 * 2)
+        assert state.recent_tokens == (4 + 3) + (2 + 2)
 
 
 async def test_models_tags_ps_version_need_no_queue(daemon):
@@ -104,11 +107,14 @@ async def test_error_statuses_in_each_dialect(daemon):
             json={"model": "gpt-99", "messages": [{"role": "user", "content": "x"}]},
             headers=auth,
         )
-        assert r.status == 404 and "gpt-99" in (await r.json())["error"]["message"]
+        said = (await r.json())["error"]["message"]
+        assert r.status == 404 and "gpt-99" in said
+        assert "`GET /v1/models`" in said and "mr models" not in said  # people cannot run admin commands
         r = await c.post(
             "/api/chat", json={"model": "gpt-99", "messages": [{"role": "user", "content": "x"}]}, headers=auth
         )
-        assert r.status == 404 and "gpt-99" in (await r.json())["error"]
+        said = (await r.json())["error"]
+        assert r.status == 404 and "gpt-99" in said and "`GET /api/tags`" in said and "mr models" not in said
         big = "x" * (daemon.config.server.max_body_bytes + 10)
         r = await c.post("/v1/chat/completions", data=big.encode(), headers=auth)
         assert r.status == 413

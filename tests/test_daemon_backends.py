@@ -7,15 +7,8 @@ import asyncio
 import ollama
 import openai
 
+from .conftest import until
 from .fakes import FakeOllama, FakeOpenAI
-
-
-async def until(predicate, timeout: float = 5.0) -> None:
-    for _ in range(int(timeout / 0.02)):
-        if predicate():
-            return
-        await asyncio.sleep(0.02)
-    assert predicate()
 
 
 async def test_failures_open_the_circuit_and_a_probe_closes_it(daemon):
@@ -55,7 +48,7 @@ async def test_failures_open_the_circuit_and_a_probe_closes_it(daemon):
         assert flaky.requests == before + 1
 
 
-async def test_a_drained_backend_takes_no_new_work_and_is_disabled_once_idle(daemon):
+async def test_a_drained_backend_takes_no_new_work_and_reads_drained_once_idle(daemon):
     async with (
         FakeOpenAI(flavor="vllm", models=["llama3"], tokens_per_second=40, completion_tokens=20) as a,
         FakeOpenAI(flavor="vllm", models=["llama3"]) as b,
@@ -74,6 +67,11 @@ async def test_a_drained_backend_takes_no_new_work_and_is_disabled_once_idle(dae
         assert b.completed == 1 and a.requests == 1  # new work went elsewhere
         assert (await running).usage.completion_tokens == 20  # in-flight work finished
         await until(lambda: daemon.registry.entries[row["id"]].row.state == "disabled")
+        # a drained backend reads "drained" everywhere people see it, not "disabled" (issue 21)
+        listed = {b["name"]: b["status"] for b in await daemon.admin("GET", "/admin/backends")}
+        assert listed == {"a": "drained", "b": "healthy"}
+        top = await daemon.admin("GET", "/admin/top")
+        assert {b["name"]: b["status"] for b in top["backends"]} == listed
         enabled = await daemon.admin("POST", "/admin/backends/a/enable")
         assert enabled["status"] == "healthy"
 

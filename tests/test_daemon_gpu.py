@@ -2,13 +2,12 @@
 
 from __future__ import annotations
 
-import asyncio
-
 import openai
 import pytest
 
 from mindrouter.daemon.keys import GPUS
 
+from .conftest import until
 from .fake_nvml import GIB, FakeNvml, gpu
 from .fakes import FakeOllama
 
@@ -19,14 +18,6 @@ def nvml() -> FakeNvml:
     return FakeNvml(
         [gpu(0, total=48 * GIB, used=47 * GIB, util_gpu=90), gpu(1, total=48 * GIB, used=8 * GIB, util_gpu=10)]
     )
-
-
-async def until(predicate, timeout: float = 5.0) -> None:
-    for _ in range(int(timeout / 0.05)):
-        if predicate():
-            return
-        await asyncio.sleep(0.05)
-    assert predicate()
 
 
 async def test_a_backend_whose_gpus_lack_the_vram_is_refused_and_a_loaded_model_is_preferred(daemon):

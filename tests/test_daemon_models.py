@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import asyncio
 import hashlib
 from typing import Any
 
@@ -10,6 +9,7 @@ import ollama
 import openai
 import pytest
 
+from .conftest import until
 from .fakes import FakeOllama, FakeOpenAI
 
 PNG = "iVBORw0KGgoAAAANSUhEUgAAAAEAAAABCAYAAAAfFcSJAAAADUlEQVR42mNk+M9QDwADhgGAWjR9awAAAABJRU5ErkJggg=="
@@ -22,14 +22,6 @@ IMAGE_MESSAGE: Any = [
         ],
     }
 ]
-
-
-async def until(predicate: Any, timeout: float = 5.0) -> None:
-    for _ in range(int(timeout / 0.02)):
-        if predicate():
-            return
-        await asyncio.sleep(0.02)
-    assert predicate()
 
 
 async def probed(daemon: Any, n: int) -> None:
@@ -163,7 +155,7 @@ async def test_the_ollama_and_openai_model_routes_carry_the_backends_real_facts(
         assert shown.parameters == "num_ctx 4096"
         with pytest.raises(ollama.ResponseError) as missing:
             await ol.show("nope")
-        assert missing.value.status_code == 404 and "ollama list" in missing.value.error
+        assert missing.value.status_code == 404 and "`GET /api/tags`" in missing.value.error
         with pytest.raises(ollama.ResponseError) as pulled:
             await ol.pull("llama3.2")
         assert pulled.value.status_code == 403 and "ollama pull NAME" in pulled.value.error

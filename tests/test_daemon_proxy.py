@@ -12,7 +12,7 @@ import openai
 from mindrouter.daemon.app import create_app
 from mindrouter.daemon.keys import STORE
 
-from .conftest import FrontDoorServer, daemon_config
+from .conftest import ServeServer, daemon_config
 from .fake_nvml import FakeNvml
 from .fakes import FakeOpenAI
 
@@ -126,7 +126,7 @@ async def test_two_people_behind_one_front_end_get_their_own_fair_shares(daemon)
 async def test_cors_preflight_and_answers_for_allowed_origins_only(tmp_path: Path, aiohttp_client: Any):
     config = daemon_config(tmp_path)
     config = dataclasses.replace(config, server=dataclasses.replace(config.server, cors_origins="http://ui.lab:3000"))
-    client = await aiohttp_client(FrontDoorServer(await create_app(config, nvml=FakeNvml(init_error=1)), config))
+    client = await aiohttp_client(ServeServer(await create_app(config, nvml=FakeNvml(init_error=1)), config))
     ask = {"Origin": "http://ui.lab:3000", "Access-Control-Request-Method": "GET"}
     pre = await client.options("/v1/models", headers={**ask, "Access-Control-Request-Headers": "authorization"})
     assert pre.status == 204

@@ -10,7 +10,7 @@ import openai
 
 from mindrouter.daemon.app import create_app
 
-from .conftest import SEED_RECORD_KEYS, Daemon, FrontDoorServer, daemon_config
+from .conftest import SEED_RECORD_KEYS, Daemon, ServeServer, daemon_config
 from .fakes import FakeOllama, FakeOpenAI
 
 CHAT = "/v1/chat/completions"
@@ -120,7 +120,7 @@ async def test_a_backend_killed_mid_stream_ends_the_stream_cleanly(daemon):
 
 async def test_user_queue_full_is_429_and_waiting_too_long_is_504(tmp_path, aiohttp_client, nvml):
     config = daemon_config(tmp_path, max_queued_per_user=1, queue_timeout=0.5)
-    d = Daemon(await aiohttp_client(FrontDoorServer(await create_app(config, nvml=nvml), config)), None, config)
+    d = Daemon(await aiohttp_client(ServeServer(await create_app(config, nvml=nvml), config)), None, config)
     d.app = d.client.server.app
     async with FakeOpenAI(flavor="vllm", models=["llama3"], tokens_per_second=10, completion_tokens=30) as fake:
         await d.backend("b1", fake.url, "vllm", max_concurrent=1)
@@ -157,7 +157,7 @@ async def test_restart_keeps_groups_users_keys_backends_and_usage(tmp_path, aioh
     config = daemon_config(tmp_path)
     async with FakeOllama(models=["llama3"]) as fake:
         app = await create_app(config, nvml=nvml)
-        d = Daemon(await aiohttp_client(FrontDoorServer(app, config)), app, config)
+        d = Daemon(await aiohttp_client(ServeServer(app, config)), app, config)
         await d.admin("POST", "/admin/groups", {"name": "phd", "weight": 2.5})
         key = await d.user("rita", "phd")
         await d.backend("b1", fake.url, "ollama")
@@ -166,7 +166,7 @@ async def test_restart_keeps_groups_users_keys_backends_and_usage(tmp_path, aioh
         await d.client.close()
         # A second daemon on the same state.
         app2 = await create_app(config, nvml=nvml)
-        d2 = Daemon(await aiohttp_client(FrontDoorServer(app2, config)), app2, config)
+        d2 = Daemon(await aiohttp_client(ServeServer(app2, config)), app2, config)
         groups = {g["name"]: g["scheduler_weight"] for g in await d2.admin("GET", "/admin/groups")}
         assert groups["phd"] == 2.5
         assert [u["name"] for u in await d2.admin("GET", "/admin/users")] == ["rita"]

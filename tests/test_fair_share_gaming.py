@@ -47,7 +47,7 @@ class Loops:
     """Replace the core with a fresh one then, as a restarted daemon does: the usage of the
     fairness window replayed (``add_usage``), the requests in flight lost (the loops send again)."""
 
-    def _core(self, done: list[tuple[str, float, float]], now: float) -> Scheduler:
+    def _core(self, done: list[tuple[str, int, int, float]], now: float) -> Scheduler:
         s = self.s = Scheduler(self.settings)
         for name, models in self.backends.items():
             s.set_backend(
@@ -60,17 +60,20 @@ class Loops:
             )
         for loop in self.loops:
             s.set_user(loop.user, self.weights.get(loop.user, 1.0))
-        for user, tokens, at in done:
+        for user, prompt, answer, at in done:
             if at >= now - self.settings.fairness_window:
-                s.add_usage(user, tokens, at, "llama3")  # every loop of the restart test asks for llama3
+                s.add_usage(user, prompt, answer, at, "llama3")  # every loop of the restart test asks for llama3
         return s
 
     def run(self, duration: float, count_from: float = WARMUP) -> dict[str, float]:
         """Run for ``duration`` seconds; each user's share of the cost served from ``count_from`` on."""
-        done: list[tuple[str, float, float]] = []
+        done: list[tuple[str, int, int, float]] = []
         s = self._core(done, 0.0)
         served: dict[str, float] = {}
         self.starved: dict[str, float] = {}
+        self.gpu: dict[str, float] = {}
+        """Slot-seconds (reading the prompt and writing the answer) of each user's requests counted."""
+        self.tokens: dict[str, int] = {}
         self.timeouts: dict[str, int] = {}
         running: dict[str, tuple[Loop, float]] = {}  # job id -> (its loop, when it started)
         busy: set[int] = set()
@@ -89,9 +92,12 @@ class Loops:
                     del running[jid]
                     busy.discard(owner.pop(jid))
                     s.complete(jid, t, prompt_tokens=loop.prompt, completion_tokens=loop.answer)
-                    done.append((loop.user, loop.prompt + loop.answer, t))
+                    done.append((loop.user, loop.prompt, loop.answer, t))
                     if t >= count_from:
                         served[loop.user] = served.get(loop.user, 0.0) + s.settings.cost(loop.prompt, loop.answer)
+                        held = loop.prompt / PREFILL + loop.answer / DECODE
+                        self.gpu[loop.user] = self.gpu.get(loop.user, 0.0) + held
+                        self.tokens[loop.user] = self.tokens.get(loop.user, 0) + loop.prompt + loop.answer
                 elif loop.stream and elapsed > 0:
                     s.progress(jid, t, completion_tokens=int(elapsed * DECODE))
             for i, loop in enumerate(self.loops):
@@ -265,3 +271,22 @@ def test_service_where_no_one_else_could_run_is_not_paid_back_for_long():
     shares = lab.run(900, count_from=720)
     assert shares["x"] == pytest.approx(0.5, abs=0.04), shares
     assert lab.starved["x"] < 60, lab.starved
+
+
+def long_context_next_to_chat(settings: SchedulerSettings) -> tuple[float, float, float]:
+    """(service-unit share, GPU-time share, token share) of a long-context user next to a chat user, 20 min."""
+    loops = Loops([Loop("coder", 8000, 200) for _ in range(8)] + [Loop("chat", 200, 300) for _ in range(8)])
+    loops.settings = settings
+    units = loops.run(1200)["coder"]
+    gpu = loops.gpu["coder"] / sum(loops.gpu.values())
+    return units, gpu, loops.tokens["coder"] / sum(loops.tokens.values())
+
+
+def test_a_long_context_user_gets_more_gpu_time_at_the_default_costs():
+    """Issue 18, case 5: at 1:1 a prompt token costs as much as an answer token, although it is read 10x faster."""
+    units, gpu, tokens = long_context_next_to_chat(SchedulerSettings(prompt_token_cost=1, completion_token_cost=1))
+    assert units == pytest.approx(0.5, abs=0.02) and tokens == pytest.approx(0.5, abs=0.02)
+    assert gpu < 0.17  # half the tokens, a sixth of the GPU
+    units, gpu, tokens = long_context_next_to_chat(SchedulerSettings())  # VTC's 1:2
+    assert units == pytest.approx(0.5, abs=0.02)
+    assert tokens > 0.58 and 0.21 < gpu < 0.26

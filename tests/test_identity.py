@@ -23,7 +23,7 @@ from mindrouter.names import hash_key, person_name
 from mindrouter.store import Store
 from mindrouter.store.schema import _MIGRATIONS
 
-from .conftest import Daemon, FrontDoorServer, daemon_config
+from .conftest import Daemon, ServeServer, daemon_config
 from .fake_nvml import FakeNvml
 from .fakes import FakeOpenAI
 from .test_daemon_proxy import USER, as_person, proxy_user
@@ -122,7 +122,7 @@ async def test_new_people_per_proxy_per_hour_are_capped(tmp_path: Path, aiohttp_
     config = daemon_config(tmp_path)
     config = dataclasses.replace(config, server=dataclasses.replace(config.server, new_people_per_hour=2))
     app = await create_app(config, nvml=FakeNvml(init_error=1))
-    daemon = Daemon(await aiohttp_client(FrontDoorServer(app, config)), app, config)
+    daemon = Daemon(await aiohttp_client(ServeServer(app, config)), app, config)
     async with FakeOpenAI(flavor="vllm", models=["m"]) as fake:
         await daemon.backend("b", fake.url, "vllm")
         key = await proxy_user(daemon)
@@ -179,7 +179,7 @@ async def test_people_stored_before_the_upgrade_stay_their_proxys(tmp_path: Path
     assert (people["dan-smith"].person_of, people["dan-smith"].identity) == ("webui", "dan-smith")
     assert people["keyless"].person_of is None and people["prof"].person_of is None
     app = await create_app(config, nvml=FakeNvml(init_error=1))
-    daemon = Daemon(await aiohttp_client(FrontDoorServer(app, config)), app, config)
+    daemon = Daemon(await aiohttp_client(ServeServer(app, config)), app, config)
     async with FakeOpenAI(flavor="vllm", models=["m"]) as fake:
         await daemon.backend("b", fake.url, "vllm")
         await ask(daemon, "mr-webui-key", **{"X-OpenWebUI-User-Email": "alice@lab.edu"})
@@ -205,3 +205,31 @@ def test_proxy_settings_and_people_survive_export_and_import(tmp_path: Path) -> 
         assert proxy.person_from == "user-field"
         found = other.person_of(proxy.id, "_alice@lab.edu")
         assert found is not None and found.name == alice.name
+
+
+async def test_an_admin_makes_a_proxys_person_before_their_first_chat(daemon):
+    """`mr user add IDENTITY --person-of webui --group faculty` (issue 21): their first chat is faculty's."""
+    async with FakeOpenAI(flavor="vllm", models=["m"]) as fake:
+        await daemon.backend("b", fake.url, "vllm")
+        webui = await proxy_user(daemon)
+        made = await daemon.admin(
+            "POST", "/admin/users", {"name": "Prof@Lab.edu", "group": "faculty", "person_of": "webui"}, status=201
+        )
+        assert (made["name"], made["group"], made["person_of"], made["identity"]) == (
+            "prof@lab.edu",
+            "faculty",
+            "webui",
+            "prof@lab.edu",
+        )
+        rid = await ask(daemon, webui, **{"X-OpenWebUI-User-Email": "prof@lab.edu"})
+        record = await daemon.admin("GET", f"/admin/decisions/{rid}")
+        assert (record["user"], record["user_group"]) == ("prof@lab.edu", "faculty")
+        again = await daemon.admin(
+            "POST", "/admin/users", {"name": "prof@lab.edu", "group": "staff", "person_of": "webui"}, status=409
+        )
+        assert "already" in again["error"]["message"]
+        await daemon.user("plain", "student")
+        refused = await daemon.admin(
+            "POST", "/admin/users", {"name": "x@lab.edu", "group": "staff", "person_of": "plain"}, status=400
+        )
+        assert "not a proxy" in refused["error"]["message"]

@@ -15,7 +15,7 @@ import pytest
 from mindrouter.daemon.app import create_app
 from mindrouter.daemon.keys import QUOTAS
 
-from .conftest import Daemon, FrontDoorServer, daemon_config
+from .conftest import Daemon, ServeServer, daemon_config
 from .fakes import FakeOllama
 
 pytestmark = pytest.mark.asyncio
@@ -105,7 +105,7 @@ async def test_requests_per_minute_survives_a_restart(tmp_path, aiohttp_client, 
     config = daemon_config(tmp_path)
     async with FakeOllama(models=["llama3"]) as fake:
         app = await create_app(config, nvml=nvml)
-        d = Daemon(await aiohttp_client(FrontDoorServer(app, config)), app, config)
+        d = Daemon(await aiohttp_client(ServeServer(app, config)), app, config)
         key = await d.user("alice")
         await d.backend("b1", fake.url, "ollama")
         await d.admin("PUT", "/admin/users/alice/quota", {"requests_per_minute": 5})
@@ -114,7 +114,7 @@ async def test_requests_per_minute_survives_a_restart(tmp_path, aiohttp_client, 
         await d.client.close()
         began = time.monotonic()
         app2 = await create_app(config, nvml=nvml)
-        d2 = Daemon(await aiohttp_client(FrontDoorServer(app2, config)), app2, config)
+        d2 = Daemon(await aiohttp_client(ServeServer(app2, config)), app2, config)
         answered, _, refusals = await burst(d2, [key], 5, max_tokens=2)
         assert time.monotonic() - began < 30
         assert answered == 2 and len(refusals) == 3, refusals  # 3 before the restart + 2 after = 5

@@ -490,3 +490,19 @@ async def test_structured_output_and_tools_reach_the_server_in_both_dialects(poo
     assert [r["outcome"] for r in records] == ["ok"] * 4
     await client.close()
     d.scheduler.check()
+
+
+async def test_embeddings_answer_in_both_dialects(pool):
+    """scripts/llama-server.sh starts the server with ``--embeddings --pooling mean`` (issue 21), so a RAG
+    client's first call, an embedding, is answered through mindrouter in both dialects, and chat still is."""
+    d = pool.daemon
+    key = await d.user("faye", "student")
+    out = await oai(d, key).embeddings.create(model=MODEL, input=["the lab cluster", "a second text"])
+    sizes = {len(item.embedding) for item in out.data}
+    assert len(out.data) == 2 and len(sizes) == 1 and sizes.pop() > 0, out
+    assert out.usage.prompt_tokens > 0
+    client = ollama.AsyncClient(host=d.url, headers=pool.key_headers(key))
+    res = await client.embed(model=MODEL, input="the lab cluster")
+    assert len(res.embeddings) == 1 and len(res.embeddings[0]) == len(out.data[0].embedding)
+    reply = await oai(d, key).chat.completions.create(model=MODEL, messages=MESSAGES, max_tokens=8, extra_body=EXACT)
+    assert reply.usage.completion_tokens == 8

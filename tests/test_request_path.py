@@ -18,7 +18,7 @@ import pytest
 from mindrouter.daemon.app import create_app
 from mindrouter.daemon.keys import STORE
 
-from .conftest import Daemon, FrontDoorServer, daemon_config
+from .conftest import Daemon, ServeServer, daemon_config
 from .fakes import FakeOllama, FakeOpenAI
 
 CHAT = "/v1/chat/completions"
@@ -48,7 +48,7 @@ async def make_daemon(
     config = daemon_config(tmp_path, **(scheduler or {}))
     config = dataclasses.replace(config, backends=dataclasses.replace(config.backends, **backends))
     app = await create_app(config, nvml=nvml)
-    return Daemon(await aiohttp_client(FrontDoorServer(app, config)), app, config)
+    return Daemon(await aiohttp_client(ServeServer(app, config)), app, config)
 
 
 def auth(key: str) -> dict[str, str]:

@@ -24,8 +24,12 @@ from .conftest import SEED_RECORD_KEYS
 LLAMA = frozenset({"llama3"})
 
 
+#: These tests count fair share in tokens: a prompt token and an answer token cost 1 each (the default is 1:2).
+TOKENS = SchedulerSettings(prompt_token_cost=1, completion_token_cost=1)
+
+
 def make(settings: SchedulerSettings | None = None, backends: int = 1, slots: int = 1, **backend_kw) -> Scheduler:
-    s = Scheduler(settings or SchedulerSettings())
+    s = Scheduler(settings or TOKENS)
     for i in range(1, backends + 1):
         s.set_backend(Backend(id=i, name=f"gpu{i}", models=LLAMA, max_concurrent=slots, **backend_kw))
     return s
@@ -86,8 +90,16 @@ def test_seed_priority_formula():
 
 
 def test_cost_is_configurable():
-    assert SchedulerSettings().cost(100, 50) == 150
+    assert SchedulerSettings(prompt_token_cost=1, completion_token_cost=1).cost(100, 50) == 150
     assert SchedulerSettings(prompt_token_cost=1, completion_token_cost=2).cost(100, 50) == 200
+
+
+@pytest.mark.parametrize("name", ["prompt_token_cost", "completion_token_cost"])
+@pytest.mark.parametrize("value", [0, -1, math.inf, math.nan])
+def test_a_token_cost_that_is_not_positive_is_refused_in_one_sentence(name, value):
+    with pytest.raises(ValueError, match=f"^{name} must be a finite number greater than 0") as info:
+        SchedulerSettings(**{name: value})
+    assert "such as" in str(info.value)
 
 
 # -- priorities ----------------------------------------------------------------
@@ -205,7 +217,7 @@ def test_a_known_long_answer_is_charged_as_it_streams_not_all_at_once():
 
 
 def test_idle_time_raises_burst_credits_and_contention_halves_them():
-    settings = SchedulerSettings(credit_rate=2.0, max_burst_credits=1e9)
+    settings = dataclasses.replace(TOKENS, credit_rate=2.0, max_burst_credits=1e9)
     s = make(settings)
     s.set_user("u", 3)
     s.submit(j := job("u", 0), 0)
@@ -219,14 +231,14 @@ def test_idle_time_raises_burst_credits_and_contention_halves_them():
 
 
 def test_burst_credits_are_capped():
-    s = make(SchedulerSettings(credit_rate=1.0, max_burst_credits=50))
+    s = make(dataclasses.replace(TOKENS, credit_rate=1.0, max_burst_credits=50))
     assert s.share(1000.0).burst_credits_per_weight == 50
 
 
 def test_heavy_user_is_deprioritized_and_never_helped():
     from mindrouter.scheduler.pools import Pool, Seat, UserState
 
-    pool = Pool(frozenset({1}), SchedulerSettings())
+    pool = Pool(frozenset({1}), TOKENS)
     for factor in (0.1, 0.2, 0.5, 0.99, 1.0):
         for lag in (-5000.0, -10.0, 0.0, 10.0, 5000.0):
             for ref in (-100.0, 0.0, 100.0):
@@ -237,10 +249,12 @@ def test_heavy_user_is_deprioritized_and_never_helped():
 
 def scenario_2_order(threshold: float) -> list[str]:
     """After "heavy" monopolized the pool, "light" arrives with its own backlog: who gets the next slots."""
-    s = make(SchedulerSettings(heavy_refresh_interval=0.0, return_credit=100, deprioritize_threshold=threshold))
+    s = make(
+        dataclasses.replace(TOKENS, heavy_refresh_interval=0.0, return_credit=100, deprioritize_threshold=threshold)
+    )
     s.set_user("heavy", 1)
     s.set_user("light", 1)
-    s.add_usage("light", 100, 0, "llama3")  # not alone in the window: heavy holds 90% of it
+    s.add_usage("light", 100, 0, 0, "llama3")  # not alone in the window: heavy holds 90% of it
     for t in range(1, 10):
         served(s, "heavy", 100, t)
     for _ in range(6):
@@ -276,7 +290,7 @@ def test_wait_bonus_favours_the_older_job_between_equals():
 @pytest.mark.parametrize(("return_debt", "behind"), [(None, 30_000), (1000.0, 1000)])
 def test_returning_user_is_at_most_one_credit_ahead_and_keeps_its_debt(return_debt, behind):
     """Idle time banks one credit; what a user was charged stays, unless ``return_debt`` bounds it."""
-    settings = SchedulerSettings(return_credit=1000, return_debt=return_debt)
+    settings = dataclasses.replace(TOKENS, return_credit=1000, return_debt=return_debt)
     s = make(settings, slots=2)
     s.set_user("busy", 1)
     s.set_user("back", 1)
@@ -294,7 +308,7 @@ def test_returning_user_is_at_most_one_credit_ahead_and_keeps_its_debt(return_de
 
 
 def test_deficits_shift_together_and_keep_their_order():
-    settings = SchedulerSettings(deficit_shift_threshold=1000)
+    settings = dataclasses.replace(TOKENS, deficit_shift_threshold=1000)
     s = make(settings)
     s.set_user("a", 1)
     s.set_user("b", 2)
@@ -323,7 +337,7 @@ def routed_reasons(s: Scheduler, j: Job, now: float = 0.0) -> dict:
 
 
 def two_backends(**second) -> Scheduler:
-    s = Scheduler()
+    s = Scheduler(TOKENS)
     s.set_backend(Backend(id=1, name="good", models=LLAMA, max_concurrent=4))
     s.set_backend(dataclasses.replace(Backend(id=2, name="other", models=LLAMA, max_concurrent=4), **second))
     s.set_user("u", 1)
@@ -389,15 +403,26 @@ def test_no_live_backend_is_503_with_retry_after():
 
 
 def test_user_queue_limit_is_429():
-    s = make(SchedulerSettings(max_queued_per_user=2), slots=0)
+    s = make(dataclasses.replace(TOKENS, max_queued_per_user=2), slots=0)
     s.set_user("u", 1)
     assert s.submit(job("u"), 0) is None
     assert s.submit(job("u"), 0) is None
     assert s.submit(job("u"), 0).status == 429
 
 
+def test_the_pools_queue_limit_is_429_for_everyone():
+    s = make(SchedulerSettings(max_queued=3), slots=0)
+    for user in "abc":
+        s.set_user(user, 1)
+        assert s.submit(job(user), 0) is None
+    s.set_user("d", 5)
+    refusal = s.submit(job("d"), 0)
+    assert (refusal.status, refusal.code, refusal.retry_after) == (429, "queue_full", 5.0)
+    assert s.queued_count == 3
+
+
 def test_queue_timeout_expires_jobs():
-    s = make(SchedulerSettings(queue_timeout=30), slots=0)
+    s = make(dataclasses.replace(TOKENS, queue_timeout=30), slots=0)
     s.set_user("u", 1)
     s.submit(j := job("u", 0), 0)
     assert s.next_deadline() == 30
@@ -408,7 +433,7 @@ def test_queue_timeout_expires_jobs():
 
 
 def test_a_busy_model_does_not_block_the_same_users_other_model():
-    s = Scheduler()
+    s = Scheduler(TOKENS)
     s.set_backend(Backend(id=1, name="a", models=frozenset({"big"}), max_concurrent=1))
     s.set_backend(Backend(id=2, name="b", models=frozenset({"small"}), max_concurrent=1))
     s.set_user("u", 1)
@@ -434,7 +459,7 @@ def test_a_busy_model_does_not_block_the_same_users_other_model():
 )
 def test_each_term_of_the_estimate_wins_when_all_else_is_equal(better, worse):
     for order in (0, 1):
-        s = Scheduler()
+        s = Scheduler(TOKENS)
         specs = [(1, better), (2, worse)] if order == 0 else [(1, worse), (2, better)]
         for bid, kw in specs:
             s.set_backend(Backend(id=bid, name=f"b{bid}", models=LLAMA, max_concurrent=4, **kw))
@@ -447,7 +472,7 @@ def test_each_term_of_the_estimate_wins_when_all_else_is_equal(better, worse):
 
 
 def test_a_faster_learned_decode_rate_wins_and_the_record_says_when_each_would_finish():
-    s = Scheduler()
+    s = Scheduler(TOKENS)
     for bid in (1, 2):
         s.set_backend(Backend(id=bid, name=f"b{bid}", models=LLAMA, loaded_models=LLAMA, max_concurrent=1))
     s.set_user("u", 1)
@@ -468,7 +493,7 @@ def test_a_faster_learned_decode_rate_wins_and_the_record_says_when_each_would_f
 
 
 def test_shorter_queue_wins_through_our_own_in_flight_count():
-    s = Scheduler()
+    s = Scheduler(TOKENS)
     for bid in (1, 2):
         s.set_backend(Backend(id=bid, name=f"b{bid}", models=LLAMA, max_concurrent=4))
     s.set_user("u", 1)
@@ -522,7 +547,7 @@ def test_cancel_queued_and_running_free_everything():
 
 
 def test_failure_before_first_byte_retries_elsewhere():
-    s = Scheduler()
+    s = Scheduler(TOKENS)
     for bid in (1, 2):
         s.set_backend(Backend(id=bid, name=f"b{bid}", models=LLAMA, max_concurrent=1))
     s.set_user("u", 1)
@@ -565,30 +590,30 @@ def test_snapshot_has_the_seed_shape():
 
 
 def test_weights_must_be_finite_and_positive():
-    s = Scheduler()
+    s = Scheduler(TOKENS)
     for bad in (0, -1, math.nan, math.inf):
         with pytest.raises(ValueError):
             s.set_user("u", bad)
 
 
 def test_a_user_alone_in_the_window_is_not_heavy():
-    s = make(SchedulerSettings(heavy_refresh_interval=0.0))
+    s = make(dataclasses.replace(TOKENS, heavy_refresh_interval=0.0))
     s.set_user("solo", 1)
     s.set_user("idle", 1)
-    s.add_usage("solo", 2000, 0, "llama3")
+    s.add_usage("solo", 2000, 0, 0, "llama3")
     s.dispatch(1.0)
     assert s.share(1.0).user("solo").factor == 1.0
-    s.add_usage("idle", 10, 1.0, "llama3")
+    s.add_usage("idle", 10, 0, 1.0, "llama3")
     s.dispatch(2.0)
     assert s.share(2.0).user("solo").factor == pytest.approx(0.1)
 
 
 def heavy_factor_of(usage: dict[str, tuple[float, int]]) -> dict[str, float]:
     """Each user's factor after the window holds ``usage`` ({name: (tokens, weight)}); one credit is 100."""
-    s = make(SchedulerSettings(heavy_refresh_interval=0.0, return_credit=100))
+    s = make(dataclasses.replace(TOKENS, heavy_refresh_interval=0.0, return_credit=100))
     for name, (tokens, weight) in usage.items():
         s.set_user(name, weight)
-        s.add_usage(name, tokens, 0, "llama3")
+        s.add_usage(name, tokens, 0, 0, "llama3")
     s.dispatch(1.0)
     return {name: s.share(1.0).user(name).factor for name in usage}
 
@@ -603,7 +628,7 @@ def test_heavy_is_measured_against_entitlement_and_beyond_noise():
 
 
 def test_a_retry_waits_for_another_live_backend_instead_of_the_one_that_failed():
-    s = Scheduler()
+    s = Scheduler(TOKENS)
     for bid in (1, 2):
         s.set_backend(Backend(id=bid, name=f"b{bid}", models=LLAMA, max_concurrent=1))
     s.set_user("u", 1)
@@ -619,7 +644,7 @@ def test_a_retry_waits_for_another_live_backend_instead_of_the_one_that_failed()
 
 
 def test_a_retry_goes_back_to_the_failed_backend_when_no_other_is_live():
-    s = Scheduler()
+    s = Scheduler(TOKENS)
     s.set_backend(Backend(id=1, name="only", models=LLAMA, max_concurrent=1))
     s.set_backend(Backend(id=2, name="down", models=LLAMA, max_concurrent=1, healthy=False))
     s.set_user("u", 1)

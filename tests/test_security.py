@@ -17,7 +17,7 @@ from mindrouter.daemon.app import create_app
 from mindrouter.daemon.logsafe import OneLineFormatter
 from mindrouter.errors import UsageError
 
-from .conftest import ADMIN_KEY, Daemon, FrontDoorServer, daemon_config
+from .conftest import ADMIN_KEY, Daemon, ServeServer, daemon_config
 from .fakes import FakeOllama
 
 pytestmark = pytest.mark.asyncio
@@ -62,7 +62,7 @@ async def test_admin_calls_on_tcp_need_the_exact_admin_key(daemon, header):
 async def test_admin_api_on_tcp_is_closed_without_an_admin_key(tmp_path, aiohttp_client, nvml):
     config = daemon_config(tmp_path)
     config = dataclasses.replace(config, server=dataclasses.replace(config.server, admin_key=""))
-    client = await aiohttp_client(FrontDoorServer(await create_app(config, nvml=nvml), config))
+    client = await aiohttp_client(ServeServer(await create_app(config, nvml=nvml), config))
     for header in ({}, bearer(""), bearer(ADMIN_KEY)):
         assert (await client.get("/admin/status", headers=header)).status == 401
 
@@ -78,7 +78,7 @@ async def test_metrics_show_who_uses_what_only_to_a_trusted_caller(tmp_path, aio
     server = dataclasses.replace(config.server, host=host, metrics_key="scrape-me")
     config = dataclasses.replace(config, server=server)
     app = await create_app(config, nvml=nvml)
-    d = Daemon(await aiohttp_client(FrontDoorServer(app, config)), app, config)
+    d = Daemon(await aiohttp_client(ServeServer(app, config)), app, config)
     async with FakeOllama(models=["llama3"]) as fake:
         await d.backend("b1", fake.url, "ollama")
         key = await d.user("alice")

@@ -17,6 +17,7 @@ from pathlib import Path
 import aiohttp
 import pytest
 
+from .conftest import until
 from .fakes import FakeOpenAI
 
 MR = [sys.executable, "-m", "mindrouter.cli"]
@@ -92,8 +93,8 @@ async def test_cli_manages_a_running_daemon_and_sigterm_lets_requests_finish(ser
     assert not (tmp / "mr.sock").exists()
 
 
-async def test_sigterm_ends_what_waits_at_the_front_door_and_lets_the_running_stream_finish(served):
-    """The running stream finishes, the requests queued at the front door are told why, the daemon exits."""
+async def test_sigterm_ends_what_waits_and_lets_the_running_stream_finish(served):
+    """The running stream finishes, the queued requests are told why, the daemon exits."""
     proc, config, port, tmp = served
     async with FakeOpenAI(flavor="vllm", models=["m"], tokens_per_second=10, completion_tokens=20) as fake:
         key = await pool_of_one(config, fake.url, "--max-concurrent", "1")
@@ -106,12 +107,13 @@ async def test_sigterm_ends_what_waits_at_the_front_door_and_lets_the_running_st
 
         async with aiohttp.ClientSession() as session:
             running = asyncio.create_task(ask(session, True))  # 2 s of tokens
-            for _ in range(200):
-                if fake.in_flight:
-                    break
-                await asyncio.sleep(0.02)
+            await until(lambda: fake.in_flight, "the running stream did not reach the backend")
             queued = [asyncio.create_task(ask(session, stream)) for stream in (True, False)]
-            await asyncio.sleep(0.5)  # both wait at the front door
+
+            async def both_queued() -> bool:
+                return json.loads((await amr(config, "status", "--json")).stdout)["queue_total"] == 2
+
+            await until(both_queued, "both requests should wait in the queue")
             began = time.monotonic()
             proc.send_signal(signal.SIGTERM)
             (stream_status, stream_text), (plain_status, plain_text) = await asyncio.gather(*queued)

@@ -26,8 +26,8 @@ def ends_in_its_dialect(path: str, text: str) -> bool:
 
 
 async def test_sigterm_ends_every_queued_and_running_stream_in_its_dialect(tmp_path: Path):
-    """A stream running past the grace, and streams queued at the front door and behind a reused
-    connection (aiohttp's handler), in both dialects: each gets its error ending, none an empty body."""
+    """A stream running past the grace, and streams queued on a fresh and on a reused connection,
+    in both dialects: each gets its error ending, none an empty body."""
     port = free_port()
     config = tmp_path / "config.toml"
     config.write_text(

@@ -64,7 +64,7 @@ def test_scenario3_shares_over_the_hour_and_every_window(scenario3):
 
 def test_scenario3_service_gap_within_twice_the_largest_request(scenario3):
     result, _ = scenario3
-    assert result["max_request_cost"] == 500  # 200 prompt + 300 completion
+    assert result["max_request_cost"] == 800  # 200 prompt tokens at 1 + 300 completion tokens at 2
     assert result["max_service_gap"] <= 2 * result["max_request_cost"]
     assert result["max_dispatch_gap"] <= 2 * result["max_request_cost"]
     # Usage is measured against entitlement: prof (weight 3) using its half is not heavy.
@@ -178,14 +178,14 @@ start = {b_start}
 
 
 def test_service_gap_by_hand():
-    """One slot, equal weights, 1 s requests of 100 tokens, both always waiting: the gap is one request."""
+    """One slot, equal weights, 1 s requests of 100 answer tokens (200 units), both always waiting: the gap is one."""
     run = simulate(parse_scenario(TWO.format(duration=100, b_start=0)), trace=True)
     assert run.trace is not None
     order = [user for _, user in sorted((r.dispatched, r.user) for r in run.trace if r.dispatched is not None)]
     # Equal deficits tie-break by age, so the pattern is a b b a a b ...: never more than one ahead.
     assert all(abs(order[:n].count(0) - order[:n].count(1)) <= 1 for n in range(len(order)))
-    assert run.pools[0].gap.max == pytest.approx(100)
-    assert run.max_request_cost == 100
+    assert run.pools[0].gap.max == pytest.approx(200)
+    assert run.max_request_cost == 200
     result = build(run)
     assert [u["share"] for u in result["users"]] == [0.5, 0.5]
     assert result["max_service_gap_pair"] == ["a", "b"]
@@ -282,7 +282,7 @@ def test_group_shares_targets_split_a_group_among_its_backlogged_members():
     assert result["shares"] == "group"
     (pool,) = result["pools"]
     assert pool["target_shares"] == pytest.approx({"a": 0.5, "b": 0.125, "c": 0.375}, abs=1e-6)
-    assert pool["gap_bound"] == pytest.approx(2 * 100 / 0.25)  # b's entitlement: a quarter of its group's weight
+    assert pool["gap_bound"] == pytest.approx(2 * 200 / 0.25)  # b's entitlement: a quarter of its group's weight
 
 
 def test_open_loop_timeouts_max_tokens_and_request_limits():
@@ -369,7 +369,7 @@ def test_cli_table_for_a_file(tmp_path):
     result = runner.invoke(app, ["simulate", str(path)], env={"COLUMNS": "100"})
     assert result.exit_code == 0, result.output
     assert "two: 60 s simulated, seed 1" in result.output
-    assert "Service gap 100" in result.output and "Jain index 1.0000" in result.output
+    assert "Service gap 200" in result.output and "Jain index 1.0000" in result.output
 
 
 def test_cli_example_scenario3_table():
@@ -381,7 +381,7 @@ def test_cli_example_scenario3_table():
         "50.0%",
         "33.3%",
         "16.7%",
-        "Service gap 667 (bound: 2 x max request cost = 1,000;",
+        "Service gap 1,067 (bound: 2 x max request cost = 1,600;",
     ):
         assert text in result.output
 
@@ -462,14 +462,14 @@ def test_service_gap_matches_a_brute_force_replay(change):
             total = 0.0
             for r in reqs:
                 if r.user == user and r.prefill_end is not None and r.prefill_end <= t:
-                    total += r.prompt + min(r.completion, (t - r.prefill_end) * tps[r.backend])
+                    total += sc.settings.cost(r.prompt, min(r.completion, (t - r.prefill_end) * tps[r.backend]))
             return total
 
         return over_weight(user, served)(t)
 
     def dispatched(user, t):
         def served(t):
-            return sum(r.prompt + r.completion for r in reqs if r.user == user and r.dispatched <= t)
+            return sum(sc.settings.cost(r.prompt, r.completion) for r in reqs if r.user == user and r.dispatched <= t)
 
         return over_weight(user, served)(t)
 
@@ -505,3 +505,19 @@ def test_service_gap_matches_a_brute_force_replay(change):
                         base[(a, b)] = right[a] - right[b]
         assert gap > 0
         assert tracker.max == pytest.approx(gap, abs=1e-3)
+
+
+def test_equal_prompt_and_answer_mixes_share_alike_at_any_token_costs():
+    """Scenario 3's users all send 200/300: the answer-token cost moves no share, and GPU time follows tokens."""
+    sc = load_example("scenario3").replace(duration=600)
+    results = [
+        build(simulate(sc.replace(settings=dataclasses.replace(sc.settings, completion_token_cost=cost))))
+        for cost in (1.0, 2.0)
+    ]
+    at_1, at_2 = ([(u["name"], u["share"]) for u in r["users"]] for r in results)
+    assert at_1 == at_2
+    for user in results[1]["users"]:  # not to the last digit: the answers still streaming at the end are partial
+        assert user["service_share"] == pytest.approx(user["share"], abs=1e-4)
+        assert user["gpu_share"] == pytest.approx(user["share"], abs=0.01)
+        assert user["service_units"] == pytest.approx(user["tokens"] * (200 + 2 * 300) / 500, rel=0.01)
+    assert [u["share"] for u in results[1]["users"]] == pytest.approx([1 / 2, 1 / 3, 1 / 6], abs=0.005)

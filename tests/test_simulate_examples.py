@@ -1,13 +1,19 @@
 """Every shipped example against issue 9's targets, measured from the ``mr simulate --json`` object.
 
-Targets (issue 9), per pool of contention:
+Targets (issues 9 and 18), per pool of contention; a target share is the
+user's weighted max-min share among the people with work in the pool
+(``mindrouter.simulate.maxmin``), from the workload alone:
 
-- no backlogged user waits longer than 3x the time one of its requests takes
-  before one of its requests starts (``max_starved_s``), and no timeouts;
+- no backlogged user waits longer than ``starvation_allowed_s`` before one of
+  its requests starts: 3x the time its longest request took, plus the time its
+  largest request takes at its share of the pool (a request costing more than
+  the others get in that time must wait its turn); no timeouts, except for a
+  user that got its share (its demand beyond it is what timed out);
 - shares within 5 points of their targets in every 60 s window from 2 minutes
   after any arrival or weight change (within one slot's share of the pool plus
-  2 points while a request that outlasts the window runs: ``allowed``), and
-  within 2 points over the run;
+  2 points while a request that outlasts the window runs, and within the
+  largest request's part of the window's tokens: ``allowed``), and within 2
+  points over the run;
 - service gap at most 2x the largest request cost.
 
 To keep this file to a few seconds, examples run compressed: an example built
@@ -80,12 +86,12 @@ def misses(result: dict[str, Any]) -> list[str]:
     """Every target the run misses, in words (empty when all are met)."""
     out = []
     for user in result["users"]:
-        if user["timeouts"]:
-            out.append(f"{user['name']}: {user['timeouts']} timeouts")
-        if user["max_starved_s"] > 3 * user["longest_request_s"] + 1e-6:
+        if user["timeouts"] and user["share"] < user["target_share"] - 0.02:
+            out.append(f"{user['name']}: {user['timeouts']} timeouts short of its share")
+        if user["max_starved_s"] > user["starvation_allowed_s"] + 1e-6:
             out.append(
-                f"{user['name']}: starved {user['max_starved_s']:.1f} s > 3 x its longest request"
-                f" ({user['longest_request_s']:.1f} s)"
+                f"{user['name']}: starved {user['max_starved_s']:.1f} s > {user['starvation_allowed_s']:.1f} s"
+                f" (3 x its longest request, {user['longest_request_s']:.1f} s, plus its largest at its share)"
             )
     for pool in result["pools"]:
         where = "+".join(pool["backends"])
@@ -126,6 +132,8 @@ ROWS = {
     "few-outstanding": "issue 18, case 1: few big requests outstanding",
     "overlapping-pools": "issue 18, case 3: a student on a model only the shared GPU has, next to an admin",
     "one-person-many-models": "issue 18, case 3: one person on two models of the shared box",
+    "big-max-tokens": "issue 18, case 2: non-streamed requests with max_tokens 100000 against streams",
+    "early-leavers": "issue 18, case 2: streams that leave after 10 tokens, readers and non-streamed requests",
 }
 
 #: Examples about throughput rather than issue 9's fairness targets, with the reason (tested elsewhere).
@@ -142,25 +150,34 @@ NOT_FAIRNESS = {
 #: (strict: an unexpected pass fails the suite, so none is left behind).
 NEEDS_CORE: dict[str, str] = {}
 
-#: Examples whose shares are right (``test_issue18_examples_give_each_user_half``) but whose
-#: simulated targets are not: the simulator owes a user with nothing queued what it received
-#: (issue 18, case 4), so it sets small's target where small's queue empties. Remove an entry
-#: when the simulator's targets come from the scenario alone.
-NEEDS_TARGETS: dict[str, str] = {
-    "staggered-big-prompts": "owe small half, not 72%",
-    "few-outstanding": "owe small half, not 73%",
+#: Examples that miss a target no scheduler that never preempts a running request can meet, with the reason.
+BEYOND_SLOTS = {
+    # leaver's requests take 0.6 s; the slots are held by reader's and batch's 6-10 s requests, so
+    # one of its requests waits up to 5.4 s for a slot to free, over 3 x 0.6 s plus its turn (3.3 s).
+    # Its share is right (33.3% against 33.3%); docs/simulate.md says so.
+    "early-leavers": "a 0.6 s request waits for a slot held by 6 s requests",
 }
 
 
 def core(name: str, reason: str | None = None) -> Any:
-    """``name`` as a parameter, expected to fail (strictly) while the core or the simulator lacks what it needs."""
+    """``name`` as a parameter, expected to fail (strictly) while the core lacks what it needs."""
     reason = reason or NEEDS_CORE.get(name)
     if reason is not None:
         return pytest.param(name, marks=pytest.mark.xfail(strict=True, reason=f"needs the core to {reason}"))
-    if name in NEEDS_TARGETS:
-        reason = f"needs the simulator's targets to {NEEDS_TARGETS[name]}"
-        return pytest.param(name, marks=pytest.mark.xfail(strict=True, reason=reason))
+    if name in BEYOND_SLOTS:
+        return pytest.param(name, marks=pytest.mark.xfail(strict=True, reason=BEYOND_SLOTS[name]))
     return pytest.param(name)
+
+
+@pytest.mark.parametrize("name", ["big-max-tokens", "early-leavers"])
+def test_what_a_client_asks_for_or_reads_never_changes_shares(name):
+    """A 100,000 max_tokens without streaming, or streams left after 10 tokens: each still gets its target."""
+    result = measure(name)
+    for user in result["users"]:
+        assert abs(user["service_share"] - user["target_share"]) <= 0.02, user
+        assert user["timeouts"] == 0, user
+        assert user["worst_window"]["deviation"] <= 0.05, user
+    assert result["max_service_gap"] <= result["gap_bound"] + 1e-6
 
 
 def test_every_example_is_covered():
@@ -173,12 +190,19 @@ def test_example_meets_the_targets(name):
     assert not found, f"{ROWS[name]}: " + "; ".join(found)
 
 
-@pytest.mark.parametrize("name", sorted(NEEDS_TARGETS))
+@pytest.mark.parametrize("name", ["staggered-big-prompts", "few-outstanding"])
 def test_issue18_examples_give_each_user_half(name):
-    """Big prompts from loops that never leave a request waiting: 88% of the tokens before, 50% due."""
+    """Big prompts from loops that never leave a request waiting: 88% of the tokens before, 50% due.
+
+    Half of the service units (with answer tokens at 2 the big prompts get more of the tokens), and the
+    targets say half too: weighted max-min among those with work in the pool, not what big received
+    while nothing of its own was queued (the simulator's old rule set 72-86%).
+    """
     result = measure(name)
-    shares = {u["name"]: u["share"] for u in result["users"]}
+    shares = {u["name"]: u["service_share"] for u in result["users"]}
+    targets = {u["name"]: u["target_share"] for u in result["users"]}
     assert shares["big"] == pytest.approx(0.5, abs=0.02), shares
+    assert targets["big"] == pytest.approx(0.5, abs=0.01), targets
     small = next(u for u in result["users"] if u["name"] == "small")
     assert small["max_starved_s"] <= 3 * small["longest_request_s"], small
 

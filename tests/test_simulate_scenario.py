@@ -7,7 +7,14 @@ from pathlib import Path
 import pytest
 
 from mindrouter.errors import UsageError
-from mindrouter.simulate import ScenarioError, example_names, load_example, load_scenario, parse_scenario
+from mindrouter.simulate import (
+    ScenarioError,
+    example_names,
+    load_example,
+    load_scenario,
+    parse_scenario,
+    simulate,
+)
 
 REPO = Path(__file__).resolve().parent.parent
 PACKAGED = REPO / "mindrouter" / "simulate" / "examples"
@@ -41,6 +48,28 @@ def test_minimal_scenario_and_defaults():
     assert user.prompt_tokens == (200, 200) and user.completion_tokens == (300, 300)
     assert user.start == 0 and user.stop is None and user.max_tokens is None and user.think_time == 0
     assert sc.settings.group_weights["faculty"] == 3
+
+
+def test_clients_stream_by_default_and_may_not_stream_or_leave_early():
+    assert parse_scenario(BASE).users[0].stream is True and parse_scenario(BASE).users[0].leave_after is None
+    (user,) = parse_scenario(BASE + "stream = false\nleave_after = 10\njson_mode = true\n").users
+    assert user.stream is False and user.leave_after == 10 and user.json_mode is True
+
+
+def test_a_client_that_leaves_after_10_tokens_receives_10_tokens_an_answer():
+    sc = parse_scenario(BASE + "leave_after = 10\nrequests = 3\n")
+    (user,) = simulate(sc).users
+    assert (user.completed, user.completed_tokens) == (3, 3 * (200 + 10))
+
+
+def test_json_mode_and_unstreamed_requests_are_served_and_charged_as_chat():
+    sc = parse_scenario(
+        BASE + 'requests = 4\n[[users]]\nname = "ta"\nmodel = "llama3"\nconcurrency = 2\n'
+        "requests = 4\njson_mode = true\nstream = false\n"
+    )
+    prof, ta = simulate(sc).users
+    assert (prof.completed, ta.completed) == (4, 4)
+    assert ta.completed_tokens == prof.completed_tokens == 4 * (200 + 300)
 
 
 def test_weights_from_builtin_groups_explicit_weight_and_ranges():
@@ -118,6 +147,8 @@ def test_entries_with_one_name_are_phases_of_one_user():
         (lambda t: t + 'prompt_tokens = "many"\n', "prompt_tokens must be a whole number"),
         (lambda t: t + "start = 50\nstop = 10\n", "stop (10) must be after start (50)"),
         (lambda t: t + "colour = 'red'\n", "unknown key users[0] (prof).colour"),
+        (lambda t: t + "stream = 'no'\n", "users[0] (prof).stream must be true or false"),
+        (lambda t: t + "leave_after = 0\n", "users[0] (prof).leave_after must be"),
         (
             lambda t: t + '[[users]]\nname = "prof"\ngroup = "staff"\nmodel = "llama3"\nrate = 1\n',
             "users[1] (prof).group is 'staff' but an earlier entry of 'prof' says 'faculty'; entries with one name",
@@ -147,6 +178,7 @@ def test_entries_with_one_name_are_phases_of_one_user():
         (lambda t: t + "[scheduler]\ngroup_weights = 1\n", "unknown key [scheduler] group_weights"),
         (lambda t: t + "[scheduler]\nshares = 'team'\n", '[scheduler] shares must be "user" or "group"'),
         (lambda t: t + "[scheduler]\nshares = 1\n", "[scheduler] shares must be a string"),
+        (lambda t: t + "[scheduler]\nprompt_token_cost = 0\n", "[scheduler] prompt_token_cost must be a finite number"),
         (lambda t: t + "[scheduler.scores]\nloaded = 1\n", "unknown key [scheduler.scores] loaded"),
         (lambda t: t.replace("duration = 600", "duration = = 600"), "is not valid TOML"),
         (

@@ -413,8 +413,8 @@ def test_usage(st: Store) -> None:
     st.record_usage(a, "r1", "llama3", 1, 10, 20, at=100.0)
     st.record_usage(b, "r2", "llama3", None, 5, 0, at=150.0)
     st.record_usage(a, "r3", "llama3", 1, 1, 2, at=200.0)
-    assert st.recent_usage(150.0) == [UsageRow(b, 5, 150.0, "llama3"), UsageRow(a, 3, 200.0, "llama3")]
-    assert st.recent_usage(0) == [(a, 30, 100.0, "llama3"), (b, 5, 150.0, "llama3"), (a, 3, 200.0, "llama3")]
+    assert st.recent_usage(150.0) == [UsageRow(b, 5, 0, 150.0, "llama3"), UsageRow(a, 1, 2, 200.0, "llama3")]
+    assert st.recent_usage(0) == [(a, 10, 20, 100.0, "llama3"), (b, 5, 0, 150.0, "llama3"), (a, 1, 2, 200.0, "llama3")]
     totals = st.usage_totals(0)
     assert (totals[a].requests, totals[a].prompt_tokens, totals[a].completion_tokens, totals[a].tokens) == (
         2,
@@ -531,7 +531,7 @@ def test_everything_survives_restart(path: Path) -> None:
     with Store(path) as s:
         assert s.export() == before
         assert s.user_for_key(key).name == "alice"
-        assert s.recent_usage(0) == [(1, 7, 50.0, "m")]
+        assert s.recent_usage(0) == [(1, 3, 4, 50.0, "m")]
         assert s.get_decision("req1") == decision(1)
 
 
@@ -571,7 +571,7 @@ def test_sigkill_loses_nothing_that_returned(path: Path) -> None:
         assert s.user_for_key(key).name == "alice"
         assert s.get_backend("gpu1").engine == "ollama"
         usage = s.recent_usage(0)
-        assert len(usage) == 100 and usage[-1] == (1, 100, 1099.0, "llama3")
+        assert len(usage) == 100 and (usage[-1].user_id, usage[-1].tokens, usage[-1].at) == (1, 100, 1099.0)
         assert s.get_decision("last") is not None
 
 

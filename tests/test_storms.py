@@ -23,7 +23,7 @@ from mindrouter.daemon.app import create_app
 from mindrouter.daemon.keys import DISPATCHER, STATS
 from mindrouter.daemon.lease import Outcome, Settlement
 
-from .conftest import Daemon, FrontDoorServer, daemon_config
+from .conftest import Daemon, ServeServer, daemon_config
 from .fakes import FakeOllama, FakeOpenAI
 
 
@@ -145,7 +145,7 @@ async def quiet_daemon(tmp_path: Any, aiohttp_client: Any, nvml: Any) -> Daemon:
     config = daemon_config(tmp_path)
     config = dataclasses.replace(config, backends=dataclasses.replace(config.backends, poll_interval=600))
     app = await create_app(config, nvml=nvml)
-    return Daemon(await aiohttp_client(FrontDoorServer(app, config)), app, config)
+    return Daemon(await aiohttp_client(ServeServer(app, config)), app, config)
 
 
 async def test_a_storm_of_1000_clients_dropping_at_random_leaks_nothing(quiet_daemon):

@@ -23,6 +23,7 @@ from rich.table import Table
 from rich.text import Text
 
 from ..reported import shown
+from ._fit import fitted
 
 __all__ = [
     "Column",
@@ -42,6 +43,7 @@ __all__ = [
     "print_json",
     "print_json_lines",
     "print_rows",
+    "print_table",
     "safe_cell",
     "status_text",
     "table",
@@ -82,6 +84,10 @@ class Column:
 
     key: str
     header: str
+    short: str | None = None
+    """A shorter header for a narrow terminal, explained in a legend under the table."""
+    drop: int = 0
+    """Order in which a narrow terminal hides the column: 1 first, then 2...; 0 never."""
     fmt: Callable[[Any], str | Text] | None = None
     """Turns the raw value into text; defaults to ``str`` with ``None`` as "n/a"."""
     justify: JustifyMethod = "left"
@@ -149,11 +155,31 @@ def print_rows(
     title: str | None = None,
     empty: str | None = None,
 ) -> None:
-    """The list commands' output: a JSON array of the rows, or their table."""
+    """The list commands' output: a JSON array of the rows, or their table fitted to the terminal."""
     if as_json:
         print_json(list(rows))
         return
-    console().print(table(rows, columns, title=title, empty=empty))
+    print_table(table(rows, columns, title=title, empty=empty), **fit_hints(columns))
+
+
+def fit_hints(columns: Sequence[Column]) -> dict[str, Any]:
+    """``print_table``'s ``short`` and ``drop`` from the columns' own hints."""
+    return {
+        "short": {c.header: c.short for c in columns if c.short},
+        "drop": [c.header for c in sorted((c for c in columns if c.drop), key=lambda c: c.drop)],
+    }
+
+
+def print_table(
+    t: Table, *, short: Mapping[str, str] | None = None, drop: Sequence[str] = (), notes: Sequence[str] = ()
+) -> None:
+    """Print ``t`` fitted to the terminal (``fit``), then its legend and ``notes`` (such as long errors);
+    when even its fewest columns cannot show each value whole, each row as a block of lines instead."""
+    out = console()
+    shown_as, lines = fitted(t, out, short=short, drop=drop)
+    out.print(shown_as)
+    for line in [*lines, *notes]:
+        out.print(Text(line, style="dim"))
 
 
 # -- human formatting ------------------------------------------------------
@@ -291,7 +317,7 @@ def bar(fraction: Any, width: int = 10) -> Text:
 
 def status_text(status: Any) -> Text:
     """A backend status word in its colour."""
-    styles = {"healthy": "green", "unhealthy": "red", "draining": "yellow", "disabled": "dim"}
+    styles = {"healthy": "green", "unhealthy": "red", "draining": "yellow", "drained": "dim"}
     word = str(status or "unknown")
     return Text(word, style=styles.get(word, ""))
 

@@ -11,12 +11,14 @@ from __future__ import annotations
 
 import math
 import re
+import time
 
 from .. import names
 from ..errors import UsageError
+from ..localtime import parse_when
 from ..scheduler.settings import check_weight
 
-__all__ = ["amount", "engine", "gpus", "key_id", "limit", "max_concurrent", "name", "priority", "url", "weight"]
+__all__ = ["amount", "engine", "gpus", "key_id", "limit", "max_concurrent", "name", "priority", "url", "weight", "when"]
 
 
 def weight(value: object, what: str = "weight") -> float:
@@ -148,3 +150,13 @@ def priority(value: str | None) -> float | None:
     if not math.isfinite(number):
         raise UsageError(f"--priority {value!r} must be a finite number, such as 10 or -10")
     return number
+
+
+def when(value: str, option: str) -> str:
+    """``--since``/``--until``: checked here with the daemon's own parser, and sent as typed (the daemon reads
+    dates in its own zone)."""
+    try:
+        parse_when(value, time.time())
+    except ValueError as exc:
+        raise UsageError(f"{option} {exc}") from None
+    return value.strip()

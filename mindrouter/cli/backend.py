@@ -16,6 +16,7 @@ from ._client import quote_name
 from ._output import (
     Column,
     console,
+    fit_hints,
     fmt_duration,
     fmt_list,
     fmt_num,
@@ -23,8 +24,9 @@ from ._output import (
     fmt_speeds,
     print_changed,
     print_json,
-    print_rows,
+    print_table,
     status_text,
+    table,
 )
 
 __all__ = ["COLUMNS", "backend_app", "register"]
@@ -37,29 +39,41 @@ def _load(row: dict[str, Any]) -> str:
 
 
 def _status(row: dict[str, Any]) -> Text:
-    """The status word; for an unhealthy backend the start of its error, or a silent GPU agent (all in --json)."""
+    """The status word, and a silent GPU agent; an unhealthy backend's error goes under the table (``_errors``)."""
     text = status_text(row.get("status"))
-    error = str(row.get("error") or "")
-    if error and row.get("status") == "unhealthy":
-        text.append(f" ({error[:37] + '…' if len(error) > 38 else error})", style="dim")
-    elif row.get("node_error"):
+    if row.get("node_error") and row.get("status") != "unhealthy":
         text.append(" (GPU agent down)", style="yellow")
     return text
 
 
+def _errors(rows: list[dict[str, Any]]) -> list[str]:
+    """Each unhealthy backend's whole probe error, for under the table: in the status column it would be cut."""
+    return [
+        f"{shown(str(r.get('name')))} is unhealthy: {shown(str(r['error']))}"
+        for r in rows
+        if r.get("error") and r.get("status") == "unhealthy"
+    ]
+
+
 COLUMNS = [
-    Column("id", "id", justify="right", style="dim"),
+    Column("id", "id", justify="right", style="dim", drop=8),
     Column("name", "backend", style="bold"),
-    Column("engine", "engine"),
+    Column("engine", "engine", drop=7),
     Column("status", "status", getter=lambda r: r, fmt=_status),
     Column("in_flight", "in flight", getter=lambda r: r, fmt=_load, justify="right"),
     Column("loaded_models", "loaded", fmt=fmt_list),
-    Column("models", "models", fmt=lambda v: fmt_num(len(v)) if isinstance(v, list) else fmt_list(v), justify="right"),
-    Column("latency_ema", "latency", fmt=fmt_duration, justify="right"),
-    Column("tokens_per_second", "tok/s", fmt=lambda v: fmt_num(v, 1), justify="right"),
-    Column("model_speeds", "tok/s by model", fmt=fmt_speeds),
-    Column("utilization", "gpu", fmt=fmt_pct, justify="right"),
-    Column("url", "url", style="dim"),
+    Column(
+        "models",
+        "models",
+        fmt=lambda v: fmt_num(len(v)) if isinstance(v, list) else fmt_list(v),
+        justify="right",
+        drop=4,
+    ),
+    Column("latency_ema", "latency", fmt=fmt_duration, justify="right", drop=3),
+    Column("tokens_per_second", "tok/s", fmt=lambda v: fmt_num(v, 1), justify="right", drop=2),
+    Column("model_speeds", "tok/s by model", fmt=fmt_speeds, drop=1),
+    Column("utilization", "gpu", fmt=fmt_pct, justify="right", drop=5),
+    Column("url", "url", style="dim", drop=6),
 ]
 
 BackendName = Annotated[
@@ -77,7 +91,11 @@ def list_backends(ctx: typer.Context, json: JsonOption = False, config: ConfigOp
     Example: mr backend list --json
     """
     rows = get_app(ctx, config).client.get("/admin/backends")
-    print_rows(rows, COLUMNS, as_json=json, empty="no backends; add one with `mr backend add NAME URL --engine ollama`")
+    if json:
+        print_json(rows)
+        return
+    empty = "no backends; add one with `mr backend add NAME URL --engine ollama`"
+    print_table(table(rows, COLUMNS, empty=empty), **fit_hints(COLUMNS), notes=_errors(rows))
 
 
 @backend_app.command("add")
@@ -218,7 +236,7 @@ def drain(ctx: typer.Context, name: BackendName, json: JsonOption = False, confi
 
 @backend_app.command("enable")
 def enable(ctx: typer.Context, name: BackendName, json: JsonOption = False, config: ConfigOption = None) -> None:
-    """Send requests to a drained or disabled backend again.
+    """Send requests to a draining or drained backend again.
 
     Example: mr backend enable ws3
     """

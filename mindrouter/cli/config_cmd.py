@@ -13,6 +13,7 @@ import dataclasses
 import inspect
 import itertools
 import os
+import sys
 import tempfile
 import textwrap
 from functools import cache
@@ -22,15 +23,13 @@ from typing import Annotated, Any
 import tomli_w
 import typer
 from rich.markup import escape
-from rich.table import Table
-from rich.text import Text
 
 from .. import __version__ as VERSION
 from ..config import BackendSettings, Config, ServerSettings
 from ..errors import MindRouterError
 from ..scheduler.settings import SchedulerSettings, ScoreWeights
 from ._app import ConfigOption, JsonOption, get_app
-from ._output import console, print_json, titled_table
+from ._output import console, print_json
 
 __all__ = ["config_app", "effective_settings", "field_docs", "register", "render_config"]
 
@@ -186,29 +185,48 @@ def init(
     console().print(f"wrote {escape(str(target))}")
 
 
-def _section_table(title: str, values: dict[str, Any], defaults: dict[str, Any]) -> Table:
-    t = titled_table(Text(f"[{title}]"))
-    t.add_column("key")
-    t.add_column("value")
-    t.add_column("default", style="dim")
-    for key, value in values.items():
-        if isinstance(value, dict) and key == "scores":
-            continue
-        default = defaults.get(key, value)
-        changed = key in defaults and value != default
-        t.add_row(
-            key,
-            f"[bold]{escape(repr(value))}[/]" if changed else escape(repr(value)),
-            escape(repr(default)) if changed else "",
-        )
-    return t
+_SECRETS = ("admin_key", "metrics_key", "agent_key")
+
+
+def _section_values(data: dict[str, Any], section: str) -> dict[str, Any]:
+    head, _, sub = section.partition(".")
+    return data[head][sub] if sub else data[head]
+
+
+def settings_toml(config: Config) -> str:
+    """The settings in effect as a config.toml that loads back to them: a value that is not the default
+    has the default in a comment beside it; a set secret and an unset value are comment lines."""
+    data, defaults = effective_settings(config), effective_settings(Config())
+    lines = [
+        f"# settings in effect, from {data['path'] or 'defaults (no settings file)'}: defaults, then the file,",
+        "# then SCHEDULER_* environment variables. A value that is not the default has the default beside it.",
+    ]
+    for section, cls in SECTIONS:
+        values, before = _section_values(data, section), _section_values(defaults, section)
+        lines += ["", f"[{section}]"]
+        if section == "server":
+            lines.append(f"# the socket in effect is {data['server']['socket_path']}")
+            lines.append(f"# the state directory in effect is {data['server']['state_path']}")
+        for f in _fields(section, cls):
+            value, default = values[f.name], before[f.name]
+            if section == "server" and f.name in _SECRETS and value:
+                lines.append(f"# {f.name} is set (not shown)")
+            elif value is None:
+                lines.append(f"# {f.name} is not set")
+            elif value == default:
+                lines.append(_value_line(f.name, value))
+            else:
+                was = "not set" if default is None else _value_line(f.name, default).partition(" = ")[2]
+                lines.append(f"{_value_line(f.name, value)}  # default: {was}")
+    return "\n".join(lines) + "\n"
 
 
 @config_app.command("show")
 def show(ctx: typer.Context, json: JsonOption = False, config: ConfigOption = None) -> None:
     """Print the settings in effect: defaults, then the file, then the environment.
 
-    Values that differ from the defaults are shown in bold with the default beside them.
+    The output is TOML that loads back to the same settings; a value that differs from its default
+    has the default in a comment beside it.
 
     Example: mr config show --json
     """
@@ -217,16 +235,7 @@ def show(ctx: typer.Context, json: JsonOption = False, config: ConfigOption = No
     if json:
         print_json(data)
         return
-    defaults = effective_settings(Config())
-    out = console()
-    out.print(f"settings from {escape(data['path'] or str(app.config_file) + ' (not there: defaults)')}")
-    for section in ("server", "scheduler"):
-        out.print()
-        out.print(_section_table(section, data[section], defaults[section]))
-    out.print()
-    out.print(_section_table("scheduler.scores", data["scheduler"]["scores"], defaults["scheduler"]["scores"]))
-    out.print()
-    out.print(_section_table("backends", data["backends"], defaults["backends"]))
+    sys.stdout.write(settings_toml(app.config))
 
 
 @config_app.command("path")

@@ -15,7 +15,17 @@ from rich.text import Text
 from ..errors import DaemonUnreachable
 from . import _validate
 from ._app import ConfigOption, complete_from, get_app
-from ._output import Column, console, fmt_duration, fmt_num, fmt_time, print_json_lines, table
+from ._output import (
+    Column,
+    console,
+    fit_hints,
+    fmt_duration,
+    fmt_num,
+    fmt_time,
+    print_json_lines,
+    print_table,
+    table,
+)
 
 __all__ = ["COLUMNS", "decision_line", "register"]
 
@@ -58,15 +68,15 @@ def _outcome(record: Mapping[str, Any]) -> Text:
 
 
 COLUMNS = [
-    Column("wall_time", "time", fmt=fmt_time),
+    Column("wall_time", "time", fmt=fmt_time, drop=5),
     Column("request_id", "request", style="bold"),
     Column("user", "user", getter=_user),
     Column("model", "model"),
     Column("selected_backend", "backend", getter=_backend, style="cyan"),
-    Column("queue_wait", "waited", fmt=fmt_duration, justify="right"),
-    Column("priority", "priority", getter=_priority, fmt=lambda v: fmt_num(v, 1), justify="right"),
-    Column("scores", "score", getter=_score, fmt=lambda v: fmt_num(v, 1), justify="right"),
-    Column("candidate_backends", "candidates", fmt=lambda v: fmt_num(len(v or [])), justify="right"),
+    Column("queue_wait", "waited", fmt=fmt_duration, justify="right", drop=4),
+    Column("priority", "priority", getter=_priority, fmt=lambda v: fmt_num(v, 1), justify="right", drop=3),
+    Column("scores", "score", getter=_score, fmt=lambda v: fmt_num(v, 1), justify="right", drop=2),
+    Column("candidate_backends", "candidates", fmt=lambda v: fmt_num(len(v or [])), justify="right", drop=1),
     Column("outcome", "outcome", getter=_outcome),
 ]
 
@@ -132,7 +142,8 @@ def decisions(
         if json:
             print_json_lines(recent)
         else:
-            console().print(table(recent, COLUMNS, empty="no decisions yet" + (f" for {user}" if user else "")))
+            empty = "no decisions yet" + (f" for {user}" if user else "")
+            print_table(table(recent, COLUMNS, empty=empty), **fit_hints(COLUMNS))
         return
     seen = {_key(r) for r in recent}
     out = console()

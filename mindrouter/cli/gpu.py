@@ -6,11 +6,11 @@ import json
 from typing import Annotated
 
 import typer
-from rich.console import Console
 
 from ..gpu.probe import GpuProbe
 from ..gpu.render import gpu_table, no_gpu_sentence
 from ._app import ConfigOption
+from ._output import console, print_table
 
 __all__ = ["register"]
 
@@ -37,8 +37,8 @@ def gpu(
     if not readings:
         typer.echo(no_gpu_sentence(reason))
         return
-    console = Console()
-    console.print(gpu_table(readings, ascii=not console.encoding.lower().startswith("utf")))
+    ascii = not console().encoding.lower().startswith("utf")
+    print_table(gpu_table(readings, ascii=ascii), drop=["Procs", "Mem util"])
 
 
 def register(app: typer.Typer) -> None:

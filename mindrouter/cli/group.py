@@ -21,7 +21,7 @@ COLUMNS = [
     Column("name", "group", style="bold"),
     Column("scheduler_weight", "weight", fmt=fmt_num, justify="right"),
     Column("users", "users", fmt=fmt_count, justify="right"),
-    Column("quotas", "quota (used/limit)", fmt=quota_text),
+    Column("quotas", "quota (used/limit)", fmt=quota_text, short="quota"),
 ]
 
 GroupName = Annotated[

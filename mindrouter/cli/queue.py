@@ -10,6 +10,7 @@ from rich.table import Table
 from rich.text import Text
 
 from ._app import ConfigOption, JsonOption, get_app
+from ._fit import fitted
 from ._output import Column, console, fmt_duration, fmt_num, fmt_tokens, print_json, table
 
 __all__ = ["queue_view", "register", "user_model_rows"]
@@ -124,7 +125,8 @@ def queue(ctx: typer.Context, json: JsonOption = False, config: ConfigOption = N
     if json:
         print_json(data)
         return
-    console().print(queue_view(data))
+    out = console()
+    out.print(*(fitted(part, out)[0] if isinstance(part, Table) else part for part in queue_view(data).renderables))
 
 
 def register(app: typer.Typer) -> None:

@@ -17,7 +17,7 @@ from rich.table import Table
 from rich.text import Text
 
 from ._app import ConfigOption, JsonOption, get_app
-from ._output import console, factor_text, fmt_duration, fmt_num, fmt_pct, fmt_tokens, print_json
+from ._output import factor_text, fmt_duration, fmt_num, fmt_pct, fmt_tokens, print_json, print_table
 from .usage import quota_text
 
 __all__ = ["register", "share_rows", "share_table"]
@@ -28,6 +28,8 @@ HEADERS = [
     "norm share",
     "recent tokens",
     "actual share",
+    "recent units",
+    "unit share",
     "deficit",
     "factor",
     "queued",
@@ -60,13 +62,14 @@ def share_table(data: dict[str, Any]) -> Table:
         header_style="bold",
         pad_edge=False,
         title=f"fair share over the last {fmt_duration(data.get('window_seconds'))} "
-        f"({fmt_tokens(data.get('global_recent_tokens'))} tokens)"
+        f"({fmt_tokens(data.get('global_recent_tokens'))} tokens, "
+        f"{fmt_tokens(data.get('global_recent_units'))} service units)"
         + ("; group shares: a group's weight is split among its active users" if data.get("shares") == "group" else ""),
         title_justify="left",
         title_style="bold",
     )
     for i, header in enumerate(HEADERS):
-        t.add_column(header, justify="left" if i == 0 else "right", no_wrap=True)
+        t.add_column(header, justify="left" if i == 0 else "right")
     for kind, row in share_rows(data):
         if kind == "group":
             t.add_row(
@@ -75,6 +78,8 @@ def share_table(data: dict[str, Any]) -> Table:
                 fmt_pct(row.get("normalized_share"), 1),
                 fmt_tokens(row.get("recent_tokens")),
                 fmt_pct(row.get("actual_share"), 1),
+                fmt_tokens(row.get("recent_units")),
+                fmt_pct(row.get("unit_share"), 1),
                 "",
                 "",
                 "",
@@ -88,6 +93,8 @@ def share_table(data: dict[str, Any]) -> Table:
                 fmt_pct(row.get("normalized_share"), 1),
                 fmt_tokens(row.get("recent_tokens")),
                 fmt_pct(row.get("actual_share"), 1),
+                fmt_tokens(row.get("recent_units")),
+                fmt_pct(row.get("unit_share"), 1),
                 fmt_num(row.get("deficit"), 0),
                 factor_text(row.get("factor")),
                 fmt_num(row.get("queued")),
@@ -104,7 +111,10 @@ def share(ctx: typer.Context, json: JsonOption = False, config: ConfigOption = N
 
     norm share is what the weights entitle one to; actual share is what they
     used over the fairness window. A factor below 1 means deprioritized for
-    heavy recent use; deficit is tokens owed next to the most-owed waiting user.
+    heavy recent use; deficit is service units owed next to the most-owed waiting
+    user. Service units weigh prompt and answer tokens by [scheduler]
+    prompt_token_cost and completion_token_cost; fair share counts them, quotas
+    count tokens.
     With [scheduler] shares = "group", a group's weight is its share and its
     users split it.
 
@@ -114,7 +124,11 @@ def share(ctx: typer.Context, json: JsonOption = False, config: ConfigOption = N
     if json:
         print_json(data)
         return
-    console().print(share_table(data))
+    print_table(
+        share_table(data),
+        short={"quota (used/limit)": "quota"},
+        drop=["queued", "running", "quota (used/limit)", "recent tokens"],
+    )
 
 
 def register(app: typer.Typer) -> None:

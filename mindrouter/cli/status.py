@@ -8,7 +8,7 @@ import typer
 from rich.table import Table
 
 from ._app import ConfigOption, JsonOption, get_app
-from ._output import console, fmt_duration, fmt_num, fmt_tokens, print_json
+from ._output import fmt_duration, fmt_num, fmt_tokens, print_json, print_table
 
 __all__ = ["register", "status_rows"]
 
@@ -53,7 +53,7 @@ def status(ctx: typer.Context, json: JsonOption = False, config: ConfigOption = 
     grid.add_column()
     for label, value in status_rows(data):
         grid.add_row(label, value)
-    console().print(grid)
+    print_table(grid)
 
 
 def register(app: typer.Typer) -> None:

@@ -22,6 +22,7 @@ from ..store import DIMENSIONS, QUOTA_FIELDS
 from . import _validate
 from ._app import ConfigOption, JsonOption, get_app
 from ._client import quote_name
+from ._fit import fitted
 from ._output import (
     Column,
     console,
@@ -30,12 +31,13 @@ from ._output import (
     fmt_tokens,
     print_changed,
     print_json,
+    print_table,
     table,
 )
 
 __all__ = ["quota_text", "register", "set_quota"]
 
-_SUMS = ("requests", "prompt_tokens", "completion_tokens", "gpu_seconds")
+_SUMS = ("requests", "prompt_tokens", "completion_tokens", "gpu_seconds", "service_units")
 _SHORT = {"tokens_per_day": "day", "tokens_per_month": "month", "requests_per_minute": "req/min"}
 
 
@@ -54,6 +56,7 @@ def _columns(by: list[str]) -> list[Column]:
         Column("prompt_tokens", "prompt tokens", fmt=fmt_tokens, justify="right"),
         Column("completion_tokens", "completion tokens", fmt=fmt_tokens, justify="right"),
         Column("gpu_seconds", "GPU time", fmt=_gpu_time, justify="right"),
+        Column("service_units", "service units", fmt=fmt_tokens, justify="right"),
     ]
 
 
@@ -93,7 +96,9 @@ def usage(
     """Show requests, tokens and GPU time, grouped and totalled, like Slurm's sreport.
 
     Days, weeks (from Monday) and months are the server's local calendar.
-    GPU time is how long requests held a backend slot.
+    GPU time is how long requests held a backend slot. Service units are the
+    tokens at the [scheduler] prompt_token_cost and completion_token_cost in
+    effect now: what fair share counts (quotas count tokens).
 
     Example: mr usage --by group,model --since 2026-11-01 --until 2026-12-01 --csv
     """
@@ -101,7 +106,9 @@ def usage(
     unknown = [d for d in dims if d not in DIMENSIONS]
     if unknown or not dims:
         raise UsageError(f"--by {by!r} is not known; use any of {', '.join(DIMENSIONS)}, such as --by user,model")
-    query = {"by": ",".join(dims), "since": since, **({"until": until} if until else {})}
+    query = {"by": ",".join(dims), "since": _validate.when(since, "--since")}
+    if until is not None:
+        query["until"] = _validate.when(until, "--until")
     data = get_app(ctx, config).client.get("/admin/usage", **query)
     rows = data.get("rows") or []
     if json:
@@ -128,7 +135,7 @@ def usage(
             )
     out = console()
     out.print(Text(title, style="bold"))
-    out.print(t)
+    out.print(fitted(t, out)[0])
     if data.get("day_resolution_before"):
         out.print(
             f"[dim]before {_server_time(data, 'day_resolution_before')} only daily totals are kept "
@@ -136,7 +143,7 @@ def usage(
         )
     quotas = data.get("quotas") or []
     if quotas:
-        out.print(table(quotas, _QUOTA_COLUMNS, title="quotas"))
+        print_table(table(quotas, _QUOTA_COLUMNS, title="quotas"))
 
 
 _QUOTA_COLUMNS = [

@@ -41,12 +41,12 @@ COLUMNS = [
     Column("group", "group"),
     Column("weight", "weight", fmt=fmt_num, justify="right"),
     Column("weight_override", "own weight", fmt=_override, justify="right"),
-    Column("keys", "keys", fmt=fmt_count, justify="right"),
-    Column("queued", "queued", fmt=fmt_num, justify="right"),
-    Column("running", "running", fmt=fmt_num, justify="right"),
-    Column("recent_tokens", "recent tokens", fmt=fmt_tokens, justify="right"),
-    Column("quotas", "quota (used/limit)", fmt=quota_text),
-    Column("proxy_for", "proxy", getter=lambda row: row, fmt=lambda row: _proxy_text(row)),
+    Column("keys", "keys", fmt=fmt_count, justify="right", drop=1),
+    Column("queued", "queued", fmt=fmt_num, justify="right", drop=4),
+    Column("running", "running", fmt=fmt_num, justify="right", drop=3),
+    Column("recent_tokens", "recent tokens", fmt=fmt_tokens, justify="right", drop=5),
+    Column("quotas", "quota (used/limit)", fmt=quota_text, short="quota"),
+    Column("proxy_for", "proxy", getter=lambda row: row, fmt=lambda row: _proxy_text(row), drop=2),
 ]
 
 
@@ -146,6 +146,16 @@ def add(
     ] = False,
     proxy_group: ProxyGroupOption = None,
     person_from: PersonFromOption = None,
+    person_of: Annotated[
+        str | None,
+        typer.Option(
+            "--person-of",
+            metavar="PROXY",
+            help="Make a proxy's person before their first request: NAME is what the proxy forwards "
+            "(an e-mail address for Open WebUI), so they start in --group.",
+            show_default=False,
+        ),
+    ] = None,
     json: JsonOption = False,
     config: ConfigOption = None,
 ) -> None:
@@ -153,10 +163,20 @@ def add(
 
     Example: mr user add alice --group faculty
     """
-    body: dict[str, Any] = {"name": _validate.name(name, "user")}
     if group is None:
         raise UsageError("--group is required; name the user's group, such as --group student (see `mr group list`)")
-    body["group"] = group
+    if person_of is not None:
+        if weight is not None or proxy or proxy_group is not None or person_from is not None:
+            raise UsageError("--person-of takes only --group; give a weight afterwards with `mr user set-weight`")
+        person = {"name": name, "group": group, "person_of": _validate.name(person_of, "proxy")}
+        row = get_app(ctx, config).client.post("/admin/users", person)
+        print_changed(
+            row,
+            json,
+            f"added [bold]{escape(str(row.get('name')))}[/], {escape(person_of)}'s person, to group {escape(group)}",
+        )
+        return
+    body: dict[str, Any] = {"name": _validate.name(name, "user"), "group": group}
     if weight is not None:
         body["weight"] = _validate.weight(weight)
     if proxy or proxy_group is not None or person_from is not None:

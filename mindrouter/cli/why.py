@@ -60,7 +60,7 @@ PRIORITY_TERMS = [
     (
         "deficit",
         "deficit",
-        "tokens owed next to the most-owed waiting user of this pool (0 = them), running requests charged",
+        "service units owed next to the most-owed waiting user of this pool (0 = them), running requests charged",
         lambda v: fmt_num(v, 1),
     ),
     ("inflight_charge", "in-flight charge", "charged so far for their requests still running", lambda v: fmt_num(v, 1)),
@@ -68,12 +68,23 @@ PRIORITY_TERMS = [
     (
         "usage_fraction",
         "usage fraction",
-        "their recent tokens per unit of weight, as a part of this pool's",
+        "their recent service units per unit of weight, as a part of this pool's",
         lambda v: fmt_pct(v, 1),
     ),
     ("factor", "factor", "below 1: heavy use moves them back, by one credit at most", lambda v: fmt_num(v, 3)),
     ("wait_bonus", "wait bonus", "added for time spent waiting", lambda v: fmt_num(v, 3)),
     ("priority", "priority", "deficit / weight, lowered by the factor, + wait bonus", lambda v: fmt_num(v, 3)),
+]
+
+
+#: (record key, label, meaning) of the user's recent use, shown after the priority terms.
+RECENT_TERMS = [
+    ("user_recent_usage", "recent tokens", "prompt and answer tokens they completed here in the fairness window"),
+    (
+        "user_recent_units",
+        "recent units",
+        "the same in service units (prompt_token_cost and completion_token_cost): what fair share counts",
+    ),
 ]
 
 
@@ -129,6 +140,8 @@ def why_view(record: Mapping[str, Any], names: Mapping[str, str]) -> Group:
     if (record.get("attempt") or 1) > 1:
         head.append(f" (attempt {record['attempt']})", style="yellow")
     head.append("\n" + ended(record))
+    if record.get("selected_backend_id") is None and not record.get("priority") and not record.get("scores"):
+        return Group(head)  # refused before any pick (a quota, an unknown model): no terms to show
 
     raw_terms = record.get("priority")
     terms: Mapping[str, Any] = raw_terms if isinstance(raw_terms, Mapping) else {}
@@ -143,6 +156,8 @@ def why_view(record: Mapping[str, Any], names: Mapping[str, str]) -> Group:
         if key == "deficit" and value is None:
             value = record.get("user_deficit")
         prio.add_row(Text(term, style="bold") if key == "priority" else term, fmt(value), meaning)
+    for key, term, meaning in RECENT_TERMS:
+        prio.add_row(term, fmt_tokens(record.get(key)), meaning)
 
     components = record.get("score_components") or {}
     scores = record.get("scores") or {}

@@ -12,9 +12,9 @@ from aiohttp import web
 
 from ..errors import RequestError
 from ..localtime import day_start, iso_local, month_start, parse_when, zone_label
-from ..scheduler import normalized_shares
+from ..scheduler import SchedulerSettings, normalized_shares
 from ..store import QUOTA_FIELDS, InvalidValue
-from .keys import AUTH, DISPATCHER, QUOTAS, REGISTRY, SCHEDULER, STATS, STORE
+from .keys import AUTH, CONFIG, DISPATCHER, QUOTAS, REGISTRY, SCHEDULER, STATS, STORE
 from .responses import error_response
 from .stats import BUCKET_SECONDS
 
@@ -44,6 +44,9 @@ async def get_usage(request: web.Request) -> web.Response:
     since = _when(request, "since", DEFAULT_SINCE, now)
     until = _when(request, "until", None, now)
     report = app[STORE].usage_report(by, since, until)
+    settings = app[CONFIG].scheduler
+    for row in (*report.rows, report.total):
+        with_units(row, settings)
     stamps = {"since": report.since, "until": report.until, "day_resolution_before": report.day_resolution_before}
     return web.json_response(
         {
@@ -53,6 +56,12 @@ async def get_usage(request: web.Request) -> web.Response:
             "quotas": [limit.to_dict() for limit in app[QUOTAS].overview()],
         }
     )
+
+
+def with_units(row: dict[str, Any], settings: SchedulerSettings) -> dict[str, Any]:
+    """Add ``service_units`` to a usage row: its tokens at the token costs in effect now (quotas stay in tokens)."""
+    row["service_units"] = round(settings.cost(row["prompt_tokens"], row["completion_tokens"]), 3)
+    return row
 
 
 async def _set_quota(request: web.Request, subject: str) -> web.Response:
@@ -104,7 +113,7 @@ def me_dict(app: web.Application, caller: Any) -> dict[str, Any]:
     periods = {}
     for period, start in (("today", day_start(now)), ("month", month_start(now))):
         total = store.usage_report([], start, now + 1e-3, user_id=caller.user_id).total
-        periods[period] = {**total, "since": start}
+        periods[period] = {**with_units(total, app[CONFIG].scheduler), "since": start}
     return {
         "user": caller.name,
         "group": caller.group,
@@ -132,6 +141,7 @@ def _standing(app: web.Application, user_id: int) -> dict[str, Any]:
     return {
         "weight": mine.weight,
         "recent_tokens": mine.recent_tokens,
+        "recent_units": round(mine.recent_units, 3),
         "factor": mine.factor,
         "queued": mine.queued,
         "running": mine.running,

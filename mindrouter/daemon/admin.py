@@ -14,6 +14,7 @@ from typing import Any
 
 from aiohttp import web
 
+from ..names import person_identity
 from ..scheduler import check_weight
 from ..store import AlreadyExists, InUse, InvalidValue, NotFound, StoreError
 from ..store.people import KEEP
@@ -165,6 +166,8 @@ async def list_users(request: web.Request) -> web.Response:
 
 async def add_user(request: web.Request) -> web.Response:
     data = await _body(request)
+    if data.get("person_of") is not None:
+        return _add_person(request.app, data)
     weight = data.get("weight")
     proxy = _proxy_flag(data) or data.get("proxy_group") is not None
     if not proxy and "person_from" in data:
@@ -178,6 +181,25 @@ async def add_user(request: web.Request) -> web.Response:
         person_from=data.get("person_from", "header"),
     )
     return web.json_response(_user_dict(request.app, user, {}), status=201)
+
+
+def _add_person(app: web.Application, data: dict[str, Any]) -> web.Response:
+    """A proxy's person made ahead of their first request (``{"name": IDENTITY, "person_of": PROXY}``), so an
+    admin can give them a group first; the proxy then finds them as if it had made them (``people.py``)."""
+    store = app[STORE]
+    proxy = store.get_user(str(data["person_of"]))
+    if not proxy.proxy:
+        raise InvalidValue(
+            f"{proxy.name!r} is not a proxy; name the front end's user, such as --person-of webui "
+            "(`mr user list` shows proxies)"
+        )
+    identity = person_identity(data.get("name"))
+    if identity is None:
+        raise InvalidValue("give the identity the proxy forwards, such as an e-mail address, as the name")
+    if store.person_of(proxy.id, identity) is not None:
+        raise AlreadyExists(f"{proxy.name!r} already has a person {identity!r}; move them with `mr user set-group`")
+    person = store.add_person(proxy.id, str(data.get("group") or proxy.forwards_to), identity)
+    return web.json_response(_user_dict(app, person, {}), status=201)
 
 
 def _proxy_flag(data: dict[str, Any]) -> bool:

@@ -1,11 +1,8 @@
 """Admission: from a request's path, headers and body to a queued job with its lease, or the refusal.
 
-One function for both doors a request can come through: the inference
-handler (aiohttp parsed the request) and the front door (a fresh
-connection's first request, read before aiohttp sees it, so that a request
-that has to wait can wait in a few KB; see ``frontdoor.py``). Admission runs
-once per request: authenticate, parse the body, name the person behind a
-proxy, check the quotas, and queue the job.
+Admission runs once per request, on what aiohttp parsed: authenticate, parse
+the body, name the person behind a proxy, check the quotas, and queue the job
+(or refuse it at once: a full queue is a 429 with ``Retry-After``).
 """
 
 from __future__ import annotations
@@ -19,9 +16,10 @@ from ..backends import Call, model_key
 from ..backends._shapes import Dialect
 from ..errors import RequestError
 from ..scheduler import Job, Modality
+from .answers import new_request_id
 from .keys import AUTH, DISPATCHER, QUOTAS, SCHEDULER
 from .lease import Lease
-from .responses import dialect_of, request_id
+from .responses import dialect_of
 from .weights import apply_user
 
 __all__ = ["Admitted", "admit"]
@@ -47,7 +45,7 @@ def admit(app: web.Application, path: str, headers: Mapping[str, str], body: byt
     Anything else (a body nested too deeply, a lone surrogate) propagates before
     the request has changed anything, for the caller to answer.
     """
-    admitted = Admitted(request_id(), dialect_of(path))
+    admitted = Admitted(new_request_id(), dialect_of(path))
     try:
         caller = app[AUTH].caller(headers.get("Authorization"))
         call = admitted.call = Call.from_request(path, body)
@@ -69,7 +67,11 @@ def admit(app: web.Application, path: str, headers: Mapping[str, str], body: byt
             stream=call.stream,
         )
         quotas = app[QUOTAS]
-        admitted.quota_headers = quotas.admit(caller, job)  # 429 before the job queues
+        try:
+            admitted.quota_headers = quotas.admit(caller, job)  # 429 before the job queues
+        except RequestError as refusal:  # a decision record, as the core's refusals get one
+            dispatcher.lease(job, call, user=caller.name, group=caller.group).refuse(refusal)
+            raise
         cap = quotas.answer_cap(job.id)
         if cap is not None:  # a whole answer naming no max_tokens: held to its share of the quota
             call = admitted.call = call.capped(cap)

@@ -34,23 +34,21 @@ from ..scheduler import Scheduler
 from ..store import Store
 from .accounting import setup_accounting_routes
 from .admin import admin_middleware, setup_admin_routes
+from .answers import Runner, stamp
 from .auth import Auth
 from .catalog import setup_catalog_routes
 from .cors import setup_cors
 from .decisions import DecisionLog
 from .discover import discover_local_backends
 from .dispatcher import Dispatcher
-from .frontdoor import FrontDoors
 from .gpus import GpuState
 from .guard import guard_middleware
 from .inference import end_handlers, setup_inference_routes
 from .keys import (
-    ADMITTED,
     AUTH,
     CONFIG,
     DECISIONS,
     DISPATCHER,
-    DRAINS,
     GPUS,
     HANDLERS,
     QUOTAS,
@@ -63,9 +61,8 @@ from .keys import (
 from .lease import Settlement
 from .logsafe import OneLineFormatter
 from .metrics import setup_metrics
-from .quotas import Quotas, add_quota_headers
-from .registry import Registry
-from .responses import label_answer
+from .quotas import Quotas
+from .registry import AdapterFactory, Registry
 from .statelock import StateLock
 from .stats import Stats
 from .ui import setup_ui
@@ -76,7 +73,9 @@ __all__ = ["create_app", "make_runner", "serve"]
 log = logging.getLogger("mindrouter.daemon")
 
 
-async def create_app(config: Config, *, nvml: Any = None, discover: bool | None = None) -> web.Application:
+async def create_app(
+    config: Config, *, nvml: Any = None, discover: bool | None = None, adapters: AdapterFactory | None = None
+) -> web.Application:
     """The daemon's application, ready to be served.
 
     Args:
@@ -84,6 +83,8 @@ async def create_app(config: Config, *, nvml: Any = None, discover: bool | None 
         nvml: a ``pynvml`` stand-in (tests); defaults to the real module.
         discover: look for local servers when no backend is configured;
             defaults to ``config.server.discover``.
+        adapters: builds each backend's adapter from its row (tests: in-process backends);
+            defaults to the engine's adapter over HTTP.
     """
     server = config.server
     app = web.Application(client_max_size=server.max_body_bytes, middlewares=[guard_middleware, admin_middleware])
@@ -132,6 +133,7 @@ async def create_app(config: Config, *, nvml: Any = None, discover: bool | None 
         on_change=lambda: dispatcher.pump(),
         gpu_lookup=gpus.lookup,
         vram_estimate=gpus.vram_estimate,
+        adapters=adapters,
     )
 
     def settled(settlement: Settlement) -> None:
@@ -153,7 +155,6 @@ async def create_app(config: Config, *, nvml: Any = None, discover: bool | None 
     app[DISPATCHER] = dispatcher
     app[REGISTRY] = registry
     app[AUTH] = Auth(store, new_people_per_hour=server.new_people_per_hour)
-    app[ADMITTED] = {}
     app[QUOTAS] = quotas
     app[STATS] = stats
     app[DECISIONS] = decisions
@@ -187,24 +188,17 @@ async def create_app(config: Config, *, nvml: Any = None, discover: bool | None 
     app.cleanup_ctx.append(decisions.flush_ctx)
     app.cleanup_ctx.append(dispatcher.timer_ctx)
     app.cleanup_ctx.append(gpus.poll_ctx)
-    app[DRAINS] = []
     app[HANDLERS] = {}
-    app.cleanup_ctx.append(_drained)  # the last set up, so the first torn down: before the resources close
+    app.on_shutdown.append(end_handlers)  # runs before the cleanup contexts close the resources
     setup_inference_routes(app)
     setup_catalog_routes(app)
     setup_cors(app, server.cors_origins)
     setup_admin_routes(app)
     setup_accounting_routes(app)
-    app.on_response_prepare.append(add_quota_headers)
-    app.on_response_prepare.append(label_answer)
+    app.on_response_prepare.append(stamp)
     setup_metrics(app)
     setup_ui(app)
     return app
-
-
-async def _drained(app: web.Application) -> AsyncIterator[None]:
-    yield
-    await asyncio.gather(*app[DRAINS], return_exceptions=True)
 
 
 def _restore_usage(store: Store, scheduler: Scheduler, config: Config) -> None:
@@ -212,7 +206,7 @@ def _restore_usage(store: Store, scheduler: Scheduler, config: Config) -> None:
     wall, mono = time.time(), time.monotonic()
     rows = store.recent_usage(wall - config.scheduler.fairness_window)
     for row in rows:
-        scheduler.add_usage(row.user_id, row.tokens, mono - (wall - row.at), row.model)
+        scheduler.add_usage(row.user_id, row.prompt_tokens, row.completion_tokens, mono - (wall - row.at), row.model)
     if rows:
         log.info(
             "restored %d usage records from the last %.0f s for fair share", len(rows), config.scheduler.fairness_window
@@ -280,7 +274,7 @@ def make_runner(app: web.Application, config: Config) -> web.AppRunner:
     connection closes.
     """
     server = config.server
-    return web.AppRunner(
+    return Runner(
         app,
         handler_cancellation=True,
         shutdown_timeout=server.shutdown_grace_seconds,
@@ -296,10 +290,8 @@ async def _serve_app(config: Config, *, discover: bool | None) -> None:
     runner = make_runner(app, config)
     await runner.setup()
     socket_path = server.socket_path
-    assert runner.server is not None, "set up above"
-    doors = FrontDoors(app, runner.server)
     try:
-        await doors.listen(server.host, server.port, backlog=1024)
+        await web.TCPSite(runner, server.host, server.port, backlog=1024).start()
         old_umask = os.umask(0o177)
         try:
             unix = web.UnixSite(runner, str(socket_path))
@@ -335,10 +327,7 @@ async def _serve_app(config: Config, *, discover: bool | None) -> None:
             app[SCHEDULER].running_count,
         )
     finally:
-        # The front door's streams and aiohttp's handlers share one grace; the resources outlive both.
-        app[DRAINS].append(asyncio.create_task(doors.close(server.shutdown_grace_seconds)))
-        app[DRAINS].append(asyncio.create_task(end_handlers(app, server.shutdown_grace_seconds)))
-        await runner.cleanup()
+        await runner.cleanup()  # on_shutdown ends the handlers within the grace; then the resources close
         with contextlib.suppress(OSError):
             socket_path.unlink()
     log.info("stopped")

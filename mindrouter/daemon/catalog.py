@@ -79,7 +79,7 @@ def pool_models(app: web.Application) -> dict[str, PoolModel]:
 def _find(app: web.Application, name: Any, dialect: str) -> PoolModel:
     model = pool_models(app).get(model_key(name)) if isinstance(name, str) and name else None
     if model is None:
-        what = "`GET /v1/models`" if dialect == "openai" else "`ollama list`"
+        what = "`GET /v1/models`" if dialect == "openai" else "`GET /api/tags` (`ollama list`)"
         raise RequestError(
             f"model {name!r} is not served by any backend; {what} lists the models you can use",
             status=404,

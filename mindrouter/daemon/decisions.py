@@ -94,7 +94,8 @@ class DecisionLog:
 
 
 def _undispatched(s: Settlement) -> dict[str, Any]:
-    """The record of a request no backend was chosen for."""
+    """The record of a request no backend was chosen for (refused, timed out, its client gone): DESIGN §7's
+    fields all there, the priority terms null (no pick was made), the reason added by ``_materialize``."""
     job = s.job
     return {
         "request_id": job.id,
@@ -102,6 +103,10 @@ def _undispatched(s: Settlement) -> dict[str, Any]:
         "selected_backend": None,
         "candidate_backends": [],
         "scores": {},
+        "user_deficit": None,
+        "user_weight": None,
+        "user_group": s.group,
+        "user_recent_usage": None,
         "user_id": job.user_id,
         "user": s.user,
         "model": job.model,

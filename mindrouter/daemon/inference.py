@@ -1,7 +1,6 @@
 """The inference API: OpenAI and Ollama routes, translated into jobs for the core.
 
-This module only translates HTTP: admission (``admission.py``, here or
-already at the front door) authenticates, parses the body into a ``Call`` and
+This module only translates HTTP: admission (``admission.py``) authenticates, parses the body into a ``Call`` and
 queues the job, and the request's :class:`~.lease.Lease` does everything with
 the slot, from waiting in the queue to failing over and settling the usage.
 The handler prepares the response, writes the chunks, and ends it; a streaming client that has to wait gets its
@@ -21,31 +20,18 @@ from aiohttp import web
 from ..backends import INFERENCE_PATHS, Upstream
 from ..backends._shapes import Dialect, error_tail
 from ..errors import RequestError
-from .admission import Admitted, admit
-from .keys import ADMITTED, HANDLERS, STATS
+from .admission import admit
+from .answers import REQUEST_ID
+from .keys import CONFIG, HANDLERS, STATS
 from .lease import Lease
 from .quotas import QUOTA_HEADERS
 from .responses import error_response
 
-__all__ = [
-    "CLOSE_WHEN_QUEUED",
-    "SHUTTING_DOWN",
-    "end_handlers",
-    "position_teller",
-    "pour",
-    "refused",
-    "setup_inference_routes",
-    "shutdown_tail",
-    "waiting_headers",
-]
+__all__ = ["SHUTTING_DOWN", "end_handlers", "setup_inference_routes"]
 
 log = logging.getLogger(__name__)
 
 _CONTENT_TYPES = {"ollama": "application/x-ndjson", "openai": "text/event-stream"}
-CLOSE_WHEN_QUEUED = 1000
-"""While this many requests wait, an answer closes its connection, so that the client's next
-request comes on a fresh connection, where the front door can hold it cheaply (``frontdoor.py``)."""
-
 Write = Callable[[bytes], Awaitable[None]]
 
 SHUTTING_DOWN = RequestError(
@@ -62,9 +48,8 @@ _CUT_BY_SHUTDOWN = "the router shut down before the answer was complete; send th
 
 async def handle_inference(request: web.Request) -> web.StreamResponse:
     app = request.app
-    admitted: Admitted | None = app[ADMITTED].pop(request.transport, None)  # the front door admitted it
-    if admitted is None:
-        admitted = admit(app, request.path, request.headers, await request.read())
+    admitted = admit(app, request.path, request.headers, await request.read())
+    request[REQUEST_ID] = admitted.rid
     if admitted.quota_headers:
         request[QUOTA_HEADERS] = admitted.quota_headers
     rid, dialect, lease, call = admitted.rid, admitted.dialect, admitted.lease, admitted.call
@@ -79,20 +64,16 @@ async def handle_inference(request: web.Request) -> web.StreamResponse:
         async with lease:
             if call.stream and lease.queued:
                 response = await _prepare_waiting_stream(request, lease, dialect)
-                upstream = await lease.open(heartbeat=position_teller(response.write, lease, dialect))
+                upstream = await lease.open(heartbeat=_position_teller(response.write, lease, dialect))
             else:
                 upstream = await lease.open()
             if response is None and upstream.body is not None:
-                headers = {**upstream.headers, "X-Request-Id": rid}
-                response = web.Response(body=upstream.body, status=upstream.status, headers=headers)
-                _close_if_crowded(response, lease)
+                response = web.Response(body=upstream.body, status=upstream.status, headers=upstream.headers)
             else:
                 if response is None:
-                    headers = {**upstream.headers, "X-Request-Id": rid}
-                    response = web.StreamResponse(status=upstream.status, headers=headers)
-                    _close_if_crowded(response, lease)
+                    response = web.StreamResponse(status=upstream.status, headers=upstream.headers)
                     await response.prepare(request)
-                await pour(lease, upstream, response.write, dialect)
+                await _pour(lease, upstream, response.write, dialect)
                 await response.write_eof()
             lease.finish()
         return response
@@ -101,36 +82,37 @@ async def handle_inference(request: web.Request) -> web.StreamResponse:
             raise
         task.uncancel()  # answered here: the connection's task goes on to write it and close
         if response is None or not response.prepared:
-            refused(app, rid, SHUTTING_DOWN)
-            return _refusal(SHUTTING_DOWN, dialect, rid)
+            _refused(app, rid, SHUTTING_DOWN)
+            return error_response(SHUTTING_DOWN, dialect)
         with contextlib.suppress(Exception):  # best effort: the connection closes next in any case
-            await response.write(shutdown_tail(app, rid, lease, dialect))
+            await response.write(_shutdown_tail(app, rid, lease, dialect))
             await response.write_eof()
         return response
     except ConnectionError:  # the client hung up mid-write; its lease has settled, and no one is listening
         return response if response is not None else web.Response(status=499)
     except RequestError as exc:
-        refused(app, rid, exc)
+        _refused(app, rid, exc)
         if response is not None and response.prepared:  # a stream whose headers went out ends in its dialect
             await response.write(error_tail(dialect, exc.message))
             await response.write_eof()
             return response
-        return _refusal(exc, dialect, rid)
+        return error_response(exc, dialect)
     finally:
         if task is not None:
             handlers.pop(task, None)
 
 
-async def end_handlers(app: web.Application, grace: float) -> None:
-    """At shutdown: a request still queued ends now, a running one when ``grace`` seconds are up.
+async def end_handlers(app: web.Application) -> None:
+    """At shutdown (``on_shutdown``): a request still queued ends now, a running one when the grace is up.
 
     Each gets its dialect's error ending (a 503, or a stream's error tail) while its connection is
     open; aiohttp's own shutdown would cancel the handlers only after the same grace and then close
     the connections with nothing said.
     """
-    handlers = app[HANDLERS]
+    handlers, grace = app[HANDLERS], app[CONFIG].server.shutdown_grace_seconds
     for task, lease in list(handlers.items()):
         if lease.queued:
+            lease.withdraw(SHUTTING_DOWN)  # recorded as refused by the shutdown, not as a client gone
             task.cancel(_SHUTDOWN)
     deadline = asyncio.get_running_loop().time() + grace
     while handlers and asyncio.get_running_loop().time() < deadline:
@@ -139,30 +121,24 @@ async def end_handlers(app: web.Application, grace: float) -> None:
         task.cancel(_SHUTDOWN)
 
 
-def shutdown_tail(app: web.Application, rid: str, lease: Lease, dialect: Dialect) -> bytes:
+def _shutdown_tail(app: web.Application, rid: str, lease: Lease, dialect: Dialect) -> bytes:
     """The error ending of a stream the shutdown cuts: a queued job is withdrawn, a running one was cut."""
-    if lease.queued:
+    if lease.upstream is None:  # never answered: it waited (``end_handlers`` withdrew it already)
         lease.withdraw(SHUTTING_DOWN)
         message = SHUTTING_DOWN.message
     else:
         message = _CUT_BY_SHUTDOWN
-    refused(app, rid, RequestError(message, status=503, type="service_unavailable", code="shutting_down"))
+    _refused(app, rid, RequestError(message, status=503, type="service_unavailable", code="shutting_down"))
     return error_tail(dialect, message)
 
 
-def _refusal(exc: RequestError, dialect: Dialect, rid: str) -> web.Response:
-    answer = error_response(exc, dialect)
-    answer.headers["X-Request-Id"] = rid
-    return answer
-
-
-def refused(app: web.Application, rid: str, exc: RequestError) -> None:
+def _refused(app: web.Application, rid: str, exc: RequestError) -> None:
     """Count and log a request that ends in an error."""
     app[STATS].count_error(exc.status)
     log.info("request=%s status=%d %s", rid, exc.status, exc.message)
 
 
-async def pour(lease: Lease, upstream: Upstream, write: Write, dialect: Dialect) -> None:
+async def _pour(lease: Lease, upstream: Upstream, write: Write, dialect: Dialect) -> None:
     """The answer's body into a response whose headers went out: chunks, a whole body, or the error tail."""
     if upstream.body is None:
         async for chunk in lease.chunks():
@@ -173,36 +149,29 @@ async def pour(lease: Lease, upstream: Upstream, write: Write, dialect: Dialect)
         await write(error_tail(dialect, upstream.error))
 
 
-def waiting_headers(lease: Lease, dialect: str) -> dict[str, str]:
+def _waiting_headers(lease: Lease, dialect: str) -> dict[str, str]:
     """The headers a stream gets at once when it has to wait: its type, id and queue position."""
-    headers = {"Content-Type": _CONTENT_TYPES[dialect], "X-Request-Id": lease.job.id, "Cache-Control": "no-cache"}
-    position = lease.dispatcher.scheduler.queue_position(lease.job.id)
+    headers = {"Content-Type": _CONTENT_TYPES[dialect], "Cache-Control": "no-cache"}
+    position = lease.position()
     if position is not None:
         headers["X-Queue-Position"] = str(position[0])
         headers["X-Queue-Length"] = str(position[1])
     return headers
 
 
-def _close_if_crowded(response: web.StreamResponse, lease: Lease) -> None:
-    if lease.dispatcher.scheduler.queued_count >= CLOSE_WHEN_QUEUED:
-        response.force_close()
-
-
 async def _prepare_waiting_stream(request: web.Request, lease: Lease, dialect: str) -> web.StreamResponse:
-    response = web.StreamResponse(status=200, headers=waiting_headers(lease, dialect))
-    _close_if_crowded(response, lease)
+    response = web.StreamResponse(status=200, headers=_waiting_headers(lease, dialect))
     await response.prepare(request)
     return response
 
 
-def position_teller(write: Write, lease: Lease, dialect: str) -> Callable[[], Awaitable[None]] | None:
+def _position_teller(write: Write, lease: Lease, dialect: str) -> Callable[[], Awaitable[None]] | None:
     """OpenAI streams get an SSE comment with their queue position every 2 s; NDJSON has no comments."""
     if dialect != "openai":
         return None
-    scheduler = lease.dispatcher.scheduler
 
     async def tell() -> None:
-        position = scheduler.queue_position(lease.job.id)
+        position = lease.position()
         if position is not None:
             await write(f": queued position={position[0]} queue_length={position[1]}\n\n".encode())
 

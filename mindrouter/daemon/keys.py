@@ -17,12 +17,10 @@ from .registry import Registry
 from .stats import Stats
 
 __all__ = [
-    "ADMITTED",
     "AUTH",
     "CONFIG",
     "DECISIONS",
     "DISPATCHER",
-    "DRAINS",
     "GPUS",
     "HANDLERS",
     "QUOTAS",
@@ -34,10 +32,6 @@ __all__ = [
 ]
 
 CONFIG = web.AppKey("config", Config)
-ADMITTED = web.AppKey("admitted", dict)
-"""Requests the front door admitted, by their connection's transport, for the handler to take over."""
-DRAINS = web.AppKey("drains", list)
-"""Tasks the app's resources must outlive on shutdown (the front door's streams)."""
 HANDLERS = web.AppKey("handlers", dict)
 """Inference handlers waiting or streaming, task -> lease, for the shutdown to end (``end_handlers``)."""
 STORE = web.AppKey("store", Store)

@@ -37,7 +37,21 @@ from ..scheduler import DecisionRecord, Dispatch, Job, Timings
 if TYPE_CHECKING:
     from .dispatcher import Dispatcher
 
-__all__ = ["Backends", "Lease", "Outcome", "Reservations", "Settlement", "unsupported"]
+__all__ = ["Backends", "Lease", "Outcome", "Reservations", "Settlement", "State", "unsupported"]
+
+
+class State(Enum):
+    """Where a lease is in its life; each transition has one method (named in brackets)."""
+
+    NEW = "new"
+    QUEUED = "queued"
+    """The job waits for a slot [``enter``; again after a failover in ``open``]."""
+    DISPATCHED = "dispatched"
+    """A slot is ours; the answer is being opened there [``open``]."""
+    STREAMING = "streaming"
+    """The backend's answer is open [``open``]."""
+    SETTLED = "settled"
+    """The books are closed: one settlement went out [``_settle``: ``finish``, ``withdraw``, ``refuse``, the exit]."""
 
 
 def unsupported(model: str, modality: Any, said: str) -> RequestError:
@@ -151,22 +165,23 @@ class Lease:
         self._record: DecisionRecord | None = None
         self._attempts: list[Attempt] = []
         self._failed_on: dict[Hashable, str] = {}
-        self._settled = False
+        self.state = State.NEW
 
     # -- the request's life ------------------------------------------------
 
     def enter(self) -> Lease:
-        """Queue the job, once: ``async with`` does it, or the front door before aiohttp sees the request.
+        """Queue the job, once: admission does it, so that a refusal comes before the handler goes on.
 
         Raises:
             RequestError: the core refused the job (the lease has settled as rejected).
         """
-        if self._future is None and not self._settled:
+        if self.state is State.NEW:
             try:
                 self._future = self.dispatcher.submit(self.job)
             except RequestError as exc:
                 self._settle(Outcome.REJECTED, exc.message, exc.status)
                 raise
+            self.state = State.QUEUED
         return self
 
     async def __aenter__(self) -> Lease:
@@ -174,13 +189,17 @@ class Lease:
 
     @property
     def queued(self) -> bool:
-        """The job is waiting for a slot (a streaming handler may send headers now)."""
-        return self._future is not None and not self._future.done()
+        """The job is waiting for a slot (a streaming handler may send headers now).
 
-    def when_ready(self, callback: Callable[[], None]) -> None:
-        """Call ``callback`` once the queue is done with the job: it has a slot, or it timed out."""
-        assert self._future is not None, "enter() first"
-        self._future.add_done_callback(lambda _future: callback())
+        The queue may have resolved the job (a slot, or its time ran out) before ``open`` takes it;
+        a future cancelled with its handler leaves the job waiting.
+        """
+        future = self._future
+        return self.state is State.QUEUED and (future is None or not future.done() or future.cancelled())
+
+    def position(self) -> tuple[int, int] | None:
+        """The job's place in the queue and the queue's length, while it waits."""
+        return self.dispatcher.scheduler.queue_position(self.job.id) if self.state is State.QUEUED else None
 
     async def open(self, heartbeat: Callable[[], Awaitable[None]] | None = None, every: float = 2.0) -> Upstream:
         """Wait for a slot and open the answer there, failing over before the first byte.
@@ -195,6 +214,7 @@ class Lease:
         dispatcher, job = self.dispatcher, self.job
         while True:
             dispatch = await self._dispatched(heartbeat, every)
+            self.state = State.DISPATCHED
             bid = self.backend_id = dispatch.backend_id
             self._holding = True
             self._held_since = dispatcher.clock()
@@ -234,25 +254,29 @@ class Lease:
                 if not again:
                     raise self._backend_failed(exc.message) from None
                 self._future = dispatcher.requeued(job)
+                self.state = State.QUEUED
                 continue
             if not upstream.stream:  # a stream is served once it ends whole (finish): it may yet hang
                 backends.request_succeeded(bid)
+            self.state = State.STREAMING
             self.upstream = upstream
             return upstream
 
     async def _dispatched(self, heartbeat: Callable[[], Awaitable[None]] | None, every: float) -> Dispatch:
-        """The dispatch, once the queue has one; cancelling the waiter leaves the job queued.
+        """The dispatch, once the queue has one; a cancelled handler's job stays ``queued`` (``state``).
 
-        Waiting through ``asyncio.wait`` (never ``await future``) keeps a cancelled handler's job
-        ``queued``, so a daemon shutting down can still withdraw it and end its stream in its dialect.
+        Without a heartbeat the future is awaited itself (the cheapest wait, for thousands waiting); a
+        cancelled future is one the dispatcher skips, and the state, not the future, says the job still
+        waits, so a daemon shutting down can withdraw it and end its stream in its dialect.
         """
         future = self._future
         assert future is not None, "use the lease in `async with` first"
         try:
+            if heartbeat is None:
+                return await future
             while not future.done():
-                if heartbeat is not None:
-                    await heartbeat()
-                await asyncio.wait({future}, timeout=every if heartbeat is not None else None)
+                await heartbeat()
+                await asyncio.wait({future}, timeout=every)
             return future.result()
         except RequestError as exc:  # the dispatcher expired it (504)
             self._settle(Outcome.TIMEOUT, exc.message, exc.status)
@@ -337,26 +361,24 @@ class Lease:
         prompt, completion = self._used()
         self._settle(outcome, upstream.error, upstream.status, prompt, completion)
 
-    def leave(self) -> None:
-        """The client left before the answer was opened (the front door saw its connection close)."""
-        self._end_unopened(Outcome.CLIENT_GONE, "the client went away", 499)
+    def refuse(self, refusal: RequestError) -> None:
+        """Admission refused the job before it queued (a quota): settle it as rejected, so that ``mr why``
+        explains the refusal's request id as it explains the core's."""
+        self._settle(Outcome.REJECTED, refusal.message, refusal.status)
 
     def withdraw(self, refusal: RequestError) -> None:
         """The daemon ends a request that is still queued (it is shutting down); the client gets ``refusal``."""
-        self._end_unopened(Outcome.REJECTED, refusal.message, refusal.status)
-
-    def _end_unopened(self, outcome: Outcome, reason: str, status: int) -> None:
-        if self._settled:
+        if self.state is State.SETTLED:
             return
         assert self.upstream is None, "an opened lease ends in `async with`"
         self.dispatcher.abandon(self.job.id, prompt_tokens=0)
-        self._settle(outcome, reason, status)
+        self._settle(Outcome.REJECTED, refusal.message, refusal.status)
 
     async def __aexit__(self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: Any) -> None:
         upstream = self.upstream
         if upstream is not None:
             await upstream.close()  # an unfinished backend stops generating
-        if self._settled:
+        if self.state is State.SETTLED:
             return
         gone = exc is None or isinstance(exc, (asyncio.CancelledError, ConnectionError))
         outcome = Outcome.CLIENT_GONE if gone else Outcome.ERROR
@@ -415,9 +437,9 @@ class Lease:
     def _settle(
         self, outcome: Outcome, reason: str | None, status: int, prompt_tokens: int = 0, completion_tokens: int = 0
     ) -> None:
-        if self._settled:
+        if self.state is State.SETTLED:
             return
-        self._settled = True
+        self.state = State.SETTLED
         now = self.dispatcher.clock()
         self.dispatcher.on_settled(
             Settlement(

@@ -41,7 +41,7 @@ from ..store import Quota, Store
 __all__ = ["QUOTA_HEADERS", "Limit", "Quotas"]
 
 QUOTA_HEADERS: Any = getattr(web, "RequestKey", lambda name, _type: name)("mindrouter_quota_headers", dict)
-"""Headers ``admit`` leaves on the request for ``add_quota_headers`` (a typed key where aiohttp has them)."""
+"""Headers ``admit`` leaves on the request for ``answers.stamp`` (a typed key where aiohttp has them)."""
 
 _MINUTE = 60.0
 _PERIODS = {"tokens_per_day": "day", "tokens_per_month": "month"}
@@ -374,10 +374,3 @@ def _no_room(limit: Limit, prompt: int, running: bool) -> RequestError:
         f" {_raise_it(limit)}",
         retry_after=max(1, math.ceil(limit.resets - time.time())),
     )
-
-
-async def add_quota_headers(request: web.Request, response: web.StreamResponse) -> None:
-    """``on_response_prepare``: the headers ``admit`` left on this request."""
-    headers = request.get(QUOTA_HEADERS)
-    if headers:
-        response.headers.update(headers)

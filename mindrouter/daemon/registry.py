@@ -89,6 +89,10 @@ def _modalities(capabilities: frozenset[str]) -> frozenset[Modality]:
     return frozenset(out)
 
 
+AdapterFactory = Callable[[Any], Adapter]
+"""A backend's adapter from its store row (``engine``, ``url``, ``name``...)."""
+
+
 class Registry:
     def __init__(
         self,
@@ -101,7 +105,10 @@ class Registry:
         gpu_lookup: GpuLookup | None = None,
         vram_estimate: VramEstimate | None = None,
         clock: Callable[[], float] = time.monotonic,
+        adapters: AdapterFactory | None = None,
     ) -> None:
+        """``adapters`` builds a backend's adapter from its row (default: the engine's, over ``session``);
+        tests pass one that answers in-process."""
         self.scheduler = scheduler
         self.store = store
         self.session = session
@@ -110,6 +117,7 @@ class Registry:
         self.gpu_lookup = gpu_lookup
         self.vram_estimate = vram_estimate
         self.clock = clock
+        self.adapters = adapters or self._engine_adapter
         self.entries: dict[int, Entry] = {}
 
     # -- lifecycle ---------------------------------------------------------
@@ -128,8 +136,8 @@ class Registry:
             if entry.task is not None:
                 await stop(entry.task)
 
-    def add(self, row: Any) -> Entry:
-        adapter = make_adapter(
+    def _engine_adapter(self, row: Any) -> Adapter:
+        return make_adapter(
             row.engine,
             row.url,
             self.session,
@@ -142,6 +150,9 @@ class Registry:
             max_line_bytes=self.settings.max_line_bytes,
             max_answer_bytes=self.settings.max_answer_bytes,
         )
+
+    def add(self, row: Any) -> Entry:
+        adapter = self.adapters(row)
         entry = Entry(row, adapter, Breaker(self.settings), lambda: self.clock())
         self.entries[row.id] = entry
         self._publish(entry)
@@ -305,7 +316,7 @@ class Registry:
         load = self.scheduler.load(entry.row.id)
         if entry.row.state == "draining" and (load is None or load.in_flight == 0):
             entry.row = self.store.set_backend_state(entry.row.name, "disabled")
-            log.info("backend=%s drained and is now disabled", entry.row.name)
+            log.info("backend=%s is drained: idle, and takes no new requests until `mr backend enable`", entry.row.name)
             return True
         return False
 
@@ -365,8 +376,11 @@ class Registry:
     # -- reading -----------------------------------------------------------
 
     def status(self, entry: Entry) -> str:
+        """What people see: a backend is only disabled by draining it, so the stored "disabled" reads "drained"."""
         state = entry.row.state
-        if state in ("draining", "disabled"):
+        if state == "disabled":
+            return "drained"
+        if state == "draining":
             return state
         return "healthy" if self.healthy(entry) else "unhealthy"
 

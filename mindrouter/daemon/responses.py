@@ -2,9 +2,7 @@
 
 from __future__ import annotations
 
-import itertools
 import json
-import os
 from typing import Any
 
 from aiohttp import web
@@ -12,24 +10,7 @@ from aiohttp import web
 from ..backends._shapes import Dialect
 from ..errors import RequestError
 
-__all__ = ["dialect_of", "error_response", "json_error", "label_answer", "request_id"]
-
-_counter = itertools.count(1)
-_prefix = os.urandom(3).hex()
-
-
-def request_id() -> str:
-    """A new ``X-Request-Id``: ``mr-``, this daemon's random prefix, then a counter."""
-    return f"mr-{_prefix}{next(_counter):x}"
-
-
-async def label_answer(request: web.Request, response: web.StreamResponse) -> None:
-    """``on_response_prepare``: no answer names the server's software and version (a banner tells an
-    attacker which aiohttp's bugs to try), and every refusal carries an ``X-Request-Id``, also those no
-    handler saw (an unknown route, a wrong method, a body too large)."""
-    response.headers.popall("Server", None)
-    if response.status >= 400 and "X-Request-Id" not in response.headers:
-        response.headers["X-Request-Id"] = request_id()
+__all__ = ["dialect_of", "error_response", "json_error"]
 
 
 def dialect_of(path: str) -> Dialect:

@@ -81,6 +81,7 @@ def share_view(share: Any, users: Sequence[Any], groups: Sequence[Any], quotas: 
     for user in users:
         state = live.get(user.id)
         recent = state.recent_tokens if state else 0.0
+        units = state.recent_units if state else 0.0
         rows.append(
             {
                 "name": user.name,
@@ -89,7 +90,9 @@ def share_view(share: Any, users: Sequence[Any], groups: Sequence[Any], quotas: 
                 "weight_override": user.weight_override,
                 "normalized_share": round(by_user[user.name], 4),
                 "recent_tokens": recent,
+                "recent_units": round(units, 3),
                 "actual_share": round(recent / total, 4) if total else 0.0,
+                "unit_share": round(units / share.global_recent_units, 4) if share.global_recent_units else 0.0,
                 "deficit": round(state.deficit, 3) if state else 0.0,
                 "factor": round(state.factor, 4) if state else 1.0,
                 "queued": state.queued if state else 0,
@@ -102,13 +105,16 @@ def share_view(share: Any, users: Sequence[Any], groups: Sequence[Any], quotas: 
     for group in groups:
         members = [r for r in rows if r["group"] == group.name]
         recent = sum(r["recent_tokens"] for r in members)
+        units = sum(r["recent_units"] for r in members)
         group_rows.append(
             {
                 "name": group.name,
                 "weight": group.scheduler_weight,
                 "normalized_share": round(by_group.get(group.name, 0.0), 4),
                 "recent_tokens": recent,
+                "recent_units": round(units, 3),
                 "actual_share": round(recent / total, 4) if total else 0.0,
+                "unit_share": round(units / share.global_recent_units, 4) if share.global_recent_units else 0.0,
                 "users": len(members),
                 "quotas": quotas("group", group.name),
             }
@@ -117,6 +123,7 @@ def share_view(share: Any, users: Sequence[Any], groups: Sequence[Any], quotas: 
         "window_seconds": share.window_seconds,
         "shares": share.shares,
         "global_recent_tokens": total,
+        "global_recent_units": round(share.global_recent_units, 3),
         "groups": group_rows,
         "users": rows,
         "pools": [p.to_dict() for p in share.pools],

@@ -63,8 +63,8 @@ def gpu_table(readings: Sequence[GpuReading], *, title: str | None = None, ascii
     table.add_column("Memory", no_wrap=True)
     table.add_column("Util", justify="right")
     table.add_column("Mem util", justify="right")
-    table.add_column("Temp", justify="right")
-    table.add_column("Power", justify="right")
+    table.add_column("Temp", justify="right", no_wrap=True)
+    table.add_column("Power", justify="right", no_wrap=True)
     table.add_column("Procs", justify="right")
     for r in readings:
         table.add_row(

@@ -107,7 +107,8 @@ class Classes:
                     job,
                     404,
                     "model_not_found",
-                    f"model {job.model!r} is not served by any backend; `mr models` lists the models you can use",
+                    f"model {job.model!r} is not served by any backend; `GET /v1/models` "
+                    "(Ollama clients: `GET /api/tags`) lists the models you can use",
                 )
             serving = [b for b in self._backends.values() if job.model in b.models]
             json_refused = job.json_mode and not any(b.supports_json for b in serving)
@@ -118,7 +119,7 @@ class Classes:
                 job,
                 503,
                 "no_backend",
-                f"every backend serving {job.model!r} is unhealthy, draining or disabled; try again shortly",
+                f"every backend serving {job.model!r} is unhealthy, draining or drained; try again shortly",
                 retry_after=5.0,
             )
         return None

@@ -32,7 +32,7 @@ REASONS = {
     "modality": "modality not supported",
     "json": "JSON mode not supported",
     "unhealthy": "unhealthy (circuit open)",
-    "disabled": "disabled",
+    "disabled": "drained",
     "draining": "draining",
     "capacity": "at capacity",
     "memory": "model does not fit in free VRAM, even after evicting idle models",

@@ -74,7 +74,8 @@ class Scheduler(JobOutcomes, CoreReading):
         self._excluded: dict[str, set[Hashable]] = {}
         self._attempts: dict[str, int] = {}
         self._heavy_keyed: dict[frozenset, tuple[float, float]] = {}
-        self._usage_backlog: dict[str, list[tuple[Hashable, float, float]]] = {}
+        self._usage_backlog: dict[str, list[tuple[Hashable, float, float, float]]] = {}
+        """Restored usage by model, as (user id, prompt tokens, completion tokens, at), until its pool exists."""
         self._unstartable: list[tuple[Job, Exception]] = []
         self._seq = 0
         self._wait_rate = settings.wait_bonus_per_second
@@ -194,11 +195,11 @@ class Scheduler(JobOutcomes, CoreReading):
         pool = self._class_pool.get(key)
         if pool is None:
             pool = self._class_pool[key] = self.fair.pool(self.classes.get(key).pool)
-            for uid, tokens, at in self._usage_backlog.pop(key[0], ()) if pool.key else ():
-                self.fair.add_usage(uid, tokens, at, pool.key)
+            for uid, prompt, completion, at in self._usage_backlog.pop(key[0], ()) if pool.key else ():
+                self.fair.add_usage(uid, prompt, completion, at, pool.key)
         return pool
 
-    def add_usage(self, user_id: Hashable, tokens: float, at: float, model: str) -> None:
+    def add_usage(self, user_id: Hashable, prompt: float, completion: float, at: float, model: str) -> None:
         """Replay usage from before a restart (``at`` on the caller's clock) into ``model``'s pool.
 
         Backends are usually not known yet at that point, so the usage waits until
@@ -206,9 +207,9 @@ class Scheduler(JobOutcomes, CoreReading):
         """
         key = (model, Modality.CHAT, False)
         if self.classes.get(key).candidates:
-            self.fair.add_usage(user_id, tokens, at, self._pool(key).key)
+            self.fair.add_usage(user_id, prompt, completion, at, self._pool(key).key)
         else:
-            self._usage_backlog.setdefault(model, []).append((user_id, tokens, at))
+            self._usage_backlog.setdefault(model, []).append((user_id, prompt, completion, at))
 
     # -- submitting --------------------------------------------------------
 
@@ -222,6 +223,15 @@ class Scheduler(JobOutcomes, CoreReading):
         refusal = numbers_refusal(job) or self.classes.refusal(job)
         if refusal is not None:
             return refusal
+        if len(self.queues.jobs) >= self.settings.max_queued:
+            return Rejection(
+                job,
+                429,
+                "queue_full",
+                f"the router already has {len(self.queues.jobs)} requests queued, the most it holds; "
+                "send the request again in a few seconds",
+                retry_after=5.0,
+            )
         if user.queued >= self.settings.max_queued_per_user:
             return Rejection(
                 job,
@@ -387,7 +397,8 @@ class Scheduler(JobOutcomes, CoreReading):
             user_id=user.id,
             user_name=user.name,
             user_group=user.group,
-            user_recent_usage=seat.recent,
+            user_recent_usage=seat.recent_tokens,
+            user_recent_units=seat.recent,
             queue_wait=now - job.submitted_at,
             selected_backend_id=backend_id,
             candidates=rows,

@@ -238,18 +238,22 @@ class FairShare:
         ema = user.completion_ema
         user.completion_ema = completion_tokens if ema is None else ema + alpha * (completion_tokens - ema)
 
-    def add_usage(self, uid: Hashable, tokens: float, at: float, pool: PoolKey | None = None) -> None:
+    def add_usage(
+        self, uid: Hashable, prompt: float, completion: float, at: float, pool: PoolKey | None = None
+    ) -> None:
         """Replay usage recorded before a restart (``at`` on the caller's clock) into a pool's window.
 
         Without ``pool``, it goes to every pool the user has a seat in, or is dropped if none.
         """
         user = self.users.get(uid)
+        tokens = prompt + completion
         if user is None or tokens <= 0:
             return
+        units = self.settings.cost(prompt, completion)
         pools = [self.pool(pool)] if pool is not None else [p for p in self.pools.values() if uid in p.seats]
         for p in pools:
             seat, _ = self.seat(p, user)
-            p.add_usage(seat, tokens, at)
+            p.add_usage(seat, tokens, units, at)
 
     def __iter__(self) -> Iterator[UserState]:
         return iter(self.users.values())

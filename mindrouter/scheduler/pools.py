@@ -142,7 +142,9 @@ class Seat:
     left: float = 0.0
     """``lag - V`` when its queue last emptied: what it may keep while its jobs run (``Pool.place``)."""
     recent: float = 0.0
-    """Tokens completed here within the fairness window."""
+    """Service units completed here within the fairness window: what decides who is heavy."""
+    recent_tokens: float = 0.0
+    """Tokens (prompt and completion) completed here within the fairness window, for display."""
     factor: float = 1.0
     served: float = 0.0
     version: int = 0
@@ -168,7 +170,8 @@ class Pool:
     _ref_heap: list[tuple[float, int, Hashable, int]] = field(default_factory=list)
     _seq: int = 0
     _reference: float = 0.0
-    _window: deque[tuple[float, Hashable, float]] = field(default_factory=deque)
+    _window: deque[tuple[float, Hashable, float, float]] = field(default_factory=deque)
+    """(at, user id, tokens, service units) of each completed request within the fairness window."""
     _next_refresh: float = 0.0
     _per_weight_total: float = 0.0
 
@@ -304,16 +307,17 @@ class Pool:
             self.typical += TYPICAL_ALPHA * (min(cost, TYPICAL_CLIP * self.typical) - self.typical)
         if completion > 0:
             self.answer += TYPICAL_ALPHA * (min(completion, TYPICAL_CLIP * self.answer) - self.answer)
-        self.add_usage(seat, prompt + completion, now)
+        self.add_usage(seat, prompt + completion, cost, now)
 
-    def add_usage(self, seat: Seat, tokens: float, at: float) -> None:
+    def add_usage(self, seat: Seat, tokens: float, units: float, at: float) -> None:
         if tokens > 0:
-            self._window.append((at, seat.user.id, tokens))
-            seat.recent += tokens
-            self.recent_total += tokens
+            self._window.append((at, seat.user.id, tokens, units))
+            seat.recent += units
+            seat.recent_tokens += tokens
+            self.recent_total += units
 
     def usage_fraction(self, seat: Seat) -> float:
-        """Recent tokens per unit of weight, as a part of that sum over the seats active in the window.
+        """Recent service units per unit of weight, as a part of that sum over the seats active in the window.
 
         With equal weights this is the seed's ``user_recent_tokens / global_recent_tokens``;
         a weight-10 user using its 91% next to a weight-1 user stands at 0.5. The sum is
@@ -332,13 +336,14 @@ class Pool:
         horizon = now - self.settings.fairness_window
         seats = self.seats
         while window and window[0][0] < horizon:
-            _, uid, tokens = window.popleft()
-            self.recent_total -= tokens
+            _, uid, tokens, units = window.popleft()
+            self.recent_total -= units
             seat = seats.get(uid)
             if seat is not None:
-                seat.recent -= tokens
+                seat.recent -= units
+                seat.recent_tokens -= tokens
                 if seat.recent < 1e-6:
-                    seat.recent = 0.0
+                    seat.recent = seat.recent_tokens = 0.0
         if not window:
             self.recent_total = 0.0
         if now < self._next_refresh:

@@ -29,7 +29,7 @@ class CoreReading:
     _running: dict[str, Running]
     _backends: dict[Hashable, Backend]
     _loads: dict[Hashable, BackendLoad]
-    _usage_backlog: dict[str, list[tuple[Hashable, float, float]]]
+    _usage_backlog: dict[str, list[tuple[Hashable, float, float, float]]]
 
     def is_queued(self, job_id: str) -> bool:
         return job_id in self.queues.jobs
@@ -72,11 +72,12 @@ class CoreReading:
         fair = self.fair
         users = fair.users.values() if user_ids is None else [fair.users[u] for u in user_ids]
         horizon = now - self.settings.fairness_window
-        pending: dict[Hashable, float] = {}  # restored usage whose model no backend has named yet
+        pending: dict[Hashable, tuple[float, float]] = {}  # restored (tokens, units) whose model no backend named yet
         for entries in self._usage_backlog.values():
-            for uid, tokens, at in entries:
+            for uid, prompt, completion, at in entries:
                 if at >= horizon:
-                    pending[uid] = pending.get(uid, 0.0) + tokens
+                    tokens, units = pending.get(uid, (0.0, 0.0))
+                    pending[uid] = (tokens + prompt + completion, units + self.settings.cost(prompt, completion))
         return build_share(
             users,
             fair.pools.values(),
@@ -100,6 +101,7 @@ class CoreReading:
             "fair_share": {
                 "total_users": len(share.users),
                 "global_recent_tokens": share.global_recent_tokens,
+                "global_recent_units": share.global_recent_units,
                 "user_stats": [u.to_dict() for u in share.users],
             },
         }

@@ -51,6 +51,9 @@ class DecisionRecord:
     user_name: str
     user_group: str | None
     user_recent_usage: float
+    """Tokens the user completed in this pool within the fairness window."""
+    user_recent_units: float
+    """The same in service units (``SchedulerSettings.cost``): what decides who is heavy."""
     queue_wait: float
     selected_backend_id: Hashable
     candidates: tuple[Estimate, ...]
@@ -72,6 +75,7 @@ class DecisionRecord:
             "user_weight": t.weight,
             "user_group": self.user_group,
             "user_recent_usage": self.user_recent_usage,
+            "user_recent_units": self.user_recent_units,
             "user_id": self.user_id,
             "user": self.user_name,
             "model": self.model,

@@ -55,12 +55,12 @@ class ScoreWeights:
 
 @dataclass(frozen=True, slots=True)
 class SchedulerSettings:
-    """Fair-share and routing constants. Token amounts are in cost units (tokens by default)."""
+    """Fair-share and routing constants. Amounts charged are in service units (``cost``), not tokens."""
 
     fairness_window: float = 300.0
     """Seconds of recent usage that decide who is a heavy user."""
     deprioritize_threshold: float = 0.5
-    """A user holding more than this fraction of recent tokens is deprioritized."""
+    """A user holding more than this fraction of recent service units (per unit of weight) is deprioritized."""
     min_deprioritization: float = 0.1
     """The deprioritization factor never goes below this."""
     credit_rate: float = 1.0
@@ -73,10 +73,14 @@ class SchedulerSettings:
     """Seconds a job may wait for capacity before it fails with 504."""
     max_queued_per_user: int = 1000
     """Queued jobs one user may hold; more are refused with 429."""
+    max_queued: int = 10_000
+    """Queued jobs in all, everyone's together; more are refused with 429 at once, which bounds the daemon's memory
+    (each waiting request holds about 20 KB in aiohttp)."""
     prompt_token_cost: float = 1.0
-    """Fair-share cost of one prompt token."""
-    completion_token_cost: float = 1.0
-    """Fair-share cost of one completion token."""
+    """Service units one prompt token costs in fair share (quotas count tokens). Must be greater than 0."""
+    completion_token_cost: float = 2.0
+    """Service units one answer token costs. Answers are written 10-20x slower than prompts are read; 2 (VTC's
+    choice) gives a long-context user next to a chat user 23% of the GPU time instead of 16% at 1 (docs/fairness.md)."""
     shares: str = "user"
     """How weights divide a pool: "user" (each user weighs its weight) or "group" (Slurm-style:
     a group's weight is its share, split among its active users by weight_override, 1 without one)."""
@@ -116,7 +120,11 @@ class SchedulerSettings:
     def __post_init__(self) -> None:
         if self.shares not in SHARES:
             raise ValueError(f'shares must be "user" or "group", not {self.shares!r}')
+        for name in ("prompt_token_cost", "completion_token_cost"):
+            value = getattr(self, name)
+            if not (math.isfinite(value) and value > 0):
+                raise ValueError(f"{name} must be a finite number greater than 0, such as 1 or 2, not {value!r}")
 
     def cost(self, prompt_tokens: float, completion_tokens: float) -> float:
-        """The fair-share cost of a request."""
+        """A request's service units: the one rule for what fair share charges, shows and replays."""
         return prompt_tokens * self.prompt_token_cost + completion_tokens * self.completion_token_cost

@@ -40,8 +40,10 @@ class SeatShare:
     """Cost owed relative to the pool's most-owed waiting user (in-flight charges included)."""
     inflight_charge: float
     recent_tokens: float
+    recent_units: float
+    """Recent service units (``SchedulerSettings.cost``): what ``usage_fraction`` counts."""
     usage_fraction: float
-    """Recent tokens per unit of weight, as a part of the pool's sum of that."""
+    """Recent service units per unit of weight, as a part of the pool's sum of that."""
     factor: float
     """Deprioritization for heavy use; below 1 it lowers this user's priority here."""
     queued: int
@@ -60,6 +62,7 @@ class UserShare:
     """Sum over the user's pools."""
     inflight_charge: float
     recent_tokens: float
+    recent_units: float
     usage_fraction: float
     """The highest over its pools."""
     factor: float
@@ -78,6 +81,8 @@ class UserShare:
             "deficit": round(self.deficit, 3),
             "inflight_charge": round(self.inflight_charge, 3),
             "recent_tokens": self.recent_tokens,
+            "recent_units": round(self.recent_units, 3),
+            "served_units": round(self.served, 3),
             "usage_fraction": round(self.usage_fraction, 4),
             "factor": round(self.factor, 4),
             "queued": self.queued,
@@ -88,6 +93,7 @@ class UserShare:
                     "weight": round(s.weight, 4),
                     "deficit": round(s.deficit, 3),
                     "recent_tokens": s.recent_tokens,
+                    "recent_units": round(s.recent_units, 3),
                     "usage_fraction": round(s.usage_fraction, 4),
                     "factor": round(s.factor, 4),
                 }
@@ -107,6 +113,7 @@ class PoolShare:
     typical_request: float
     """The pool's typical request cost: the bound on return credit and on placement behind."""
     recent_tokens: float
+    recent_units: float
     heavy: tuple[str, ...]
     """Users deprioritized here (at most one)."""
 
@@ -116,6 +123,7 @@ class PoolShare:
             "users": list(self.users),
             "typical_request": round(self.typical_request, 1),
             "recent_tokens": self.recent_tokens,
+            "recent_units": round(self.recent_units, 3),
             "heavy": list(self.heavy),
         }
 
@@ -127,6 +135,7 @@ class ShareSnapshot:
     """``user`` or ``group`` (hierarchical fair share)."""
     window_seconds: float
     global_recent_tokens: float
+    global_recent_units: float
     burst_credits_per_weight: float
     """The same for every user per unit of weight, so it never reorders anyone."""
     users: tuple[UserShare, ...]
@@ -175,7 +184,8 @@ def _seat_share(pool: Pool, seat: Seat, reference: float) -> SeatShare:
         weight=seat.weight,
         deficit=(seat.lag - reference) * seat.weight,
         inflight_charge=seat.inflight,
-        recent_tokens=seat.recent,
+        recent_tokens=seat.recent_tokens,
+        recent_units=seat.recent,
         usage_fraction=pool.usage_fraction(seat),
         factor=seat.factor,
         queued=seat.queued,
@@ -226,7 +236,7 @@ def build_share(
     shares: str,
     window: float,
     burst: float,
-    pending: Mapping[Hashable, float],
+    pending: Mapping[Hashable, tuple[float, float]],
     *,
     with_pools: bool = True,
 ) -> ShareSnapshot:
@@ -245,13 +255,17 @@ def build_share(
             continue
         names = tuple(s.user.name for s in pool.seats.values() if s.recent > 0 or s.queued or s.running)
         heavy = tuple(pool.seats[u].user.name for u in pool.heavy if u in pool.seats)
-        pool_rows.append(PoolShare(_backends(pool), names, ref, pool.credit(), pool.recent_total, heavy))
+        tokens = sum(s.recent_tokens for s in pool.seats.values())
+        pool_rows.append(PoolShare(_backends(pool), names, ref, pool.credit(), tokens, pool.recent_total, heavy))
     rows = []
-    total_recent = 0.0
+    total_recent = total_units = 0.0
     for user in users:
         mine = tuple(seats.get(user.id, ()))
-        recent = sum(s.recent_tokens for s in mine) + pending.get(user.id, 0.0)
+        pending_tokens, pending_units = pending.get(user.id, (0.0, 0.0))
+        recent = sum(s.recent_tokens for s in mine) + pending_tokens
+        units = sum(s.recent_units for s in mine) + pending_units
         total_recent += recent
+        total_units += units
         rows.append(
             UserShare(
                 user_id=user.id,
@@ -262,6 +276,7 @@ def build_share(
                 deficit=sum(s.deficit for s in mine),
                 inflight_charge=sum(s.inflight_charge for s in mine),
                 recent_tokens=recent,
+                recent_units=units,
                 usage_fraction=max((s.usage_fraction for s in mine), default=0.0),
                 factor=min((s.factor for s in mine), default=1.0),
                 queued=user.queued,
@@ -270,7 +285,7 @@ def build_share(
                 seats=mine,
             )
         )
-    return ShareSnapshot(now, shares, window, total_recent, burst, tuple(rows), tuple(pool_rows))
+    return ShareSnapshot(now, shares, window, total_recent, total_units, burst, tuple(rows), tuple(pool_rows))
 
 
 def normalized_shares(

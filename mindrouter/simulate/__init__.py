@@ -64,6 +64,16 @@ Scenario format (TOML; a contract other tools rely on). Keys marked * are requir
     start = 0                    seconds; the phase sends from start until stop
     stop = 3600                  (default: the end of the run)
     requests = 10                stop the phase after this many requests
+    stream = true                false: the client waits for the whole answer (the openai
+                                 client's default); the core hears of it only at its end and
+                                 charges it its expected answer meanwhile, as the daemon does
+    leave_after = 10             the client disconnects after this many completion tokens:
+                                 the backend stops there, and it is charged what it received
+    json_mode = false            true: asks for JSON mode (every simulated backend supports it);
+                                 the core routes it as a class of its own and charges it as
+                                 any chat request. A user mixes kinds of requests (chat,
+                                 embeddings, JSON mode, streamed or not) with several entries
+                                 of one name running side by side
 
     [[events]]                   weight changes applied to the live scheduler
     at = 1800                  * seconds
@@ -103,7 +113,19 @@ models are each owed all of their own pool.
   request of this user sat through while the slots went to others; 0 means it
   always got the next freed slot), ``backlogged_seconds``,
   ``deprioritized_seconds`` and ``min_factor``. ``target_share`` is the sum of
-  the user's targets in every pool over all tokens.
+  the user's targets in every pool over all tokens. Beside tokens:
+  ``service_units`` and ``service_share`` (its tokens at the scenario's
+  ``prompt_token_cost`` and ``completion_token_cost``, as generated: what fair
+  share charges) and ``gpu_seconds`` and ``gpu_share`` (seconds its requests
+  held a backend slot, from dispatch to the last token, as a backend's
+  utilization counts them). Also
+  ``worst_window`` (its own window farthest from its target among those that
+  count: ``start``, ``share``, ``target``, ``deviation``, ``allowed``; null
+  when none counts) and ``starvation_allowed_s`` (3 x ``longest_request_s``
+  plus the time its largest request takes at its target share of its pools'
+  throughput: a request costing more than the others get in 3 x its service
+  time must wait its turn). The table prints service units and GPU time on a
+  line under it.
 - ``pools``: one object per pool: ``backends``, ``models``, ``slots``,
   ``users`` (who sent requests there), ``tokens``, ``shares`` and
   ``target_shares`` over the run, ``max_service_gap`` (``_pair``, ``_at``),
@@ -113,13 +135,16 @@ models are each owed all of their own pool.
   ``error_user`` whose), ``allowed``, ``outlasting`` (requests running in it
   that each take longer than a window), ``since_change`` (seconds from the
   last arrival, departure or weight event to its start) and ``counts``
-  (whether ``worst_window`` considers it). A pool's target: at every moment,
-  users with nothing queued in the pool take what they actually receive, and
-  the rest of the pool's service is owed to its backlogged users (those with
-  requests waiting) in proportion to weight (with ``shares = "group"``: to
-  groups by their weights, then inside each group to its backlogged members
-  by their own). With everyone saturating all run long that is weight / total
-  weight.
+  (whether ``worst_window`` considers it). A pool's target comes from the
+  workload alone, never from the scheduler's counters: while someone's request
+  waits in the pool, the service delivered at each moment is owed by each
+  person's weighted max-min share of the slots among the people with work
+  there (queued or running), each request holding at most one slot on a
+  backend that serves its model (water-filling with those candidate
+  backends: ``mindrouter.simulate.maxmin``); with ``shares = "group"`` a
+  group's weight is divided among its members with work by their own. While
+  nobody waits, everyone is owed what it received. With everyone saturating
+  all run long that is weight / total weight.
 - ``max_service_gap``: the largest change of ``S_a/w_a - S_b/w_b`` (service in
   cost units, i.e. tokens with the default costs, over weight, or under group
   shares over the user's part of its group's weight) over an interval
@@ -146,7 +171,9 @@ models are each owed all of their own pool.
   (a phase's start or stop) or weight event in that pool and holds none of
   them, where someone was backlogged, with ``allowed``: 5
   points, or while a request that takes longer than a window runs there
-  (``outlasting``), one slot's share of the pool plus 2 points.
+  (``outlasting``), one slot's share of the pool plus 2 points, and never
+  less than the pool's largest request cost over the window's tokens (a
+  request is never split, so one that large moves a window by that much).
 - ``models``: per model, ``kind``, ``submitted``, ``completed``,
   ``timed_out``, ``rejected``, ``completion_tokens``, ``ttft_p50``/``_p95``
   (seconds from submission to the end of the prefill) and ``e2e_p50``/``_p95``

@@ -38,6 +38,11 @@ class Fields:
             raise self.fail(f"{key} must be at least {minimum}, not {value!r}")
         return value
 
+    def boolean(self, key: str, value: Any) -> bool:
+        if not isinstance(value, bool):
+            raise self.fail(f"{key} must be true or false, not {value!r}")
+        return value
+
     def string(self, key: str, value: Any) -> str:
         if not isinstance(value, str) or not value.strip():
             raise self.fail(f"{key} must be a non-empty string, not {value!r}")

@@ -209,7 +209,8 @@ class _Sim(Lifecycle):
             modality=modality,
             prompt_tokens=prompt,
             max_tokens=spec.max_tokens,
-            stream=True,
+            stream=spec.stream,
+            json_mode=spec.json_mode,
         )
         user.submitted += 1
         phase.submitted += 1
@@ -231,13 +232,14 @@ class _Sim(Lifecycle):
             phase=phase.index,
             epoch=self.free_epoch[spec.model],
             model=spec.model,
+            stream=spec.stream,
         )
         self.queued_total += 1
         self.reqs[job_id] = req
         if self.trace is not None:
             self.trace.append(req)
         user.queued += 1
-        phase.pool.submitted(user.index)
+        phase.pool.submitted(user.index, spec.model)
         self.touch(user)
 
     def next_request(self, phase: PhaseRun, now: float) -> None:
@@ -259,7 +261,7 @@ class _Sim(Lifecycle):
             user.timed_out += 1
             self.queued_total -= 1
             self.models[req.model].timed_out += 1
-            self.phases[req.phase].pool.left_queue(user.index)
+            self.phases[req.phase].pool.expired(user.index, req.model)
             self.touch(user)
             self.next_request(self.phases[req.phase], now)
 
@@ -315,6 +317,7 @@ class _Sim(Lifecycle):
         for req in self.reqs.values():
             if req.dispatched is not None:
                 self.backends[req.backend].slot_seconds += end - req.dispatched  # type: ignore[index]
+                self.users[req.user].gpu_seconds += end - req.dispatched
         for name, station in self.stations.items():
             backend = self.backends[name]
             backend.loads, backend.load_seconds = station.loads, station.load_seconds

@@ -110,7 +110,7 @@ class Lifecycle:
         req.prefill_end = now
         self.models[req.model].ttft.append(now - req.submitted)
         self.phases[req.phase].pool.prefill_done(req.user, req.prompt, rate, now)
-        if req.completion > PROGRESS_TOKENS:
+        if req.stream and req.completion > PROGRESS_TOKENS:
             self.push(now + PROGRESS_TOKENS / rate, _PROGRESS, stream)
 
     def on_progress(self, stream: Stream, now: float) -> None:
@@ -133,8 +133,9 @@ class Lifecycle:
         pool = self.phases[req.phase].pool
         pool.decode_done(req.user, stream.rate, now)
         assert req.dispatched is not None and req.prefill_end is not None
-        pool.finished(req.expected)
+        pool.finished(req.user, req.model, req.expected)
         user.longest_request = max(user.longest_request, now - req.dispatched)
+        user.largest_request = max(user.largest_request, req.prompt + req.completion)
         req.done = now
         del self.reqs[req.id]
         user.running -= 1
@@ -146,7 +147,9 @@ class Lifecycle:
         stats.completion_tokens += req.completion
         backend.busy -= 1
         backend.tokens += req.prompt + req.completion
-        backend.slot_seconds += min(now, self.sc.duration) - req.dispatched
+        held = min(now, self.sc.duration) - req.dispatched
+        backend.slot_seconds += held
+        user.gpu_seconds += held
         self.freed_models.update(backend.spec.models)
         station.finish(stream, now)
         if backend.spec.ollama:  # as Ollama's last chunk: load_duration, prompt_eval_duration, eval_duration

@@ -80,6 +80,9 @@ _USER = {
     "max_tokens",
     "think_time",
     "requests",
+    "stream",
+    "leave_after",
+    "json_mode",
 }
 _EVENT = {"at", "user", "group", "weight", "clear"}
 #: SchedulerSettings fields a scenario may not set ([groups] sets the weights; scores are a sub-table).
@@ -89,6 +92,7 @@ _POSITIVE = {
     "fairness_window",
     "queue_timeout",
     "max_queued_per_user",
+    "max_queued",
     "min_deprioritization",
     "default_decode_rate",
     "prefill_speedup",
@@ -204,6 +208,9 @@ class _Parser(BackendFields):
             max_tokens=self.integer(f"{where}.max_tokens", raw["max_tokens"]) if "max_tokens" in raw else None,
             think_time=self.number(f"{where}.think_time", raw.get("think_time", 0.0)),
             requests=self.integer(f"{where}.requests", raw["requests"]) if "requests" in raw else None,
+            stream=self.boolean(f"{where}.stream", raw.get("stream", True)),
+            leave_after=self.integer(f"{where}.leave_after", raw["leave_after"]) if "leave_after" in raw else None,
+            json_mode=self.boolean(f"{where}.json_mode", raw.get("json_mode", False)),
         )
 
     def merge_phases(self, entries: list[UserSpec], groups: Mapping[str, float]) -> tuple[UserSpec, ...]:

@@ -11,11 +11,15 @@ Invariants of ``Pool``:
 - A user's service in the pool is piecewise linear in time (prompt tokens when
   the prefill ends, completion tokens at the decode rate), so it is exact at
   any instant without per-token events.
-- The *target* splits each epoch (an interval with one backlogged set and one
-  set of weights) like this: users with nothing queued in the pool take what
-  they received, and the rest is owed to the backlogged users by entitlement
-  (their weight, or under group shares their group's weight divided among the
-  group's backlogged users by their own weights).
+- The *target* splits each epoch (an interval with one set of outstanding
+  requests and one set of weights) from the workload alone (issue 18, case 4):
+  while someone waits, the service delivered is owed by each person's weighted
+  max-min share of the slots (``maxmin.max_min``) among the people with work
+  in the pool, queued or running, each request holding at most one slot on a
+  backend that serves its model; weights are entitlements (under group shares
+  a group's weight divided among its members with work). While no one waits
+  everyone gets what it asked for, so each is owed what it received. What the
+  scheduler has charged anyone never enters.
 - Service over entitlement (``x``) is continuous: when an entitlement changes,
   only the slope changes from then on, so a weight change never rewrites the
   past, which is how the service gap is measured across weight changes.
@@ -28,6 +32,7 @@ from dataclasses import dataclass
 
 from ..scheduler.pools import joined
 from ._gap import GapTracker
+from .maxmin import max_min
 from .scenario import BackendSpec
 
 __all__ = ["Pool", "PoolWindow", "find_pools"]
@@ -81,6 +86,13 @@ class Pool:
         self.c_base = [0.0] * users
         self.c_rate = [0.0] * users
         self.queued = [0] * users
+        self.outstanding: list[dict[str, int]] = [{} for _ in range(users)]
+        """Each user's requests queued or running here, by model."""
+        self.demand_changed = False
+        self.owed: dict[int, float] | None = None
+        """Each user's fraction of what the current epoch delivers; None while no one waits."""
+        self.serves = {m: frozenset(b.name for b in backends if m in b.models) for m in self.models}
+        self.capacity = {b.name: float(b.max_concurrent) for b in backends}
         self.backlogged: list[int] = []
         self.is_backlogged = [False] * users
         self.ever_backlogged = [False] * users
@@ -125,6 +137,11 @@ class Pool:
     def tokens(self, u: int, t: float) -> float:
         return self.prompt_done[u] + self.c_base[u] + self.c_rate[u] * t
 
+    def service(self, u: int, t: float) -> float:
+        """Service units of ``u`` by ``t``: its tokens at the prompt and completion costs."""
+        a, b = self._cost_line(u)
+        return a + b * t
+
     def _cost_line(self, u: int) -> tuple[float, float]:
         """Service in cost units as ``a + b * t``."""
         return self.pc * self.prompt_done[u] + self.cc * self.c_base[u], self.cc * self.c_rate[u]
@@ -162,11 +179,24 @@ class Pool:
 
     # -- queue ------------------------------------------------------------------
 
-    def submitted(self, u: int) -> None:
+    def submitted(self, u: int, model: str) -> None:
         if u not in self.members:
             self.members.append(u)
         self.queued[u] += 1
+        self._outstanding(u, model, 1)
         self.changed.add(u)
+
+    def _outstanding(self, u: int, model: str, step: int) -> None:
+        held = self.outstanding[u]
+        held[model] = held.get(model, 0) + step
+        if not held[model]:
+            del held[model]
+        self.demand_changed = True
+
+    def expired(self, u: int, model: str) -> None:
+        """A queued request of ``u`` timed out."""
+        self.left_queue(u)
+        self._outstanding(u, model, -1)
 
     def left_queue(self, u: int) -> None:
         self.queued[u] -= 1
@@ -182,7 +212,8 @@ class Pool:
             self.long_running += 1
             self.win_outlasting = max(self.win_outlasting, self.long_running)
 
-    def finished(self, seconds: float) -> None:
+    def finished(self, u: int, model: str, seconds: float) -> None:
+        self._outstanding(u, model, -1)
         if seconds > self.window:
             self.long_running -= 1
 
@@ -194,8 +225,9 @@ class Pool:
         self.changed.clear()
         joined: list[int] = []
         left: list[int] = []
-        if flips:
+        if flips or self.demand_changed:
             self.close_epoch(now)
+        if flips:
             for u in flips:
                 if self.queued[u] > 0:
                     self.backlogged.append(u)
@@ -206,6 +238,8 @@ class Pool:
                     self.is_backlogged[u] = False
                     left.append(u)
             self.reweigh(now)
+        elif self.demand_changed:
+            self.reweigh_targets()
         self.gap.settle(now, joined, left, self.backlogged if joined else [])
         self.dispatch_gap.settle(now, joined, left, self.backlogged if joined else [])
 
@@ -222,29 +256,40 @@ class Pool:
                 self.x_off[u] += (a + b * now) * (1 / old - 1 / w)
                 self.share_weight[u] = w
                 self._set_line(u)
+        self.reweigh_targets()
+
+    def reweigh_targets(self) -> None:
+        """What each user is owed of the next epoch: weighted max-min of the slots among those with work."""
+        self.demand_changed = False
+        demand = {u: sum(held.values()) for u, held in enumerate(self.outstanding) if held}
+        if sum(demand.values()) <= sum(self.capacity.values()) and not any(self.queued):
+            self.owed = None
+            return
+        weights = self.entitlement(list(demand))
+        candidates = {u: frozenset().union(*(self.serves[m] for m in self.outstanding[u])) for u in demand}
+        alloc = max_min(weights, demand, candidates, self.capacity)
+        total = sum(alloc.values())
+        self.owed = {u: a / total for u, a in alloc.items()} if total > 0 else None
 
     def close_epoch(self, now: float) -> None:
         """Share out the service delivered since the last epoch boundary (see the module's invariants)."""
         span = now - self.epoch_start
         total = 0.0
-        free = 0.0
+        owed = self.owed
         for u in self.members:
             tokens = self.tokens(u, now)
             delta = tokens - self.epoch_tokens[u]
             self.epoch_tokens[u] = tokens
             self.win_tokens[u] += delta
             total += delta
-            if not self.is_backlogged[u]:
+            if owed is None:
                 self.target[u] += delta
                 self.win_targets[u] += delta
-                free += delta
+        if owed is not None:
+            for u, fraction in owed.items():
+                self.target[u] += total * fraction
+                self.win_targets[u] += total * fraction
         if self.backlogged:
-            owed = total - free
-            shares = self.entitlement(self.backlogged)
-            weight = sum(shares.values())
-            for u, w in shares.items():
-                self.target[u] += owed * w / weight
-                self.win_targets[u] += owed * w / weight
             self.win_backlogged += span
         self.epoch_start = now
 

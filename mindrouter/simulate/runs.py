@@ -41,6 +41,8 @@ class RequestTrace:
     model: str = ""
     expected: float = 0.0
     """Seconds it was expected to take from dispatch, as it was dispatched (for windows it outlasts)."""
+    stream: bool = True
+    """False: nothing reaches the core before the end (no progress reports)."""
 
 
 @dataclass(slots=True)
@@ -79,6 +81,8 @@ class UserRun:
     running: int = 0
     completed: int = 0
     completed_tokens: int = 0
+    gpu_seconds: float = 0.0
+    """Seconds its requests held a backend slot (dispatch to last token, as a backend's ``slot_seconds``)."""
     timed_out: int = 0
     rejected: int = 0
     waits: list[float] = field(default_factory=list)
@@ -92,6 +96,8 @@ class UserRun:
     max_starved: float = 0.0
     longest_request: float = 0.0
     """Seconds the longest of its requests took from dispatch to the last token."""
+    largest_request: int = 0
+    """Tokens (prompt and completion) of its largest request that ended."""
     deprioritized_seconds: float = 0.0
     deprioritized_since: float | None = None
     min_factor: float = 1.0
@@ -134,6 +140,10 @@ class UserRun:
 
     def tokens(self, t: float) -> float:
         return sum(pool.tokens(self.index, t) for pool in self.pools)
+
+    def service_units(self, t: float) -> float:
+        """Its service by ``t`` at the run's prompt and completion token costs, as generated."""
+        return sum(pool.service(self.index, t) for pool in self.pools)
 
     def target(self) -> float:
         return sum(pool.target[self.index] for pool in self.pools)

@@ -126,6 +126,12 @@ class UserSpec:
     """Closed loop: seconds between one answer and the next request."""
     requests: int | None = None
     """Stop this phase after submitting this many requests."""
+    stream: bool = True
+    """False: the client waits for the whole answer (the openai client's default); the core hears only the end."""
+    leave_after: int | None = None
+    json_mode: bool = False
+    """Asks for JSON mode: a job class of its own in the core, charged as any chat request."""
+    """The client leaves after this many completion tokens; the backend stops there and the core is told so."""
     weight_override: float | None = None
     """The user's own ``weight``, if given (an event with ``clear`` drops it for the group's)."""
 

@@ -47,13 +47,15 @@ def phase_rngs(scenario: Scenario) -> list[random.Random]:
 
 
 def draw_sizes(spec: UserSpec, rng: random.Random) -> tuple[int, int]:
-    """A request's prompt and completion tokens (the completion within ``max_tokens``)."""
+    """A request's prompt and completion tokens (the completion within ``max_tokens`` and ``leave_after``)."""
     low, high = spec.prompt_tokens
     prompt = low if low == high else rng.randint(low, high)
     low, high = spec.completion_tokens
     completion = low if low == high else rng.randint(low, high)
     if spec.max_tokens is not None:
         completion = min(completion, spec.max_tokens)
+    if spec.leave_after is not None:
+        completion = min(completion, spec.leave_after)
     return prompt, completion
 
 

@@ -143,9 +143,14 @@ class BackendRow:
 
 class UsageRow(NamedTuple):
     user_id: int
-    tokens: int
+    prompt_tokens: int
+    completion_tokens: int
     at: float
     model: str
+
+    @property
+    def tokens(self) -> int:
+        return self.prompt_tokens + self.completion_tokens
 
 
 @dataclass(frozen=True, slots=True)

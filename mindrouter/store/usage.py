@@ -154,7 +154,7 @@ class UsageLog:
         return [
             UsageRow(*r)
             for r in self._db.execute(
-                "SELECT user_id, prompt_tokens + completion_tokens, at, model FROM usage WHERE at >= ? ORDER BY at",
+                "SELECT user_id, prompt_tokens, completion_tokens, at, model FROM usage WHERE at >= ? ORDER BY at",
                 (since,),
             )
         ]

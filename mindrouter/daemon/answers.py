@@ -1,0 +1,91 @@
+"""One place for an answer's headers, and aiohttp's own refusals of malformed HTTP as JSON.
+
+Every response gets its request id (admission's, or a new one for a request
+refused before admission), the quota headers admission left, and a ``Server``
+line without a version: aiohttp's default names itself and its version, which
+tells an attacker which parser's bugs to try. CORS labels are added in ``cors.py``
+(only for allowed origins). A request aiohttp's parser refuses (a smuggling or
+desync attempt, a malformed head) never reaches the app; ``Runner`` answers it
+here with the same JSON error shape and headers, through aiohttp's own error
+hook (``RequestHandler.handle_error``), not a parser of ours.
+"""
+
+from __future__ import annotations
+
+import itertools
+import logging
+import os
+from http import HTTPStatus
+
+from aiohttp import web
+
+from ..errors import RequestError
+from .logsafe import safe
+from .quotas import QUOTA_HEADERS
+from .responses import error_response
+
+__all__ = ["REQUEST_ID", "Runner", "new_request_id", "stamp"]
+
+log = logging.getLogger(__name__)
+
+SERVER = "mindrouter"
+
+REQUEST_ID = web.RequestKey("mindrouter_request_id", str)
+"""The id admission gave the request; the answer, the log and the decision record carry it."""
+
+_counter = itertools.count(1)
+_prefix = os.urandom(3).hex()
+
+
+def new_request_id() -> str:
+    return f"mr-{_prefix}{next(_counter):x}"
+
+
+def _stamp(request: web.BaseRequest, response: web.StreamResponse) -> None:
+    headers = response.headers
+    headers["Server"] = SERVER
+    headers["X-Request-Id"] = request.get(REQUEST_ID) or new_request_id()
+    quota = request.get(QUOTA_HEADERS)
+    if quota:
+        headers.update(quota)
+
+
+async def stamp(request: web.Request, response: web.StreamResponse) -> None:
+    """``on_response_prepare``: the headers every answer carries, streams included."""
+    _stamp(request, response)
+
+
+class _Handler(web.RequestHandler):
+    """aiohttp's connection handler; its refusals of what it cannot parse are answered as ours are."""
+
+    def handle_error(
+        self, request: web.BaseRequest, status: int = 500, exc: BaseException | None = None, message: str | None = None
+    ) -> web.StreamResponse:
+        if status >= 500 or request.writer.output_size > 0:
+            return super().handle_error(request, status, exc, message)
+        reason = str(getattr(exc, "message", "") or message or HTTPStatus(status).phrase).splitlines()[0]
+        log.info("refused a malformed request from %s: %s", request.remote, safe(reason))
+        refusal = RequestError(
+            f"the request is not well-formed HTTP/1.1 ({safe(reason.rstrip(': .'))}); "
+            "fix the client or the proxy in front of the router",
+            status=status,
+            code="malformed_request",
+        )
+        response = error_response(refusal, "openai")
+        _stamp(request, response)
+        response.force_close()
+        return response
+
+
+class _Server(web.Server):
+    def __call__(self) -> web.RequestHandler:
+        return _Handler(self, loop=self._loop, **self._kwargs)
+
+
+class Runner(web.AppRunner):
+    """aiohttp's runner, with its connection handler answering malformed requests in JSON."""
+
+    async def _make_server(self) -> web.Server:
+        server = await super()._make_server()
+        server.__class__ = _Server  # only __call__ differs: which handler class serves a connection
+        return server
