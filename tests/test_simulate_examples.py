@@ -57,6 +57,8 @@ FIRST = {
     "separate-models": 600,
     "scenario3": 600,
     "huge-request": 1800,
+    "overlapping-pools": 600,
+    "one-person-many-models": 600,
 }
 
 
@@ -128,6 +130,8 @@ ROWS = {
     "lab-pool": "issue 17: four Ollama workstations, loads and a burst over capacity",
     "staggered-big-prompts": "issue 18, case 1: staggered loops of 30k-token prompts",
     "few-outstanding": "issue 18, case 1: few big requests outstanding",
+    "overlapping-pools": "issue 18, case 3: a student on a model only the shared GPU has, next to an admin",
+    "one-person-many-models": "issue 18, case 3: one person on two models of the shared box",
     "big-max-tokens": "issue 18, case 2: non-streamed requests with max_tokens 100000 against streams",
     "early-leavers": "issue 18, case 2: streams that leave after 10 tokens, readers and non-streamed requests",
 }

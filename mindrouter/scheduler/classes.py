@@ -5,7 +5,7 @@ routing. For each class the cache keeps the candidates that pass the static
 constraints (cleared whenever a backend's models or abilities change), split
 into *open* (could take a job now) and *closed* (with the reasons), kept up to
 date as slots are taken and freed. The candidates also name the class's pool
-of contention (``pools.py``).
+of contention (``pools.py``): the backends joined to them by shared models.
 
 Invariant: for every cached class, ``open`` and ``closed`` partition
 ``candidates`` by ``live_rejections`` as of the last change to each backend.
@@ -21,7 +21,7 @@ from .backend import Backend, BackendLoad, ModelSpeed
 from .constraints import REASONS, RETRY_PENALTY, ClassKey, live_rejections, static_rejections
 from .estimate import Estimate, Speeds, estimate
 from .jobs import Job, Rejection
-from .pools import PoolKey
+from .pools import PoolKey, joined
 from .settings import SchedulerSettings
 
 __all__ = ["ClassInfo", "Classes", "Route"]
@@ -38,7 +38,7 @@ class ClassInfo:
     static_rejected: dict[Hashable, tuple[str, ...]]
     model_known: bool
     pool: PoolKey
-    """The pool of contention: the candidates, as a set."""
+    """The pool of contention: every backend joined to the candidates by a model both serve."""
     open: dict[Hashable, None] = field(default_factory=dict)
     """Candidates that can take a job now (an ordered set)."""
     closed: dict[Hashable, tuple[str, ...]] = field(default_factory=dict)
@@ -59,10 +59,23 @@ class Classes:
         """The core's clock at its last decision: when loads it triggered are expected to end."""
         self._classes: dict[ClassKey, ClassInfo] = {}
         self._by_backend: dict[Hashable, list[tuple[ClassKey, ClassInfo]]] = {}
+        self._pools: dict[Hashable, PoolKey] = {}
 
     def clear(self) -> None:
         self._classes.clear()
         self._by_backend.clear()
+        self._pools.clear()
+
+    def _pool_of(self, candidates: list[Hashable]) -> PoolKey:
+        """The pool ``candidates`` lie in (none without candidates); built once per change of models."""
+        if not candidates:
+            return frozenset()
+        if not self._pools:
+            ids = list(self._backends)
+            for group in joined([self._backends[bid].models for bid in ids]):
+                key = frozenset(ids[i] for i in group)
+                self._pools.update((ids[i], key) for i in group)
+        return self._pools[candidates[0]]
 
     def get(self, key: ClassKey) -> ClassInfo:
         info = self._classes.get(key)
@@ -78,7 +91,7 @@ class Classes:
                     rejected[bid] = reasons
                 else:
                     candidates.append(bid)
-            info = self._classes[key] = ClassInfo(candidates, rejected, known, frozenset(candidates))
+            info = self._classes[key] = ClassInfo(candidates, rejected, known, self._pool_of(candidates))
             self._bound(info)
             for bid in candidates:
                 self._by_backend.setdefault(bid, []).append((key, info))

@@ -1,8 +1,9 @@
 """The scheduler: queues jobs, decides what runs where, and accounts for what ran.
 
 Theory of operation. Jobs wait in FIFO queues per user and job class
-(``queues.py``); a class's candidate backends (``classes.py``) name its pool
-of contention (``pools.py``), where the user has a seat with its own lag. For
+(``queues.py``); a class's candidate backends (``classes.py``) lie in one pool
+of contention (``pools.py``: backends joined by shared models), where the user
+has one seat with one lag, whichever of the pool's classes its jobs are in. For
 every class there is a heap of queue heads keyed by
 
     key = wait_rate * submitted_at - (V + priority(seat, V))
@@ -13,8 +14,9 @@ never changes as time passes. A key changes only when its seat is charged or
 placed, or (for the at most one heavy seat of a pool) when V or the weight
 moves; then the seat's heads are pushed again and stale entries are dropped
 lazily. Heads of different classes are compared by ``key + V`` of their own
-pool, so a decision costs O(log n) in queued jobs, plus a constant per class
-and per candidate backend.
+pool (the same V for classes whose candidates overlap, so there they compare
+by lag alone: weighted max-min across the pool), so a decision costs O(log n)
+in queued jobs, plus a constant per class and per candidate backend.
 
 ``dispatch(now)`` repeatedly takes the highest-priority head whose class has
 an open backend and routes it to the open backend where it is expected to

@@ -1,10 +1,14 @@
 """Pools of contention: where users compete, and each user's standing in each.
 
-A *pool* is the set of backends that can serve a job class (model, modality,
-JSON mode); classes with the same candidate backends share one. Users compete
-only inside a pool, so service a user got on a model nobody else wanted is
-never held against it on another model: every pool keeps its own reference,
-its own positions and its own recent usage.
+A *pool* is a group of backends joined by the models they serve (two backends
+serving one model are joined, transitively, ``joined``); every job class's
+candidate backends lie in one pool, and classes whose candidates overlap share
+it. In a pool a person has one seat, whichever models it asks for, so when a
+slot frees the most-owed person with a job that backend can serve is served:
+weighted max-min fairness under the candidates' constraints. Pools that share
+no backend never compete, so service a user got on a model nobody else could
+run is never held against it on another model: every pool keeps its own
+reference, its own positions and its own recent usage.
 
 Invariants (``Pool.check()`` asserts them in tests):
 
@@ -21,6 +25,10 @@ Invariants (``Pool.check()`` asserts them in tests):
 - A seat that starts queuing is lowered only by credit banked while it had
   nothing queued: from idle it stands at most one typical request above V; with
   jobs running, at most where it stood from V when its queue emptied.
+- A charge takes a queued seat's settled lag (``lag`` without ``inflight``) at most
+  ``DEBT_BOUND`` of the pool's largest charges (per unit of weight) behind V, and
+  never moves a seat already further behind: people in one pool who never meet
+  on a backend drift apart, and this bounds what one pays back when they meet.
 - Lags leave their place in only two ways besides charges: that placement, and
   a shift of every seat of the pool by the same amount when V drifts far below
   zero (order and shares unchanged). Nobody is raised on its own.
@@ -31,12 +39,12 @@ from __future__ import annotations
 
 import heapq
 from collections import deque
-from collections.abc import Hashable
+from collections.abc import Hashable, Iterable, Sequence
 from dataclasses import dataclass, field
 
 from .settings import SchedulerSettings
 
-__all__ = ["Pool", "PoolKey", "Seat", "UserState", "apply_factor", "heavy_factor", "seed_priority"]
+__all__ = ["Pool", "PoolKey", "Seat", "UserState", "apply_factor", "heavy_factor", "joined", "seed_priority"]
 
 #: A pool is named by the backend ids that can serve its jobs.
 PoolKey = frozenset
@@ -48,6 +56,34 @@ TYPICAL_CLIP = 4.0
 #: Typical requests (per unit of weight) a seat may use beyond the heavy threshold before it
 #: counts as heavy: within that, the excess is the scheduler's own granularity, not heavy use.
 HEAVY_SLACK = 2.0
+#: How many of the pool's largest requests (per unit of weight) a queued seat may stand behind V:
+#: VTC's bound on the service gap between backlogged people.
+DEBT_BOUND = 2.0
+
+
+def joined(models: Sequence[Iterable[str]]) -> list[list[int]]:
+    """Backends (by index, each given by its models) grouped when one model is served by both, transitively.
+
+    These groups are the pools: every candidate set of a job lies inside one, and
+    two candidate sets that overlap lie in the same one, so a person has one
+    standing wherever its jobs could meet another's.
+    """
+    owner = list(range(len(models)))
+
+    def root(i: int) -> int:
+        while owner[i] != i:
+            owner[i] = owner[owner[i]]
+            i = owner[i]
+        return i
+
+    first: dict[str, int] = {}
+    for i, served in enumerate(models):
+        for model in served:
+            owner[root(i)] = root(first.setdefault(model, i))
+    groups: dict[int, list[int]] = {}
+    for i in range(len(models)):
+        groups.setdefault(root(i), []).append(i)
+    return list(groups.values())
 
 
 def heavy_factor(usage_fraction: float, threshold: float, floor: float = 0.1) -> float:
@@ -129,6 +165,8 @@ class Pool:
     recent_total: float = 0.0
     heavy: set[Hashable] = field(default_factory=set)
     shifts: int = 0
+    largest: float = 0.0
+    """The largest single charge made here: the unit of the bound on how far a seat stands behind V."""
     _ref_heap: list[tuple[float, int, Hashable, int]] = field(default_factory=list)
     _seq: int = 0
     _reference: float = 0.0
@@ -226,8 +264,24 @@ class Pool:
         return max(room + apply_factor(base - room, seat.factor), base - room)
 
     def charge(self, seat: Seat, cost: float) -> None:
-        """Move ``seat`` by ``cost`` (negative: a refund) at its current weight."""
-        seat.lag -= cost / seat.weight
+        """Move ``seat`` by ``cost`` (negative: a refund) at its current weight.
+
+        A charge takes a queued seat's settled lag (its lag without what its running
+        jobs were charged ahead) at most two of the pool's largest requests (per unit
+        of its weight) behind V, or leaves it where it stood if already further
+        behind: that is VTC's bound between people who compete, so it never binds
+        between them, and it bounds what a person pays back for service on backends
+        that nobody it meets later could have used (one standing per person spans
+        the whole pool, where lags of people who never meet drift apart).
+        """
+        if cost > self.largest:
+            self.largest = cost
+        lag = seat.lag - cost / seat.weight
+        if cost > 0 and seat.queued:
+            held = seat.inflight / seat.weight  # charged ahead for jobs still running: not yet a debt
+            floor = self.reference() - DEBT_BOUND * self.largest / seat.weight - held
+            lag = max(lag, min(seat.lag, floor))
+        seat.lag = lag
         self.touch(seat)
 
     def maybe_shift(self) -> bool:

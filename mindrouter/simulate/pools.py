@@ -30,6 +30,7 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
+from ..scheduler.pools import joined
 from ._gap import GapTracker
 from .maxmin import max_min
 from .scenario import BackendSpec
@@ -38,24 +39,8 @@ __all__ = ["Pool", "PoolWindow", "find_pools"]
 
 
 def find_pools(backends: Sequence[BackendSpec]) -> list[tuple[BackendSpec, ...]]:
-    """Group backends that share a model, transitively, in the order they are listed."""
-    owner = list(range(len(backends)))
-
-    def root(i: int) -> int:
-        while owner[i] != i:
-            owner[i] = owner[owner[i]]
-            i = owner[i]
-        return i
-
-    first: dict[str, int] = {}
-    for i, backend in enumerate(backends):
-        for model in backend.models:
-            j = first.setdefault(model, i)
-            owner[root(i)] = root(j)
-    pools: dict[int, list[BackendSpec]] = {}
-    for i, backend in enumerate(backends):
-        pools.setdefault(root(i), []).append(backend)
-    return [tuple(p) for p in pools.values()]
+    """Group backends that share a model, transitively, in the order they are listed (the core's pools)."""
+    return [tuple(backends[i] for i in group) for group in joined([b.models for b in backends])]
 
 
 @dataclass(slots=True)
