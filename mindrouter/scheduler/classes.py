@@ -14,11 +14,11 @@ Invariant: for every cached class, ``open`` and ``closed`` partition
 from __future__ import annotations
 
 import math
-from collections.abc import Hashable
+from collections.abc import Hashable, Mapping
 from dataclasses import dataclass, field
 
 from .backend import Backend, BackendLoad, ModelSpeed
-from .constraints import REASONS, RETRY_PENALTY, ClassKey, live_rejections, static_rejections
+from .constraints import REASONS, RETRY_PENALTY, ClassKey, fit, live_rejections, static_rejections
 from .estimate import Estimate, Speeds, estimate
 from .jobs import Job, Rejection
 from .pools import PoolKey
@@ -59,10 +59,13 @@ class Classes:
         """The core's clock at its last decision: when loads it triggered are expected to end."""
         self._classes: dict[ClassKey, ClassInfo] = {}
         self._by_backend: dict[Hashable, list[tuple[ClassKey, ClassInfo]]] = {}
+        self._sole: dict[Hashable, list[ClassKey]] = {}
+        """Per backend, the cached classes it alone can serve (a 70B that only the H100 holds)."""
 
     def clear(self) -> None:
         self._classes.clear()
         self._by_backend.clear()
+        self._sole.clear()
 
     def get(self, key: ClassKey) -> ClassInfo:
         info = self._classes.get(key)
@@ -79,6 +82,8 @@ class Classes:
                 else:
                     candidates.append(bid)
             info = self._classes[key] = ClassInfo(candidates, rejected, known, frozenset(candidates))
+            if len(candidates) == 1:
+                self._sole.setdefault(candidates[0], []).append(key)
             self._bound(info)
             for bid in candidates:
                 self._by_backend.setdefault(bid, []).append((key, info))
@@ -146,6 +151,35 @@ class Classes:
         reasons = live_rejections(self._backends[bid], self._loads[bid], model, self.now)
         return all(r in _WAITS for r in reasons)
 
+    def contested(self, bid: Hashable, key: ClassKey, waiting: Mapping[ClassKey, int]) -> bool:
+        """Whether a job of class ``key`` on ``bid`` would hold up queued work with no other home.
+
+        Queued jobs of another class that only ``bid`` can serve are held up when their model is
+        resident there and they could fill every free slot (each class within its free per-model
+        slots), so one of them would wait for this one's slot; or when their model is not resident
+        and cannot be loaded until this job's model (busy, or the idle one Ollama would evict) is
+        idle: the slot or the model place this job keeps is the one they wait for.
+        """
+        sole = self._sole.get(bid)
+        if not sole:
+            return False
+        backend, load = self._backends[bid], self._loads[bid]
+        resident = load.resident(backend, self.now)
+        free = backend.max_concurrent - load.in_flight
+        need = 0
+        for other in sole:
+            count = waiting.get(other, 0)
+            if other == key or not count:
+                continue
+            if other[0] not in resident:
+                room = fit(backend, load, other[0], resident)
+                if isinstance(room, str) or key[0] in room:
+                    return True
+            elif backend.parallel is not None:
+                count = min(count, backend.parallel - load.model_in_flight.get(other[0], 0))
+            need += max(0, count)
+        return need >= free > 0
+
     def route(
         self,
         key: ClassKey,
@@ -155,6 +189,7 @@ class Classes:
         prior: Speeds,
         excluded: set[Hashable] | None,
         queued: int = 1,
+        waiting: Mapping[ClassKey, int] | None = None,
     ) -> Route | None:
         """Where ``job`` is expected to finish first, or None when no candidate is open.
 
@@ -162,6 +197,7 @@ class Classes:
         slots have freed (the jobs of this class waiting, this one included): when one of them
         is expected to finish the job sooner than any open one, the route names no backend, and
         the job waits for it rather than load a model elsewhere or take a much slower GPU.
+        ``waiting``: queued jobs per class, to price slots that work with no other home needs.
         """
         info = self.get(key)
         model = key[0]
@@ -178,8 +214,18 @@ class Classes:
             if avoid and bid in excluded:  # type: ignore[operator]
                 continue
             penalty = RETRY_PENALTY if excluded and bid in excluded else 0.0
+            contested = waiting is not None and self.contested(bid, key, waiting)
             row = estimate(
-                backends[bid], loads[bid], model, job.prompt_tokens, answer_tokens, now, settings, prior, penalty
+                backends[bid],
+                loads[bid],
+                model,
+                job.prompt_tokens,
+                answer_tokens,
+                now,
+                settings,
+                prior,
+                penalty,
+                contested=contested,
             )
             if row is None:
                 continue

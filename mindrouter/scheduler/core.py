@@ -318,6 +318,7 @@ class Scheduler(JobOutcomes, CoreReading):
                     self.speeds,
                     self._excluded.get(job.id),
                     self.queues.counts[best_key],
+                    self.queues.counts,
                 )
                 if routed is None or routed[0] is None:  # nothing open, or better to wait for a full one
                     blocked.add(best_key)
