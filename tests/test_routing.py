@@ -194,7 +194,7 @@ def test_max_loaded_models_leaves_room_only_by_evicting_an_idle_one():
 
 
 def test_a_job_that_can_run_elsewhere_leaves_the_only_home_of_queued_work_its_model_place():
-    """Burst tails (issue 17): 8B streams kept the H100's model places busy while the 70B, which only it holds, waited."""
+    """Burst tails (issue 17): 8B streams kept the H100's model places busy while the 70B, only there, waited."""
     h100_models = frozenset({"llama3:8b", "coder", "llama3:70b"})
     resident = frozenset({"llama3:8b", "coder"})
     h100 = Backend(1, "h100", models=h100_models, loaded_models=resident, max_concurrent=12, parallel=4, max_loaded=2)
