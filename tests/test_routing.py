@@ -199,14 +199,14 @@ def test_a_job_that_can_run_elsewhere_leaves_the_only_home_of_queued_work_its_mo
     resident = frozenset({"llama3:8b", "coder"})
     h100 = Backend(1, "h100", models=h100_models, loaded_models=resident, max_concurrent=12, parallel=4, max_loaded=2)
     rtx = Backend(
-        2, "rtx4090", models=frozenset({"llama3:8b"}), loaded_models=frozenset({"llama3:8b"}), max_concurrent=4
+        2, "rtx4090", models=frozenset({"llama3:8b", "coder"}), loaded_models=frozenset({"llama3:8b"}), max_concurrent=4
     )
     s = core(h100, rtx)
     teach(s, 1, "llama3:8b", 95.0, 0)
     s.set_backend(dataclasses.replace(h100, enabled=False))
     teach(s, 2, "llama3:8b", 40.0, 2)  # the RTX answers once, with the H100 out of the way
     s.set_backend(h100)
-    s.submit(job("w", "coder", 3), 3)  # the coder keeps its place busy
+    s.submit(job("w", "coder", 3), 3)  # the coder (resident on the H100 only) keeps its place busy
     assert [d.backend_id for d in s.dispatch(3)] == [1]
     s.submit(first := job("u", "llama3:8b", 4), 4)
     assert [d.backend_id for d in s.dispatch(4)] == [1]  # nothing needs the H100 alone yet: the faster GPU

@@ -99,14 +99,28 @@ def test_a_request_behind_a_load_of_its_model_waits_for_it_and_reports_the_wait_
     assert s2.load == 3.0 and s2.phase != 0 and not ws.pending
 
 
-def test_eviction_takes_the_least_recently_used_idle_model():
+def test_eviction_takes_the_first_idle_model_by_name_as_ollama_does():
+    """Ollama's findRunnerToUnload sorts by keep_alive, then name (model path): not least recently used."""
     ws, events = station()
-    for model, t in (("b", 0.0), ("a", 10.0)):  # b used first, so b is the LRU one, though a < b by name
+    for model, t in (("b", 0.0), ("a", 10.0)):  # b used first, so b is the LRU one, but a < b by name
         s = ws.accept(req(1), model, t)
         load(ws, events, model, t + 4)
         ws.finish(s, t + 6.1)
     ws.accept(req(3), "c", 20.0)  # 5 + 5 + 5 GB > 10 GB: one idle model must go
-    assert set(ws.runners) == {"a", "c"} and ws.evictions == 1
+    assert set(ws.runners) == {"b", "c"} and ws.evictions == 1
+
+
+def test_with_every_model_busy_the_first_by_name_is_waited_for_even_if_another_goes_idle_first():
+    ws, events = station()
+    sa = ws.accept(req(1, completion=500), "a", 0.0)
+    load(ws, events, "a", 4.0)
+    sb = ws.accept(req(2), "b", 5.0)
+    load(ws, events, "b", 9.0)
+    sc = ws.accept(req(3), "c", 10.0)
+    ws.finish(sb, 10.5)  # b goes idle first, but Ollama already chose a
+    assert list(ws.pending) == [sc] and set(ws.runners) == {"a", "b"}
+    ws.finish(sa, 14.1)
+    assert set(ws.runners) == {"b", "c"} and ws.evictions == 1 and not ws.pending
 
 
 def test_with_every_resident_model_busy_a_load_waits_for_one_to_go_idle():

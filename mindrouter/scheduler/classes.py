@@ -168,8 +168,12 @@ class Classes:
         free = backend.max_concurrent - load.in_flight
         need = 0
         for other in sole:
+            if other == key:
+                continue
+            if other[0] != key[0] and load.model_in_flight.get(other[0]):
+                return True
             count = waiting.get(other, 0)
-            if other == key or not count:
+            if not count:
                 continue
             if other[0] not in resident:
                 room = fit(backend, load, other[0], resident)
