@@ -248,6 +248,19 @@ def test_a_job_that_can_run_elsewhere_leaves_the_last_slot_to_work_that_cannot()
     s.check()
 
 
+def test_the_eviction_expected_is_the_one_ollama_makes_by_name_not_the_least_recently_used():
+    """Ollama's findRunnerToUnload takes the first idle runner by keep_alive, then model path (issue 17)."""
+    models = frozenset({"a", "b", "c"})
+    s = core(Backend(1, "ollama", models=models, loaded_models=frozenset({"a", "b"}), max_concurrent=8, max_loaded=2))
+    for model, t in (("b", 0.0), ("a", 2.0)):  # b is then the least recently used
+        s.submit(j := job("u", model, t), t)
+        assert [d.job.id for d in s.dispatch(t)] == [j.id]
+        s.complete(j.id, t + 1, prompt_tokens=100, completion_tokens=10)
+    s.submit(job("v", "c", 4), 4)
+    [d] = s.dispatch(4)
+    assert d.record.to_dict()["score_components"]["1"]["evicts"] == ["a"]
+
+
 async def test_the_daemon_learns_a_backends_rate_per_model_from_ollamas_durations(daemon):
     """Through `mr serve`'s path: Ollama's eval_count / eval_duration teach the (backend, model) rate."""
     import openai

@@ -151,38 +151,39 @@ class Classes:
         reasons = live_rejections(self._backends[bid], self._loads[bid], model, self.now)
         return all(r in _WAITS for r in reasons)
 
-    def contested(self, bid: Hashable, key: ClassKey, waiting: Mapping[ClassKey, int]) -> bool:
-        """Whether a job of class ``key`` on ``bid`` would hold up queued work with no other home.
+    def contested(self, bid: Hashable, key: ClassKey, waiting: Mapping[ClassKey, int]) -> int:
+        """How many jobs with no other home a job of class ``key`` on ``bid`` would hold up (0: none).
 
-        Queued jobs of another class that only ``bid`` can serve are held up when their model is
-        resident there and they could fill every free slot (each class within its free per-model
-        slots), so one of them would wait for this one's slot; or when their model is not resident
-        and cannot be loaded until this job's model (busy, or the idle one Ollama would evict) is
-        idle: the slot or the model place this job keeps is the one they wait for.
+        Jobs of another class that only ``bid`` can serve are held up by it when they run there
+        (it takes GPU time from them), or are queued and either their model is not resident and
+        cannot be loaded until this job's model (busy, or the idle one Ollama would evict) is idle,
+        or they could fill every free slot there (each class within its free per-model slots).
         """
         sole = self._sole.get(bid)
         if not sole:
-            return False
+            return 0
         backend, load = self._backends[bid], self._loads[bid]
         resident = load.resident(backend, self.now)
         free = backend.max_concurrent - load.in_flight
-        need = 0
+        running = blocked = need = 0
         for other in sole:
-            if other == key:
+            if other == key or other[0] == key[0]:
                 continue
-            if other[0] != key[0] and load.model_in_flight.get(other[0]):
-                return True
+            running += load.model_in_flight.get(other[0], 0)
             count = waiting.get(other, 0)
             if not count:
                 continue
             if other[0] not in resident:
                 room = fit(backend, load, other[0], resident)
                 if isinstance(room, str) or key[0] in room:
-                    return True
+                    blocked += count
+                    continue
             elif backend.parallel is not None:
-                count = min(count, backend.parallel - load.model_in_flight.get(other[0], 0))
-            need += max(0, count)
-        return need >= free > 0
+                count = max(0, min(count, backend.parallel - load.model_in_flight.get(other[0], 0)))
+            need += count
+        if need >= free > 0:
+            blocked += need
+        return running + blocked
 
     def route(
         self,
@@ -193,7 +194,7 @@ class Classes:
         prior: Speeds,
         excluded: set[Hashable] | None,
         queued: int = 1,
-        waiting: Mapping[ClassKey, int] | None = None,
+        queues: Mapping[ClassKey, int] | None = None,
     ) -> Route | None:
         """Where ``job`` is expected to finish first, or None when no candidate is open.
 
@@ -201,7 +202,7 @@ class Classes:
         slots have freed (the jobs of this class waiting, this one included): when one of them
         is expected to finish the job sooner than any open one, the route names no backend, and
         the job waits for it rather than load a model elsewhere or take a much slower GPU.
-        ``waiting``: queued jobs per class, to price slots that work with no other home needs.
+        ``queues``: queued jobs per class, to price what work with no other home needs (``contested``).
         """
         info = self.get(key)
         model = key[0]
@@ -218,7 +219,7 @@ class Classes:
             if avoid and bid in excluded:  # type: ignore[operator]
                 continue
             penalty = RETRY_PENALTY if excluded and bid in excluded else 0.0
-            contested = waiting is not None and self.contested(bid, key, waiting)
+            contested = self.contested(bid, key, queues) if queues is not None else 0
             row = estimate(
                 backends[bid],
                 loads[bid],

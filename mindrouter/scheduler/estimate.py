@@ -14,12 +14,11 @@ seconds from now, for each candidate with a free slot:
                or 1 + utilization where none of ours run there (someone else's work)
 
 The delay is what the job costs the others: finishing first is not the
-only aim. The scarcity is what it costs work that can go nowhere else: when
-queued jobs of another class have this backend as their only candidate (a 70B
-on the one H100) and as many of them could start here now as there are free
-slots, the slot this job takes makes one of them wait about this job's time
-there, so that time is charged once more and a job that can run elsewhere goes
-elsewhere.
+only aim. The scarcity is what it costs work that can go nowhere else: for
+each job of another class whose only candidate is this backend (a 70B on the
+one H100) that this one would hold up there (running beside it, or queued for
+the slot or model place it takes; ``Classes.contested``), this job's time
+there is charged once more, so a job that can run elsewhere goes elsewhere.
 The rates are those of that (backend, model) pair learned from
 answers (``Speeds``); a pair with none yet borrows the best rate known for the
 model elsewhere (so a new backend gets tried), else the settings' defaults.
@@ -27,7 +26,7 @@ Evicting an idle model to make room costs its reload time (``eviction_price``
 per second). The score, higher is better as in the seed's records, is
 
     delay    = streams already running there x stream_slowdown x this job's time alone there
-    scarcity = prefill + decode where it takes a slot that queued work with no other home needs, else 0
+    scarcity = (jobs with no other home it holds up there) x (prefill + decode)
     score = priority - (start + eviction cost) - prefill - decode - delay - scarcity - retry penalty   (seconds)
 
 so an admin's ``priority`` is worth that many seconds of expected finish. The
@@ -71,7 +70,7 @@ class Estimate:
     delay: float = 0.0
     """Seconds this job adds, in all, to the streams already running there."""
     scarcity: float = 0.0
-    """Seconds it makes queued work wait that can run only there (it takes the slot they need)."""
+    """Seconds it takes from work that can run only there (running beside it, or queued for its slot or place)."""
     decode_rate: float = 0.0
     """Tokens per second this job is expected to get there (after the slowdown)."""
     streams: int = 0
@@ -134,14 +133,14 @@ def estimate(
     prior: Speeds,
     penalty: float = 0.0,
     queued: int = 0,
-    contested: bool = False,
+    contested: int = 0,
 ) -> Estimate | None:
     """When a job would start and finish on ``backend``; None when its model cannot be made resident.
 
     With ``queued`` jobs of its class waiting (itself included), every slot it could use there is
     taken: it would start once that many slots have freed, each expected after a typical job's
-    time there divided by the jobs holding those slots. ``contested``: the slot it would take is one
-    that queued jobs with no other candidate need (``Classes.contested``).
+    time there divided by the jobs holding those slots. ``contested``: how many jobs with no other
+    candidate it would hold up there (``Classes.contested``).
     """
     resident = load.resident(backend, now)
     evicts = fit(backend, load, model, resident)
@@ -174,7 +173,7 @@ def estimate(
     eviction = settings.eviction_price * sum(load_seconds(backend, load, m, settings) for m in evicts)
     # Each stream already there runs slower while this one runs: about stream_slowdown of this job's time alone.
     delay = load.in_flight * settings.stream_slowdown * (t_prefill + t_decode) / slowdown
-    scarcity = t_prefill + t_decode if contested else 0.0
+    scarcity = contested * (t_prefill + t_decode)
     weighed = (
         loads * (start + eviction)
         + (delay + scarcity) * w.short_queue / _SEED.short_queue

@@ -29,7 +29,7 @@ Scenario format (TOML; a contract other tools rely on). Keys marked * are requir
     priority = 0                 admin-set score points
     vram = 24                    GB for models; given, the backend behaves like Ollama
                                  (docs/simulate.md): it loads a model on demand, evicts
-                                 idle ones (least recently used first) when memory or
+                                 idle ones (the first by name, as Ollama) when memory or
                                  max_loaded is short, waits while all are busy, and unloads
                                  one idle for keep_alive; every model it serves needs a size
     load_seconds_per_gb = 0.4    seconds a load takes per GB of size (needs vram)
