@@ -193,6 +193,18 @@ def test_streams_sharing_a_gpu_slow_each_other():
     assert one.done == pytest.approx(3.15) and two.done == pytest.approx(3.15)
 
 
+def test_models_with_streams_running_time_share_the_gpu_as_the_benchmark_workstations_do():
+    """Each model is a runner of its own: a second model halves everyone's turn (benchmarks/_workstation.py)."""
+    ws, _ = station(loaded_models=("a", "b"), slowdown=0.5)
+    one = ws.accept(req(1), "a", 0.0)
+    two = ws.accept(req(2), "a", 0.0)
+    other = ws.accept(req(3), "b", 0.0)
+    # a's batch of two steps 1.5x slower and gets half the GPU: 0.3 s prefill + 6 s decode;
+    # b alone in its batch, half the GPU: 0.2 s + 4 s
+    assert one.done == pytest.approx(6.3) and two.done == pytest.approx(6.3)
+    assert other.done == pytest.approx(4.2)
+
+
 def test_a_decoding_stream_is_re_timed_when_another_starts():
     ws, _ = station(loaded_models=("a",), slowdown=0.5)
     one = ws.accept(req(1), "a", 0.0)

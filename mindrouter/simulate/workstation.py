@@ -16,9 +16,11 @@ Theory of operation, after Ollama's ``server/sched.go`` (read at fb30760):
 - A runner serves ``parallel`` requests at once (an embedding model one, as
   Ollama loads those with parallel 1); more wait in the runner's own queue.
 - A model idle for ``keep_alive`` seconds is unloaded.
-- Streams sharing the GPU slow each other: each stream's rates divide by
-  ``1 + slowdown * (other streams prefilling or decoding here)``, so every
-  start and end re-times the others (processor sharing).
+- Streams sharing the GPU slow each other (given ``slowdown``): a model's
+  batch of n streams steps ``1 + slowdown * (n - 1)`` times slower than one
+  stream, and the models with streams running time-share the GPU equally, so
+  every start and end re-times the others (processor sharing), as the
+  benchmark's workstations (benchmarks/_workstation.py) do.
 
 A backend without ``vram`` keeps every model it serves resident and never
 loads, as the simulator always did. What the daemon would poll (loaded models,
@@ -287,13 +289,24 @@ class Workstation:
 
     # -- timing -----------------------------------------------------------------
 
-    def _speed(self) -> float:
-        return 1.0 / (1.0 + self.spec.slowdown * (len(self.active) - 1)) if self.spec.slowdown else 1.0
+    def _speeds(self) -> dict[str, float]:
+        """Each running model's share of one stream's rates: its batch, and its turn on the GPU.
+
+        A model's batch of n streams steps ``1 + slowdown (n - 1)`` times slower than one
+        stream, and the models with streams running time-share the GPU equally (each runner
+        is a process of its own, bound by memory bandwidth), as benchmarks/_workstation.py has it.
+        """
+        batch: dict[str, int] = {}
+        for stream in self.active:
+            batch[stream.model] = batch.get(stream.model, 0) + 1
+        turns = len(batch)
+        return {m: 1.0 / ((1.0 + self.spec.slowdown * (n - 1)) * turns) for m, n in batch.items()}
 
     def _retime(self, now: float, new: Stream | None = None) -> None:
         """Start ``new`` and, when streams slow each other, re-time every stream still running here."""
-        speed = self._speed()
+        speeds = self._speeds() if self.spec.slowdown else {}
         if new is not None:
+            speed = speeds.get(new.model, 1.0)
             new.phase = PREFILL
             new.t0 = now
             new.rate = new.rates.prefill * speed
@@ -306,6 +319,7 @@ class Workstation:
         for stream in self.active:
             if stream is new:
                 continue
+            speed = speeds[stream.model]
             base = stream.rates.prefill if stream.phase == PREFILL else stream.rates.decode
             if stream.rate == base * speed:
                 continue
@@ -328,5 +342,5 @@ class Workstation:
         stream.phase = DECODE
         stream.t0 = now
         stream.work0 = 0.0
-        stream.rate = stream.rates.decode * self._speed()
+        stream.rate = stream.rates.decode * (self._speeds()[stream.model] if self.spec.slowdown else 1.0)
         return stream.rate
