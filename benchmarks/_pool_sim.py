@@ -9,6 +9,8 @@ through one ``compute``.
 
 from __future__ import annotations
 
+import itertools
+
 from _lab import Request, scenario
 from _pool_report import Figures, Outcome, compute
 
@@ -48,7 +50,7 @@ def simulated(sc: Scenario, steady_s: float, burst_s: float) -> Figures:
             continue
         o.first, o.end, o.tokens = t.prefill_end, t.done, t.completion
         span = max(t.done - t.prefill_end, 1e-9)
-        for lo, hi in zip(edges, edges[1:], strict=False):
+        for lo, hi in itertools.pairwise(edges):
             share = max(0.0, min(hi, t.done) - max(lo, t.prefill_end)) / span
             if share > 0 and t.completion:
                 tokens.append((max(lo, t.prefill_end), round(t.completion * share)))
