@@ -38,8 +38,9 @@ Scenario format (TOML; a contract other tools rely on). Keys marked * are requir
     parallel = 4                 requests each loaded model serves at once (OLLAMA_NUM_PARALLEL;
                                  with vram an embedding model serves 1); default: no limit
                                  per model under max_concurrent
-    slowdown = 0                 streams side by side slow each other: each one's rates divide
-                                 by 1 + slowdown x (other streams on the backend)
+    slowdown = 0                 streams side by side slow each other: a model's batch of n
+                                 streams steps 1 + slowdown x (n - 1) times slower than one,
+                                 and the models with streams running time-share the GPU
     poll_interval = 0            seconds between the daemon's polls: what is loaded reaches the
                                  core at the next one (default 0: at once)
     [backends.rates]             per model, one stream's rates alone on the GPU, e.g.
