@@ -29,7 +29,7 @@ Scenario format (TOML; a contract other tools rely on). Keys marked * are requir
     priority = 0                 admin-set score points
     vram = 24                    GB for models; given, the backend behaves like Ollama
                                  (docs/simulate.md): it loads a model on demand, evicts
-                                 idle ones (least recently used first) when memory or
+                                 idle ones (the first by name, as Ollama) when memory or
                                  max_loaded is short, waits while all are busy, and unloads
                                  one idle for keep_alive; every model it serves needs a size
     load_seconds_per_gb = 0.4    seconds a load takes per GB of size (needs vram)
@@ -38,8 +38,9 @@ Scenario format (TOML; a contract other tools rely on). Keys marked * are requir
     parallel = 4                 requests each loaded model serves at once (OLLAMA_NUM_PARALLEL;
                                  with vram an embedding model serves 1); default: no limit
                                  per model under max_concurrent
-    slowdown = 0                 streams side by side slow each other: each one's rates divide
-                                 by 1 + slowdown x (other streams on the backend)
+    slowdown = 0                 streams side by side slow each other: a model's batch of n
+                                 streams steps 1 + slowdown x (n - 1) times slower than one,
+                                 and the models with streams running time-share the GPU
     poll_interval = 0            seconds between the daemon's polls: what is loaded reaches the
                                  core at the next one (default 0: at once)
     [backends.rates]             per model, one stream's rates alone on the GPU, e.g.
