@@ -86,7 +86,7 @@ def misses(result: dict[str, Any]) -> list[str]:
     """Every target the run misses, in words (empty when all are met)."""
     out = []
     for user in result["users"]:
-        if user["timeouts"] and user["share"] < user["target_share"] - 0.02:
+        if user["timeouts"] and user["service_share"] < user["target_share"] - 0.02:
             out.append(f"{user['name']}: {user['timeouts']} timeouts short of its share")
         if user["max_starved_s"] > user["starvation_allowed_s"] + 1e-6:
             out.append(
@@ -98,11 +98,11 @@ def misses(result: dict[str, Any]) -> list[str]:
         worst = pool["worst_window"]
         if worst is not None and worst["deviation"] > worst["allowed"] + 1e-9:
             out.append(
-                f"{where}: window at {worst['start']:g} s has {worst['user']} at {100 * worst['share']:.1f}%"
+                f"{where}: window at {worst['start']:g} s has {worst['user']} at {100 * worst['unit_share']:.1f}%"
                 f" against {100 * worst['target']:.1f}% (allowed {100 * worst['allowed']:.1f} points)"
             )
         for name in pool["users"]:
-            off = abs(pool["shares"][name] - pool["target_shares"][name])
+            off = abs(pool["unit_shares"][name] - pool["target_shares"][name])
             if off > 0.02:
                 out.append(f"{where}: {name} {100 * off:.1f} points off its target over the run")
         if pool["max_service_gap"] > pool["gap_bound"] + 1e-6:
