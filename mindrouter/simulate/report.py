@@ -70,11 +70,11 @@ def allowed_deviation(pool: Pool, window: PoolWindow) -> float:
 def _window_rows(run: Run, pool: Pool) -> list[dict[str, Any]]:
     """Each window of ``pool``: shares (tokens and service units), targets, the worst user's error, whether it counts.
 
-Targets and the error are in service units, the unit the core charges.
+    Targets and the error are in service units, the unit the core charges.
 
-    A window *counts* toward ``worst_window`` when it is full, someone was
-    backlogged in it, it holds no change and starts at least ``SETTLE`` seconds
-    after the last one (a phase starting or stopping, a weight event).
+        A window *counts* toward ``worst_window`` when it is full, someone was
+        backlogged in it, it holds no change and starts at least ``SETTLE`` seconds
+        after the last one (a phase starting or stopping, a weight event).
     """
     changes = _changes(run, pool)
     names = {u: run.users[u].name for u in pool.members}
