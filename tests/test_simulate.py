@@ -526,23 +526,11 @@ def test_equal_prompt_and_answer_mixes_share_alike_at_any_token_costs():
 PROMPTS_AND_ANSWERS = """
 duration = 600
 seed = 1
-[[backends]]
-name = "gpu"
-models = ["llama3"]
-max_concurrent = 4
-tokens_per_second = 50
-[[users]]
-name = "reader"
-model = "llama3"
-concurrency = 8
-prompt_tokens = 2000
-completion_tokens = 50
-[[users]]
-name = "writer"
-model = "llama3"
-concurrency = 8
-prompt_tokens = 50
-completion_tokens = 1000
+backends = [{ name = "gpu", models = ["llama3"], max_concurrent = 4, tokens_per_second = 50 }]
+users = [
+    { name = "reader", model = "llama3", concurrency = 8, prompt_tokens = 2000, completion_tokens = 50 },
+    { name = "writer", model = "llama3", concurrency = 8, prompt_tokens = 50, completion_tokens = 1000 },
+]
 """
 
 
