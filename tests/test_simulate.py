@@ -420,6 +420,8 @@ def test_render_and_progress_bar():
     text = console.export_text()
     assert "student" in text and "Slots that went to others" in text and "student 0" in text
     assert "Heavy-user deprioritization was in play" in text and "Simulated in 0.50 s" in text
+    flat = " ".join(text.split())
+    assert "% of tokens" in flat and "Shares and targets in service units" in flat
 
     from mindrouter.cli.simulate import _LazyProgress
 

@@ -357,7 +357,7 @@ def render(result: dict[str, Any], console: Console, *, wall_seconds: float | No
             row["name"],
             group,
             _pct(row["target_share"]),
-            _pct(row["share"]),
+            _pct(row["service_share"]),
             f"{row['tokens']:,}",
             f"{row['requests']:,}",
             _sec(row["wait_p50"]),
@@ -382,11 +382,11 @@ def render(result: dict[str, Any], console: Console, *, wall_seconds: float | No
         line += (
             f"; worst 60 s window {100 * worst['deviation']:.1f} points off ({worst['user']} at t={worst['start']:g})"
         )
-    console.print(line + ". Tokens count as generated.")
+    console.print(line + ". Shares and targets in service units; tokens count as generated.")
     console.print(
-        "Service units and GPU time (seconds holding a slot): "
+        "Token shares, service units and GPU time (seconds holding a slot): "
         + "; ".join(
-            f"{r['name']} {r['service_units']:,} ({_pct(r['service_share'])}), "
+            f"{r['name']} {_pct(r['share'])} of tokens, {r['service_units']:,} units ({_pct(r['service_share'])}), "
             f"{r['gpu_seconds']:,.0f} s ({_pct(r['gpu_share'])})"
             for r in result["users"]
         )
@@ -395,7 +395,7 @@ def render(result: dict[str, Any], console: Console, *, wall_seconds: float | No
     if len(result["pools"]) > 1:
         for pool in result["pools"]:
             shares = ", ".join(
-                f"{n} {_pct(pool['shares'][n])} (target {_pct(pool['target_shares'][n])})" for n in pool["users"]
+                f"{n} {_pct(pool['unit_shares'][n])} (target {_pct(pool['target_shares'][n])})" for n in pool["users"]
             )
             console.print(f"Pool {' + '.join(pool['backends'])}: {shares or 'unused'}.")
     backends = ", ".join(f"{b['name']} {100 * b['utilization']:.0f}% busy" for b in result["backends"])
