@@ -131,8 +131,9 @@ models are each owed all of their own pool.
   when none counts) and ``starvation_allowed_s`` (3 x ``longest_request_s``
   plus the time its largest request takes at its target share of its pools'
   throughput, both in service units: a request costing more than the others get in 3 x its service
-  time must wait its turn). The table prints service units and GPU time on a
-  line under it.
+  time must wait its turn). The table's ``share`` column is
+  ``service_share``; token shares, service units and GPU time are printed on
+  a line under it.
 - ``pools``: one object per pool: ``backends``, ``models``, ``slots``,
   ``users`` (who sent requests there), ``tokens``, ``units`` (service units),
   ``shares`` (of the tokens), ``unit_shares`` and ``target_shares`` (of the
