@@ -16,7 +16,7 @@ import pytest
 
 from mindrouter.backends import Fault
 from mindrouter.config import BackendSettings
-from mindrouter.daemon.breaker import Breaker
+from mindrouter.daemon.pollers.breaker import Breaker
 
 from .fakes import FakeOllama, FakeOpenAI
 from .test_request_path import auth, make_daemon, settle

@@ -8,7 +8,7 @@ import json
 import aiohttp
 import openai
 
-from mindrouter.daemon.app import create_app
+from mindrouter.daemon.edge.app import create_app
 
 from .conftest import SEED_RECORD_KEYS, Daemon, ServeServer, daemon_config
 from .fakes import FakeOllama, FakeOpenAI

@@ -16,8 +16,8 @@ import aiohttp
 import ollama
 import pytest
 
-from mindrouter.daemon.app import create_app
-from mindrouter.daemon.keys import STORE
+from mindrouter.daemon.edge.app import create_app
+from mindrouter.daemon.process.appkeys import STORE
 
 from .conftest import Daemon, ServeServer, daemon_config
 from .fakes import FakeOllama, FakeOpenAI

@@ -19,7 +19,7 @@ from pathlib import Path
 
 import pytest
 
-from mindrouter.daemon.keys import DECISIONS, SCHEDULER
+from mindrouter.daemon.process.appkeys import DECISIONS, SCHEDULER
 
 from .conftest import ServedDaemon, serve_daemon
 from .fakes import FakeOpenAI

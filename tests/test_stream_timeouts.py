@@ -18,7 +18,7 @@ from typing import Any
 import pytest
 
 from mindrouter.config import BackendSettings
-from mindrouter.daemon.keys import STATS, STORE
+from mindrouter.daemon.process.appkeys import STATS, STORE
 
 from .conftest import Daemon
 from .fakes import FakeOllama
