@@ -59,7 +59,7 @@ async def test_group_set_weight_during_saturation_moves_shares_and_starves_nobod
             await until(lambda: backends.in_flight == 2 and daemon.scheduler.queued_count == 6, "the pool is saturated")
             answered = len(order)
             backends.let_one()
-            await until(lambda: len(order) > answered, "the answer came back")
+            await until(lambda answered=answered: len(order) > answered, "the answer came back")
             if len(order) == BEFORE:
                 await daemon.admin("PUT", "/admin/groups/staff", {"weight": 3})  # what `mr group set-weight` sends
         backends.open_gate()
