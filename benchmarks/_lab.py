@@ -150,3 +150,57 @@ def workload(seed: int, steady_s: float, burst_s: float, steady: float = 0.6, bu
                 done = _size(rng, kind.out) if kind.out else 0
                 out.append(Request(t, name, kind.model, prompt, done, phase))
     return sorted(out, key=lambda r: r.at)
+
+
+def scenario(
+    seed: int, steady_s: float, burst_s: float, drain_s: float = 300.0, steady: float = 0.6, burst: float = 1.3
+) -> str:
+    """This lab as an ``mr simulate`` scenario (TOML): the same pool, rates and arrival rates.
+
+    Users send for ``steady_s + burst_s``; the run lasts ``drain_s`` longer (a client's
+    timeout in the benchmark), so requests sent late finish as they do live.
+
+    Where it differs from :func:`workload`: its own Poisson draws (the same rates), and sizes
+    uniform over [0.3, 2.1] x the median (the clipped lognormal's mean); ``bench_pool.py
+    --workload scenario`` replays these very requests live.
+    """
+    lines = [f"duration = {steady_s + burst_s + drain_s:g}", f"seed = {seed}", ""]
+    for m in MODELS.values():
+        lines += [f'[models."{m.name}"]', f"size = {m.disk_gb}", f"vram = {m.vram_gb}"]
+        lines += ['kind = "embedding"', ""] if m.embedding else [""]
+    for ws in POOL:
+        lines += [
+            "[[backends]]",
+            f'name = "{ws.name}"',
+            "models = [" + ", ".join(f'"{m}"' for m in ws.speeds) + "]",
+            "loaded_models = [" + ", ".join(f'"{m}"' for m in ws.preload) + "]",
+            f"max_concurrent = {ws.num_parallel * ws.max_loaded}",
+            "tokens_per_second = 1",
+            f"vram = {ws.vram_gb:g}",
+            f"load_seconds_per_gb = {ws.load_s_per_gb:g}",
+            f"parallel = {ws.num_parallel}",
+            f"max_loaded = {ws.max_loaded}",
+            f"keep_alive = {ws.keep_alive:g}",
+            f"slowdown = {BATCH_COST:g}",
+            "",
+            "[backends.rates]",
+            *(f'"{m}" = {{ decode = {s.decode or 1:g}, prefill = {s.prefill:g} }}' for m, s in ws.speeds.items()),
+            "",
+        ]
+    rate = capacity()
+    for name, kind in users():
+        per_user = rate * kind.share / kind.users
+        for start, stop, factor in ((0.0, steady_s, steady), (steady_s, steady_s + burst_s, burst)):
+            lines += [
+                "[[users]]",
+                f'name = "{name}"',
+                f'model = "{kind.model}"',
+                f"rate = {per_user * factor:.6f}",
+                f"start = {start:g}",
+                f"stop = {stop:g}",
+                f"prompt_tokens = [{int(kind.prompt * 0.3)}, {int(kind.prompt * 2.1)}]",
+            ]
+            if kind.out:
+                lines.append(f"completion_tokens = [{int(kind.out * 0.3)}, {int(kind.out * 2.1)}]")
+            lines.append("")
+    return "\n".join(lines)

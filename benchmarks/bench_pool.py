@@ -15,6 +15,8 @@ daemon's settings included, scaled alike). Figures are in lab seconds.
     python benchmarks/bench_pool.py --steady 600 --burst 360 --compression 10 --seed 17
     MR_BENCH_LITELLM=/path/to/venv-with-litellm python benchmarks/bench_pool.py   # adds LiteLLM's Router
     python benchmarks/bench_pool.py --only "mr serve" "mr serve without GPU readings" least-busy
+    python benchmarks/bench_pool.py --scenario > lab.toml && mr simulate lab.toml   # the same lab, simulated
+    python benchmarks/bench_pool.py --workload scenario --only "mr serve" "mr simulate"   # simulator against live
 
 `mr serve` runs with its defaults, ``--max-concurrent 4`` per backend (the
 README's suggestion), each workstation's ``parallel`` and ``max_loaded``
@@ -44,8 +46,9 @@ from pathlib import Path
 from typing import Any
 
 import aiohttp
-from _lab import MODELS, POOL, Request, capacity, users, workload
+from _lab import MODELS, POOL, Request, capacity, scenario, users, workload
 from _pool_report import Figures, Outcome, compute, table
+from _pool_sim import lab_scenario, scenario_requests, simulated
 from _routers import POLICIES, create_router, learn_models
 from aiohttp import web
 from bench_daemon import (
@@ -63,8 +66,10 @@ from mindrouter.config import BackendSettings, ServerSettings
 from mindrouter.scheduler import SchedulerSettings
 
 LITELLM = ("litellm least-busy", "litellm simple-shuffle")
-TARGETS = ("mr serve", "mr serve without GPU readings", *POLICIES, *LITELLM)
-"""All targets; the default run is mr serve, the baselines and (with a LiteLLM virtualenv) LiteLLM."""
+TARGETS = ("mr serve", "mr serve without GPU readings", *POLICIES, *LITELLM, "mr simulate")
+"""All targets; the default run is mr serve, the baselines and (with a LiteLLM virtualenv) LiteLLM.
+``mr simulate`` is the simulator on this lab (``_pool_sim.py``), with ``--workload scenario`` on
+the very requests the live targets get."""
 TIMEOUT = 300.0
 """Lab seconds a client waits for an answer before it counts the request as lost."""
 SCALED = {
@@ -280,7 +285,11 @@ async def run_target(name: str, args: argparse.Namespace, requests: list[Request
 
 
 async def main(args: argparse.Namespace) -> list[Figures]:
-    requests = workload(args.seed, args.steady, args.burst)
+    sc = lab_scenario(args.seed, args.steady, args.burst, TIMEOUT)
+    if args.workload == "scenario":
+        requests = scenario_requests(sc, args.steady)
+    else:
+        requests = workload(args.seed, args.steady, args.burst)
     targets = [t for t in TARGETS if t in args.only] if args.only else ["mr serve", *POLICIES]
     if args.litellm and not args.only:
         targets += LITELLM
@@ -295,7 +304,10 @@ async def main(args: argparse.Namespace) -> list[Figures]:
     figures = []
     for name in targets:
         t0 = time.monotonic()
-        figures.append(await run_target(name, args, requests))
+        if name == "mr simulate":
+            figures.append(simulated(sc, args.steady, args.burst))
+        else:
+            figures.append(await run_target(name, args, requests))
         print(f"  {name}: {time.monotonic() - t0:.0f} s wall", flush=True)
     print()
     print(table(figures))
@@ -326,9 +338,21 @@ if __name__ == "__main__":
         help="mr serve's event loop",
     )
     parser.add_argument("--litellm", default=os.environ.get("MR_BENCH_LITELLM"), help="a virtualenv with LiteLLM")
+    parser.add_argument(
+        "--workload",
+        choices=("lab", "scenario"),
+        default="lab",
+        help="lab: the benchmark's own draws; scenario: the requests `mr simulate` submits for --scenario",
+    )
+    parser.add_argument(
+        "--scenario", action="store_true", help="print this lab as an `mr simulate` scenario (TOML) and exit"
+    )
     ns = parser.parse_args()
     if ns.quick:
         ns.steady, ns.burst, ns.compression = 120.0, 90.0, 30.0
+    if ns.scenario:
+        print(scenario(ns.seed, ns.steady, ns.burst, TIMEOUT))
+        sys.exit(0)
     done = asyncio.run(main(ns))
     if ns.json:
         Path(ns.json).write_text(json.dumps({f.name: f.rows for f in done}, indent=1))

@@ -23,7 +23,7 @@ def measure(
     queued: int, users: int = 1000, backends: int = 50, decisions: int = 20000, seed: int = 1
 ) -> tuple[float, float]:
     rng = random.Random(seed)
-    s = Scheduler(SchedulerSettings(max_queued_per_user=10**6, queue_timeout=10**9))
+    s = Scheduler(SchedulerSettings(max_queued_per_user=10**6, max_queued=10**6, queue_timeout=10**9))
     models = frozenset({"llama3"})
     for b in range(backends):
         s.set_backend(Backend(id=b, name=f"gpu{b}", models=models, max_concurrent=4, utilization=rng.random()))

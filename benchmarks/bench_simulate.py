@@ -27,7 +27,7 @@ def figures_row(name: str, result: dict[str, Any]) -> str:
     worst = max(windows, key=lambda w: w["deviation"] - w["allowed"], default=None)
     window = "-" if worst is None else f"{100 * worst['deviation']:.1f} / {100 * worst['allowed']:.1f}"
     gap = max(result["pools"], key=lambda p: p["max_service_gap"] / max(p["gap_bound"], 1e-9))
-    off = max(abs(p["shares"][n] - p["target_shares"][n]) for p in result["pools"] for n in p["users"])
+    off = max(abs(p["unit_shares"][n] - p["target_shares"][n]) for p in result["pools"] for n in p["users"])
     return (
         f"| {name} | {starved['name']} {starved['max_starved_s']:.1f} / {starved['longest_request_s']:.1f}"
         f" | {sum(u['timeouts'] for u in users)} | {window} | {100 * off:.1f}"

@@ -133,6 +133,26 @@ def test_passthrough_sends_the_clients_bytes_unchanged() -> None:
     assert plan(o, "m", "ollama").data is raw
 
 
+def test_a_whole_ollama_answer_passed_through_carries_its_durations() -> None:
+    """Issue 17: without them the rate a backend is learned at fell back to the daemon's clock."""
+    from mindrouter.backends.whole import convert_body
+
+    raw = b'{"model": "m", "messages": [{"role": "user", "content": "hi"}], "stream": false}'
+    p = plan(Call.from_request("/api/chat", raw), "m", "ollama")
+    assert p.passthrough
+    answer = (
+        b'{"model":"m","message":{"role":"assistant","content":"the eval_duration is \\"9\\""},"done":true,'
+        b'"total_duration":2600000000,"load_duration":1500000000,"prompt_eval_count":12,'
+        b'"prompt_eval_duration":100000000,"eval_count":20,"eval_duration":400000000}'
+    )
+    out, usage = convert_body(p, answer)
+    assert out is answer
+    assert (usage.prompt_tokens, usage.completion_tokens) == (12, 20)
+    assert (usage.load_seconds, usage.prefill_seconds, usage.decode_seconds) == (1.5, 0.1, 0.4)
+    _, bogus = convert_body(p, answer.replace(b'"eval_duration":400000000', b'"eval_duration":-4'))
+    assert bogus.decode_seconds is None and bogus.completion_tokens == 20
+
+
 def test_openai_stream_gets_usage_spliced_in_without_reencoding() -> None:
     raw = b'{"model": "m", "messages": [{"role": "user", "content": "hi"}], "stream": true}\n'
     p = plan(Call.from_request("/v1/chat/completions", raw), "m", "openai")

@@ -420,8 +420,8 @@ def test_why_explains_priority_and_scores(fake: FakeDaemon) -> None:
         "priority",
     ):
         assert term in out
-    assert re.search(r"ws1 ✓\s+-4.5\s+0\s+0.5\s+4\s+4.5\s+0\s+n/a\s+64\s+1\s+0\s+0", out)
-    assert re.search(r"ws2\s+-20.2\s+12.5\s+0.8\s+7\s+20.2\s+0\s+n/a\s+36.5\s+0", out)
+    assert re.search(r"ws1 ✓\s+-4.5\s+0\s+0.5\s+4\s+4.5\s+0\s+n/a\s+n/a\s+64\s+1\s+0\s+0", out)  # no delay, scarcity
+    assert re.search(r"ws2\s+-20.2\s+12.5\s+0.8\s+7\s+20.2\s+0\s+n/a\s+n/a\s+36.5\s+0", out)
     assert "ws2 lost: it would have to load the model or wait for a slot (+12.5 s)" in out
     assert "ws2 would evict coder" in out
     assert re.search(r"recent tokens\s+30,?000|recent tokens\s+30(\.0)?k", out), out

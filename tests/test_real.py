@@ -34,6 +34,9 @@ import ollama
 import openai
 import pytest
 
+from mindrouter.daemon.app import create_app
+
+from .conftest import Daemon, ServeServer, daemon_config
 from .real_server import EXACT, LlamaServer, binary, free_port
 
 BIN, WHY_NOT = binary()
@@ -77,6 +80,14 @@ def servers(request):
         if request.session.testsfailed == failed_before:  # keep the servers' logs only when they may tell something
             for server in running.started:
                 server.log.unlink(missing_ok=True)
+
+
+@pytest.fixture
+async def daemon(tmp_path, aiohttp_client, nvml):
+    """As conftest's, with fair share counting tokens (1:1): what the core charged reads as the servers' counts."""
+    config = daemon_config(tmp_path, prompt_token_cost=1.0, completion_token_cost=1.0)
+    app = await create_app(config, nvml=nvml)
+    yield Daemon(await aiohttp_client(ServeServer(app, config)), app, config)
 
 
 @pytest.fixture

@@ -5,6 +5,8 @@ Each test is one of the issue's defects, driven through the core with explicit t
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 
 from mindrouter.scheduler import REASONS, Backend, Job, Modality, Scheduler, SchedulerSettings, Timings
@@ -189,6 +191,74 @@ def test_max_loaded_models_leaves_room_only_by_evicting_an_idle_one():
     s.submit(job("v", "c", 1), 1)
     assert s.dispatch(1) == []
     assert REASONS["loaded"] in s.classes.get(("c", Modality.CHAT, False)).closed[1]
+
+
+def test_a_job_that_can_run_elsewhere_leaves_the_only_home_of_queued_work_its_model_place():
+    """Burst tails (issue 17): 8B streams kept the H100's model places busy while the 70B, only there, waited."""
+    h100_models = frozenset({"llama3:8b", "coder", "llama3:70b"})
+    resident = frozenset({"llama3:8b", "coder"})
+    h100 = Backend(1, "h100", models=h100_models, loaded_models=resident, max_concurrent=12, parallel=4, max_loaded=2)
+    rtx = Backend(
+        2, "rtx4090", models=frozenset({"llama3:8b", "coder"}), loaded_models=frozenset({"llama3:8b"}), max_concurrent=4
+    )
+    s = core(h100, rtx)
+    teach(s, 1, "llama3:8b", 95.0, 0)
+    s.set_backend(dataclasses.replace(h100, enabled=False))
+    teach(s, 2, "llama3:8b", 40.0, 2)  # the RTX answers once, with the H100 out of the way
+    s.set_backend(h100)
+    s.submit(job("w", "coder", 3), 3)  # the coder (resident on the H100 only) keeps its place busy
+    assert [d.backend_id for d in s.dispatch(3)] == [1]
+    s.submit(first := job("u", "llama3:8b", 4), 4)
+    assert [d.backend_id for d in s.dispatch(4)] == [1]  # nothing needs the H100 alone yet: the faster GPU
+    s.submit(seventy := job("v", "llama3:70b", 5), 5)
+    assert s.dispatch(5) == []  # both places busy: the 70B waits for one to go idle
+    assert REASONS["loaded"] in s.classes.get(("llama3:70b", Modality.CHAT, False)).closed[1]
+    s.submit(second := job("u", "llama3:8b", 6), 6)
+    [d] = s.dispatch(6)
+    assert d.job.id == second.id and d.backend_id == 2, d.record.to_dict()["score_components"]
+    parts = d.record.to_dict()["score_components"]
+    assert parts["1"]["scarcity"] == pytest.approx(parts["1"]["prefill"] + parts["1"]["decode"], rel=0.01)
+    assert parts["2"]["scarcity"] == 0
+    s.complete(first.id, 7, prompt_tokens=100, completion_tokens=200)
+    [d] = s.dispatch(7)  # the 8B place went idle and nothing took it: the 70B evicts it and loads
+    assert d.job.id == seventy.id and d.backend_id == 1
+    assert d.record.to_dict()["score_components"]["1"]["evicts"] == ["llama3:8b"]
+    s.check()
+
+
+def test_a_job_that_can_run_elsewhere_leaves_the_last_slot_to_work_that_cannot():
+    """The same with slots: one free slot on the only backend a queued 70B has goes to the 70B."""
+    both = frozenset({"llama3:8b", "llama3:70b"})
+    h100 = Backend(1, "h100", models=both, loaded_models=both, max_concurrent=2)
+    rtx = Backend(
+        2, "rtx4090", models=frozenset({"llama3:8b"}), loaded_models=frozenset({"llama3:8b"}), max_concurrent=4
+    )
+    s = core(h100, rtx)
+    s.set_user("v", 10.0)  # the 70B's user is served after the 8B's in this dispatch
+    teach(s, 1, "llama3:8b", 95.0, 0)
+    s.set_backend(dataclasses.replace(h100, enabled=False))
+    teach(s, 2, "llama3:8b", 60.0, 2)  # the RTX answers once, with the H100 out of the way
+    s.set_backend(h100)
+    s.submit(job("w", "llama3:70b", 3), 3)
+    assert [d.backend_id for d in s.dispatch(3)] == [1]
+    s.submit(eight := job("u", "llama3:8b", 4), 4)
+    s.submit(seventy := job("v", "llama3:70b", 4), 4)
+    routes = {d.job.id: d.backend_id for d in s.dispatch(4)}
+    assert routes == {eight.id: 2, seventy.id: 1}
+    s.check()
+
+
+def test_the_eviction_expected_is_the_one_ollama_makes_by_name_not_the_least_recently_used():
+    """Ollama's findRunnerToUnload takes the first idle runner by keep_alive, then model path (issue 17)."""
+    models = frozenset({"a", "b", "c"})
+    s = core(Backend(1, "ollama", models=models, loaded_models=frozenset({"a", "b"}), max_concurrent=8, max_loaded=2))
+    for model, t in (("b", 0.0), ("a", 2.0)):  # b is then the least recently used
+        s.submit(j := job("u", model, t), t)
+        assert [d.job.id for d in s.dispatch(t)] == [j.id]
+        s.complete(j.id, t + 1, prompt_tokens=100, completion_tokens=10)
+    s.submit(job("v", "c", 4), 4)
+    [d] = s.dispatch(4)
+    assert d.record.to_dict()["score_components"]["1"]["evicts"] == ["a"]
 
 
 async def test_the_daemon_learns_a_backends_rate_per_model_from_ollamas_durations(daemon):

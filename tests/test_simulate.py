@@ -358,7 +358,7 @@ def test_cli_json_matches_the_contract():
         assert set(user) >= USER_KEYS
     assert len(data["windows"]) == 10
     for window in data["windows"]:
-        assert set(window) == {"start", "shares"}
+        assert set(window) == {"start", "shares", "unit_shares"}
         assert set(window["shares"]) == {"prof", "postdoc", "student"}
     assert isinstance(data["max_service_gap"], float) and isinstance(data["jain_index"], float)
 
@@ -420,6 +420,8 @@ def test_render_and_progress_bar():
     text = console.export_text()
     assert "student" in text and "Slots that went to others" in text and "student 0" in text
     assert "Heavy-user deprioritization was in play" in text and "Simulated in 0.50 s" in text
+    flat = " ".join(text.split())
+    assert "% of tokens" in flat and "Shares and targets in service units" in flat
 
     from mindrouter.cli.simulate import _LazyProgress
 
@@ -521,3 +523,31 @@ def test_equal_prompt_and_answer_mixes_share_alike_at_any_token_costs():
         assert user["gpu_share"] == pytest.approx(user["share"], abs=0.01)
         assert user["service_units"] == pytest.approx(user["tokens"] * (200 + 2 * 300) / 500, rel=0.01)
     assert [u["share"] for u in results[1]["users"]] == pytest.approx([1 / 2, 1 / 3, 1 / 6], abs=0.005)
+
+
+PROMPTS_AND_ANSWERS = """
+duration = 600
+seed = 1
+backends = [{ name = "gpu", models = ["llama3"], max_concurrent = 4, tokens_per_second = 50 }]
+users = [
+    { name = "reader", model = "llama3", concurrency = 8, prompt_tokens = 2000, completion_tokens = 50 },
+    { name = "writer", model = "llama3", concurrency = 8, prompt_tokens = 50, completion_tokens = 1000 },
+]
+"""
+
+
+def test_shares_are_judged_in_the_service_units_the_core_charges():
+    """At the default 1:2 costs a prompt-heavy and an answer-heavy user each get half of the units, not of the tokens.
+
+    The targets, the windows and the pool's figures are in service units; token shares stay beside them.
+    """
+    result = build(simulate(parse_scenario(PROMPTS_AND_ANSWERS)))
+    pool = result["pools"][0]
+    for user in result["users"]:
+        assert user["target_share"] == pytest.approx(0.5, abs=1e-6)
+        assert user["service_share"] == pytest.approx(0.5, abs=0.02), user
+        assert pool["unit_shares"][user["name"]] == pytest.approx(user["service_share"], abs=1e-6)
+    reader = next(u for u in result["users"] if u["name"] == "reader")
+    assert reader["share"] > 0.55  # its prompts are cheap per token: more of the tokens for the same units
+    assert pool["worst_window"]["deviation"] <= 0.05
+    assert pool["worst_window"]["unit_share"] != pool["worst_window"]["share"]

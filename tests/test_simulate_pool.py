@@ -99,14 +99,28 @@ def test_a_request_behind_a_load_of_its_model_waits_for_it_and_reports_the_wait_
     assert s2.load == 3.0 and s2.phase != 0 and not ws.pending
 
 
-def test_eviction_takes_the_least_recently_used_idle_model():
+def test_eviction_takes_the_first_idle_model_by_name_as_ollama_does():
+    """Ollama's findRunnerToUnload sorts by keep_alive, then name (model path): not least recently used."""
     ws, events = station()
-    for model, t in (("b", 0.0), ("a", 10.0)):  # b used first, so b is the LRU one, though a < b by name
+    for model, t in (("b", 0.0), ("a", 10.0)):  # b used first, so b is the LRU one, but a < b by name
         s = ws.accept(req(1), model, t)
         load(ws, events, model, t + 4)
         ws.finish(s, t + 6.1)
     ws.accept(req(3), "c", 20.0)  # 5 + 5 + 5 GB > 10 GB: one idle model must go
-    assert set(ws.runners) == {"a", "c"} and ws.evictions == 1
+    assert set(ws.runners) == {"b", "c"} and ws.evictions == 1
+
+
+def test_with_every_model_busy_the_first_by_name_is_waited_for_even_if_another_goes_idle_first():
+    ws, events = station()
+    sa = ws.accept(req(1, completion=500), "a", 0.0)
+    load(ws, events, "a", 4.0)
+    sb = ws.accept(req(2), "b", 5.0)
+    load(ws, events, "b", 9.0)
+    sc = ws.accept(req(3), "c", 10.0)
+    ws.finish(sb, 10.5)  # b goes idle first, but Ollama already chose a
+    assert list(ws.pending) == [sc] and set(ws.runners) == {"a", "b"}
+    ws.finish(sa, 14.1)
+    assert set(ws.runners) == {"b", "c"} and ws.evictions == 1 and not ws.pending
 
 
 def test_with_every_resident_model_busy_a_load_waits_for_one_to_go_idle():
@@ -177,6 +191,18 @@ def test_streams_sharing_a_gpu_slow_each_other():
     two = ws.accept(req(2), "a", 0.0)
     # side by side each runs at 1 / (1 + 0.5): 0.15 s prefill + 3 s decode
     assert one.done == pytest.approx(3.15) and two.done == pytest.approx(3.15)
+
+
+def test_models_with_streams_running_time_share_the_gpu_as_the_benchmark_workstations_do():
+    """Each model is a runner of its own: a second model halves everyone's turn (benchmarks/_workstation.py)."""
+    ws, _ = station(loaded_models=("a", "b"), slowdown=0.5)
+    one = ws.accept(req(1), "a", 0.0)
+    two = ws.accept(req(2), "a", 0.0)
+    other = ws.accept(req(3), "b", 0.0)
+    # a's batch of two steps 1.5x slower and gets half the GPU: 0.3 s prefill + 6 s decode;
+    # b alone in its batch, half the GPU: 0.2 s + 4 s
+    assert one.done == pytest.approx(6.3) and two.done == pytest.approx(6.3)
+    assert other.done == pytest.approx(4.2)
 
 
 def test_a_decoding_stream_is_re_timed_when_another_starts():

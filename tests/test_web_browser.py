@@ -133,7 +133,7 @@ def test_admin_changes_a_weight_drains_a_backend_and_a_student_sees_only_their_o
     submit(browser, "#backend-ws1 button")
     assert "backend ws1 is" in browser.find_element(By.CSS_SELECTOR, ".flash.ok").text
     status = {b["name"]: b["status"] for b in run(live, "backend", "list", "--json").json()}
-    assert status["ws1"] in ("draining", "disabled")
+    assert status["ws1"] in ("draining", "drained")
     shoot(browser, "backends")
     submit(browser, "#backend-ws1 button")
     assert {b["name"]: b["status"] for b in run(live, "backend", "list", "--json").json()}["ws1"] == "healthy"

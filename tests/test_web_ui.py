@@ -197,6 +197,7 @@ async def test_drain_and_enable_a_backend(daemon: Daemon, fake_ollama: Any) -> N
     assert "backend box is draining" in page or "backend box is drained" in page
     status = (await daemon.admin("GET", "/admin/backends"))[0]["status"]
     assert status in ("draining", "drained")
+    assert "/ui/admin/backends/box/enable" in page  # a drained backend is offered Enable, not Drain again
     page = await post(daemon, "/ui/admin/backends", "/ui/admin/backends/box/enable")
     assert "backend box is healthy" in page
     page = await post(daemon, "/ui/admin/backends", "/ui/admin/backends/nobox/drain")

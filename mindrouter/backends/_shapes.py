@@ -148,8 +148,13 @@ _VALUE = rb'"\s*:\s*("[^"]{0,64}"?|[^,}\]\s]{1,64})'
 OPENAI_USAGE = ("prompt_tokens", "completion_tokens")
 RESPONSES_USAGE = ("input_tokens", "output_tokens")
 OLLAMA_USAGE = ("prompt_eval_count", "eval_count")
+_OLLAMA_DURATIONS = ("load_duration", "prompt_eval_duration", "eval_duration")
+"""Read with Ollama's counts (``ollama_usage``): routing learns a backend's rates from them."""
 _SCANS = {
-    names: tuple(re.compile(b'"' + name.encode() + _VALUE) for name in names)
+    names: tuple(
+        (name, re.compile(b'"' + name.encode() + _VALUE))
+        for name in names + (_OLLAMA_DURATIONS if names == OLLAMA_USAGE else ())
+    )
     for names in (OPENAI_USAGE, RESPONSES_USAGE, OLLAMA_USAGE)
 }
 
@@ -164,9 +169,12 @@ def ollama_timestamp() -> str:
 
 
 def scan_usage(body: bytes, names: tuple[str, str]) -> Usage:
-    """Token counts found in a JSON body without decoding it (escaped text cannot match), each checked."""
+    """Token counts (and Ollama's durations) found in a JSON body without decoding it, each checked.
+
+    Escaped text cannot match: a key inside a string is preceded and followed by a backslash.
+    """
     found: dict[str, Any] = {}
-    for name, pattern in zip(names, _SCANS[names], strict=True):
+    for name, pattern in _SCANS[names]:
         m = pattern.search(body)
         if m is not None:
             try:
@@ -174,7 +182,10 @@ def scan_usage(body: bytes, names: tuple[str, str]) -> Usage:
             except ValueError:
                 found[name] = m.group(1).decode(errors="replace")
     usage = Usage()
-    usage.read(found, *names)
+    if names == OLLAMA_USAGE:
+        ollama_usage(found, usage)
+    else:
+        usage.read(found, *names)
     return usage
 
 

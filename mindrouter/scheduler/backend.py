@@ -88,8 +88,6 @@ class BackendLoad:
     """Models the core sent a job to while not resident: when each is expected to be loaded."""
     evicted: dict[str, float] = field(default_factory=dict)
     """Idle models that load is expected to have evicted, and when."""
-    used: dict[str, float] = field(default_factory=dict)
-    """When each model last started or ended a job here (Ollama evicts the least recently used)."""
     speeds: dict[str, ModelSpeed] = field(default_factory=dict)
     load_bytes_per_second: float | None = None
     """Measured from Ollama's ``load_duration``."""
@@ -104,9 +102,6 @@ class BackendLoad:
         if self.evicted:
             loaded = loaded - {m for m, at in self.evicted.items() if now < at + CONFIRM_SECONDS}
         return loaded
-
-    def used_at(self, model: str) -> float:
-        return self.used.get(model, -1.0)
 
     def polled(self, backend: Backend) -> None:
         """A poll reported what is resident: it replaces what the core expected."""

@@ -14,11 +14,11 @@ Invariant: for every cached class, ``open`` and ``closed`` partition
 from __future__ import annotations
 
 import math
-from collections.abc import Hashable
+from collections.abc import Hashable, Mapping
 from dataclasses import dataclass, field
 
 from .backend import Backend, BackendLoad, ModelSpeed
-from .constraints import REASONS, RETRY_PENALTY, ClassKey, live_rejections, static_rejections
+from .constraints import REASONS, RETRY_PENALTY, ClassKey, fit, live_rejections, static_rejections
 from .estimate import Estimate, Speeds, estimate
 from .jobs import Job, Rejection
 from .pools import PoolKey, joined
@@ -60,11 +60,14 @@ class Classes:
         self._classes: dict[ClassKey, ClassInfo] = {}
         self._by_backend: dict[Hashable, list[tuple[ClassKey, ClassInfo]]] = {}
         self._pools: dict[Hashable, PoolKey] = {}
+        self._sole: dict[Hashable, list[ClassKey]] = {}
+        """Per backend, the cached classes it alone can serve (a 70B that only the H100 holds)."""
 
     def clear(self) -> None:
         self._classes.clear()
         self._by_backend.clear()
         self._pools.clear()
+        self._sole.clear()
 
     def _pool_of(self, candidates: list[Hashable]) -> PoolKey:
         """The pool ``candidates`` lie in (none without candidates); built once per change of models."""
@@ -92,6 +95,8 @@ class Classes:
                 else:
                     candidates.append(bid)
             info = self._classes[key] = ClassInfo(candidates, rejected, known, self._pool_of(candidates))
+            if len(candidates) == 1:
+                self._sole.setdefault(candidates[0], []).append(key)
             self._bound(info)
             for bid in candidates:
                 self._by_backend.setdefault(bid, []).append((key, info))
@@ -160,6 +165,40 @@ class Classes:
         reasons = live_rejections(self._backends[bid], self._loads[bid], model, self.now)
         return all(r in _WAITS for r in reasons)
 
+    def contested(self, bid: Hashable, key: ClassKey, waiting: Mapping[ClassKey, int]) -> int:
+        """How many jobs with no other home a job of class ``key`` on ``bid`` would hold up (0: none).
+
+        Jobs of another class that only ``bid`` can serve are held up by it when they run there
+        (it takes GPU time from them), or are queued and either their model is not resident and
+        cannot be loaded until this job's model (busy, or the idle one Ollama would evict) is idle,
+        or they could fill every free slot there (each class within its free per-model slots).
+        """
+        sole = self._sole.get(bid)
+        if not sole:
+            return 0
+        backend, load = self._backends[bid], self._loads[bid]
+        resident = load.resident(backend, self.now)
+        free = backend.max_concurrent - load.in_flight
+        running = blocked = need = 0
+        for other in sole:
+            if other == key or other[0] == key[0]:
+                continue
+            running += load.model_in_flight.get(other[0], 0)
+            count = waiting.get(other, 0)
+            if not count:
+                continue
+            if other[0] not in resident:
+                room = fit(backend, load, other[0], resident)
+                if isinstance(room, str) or key[0] in room:
+                    blocked += count
+                    continue
+            elif backend.parallel is not None:
+                count = max(0, min(count, backend.parallel - load.model_in_flight.get(other[0], 0)))
+            need += count
+        if need >= free > 0:
+            blocked += need
+        return running + blocked
+
     def route(
         self,
         key: ClassKey,
@@ -169,6 +208,7 @@ class Classes:
         prior: Speeds,
         excluded: set[Hashable] | None,
         queued: int = 1,
+        queues: Mapping[ClassKey, int] | None = None,
     ) -> Route | None:
         """Where ``job`` is expected to finish first, or None when no candidate is open.
 
@@ -176,6 +216,7 @@ class Classes:
         slots have freed (the jobs of this class waiting, this one included): when one of them
         is expected to finish the job sooner than any open one, the route names no backend, and
         the job waits for it rather than load a model elsewhere or take a much slower GPU.
+        ``queues``: queued jobs per class, to price what work with no other home needs (``contested``).
         """
         info = self.get(key)
         model = key[0]
@@ -192,8 +233,21 @@ class Classes:
             if avoid and bid in excluded:  # type: ignore[operator]
                 continue
             penalty = RETRY_PENALTY if excluded and bid in excluded else 0.0
+            # Yielding a slot to work with no other home costs this job nothing only where another
+            # backend is open to it now; with none, the price would make it wait, and routing would
+            # overrule fair share (a weight-10 admin kept off the GPU a weight-1 student needs).
+            contested = self.contested(bid, key, queues) if queues is not None and len(info.open) > 1 else 0
             row = estimate(
-                backends[bid], loads[bid], model, job.prompt_tokens, answer_tokens, now, settings, prior, penalty
+                backends[bid],
+                loads[bid],
+                model,
+                job.prompt_tokens,
+                answer_tokens,
+                now,
+                settings,
+                prior,
+                penalty,
+                contested=contested,
             )
             if row is None:
                 continue

@@ -54,7 +54,7 @@ def static_rejections(backend: Backend, key: ClassKey) -> tuple[str, ...]:
 
 
 def fit(backend: Backend, load: BackendLoad, model: str, resident: frozenset[str]) -> tuple[str, ...] | str:
-    """The idle models (least recently used first) to evict so ``model`` fits, or why it cannot.
+    """The idle models (in the order Ollama picks them) to evict so ``model`` fits, or why it cannot.
 
     A resident or loading model fits. Otherwise the estimate must fit in free VRAM plus what
     idle resident models would free, and a place must be left under ``max_loaded``; busy models
@@ -68,7 +68,9 @@ def fit(backend: Backend, load: BackendLoad, model: str, resident: frozenset[str
         free -= sum(backend.model_vram.get(m, 0) for m in load.loading if m not in backend.loaded_models)
     room = backend.max_loaded
     evict: list[str] = []
-    idle = sorted((m for m in resident if not load.model_in_flight.get(m) and m not in load.loading), key=load.used_at)
+    # Ollama's findRunnerToUnload: idle runners by keep_alive (not reported: taken as equal), then model path
+    # (a digest; the name stands in), not the least recently used.
+    idle = sorted(m for m in resident if not load.model_in_flight.get(m) and m not in load.loading)
     while True:
         short = need is not None and free is not None and need > free
         full = room is not None and len(resident) >= room

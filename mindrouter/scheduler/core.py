@@ -330,6 +330,7 @@ class Scheduler(JobOutcomes, CoreReading):
                     self.speeds,
                     self._excluded.get(job.id),
                     self.queues.counts[best_key],
+                    self.queues.counts,
                 )
                 if routed is None or routed[0] is None:  # nothing open, or better to wait for a full one
                     blocked.add(best_key)
@@ -426,7 +427,6 @@ class Scheduler(JobOutcomes, CoreReading):
         load = self._loads[backend_id]
         load.in_flight += 1
         load.model_in_flight[model] = load.model_in_flight.get(model, 0) + 1
-        load.used[model] = now
         chosen = next(row for row in routed[1] if row.backend_id == backend_id)
         if chosen.start > 0 and model not in load.loading:
             load.loading[model] = now + chosen.start

@@ -14,21 +14,25 @@ seconds from now, for each candidate with a free slot:
                or 1 + utilization where none of ours run there (someone else's work)
 
 The delay is what the job costs the others: finishing first is not the
-only aim, and a job that would take the fastest GPU from jobs that can run
-nowhere else (a 70B on the one H100) pays for the time it takes from them.
+only aim. The scarcity is what it costs work that can go nowhere else: for
+each job of another class whose only candidate is this backend (a 70B on the
+one H100) that this one would hold up there (running beside it, or queued for
+the slot or model place it takes; ``Classes.contested``), this job's time
+there is charged once more, so a job that can run elsewhere goes elsewhere.
 The rates are those of that (backend, model) pair learned from
 answers (``Speeds``); a pair with none yet borrows the best rate known for the
 model elsewhere (so a new backend gets tried), else the settings' defaults.
 Evicting an idle model to make room costs its reload time (``eviction_price``
 per second). The score, higher is better as in the seed's records, is
 
-    delay = streams already running there x stream_slowdown x this job's time alone there
-    score = priority - (start + eviction cost) - prefill - decode - delay - retry penalty        (seconds)
+    delay    = streams already running there x stream_slowdown x this job's time alone there
+    scarcity = (jobs with no other home it holds up there) x (prefill + decode)
+    score = priority - (start + eviction cost) - prefill - decode - delay - scarcity - retry penalty   (seconds)
 
 so an admin's ``priority`` is worth that many seconds of expected finish. The
 seed's ``SCHEDULER_SCORE_*`` settings weigh the terms against their defaults:
 ``model_loaded`` the load and eviction seconds, ``latency`` the prefill,
-``high_throughput`` the decode, ``short_queue`` the slowdown per stream and
+``high_throughput`` the decode, ``short_queue`` the slowdown per stream (and the scarcity) and
 ``low_utilization`` the slowdown from others' use of the GPU; at their
 defaults each weighs 1x, and 0 leaves a term out of the choice.
 """
@@ -65,6 +69,8 @@ class Estimate:
     """Seconds of reload that evicting them costs the pool."""
     delay: float = 0.0
     """Seconds this job adds, in all, to the streams already running there."""
+    scarcity: float = 0.0
+    """Seconds it takes from work that can run only there (running beside it, or queued for its slot or place)."""
     decode_rate: float = 0.0
     """Tokens per second this job is expected to get there (after the slowdown)."""
     streams: int = 0
@@ -85,6 +91,7 @@ class Estimate:
             "evicts": list(self.evicts),
             "eviction": round(self.eviction, 3),
             "delay": round(self.delay, 3),
+            "scarcity": round(self.scarcity, 3),
             "decode_rate": round(self.decode_rate, 2),
             "streams": self.streams,
             "learned": self.learned,
@@ -126,12 +133,14 @@ def estimate(
     prior: Speeds,
     penalty: float = 0.0,
     queued: int = 0,
+    contested: int = 0,
 ) -> Estimate | None:
     """When a job would start and finish on ``backend``; None when its model cannot be made resident.
 
     With ``queued`` jobs of its class waiting (itself included), every slot it could use there is
     taken: it would start once that many slots have freed, each expected after a typical job's
-    time there divided by the jobs holding those slots.
+    time there divided by the jobs holding those slots. ``contested``: how many jobs with no other
+    candidate it would hold up there (``Classes.contested``).
     """
     resident = load.resident(backend, now)
     evicts = fit(backend, load, model, resident)
@@ -164,9 +173,10 @@ def estimate(
     eviction = settings.eviction_price * sum(load_seconds(backend, load, m, settings) for m in evicts)
     # Each stream already there runs slower while this one runs: about stream_slowdown of this job's time alone.
     delay = load.in_flight * settings.stream_slowdown * (t_prefill + t_decode) / slowdown
+    scarcity = contested * (t_prefill + t_decode)
     weighed = (
         loads * (start + eviction)
-        + delay * w.short_queue / _SEED.short_queue
+        + (delay + scarcity) * w.short_queue / _SEED.short_queue
         + t_prefill * w.latency / _SEED.latency
         + t_decode * w.high_throughput / _SEED.high_throughput
     )
@@ -180,6 +190,7 @@ def estimate(
         evicts,
         eviction,
         delay,
+        scarcity,
         decode / slowdown,
         streams,
         own is not None and own.decode is not None,

@@ -172,7 +172,6 @@ class JobOutcomes:
             load.in_flight -= 1
             load.model_in_flight[model] -= 1
             load.loaders.discard(running.job.id)
-            load.used[model] = now
             self.classes.load_changed(running.backend_id)
         self.ledger.settle(running, now, prompt, completion, learned)
         pool, seat = running.pool, running.seat

@@ -29,7 +29,7 @@ Scenario format (TOML; a contract other tools rely on). Keys marked * are requir
     priority = 0                 admin-set score points
     vram = 24                    GB for models; given, the backend behaves like Ollama
                                  (docs/simulate.md): it loads a model on demand, evicts
-                                 idle ones (least recently used first) when memory or
+                                 idle ones (the first by name, as Ollama) when memory or
                                  max_loaded is short, waits while all are busy, and unloads
                                  one idle for keep_alive; every model it serves needs a size
     load_seconds_per_gb = 0.4    seconds a load takes per GB of size (needs vram)
@@ -38,8 +38,9 @@ Scenario format (TOML; a contract other tools rely on). Keys marked * are requir
     parallel = 4                 requests each loaded model serves at once (OLLAMA_NUM_PARALLEL;
                                  with vram an embedding model serves 1); default: no limit
                                  per model under max_concurrent
-    slowdown = 0                 streams side by side slow each other: each one's rates divide
-                                 by 1 + slowdown x (other streams on the backend)
+    slowdown = 0                 streams side by side slow each other: a model's batch of n
+                                 streams steps 1 + slowdown x (n - 1) times slower than one,
+                                 and the models with streams running time-share the GPU
     poll_interval = 0            seconds between the daemon's polls: what is loaded reaches the
                                  core at the next one (default 0: at once)
     [backends.rates]             per model, one stream's rates alone on the GPU, e.g.
@@ -94,7 +95,11 @@ Output (``--json`` prints exactly one object, identical for the same file and
 seed). Tokens count *as generated*: a request's prompt tokens when its prefill
 ends, its completion tokens continuously at the decode rate, so requests still
 running at the end count for what they had produced (``"counting":
-"as_generated"``).
+"as_generated"``). Fairness is judged in *service units*, the unit the core
+charges: prompt tokens at ``prompt_token_cost`` (default 1) plus completion
+tokens at ``completion_token_cost`` (default 2). Targets, windows, the service
+gap, its bound and the starvation allowance are in units; token shares are
+reported beside them (``share``, ``shares``).
 
 Users compete only inside a *pool*: backends joined by serving a common model
 (transitively). Targets, windows, the service gap and Jain's index are kept per
@@ -113,25 +118,30 @@ models are each owed all of their own pool.
   request of this user sat through while the slots went to others; 0 means it
   always got the next freed slot), ``backlogged_seconds``,
   ``deprioritized_seconds`` and ``min_factor``. ``target_share`` is the sum of
-  the user's targets in every pool over all tokens. Beside tokens:
-  ``service_units`` and ``service_share`` (its tokens at the scenario's
+  the user's targets in every pool over all service units; it is judged
+  against ``service_share``, while ``share`` is its part of the tokens. Beside
+  tokens: ``service_units`` and ``service_share`` (its tokens at the scenario's
   ``prompt_token_cost`` and ``completion_token_cost``, as generated: what fair
   share charges) and ``gpu_seconds`` and ``gpu_share`` (seconds its requests
   held a backend slot, from dispatch to the last token, as a backend's
   utilization counts them). Also
   ``worst_window`` (its own window farthest from its target among those that
-  count: ``start``, ``share``, ``target``, ``deviation``, ``allowed``; null
+  count: ``start``, ``share`` (tokens), ``unit_share``, ``target``,
+  ``deviation`` (|unit_share - target|), ``allowed``; null
   when none counts) and ``starvation_allowed_s`` (3 x ``longest_request_s``
   plus the time its largest request takes at its target share of its pools'
-  throughput: a request costing more than the others get in 3 x its service
-  time must wait its turn). The table prints service units and GPU time on a
-  line under it.
+  throughput, both in service units: a request costing more than the others get in 3 x its service
+  time must wait its turn). The table's ``share`` column is
+  ``service_share``; token shares, service units and GPU time are printed on
+  a line under it.
 - ``pools``: one object per pool: ``backends``, ``models``, ``slots``,
-  ``users`` (who sent requests there), ``tokens``, ``shares`` and
-  ``target_shares`` over the run, ``max_service_gap`` (``_pair``, ``_at``),
+  ``users`` (who sent requests there), ``tokens``, ``units`` (service units),
+  ``shares`` (of the tokens), ``unit_shares`` and ``target_shares`` (of the
+  units) over the run, ``max_service_gap`` (``_pair``, ``_at``),
   ``max_dispatch_gap`` (``_pair``), ``max_request_cost``, ``gap_bound``,
   ``jain_index``, ``worst_window`` and ``windows``: per 60 s, ``start``,
-  ``shares``, ``targets``, ``error`` (the largest |share - target|, and
+  ``shares`` (tokens), ``unit_shares``, ``targets``, ``error`` (the largest
+  |unit_share - target|, and
   ``error_user`` whose), ``allowed``, ``outlasting`` (requests running in it
   that each take longer than a window), ``since_change`` (seconds from the
   last arrival, departure or weight event to its start) and ``counts``
@@ -139,21 +149,21 @@ models are each owed all of their own pool.
   workload alone, never from the scheduler's counters: while someone's request
   waits in the pool, the service delivered at each moment is owed by each
   person's weighted max-min share of the slots among the people with work
-  there (queued or running), each request holding at most one slot on a
-  backend that serves its model (water-filling with those candidate
+  there (queued or running), in service units, each request holding at most
+  one slot on a backend that serves its model (water-filling with those candidate
   backends: ``mindrouter.simulate.maxmin``); with ``shares = "group"`` a
   group's weight is divided among its members with work by their own. While
   nobody waits, everyone is owed what it received. With everyone saturating
   all run long that is weight / total weight.
-- ``max_service_gap``: the largest change of ``S_a/w_a - S_b/w_b`` (service in
-  cost units, i.e. tokens with the default costs, over weight, or under group
+- ``max_service_gap``: the largest change of ``S_a/w_a - S_b/w_b`` (service
+  units over weight, or under group
   shares over the user's part of its group's weight) over an interval
   in which users a and b were both continuously backlogged in one pool,
   measured from the moment both last became backlogged; exact, since it is
   evaluated at every breakpoint. A weight change changes only the slope of
   ``S/w`` from then on. ``max_service_gap_pair``/``_at`` say where;
   ``gap_bound`` is 2 x ``max_request_cost`` (the largest cost of a request in
-  the pool), divided by the smallest entitlement a backlogged user had when
+  the pool, in service units), divided by the smallest entitlement a backlogged user had when
   that is below 1 (under group shares, a member's part of its group). Under
   saturation that bound holds; under partial load the as-generated gap also
   counts work that was already running when a pair became backlogged, so
@@ -161,18 +171,18 @@ models are each owed all of their own pool.
   whole cost counted at dispatch: the scheduler's decisions alone (with the
   core charging tokens as they stream, that is no longer what it decides on).
   The top-level figures are the worst pool's.
-- ``jain_index``: the lowest over the pools of Jain's index of share /
+- ``jain_index``: the lowest over the pools of Jain's index of unit share /
   target_share over the users ever backlogged in the pool (with targets by
   weight, that is weight-normalized throughput).
-- ``windows``: ``{"start", "shares"}`` per 60 s over all pools (the last may be
-  partial). ``worst_window`` (per pool, and the worst of them at the top) is
-  the largest |share - target| of any user in a full window of a pool that
+- ``windows``: ``{"start", "shares", "unit_shares"}`` per 60 s over all pools
+  (the last may be partial). ``worst_window`` (per pool, and the worst of them
+  at the top) is the largest |unit_share - target| of any user in a full window of a pool that
   starts ``settle_seconds`` (120) or more after the last arrival, departure
   (a phase's start or stop) or weight event in that pool and holds none of
   them, where someone was backlogged, with ``allowed``: 5
   points, or while a request that takes longer than a window runs there
   (``outlasting``), one slot's share of the pool plus 2 points, and never
-  less than the pool's largest request cost over the window's tokens (a
+  less than the pool's largest request cost over the window's units (a
   request is never split, so one that large moves a window by that much).
 - ``models``: per model, ``kind``, ``submitted``, ``completed``,
   ``timed_out``, ``rejected``, ``completion_tokens``, ``ttft_p50``/``_p95``

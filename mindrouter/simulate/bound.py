@@ -19,8 +19,13 @@ requests per second of m sent to b:
 
     maximize    sum over b, m of c_m * y_{b,m}
     subject to  sum over m of solo_{b,m} * y_{b,m} <= g(k_b)     for every backend b
+                sum over m of solo_{b,m} * y_{b,m} / g(n_{b,m}) <= 1
+                                                                 for every backend b with a slowdown
                 solo_{b,m} * y_{b,m} <= g(n_{b,m})               for every pair (b, m)
                 sum over b of y_{b,m} <= lambda_m                for every model m
+
+(the second: with a slowdown, models time-share the GPU (``workstation.py``), and
+model m does at most g(n_{b,m}) solo-seconds of work per second of its turn)
 
 where ``lambda_m`` is the offered request rate of m: the requests the users
 sent for it over the seconds considered (the run, or its saturated stretches:
@@ -103,6 +108,12 @@ def offline_bound(scenario: Scenario, offered: Mapping[str, Offer], *, mix: bool
     for backend in scenario.backends:
         rows.append([solo if b is backend else 0.0 for b, _, solo, _ in pairs] + extra)
         bounds.append(g(backend, streams(backend, scenario)))
+        if backend.slowdown:  # models time-share the GPU: their shares of its time add up to at most 1
+            rows.append(
+                [solo / g(b, min(k, slots(b, scenario.model(m)))) if b is backend else 0.0 for b, m, solo, k in pairs]
+                + extra
+            )
+            bounds.append(1.0)
     for i, (backend, name, solo, k) in enumerate(pairs):
         rows.append([solo if j == i else 0.0 for j in range(len(pairs))] + extra)
         bounds.append(g(backend, min(k, slots(backend, scenario.model(name)))))

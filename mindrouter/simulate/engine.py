@@ -115,7 +115,6 @@ class _Sim(Lifecycle):
         self.next_heavy_check = 0.0
         self.last_heavy_ids: frozenset[object] = frozenset()
         self.events = 0
-        self.pc, self.cc = settings.prompt_token_cost, settings.completion_token_cost
 
     # -- events -------------------------------------------------------------
 

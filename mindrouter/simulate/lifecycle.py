@@ -47,8 +47,6 @@ class Lifecycle:
     saturated_since: float | None
     saturated_tokens: float
     tokens_at_saturation: float
-    pc: float
-    cc: float
     push: Callable[[float, int, object], None]
     touch: Callable[[UserRun], None]
     next_request: Callable[[PhaseRun, float], None]
@@ -88,7 +86,7 @@ class Lifecycle:
             backend.full_at = now
         stream = self.stations[backend_id].accept(req, phase.spec.model, now)
         req.expected = self.stations[backend_id].expected_seconds(stream, now)
-        phase.pool.started(user.index, self.pc * req.prompt + self.cc * req.completion, req.expected)
+        phase.pool.started(user.index, self.sched.settings.cost(req.prompt, req.completion), req.expected)
 
     def saturation_changed(self, now: float) -> None:
         """Open or close a stretch during which some request waited in the core's queue."""
@@ -135,7 +133,7 @@ class Lifecycle:
         assert req.dispatched is not None and req.prefill_end is not None
         pool.finished(req.user, req.model, req.expected)
         user.longest_request = max(user.longest_request, now - req.dispatched)
-        user.largest_request = max(user.largest_request, req.prompt + req.completion)
+        user.largest_request = max(user.largest_request, self.sched.settings.cost(req.prompt, req.completion))
         req.done = now
         del self.reqs[req.id]
         user.running -= 1

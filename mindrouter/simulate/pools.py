@@ -10,9 +10,11 @@ Invariants of ``Pool``:
 
 - A user's service in the pool is piecewise linear in time (prompt tokens when
   the prefill ends, completion tokens at the decode rate), so it is exact at
-  any instant without per-token events.
-- The *target* splits each epoch (an interval with one set of outstanding
-  requests and one set of weights) from the workload alone (issue 18, case 4):
+  any instant without per-token events. Fairness is judged in service units,
+  the unit the core charges (``SchedulerSettings.cost``: prompt and completion
+  tokens at their costs); tokens are kept beside them for the report.
+- The *target* splits the service units of each epoch (an interval with one
+  set of outstanding requests and one set of weights) from the workload alone (issue 18, case 4):
   while someone waits, the service delivered is owed by each person's weighted
   max-min share of the slots (``maxmin.max_min``) among the people with work
   in the pool, queued or running, each request holding at most one slot on a
@@ -48,6 +50,8 @@ class PoolWindow:
     start: float
     end: float
     tokens: list[float]
+    units: list[float]
+    """Service units delivered to each user in the window: what ``targets`` split."""
     targets: list[float]
     backlogged: float
     """Seconds of the window during which someone was backlogged in the pool."""
@@ -102,11 +106,14 @@ class Pool:
         self.dispatched = [0.0] * users
         """Cost dispatched over entitlement: the scheduler's decisions alone."""
         self.target = [0.0] * users
+        """Service units each user is owed, summed over epochs."""
         self.epoch_tokens = [0.0] * users
+        self.epoch_units = [0.0] * users
         self.epoch_start = 0.0
         self.changed: set[int] = set()
         self.win_start = 0.0
         self.win_tokens = [0.0] * users
+        self.win_units = [0.0] * users
         self.win_targets = [0.0] * users
         self.win_backlogged = 0.0
         self.long_running = 0
@@ -278,9 +285,12 @@ class Pool:
         owed = self.owed
         for u in self.members:
             tokens = self.tokens(u, now)
-            delta = tokens - self.epoch_tokens[u]
+            self.win_tokens[u] += tokens - self.epoch_tokens[u]
             self.epoch_tokens[u] = tokens
-            self.win_tokens[u] += delta
+            units = self.service(u, now)
+            delta = units - self.epoch_units[u]
+            self.epoch_units[u] = units
+            self.win_units[u] += delta
             total += delta
             if owed is None:
                 self.target[u] += delta
@@ -296,11 +306,20 @@ class Pool:
     def close_window(self, now: float) -> None:
         self.close_epoch(now)
         self.windows.append(
-            PoolWindow(self.win_start, now, self.win_tokens, self.win_targets, self.win_backlogged, self.win_outlasting)
+            PoolWindow(
+                self.win_start,
+                now,
+                self.win_tokens,
+                self.win_units,
+                self.win_targets,
+                self.win_backlogged,
+                self.win_outlasting,
+            )
         )
         users = len(self.win_tokens)
         self.win_start = now
         self.win_tokens = [0.0] * users
+        self.win_units = [0.0] * users
         self.win_targets = [0.0] * users
         self.win_backlogged = 0.0
         self.win_outlasting = self.long_running

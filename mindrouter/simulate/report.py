@@ -60,7 +60,7 @@ def allowed_deviation(pool: Pool, window: PoolWindow) -> float:
     A request is never split, so one whose cost is a large part of what the
     window delivered moves its shares by that part, whatever the scheduler does.
     """
-    total = sum(window.tokens)
+    total = sum(window.units)
     lump = min(1.0, pool.max_request_cost / total) if total > 0 else 0.0
     if window.outlasting:
         return max(WINDOW_TOLERANCE, lump, 1 / pool.slots + OUTLASTING_TOLERANCE)
@@ -68,21 +68,23 @@ def allowed_deviation(pool: Pool, window: PoolWindow) -> float:
 
 
 def _window_rows(run: Run, pool: Pool) -> list[dict[str, Any]]:
-    """Each window of ``pool``: shares, targets, the worst user's error, and whether it counts.
+    """Each window of ``pool``: shares (tokens and service units), targets, the worst user's error, whether it counts.
 
-    A window *counts* toward ``worst_window`` when it is full, someone was
-    backlogged in it, it holds no change and starts at least ``SETTLE`` seconds
-    after the last one (a phase starting or stopping, a weight event).
+    Targets and the error are in service units, the unit the core charges.
+
+        A window *counts* toward ``worst_window`` when it is full, someone was
+        backlogged in it, it holds no change and starts at least ``SETTLE`` seconds
+        after the last one (a phase starting or stopping, a weight event).
     """
     changes = _changes(run, pool)
     names = {u: run.users[u].name for u in pool.members}
     rows = []
     for window in pool.windows:
-        total = sum(window.tokens)
+        tokens, total = sum(window.tokens), sum(window.units)
         last = max((t for t in changes if t <= window.start), default=None)
         error = None
         if total > 0:
-            error = max(((abs(window.tokens[u] - window.targets[u]) / total, u) for u in names), default=None)
+            error = max(((abs(window.units[u] - window.targets[u]) / total, u) for u in names), default=None)
         counts = (
             error is not None
             and window.end - window.start >= run.window - 1e-9
@@ -93,7 +95,8 @@ def _window_rows(run: Run, pool: Pool) -> list[dict[str, Any]]:
         rows.append(
             {
                 "start": round(window.start, 6),
-                "shares": {n: round(window.tokens[u] / total, 6) if total else 0.0 for u, n in names.items()},
+                "shares": {n: round(window.tokens[u] / tokens, 6) if tokens else 0.0 for u, n in names.items()},
+                "unit_shares": {n: round(window.units[u] / total, 6) if total else 0.0 for u, n in names.items()},
                 "targets": {n: round(window.targets[u] / total, 6) if total else 0.0 for u, n in names.items()},
                 "error": None if error is None else round(error[0], 6),
                 "error_user": None if error is None else names[error[1]],
@@ -108,7 +111,7 @@ def _window_rows(run: Run, pool: Pool) -> list[dict[str, Any]]:
 
 def worst_window(rows: list[dict[str, Any]]) -> dict[str, Any] | None:
     """Of a pool's window rows that count, the one with the largest error, as ``start``, ``user``,
-    ``share``, ``target``, ``deviation`` and ``allowed``."""
+    ``share`` (tokens), ``unit_share``, ``target``, ``deviation`` and ``allowed`` (service units)."""
     counted = [r for r in rows if r["counts"]]
     if not counted:
         return None
@@ -118,6 +121,7 @@ def worst_window(rows: list[dict[str, Any]]) -> dict[str, Any] | None:
         "start": row["start"],
         "user": user,
         "share": row["shares"][user],
+        "unit_share": row["unit_shares"][user],
         "target": row["targets"][user],
         "deviation": row["error"],
         "allowed": row["allowed"],
@@ -128,10 +132,10 @@ def _pool_jain(run: Run, pool: Pool) -> float | None:
     """Jain's index of share / target share over the users ever backlogged in the pool.
 
     With targets by weight (everyone saturating throughout) this is Jain's
-    index of tokens / weight, i.e. of weight-normalized throughput.
+    index of service units / weight, i.e. of weight-normalized throughput.
     """
     ratios = [
-        pool.tokens(u, run.duration) / pool.target[u]
+        pool.service(u, run.duration) / pool.target[u]
         for u in pool.members
         if pool.ever_backlogged[u] and pool.target[u] > 0
     ]
@@ -145,7 +149,8 @@ def _pair(run: Run, pair: tuple[int, int] | None) -> list[str] | None:
 def _pool_row(run: Run, pool: Pool) -> dict[str, Any]:
     names = {u: run.users[u].name for u in pool.members}
     tokens = {u: pool.tokens(u, run.duration) for u in pool.members}
-    total = sum(tokens.values())
+    units = {u: pool.service(u, run.duration) for u in pool.members}
+    total, unit_total = sum(tokens.values()), sum(units.values())
     windows = _window_rows(run, pool)
     return {
         "backends": [b.name for b in pool.backends],
@@ -153,8 +158,10 @@ def _pool_row(run: Run, pool: Pool) -> dict[str, Any]:
         "slots": pool.slots,
         "users": list(names.values()),
         "tokens": round(total),
+        "units": round(unit_total),
         "shares": {names[u]: _r(t / total if total else 0.0) for u, t in tokens.items()},
-        "target_shares": {names[u]: _r(pool.target[u] / total if total else 0.0) for u in pool.members},
+        "unit_shares": {names[u]: _r(c / unit_total if unit_total else 0.0) for u, c in units.items()},
+        "target_shares": {names[u]: _r(pool.target[u] / unit_total if unit_total else 0.0) for u in pool.members},
         "max_service_gap": _r(pool.gap.max, 3),
         "max_service_gap_pair": _pair(run, pool.gap.pair),
         "max_service_gap_at": _r(pool.gap.at, 3),
@@ -176,7 +183,7 @@ def _user_row(user: UserRun, run: Run, total: float, units: float, gpu: float) -
         "name": user.name,
         "group": user.group,
         "weight": user.weight,
-        "target_share": _r(user.target() / total if total else 0.0),
+        "target_share": _r(user.target() / units if units else 0.0),
         "tokens": round(tokens),
         "share": _r(tokens / total if total else 0.0),
         "requests": user.completed,
@@ -216,11 +223,13 @@ def build(run: Run, baseline: Run | None = None) -> dict[str, Any]:
     windows = []
     for k, first in enumerate(run.pools[0].windows):
         tokens = [sum(p.windows[k].tokens[u] for p in run.pools) for u in range(len(names))]
-        wtotal = sum(tokens)
+        spent = [sum(p.windows[k].units[u] for p in run.pools) for u in range(len(names))]
+        wtotal, utotal = sum(tokens), sum(spent)
         windows.append(
             {
                 "start": round(first.start, 6),
                 "shares": {n: round(t / wtotal, 6) if wtotal else 0.0 for n, t in zip(names, tokens, strict=True)},
+                "unit_shares": {n: round(c / utotal, 6) if utotal else 0.0 for n, c in zip(names, spent, strict=True)},
             }
         )
     pools = [_pool_row(run, p) for p in run.pools]
@@ -348,7 +357,7 @@ def render(result: dict[str, Any], console: Console, *, wall_seconds: float | No
             row["name"],
             group,
             _pct(row["target_share"]),
-            _pct(row["share"]),
+            _pct(row["service_share"]),
             f"{row['tokens']:,}",
             f"{row['requests']:,}",
             _sec(row["wait_p50"]),
@@ -373,11 +382,11 @@ def render(result: dict[str, Any], console: Console, *, wall_seconds: float | No
         line += (
             f"; worst 60 s window {100 * worst['deviation']:.1f} points off ({worst['user']} at t={worst['start']:g})"
         )
-    console.print(line + ". Tokens count as generated.")
+    console.print(line + ". Shares and targets in service units; tokens count as generated.")
     console.print(
-        "Service units and GPU time (seconds holding a slot): "
+        "Token shares, service units and GPU time (seconds holding a slot): "
         + "; ".join(
-            f"{r['name']} {r['service_units']:,} ({_pct(r['service_share'])}), "
+            f"{r['name']} {_pct(r['share'])} of tokens, {r['service_units']:,} units ({_pct(r['service_share'])}), "
             f"{r['gpu_seconds']:,.0f} s ({_pct(r['gpu_share'])})"
             for r in result["users"]
         )
@@ -386,7 +395,7 @@ def render(result: dict[str, Any], console: Console, *, wall_seconds: float | No
     if len(result["pools"]) > 1:
         for pool in result["pools"]:
             shares = ", ".join(
-                f"{n} {_pct(pool['shares'][n])} (target {_pct(pool['target_shares'][n])})" for n in pool["users"]
+                f"{n} {_pct(pool['unit_shares'][n])} (target {_pct(pool['target_shares'][n])})" for n in pool["users"]
             )
             console.print(f"Pool {' + '.join(pool['backends'])}: {shares or 'unused'}.")
     backends = ", ".join(f"{b['name']} {100 * b['utilization']:.0f}% busy" for b in result["backends"])

@@ -96,8 +96,8 @@ class UserRun:
     max_starved: float = 0.0
     longest_request: float = 0.0
     """Seconds the longest of its requests took from dispatch to the last token."""
-    largest_request: int = 0
-    """Tokens (prompt and completion) of its largest request that ended."""
+    largest_request: float = 0.0
+    """Service units of its largest request that ended."""
     deprioritized_seconds: float = 0.0
     deprioritized_since: float | None = None
     min_factor: float = 1.0

@@ -1,5 +1,7 @@
 """Each user's figures against its weighted max-min target: GPU time, worst window, starvation allowance.
 
+Shares are judged in service units, the unit the core charges; token shares are reported beside them.
+
 The targets themselves come from ``pools.Pool`` (weighted max-min shares among
 the people with work in the pool, ``maxmin.max_min``); this module only reads
 them back per user for the ``users`` rows of ``mr simulate --json``.
@@ -25,12 +27,13 @@ def _worst_windows(pools: list[dict[str, Any]]) -> dict[str, dict[str, Any]]:
         for row in pool["windows"]:
             if not row["counts"]:
                 continue
-            for name, share in row["shares"].items():
+            for name, share in row["unit_shares"].items():
                 off = abs(share - row["targets"][name])
                 if name not in worst or off > worst[name]["deviation"]:
                     worst[name] = {
                         "start": row["start"],
-                        "share": share,
+                        "share": row["shares"][name],
+                        "unit_share": share,
                         "target": row["targets"][name],
                         "deviation": round(off, 6),
                         "allowed": row["allowed"],
@@ -48,7 +51,7 @@ def add_user_figures(out: dict[str, Any], run: Run) -> None:
     that cost little next to the pool's throughput it is 3 x its longest request.
     """
     worst = _worst_windows(out["pools"])
-    rate = sum(p["tokens"] for p in out["pools"]) / run.duration if run.duration else 0.0
+    rate = sum(p["units"] for p in out["pools"]) / run.duration if run.duration else 0.0
     for user, row in zip(run.users, out["users"], strict=True):
         row["worst_window"] = worst.get(user.name)
         wait = 3 * user.longest_request

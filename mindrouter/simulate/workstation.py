@@ -7,17 +7,20 @@ Theory of operation, after Ollama's ``server/sched.go`` (read at fb30760):
 - A head whose model is resident goes to that model's runner. One whose model
   is loading waits for the load to finish (Ollama blocks on the runner's lock).
 - Otherwise, when ``max_loaded`` models are resident or the model's ``vram``
-  does not fit in what is free, an idle model is unloaded (the least recently
-  used; Ollama picks the idle runner with the shortest keep_alive, then by
-  name) and the head tries again; with every resident model busy it waits
-  for one to go idle. When it fits, the load starts
+  does not fit in what is free, a model is unloaded as ``findRunnerToUnload``
+  picks it: runners by keep_alive (here one per backend), then by name, the
+  first idle one, and the head tries again; with every resident model busy,
+  the first is marked to unload once its last request ends, and the head waits
+  for it. (Ollama sorts by model path, a digest; the name stands in.) When it fits, the load starts
   (``size * load_seconds_per_gb`` seconds) and the loop goes on.
 - A runner serves ``parallel`` requests at once (an embedding model one, as
   Ollama loads those with parallel 1); more wait in the runner's own queue.
 - A model idle for ``keep_alive`` seconds is unloaded.
-- Streams sharing the GPU slow each other: each stream's rates divide by
-  ``1 + slowdown * (other streams prefilling or decoding here)``, so every
-  start and end re-times the others (processor sharing).
+- Streams sharing the GPU slow each other (given ``slowdown``): a model's
+  batch of n streams steps ``1 + slowdown * (n - 1)`` times slower than one
+  stream, and the models with streams running time-share the GPU equally, so
+  every start and end re-times the others (processor sharing), as the
+  benchmark's workstations (benchmarks/_workstation.py) do.
 
 A backend without ``vram`` keeps every model it serves resident and never
 loads, as the simulator always did. What the daemon would poll (loaded models,
@@ -84,6 +87,8 @@ class Runner:
     last_used: float = 0.0
     version: int = 0
     """Bumped whenever its keep_alive timer restarts or stops."""
+    evicting: bool = False
+    """Chosen to make room while busy: it unloads when its last request ends (Ollama's keep_alive 0)."""
 
 
 class Workstation:
@@ -185,10 +190,17 @@ class Workstation:
             full = spec.max_loaded is not None and len(self.runners) >= spec.max_loaded
             short = spec.vram is not None and need.vram > spec.vram - self.used_vram() + 1e-9
             if full or short:
-                idle = [r for r in self.runners.values() if not r.refs and not r.loading]
-                if not idle:
-                    return  # every resident model is busy: wait for one to go idle
-                self._unload(min(idle, key=lambda r: r.last_used))
+                # findRunnerToUnload: by keep_alive (one per backend here), then name, the first idle
+                # runner; else the first, marked to unload once its requests end, and waited for.
+                if any(r.evicting for r in self.runners.values()):
+                    return  # Ollama waits for the runner it chose, whatever else goes idle meanwhile
+                ranked = sorted((r for r in self.runners.values() if not r.loading), key=lambda r: r.model.name)
+                victim = next((r for r in ranked if not r.refs), ranked[0] if ranked else None)
+                if victim is None or victim.refs:
+                    if victim is not None:
+                        victim.evicting = True
+                    return
+                self._unload(victim)
                 self.evictions += 1
                 continue
             self.pending.popleft()
@@ -243,7 +255,10 @@ class Workstation:
         runner.last_used = now
         if runner.queue and runner.active < runner.slots:
             self._start(runner, runner.queue.popleft(), now)
-        if not runner.refs and self.spec.keep_alive is not None:
+        if not runner.refs and runner.evicting:
+            self._unload(runner)
+            self.evictions += 1
+        elif not runner.refs and self.spec.keep_alive is not None:
             runner.version += 1
             self.push(now + self.spec.keep_alive, "expire", (self, runner, runner.version))
         self._retime(now)
@@ -274,13 +289,24 @@ class Workstation:
 
     # -- timing -----------------------------------------------------------------
 
-    def _speed(self) -> float:
-        return 1.0 / (1.0 + self.spec.slowdown * (len(self.active) - 1)) if self.spec.slowdown else 1.0
+    def _speeds(self) -> dict[str, float]:
+        """Each running model's share of one stream's rates: its batch, and its turn on the GPU.
+
+        A model's batch of n streams steps ``1 + slowdown (n - 1)`` times slower than one
+        stream, and the models with streams running time-share the GPU equally (each runner
+        is a process of its own, bound by memory bandwidth), as benchmarks/_workstation.py has it.
+        """
+        batch: dict[str, int] = {}
+        for stream in self.active:
+            batch[stream.model] = batch.get(stream.model, 0) + 1
+        turns = len(batch)
+        return {m: 1.0 / ((1.0 + self.spec.slowdown * (n - 1)) * turns) for m, n in batch.items()}
 
     def _retime(self, now: float, new: Stream | None = None) -> None:
         """Start ``new`` and, when streams slow each other, re-time every stream still running here."""
-        speed = self._speed()
+        speeds = self._speeds() if self.spec.slowdown else {}
         if new is not None:
+            speed = speeds.get(new.model, 1.0)
             new.phase = PREFILL
             new.t0 = now
             new.rate = new.rates.prefill * speed
@@ -293,6 +319,7 @@ class Workstation:
         for stream in self.active:
             if stream is new:
                 continue
+            speed = speeds[stream.model]
             base = stream.rates.prefill if stream.phase == PREFILL else stream.rates.decode
             if stream.rate == base * speed:
                 continue
@@ -315,5 +342,5 @@ class Workstation:
         stream.phase = DECODE
         stream.t0 = now
         stream.work0 = 0.0
-        stream.rate = stream.rates.decode * self._speed()
+        stream.rate = stream.rates.decode * (self._speeds()[stream.model] if self.spec.slowdown else 1.0)
         return stream.rate
