@@ -5,8 +5,8 @@ python benchmarks/_servers.py proxy PORT UPSTREAM_URL
 python benchmarks/_servers.py hold PORT
 
 The backend answers at once: what is measured is everything in front of it.
-The holder (bench_memory.py) reads each chat request's body and never answers;
-``GET /held`` says how many it holds.
+The holder (bench_memory.py) reads each chat request's body and answers only after
+``POST /release``, then as the backend does; ``GET /held`` says how many it holds.
 """
 
 from __future__ import annotations
@@ -42,17 +42,21 @@ CHUNKS = [CHUNK % i for i in range(20)] + [USAGE, b"data: [DONE]\n\n"]
 """A 20-chunk stream, then the usage chunk an engine sends for ``stream_options.include_usage``."""
 
 
+async def answer(request: web.Request, body: dict[str, object]) -> web.StreamResponse:
+    """The answer to a chat request, whole or streamed as the body asks."""
+    if not body.get("stream"):
+        return web.Response(body=ANSWER, content_type="application/json")
+    resp = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
+    await resp.prepare(request)
+    for chunk in CHUNKS:
+        await resp.write(chunk)
+    await resp.write_eof()
+    return resp
+
+
 def backend(port: int) -> None:
     async def chat(request: web.Request) -> web.StreamResponse:
-        body = await request.json()
-        if not body.get("stream"):
-            return web.Response(body=ANSWER, content_type="application/json")
-        resp = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
-        await resp.prepare(request)
-        for chunk in CHUNKS:
-            await resp.write(chunk)
-        await resp.write_eof()
-        return resp
+        return await answer(request, await request.json())
 
     async def models(_request: web.Request) -> web.Response:
         return web.json_response(
@@ -96,17 +100,21 @@ def proxy(port: int, upstream: str) -> None:
 def hold(port: int) -> None:
     """The least a plain aiohttp app keeps for a request it is serving: the body read, then a wait."""
     held = 0
-    forever = asyncio.Event()
+    released = asyncio.Event()
 
     async def chat(request: web.Request) -> web.StreamResponse:
         nonlocal held
-        await request.json()
+        body = await request.json()
         held += 1
         try:
-            await forever.wait()
+            await released.wait()
         finally:
             held -= 1
-        return web.Response()
+        return await answer(request, body)
+
+    async def release(_request: web.Request) -> web.Response:
+        released.set()
+        return web.json_response({"held": held})
 
     async def count(_request: web.Request) -> web.Response:
         return web.json_response({"held": held})
@@ -118,6 +126,7 @@ def hold(port: int) -> None:
     app.router.add_post("/v1/chat/completions", chat)
     app.router.add_get("/v1/models", models)
     app.router.add_get("/held", count)
+    app.router.add_post("/release", release)
     web.run_app(app, host="127.0.0.1", port=port, access_log=None, print=None, backlog=4096)
 
 

@@ -11,6 +11,9 @@ on loopback:
 1. The holder (`_servers.py hold`) alone: RSS before and while holding N requests.
 2. `mr serve` in front of another holder (256 slots): RSS before and while N
    requests are in it, N - 256 of them queued.
+
+Then the holder answers them all, and the run prints how each of the N requests
+ended: an answer, 429, 503, 504, a stream that ended in an error, or cut.
 """
 
 from __future__ import annotations
@@ -22,6 +25,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections import Counter
 from collections.abc import Awaitable, Callable
 from pathlib import Path
 
@@ -44,13 +48,25 @@ def start_holder() -> tuple[subprocess.Popen[bytes], str]:
 
 async def fill(
     url: str, headers: dict[str, str], n: int, arrived: Callable[[], Awaitable[bool]]
-) -> tuple[list[asyncio.Task[None]], aiohttp.ClientSession]:
-    """Send ``n`` requests that will not be answered; returns once ``arrived()`` says they are all in."""
+) -> tuple[list[asyncio.Task[str]], aiohttp.ClientSession]:
+    """Send ``n`` requests the holder holds; returns once ``arrived()`` says they are all in."""
     session = aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0), timeout=aiohttp.ClientTimeout(total=None))
 
-    async def one(i: int) -> None:
-        async with session.post(url, json={**BODY, "stream": i % 2 == 1}, headers=headers) as r:
-            await r.read()
+    async def one(i: int) -> str:
+        """How this request ended: "answer", its status, "stream error" (an error tail) or "cut"."""
+        try:
+            async with session.post(url, json={**BODY, "stream": i % 2 == 1}, headers=headers) as r:
+                text = await r.text()
+        except aiohttp.ClientError:
+            return "cut"
+        if r.status != 200:
+            return str(r.status)
+        if i % 2 == 0:
+            return "answer"
+        events = [e for e in text.split("\n\n") if e.startswith("data: ")]
+        if events[-1:] != ["data: [DONE]"]:
+            return "cut"
+        return "stream error" if len(events) >= 2 and '"error"' in events[-2] else "answer"
 
     tasks = [asyncio.create_task(one(i)) for i in range(n)]
     deadline = time.monotonic() + 300
@@ -62,14 +78,17 @@ async def fill(
     return tasks, session
 
 
-async def release(tasks: list[asyncio.Task[None]], session: aiohttp.ClientSession) -> None:
-    for task in tasks:
-        task.cancel()
-    await asyncio.gather(*tasks, return_exceptions=True)
-    await session.close()
+async def release(holder_url: str, tasks: list[asyncio.Task[str]], session: aiohttp.ClientSession) -> Counter[str]:
+    """Let the holder answer; how each request ended."""
+    async with session.post(holder_url + "/release") as r:
+        assert r.status == 200
+    try:
+        return Counter(await asyncio.wait_for(asyncio.gather(*tasks), 600))
+    finally:
+        await session.close()
 
 
-async def measure_holder(n: int) -> tuple[float, float]:
+async def measure_holder(n: int) -> tuple[float, float, Counter[str]]:
     proc, url = start_holder()
     try:
         await wait_http(url + "/held")
@@ -82,14 +101,14 @@ async def measure_holder(n: int) -> tuple[float, float]:
 
             tasks, session = await fill(url + "/v1/chat/completions", {}, n, arrived)
             held = rss_mb(proc.pid)
-            await release(tasks, session)
-        return idle, held
+            ended = await release(url, tasks, session)
+        return idle, held, ended
     finally:
         proc.kill()
         proc.wait()
 
 
-async def measure_daemon(n: int, loop: str) -> tuple[float, float]:
+async def measure_daemon(n: int, loop: str) -> tuple[float, float, Counter[str]]:
     holder, backend_url = start_holder()
     tmp = Path(tempfile.mkdtemp(prefix="mr-bench-memory-"))
     daemon = None
@@ -107,11 +126,11 @@ async def measure_daemon(n: int, loop: str) -> tuple[float, float]:
 
             tasks, session = await fill(url, headers, n, arrived)
             held = rss_mb(daemon.pid)
-            await release(tasks, session)
-        return idle, held
+            ended = await release(backend_url, tasks, session)
+        return idle, held, ended
     finally:
         if daemon is not None:
-            daemon.kill()  # SIGTERM would wait out the grace for the requests the holder never answers
+            daemon.kill()  # its state is temporary
             daemon.wait()
         holder.kill()
         holder.wait()
@@ -125,11 +144,12 @@ async def main(n: int, loop: str) -> None:
     bare = await measure_holder(n)
     mr = await measure_daemon(n, loop)
     print(f"{n:,} requests held, half of them streams; mr serve's event loop: {loop}")
-    for name, (idle, held) in (("plain aiohttp app", bare), ("mr serve", mr)):
+    for name, (idle, held, ended) in (("plain aiohttp app", bare), ("mr serve", mr)):
         print(
             f"  {name:18} RSS {idle:6.1f} MB idle, {held:6.1f} MB holding: "
             f"{(held - idle) * 1024 / n:5.1f} KB per request"
         )
+        print(f"  {'':18} how they ended: " + ", ".join(f"{how} {count:,}" for how, count in sorted(ended.items())))
     per_bare, per_mr = (bare[1] - bare[0]) / n, (mr[1] - mr[0]) / n
     print(
         f"mr serve holding them: {mr[1] / bare[1]:.2f}x the plain app's memory [target <= 1.5x]; "

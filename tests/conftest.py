@@ -15,8 +15,8 @@ from aiohttp import web
 from aiohttp.test_utils import TestClient, TestServer
 
 from mindrouter.config import BackendSettings, Config, ServerSettings
-from mindrouter.daemon.app import create_app, make_runner
-from mindrouter.daemon.keys import REGISTRY, SCHEDULER
+from mindrouter.daemon.edge.app import create_app, make_runner
+from mindrouter.daemon.process.appkeys import REGISTRY, SCHEDULER
 from mindrouter.scheduler import SchedulerSettings
 
 from .fake_nvml import FakeNvml

@@ -2,7 +2,8 @@
 
 ``create_app(config, adapters=InProcess(...))`` gives every backend row this
 adapter. It answers OpenAI chat completions as a whole body, in the shape vLLM
-sends; ``held=True`` holds every answer until ``open_gate``. Tests that are
+sends; ``held=True`` holds every answer until ``open_gate``, or one at a time
+with ``let_one``. Tests that are
 about the daemon's queue, fairness or weights, not the wire, use it instead of
 a fake server on a port.
 """
@@ -27,22 +28,34 @@ class InProcess:
         self.completion_tokens = completion_tokens
         self.requests = 0
         self.in_flight = 0
-        self._open = asyncio.Event()
-        if not held:
-            self._open.set()
+        self._open = not held
+        self._held: list[asyncio.Future[None]] = []
         self._ids = itertools.count(1)
 
     def __call__(self, row: Any) -> Adapter:
         return _Adapter(self, row.url)
 
     def open_gate(self) -> None:
-        self._open.set()
+        self._open = True
+        while self._held:
+            self.let_one()
+
+    def let_one(self) -> None:
+        """Let the longest-held answer go (a backend that finishes one request)."""
+        while self._held:
+            held = self._held.pop(0)
+            if not held.done():
+                held.set_result(None)
+                return
 
     async def answer(self, call: Call, model: str) -> Upstream:
         self.requests += 1
         self.in_flight += 1
         try:
-            await self._open.wait()
+            if not self._open:
+                held = asyncio.get_running_loop().create_future()
+                self._held.append(held)
+                await held
             prompt, completion = call.prompt_tokens, self.completion_tokens
             message = {"role": "assistant", "content": " ".join(["word"] * completion)}
             body = {

@@ -26,7 +26,7 @@ from aiohttp import web
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from mindrouter.daemon.app import create_app, make_runner
+from mindrouter.daemon.edge.app import create_app, make_runner
 
 from .conftest import ADMIN_KEY, daemon_config
 from .fake_nvml import FakeNvml

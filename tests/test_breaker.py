@@ -16,10 +16,11 @@ import pytest
 
 from mindrouter.backends import Fault
 from mindrouter.config import BackendSettings
-from mindrouter.daemon.breaker import Breaker
+from mindrouter.daemon.pollers.breaker import Breaker
 
+from .conftest import until
 from .fakes import FakeOllama, FakeOpenAI
-from .test_request_path import auth, make_daemon, settle
+from .test_request_path import auth, make_daemon
 
 SETTINGS = BackendSettings(circuit_failures=3, circuit_window=60, circuit_cooldown=30, poll_interval=10)
 
@@ -169,16 +170,16 @@ async def test_a_backend_that_recovers_is_back_within_about_a_second(tmp_path, a
     async with FakeOllama(models=["llama3"]) as ollama:
         await d.backend("b1", ollama.url, "ollama")
         entry = d.registry.by_name("b1")
-        await settle(lambda: d.registry.healthy(entry))
+        await until(lambda: d.registry.healthy(entry))
         await ollama.go_down()
         key = await d.user("alice")
         body = {"model": "llama3", "messages": [{"role": "user", "content": "hi"}], "stream": False}
         assert (await d.client.post("/api/chat", json=body, headers=auth(key))).status == 503
-        await settle(lambda: not d.registry.healthy(entry), timeout=1.5)  # the failed request woke a probe
+        await until(lambda: not d.registry.healthy(entry), timeout=1.5)  # the failed request woke a probe
         await asyncio.sleep(2.0)  # down a while: the re-probes back off (0.5, 1, 2 s...)
         await ollama.come_up()
         started = time.monotonic()
-        await settle(lambda: d.registry.healthy(entry), timeout=5)
+        await until(lambda: d.registry.healthy(entry), timeout=5)
         back = time.monotonic() - started
         assert back < 2.5, back  # not the 10 s poll_interval
 

@@ -13,7 +13,7 @@ import aiohttp
 import pytest
 from aiohttp import web
 
-from mindrouter.daemon.app import create_app
+from mindrouter.daemon.edge.app import create_app
 
 from .conftest import daemon_config
 from .fake_nvml import FakeNvml

@@ -28,7 +28,7 @@ from aiohttp import web
 from langchain_core.messages import HumanMessage
 from langchain_openai import ChatOpenAI, OpenAIEmbeddings
 
-from mindrouter.daemon.app import create_app
+from mindrouter.daemon.edge.app import create_app
 
 from .conftest import ADMIN_KEY, daemon_config
 from .fake_nvml import FakeNvml

@@ -8,8 +8,8 @@ import time
 
 import pytest
 
-from mindrouter.daemon.app import create_app
-from mindrouter.daemon.keys import QUOTAS, STATS
+from mindrouter.daemon.edge.app import create_app
+from mindrouter.daemon.process.appkeys import QUOTAS, STATS
 from mindrouter.localtime import next_day
 
 from .conftest import Daemon, ServeServer, daemon_config

@@ -2,12 +2,11 @@
 
 from __future__ import annotations
 
-import asyncio
-
 import ollama
 import openai
 import pytest
 
+from .conftest import until
 from .fakes import FakeOllama, FakeOpenAI
 
 pytestmark = pytest.mark.asyncio
@@ -127,10 +126,7 @@ async def test_503_when_every_backend_is_down(daemon):
     await daemon.backend("b1", fake.url, "ollama")
     key = await daemon.user("erin")
     await fake.go_down()
-    for _ in range(50):
-        if not daemon.registry.healthy(next(iter(daemon.registry.entries.values()))):
-            break
-        await asyncio.sleep(0.1)
+    await until(lambda: not daemon.registry.healthy(next(iter(daemon.registry.entries.values()))), "still healthy")
     r = await daemon.client.post(
         "/v1/chat/completions",
         json={"model": "llama3", "messages": [{"role": "user", "content": "x"}]},

@@ -9,8 +9,8 @@ from typing import Any
 
 import openai
 
-from mindrouter.daemon.app import create_app
-from mindrouter.daemon.keys import STORE
+from mindrouter.daemon.edge.app import create_app
+from mindrouter.daemon.process.appkeys import STORE
 
 from .conftest import ServeServer, daemon_config
 from .fake_nvml import FakeNvml

@@ -8,9 +8,9 @@ import json
 import aiohttp
 import openai
 
-from mindrouter.daemon.app import create_app
+from mindrouter.daemon.edge.app import create_app
 
-from .conftest import SEED_RECORD_KEYS, Daemon, ServeServer, daemon_config
+from .conftest import SEED_RECORD_KEYS, Daemon, ServeServer, daemon_config, until
 from .fakes import FakeOllama, FakeOpenAI
 
 CHAT = "/v1/chat/completions"
@@ -24,14 +24,6 @@ def body(model: str = "llama3", stream: bool = False, max_tokens: int = 8, **kw)
         "max_tokens": max_tokens,
         **kw,
     }
-
-
-async def settle(predicate, timeout: float = 5.0) -> None:
-    for _ in range(int(timeout / 0.02)):
-        if predicate():
-            return
-        await asyncio.sleep(0.02)
-    assert predicate()
 
 
 async def test_50_streaming_clients_that_leave_after_the_first_chunk_leak_nothing(daemon):
@@ -49,7 +41,7 @@ async def test_50_streaming_clients_that_leave_after_the_first_chunk_leak_nothin
 
         async with aiohttp.ClientSession() as session:
             await asyncio.gather(*(leave_after_first_chunk(session) for _ in range(50)))
-        await settle(
+        await until(
             lambda: daemon.scheduler.running_count == 0 and daemon.scheduler.queued_count == 0 and fake.in_flight == 0
         )
         assert fake.cancelled >= 40  # upstream connections were closed, not left generating
@@ -68,13 +60,13 @@ async def test_queued_client_that_leaves_leaves_the_queue(daemon):
         key = await daemon.user("q")
         headers = {"Authorization": f"Bearer {key}"}
         running = asyncio.create_task(daemon.client.post(CHAT, json=body(max_tokens=100), headers=headers))
-        await settle(lambda: daemon.scheduler.running_count == 1)
+        await until(lambda: daemon.scheduler.running_count == 1)
         waiting = asyncio.create_task(daemon.client.post(CHAT, json=body(max_tokens=5), headers=headers))
-        await settle(lambda: daemon.scheduler.queued_count == 1)
+        await until(lambda: daemon.scheduler.queued_count == 1)
         waiting.cancel()
-        await settle(lambda: daemon.scheduler.queued_count == 0)
+        await until(lambda: daemon.scheduler.queued_count == 0)
         running.cancel()
-        await settle(lambda: daemon.scheduler.running_count == 0 and fake.in_flight == 0)
+        await until(lambda: daemon.scheduler.running_count == 0 and fake.in_flight == 0)
         daemon.scheduler.check()
 
 
@@ -127,9 +119,9 @@ async def test_user_queue_full_is_429_and_waiting_too_long_is_504(tmp_path, aioh
         key = await d.user("full")
         headers = {"Authorization": f"Bearer {key}"}
         first = asyncio.create_task(d.client.post(CHAT, json=body(max_tokens=30), headers=headers))
-        await settle(lambda: d.scheduler.running_count == 1)
+        await until(lambda: d.scheduler.running_count == 1)
         second = asyncio.create_task(d.client.post(CHAT, json=body(), headers=headers))
-        await settle(lambda: d.scheduler.queued_count == 1)
+        await until(lambda: d.scheduler.queued_count == 1)
         third = await d.client.post(CHAT, json=body(), headers=headers)
         assert third.status == 429 and (await third.json())["error"]["type"] == "rate_limit_error"
         assert int(third.headers["Retry-After"]) >= 1  # when to come back, as for a quota
@@ -144,7 +136,7 @@ async def test_a_waiting_stream_is_told_its_queue_position(daemon):
         key = await daemon.user("p")
         headers = {"Authorization": f"Bearer {key}"}
         busy = asyncio.create_task(daemon.client.post(CHAT, json=body(max_tokens=20), headers=headers))
-        await settle(lambda: daemon.scheduler.running_count == 1)
+        await until(lambda: daemon.scheduler.running_count == 1)
         resp = await daemon.client.post(CHAT, json=body(stream=True, max_tokens=2), headers=headers)
         assert resp.headers["X-Queue-Position"] == "1"
         text = (await resp.read()).decode()
@@ -229,7 +221,7 @@ async def test_a_retry_waits_for_the_healthy_backend_instead_of_the_dead_one(dae
         busy = asyncio.create_task(
             client.chat.completions.create(model="m", messages=[{"role": "user", "content": "x"}], max_tokens=10)
         )
-        await settle(lambda: good.in_flight == 1)
+        await until(lambda: good.in_flight == 1)
         await dead.go_down()  # refused from now on; its next probe is up to poll_interval away
         reply = await client.chat.completions.create(
             model="m", messages=[{"role": "user", "content": "y"}], max_tokens=2

@@ -17,8 +17,8 @@ from typing import Any
 import openai
 import pytest
 
-from mindrouter.daemon.app import create_app
-from mindrouter.daemon.keys import STORE
+from mindrouter.daemon.edge.app import create_app
+from mindrouter.daemon.process.appkeys import STORE
 from mindrouter.names import hash_key, person_name
 from mindrouter.store import Store
 from mindrouter.store.schema import _MIGRATIONS

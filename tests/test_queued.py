@@ -18,7 +18,7 @@ import aiohttp
 import openai
 import pytest
 
-from mindrouter.daemon.keys import DECISIONS, SCHEDULER, STATS
+from mindrouter.daemon.process.appkeys import DECISIONS, SCHEDULER, STATS
 
 from .conftest import ServedDaemon, serve_daemon, until
 from .fakes import FakeOllama, FakeOpenAI

@@ -12,8 +12,8 @@ import time
 import openai
 import pytest
 
-from mindrouter.daemon.app import create_app
-from mindrouter.daemon.keys import QUOTAS
+from mindrouter.daemon.edge.app import create_app
+from mindrouter.daemon.process.appkeys import QUOTAS
 
 from .conftest import Daemon, ServeServer, daemon_config
 from .fakes import FakeOllama

@@ -34,7 +34,7 @@ import ollama
 import openai
 import pytest
 
-from mindrouter.daemon.app import create_app
+from mindrouter.daemon.edge.app import create_app
 
 from .conftest import Daemon, ServeServer, daemon_config
 from .real_server import EXACT, LlamaServer, binary, free_port

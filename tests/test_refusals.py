@@ -15,8 +15,9 @@ from typing import Any
 
 import pytest
 
+from .conftest import until
 from .fakes import FakeOllama
-from .test_request_path import auth, make_daemon, settle
+from .test_request_path import auth, make_daemon
 
 PATHS = {"openai": "/v1/chat/completions", "ollama": "/api/chat"}
 
@@ -68,9 +69,9 @@ async def test_every_refusal_is_json_in_its_dialect_with_an_id_and_no_banner(tmp
         }
         # The only slot busy: bob's second request waits, his third is one too many, the waiting one times out.
         busy = asyncio.create_task(d.client.post(path, json=chat(), headers=auth(other)))
-        await settle(lambda: d.scheduler.running_count == 1)
+        await until(lambda: d.scheduler.running_count == 1)
         waiting = asyncio.create_task(d.client.post(path, json=chat(), headers=auth(other)))
-        await settle(lambda: d.scheduler.queued_count == 1)
+        await until(lambda: d.scheduler.queued_count == 1)
         cases["a full queue"] = (await d.client.post(path, json=chat(), headers=auth(other)), 429)
         cases["a queue timeout"] = (await waiting, 504)
         await busy

@@ -16,10 +16,10 @@ import aiohttp
 import ollama
 import pytest
 
-from mindrouter.daemon.app import create_app
-from mindrouter.daemon.keys import STORE
+from mindrouter.daemon.edge.app import create_app
+from mindrouter.daemon.process.appkeys import STORE
 
-from .conftest import Daemon, ServeServer, daemon_config
+from .conftest import Daemon, ServeServer, daemon_config, until
 from .fakes import FakeOllama, FakeOpenAI
 
 CHAT = "/v1/chat/completions"
@@ -33,14 +33,6 @@ def body(model: str = "llama3", stream: bool = False, max_tokens: int = 8, **kw:
         "max_tokens": max_tokens,
         **kw,
     }
-
-
-async def settle(predicate: Any, timeout: float = 5.0) -> None:
-    for _ in range(int(timeout / 0.02)):
-        if predicate():
-            return
-        await asyncio.sleep(0.02)
-    assert predicate()
 
 
 async def make_daemon(
@@ -68,7 +60,7 @@ async def test_a_queued_stream_that_times_out_gets_the_dialects_error_tail_and_a
         await d.backend("b1", fake.url, "ollama", max_concurrent=1)
         key = await d.user("q")
         busy = asyncio.create_task(d.client.post(CHAT, json=body(max_tokens=30), headers=auth(key)))
-        await settle(lambda: d.scheduler.running_count == 1)
+        await until(lambda: d.scheduler.running_count == 1)
         path = CHAT if dialect == "openai" else "/api/chat"
         resp = await d.client.post(path, json=body(stream=True), headers=auth(key))
         assert resp.headers["X-Request-Id"].startswith("mr-")
@@ -91,7 +83,7 @@ async def test_the_ollama_client_sees_a_queue_timeout_as_an_error(tmp_path, aioh
         await d.backend("b1", fake.url, "ollama", max_concurrent=1)
         key = await d.user("q")
         busy = asyncio.create_task(d.client.post(CHAT, json=body(max_tokens=30), headers=auth(key)))
-        await settle(lambda: d.scheduler.running_count == 1)
+        await until(lambda: d.scheduler.running_count == 1)
         client = ollama.AsyncClient(host=str(d.client.make_url("/")).rstrip("/"), headers=auth(key))
         with pytest.raises(ollama.ResponseError) as raised:
             async for _ in await client.chat(model="llama3", messages=[{"role": "user", "content": "hi"}], stream=True):
@@ -106,7 +98,7 @@ async def test_a_queued_stream_whose_only_backend_fails_gets_an_error_tail(tmp_p
         await d.backend("b1", fake.url, "vllm", max_concurrent=1)
         key = await d.user("q")
         busy = asyncio.create_task(d.client.post(CHAT, json=body(max_tokens=10), headers=auth(key)))
-        await settle(lambda: d.scheduler.running_count == 1)
+        await until(lambda: d.scheduler.running_count == 1)
         fake.fail_next(1, 500)
         resp = await d.client.post(CHAT, json=body(stream=True), headers=auth(key))
         raw = (await asyncio.wait_for(resp.read(), 5)).decode()
@@ -129,7 +121,7 @@ async def test_a_hung_backend_is_timed_out_once_and_never_retried_on_itself(tmp_
         assert resp.status == 503 and (await resp.json())["error"]["code"] == "backend_failed"
         assert resp.headers["X-Request-Id"].startswith("mr-")
         assert hung.requests == 1 and 0.5 <= took < 3  # one first-byte timeout, not three
-        await settle(lambda: hung.in_flight == 0)  # the hung generation was abandoned
+        await until(lambda: hung.in_flight == 0)  # the hung generation was abandoned
         assert d.scheduler.running_count == 0
 
 
@@ -156,7 +148,7 @@ async def test_a_stream_that_goes_silent_is_ended_after_the_chunk_timeout(tmp_pa
         lines = (await asyncio.wait_for(resp.read(), 5)).decode().splitlines()
         assert time.monotonic() - started < 2.5  # 0.3 s of silence, not 5 s of trickle
         assert "error" in json.loads(lines[-1]) and len(lines) == 2  # one token, then the error line
-        await settle(lambda: slow.in_flight == 0 and d.scheduler.running_count == 0)
+        await until(lambda: slow.in_flight == 0 and d.scheduler.running_count == 0)
 
 
 # ---- health: one failed probe is not enough, a flapping backend is held out --------------
@@ -167,7 +159,7 @@ async def test_one_failed_probe_does_not_take_a_backend_out_but_repeated_ones_do
     async with FakeOpenAI(flavor="vllm", models=["llama3"]) as fake:
         await d.backend("b1", fake.url, "vllm")
         entry = d.registry.by_name("b1")
-        await settle(lambda: d.registry.healthy(entry))
+        await until(lambda: d.registry.healthy(entry))
         fake.health_status = 503
         await d.registry.probe(entry)
         assert d.registry.healthy(entry) and d.scheduler.backend(entry.row.id).healthy
@@ -187,7 +179,7 @@ async def test_a_flapping_backend_is_held_out_by_the_breaker_and_readmitted_by_a
     async with FakeOpenAI(flavor="vllm", models=["llama3"]) as fake:
         await d.backend("b1", fake.url, "vllm")
         entry = d.registry.by_name("b1")
-        await settle(lambda: d.registry.healthy(entry))
+        await until(lambda: d.registry.healthy(entry))
         for _ in range(3):  # down, up, down, up...: never two failures in a row
             fake.health_status = 503
             await d.registry.probe(entry)
@@ -196,9 +188,12 @@ async def test_a_flapping_backend_is_held_out_by_the_breaker_and_readmitted_by_a
         assert entry.circuit_open and not d.registry.healthy(entry)
         await d.registry.probe(entry)  # still cooling down: a good probe does not readmit it yet
         assert not d.registry.healthy(entry)
-        await asyncio.sleep(0.35)
-        await d.registry.probe(entry)
-        assert d.registry.healthy(entry)
+
+        async def readmitted() -> bool:
+            await d.registry.probe(entry)
+            return d.registry.healthy(entry)
+
+        await until(readmitted, "a good probe after the cooldown readmits it")
 
 
 # ---- client errors are the client's, backend errors the backend's -------------------------
@@ -268,9 +263,9 @@ async def test_every_answer_has_a_request_id_and_every_request_a_decision_with_i
             ids["client_gone"] = resp.headers["X-Request-Id"]
             await resp.content.readline()
             resp.close()
-        await settle(lambda: daemon.scheduler.running_count == 0)
+        await until(lambda: daemon.scheduler.running_count == 0)
         await daemon.admin("POST", "/admin/backends/b1/drain")
-        await settle(lambda: daemon.registry.by_name("b1").row.state == "disabled")
+        await until(lambda: daemon.registry.by_name("b1").row.state == "disabled")
         off = await daemon.client.post(CHAT, json=body(), headers=auth(key))
         assert off.status == 503 and off.headers["X-Request-Id"]
         for outcome, rid in ids.items():
@@ -296,10 +291,10 @@ async def test_every_disconnect_is_counted_once(daemon):
 
         async with aiohttp.ClientSession() as session:
             streaming = [asyncio.create_task(leave(session, 6)) for _ in range(5)]  # leave mid-stream
-            await settle(lambda: daemon.scheduler.running_count == 5)
+            await until(lambda: daemon.scheduler.running_count == 5)
             queued = [asyncio.create_task(leave(session, 1)) for _ in range(15)]  # leave at ": queued position"
             await asyncio.gather(*streaming, *queued)
-        await settle(lambda: daemon.scheduler.running_count == daemon.scheduler.queued_count == fake.in_flight == 0)
+        await until(lambda: daemon.scheduler.running_count == daemon.scheduler.queued_count == fake.in_flight == 0)
         text = await (await daemon.client.get("/metrics")).text()
         assert "mindrouter_cancelled_total 20.0" in text
 
@@ -315,6 +310,6 @@ async def test_a_client_that_closes_just_before_the_end_still_leaves_a_usage_row
                 ) as resp:
                     for _ in range(5):  # every token, then leave before the final line
                         await resp.content.readline()
-        await settle(lambda: daemon.scheduler.running_count == 0)
+        await until(lambda: daemon.scheduler.running_count == 0)
         rows = daemon.app[STORE].recent_usage(0)
         assert len(rows) == 20 and all(row.tokens >= 5 for row in rows)

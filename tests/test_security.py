@@ -13,8 +13,8 @@ import pytest
 from typer.testing import CliRunner
 
 from mindrouter.cli import app as mr_app
-from mindrouter.daemon.app import create_app
-from mindrouter.daemon.logsafe import OneLineFormatter
+from mindrouter.daemon.edge.app import create_app
+from mindrouter.daemon.process.logsafe import OneLineFormatter
 from mindrouter.errors import UsageError
 
 from .conftest import ADMIN_KEY, Daemon, ServeServer, daemon_config
@@ -154,7 +154,7 @@ async def test_a_client_chosen_name_cannot_forge_a_log_line(daemon):
 
 async def test_discovery_never_adds_a_server_already_configured(tmp_path):
     """The first start adds what answers on this machine, each server once, and nothing already there."""
-    from mindrouter.daemon.discover import discover_local_backends
+    from mindrouter.daemon.pollers.discover import discover_local_backends
     from mindrouter.store import Store
 
     async with FakeOllama(models=["llama3"]) as fake, aiohttp.ClientSession() as session:

@@ -10,6 +10,7 @@ from pathlib import Path
 
 import aiohttp
 
+from .conftest import until
 from .fakes import FakeOpenAI
 from .test_serve import free_port, pool_of_one, start_serve
 
@@ -63,7 +64,12 @@ async def test_sigterm_ends_every_queued_and_running_stream_in_its_dialect(tmp_p
             cases = [(p, reuse) for p in ("/api/chat", "/v1/chat/completions") for reuse in (False, True)]
             queued = [asyncio.create_task(ask(p, reuse)) for p, reuse in cases]
             plain = [asyncio.create_task(ask(p, True, stream=False)) for p in ("/api/chat", "/v1/chat/completions")]
-            await asyncio.sleep(0.7)  # all six wait for the one slot
+
+            async def all_six_wait() -> bool:
+                async with aiohttp.ClientSession() as session, session.get(f"{base}/metrics") as metrics:
+                    return "mindrouter_queue_depth 6.0" in await metrics.text()
+
+            await until(all_six_wait, "six requests should wait for the one slot")
             began = time.monotonic()
             proc.send_signal(signal.SIGTERM)
             answers = await asyncio.wait_for(asyncio.gather(*queued), 10)

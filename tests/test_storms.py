@@ -19,9 +19,9 @@ from typing import Any
 import aiohttp
 import pytest
 
-from mindrouter.daemon.app import create_app
-from mindrouter.daemon.keys import DISPATCHER, STATS
-from mindrouter.daemon.lease import Outcome, Settlement
+from mindrouter.daemon.edge.app import create_app
+from mindrouter.daemon.process.appkeys import DISPATCHER, STATS
+from mindrouter.daemon.request.lease import Outcome, Settlement
 
 from .conftest import Daemon, ServeServer, daemon_config
 from .fakes import FakeOllama, FakeOpenAI

@@ -18,11 +18,11 @@ from typing import Any
 import pytest
 
 from mindrouter.config import BackendSettings
-from mindrouter.daemon.keys import STATS, STORE
+from mindrouter.daemon.process.appkeys import STATS, STORE
 
-from .conftest import Daemon
+from .conftest import Daemon, until
 from .fakes import FakeOllama
-from .test_request_path import auth, make_daemon, settle
+from .test_request_path import auth, make_daemon
 
 PATHS = {"openai": "/v1/chat/completions", "ollama": "/api/chat"}
 
@@ -66,7 +66,7 @@ async def test_a_backend_that_hangs_before_the_first_byte_is_cut_after_first_byt
     d = await make_daemon(tmp_path, aiohttp_client, nvml, poll_interval=60, first_byte_timeout=0.4, load_timeout=30)
     async with FakeOllama(models=["llama3"], first_byte_delay=3600) as hung:
         await d.backend("b1", hung.url, "ollama")
-        await settle(lambda: d.registry.healthy(d.registry.by_name("b1")))
+        await until(lambda: d.registry.healthy(d.registry.by_name("b1")))
         key = await d.user("h")
         started = time.monotonic()
         resp = await d.client.post(PATHS[dialect], json=chat(), headers=auth(key))
@@ -76,7 +76,7 @@ async def test_a_backend_that_hangs_before_the_first_byte_is_cut_after_first_byt
         assert resp.status == 503 and "sent nothing for 0.4 s" in message, (resp.status, body)
         assert 0.4 <= took < 3, took  # the model was resident: no load allowance
         assert resp.headers["X-Request-Id"].startswith("mr-") and resp.headers.get("Server") == "mindrouter"
-        await settle(lambda: hung.in_flight == 0 and d.scheduler.running_count == 0)
+        await until(lambda: hung.in_flight == 0 and d.scheduler.running_count == 0)
         assert await usage_rows(d) == []  # nothing delivered, nothing charged
 
 
@@ -84,7 +84,7 @@ async def test_a_model_that_must_load_first_gets_the_load_allowance(tmp_path, ai
     d = await make_daemon(tmp_path, aiohttp_client, nvml, poll_interval=60, first_byte_timeout=0.4, load_timeout=3)
     async with FakeOllama(models=["llama3", "other"], loaded=["other"], load_seconds=1.0) as cold:
         await d.backend("b1", cold.url, "ollama")
-        await settle(lambda: d.registry.healthy(d.registry.by_name("b1")))
+        await until(lambda: d.registry.healthy(d.registry.by_name("b1")))
         key = await d.user("c")
         resp = await d.client.post("/api/chat", json=chat(), headers=auth(key))
         items = events(await resp.read(), "ollama")
@@ -111,7 +111,7 @@ async def test_a_stream_that_hangs_between_chunks_ends_in_its_dialect_charged_wh
         else:
             tokens = [e for e in items[:-1] if e["message"]["content"]]
         assert len(tokens) == 3
-        await settle(lambda: fake.in_flight == 0 and d.scheduler.running_count == 0)
+        await until(lambda: fake.in_flight == 0 and d.scheduler.running_count == 0)
         assert await usage_rows(d) == [(2, 3)]  # "hi there" and the 3 tokens the client got
 
 
@@ -138,9 +138,9 @@ async def test_a_stream_told_to_wait_ends_in_its_dialect_when_its_backend_then_h
     d = await make_daemon(tmp_path, aiohttp_client, nvml, poll_interval=60, first_byte_timeout=0.4, load_timeout=30)
     async with FakeOllama(models=["llama3"], first_byte_delay=3600) as hung:
         await d.backend("b1", hung.url, "ollama", max_concurrent=1)
-        await settle(lambda: d.registry.healthy(d.registry.by_name("b1")))
+        await until(lambda: d.registry.healthy(d.registry.by_name("b1")))
         first = asyncio.create_task(d.client.post(PATHS[dialect], json=chat(), headers=auth(await d.user("a"))))
-        await settle(lambda: d.scheduler.running_count == 1)
+        await until(lambda: d.scheduler.running_count == 1)
         resp = await d.client.post(PATHS[dialect], json=chat(), headers=auth(await d.user("b")))
         raw = await asyncio.wait_for(resp.read(), 5)
         if dialect == "openai":  # queued: its headers went out at once, and the error ends the stream
@@ -149,5 +149,5 @@ async def test_a_stream_told_to_wait_ends_in_its_dialect_when_its_backend_then_h
         else:  # an Ollama stream's headers wait for its slot: the hang is the answer's status
             assert resp.status == 503 and "sent nothing for 0.4 s" in json.loads(raw)["error"]
         assert (await first).status == 503
-        await settle(lambda: hung.in_flight == 0 and d.scheduler.running_count == 0)
+        await until(lambda: hung.in_flight == 0 and d.scheduler.running_count == 0)
         assert await usage_rows(d) == []

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from types import SimpleNamespace
 
-from mindrouter.daemon.views import Counters, share_view, status_view, top_view
+from mindrouter.daemon.admin.views import Counters, share_view, status_view, top_view
 from mindrouter.scheduler import Scheduler
 
 

@@ -13,7 +13,7 @@ from typing import Any
 from aiohttp import web
 from aiohttp.test_utils import make_mocked_request
 
-from mindrouter.daemon.keys import STORE
+from mindrouter.daemon.process.appkeys import STORE
 from mindrouter.daemon.ui.sessions import COOKIE, Sessions
 
 from .conftest import ADMIN_KEY, Daemon

@@ -105,7 +105,7 @@ class Usage:
 
 
 class Fault(str, Enum):
-    """Whose fault a failed answer was, for the circuit breaker (``daemon/breaker.py``)."""
+    """Whose fault a failed answer was, for the circuit breaker (``daemon/pollers/breaker.py``)."""
 
     DOWN = "down"
     """No connection: refused or reset, a stream cut off. Always the backend's."""

@@ -49,7 +49,7 @@ import aiohttp
 
 from ..config import BackendSettings
 from . import events as reading
-from . import relay, responses, translate, whole
+from . import relay, responses_api, translate, whole
 from ._shapes import PROMPT_SLACK, Family, Fault, StreamFailed, Usage, error_body, error_message, not_supported
 from .call import Call
 from .probe import Probe, Reply, model_key
@@ -225,9 +225,9 @@ class Adapter(ABC):
             RequestError: the call cannot be expressed for this engine (400).
         """
         if call.responses and self.serves_responses:
-            return (await self._open(call.as_sent(), model)).rendered(responses.error_event)
+            return (await self._open(call.as_sent(), model)).rendered(responses_api.error_event)
         up = await self._open(call, model)
-        return up.rendered(responses.renderer(up.stream)) if call.responses else up
+        return up.rendered(responses_api.renderer(up.stream)) if call.responses else up
 
     async def _open(self, call: Call, model: str) -> Upstream:
         """The answer in the client's chat or completion dialect."""

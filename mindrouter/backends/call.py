@@ -12,7 +12,7 @@ from dataclasses import dataclass, replace
 from typing import Any
 
 from ..errors import RequestError
-from . import responses
+from . import responses_api
 from ._shapes import Dialect, Kind, dumps
 from .numbers import check_numbers, loads
 
@@ -250,7 +250,7 @@ class Call:
         native = raw if api else None
         if api:  # served as chat completions, answered in the Responses API's shapes
             check_numbers(dialect, body)  # before translation, so an error names the client's own field
-            body = responses.to_chat(body)
+            body = responses_api.to_chat(body)
             path, raw = "/v1/chat/completions", dumps(body)
         hints = inspect_body(dialect, kind, path, body)
         return cls(dialect=dialect, kind=kind, path=path, body=body, raw=raw, responses=api, native=native, **hints)

@@ -16,7 +16,7 @@ from typing import Annotated, Any
 import typer
 
 from ..config import Config, config_path, load_config
-from ..daemon.statelock import StateLock
+from ..daemon.process.statelock import StateLock
 from ._client import AdminClient
 
 __all__ = ["Application", "ConfigOption", "JsonOption", "get_app", "install"]

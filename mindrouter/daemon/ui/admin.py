@@ -1,7 +1,7 @@
 """The admin pages: groups and weights, users and keys, backends, the live queue and shares, decisions.
 
-Every change goes through the admin API's own function (``daemon/admin.py``,
-``daemon/accounting.py``), so a form and ``mr`` validate alike and fail with
+Every change goes through the admin API's own function (``daemon/admin/api.py``,
+``daemon/request/accounting.py``), so a form and ``mr`` validate alike and fail with
 the same sentence.
 """
 
@@ -15,11 +15,11 @@ from aiohttp import web
 from ...cli._output import fmt_duration, fmt_num, fmt_time
 from ...cli.why import PRIORITY_TERMS, SCORE_TERMS, _lost_by, ended
 from ...store import QUOTA_FIELDS, NotFound
-from .. import admin as api
-from ..accounting import change_quota
-from ..keys import AUTH, DECISIONS, DISPATCHER, REGISTRY, SCHEDULER, STORE
-from ..views import share_view
-from ..watch import queue_dict, quota_rows, status_dict
+from ..admin import api
+from ..admin.views import share_view
+from ..admin.watch import queue_dict, quota_rows, status_dict
+from ..process.appkeys import AUTH, DECISIONS, DISPATCHER, REGISTRY, SCHEDULER, STORE
+from ..request.accounting import change_quota
 from .render import action, admin_page, page
 from .sessions import Session
 

@@ -13,9 +13,9 @@ from typing import Any
 from aiohttp import web
 
 from ...names import hash_key
-from ..accounting import me_dict
-from ..auth import Caller
-from ..keys import CONFIG, DISPATCHER, REGISTRY, SCHEDULER, STORE
+from ..edge.auth import Caller
+from ..process.appkeys import CONFIG, DISPATCHER, REGISTRY, SCHEDULER, STORE
+from ..request.accounting import me_dict
 from .render import ADMIN_GROUP, SESSIONS, page, person_page, redirect
 from .sessions import LOGIN_COOKIE, Session, same, set_cookie
 

@@ -12,7 +12,7 @@ from aiohttp import web
 
 from ...names import hash_key
 from ...store import StoreError
-from ..keys import CONFIG, STORE
+from ..process.appkeys import CONFIG, STORE
 from .sessions import Session, Sessions, same
 
 __all__ = ["ADMIN_GROUP", "SESSIONS", "action", "admin_page", "page", "person_page", "redirect"]

@@ -16,12 +16,12 @@ from typing import Any
 
 from aiohttp import web
 
-from .. import __version__
-from ..backends import model_key
-from ..errors import RequestError
-from .keys import AUTH, REGISTRY
-from .registry import Entry
-from .responses import dialect_of, error_response
+from ... import __version__
+from ...backends import model_key
+from ...errors import RequestError
+from ..pollers.registry import Entry
+from ..process.appkeys import AUTH, REGISTRY
+from .errorbodies import dialect_of, error_response
 
 __all__ = ["OLLAMA_VERSION", "PoolModel", "pool_models", "setup_catalog_routes"]
 

@@ -17,12 +17,12 @@ from urllib.parse import urlsplit
 
 import aiohttp
 
-from ..gpu.client import AgentClient
-from ..gpu.node import NodeReadings
-from ..gpu.probe import GpuProbe
-from ..gpu.vram import estimate_model_vram, free_vram, total_vram, utilization
-from ..names import is_this_machine
-from ..tasks import repeat, stop
+from ...gpu.client import AgentClient
+from ...gpu.node import NodeReadings
+from ...gpu.probe import GpuProbe
+from ...gpu.vram import estimate_model_vram, free_vram, total_vram, utilization
+from ...names import is_this_machine
+from ...tasks import repeat, stop
 
 __all__ = ["GpuState"]
 

@@ -7,8 +7,8 @@ from typing import Any
 
 from aiohttp import web
 
-from ..backends._shapes import Dialect
-from ..errors import RequestError
+from ...backends._shapes import Dialect
+from ...errors import RequestError
 
 __all__ = ["dialect_of", "error_response", "json_error"]
 

@@ -16,10 +16,10 @@ import logging
 import time
 from collections.abc import Callable
 
-from ..backends.base import Call
-from ..errors import RequestError
-from ..scheduler import Dispatch, Job, Scheduler, Timings
-from ..tasks import background
+from ...backends.base import Call
+from ...errors import RequestError
+from ...scheduler import Dispatch, Job, Scheduler, Timings
+from ...tasks import background
 from .lease import Backends, Lease, Reservations, Settlement, unsupported
 
 __all__ = ["Dispatcher"]

@@ -14,16 +14,16 @@ from typing import Any
 
 from aiohttp import web
 
-from ..names import person_identity
-from ..scheduler import check_weight
-from ..store import AlreadyExists, InUse, InvalidValue, NotFound, StoreError
-from ..store.people import KEEP
-from .auth import bearer_is
-from .catalog import pool_models
-from .keys import AUTH, CONFIG, DISPATCHER, GPUS, QUOTAS, REGISTRY, SCHEDULER, STORE
-from .responses import json_error
+from ...names import person_identity
+from ...scheduler import check_weight
+from ...store import AlreadyExists, InUse, InvalidValue, NotFound, StoreError
+from ...store.people import KEEP
+from ..edge.auth import bearer_is
+from ..edge.catalog import pool_models
+from ..edge.errorbodies import json_error
+from ..process.appkeys import AUTH, CONFIG, DISPATCHER, GPUS, QUOTAS, REGISTRY, SCHEDULER, STORE
+from ..request.weights import apply_user
 from .watch import quota_rows, setup_watch_routes
-from .weights import apply_user
 
 __all__ = [
     "admin_middleware",
@@ -185,7 +185,7 @@ async def add_user(request: web.Request) -> web.Response:
 
 def _add_person(app: web.Application, data: dict[str, Any]) -> web.Response:
     """A proxy's person made ahead of their first request (``{"name": IDENTITY, "person_of": PROXY}``), so an
-    admin can give them a group first; the proxy then finds them as if it had made them (``people.py``)."""
+    admin can give them a group first; the proxy then finds them as if it had made them (``edge/people.py``)."""
     store = app[STORE]
     proxy = store.get_user(str(data["person_of"]))
     if not proxy.proxy:

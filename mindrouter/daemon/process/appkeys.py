@@ -5,16 +5,16 @@ from __future__ import annotations
 import aiohttp
 from aiohttp import web
 
-from ..config import Config
-from ..scheduler import Scheduler
-from ..store import Store
-from .auth import Auth
-from .decisions import DecisionLog
-from .dispatcher import Dispatcher
-from .gpus import GpuState
-from .quotas import Quotas
-from .registry import Registry
-from .stats import Stats
+from ...config import Config
+from ...scheduler import Scheduler
+from ...store import Store
+from ..edge.auth import Auth
+from ..pollers.gpus import GpuState
+from ..pollers.registry import Registry
+from ..pollers.stats import Stats
+from ..request.decisions import DecisionLog
+from ..request.dispatcher import Dispatcher
+from ..request.quotas import Quotas
 
 __all__ = [
     "AUTH",

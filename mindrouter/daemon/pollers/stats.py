@@ -20,7 +20,7 @@ from collections import Counter, deque
 from collections.abc import Callable
 from typing import Any
 
-from .lease import Lease, Outcome, Settlement
+from ..request.lease import Lease, Outcome, Settlement
 
 __all__ = ["Stats"]
 

@@ -10,13 +10,13 @@ from typing import Any
 
 from aiohttp import web
 
-from ..errors import RequestError
-from ..localtime import day_start, iso_local, month_start, parse_when, zone_label
-from ..scheduler import SchedulerSettings, normalized_shares
-from ..store import QUOTA_FIELDS, InvalidValue
-from .keys import AUTH, CONFIG, DISPATCHER, QUOTAS, REGISTRY, SCHEDULER, STATS, STORE
-from .responses import error_response
-from .stats import BUCKET_SECONDS
+from ...errors import RequestError
+from ...localtime import day_start, iso_local, month_start, parse_when, zone_label
+from ...scheduler import SchedulerSettings, normalized_shares
+from ...store import QUOTA_FIELDS, InvalidValue
+from ..edge.errorbodies import error_response
+from ..pollers.stats import BUCKET_SECONDS
+from ..process.appkeys import AUTH, CONFIG, DISPATCHER, QUOTAS, REGISTRY, SCHEDULER, STATS, STORE
 
 __all__ = ["change_quota", "me_dict", "setup_accounting_routes", "top_panels"]
 

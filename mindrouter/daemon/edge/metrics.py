@@ -14,8 +14,8 @@ from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_l
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.registry import Collector
 
+from ..process.appkeys import CONFIG, DISPATCHER, REGISTRY, SCHEDULER, STATS
 from .auth import bearer_is
-from .keys import CONFIG, DISPATCHER, REGISTRY, SCHEDULER, STATS
 
 __all__ = ["setup_metrics"]
 

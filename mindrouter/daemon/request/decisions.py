@@ -19,8 +19,8 @@ import logging
 from collections.abc import Callable
 from typing import Any
 
-from ..scheduler import DecisionRecord
-from ..tasks import background, repeat
+from ...scheduler import DecisionRecord
+from ...tasks import background, repeat
 from .lease import Settlement
 
 __all__ = ["DecisionLog"]

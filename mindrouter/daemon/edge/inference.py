@@ -1,7 +1,7 @@
 """The inference API: OpenAI and Ollama routes, translated into jobs for the core.
 
-This module only translates HTTP: admission (``admission.py``) authenticates, parses the body into a ``Call`` and
-queues the job, and the request's :class:`~.lease.Lease` does everything with
+This module only translates HTTP: admission (``request/admission.py``) authenticates, parses the body into a
+``Call`` and queues the job, and the request's :class:`~.lease.Lease` does everything with
 the slot, from waiting in the queue to failing over and settling the usage.
 The handler prepares the response, writes the chunks, and ends it; a streaming client that has to wait gets its
 headers at once and its queue position, and every stream whose headers went
@@ -17,15 +17,15 @@ from collections.abc import Awaitable, Callable
 
 from aiohttp import web
 
-from ..backends import INFERENCE_PATHS, Upstream
-from ..backends._shapes import Dialect, error_tail
-from ..errors import RequestError
-from .admission import admit
+from ...backends import INFERENCE_PATHS, Upstream
+from ...backends._shapes import Dialect, error_tail
+from ...errors import RequestError
+from ..process.appkeys import CONFIG, HANDLERS, STATS
+from ..request.admission import admit
+from ..request.lease import Lease
+from ..request.quotas import QUOTA_HEADERS
 from .answers import REQUEST_ID
-from .keys import CONFIG, HANDLERS, STATS
-from .lease import Lease
-from .quotas import QUOTA_HEADERS
-from .responses import error_response
+from .errorbodies import error_response
 
 __all__ = ["SHUTTING_DOWN", "end_handlers", "setup_inference_routes"]
 

@@ -25,8 +25,8 @@ from __future__ import annotations
 from collections import deque
 from collections.abc import Hashable
 
-from ..backends import Fault
-from ..config import BackendSettings
+from ...backends import Fault
+from ...config import BackendSettings
 
 __all__ = ["Breaker"]
 

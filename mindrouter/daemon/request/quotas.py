@@ -33,10 +33,10 @@ from typing import Any
 
 from aiohttp import web
 
-from ..errors import RequestError
-from ..localtime import day_key, iso_local, month_key, month_start, next_day, next_month, zone_label
-from ..scheduler import Modality
-from ..store import Quota, Store
+from ...errors import RequestError
+from ...localtime import day_key, iso_local, month_key, month_start, next_day, next_month, zone_label
+from ...scheduler import Modality
+from ...store import Quota, Store
 
 __all__ = ["QUOTA_HEADERS", "Limit", "Quotas"]
 

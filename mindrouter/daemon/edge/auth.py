@@ -24,8 +24,8 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, replace
 from typing import Any
 
-from ..errors import RequestError
-from ..names import hash_key, person_identity
+from ...errors import RequestError
+from ...names import hash_key, person_identity
 from .people import People
 
 __all__ = ["PERSON_HEADERS", "Auth", "Caller", "bearer_is"]

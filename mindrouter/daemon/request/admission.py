@@ -12,14 +12,14 @@ from dataclasses import dataclass
 
 from aiohttp import web
 
-from ..backends import Call, model_key
-from ..backends._shapes import Dialect
-from ..errors import RequestError
-from ..scheduler import Job, Modality
-from .answers import new_request_id
-from .keys import AUTH, DISPATCHER, QUOTAS, SCHEDULER
+from ...backends import Call, model_key
+from ...backends._shapes import Dialect
+from ...errors import RequestError
+from ...scheduler import Job, Modality
+from ..edge.answers import new_request_id
+from ..edge.errorbodies import dialect_of
+from ..process.appkeys import AUTH, DISPATCHER, QUOTAS, SCHEDULER
 from .lease import Lease
-from .responses import dialect_of
 from .weights import apply_user
 
 __all__ = ["Admitted", "admit"]

@@ -27,10 +27,10 @@ from typing import Any
 
 import aiohttp
 
-from ..backends import Adapter, Fault, Probe, make_adapter, model_key
-from ..config import BackendSettings
-from ..scheduler import ALL_MODALITIES, Backend, Modality, Scheduler
-from ..tasks import stop
+from ...backends import Adapter, Fault, Probe, make_adapter, model_key
+from ...config import BackendSettings
+from ...scheduler import ALL_MODALITIES, Backend, Modality, Scheduler
+from ...tasks import stop
 from .breaker import Breaker
 
 __all__ = ["Entry", "Registry"]

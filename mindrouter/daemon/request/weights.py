@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any, Protocol
 
-from ..scheduler import Scheduler
+from ...scheduler import Scheduler
 
 __all__ = ["apply_user"]
 

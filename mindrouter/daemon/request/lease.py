@@ -29,10 +29,10 @@ from dataclasses import dataclass
 from enum import Enum
 from typing import TYPE_CHECKING, Any, Protocol
 
-from ..backends import Fault
-from ..backends.base import BackendError, Call, Upstream
-from ..errors import RequestError
-from ..scheduler import DecisionRecord, Dispatch, Job, Timings
+from ...backends import Fault
+from ...backends.base import BackendError, Call, Upstream
+from ...errors import RequestError
+from ...scheduler import DecisionRecord, Dispatch, Job, Timings
 
 if TYPE_CHECKING:
     from .dispatcher import Dispatcher

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import logging
 
-from ..reported import shown as safe
+from ...reported import shown as safe
 
 __all__ = ["OneLineFormatter", "safe"]
 

@@ -26,25 +26,18 @@ from typing import Any
 import aiohttp
 from aiohttp import web
 
-from .. import __version__
-from ..config import Config
-from ..errors import ConfigError
-from ..gpu.probe import GpuProbe
-from ..scheduler import Scheduler
-from ..store import Store
-from .accounting import setup_accounting_routes
-from .admin import admin_middleware, setup_admin_routes
-from .answers import Runner, stamp
-from .auth import Auth
-from .catalog import setup_catalog_routes
-from .cors import setup_cors
-from .decisions import DecisionLog
-from .discover import discover_local_backends
-from .dispatcher import Dispatcher
-from .gpus import GpuState
-from .guard import guard_middleware
-from .inference import end_handlers, setup_inference_routes
-from .keys import (
+from ... import __version__
+from ...config import Config
+from ...errors import ConfigError
+from ...gpu.probe import GpuProbe
+from ...scheduler import Scheduler
+from ...store import Store
+from ..admin.api import admin_middleware, setup_admin_routes
+from ..pollers.discover import discover_local_backends
+from ..pollers.gpus import GpuState
+from ..pollers.registry import AdapterFactory, Registry
+from ..pollers.stats import Stats
+from ..process.appkeys import (
     AUTH,
     CONFIG,
     DECISIONS,
@@ -58,15 +51,22 @@ from .keys import (
     STATS,
     STORE,
 )
-from .lease import Settlement
-from .logsafe import OneLineFormatter
+from ..process.logsafe import OneLineFormatter
+from ..process.statelock import StateLock
+from ..request.accounting import setup_accounting_routes
+from ..request.decisions import DecisionLog
+from ..request.dispatcher import Dispatcher
+from ..request.lease import Settlement
+from ..request.quotas import Quotas
+from ..request.weights import apply_user
+from ..ui import setup_ui
+from .answers import Runner, stamp
+from .auth import Auth
+from .catalog import setup_catalog_routes
+from .cors import setup_cors
+from .guard import guard_middleware
+from .inference import end_handlers, setup_inference_routes
 from .metrics import setup_metrics
-from .quotas import Quotas
-from .registry import AdapterFactory, Registry
-from .statelock import StateLock
-from .stats import Stats
-from .ui import setup_ui
-from .weights import apply_user
 
 __all__ = ["create_app", "make_runner", "serve"]
 

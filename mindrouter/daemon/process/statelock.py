@@ -15,7 +15,7 @@ import os
 from pathlib import Path
 from typing import IO
 
-from ..errors import ConfigError
+from ...errors import ConfigError
 
 __all__ = ["StateLock"]
 

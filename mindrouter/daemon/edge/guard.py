@@ -17,10 +17,10 @@ from collections.abc import Awaitable, Callable
 
 from aiohttp import http_exceptions, web
 
-from ..errors import RequestError
-from .keys import CONFIG
-from .logsafe import safe
-from .responses import dialect_of, error_response
+from ...errors import RequestError
+from ..process.appkeys import CONFIG
+from ..process.logsafe import safe
+from .errorbodies import dialect_of, error_response
 
 __all__ = ["guard_middleware"]
 

@@ -12,7 +12,7 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from ..scheduler import normalized_shares
+from ...scheduler import normalized_shares
 
 __all__ = ["Counters", "share_view", "status_view", "top_view"]
 

@@ -19,10 +19,10 @@ from http import HTTPStatus
 
 from aiohttp import web
 
-from ..errors import RequestError
-from .logsafe import safe
-from .quotas import QUOTA_HEADERS
-from .responses import error_response
+from ...errors import RequestError
+from ..process.logsafe import safe
+from ..request.quotas import QUOTA_HEADERS
+from .errorbodies import error_response
 
 __all__ = ["REQUEST_ID", "Runner", "new_request_id", "stamp"]
 

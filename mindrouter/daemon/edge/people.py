@@ -16,9 +16,9 @@ import time
 from collections.abc import Callable
 from typing import Any, Protocol
 
-from ..errors import RequestError
-from ..store import NotFound, StoreError, User
-from .logsafe import safe
+from ...errors import RequestError
+from ...store import NotFound, StoreError, User
+from ..process.logsafe import safe
 
 __all__ = ["HOUR", "People", "Proxy"]
 

@@ -12,10 +12,10 @@ from typing import Any
 
 from aiohttp import web
 
-from .. import __version__
-from ..store import InvalidValue, NotFound
-from .accounting import top_panels
-from .keys import CONFIG, DECISIONS, DISPATCHER, GPUS, QUOTAS, REGISTRY, SCHEDULER, STATS, STORE
+from ... import __version__
+from ...store import InvalidValue, NotFound
+from ..process.appkeys import CONFIG, DECISIONS, DISPATCHER, GPUS, QUOTAS, REGISTRY, SCHEDULER, STATS, STORE
+from ..request.accounting import top_panels
 from .views import Counters, share_view, status_view, top_view
 
 __all__ = ["quota_rows", "setup_watch_routes", "status_dict"]

@@ -1,0 +1,1 @@
+"""The daemon as a process: one per state directory, its shared app keys, safe log lines."""
