@@ -43,8 +43,9 @@ def rss_mb(pid: int) -> float:
     raise AssertionError("no VmRSS")
 
 
-async def plain_aiohttp_rss_mb(session: aiohttp.ClientSession, total: int) -> float:
-    """RSS of a plain aiohttp app holding ``total`` chat requests (half streams), each body read, none answered."""
+async def plain_aiohttp_rss_mb(session: aiohttp.ClientSession, total: int) -> tuple[float, float]:
+    """RSS of a plain aiohttp app idle, then holding ``total`` chat requests (half streams), each body read,
+    none answered."""
     port = free_port()
     url = f"http://127.0.0.1:{port}"
     proc = subprocess.Popen([sys.executable, str(HOLDER), "hold", str(port)])
@@ -58,6 +59,7 @@ async def plain_aiohttp_rss_mb(session: aiohttp.ClientSession, total: int) -> fl
                 return False
 
         await until(lambda: held(0), "the plain aiohttp app did not start", timeout=30)
+        idle = rss_mb(proc.pid)
 
         async def one(stream: bool) -> None:
             async with session.post(url + "/v1/chat/completions", json={**CHAT, "stream": stream}) as r:
@@ -69,7 +71,7 @@ async def plain_aiohttp_rss_mb(session: aiohttp.ClientSession, total: int) -> fl
         for task in tasks:
             task.cancel()
         await asyncio.gather(*tasks, return_exceptions=True)
-        return rss
+        return idle, rss
     finally:
         proc.kill()
         proc.wait(30)
@@ -112,7 +114,7 @@ async def test_queued_requests_are_held_bounded_and_all_answered_in_fair_order(t
                 except aiohttp.ClientError:
                     return False
 
-            plain_mb = await plain_aiohttp_rss_mb(session, total)
+            plain_idle_mb, plain_mb = await plain_aiohttp_rss_mb(session, total)
             await until(up, "mr serve did not start", timeout=30)
             idle_mb = rss_mb(proc.pid)
             body = {"name": "gpu", "url": fake.url, "engine": "vllm", "max_concurrent": SLOTS}
@@ -164,10 +166,16 @@ async def test_queued_requests_are_held_bounded_and_all_answered_in_fair_order(t
             print(
                 f"{total} queued from {users} users: RSS {idle_mb:.0f} MB idle, {queued_mb:.0f} MB queued "
                 f"({(queued_mb - idle_mb) * 1024 / total:.1f} KB per queued request), a plain aiohttp app "
-                f"{plain_mb:.0f} MB holding as many ({queued_mb / plain_mb:.2f}x); all {total} answered; "
+                f"{plain_mb:.0f} MB holding as many ({queued_mb / plain_mb:.2f}x; per request "
+                f"{(queued_mb - idle_mb) / (plain_mb - plain_idle_mb):.2f}x); all {total} answered; "
                 f"first quarter: {min(first.values())} to {max(first.values())} per user"
             )
-            assert queued_mb <= MEMORY_RATIO * plain_mb
+            # What waiting requests add, against what they add to the plain app; with 10,000 (the soak run,
+            # issue 20's target) the whole process too. With fewer, the router's fixed cost (its modules,
+            # the web UI's templates) is a larger part of its total than what the requests hold.
+            assert queued_mb - idle_mb <= MEMORY_RATIO * (plain_mb - plain_idle_mb)
+            if total >= 10_000:
+                assert queued_mb <= MEMORY_RATIO * plain_mb
     finally:
         proc.terminate()
         proc.wait(30)
