@@ -51,16 +51,22 @@ def auth(key: str) -> dict[str, str]:
 # ---- every stream whose headers went out gets an end ------------------------------------------
 
 
+async def one_slot_taken(tmp_path, aiohttp_client, nvml, url: str):
+    """A daemon with a queue timeout of 0.5 s whose one-slot backend a 3 s answer holds."""
+    d = await make_daemon(tmp_path, aiohttp_client, nvml, {"queue_timeout": 0.5})
+    await d.backend("b1", url, "ollama", max_concurrent=1)
+    key = await d.user("q")
+    busy = asyncio.create_task(d.client.post(CHAT, json=body(max_tokens=30), headers=auth(key)))
+    await until(lambda: d.scheduler.running_count == 1)
+    return d, key, busy
+
+
 @pytest.mark.parametrize("dialect", ["openai", "ollama"])
 async def test_a_queued_stream_that_times_out_gets_the_dialects_error_tail_and_a_close(
     tmp_path, aiohttp_client, nvml, dialect
 ):
-    d = await make_daemon(tmp_path, aiohttp_client, nvml, {"queue_timeout": 0.5})
     async with FakeOllama(models=["llama3"], tokens_per_second=10, completion_tokens=30) as fake:
-        await d.backend("b1", fake.url, "ollama", max_concurrent=1)
-        key = await d.user("q")
-        busy = asyncio.create_task(d.client.post(CHAT, json=body(max_tokens=30), headers=auth(key)))
-        await until(lambda: d.scheduler.running_count == 1)
+        d, key, busy = await one_slot_taken(tmp_path, aiohttp_client, nvml, fake.url)
         path = CHAT if dialect == "openai" else "/api/chat"
         resp = await d.client.post(path, json=body(stream=True), headers=auth(key))
         assert resp.headers["X-Request-Id"].startswith("mr-")
@@ -78,12 +84,8 @@ async def test_a_queued_stream_that_times_out_gets_the_dialects_error_tail_and_a
 
 async def test_the_ollama_client_sees_a_queue_timeout_as_an_error(tmp_path, aiohttp_client, nvml):
     """Open WebUI's Ollama connection dropped an error line sent after a 200; a 504 it shows."""
-    d = await make_daemon(tmp_path, aiohttp_client, nvml, {"queue_timeout": 0.5})
     async with FakeOllama(models=["llama3"], tokens_per_second=10, completion_tokens=30) as fake:
-        await d.backend("b1", fake.url, "ollama", max_concurrent=1)
-        key = await d.user("q")
-        busy = asyncio.create_task(d.client.post(CHAT, json=body(max_tokens=30), headers=auth(key)))
-        await until(lambda: d.scheduler.running_count == 1)
+        d, key, busy = await one_slot_taken(tmp_path, aiohttp_client, nvml, fake.url)
         client = ollama.AsyncClient(host=str(d.client.make_url("/")).rstrip("/"), headers=auth(key))
         with pytest.raises(ollama.ResponseError) as raised:
             async for _ in await client.chat(model="llama3", messages=[{"role": "user", "content": "hi"}], stream=True):
