@@ -29,6 +29,7 @@ if not (CHROMIUM and CHROMEDRIVER):
     pytest.skip("needs chromium and chromedriver (apt-get install chromium chromium-driver)", allow_module_level=True)
 
 webdriver = pytest.importorskip("selenium.webdriver")
+from selenium.common.exceptions import WebDriverException  # noqa: E402
 from selenium.webdriver.common.by import By  # noqa: E402
 from selenium.webdriver.support import expected_conditions  # noqa: E402
 from selenium.webdriver.support.wait import WebDriverWait  # noqa: E402
@@ -59,10 +60,22 @@ def base(live: ThreadDaemon) -> str:
 
 
 def submit(driver: Any, css: str) -> None:
-    """Click a form's button and wait for the page the form leads to."""
+    """Click a form's button and wait for the page the form leads to.
+
+    While the new page replaces the old one, Chromium may answer a look at the old button with an
+    inspector error ("Node with given id does not belong to the document") instead of a stale
+    element: either means the old page is gone.
+    """
     button = driver.find_element(By.CSS_SELECTOR, css)
     button.click()
-    WebDriverWait(driver, 10).until(expected_conditions.staleness_of(button))
+
+    def gone(_: Any) -> bool:
+        try:
+            return bool(expected_conditions.staleness_of(button)(driver))
+        except WebDriverException:
+            return True
+
+    WebDriverWait(driver, 10).until(gone)
 
 
 def log_in(driver: Any, live: ThreadDaemon, key: str) -> None:
