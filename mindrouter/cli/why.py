@@ -21,7 +21,7 @@ from ._app import ConfigOption, JsonOption, get_app
 from ._client import quote_name
 from ._output import console, fmt_duration, fmt_num, fmt_pct, fmt_time, fmt_tokens, print_json, titled_table
 
-__all__ = ["SCORE_TERMS", "ended", "register", "why_view"]
+__all__ = ["PRIORITY_TERMS", "SCORE_TERMS", "ended", "lost_by", "register", "why_view"]
 
 #: (record key, header, meaning) of each term of a candidate's estimate (docs/routing.md), in seconds from the decision.
 SCORE_TERMS = [
@@ -49,7 +49,7 @@ _LOST_BY = [
 ]
 
 
-def _lost_by(row: Mapping[str, Any], best: Mapping[str, Any]) -> str:
+def lost_by(row: Mapping[str, Any], best: Mapping[str, Any]) -> str:
     """The term that cost this candidate the most seconds against the chosen one."""
     gaps = [(float(row.get(k) or 0) - float(best.get(k) or 0), why) for k, why in _LOST_BY]
     gap, reason = max(gaps)
@@ -183,7 +183,7 @@ def why_view(record: Mapping[str, Any], names: Mapping[str, str]) -> Group:
             for key, _, _ in SCORE_TERMS
         ]
         cand.add_row(cell, Text(fmt_num(total, 1), style="bold"), *cells)
-        reason = _lost_by(row, best) if bid != chosen and row and best else ""
+        reason = lost_by(row, best) if bid != chosen and row and best else ""
         if reason:
             lost.append(f"{label(bid)} lost: {reason}")
         if row.get("evicts"):

@@ -13,7 +13,7 @@ from typing import Any
 from aiohttp import web
 
 from ...cli._output import fmt_duration, fmt_num, fmt_time
-from ...cli.why import PRIORITY_TERMS, SCORE_TERMS, _lost_by, ended
+from ...cli.why import PRIORITY_TERMS, SCORE_TERMS, lost_by, ended
 from ...store import QUOTA_FIELDS, NotFound
 from ..admin import api
 from ..admin.views import share_view
@@ -194,7 +194,7 @@ def explain(record: Mapping[str, Any], names: Mapping[str, str]) -> dict[str, An
             f"-{fmt_num(row[key], 1)}" if key == "penalty" and row.get(key) else fmt_num(row.get(key), 1)
             for key, _, _ in SCORE_TERMS
         ]
-        lost = _lost_by(row, best) if bid != chosen and row and best else ""
+        lost = lost_by(row, best) if bid != chosen and row and best else ""
         evicts = ", ".join(map(str, row.get("evicts") or []))
         candidates.append(
             (label(bid), bid == chosen, fmt_num(row.get("score", scores.get(bid)), 1), cells, lost, evicts)
