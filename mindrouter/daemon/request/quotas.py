@@ -40,8 +40,8 @@ from ...store import Quota, Store
 
 __all__ = ["QUOTA_HEADERS", "Limit", "Quotas"]
 
-QUOTA_HEADERS: Any = getattr(web, "RequestKey", lambda name, _type: name)("mindrouter_quota_headers", dict)
-"""Headers ``admit`` leaves on the request for ``answers.stamp`` (a typed key where aiohttp has them)."""
+QUOTA_HEADERS = web.RequestKey("mindrouter_quota_headers", dict[str, str])
+"""Headers ``admit`` leaves on the request for ``answers.stamp``."""
 
 _MINUTE = 60.0
 _PERIODS = {"tokens_per_day": "day", "tokens_per_month": "month"}
