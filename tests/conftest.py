@@ -13,6 +13,7 @@ from typing import Any
 import pytest
 from aiohttp import web
 from aiohttp.test_utils import TestClient, TestServer
+from hypothesis import settings as hypothesis_settings
 
 from mindrouter.config import BackendSettings, Config, ServerSettings
 from mindrouter.daemon.edge.app import create_app, make_runner
@@ -21,6 +22,12 @@ from mindrouter.scheduler import SchedulerSettings
 
 from .fake_nvml import FakeNvml
 from .fakes import fake_llamacpp, fake_ollama, fake_openai, fake_vllm  # noqa: F401 (fixtures)
+
+hypothesis_settings.register_profile("mindrouter", max_examples=300)
+hypothesis_settings.register_profile("fuzz", max_examples=1500)
+hypothesis_settings.load_profile("mindrouter")
+"""The HTTP fuzz tests (tests/test_bad_input.py) take their example count from the profile: 300 in the
+default run, 1,500 with ``--hypothesis-profile=fuzz`` (CI runs that file so); tests that name a count keep it."""
 
 ADMIN_KEY = "test-admin-key"
 SEED_RECORD_KEYS = (

@@ -307,7 +307,7 @@ BODY = st.one_of(
 )
 
 
-@settings(max_examples=500, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@settings(deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(data=st.data(), body=BODY)
 def test_property_no_body_on_any_route_gets_a_500_behind_a_busy_slot(served, busy_slot, data, body):
     """Every POST and PUT route, while another user keeps the one-slot backend busy (the model "busy")."""
@@ -385,7 +385,7 @@ def busy_slot(served: Served) -> Iterator[BusySlot]:
     assert busy.answers and set(busy.answers) == {(200, 10)}, busy.answers[:5]
 
 
-@settings(max_examples=1100, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@settings(deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(data=st.data(), number=NUMBER, model=st.sampled_from(["llama3", "busy"]))
 def test_property_no_number_in_any_inference_field_gets_a_500_behind_a_busy_slot(
     served, busy_slot, data, number, model

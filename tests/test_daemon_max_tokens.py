@@ -25,10 +25,10 @@ from .fakes import FakeOpenAI
 pytestmark = pytest.mark.slow
 
 ANSWER = 200
-DURATION = 8.0
-LATE = 1.0
+DURATION = 4.0
+LATE = 0.5
 """Seconds after the first user the second starts."""
-WARMUP = 2.0
+WARMUP = 1.0
 """Seconds after the second user starts before replies count."""
 
 

@@ -3,7 +3,7 @@
 Issue 18, case 3. The shared box serves qwen and llama3, gpu2 llama3 only; a sends
 to both models, b to qwen, which only the shared box has. Max-min owes each 4 of
 the 8 slots. Run alone with ``pytest -m shares``; shares are measured from the
-token counts in the responses the clients received, after a 3 s warm-up.
+token counts in the responses the clients received, after a 2 s warm-up.
 """
 
 from __future__ import annotations
@@ -18,8 +18,8 @@ from .fakes import FakeOpenAI
 
 pytestmark = pytest.mark.shares
 
-DURATION = 30.0
-WARMUP = 3.0
+DURATION = 12.0
+WARMUP = 2.0
 
 
 async def test_one_person_on_two_models_of_a_shared_backend_gets_half(daemon):

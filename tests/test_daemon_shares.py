@@ -1,7 +1,7 @@
 """Three users at weights 3/2/1 saturating one backend through the daemon get 50/33/17.
 
 Run alone with ``pytest -m shares``. Shares are measured from the token counts
-in the responses the clients received, after a 3 s warm-up.
+in the responses the clients received, after a 2 s warm-up.
 """
 
 from __future__ import annotations
@@ -16,8 +16,8 @@ from .fakes import FakeOpenAI
 
 pytestmark = pytest.mark.shares
 
-DURATION = 30.0
-WARMUP = 3.0
+DURATION = 12.0
+WARMUP = 2.0
 
 
 async def test_weights_3_2_1_get_50_33_17_within_5_points(daemon):
