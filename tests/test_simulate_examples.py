@@ -88,10 +88,10 @@ def misses(result: dict[str, Any]) -> list[str]:
     for user in result["users"]:
         if user["timeouts"] and user["service_share"] < user["target_share"] - 0.02:
             out.append(f"{user['name']}: {user['timeouts']} timeouts short of its share")
-        if user["max_starved_s"] > user["starvation_allowed_s"] + 1e-6:
+        if user["max_passed_over_s"] > user["passed_over_allowed_s"] + 1e-6:
             out.append(
-                f"{user['name']}: starved {user['max_starved_s']:.1f} s > {user['starvation_allowed_s']:.1f} s"
-                f" (3 x its longest request, {user['longest_request_s']:.1f} s, plus its largest at its share)"
+                f"{user['name']}: passed over {user['max_passed_over_s']:.2f} s > {user['passed_over_allowed_s']:.2f} s"
+                f" (3 x its longest request, {user['longest_request_s']:.2f} s; starved {user['max_starved_s']:.2f} s)"
             )
     for pool in result["pools"]:
         where = "+".join(pool["backends"])

@@ -1,5 +1,10 @@
 """The service gap: the largest drift between two users' weighted service while both are backlogged.
 
+Only users who compete for slots are compared (``group``: ``slots.contention``):
+two users of models with separate slots on the same backends never take each
+other's slots, so nothing bounds how far apart they drift; their shares are
+judged against their targets instead.
+
 Each user's service over weight is a piecewise-linear function of time,
 ``x_i(t) = a_i + b_i * t``, that changes only at events. For users i and j
 backlogged together since T, the gap is ``|(x_i(t) - x_j(t)) - (x_i(T) - x_j(T))|``.
@@ -27,6 +32,10 @@ class GapTracker:
         self.max = 0.0
         self.pair: tuple[int, int] | None = None
         self.at: float | None = None
+        self.group = [0] * users
+        """Each user's group of contention: pairs of different groups are not compared."""
+        self.lift = [0.0] * users
+        """Added to x to make VTC's counters (``returned``)."""
 
     def set(self, i: int, a: float, b: float) -> None:
         """User i's line is now ``a + b * t`` (from this batch's instant on)."""
@@ -57,12 +66,31 @@ class GapTracker:
             partners[i].clear()
         if joined:
             x = self._values(t, pre=False)
+            group = self.group
             for i in joined:
                 for j in backlogged:
-                    if j != i and j not in partners[i]:
+                    if j != i and j not in partners[i] and group[i] == group[j]:
                         base = x[i] - x[j]
                         partners[i][j] = base
                         partners[j][i] = -base
+
+    def returned(self, t: float, users: list[int], backlogged: list[int]) -> None:
+        """``users`` joined the backlog from idle (nothing queued or running) at ``t``: VTC's lift.
+
+        Each is raised to the lowest counter of the backlogged users of its group, never lowered:
+        idle time banks nothing, and a debt stays. A user with requests still running is not
+        lifted (issue 18: entering contention only from idle).
+        """
+        x = self._values(t, pre=False)
+        lift, group = self.lift, self.group
+        for i in users:
+            others = [x[j] + lift[j] for j in backlogged if j not in users and group[j] == group[i]]
+            if others:
+                lift[i] = max(lift[i], min(others) - x[i])
+
+    def ahead(self, i: int, j: int, t: float) -> float:
+        """How far i's VTC counter is past j's at ``t`` (positive: j's turn comes first)."""
+        return self.a[i] + self.b[i] * t + self.lift[i] - self.a[j] - self.b[j] * t - self.lift[j]
 
     def finish(self, t: float) -> None:
         """Sample every pair at the end of the run."""

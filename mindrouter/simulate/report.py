@@ -191,6 +191,7 @@ def _user_row(user: UserRun, run: Run, total: float, units: float, gpu: float) -
         "wait_p95": _r(percentile(user.waits, 0.95), 3),
         "wait_max": _r(max(user.waits) if user.waits else None, 3),
         "max_starved_s": _r(user.max_starved, 3),
+        "max_passed_over_s": _r(user.max_passed_over, 3),
         "longest_request_s": _r(user.longest_request, 3),
         "timeouts": user.timed_out,
         "submitted": user.submitted,

@@ -37,6 +37,7 @@ from dataclasses import dataclass, field
 from ..scheduler import Backend, Modality
 from .runs import RequestTrace
 from .scenario import GB, BackendSpec, ModelSpec, Rates
+from .slots import model_slots
 
 __all__ = ["Runner", "Stream", "Workstation"]
 
@@ -123,9 +124,7 @@ class Workstation:
             self.runners[m] = Runner(self.model(m), self._slots(m))
 
     def _slots(self, model: str) -> float:
-        if self.spec.ollama and self.model(model).kind == "embedding":
-            return 1
-        return self.spec.parallel or math.inf
+        return model_slots(self.spec, self.model(model).kind)
 
     # -- what the daemon polls ----------------------------------------------
 

@@ -1,0 +1,99 @@
+"""Who was passed over: waiting while a slot it could use was free, or went to someone whose turn was later.
+
+A request that waits for a slot to free is not a decision of the scheduler:
+Ollama cannot pause a stream, so while every slot a user's requests could take
+is held, no scheduler that never interrupts a running request starts them
+sooner. Starvation (``UserRun.max_starved``) counts that wait; this module
+counts the part the scheduler chose. A user with something queued is *passed
+over* at an instant when
+
+- a slot it could use is free after the scheduler decided (a slot of a backend
+  that serves one of its queued models, with a request slot left there and,
+  on a backend with per-model slots, its model loaded or loading there: a
+  load takes seconds and evicts someone, so a slot that needs one is not
+  free); or
+- such a slot went to someone whose turn was later: someone who, since both
+  were last backlogged together, has received more service over entitlement,
+  as generated (the measure of the service gap, ``pools.Pool.gap``: the
+  counters VTC orders by). Someone with no such common past is not later.
+
+From that instant until one of its requests starts (or its queue empties, or
+the run ends) it is passed over; ``UserRun.max_passed_over`` is the longest
+such stretch. Every instant it counts lies inside a starvation stretch, so it
+is never longer than the user's longest starvation.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+
+from .pools import Pool
+from .runs import BackendRun, UserRun
+from .workstation import Workstation
+
+__all__ = ["Turns"]
+
+
+class Turns:
+    """The slots in use per slot set and each user's queued requests per model, for finding who was passed over."""
+
+    def __init__(
+        self,
+        pools: Sequence[Pool],
+        users: Sequence[UserRun],
+        backends: Mapping[str, BackendRun],
+        stations: Mapping[str, Workstation],
+    ) -> None:
+        self.pools = pools
+        self.users = users
+        self.backends = backends
+        self.stations = stations
+        self.in_use: dict[str, int] = {k: 0 for p in pools for k in p.capacity}
+        """Requests the router has running in each slot set."""
+        self.waiting: list[dict[str, int]] = [{} for _ in users]
+        """Each user's queued requests, by model."""
+
+    def queued(self, user: int, model: str, step: int) -> None:
+        """``user`` has ``step`` more requests for ``model`` in the scheduler's queue."""
+        held = self.waiting[user]
+        held[model] = held.get(model, 0) + step
+        if not held[model]:
+            del held[model]
+
+    def _wants(self, pool: Pool, u: int, slots: set[str]) -> bool:
+        """Whether a queued request of ``u`` could take a slot of one of ``slots``."""
+        return any(not slots.isdisjoint(pool.serves.get(m, ())) for m in self.waiting[u])
+
+    def started(self, pool: Pool, user: int, backend: str, model: str, now: float) -> None:
+        """A request of ``user`` takes a slot of ``backend``: everyone who could have taken it and was owed it first is passed over."""
+        key = pool.slot_sets.of[backend, model]
+        slots = {key}
+        for u in pool.backlogged:
+            if u == user or self.users[u].passed_since is not None or not self._wants(pool, u, slots):
+                continue
+            if pool.gap.ahead(user, u, now) > 0 and pool.dispatch_gap.ahead(user, u, now) > 0:
+                self.users[u].passed_over(now)
+        self.in_use[key] += 1
+
+    def ended(self, pool: Pool, backend: str, model: str) -> None:
+        self.in_use[pool.slot_sets.of[backend, model]] -= 1
+
+    def check_free(self, now: float) -> None:
+        """After the scheduler decided: everyone still waiting for a slot that is free is passed over."""
+        for pool in self.pools:
+            if not pool.backlogged:
+                continue
+            free: set[str] = set()
+            for spec in pool.backends:
+                if self.backends[spec.name].busy >= spec.max_concurrent:
+                    continue
+                resident = self.stations[spec.name].runners
+                for m in spec.models:
+                    key = pool.slot_sets.of[spec.name, m]
+                    if m in resident and self.in_use[key] < pool.capacity[key]:
+                        free.add(key)
+            if not free:
+                continue
+            for u in pool.backlogged:
+                if self.users[u].passed_since is None and self._wants(pool, u, free):
+                    self.users[u].passed_over(now)
