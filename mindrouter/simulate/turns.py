@@ -12,10 +12,18 @@ over* at an instant when
   on a backend with per-model slots, its model loaded or loading there: a
   load takes seconds and evicts someone, so a slot that needs one is not
   free); or
-- such a slot went to someone whose turn was later: someone who, since both
-  were last backlogged together, has received more service over entitlement,
-  as generated (the measure of the service gap, ``pools.Pool.gap``: the
-  counters VTC orders by). Someone with no such common past is not later.
+- such a slot went to someone whose turn was later by more than one request:
+  whose VTC counter (service over entitlement, a user returning from idle
+  raised to the lowest backlogged counter of its group, never lowered:
+  ``_gap.GapTracker.returned``) was ahead of the waiting user's by more than
+  the largest request so far (over the smaller entitlement of the two), both
+  as generated (``Pool.gap``) and counted whole at dispatch
+  (``Pool.dispatch_gap``). A scheduler that follows either order exactly is
+  never flagged. The margin is fair queueing's granularity (a weighted fair
+  queue may finish a packet up to one largest packet later than the fluid
+  ideal, Parekh and Gallager 1993): a scheduler learns a request's size only as
+  it runs, and one that charges an estimate ahead misorders two users by up to
+  one request whatever it does.
 
 From that instant until one of its requests starts (or its queue empties, or
 the run ends) it is passed over; ``UserRun.max_passed_over`` is the longest
@@ -65,13 +73,14 @@ class Turns:
         return any(not slots.isdisjoint(pool.serves.get(m, ())) for m in self.waiting[u])
 
     def started(self, pool: Pool, user: int, backend: str, model: str, now: float) -> None:
-        """A request of ``user`` takes a slot of ``backend``: everyone who could have taken it and was owed it first is passed over."""
+        """A request of ``user`` takes a slot of ``backend``: who could have taken it and was owed it first is passed over."""
         key = pool.slot_sets.of[backend, model]
         slots = {key}
         for u in pool.backlogged:
             if u == user or self.users[u].passed_since is not None or not self._wants(pool, u, slots):
                 continue
-            if pool.gap.ahead(user, u, now) > 0 and pool.dispatch_gap.ahead(user, u, now) > 0:
+            margin = pool.max_request_cost / min(pool.share_weight[user], pool.share_weight[u])
+            if min(pool.gap.ahead(user, u, now), pool.dispatch_gap.ahead(user, u, now)) > margin:
                 self.users[u].passed_over(now)
         self.in_use[key] += 1
 

@@ -29,7 +29,6 @@ their VRAM, free VRAM, sizes, parallel, max loaded) is ``snapshot()``.
 
 from __future__ import annotations
 
-import math
 from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
