@@ -73,7 +73,7 @@ class Turns:
         return any(not slots.isdisjoint(pool.serves.get(m, ())) for m in self.waiting[u])
 
     def started(self, pool: Pool, user: int, backend: str, model: str, now: float) -> None:
-        """A request of ``user`` takes a slot of ``backend``: who could have taken it and was owed it first is passed over."""
+        """A request of ``user`` takes a slot: who could have taken it and was owed it first is passed over."""
         key = pool.slot_sets.of[backend, model]
         slots = {key}
         for u in pool.backlogged:
