@@ -36,6 +36,8 @@ class GapTracker:
         """Each user's group of contention: pairs of different groups are not compared."""
         self.lift = [0.0] * users
         """Added to x to make VTC's counters (``returned``)."""
+        self.standing: list[float | None] = [None] * users
+        """Each user's counter less the lowest backlogged one of its group when its queue last emptied."""
 
     def set(self, i: int, a: float, b: float) -> None:
         """User i's line is now ``a + b * t`` (from this batch's instant on)."""
@@ -74,19 +76,36 @@ class GapTracker:
                         partners[i][j] = base
                         partners[j][i] = -base
 
-    def returned(self, t: float, users: list[int], backlogged: list[int]) -> None:
-        """``users`` joined the backlog from idle (nothing queued or running) at ``t``: VTC's lift.
+    def _lowest(self, x: list[float], i: int, backlogged: list[int], skip: list[int]) -> float | None:
+        """The lowest counter among the backlogged users of i's group, ``skip`` left out."""
+        lift, group = self.lift, self.group
+        others = [x[j] + lift[j] for j in backlogged if j not in skip and group[j] == group[i]]
+        return min(others) if others else None
 
-        Each is raised to the lowest counter of the backlogged users of its group, never lowered:
-        idle time banks nothing, and a debt stays. A user with requests still running is not
-        lifted (issue 18: entering contention only from idle).
+    def emptied(self, t: float, users: list[int], backlogged: list[int]) -> None:
+        """``users``' queues emptied at ``t``: remember where each stands from the lowest backlogged counter."""
+        x = self._values(t, pre=False)
+        for i in users:
+            low = self._lowest(x, i, backlogged, users)
+            self.standing[i] = None if low is None else x[i] + self.lift[i] - low
+
+    def returned(self, t: float, users: list[int], idle: set[int], backlogged: list[int]) -> None:
+        """``users`` joined the backlog at ``t``; ``idle``: those with nothing running either.
+
+        VTC's counters, as issue 18 asks them kept: a user returning from idle is raised to the
+        lowest counter of its group's backlogged users, never lowered (idle time banks nothing;
+        a debt stays). One whose requests still ran keeps where it stood from that lowest counter
+        when its queue emptied, raised to it if it fell behind: what it was owed it keeps, but it
+        banks nothing while it asked for nothing more.
         """
         x = self._values(t, pre=False)
-        lift, group = self.lift, self.group
         for i in users:
-            others = [x[j] + lift[j] for j in backlogged if j not in users and group[j] == group[i]]
-            if others:
-                lift[i] = max(lift[i], min(others) - x[i])
+            low = self._lowest(x, i, backlogged, users)
+            if low is None:
+                continue
+            standing = self.standing[i]
+            floor = low if i in idle or standing is None else low + standing
+            self.lift[i] = max(self.lift[i], floor - x[i])
 
     def ahead(self, i: int, j: int, t: float) -> float:
         """How far i's VTC counter is past j's at ``t`` (positive: j's turn comes first)."""

@@ -259,10 +259,13 @@ class Pool:
             self.reweigh_targets()
         self.gap.settle(now, joined, left, self.backlogged if joined else [])
         self.dispatch_gap.settle(now, joined, left, self.backlogged if joined else [])
-        idle = [u for u in joined if sum(self.outstanding[u].values()) == self.queued[u]]
-        if idle:
-            self.gap.returned(now, idle, self.backlogged)
-            self.dispatch_gap.returned(now, idle, self.backlogged)
+        if left:
+            self.gap.emptied(now, left, self.backlogged)
+            self.dispatch_gap.emptied(now, left, self.backlogged)
+        if joined:
+            idle = {u for u in joined if sum(self.outstanding[u].values()) == self.queued[u]}
+            self.gap.returned(now, joined, idle, self.backlogged)
+            self.dispatch_gap.returned(now, joined, idle, self.backlogged)
 
     def reweigh(self, now: float) -> None:
         """Take the backlogged users' current entitlements; ``x`` stays continuous, only its slope changes.
