@@ -16,6 +16,8 @@ and never in between. A batch costs O(changed users x backlogged users).
 
 from __future__ import annotations
 
+from collections.abc import Collection
+
 __all__ = ["GapTracker"]
 
 
@@ -89,7 +91,7 @@ class GapTracker:
             low = self._lowest(x, i, backlogged, users)
             self.standing[i] = None if low is None else x[i] + self.lift[i] - low
 
-    def returned(self, t: float, users: list[int], idle: set[int], backlogged: list[int]) -> None:
+    def returned(self, t: float, users: list[int], idle: Collection[int], backlogged: list[int]) -> None:
         """``users`` joined the backlog at ``t``; ``idle``: those with nothing running either.
 
         VTC's counters, as issue 18 asks them kept: a user returning from idle is raised to the
