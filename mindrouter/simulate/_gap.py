@@ -38,8 +38,10 @@ class GapTracker:
         """Each user's group of contention: pairs of different groups are not compared."""
         self.lift = [0.0] * users
         """Added to x to make VTC's counters (``returned``)."""
+        self.level: dict[int, float] = {}
+        """Each group's reference: the lowest counter of its users with work, or the last one while none has."""
         self.standing: list[float | None] = [None] * users
-        """Each user's counter less the lowest backlogged one of its group when its queue last emptied."""
+        """Each user's counter less its group's reference when its queue last emptied."""
 
     def set(self, i: int, a: float, b: float) -> None:
         """User i's line is now ``a + b * t`` (from this batch's instant on)."""
@@ -78,31 +80,38 @@ class GapTracker:
                         partners[i][j] = base
                         partners[j][i] = -base
 
-    def _lowest(self, x: list[float], i: int, backlogged: list[int], skip: list[int]) -> float | None:
-        """The lowest counter among the backlogged users of i's group, ``skip`` left out."""
+    def _reference(self, x: list[float], g: int, backlogged: list[int], skip: Collection[int]) -> float | None:
+        """Group g's reference (``skip`` left out): the lowest counter of its backlogged users, or with
+        none the one of the last to leave the backlog (VTC's; like the core's V, it stays put)."""
         lift, group = self.lift, self.group
-        others = [x[j] + lift[j] for j in backlogged if j not in skip and group[j] == group[i]]
-        return min(others) if others else None
+        others = [x[j] + lift[j] for j in backlogged if j not in skip and group[j] == g]
+        if others:
+            self.level[g] = min(others)
+        return self.level.get(g)
 
     def emptied(self, t: float, users: list[int], backlogged: list[int]) -> None:
-        """``users``' queues emptied at ``t``: remember where each stands from the lowest backlogged counter."""
+        """``users`` have nothing queued after ``t`` (their queues emptied, or their requests started as
+        they came): remember where each stands from the reference. ``backlogged``: after the batch."""
         x = self._values(t, pre=False)
+        lift, group = self.lift, self.group
         for i in users:
-            low = self._lowest(x, i, backlogged, users)
-            self.standing[i] = None if low is None else x[i] + self.lift[i] - low
+            if not any(group[j] == group[i] for j in backlogged):  # the last to leave sets the reference
+                self.level[group[i]] = min(x[j] + lift[j] for j in users if group[j] == group[i])
+            low = self._reference(x, group[i], backlogged, users)
+            self.standing[i] = None if low is None else x[i] + lift[i] - low
 
     def returned(self, t: float, users: list[int], idle: Collection[int], backlogged: list[int]) -> None:
-        """``users`` joined the backlog at ``t``; ``idle``: those with nothing running either.
+        """``users`` sent requests at ``t`` with nothing queued before; ``idle``: nothing running either.
 
         VTC's counters, as issue 18 asks them kept: a user returning from idle is raised to the
-        lowest counter of its group's backlogged users, never lowered (idle time banks nothing;
-        a debt stays). One whose requests still ran keeps where it stood from that lowest counter
-        when its queue emptied, raised to it if it fell behind: what it was owed it keeps, but it
-        banks nothing while it asked for nothing more.
+        reference (``_reference``), never lowered: idle time banks nothing, and a debt stays. One
+        whose requests still ran keeps where it stood from the reference when its queue emptied,
+        raised to that if it fell behind: what it was owed it keeps, but it banks nothing while it
+        asked for nothing more.
         """
         x = self._values(t, pre=False)
         for i in users:
-            low = self._lowest(x, i, backlogged, users)
+            low = self._reference(x, self.group[i], backlogged, users)
             if low is None:
                 continue
             standing = self.standing[i]

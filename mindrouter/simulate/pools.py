@@ -95,6 +95,8 @@ class Pool:
         self.outstanding: list[dict[str, int]] = [{} for _ in range(users)]
         """Each user's requests queued or running here, by model."""
         self.demand_changed = False
+        self.arrived: dict[int, int] = {}
+        """Requests each user sent in the current batch."""
         self.owed: dict[int, tuple[int, float, float]] | None = None
         """Each user's group of contention (``slots.contention``), its fraction of what its group delivers
         in the current epoch, and of what the pool delivers; None while no one waits."""
@@ -200,6 +202,7 @@ class Pool:
         if u not in self.members:
             self.members.append(u)
         self.queued[u] += 1
+        self.arrived[u] = self.arrived.get(u, 0) + 1
         self._outstanding(u, model, 1)
         self.changed.add(u)
 
@@ -239,6 +242,8 @@ class Pool:
     def end_batch(self, now: float) -> None:
         """Move users in or out of the backlog, re-weigh, and sample the gaps."""
         flips = [u for u in self.changed if (self.queued[u] > 0) != self.is_backlogged[u]]
+        # Requests that started as they came: their users passed through the queue in this batch.
+        through = [u for u in self.changed if u in self.arrived and not self.queued[u] and not self.is_backlogged[u]]
         self.changed.clear()
         joined: list[int] = []
         left: list[int] = []
@@ -259,13 +264,15 @@ class Pool:
             self.reweigh_targets()
         self.gap.settle(now, joined, left, self.backlogged if joined else [])
         self.dispatch_gap.settle(now, joined, left, self.backlogged if joined else [])
-        if left:
-            self.gap.emptied(now, left, self.backlogged)
-            self.dispatch_gap.emptied(now, left, self.backlogged)
-        if joined:
-            idle = {u for u in joined if sum(self.outstanding[u].values()) == self.queued[u]}
-            self.gap.returned(now, joined, idle, self.backlogged)
-            self.dispatch_gap.returned(now, joined, idle, self.backlogged)
+        came = joined + through
+        if came:  # idle: all it has outstanding came in this batch (what ended in it is gone)
+            idle = {u for u in came if sum(self.outstanding[u].values()) == self.arrived[u]}
+            self.gap.returned(now, came, idle, self.backlogged)
+            self.dispatch_gap.returned(now, came, idle, self.backlogged)
+        if left or through:
+            self.gap.emptied(now, left + through, self.backlogged)
+            self.dispatch_gap.emptied(now, left + through, self.backlogged)
+        self.arrived.clear()
 
     def reweigh(self, now: float) -> None:
         """Take the backlogged users' current entitlements; ``x`` stays continuous, only its slope changes.
