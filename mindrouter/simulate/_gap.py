@@ -118,9 +118,9 @@ class GapTracker:
             floor = low if i in idle or standing is None else low + standing
             self.lift[i] = max(self.lift[i], floor - x[i])
 
-    def ahead(self, i: int, j: int, t: float) -> float:
-        """How far i's VTC counter is past j's at ``t`` (positive: j's turn comes first)."""
-        return self.a[i] + self.b[i] * t + self.lift[i] - self.a[j] - self.b[j] * t - self.lift[j]
+    def counter(self, i: int, t: float) -> float:
+        """User i's VTC counter at ``t``: its x, lifted (``returned``); the lower, the sooner its turn."""
+        return self.a[i] + self.b[i] * t + self.lift[i]
 
     def finish(self, t: float) -> None:
         """Sample every pair at the end of the run."""

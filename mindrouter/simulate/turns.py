@@ -75,14 +75,19 @@ class Turns:
     def started(self, pool: Pool, user: int, backend: str, model: str, now: float) -> None:
         """A request of ``user`` takes a slot: who could have taken it and was owed it first is passed over."""
         key = pool.slot_sets.of[backend, model]
-        slots = {key}
-        for u in pool.backlogged:
-            if u == user or self.users[u].passed_since is not None or not self._wants(pool, u, slots):
-                continue
-            margin = pool.max_request_cost / min(pool.share_weight[user], pool.share_weight[u])
-            if min(pool.gap.ahead(user, u, now), pool.dispatch_gap.ahead(user, u, now)) > margin:
-                self.users[u].passed_over(now)
         self.in_use[key] += 1
+        generated, whole = pool.gap, pool.dispatch_gap
+        by_generated, by_whole = generated.counter(user, now), whole.counter(user, now)
+        weight, largest = pool.share_weight[user], pool.max_request_cost
+        users, serves = self.users, pool.serves
+        for u in pool.backlogged:
+            if u == user or users[u].passed_since is not None:
+                continue
+            margin = largest / min(weight, pool.share_weight[u])
+            if by_generated - generated.counter(u, now) <= margin or by_whole - whole.counter(u, now) <= margin:
+                continue
+            if any(key in serves.get(m, ()) for m in self.waiting[u]):
+                users[u].passed_over(now)
 
     def ended(self, pool: Pool, backend: str, model: str) -> None:
         self.in_use[pool.slot_sets.of[backend, model]] -= 1
