@@ -333,3 +333,16 @@ def test_lab_pool_counts_per_model_slots():
         assert abs(pool["unit_shares"][name] - pool["target_shares"][name]) <= 0.005, name
     pair = pool["max_service_gap_pair"]
     assert pair[0][:4] == pair[1][:4], pair
+
+
+def test_a_core_that_leaves_a_slot_free_is_caught_passing_people_over(monkeypatch):
+    """A core that starts nothing for the first minute while both slots are free: everyone waiting is
+    passed over from t=0 (the free-slot rule) until the next batch at 60 s, light 60 s against 3 x 2.2 s."""
+    from mindrouter.scheduler import Scheduler
+
+    dispatch = Scheduler.dispatch
+    monkeypatch.setattr(Scheduler, "dispatch", lambda self, now: [] if now < 60 else dispatch(self, now))
+    result = build(simulate(parse_scenario(FIFO_TOML.format(bonus=0.05))))
+    light = next(u for u in result["users"] if u["name"] == "light")
+    assert light["max_passed_over_s"] == pytest.approx(60.0, abs=1e-6), light
+    assert any(m.startswith("light: passed over") for m in misses(result))
