@@ -17,9 +17,11 @@ Invariants of ``Pool``:
   set of outstanding requests and one set of weights) from the workload alone (issue 18, case 4):
   while someone waits, the service delivered is owed by each person's weighted
   max-min share of the slots (``maxmin.max_min``) among the people with work
-  in the pool, queued or running, each request holding at most one slot on a
-  backend that serves its model; weights are entitlements (under group shares
-  a group's weight divided among its members with work). While no one waits
+  in the pool, queued or running, each request holding at most one slot of a
+  slot set that serves its model (``slots.SlotSets``); each group of people
+  who compete for slots (``slots.contention``) is owed what it delivered,
+  split by those shares; weights are entitlements (under group shares a
+  group's weight divided among its members with work). While no one waits
   everyone gets what it asked for, so each is owed what it received. What the
   scheduler has charged anyone never enters.
 - Service over entitlement (``x``) is continuous: when an entitlement changes,

@@ -13,9 +13,8 @@ over* at an instant when
   load takes seconds and evicts someone, so a slot that needs one is not
   free); or
 - such a slot went to someone whose turn was later by more than one request:
-  whose VTC counter (service over entitlement, a user returning from idle
-  raised to the lowest backlogged counter of its group, never lowered:
-  ``_gap.GapTracker.returned``) was ahead of the waiting user's by more than
+  whose VTC counter (service over entitlement, kept by issue 18's rules from
+  the workload alone: ``_gap.GapTracker.returned``) was ahead of the waiting user's by more than
   the largest request so far (over the smaller entitlement of the two), both
   as generated (``Pool.gap``) and counted whole at dispatch
   (``Pool.dispatch_gap``). A scheduler that follows either order exactly is
