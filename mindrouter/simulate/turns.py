@@ -17,8 +17,8 @@ over* at an instant when
   the workload alone: ``_gap.GapTracker.returned``) was ahead of the waiting user's by more than
   the largest request so far (over the smaller entitlement of the two), both
   as generated (``Pool.gap``) and counted whole at dispatch
-  (``Pool.dispatch_gap``). A scheduler that follows either order exactly is
-  never flagged. The margin is fair queueing's granularity (a weighted fair
+  (``Pool.dispatch_gap``). A scheduler that serves the lowest counter of
+  either measure is never flagged. The margin is fair queueing's granularity (a weighted fair
   queue may finish a packet up to one largest packet later than the fluid
   ideal, Parekh and Gallager 1993): a scheduler learns a request's size only as
   it runs, and one that charges an estimate ahead misorders two users by up to
