@@ -14,15 +14,15 @@ over* at an instant when
   free); or
 - such a slot went to someone whose turn was later by more than one request:
   whose VTC counter (service over entitlement, kept by issue 18's rules from
-  the workload alone: ``_gap.GapTracker.returned``) was ahead of the waiting user's by more than
-  the largest request so far (over the smaller entitlement of the two), both
-  as generated (``Pool.gap``) and counted whole at dispatch
-  (``Pool.dispatch_gap``). A scheduler that serves the lowest counter of
-  either measure is never flagged. The margin is fair queueing's granularity (a weighted fair
-  queue may finish a packet up to one largest packet later than the fluid
-  ideal, Parekh and Gallager 1993): a scheduler learns a request's size only as
-  it runs, and one that charges an estimate ahead misorders two users by up to
-  one request whatever it does.
+  the workload alone: ``_gap.GapTracker.returned``) was ahead of the waiting
+  user's by more than the largest request so far (over the smaller
+  entitlement of the two), both as generated (``Pool.gap``) and counted
+  whole at dispatch (``Pool.dispatch_gap``). A scheduler that serves the
+  lowest counter of either measure is never flagged. The margin is fair
+  queueing's granularity (a weighted fair queue may finish a packet up to one
+  largest packet later than the fluid ideal, Parekh and Gallager 1993): a
+  scheduler learns a request's size only as it runs, and one that charges an
+  estimate ahead misorders two users by up to one request whatever it does.
 
 From that instant until one of its requests starts (or its queue empties, or
 the run ends) it is passed over; ``UserRun.max_passed_over`` is the longest
