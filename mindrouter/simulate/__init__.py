@@ -106,11 +106,24 @@ Users compete only inside a *pool*: backends joined by serving a common model
 pool, among the users who sent requests there, so two users alone on separate
 models are each owed all of their own pool.
 
+Inside a pool, slots are counted as the backends hold them
+(``mindrouter.simulate.slots``): a backend without ``parallel`` has one set of
+``max_concurrent`` slots that any model it serves can take; one with
+``parallel`` (Ollama's ``OLLAMA_NUM_PARALLEL``) gives each model its own
+``parallel`` slots (an embedding model 1, as Ollama loads it), which no other
+model's request can take. Users whose candidate slots are joined (share a slot
+set, transitively) form a *group of contention*: the users of one model on
+workstations with per-model slots compete only with each other. Targets split
+what each group delivers among its members, and the service gap is measured
+only between members of one group.
+
 - ``users``: ``name``, ``weight`` (the last, after events), ``target_share``,
   ``tokens``, ``share``, ``requests`` (completed), ``wait_p50``/``wait_p95``/
   ``wait_max`` (seconds queued before dispatch, nearest rank),
   ``max_starved_s`` (the longest stretch during which the user had a request
-  queued and none of its requests started), ``longest_request_s`` (the
+  queued and none of its requests started), ``max_passed_over_s`` (the
+  longest part of such a stretch in which the scheduler had passed it over:
+  docs/simulate.md, "Starvation and being passed over"), ``longest_request_s`` (the
   longest any of its requests took from dispatch to its last token),
   ``timeouts``, plus ``group``, ``submitted``, ``dispatched``, ``timed_out``
   (the same as ``timeouts``), ``rejected``, ``waited_requests`` (could not
@@ -131,7 +144,9 @@ models are each owed all of their own pool.
   when none counts) and ``starvation_allowed_s`` (3 x ``longest_request_s``
   plus the time its largest request takes at its target share of its pools'
   throughput, both in service units: a request costing more than the others get in 3 x its service
-  time must wait its turn). The table's ``share`` column is
+  time must wait its turn) and ``passed_over_allowed_s`` (3 x
+  ``longest_request_s``, issue 18's bound, held against
+  ``max_passed_over_s``). The table's ``share`` column is
   ``service_share``; token shares, service units and GPU time are printed on
   a line under it.
 - ``pools``: one object per pool: ``backends``, ``models``, ``slots``,
@@ -150,16 +165,22 @@ models are each owed all of their own pool.
   waits in the pool, the service delivered at each moment is owed by each
   person's weighted max-min share of the slots among the people with work
   there (queued or running), in service units, each request holding at most
-  one slot on a backend that serves its model (water-filling with those candidate
-  backends: ``mindrouter.simulate.maxmin``); with ``shares = "group"`` a
-  group's weight is divided among its members with work by their own. While
-  nobody waits, everyone is owed what it received. With everyone saturating
-  all run long that is weight / total weight.
+  one slot of a slot set that serves its model (water-filling with those candidate
+  slot sets: ``mindrouter.simulate.maxmin``); each group of contention is owed
+  what it delivered, split by those shares among its members (a slot of the
+  embedding model delivers units far faster than one of the 70B, so one
+  pool-wide split would owe the 70B's users the embedding slots' speed); with
+  ``shares = "group"`` a group's weight is divided among its members with work
+  by their own. While nobody waits, everyone is owed what it received. With
+  everyone saturating all run long that is weight / total weight.
 - ``max_service_gap``: the largest change of ``S_a/w_a - S_b/w_b`` (service
   units over weight, or under group
   shares over the user's part of its group's weight) over an interval
-  in which users a and b were both continuously backlogged in one pool,
-  measured from the moment both last became backlogged; exact, since it is
+  in which users a and b of one group of contention were both continuously
+  backlogged in one pool, measured from the moment both last became
+  backlogged (users of models with separate slots never take each other's
+  slots, so nothing bounds how far apart they drift; their shares are judged
+  against their targets instead); exact, since it is
   evaluated at every breakpoint. A weight change changes only the slope of
   ``S/w`` from then on. ``max_service_gap_pair``/``_at`` say where;
   ``gap_bound`` is 2 x ``max_request_cost`` (the largest cost of a request in

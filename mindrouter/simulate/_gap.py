@@ -1,5 +1,10 @@
 """The service gap: the largest drift between two users' weighted service while both are backlogged.
 
+Only users who compete for slots are compared (``group``: ``slots.contention``):
+two users of models with separate slots on the same backends never take each
+other's slots, so nothing bounds how far apart they drift; their shares are
+judged against their targets instead.
+
 Each user's service over weight is a piecewise-linear function of time,
 ``x_i(t) = a_i + b_i * t``, that changes only at events. For users i and j
 backlogged together since T, the gap is ``|(x_i(t) - x_j(t)) - (x_i(T) - x_j(T))|``.
@@ -10,6 +15,8 @@ and never in between. A batch costs O(changed users x backlogged users).
 """
 
 from __future__ import annotations
+
+from collections.abc import Collection
 
 __all__ = ["GapTracker"]
 
@@ -27,6 +34,14 @@ class GapTracker:
         self.max = 0.0
         self.pair: tuple[int, int] | None = None
         self.at: float | None = None
+        self.group = [0] * users
+        """Each user's group of contention: pairs of different groups are not compared."""
+        self.lift = [0.0] * users
+        """Added to x to make VTC's counters (``returned``)."""
+        self.level: dict[int, float] = {}
+        """Each group's reference: the lowest counter of its users with work, or the last one while none has."""
+        self.standing: list[float | None] = [None] * users
+        """Each user's counter less its group's reference when its queue last emptied."""
 
     def set(self, i: int, a: float, b: float) -> None:
         """User i's line is now ``a + b * t`` (from this batch's instant on)."""
@@ -57,12 +72,55 @@ class GapTracker:
             partners[i].clear()
         if joined:
             x = self._values(t, pre=False)
+            group = self.group
             for i in joined:
                 for j in backlogged:
-                    if j != i and j not in partners[i]:
+                    if j != i and j not in partners[i] and group[i] == group[j]:
                         base = x[i] - x[j]
                         partners[i][j] = base
                         partners[j][i] = -base
+
+    def _reference(self, x: list[float], g: int, backlogged: list[int], skip: Collection[int]) -> float | None:
+        """Group g's reference (``skip`` left out): the lowest counter of its backlogged users, or with
+        none the one of the last to leave the backlog (VTC's; like the core's V, it stays put)."""
+        lift, group = self.lift, self.group
+        others = [x[j] + lift[j] for j in backlogged if j not in skip and group[j] == g]
+        if others:
+            self.level[g] = min(others)
+        return self.level.get(g)
+
+    def emptied(self, t: float, users: list[int], backlogged: list[int]) -> None:
+        """``users`` have nothing queued after ``t`` (their queues emptied, or their requests started as
+        they came): remember where each stands from the reference. ``backlogged``: after the batch."""
+        x = self._values(t, pre=False)
+        lift, group = self.lift, self.group
+        for i in users:
+            if not any(group[j] == group[i] for j in backlogged):  # the last to leave sets the reference
+                self.level[group[i]] = min(x[j] + lift[j] for j in users if group[j] == group[i])
+            low = self._reference(x, group[i], backlogged, users)
+            self.standing[i] = None if low is None else x[i] + lift[i] - low
+
+    def returned(self, t: float, users: list[int], idle: Collection[int], backlogged: list[int]) -> None:
+        """``users`` sent requests at ``t`` with nothing queued before; ``idle``: nothing running either.
+
+        VTC's counters, as issue 18 asks them kept: a user returning from idle is raised to the
+        reference (``_reference``), never lowered: idle time banks nothing, and a debt stays. One
+        whose requests still ran keeps where it stood from the reference when its queue emptied,
+        raised to that if it fell behind: what it was owed it keeps, but it banks nothing while it
+        asked for nothing more.
+        """
+        x = self._values(t, pre=False)
+        for i in users:
+            low = self._reference(x, self.group[i], backlogged, users)
+            if low is None:
+                continue
+            standing = self.standing[i]
+            floor = low if i in idle or standing is None else low + standing
+            self.lift[i] = max(self.lift[i], floor - x[i])
+
+    def counter(self, i: int, t: float) -> float:
+        """User i's VTC counter at ``t``: its x, lifted (``returned``); the lower, the sooner its turn."""
+        return self.a[i] + self.b[i] * t + self.lift[i]
 
     def finish(self, t: float) -> None:
         """Sample every pair at the end of the run."""

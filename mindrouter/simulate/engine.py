@@ -40,6 +40,8 @@ from .lifecycle import _DONE, _POLL, _PREFILL, _PROGRESS, Lifecycle
 from .pools import Pool, find_pools
 from .runs import BackendRun, ModelRun, PhaseRun, RequestTrace, Run, UserRun
 from .scenario import EventSpec, Scenario
+from .slots import SlotSets
+from .turns import Turns
 from .workload import draw_sizes, phase_rngs
 from .workstation import Workstation
 
@@ -83,6 +85,7 @@ class _Sim(Lifecycle):
             Pool(
                 i,
                 backends,
+                SlotSets(backends, lambda m: scenario.model(m).kind),
                 n,
                 self.accounts.entitlement,
                 prompt_cost=settings.prompt_token_cost,
@@ -100,6 +103,12 @@ class _Sim(Lifecycle):
                 user.pools.append(pool)
             stop = scenario.duration if spec.stop is None else spec.stop
             self.phases.append(PhaseRun(len(self.phases), spec, user, pool, rng, stop))
+        for pool in self.pools:
+            models: dict[int, set[str]] = {}
+            for phase in self.phases:
+                if phase.pool is pool:
+                    models.setdefault(phase.user.index, set()).add(phase.spec.model)
+            pool.compete(models)
         self.heap: list[tuple[float, int, int, object]] = []
         self.seq = 0
         self.reqs: dict[str, RequestTrace] = {}
@@ -115,6 +124,7 @@ class _Sim(Lifecycle):
         self.next_heavy_check = 0.0
         self.last_heavy_ids: frozenset[object] = frozenset()
         self.events = 0
+        self.turns = Turns(self.pools, self.users, self.backends, self.stations)
 
     # -- events -------------------------------------------------------------
 
@@ -238,6 +248,7 @@ class _Sim(Lifecycle):
         if self.trace is not None:
             self.trace.append(req)
         user.queued += 1
+        self.turns.queued(user.index, spec.model, 1)
         phase.pool.submitted(user.index, spec.model)
         self.touch(user)
 
@@ -257,6 +268,7 @@ class _Sim(Lifecycle):
             req.timed_out = True
             user = self.users[req.user]
             user.queued -= 1
+            self.turns.queued(user.index, req.model, -1)
             user.timed_out += 1
             self.queued_total -= 1
             self.models[req.model].timed_out += 1
@@ -293,6 +305,7 @@ class _Sim(Lifecycle):
         self.touched.clear()
         for pool in self.pools:
             pool.end_batch(now)
+        self.turns.check_free(now)
         deadline = self.sched.next_deadline()
         if deadline is not None and (self.expire_at is None or deadline < self.expire_at):
             self.expire_at = deadline

@@ -16,6 +16,7 @@ from ..scheduler import Scheduler, Timings
 from .pools import Pool
 from .runs import BackendRun, ModelRun, PhaseRun, RequestTrace, UserRun
 from .scenario import Scenario
+from .turns import Turns
 from .workstation import DECODE, DONE, PREFILL, Runner, Stream, Workstation
 
 __all__ = ["Lifecycle"]
@@ -47,6 +48,7 @@ class Lifecycle:
     saturated_since: float | None
     saturated_tokens: float
     tokens_at_saturation: float
+    turns: Turns
     push: Callable[[float, int, object], None]
     touch: Callable[[UserRun], None]
     next_request: Callable[[PhaseRun, float], None]
@@ -76,6 +78,8 @@ class Lifecycle:
         if skipped > user.max_skipped:
             user.max_skipped = skipped
         user.queued -= 1
+        self.turns.queued(user.index, req.model, -1)
+        self.turns.started(phase.pool, user.index, backend_id, req.model, now)
         user.running += 1
         user.request_started(now)
         self.touch(user)
@@ -144,6 +148,7 @@ class Lifecycle:
         stats.e2e.append(now - req.submitted)
         stats.completion_tokens += req.completion
         backend.busy -= 1
+        self.turns.ended(pool, req.backend, req.model)  # type: ignore[arg-type]
         backend.tokens += req.prompt + req.completion
         held = min(now, self.sc.duration) - req.dispatched
         backend.slot_seconds += held

@@ -17,9 +17,11 @@ Invariants of ``Pool``:
   set of outstanding requests and one set of weights) from the workload alone (issue 18, case 4):
   while someone waits, the service delivered is owed by each person's weighted
   max-min share of the slots (``maxmin.max_min``) among the people with work
-  in the pool, queued or running, each request holding at most one slot on a
-  backend that serves its model; weights are entitlements (under group shares
-  a group's weight divided among its members with work). While no one waits
+  in the pool, queued or running, each request holding at most one slot of a
+  slot set that serves its model (``slots.SlotSets``); each group of people
+  who compete for slots (``slots.contention``) is owed what it delivered,
+  split by those shares; weights are entitlements (under group shares a
+  group's weight divided among its members with work). While no one waits
   everyone gets what it asked for, so each is owed what it received. What the
   scheduler has charged anyone never enters.
 - Service over entitlement (``x``) is continuous: when an entitlement changes,
@@ -36,6 +38,7 @@ from ..scheduler.pools import joined
 from ._gap import GapTracker
 from .maxmin import max_min
 from .scenario import BackendSpec
+from .slots import SlotSets, contention
 
 __all__ = ["Pool", "PoolWindow", "find_pools"]
 
@@ -70,6 +73,7 @@ class Pool:
         self,
         index: int,
         backends: tuple[BackendSpec, ...],
+        slot_sets: SlotSets,
         users: int,
         entitlement: Entitlement,
         *,
@@ -93,10 +97,14 @@ class Pool:
         self.outstanding: list[dict[str, int]] = [{} for _ in range(users)]
         """Each user's requests queued or running here, by model."""
         self.demand_changed = False
-        self.owed: dict[int, float] | None = None
-        """Each user's fraction of what the current epoch delivers; None while no one waits."""
-        self.serves = {m: frozenset(b.name for b in backends if m in b.models) for m in self.models}
-        self.capacity = {b.name: float(b.max_concurrent) for b in backends}
+        self.arrived: dict[int, int] = {}
+        """Requests each user sent in the current batch."""
+        self.owed: dict[int, tuple[int, float, float]] | None = None
+        """Each user's group of contention (``slots.contention``), its fraction of what its group delivers
+        in the current epoch, and of what the pool delivers; None while no one waits."""
+        self.slot_sets = slot_sets
+        self.serves = slot_sets.serves
+        self.capacity = slot_sets.capacity
         self.backlogged: list[int] = []
         self.is_backlogged = [False] * users
         self.ever_backlogged = [False] * users
@@ -138,6 +146,12 @@ class Pool:
         ``cost / w_a + cost / w_b`` apart in service over entitlement.
         """
         return 2 * self.max_request_cost / self.min_entitlement
+
+    def compete(self, models: dict[int, set[str]]) -> None:
+        """Tell the gap trackers who competes, from the models each user sends here (``slots.contention``)."""
+        group = contention({u: frozenset().union(*(self.serves[m] for m in held)) for u, held in models.items()})
+        for u, g in group.items():
+            self.gap.group[u] = self.dispatch_gap.group[u] = g
 
     # -- service lines --------------------------------------------------------
 
@@ -190,6 +204,7 @@ class Pool:
         if u not in self.members:
             self.members.append(u)
         self.queued[u] += 1
+        self.arrived[u] = self.arrived.get(u, 0) + 1
         self._outstanding(u, model, 1)
         self.changed.add(u)
 
@@ -229,6 +244,8 @@ class Pool:
     def end_batch(self, now: float) -> None:
         """Move users in or out of the backlog, re-weigh, and sample the gaps."""
         flips = [u for u in self.changed if (self.queued[u] > 0) != self.is_backlogged[u]]
+        # Requests that started as they came: their users passed through the queue in this batch.
+        through = [u for u in self.changed if u in self.arrived and not self.queued[u] and not self.is_backlogged[u]]
         self.changed.clear()
         joined: list[int] = []
         left: list[int] = []
@@ -249,6 +266,15 @@ class Pool:
             self.reweigh_targets()
         self.gap.settle(now, joined, left, self.backlogged if joined else [])
         self.dispatch_gap.settle(now, joined, left, self.backlogged if joined else [])
+        came = joined + through
+        if came:  # idle: all it has outstanding came in this batch (what ended in it is gone)
+            idle = {u for u in came if sum(self.outstanding[u].values()) == self.arrived[u]}
+            self.gap.returned(now, came, idle, self.backlogged)
+            self.dispatch_gap.returned(now, came, idle, self.backlogged)
+        if left or through:
+            self.gap.emptied(now, left + through, self.backlogged)
+            self.dispatch_gap.emptied(now, left + through, self.backlogged)
+        self.arrived.clear()
 
     def reweigh(self, now: float) -> None:
         """Take the backlogged users' current entitlements; ``x`` stays continuous, only its slope changes.
@@ -276,13 +302,21 @@ class Pool:
         candidates = {u: frozenset().union(*(self.serves[m] for m in self.outstanding[u])) for u in demand}
         alloc = max_min(weights, demand, candidates, self.capacity)
         total = sum(alloc.values())
-        self.owed = {u: a / total for u, a in alloc.items()} if total > 0 else None
+        if total <= 0:
+            self.owed = None
+            return
+        group = contention(candidates)
+        held: dict[int, float] = {}
+        for u, a in alloc.items():
+            held[group[u]] = held.get(group[u], 0.0) + a
+        self.owed = {u: (group[u], a / held[group[u]] if held[group[u]] else 0.0, a / total) for u, a in alloc.items()}
 
     def close_epoch(self, now: float) -> None:
         """Share out the service delivered since the last epoch boundary (see the module's invariants)."""
         span = now - self.epoch_start
         total = 0.0
         owed = self.owed
+        deltas = {}
         for u in self.members:
             tokens = self.tokens(u, now)
             self.win_tokens[u] += tokens - self.epoch_tokens[u]
@@ -291,14 +325,20 @@ class Pool:
             delta = units - self.epoch_units[u]
             self.epoch_units[u] = units
             self.win_units[u] += delta
+            deltas[u] = delta
             total += delta
             if owed is None:
                 self.target[u] += delta
                 self.win_targets[u] += delta
         if owed is not None:
-            for u, fraction in owed.items():
-                self.target[u] += total * fraction
-                self.win_targets[u] += total * fraction
+            delivered: dict[int, float] = {}
+            for u, (group, _, _) in owed.items():
+                delivered[group] = delivered.get(group, 0.0) + deltas.get(u, 0.0)
+            stray = total - sum(delivered.values())
+            for u, (group, inside, fraction) in owed.items():
+                due = delivered[group] * inside + stray * fraction
+                self.target[u] += due
+                self.win_targets[u] += due
         if self.backlogged:
             self.win_backlogged += span
         self.epoch_start = now

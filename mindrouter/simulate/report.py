@@ -191,6 +191,7 @@ def _user_row(user: UserRun, run: Run, total: float, units: float, gpu: float) -
         "wait_p95": _r(percentile(user.waits, 0.95), 3),
         "wait_max": _r(max(user.waits) if user.waits else None, 3),
         "max_starved_s": _r(user.max_starved, 3),
+        "max_passed_over_s": _r(user.max_passed_over, 3),
         "longest_request_s": _r(user.longest_request, 3),
         "timeouts": user.timed_out,
         "submitted": user.submitted,
@@ -349,7 +350,7 @@ def render(result: dict[str, Any], console: Console, *, wall_seconds: float | No
     )
     table.add_column("user", no_wrap=True)
     table.add_column("group (w)", no_wrap=True)
-    for header in ("target", "share", "tokens", "reqs", "wait p50", "p95", "max", "starved", "timeouts"):
+    for header in ("target", "share", "tokens", "reqs", "wait p50", "p95", "max", "starved", "passed", "timeouts"):
         table.add_column(header, justify="right", no_wrap=True)
     for row in result["users"]:
         group = f"{row['group']} ({row['weight']:g})" if row["group"] else f"({row['weight']:g})"
@@ -364,6 +365,7 @@ def render(result: dict[str, Any], console: Console, *, wall_seconds: float | No
             _sec(row["wait_p95"]),
             _sec(row["wait_max"]),
             _sec(row["max_starved_s"]),
+            _sec(row["max_passed_over_s"]),
             f"{row['timeouts']:,}",
         )
     console.print(table)
@@ -400,6 +402,10 @@ def render(result: dict[str, Any], console: Console, *, wall_seconds: float | No
             console.print(f"Pool {' + '.join(pool['backends'])}: {shares or 'unused'}.")
     backends = ", ".join(f"{b['name']} {100 * b['utilization']:.0f}% busy" for b in result["backends"])
     console.print(f"Backends: {backends}.")
+    console.print(
+        "Starved: longest wait with a request queued and none starting. Passed: the part of such a wait"
+        " after a slot it could use was left free or went to someone whose turn was later (docs/simulate.md)."
+    )
     skipped = [r for r in result["users"] if r["waited_requests"]]
     if skipped:
         console.print(

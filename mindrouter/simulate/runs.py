@@ -94,6 +94,9 @@ class UserRun:
     starved_since: float | None = None
     """Since when it has had a request queued and none of its requests started."""
     max_starved: float = 0.0
+    passed_since: float | None = None
+    """Since when it has been passed over (``turns.Turns``) in its current wait; None when it was not."""
+    max_passed_over: float = 0.0
     longest_request: float = 0.0
     """Seconds the longest of its requests took from dispatch to the last token."""
     largest_request: float = 0.0
@@ -112,12 +115,24 @@ class UserRun:
             if self.starved_since is not None:
                 self.max_starved = max(self.max_starved, now - self.starved_since)
                 self.starved_since = None
+            self._end_passed_over(now)
 
     def request_started(self, now: float) -> None:
         """One of its requests started: a starved stretch ends here, and the next one begins."""
         if self.starved_since is not None:
             self.max_starved = max(self.max_starved, now - self.starved_since)
             self.starved_since = now
+        self._end_passed_over(now)
+
+    def passed_over(self, now: float) -> None:
+        """It was passed over at ``now`` (``turns.Turns``): a stretch begins unless one is open."""
+        if self.passed_since is None:
+            self.passed_since = now
+
+    def _end_passed_over(self, now: float) -> None:
+        if self.passed_since is not None:
+            self.max_passed_over = max(self.max_passed_over, now - self.passed_since)
+            self.passed_since = None
 
     def note_factor(self, factor: float, now: float) -> None:
         """Start, deepen or end its deprioritized stretch; ``factor`` is the core's for it (1: not deprioritized)."""
@@ -135,6 +150,7 @@ class UserRun:
             self.backlogged_seconds += end - self.backlogged_since
         if self.starved_since is not None:
             self.max_starved = max(self.max_starved, end - self.starved_since)
+        self._end_passed_over(end)
         if self.deprioritized_since is not None:
             self.deprioritized_seconds += end - self.deprioritized_since
 

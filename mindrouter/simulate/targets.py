@@ -42,7 +42,10 @@ def _worst_windows(pools: list[dict[str, Any]]) -> dict[str, dict[str, Any]]:
 
 
 def add_user_figures(out: dict[str, Any], run: Run) -> None:
-    """Add ``worst_window`` and ``starvation_allowed_s`` to each user row.
+    """Add ``worst_window``, ``starvation_allowed_s`` and ``passed_over_allowed_s`` to each user row.
+
+    ``passed_over_allowed_s`` is issue 18's bound, 3 x its longest request, held against
+    ``max_passed_over_s``: the part of its waits the scheduler chose (``turns.py``).
 
     ``starvation_allowed_s`` is 3 x its longest request plus the time its pools
     take to deliver one of its largest requests at its target share: under fair
@@ -58,3 +61,4 @@ def add_user_figures(out: dict[str, Any], run: Run) -> None:
         if rate > 0 and row["target_share"]:
             wait += user.largest_request / (rate * row["target_share"])
         row["starvation_allowed_s"] = _r(wait, 3)
+        row["passed_over_allowed_s"] = _r(3 * user.longest_request, 3)

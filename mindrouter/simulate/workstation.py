@@ -29,7 +29,6 @@ their VRAM, free VRAM, sizes, parallel, max loaded) is ``snapshot()``.
 
 from __future__ import annotations
 
-import math
 from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -37,6 +36,7 @@ from dataclasses import dataclass, field
 from ..scheduler import Backend, Modality
 from .runs import RequestTrace
 from .scenario import GB, BackendSpec, ModelSpec, Rates
+from .slots import model_slots
 
 __all__ = ["Runner", "Stream", "Workstation"]
 
@@ -123,9 +123,7 @@ class Workstation:
             self.runners[m] = Runner(self.model(m), self._slots(m))
 
     def _slots(self, model: str) -> float:
-        if self.spec.ollama and self.model(model).kind == "embedding":
-            return 1
-        return self.spec.parallel or math.inf
+        return model_slots(self.spec, self.model(model).kind)
 
     # -- what the daemon polls ----------------------------------------------
 
