@@ -175,6 +175,12 @@ def typical_answer(s: Scheduler) -> float:
     return pool.answer
 
 
+def slot_answer(s: Scheduler) -> float:
+    """The answer the pool's slots are typically busy with: what a stream of a known user is charged ahead by."""
+    (pool,) = s.fair.pools.values()
+    return pool.slot_answer
+
+
 def test_a_newcomer_taking_slots_at_once_moves_by_a_typical_answer_ahead_for_each():
     """Issue 9, row 5: while a user's answers are unknown, each stream is charged a typical answer ahead."""
     s = make(backends=2, slots=4)
@@ -203,13 +209,15 @@ def test_a_known_long_answer_is_charged_as_it_streams_not_all_at_once():
     s.submit(j := job("long", 100, stream=True), 100)
     s.dispatch(100)
     s.complete(j.id, 180, prompt_tokens=100, completion_tokens=4000)  # its usual answer is now 4,000
-    typical = typical_answer(s)
-    assert typical == pytest.approx(1300, rel=0.001)  # moved by 0.1 of the 4,000 clipped at 4x
+    assert typical_answer(s) == pytest.approx(1300, rel=0.001)  # moved by 0.1 of the 4,000 clipped at 4x
+    # Weighted by length: (0.9 x 1,000^2 + 0.1 x 4,000^2) / (0.9 x 1,000 + 0.1 x 4,000).
+    typical = slot_answer(s)
+    assert typical == pytest.approx(2_500_000 / 1300, rel=0.001)
     s.submit(j := job("long", 180, stream=True), 180)
     s.dispatch(180)
     assert s.user("long").inflight_charge == pytest.approx(100 + 2 * typical)  # not 4,100 at once
-    s.progress(j.id, 200, completion_tokens=1000)
-    assert s.user("long").inflight_charge == pytest.approx(100 + 1000 + 2 * typical)
+    s.progress(j.id, 200, completion_tokens=100)
+    assert s.user("long").inflight_charge == pytest.approx(100 + 100 + 2 * typical)
     s.progress(j.id, 240, completion_tokens=3000)
     assert s.user("long").inflight_charge == 100 + 4000  # never past its usual answer...
     s.progress(j.id, 250, completion_tokens=4500)

@@ -223,10 +223,11 @@ class FairShare:
         """
         max_tokens = job.max_tokens
         usual = user.completion_ema
-        total = max(self.settings.default_completion_tokens if usual is None else usual, pool.answer)
+        slot = pool.slot_answer
+        total = max(self.settings.default_completion_tokens if usual is None else usual, slot)
         if not job.stream:
             return (total if max_tokens is None else min(total, float(max_tokens))), math.inf
-        ahead = ANSWERS_AHEAD * pool.answer
+        ahead = ANSWERS_AHEAD * slot
         if usual is None:
             total, ahead = math.inf, pool.answer
         if max_tokens is not None:

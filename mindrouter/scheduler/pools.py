@@ -162,6 +162,9 @@ class Pool:
     """Typical request cost here: a moving average of completed requests, each clipped."""
     answer: float = 0.0
     """Typical answer here, in completion tokens: the same moving average of completed answers."""
+    _answer_tokens: float = 0.0
+    _answer_squares: float = 0.0
+    """Moving averages of completed answers and of their squares (``slot_answer``), each clipped."""
     recent_total: float = 0.0
     heavy: set[Hashable] = field(default_factory=set)
     shifts: int = 0
@@ -180,6 +183,20 @@ class Pool:
             self.typical = self.settings.cost(0, self.settings.default_completion_tokens)
         if not self.answer:
             self.answer = float(self.settings.default_completion_tokens)
+        if not self._answer_tokens:
+            self._answer_tokens = self.answer
+            self._answer_squares = self.answer * self.answer
+
+    @property
+    def slot_answer(self) -> float:
+        """The answer a slot here is typically busy with, in completion tokens: a mean weighted by length.
+
+        Ten-token answers may be most of the requests and still hold the slots a
+        small part of the time; what a stream of unknown length may turn out to be
+        is what the tokens being generated belong to (answers-jump: 270 tokens where
+        the plain average says 30).
+        """
+        return self._answer_squares / self._answer_tokens
 
     # -- seats and the reference V -----------------------------------------
 
@@ -307,6 +324,9 @@ class Pool:
             self.typical += TYPICAL_ALPHA * (min(cost, TYPICAL_CLIP * self.typical) - self.typical)
         if completion > 0:
             self.answer += TYPICAL_ALPHA * (min(completion, TYPICAL_CLIP * self.answer) - self.answer)
+            clipped = min(completion, TYPICAL_CLIP * self.slot_answer)
+            self._answer_tokens += TYPICAL_ALPHA * (clipped - self._answer_tokens)
+            self._answer_squares += TYPICAL_ALPHA * (clipped * clipped - self._answer_squares)
         self.add_usage(seat, prompt + completion, cost, now)
 
     def add_usage(self, seat: Seat, tokens: float, units: float, at: float) -> None:
