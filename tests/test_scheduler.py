@@ -220,8 +220,10 @@ def test_a_known_long_answer_is_charged_as_it_streams_not_all_at_once():
     assert s.user("long").inflight_charge == pytest.approx(100 + 100 + 2 * typical)
     s.progress(j.id, 240, completion_tokens=3000)
     assert s.user("long").inflight_charge == 100 + 4000  # never past its usual answer...
-    s.progress(j.id, 250, completion_tokens=4500)
-    assert s.user("long").inflight_charge == 100 + 4500  # ...unless it streams more
+    s.progress(j.id, 250, completion_tokens=4500)  # it outlived its usual answer: charged ahead again
+    assert s.user("long").inflight_charge == pytest.approx(100 + 4500 + 2 * typical)
+    s.complete(j.id, 260, prompt_tokens=100, completion_tokens=4600)
+    assert s.user("long").inflight_charge == 0 and s.user("long").served == 4100 + 4700  # settled at its cost
 
 
 def test_idle_time_raises_burst_credits_and_contention_halves_them():

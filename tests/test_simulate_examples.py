@@ -148,12 +148,7 @@ NOT_FAIRNESS = {
 #: Examples that miss a target until the scheduler core does what issue 9 asks;
 #: each names the missing core behaviour. Remove an entry when its test passes
 #: (strict: an unexpected pass fails the suite, so none is left behind).
-NEEDS_CORE: dict[str, str] = {
-    # At the jump b's first 4,000-token answers are charged ahead as its usual 10-token ones, so b
-    # takes 6 of the 8 slots for about 80 s (5 at 1:1 costs) and, at 2 units an answer token, runs
-    # 26,800 units ahead of a (bound 16,400; 3,400 against 8,400 at 1:1). Shares stay 50/50.
-    "answers-jump": "price a user's first long answers before it has learned them (service gap after the jump)",
-}
+NEEDS_CORE: dict[str, str] = {}
 
 #: Examples that miss a target no scheduler that never preempts a running request can meet, with the reason.
 BEYOND_SLOTS = {

@@ -17,6 +17,7 @@ Invariant: a seat's ``inflight`` is the sum of ``charged`` over its running jobs
 
 from __future__ import annotations
 
+import math
 from collections.abc import Hashable
 from dataclasses import dataclass
 
@@ -45,9 +46,19 @@ class Running:
     """Completion tokens reported so far."""
 
     def answer_due(self) -> float:
-        """Completion tokens to have charged now, given what has streamed."""
+        """Completion tokens to have charged now, given what has streamed.
+
+        A stream that outlives its expected total shows the estimate wrong: from then on it is
+        charged as one of unknown length is, ``ahead`` of what it has produced up to ``max_tokens``.
+        Held to the estimate, a user whose answers jump from 10 to 4,000 tokens was charged only
+        what streamed and took 6 of 8 slots at once (answers-jump, gap 25,540 of 16,400).
+        """
         streamed = self.streamed
-        return max(streamed, min(self.total, streamed + self.ahead))
+        total = self.total
+        if streamed > total:
+            limit = self.job.max_tokens
+            total = math.inf if limit is None else float(limit)
+        return max(streamed, min(total, streamed + self.ahead))
 
 
 class Ledger:
