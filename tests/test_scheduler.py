@@ -664,3 +664,39 @@ def test_a_retry_goes_back_to_the_failed_backend_when_no_other_is_live():
     [again] = s.dispatch(1)
     assert again.backend_id == d.backend_id == 1
     assert again.record.candidates[0].penalty > 0
+
+
+def test_a_weight_change_prices_again_what_was_charged_ahead_for_service_still_to_come():
+    """Service is charged at the weight of the moment it is produced, so a raise applies to running streams too."""
+    s = make(backends=1, slots=4)
+    s.set_user("a", 1)
+    s.submit(j := job("a", 0, prompt=100, max_tokens=300, stream=True), 0)
+    s.dispatch(0)
+    s.progress(j.id, 1, completion_tokens=100)
+    charged = s.user("a").inflight_charge
+    assert charged == pytest.approx(100 + 300)  # its prompt and its 300-token answer, 200 of it still to come
+    (pool,) = s.fair.pools.values()
+    before = pool.seats["a"].lag
+    s.set_user("a", 2)
+    # The 200 tokens to come cost 200 at weight 1 and 100 at weight 2: the lag moves up by 100, what was
+    # produced (the prompt and 100 tokens) stays charged at weight 1.
+    assert pool.seats["a"].lag == pytest.approx(before + 100)
+    s.complete(j.id, 2, prompt_tokens=100, completion_tokens=300)
+    assert s.user("a").inflight_charge == 0
+
+
+def test_usage_counts_at_the_weight_of_its_time_in_who_is_heavy():
+    """A user who used 75% at weight 3 is not heavy once its weight falls to 1: past use keeps its weight."""
+    s = make(dataclasses.replace(TOKENS, heavy_refresh_interval=0.0, return_credit=100))
+    s.set_user("prof", 3)
+    s.set_user("student", 1)
+    s.add_usage("prof", 3_000, 0, 0, "llama3")
+    s.add_usage("student", 1_000, 0, 0, "llama3")
+    s.dispatch(1.0)
+    assert s.share(1.0).user("prof").factor == 1.0
+    s.set_user("prof", 1)
+    s.dispatch(2.0)
+    assert s.share(2.0).user("prof").factor == 1.0
+    s.add_usage("prof", 3_000, 0, 2.0, "llama3")  # at weight 1, using 3 times the student's: heavy
+    s.dispatch(3.0)
+    assert s.share(3.0).user("prof").factor < 1.0

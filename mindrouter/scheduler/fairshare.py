@@ -142,14 +142,23 @@ class FairShare:
 
     @staticmethod
     def _set_weight(pool: Pool, seat: Seat, weight: float) -> list[Seat]:
-        """Only a heavy seat's key depends on its weight; a plain seat keeps its heap entries."""
-        if seat.weight == weight:
+        """Returns ``seat`` when its key moved: a heavy seat's key depends on its weight, and what it
+        was charged ahead for service still to come is priced again at the new weight.
+
+        Service is charged at the weight of the moment it is produced. Charged at the old weight,
+        the 4 streams a user had running when its weight went from 1 to 2 kept it 960 units per
+        weight behind its new share (set-weight: gap 1,760 of 1,600).
+        """
+        old = seat.weight
+        if old == weight:
             return []
         seat.weight = weight
-        if seat.factor != 1.0:
-            pool.touch(seat)
-            return [seat]
-        return []
+        if seat.unproduced > 0:
+            seat.lag += seat.unproduced * (1 / old - 1 / weight)
+        elif seat.factor == 1.0:
+            return []
+        pool.touch(seat)
+        return [seat]
 
     # -- pools and seats ---------------------------------------------------
 

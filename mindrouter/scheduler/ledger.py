@@ -44,6 +44,8 @@ class Running:
     """Completion tokens charged so far."""
     streamed: int = 0
     """Completion tokens reported so far."""
+    unproduced: float = 0.0
+    """Cost charged beyond what it has produced (its prompt and what streamed): its part of ``Seat.unproduced``."""
 
     def answer_due(self) -> float:
         """Completion tokens to have charged now, given what has streamed.
@@ -80,7 +82,14 @@ class Ledger:
         seat.user.running += 1
         seat.inflight += cost
         pool.charge(seat, cost)
+        self._produced(running)
         self.jobs[running.job.id] = running
+
+    def _produced(self, running: Running) -> None:
+        """Keep the seat's cost charged ahead of production in step with the job's."""
+        unproduced = running.charged - self.settings.cost(running.job.prompt_tokens, running.streamed)
+        running.seat.unproduced += unproduced - running.unproduced
+        running.unproduced = unproduced
 
     def progress(self, job_id: str, completion_tokens: int) -> Running | None:
         """Charge what streamed beyond what was charged; returns the job if its seat moved."""
@@ -90,12 +99,14 @@ class Ledger:
         running.streamed = max(running.streamed, completion_tokens)
         answer = running.answer_due()
         if answer <= running.answer:
+            self._produced(running)
             return None
         target = self.settings.cost(running.job.prompt_tokens, answer)
         more = target - running.charged
         running.answer, running.charged = answer, target
         running.seat.inflight += more
         running.pool.charge(running.seat, more)
+        self._produced(running)
         return running
 
     def settle(self, running: Running, now: float, prompt: float, completion: float, learned: int | None) -> None:
@@ -104,6 +115,7 @@ class Ledger:
         user = seat.user
         cost = self.settings.cost(prompt, completion)
         seat.inflight = max(0.0, seat.inflight - running.charged)
+        seat.unproduced = max(0.0, seat.unproduced - running.unproduced)
         seat.running -= 1
         user.running -= 1
         user.served += cost

@@ -139,10 +139,16 @@ class Seat:
     running: int = 0
     inflight: float = 0.0
     """Cost charged so far for this seat's running jobs (part of ``lag``)."""
+    unproduced: float = 0.0
+    """The part of ``inflight`` charged ahead of what those jobs have produced (prompts and streamed
+    tokens): service still to come, priced at the weight the seat has when it comes (``FairShare``)."""
     left: float = 0.0
     """``lag - V`` when its queue last emptied: what it may keep while its jobs run (``Pool.place``)."""
     recent: float = 0.0
-    """Service units completed here within the fairness window: what decides who is heavy."""
+    """Service units completed here within the fairness window."""
+    recent_per_weight: float = 0.0
+    """The same, each request's units over the weight the seat had when it completed: what decides who
+    is heavy, so a weight change is not applied to usage from before it (``usage_fraction``)."""
     recent_tokens: float = 0.0
     """Tokens (prompt and completion) completed here within the fairness window, for display."""
     factor: float = 1.0
@@ -173,8 +179,8 @@ class Pool:
     _ref_heap: list[tuple[float, int, Hashable, int]] = field(default_factory=list)
     _seq: int = 0
     _reference: float = 0.0
-    _window: deque[tuple[float, Hashable, float, float]] = field(default_factory=deque)
-    """(at, user id, tokens, service units) of each completed request within the fairness window."""
+    _window: deque[tuple[float, Hashable, float, float, float]] = field(default_factory=deque)
+    """(at, user id, tokens, service units, units per weight) of each completed request within the fairness window."""
     _next_refresh: float = 0.0
     _per_weight_total: float = 0.0
 
@@ -331,8 +337,10 @@ class Pool:
 
     def add_usage(self, seat: Seat, tokens: float, units: float, at: float) -> None:
         if tokens > 0:
-            self._window.append((at, seat.user.id, tokens, units))
+            per_weight = units / seat.weight
+            self._window.append((at, seat.user.id, tokens, units, per_weight))
             seat.recent += units
+            seat.recent_per_weight += per_weight
             seat.recent_tokens += tokens
             self.recent_total += units
 
@@ -340,12 +348,14 @@ class Pool:
         """Recent service units per unit of weight, as a part of that sum over the seats active in the window.
 
         With equal weights this is the seed's ``user_recent_tokens / global_recent_tokens``;
-        a weight-10 user using its 91% next to a weight-1 user stands at 0.5. The sum is
+        a weight-10 user using its 91% next to a weight-1 user stands at 0.5. Each request
+        counts at the weight of its time: a group whose weight fell from 3 to 1 is not heavy for
+        what it used at 3 (group-set-weight: it was, and lost a slot to the handicap). The sum is
         the one of the last refresh (at most ``heavy_refresh_interval`` old).
         """
-        if seat.recent <= 0 or self._per_weight_total <= 0:
+        if seat.recent_per_weight <= 0 or self._per_weight_total <= 0:
             return 0.0
-        return min(1.0, (seat.recent / seat.weight) / self._per_weight_total)
+        return min(1.0, seat.recent_per_weight / self._per_weight_total)
 
     def refresh(self, now: float) -> list[Seat]:
         """Expire old usage and, at most once per ``heavy_refresh_interval``, re-rate heavy seats.
@@ -356,21 +366,22 @@ class Pool:
         horizon = now - self.settings.fairness_window
         seats = self.seats
         while window and window[0][0] < horizon:
-            _, uid, tokens, units = window.popleft()
+            _, uid, tokens, units, per_weight = window.popleft()
             self.recent_total -= units
             seat = seats.get(uid)
             if seat is not None:
                 seat.recent -= units
                 seat.recent_tokens -= tokens
+                seat.recent_per_weight -= per_weight
                 if seat.recent < 1e-6:
-                    seat.recent = seat.recent_tokens = 0.0
+                    seat.recent = seat.recent_tokens = seat.recent_per_weight = 0.0
         if not window:
             self.recent_total = 0.0
         if now < self._next_refresh:
             return []
         self._next_refresh = now + self.settings.heavy_refresh_interval
         settings = self.settings
-        per_weight = {uid: s.recent / s.weight for uid, s in seats.items() if s.recent > 0}
+        per_weight = {uid: s.recent_per_weight for uid, s in seats.items() if s.recent > 0}
         total = self._per_weight_total = sum(per_weight.values())
         factors: dict[Hashable, float] = {}
         # Heavy means heavy next to others: a seat alone in the window is using an idle pool.
