@@ -214,7 +214,7 @@ def jumped(a_answer: int = 300, b_answer: int = 4000, slots: int = 4, max_tokens
         )
         for u in sc.users
     )
-    users = users[:2] + (dataclasses.replace(users[2], completion_tokens=(b_answer, b_answer)),)
+    users = (*users[:2], dataclasses.replace(users[2], completion_tokens=(b_answer, b_answer)))
     backends = tuple(dataclasses.replace(b, max_concurrent=slots) for b in sc.backends)
     return sc.replace(users=users, backends=backends)
 

@@ -366,13 +366,13 @@ class Pool:
         horizon = now - self.settings.fairness_window
         seats = self.seats
         while window and window[0][0] < horizon:
-            _, uid, tokens, units, per_weight = window.popleft()
+            _, uid, tokens, units, weighed = window.popleft()
             self.recent_total -= units
             seat = seats.get(uid)
             if seat is not None:
                 seat.recent -= units
                 seat.recent_tokens -= tokens
-                seat.recent_per_weight -= per_weight
+                seat.recent_per_weight -= weighed
                 if seat.recent < 1e-6:
                     seat.recent = seat.recent_tokens = seat.recent_per_weight = 0.0
         if not window:
