@@ -13,9 +13,10 @@ reference, its own positions and its own recent usage.
 Invariants (``Pool.check()`` asserts them in tests):
 
 - A seat's ``lag`` is its effective deficit: cost owed per unit of weight.
-  Charging cost ``c`` lowers it by ``c / weight`` at the weight of that moment,
-  so a weight change alters only how fast it moves from then on, never where
-  it stands.
+  Charging cost ``c`` lowers it by ``c / weight`` at the weight of the moment
+  the service is produced, so a weight change alters only how fast it moves
+  from then on, and the price of what was charged ahead for service still to
+  come (``unproduced``), never what it was charged for service received.
 - ``reference()`` (V) is the highest lag among seats with queued jobs, except
   that it never rises (seats placed above it leave it where it was). Priorities
   are measured from V.
@@ -29,9 +30,9 @@ Invariants (``Pool.check()`` asserts them in tests):
   ``DEBT_BOUND`` of the pool's largest charges (per unit of weight) behind V, and
   never moves a seat already further behind: people in one pool who never meet
   on a backend drift apart, and this bounds what one pays back when they meet.
-- Lags leave their place in only two ways besides charges: that placement, and
-  a shift of every seat of the pool by the same amount when V drifts far below
-  zero (order and shares unchanged). Nobody is raised on its own.
+- Lags leave their place in only three ways besides charges: that placement,
+  that re-pricing, and a shift of every seat of the pool by the same amount
+  when V drifts far below zero (order and shares unchanged).
 - The deprioritization factor only ever lowers a heavy seat's priority.
 """
 
@@ -140,15 +141,13 @@ class Seat:
     inflight: float = 0.0
     """Cost charged so far for this seat's running jobs (part of ``lag``)."""
     unproduced: float = 0.0
-    """The part of ``inflight`` charged ahead of what those jobs have produced (prompts and streamed
-    tokens): service still to come, priced at the weight the seat has when it comes (``FairShare``)."""
+    """The part of ``inflight`` beyond the jobs' prompts and streamed tokens: service still to come."""
     left: float = 0.0
     """``lag - V`` when its queue last emptied: what it may keep while its jobs run (``Pool.place``)."""
     recent: float = 0.0
     """Service units completed here within the fairness window."""
     recent_per_weight: float = 0.0
-    """The same, each request's units over the weight the seat had when it completed: what decides who
-    is heavy, so a weight change is not applied to usage from before it (``usage_fraction``)."""
+    """The same, each over the weight of its time: what decides who is heavy (``usage_fraction``)."""
     recent_tokens: float = 0.0
     """Tokens (prompt and completion) completed here within the fairness window, for display."""
     factor: float = 1.0
@@ -195,12 +194,10 @@ class Pool:
 
     @property
     def slot_answer(self) -> float:
-        """The answer a slot here is typically busy with, in completion tokens: a mean weighted by length.
+        """The answer a slot here is typically busy with, in tokens: the mean weighted by length.
 
-        Ten-token answers may be most of the requests and still hold the slots a
-        small part of the time; what a stream of unknown length may turn out to be
-        is what the tokens being generated belong to (answers-jump: 270 tokens where
-        the plain average says 30).
+        Many 10-token answers hold the slots little of the time: answers-jump's slot answer is
+        270 tokens where the plain average (``answer``) says 30.
         """
         return self._answer_squares / self._answer_tokens
 
@@ -348,10 +345,9 @@ class Pool:
         """Recent service units per unit of weight, as a part of that sum over the seats active in the window.
 
         With equal weights this is the seed's ``user_recent_tokens / global_recent_tokens``;
-        a weight-10 user using its 91% next to a weight-1 user stands at 0.5. Each request
-        counts at the weight of its time: a group whose weight fell from 3 to 1 is not heavy for
-        what it used at 3 (group-set-weight: it was, and lost a slot to the handicap). The sum is
-        the one of the last refresh (at most ``heavy_refresh_interval`` old).
+        a weight-10 user using its 91% next to a weight-1 user stands at 0.5. Each request counts
+        at the weight of its time, so a group whose weight fell from 3 to 1 is not heavy for what
+        it used at 3. The sum is the one of the last refresh (``heavy_refresh_interval``).
         """
         if seat.recent_per_weight <= 0 or self._per_weight_total <= 0:
             return 0.0
