@@ -14,9 +14,9 @@ Invariants (checked by ``FairShare.check()`` in tests):
 - A running job is charged as its service is produced, a little ahead: its
   prompt and a provisional answer when it starts, then one or two typical
   answers beyond what it has streamed (never past its expected total, unless
-  it outlives it), then settled against the backend's token counts when it ends. A job that does not
-  stream is charged its expected answer at once, capped by ``max_tokens`` but
-  never ``max_tokens`` itself.
+  it outlives it), then settled against the backend's token counts when it
+  ends. A job that does not stream is charged its expected answer at once,
+  capped by ``max_tokens`` but never ``max_tokens`` itself.
 - Burst credits are the same amount per unit of weight for every user (they
   grow while nothing is queued and halve when contention starts), so they
   never reorder users; they are reported, not used as a priority term. What
@@ -224,9 +224,9 @@ class FairShare:
         answers keep busy), at most ``max_tokens``; while the user has no completed
         answer it is unknown: ``max_tokens``, else unbounded, and a stream is charged
         one typical answer ahead of what it has produced (``ANSWERS_AHEAD`` slot
-        answers once known), so a user
-        taking several slots at once moves by each of them, and one whose answers
-        are long is charged as they are produced, not all at the start. A job that
+        answers once known), so a user taking several slots at once moves by each of
+        them, and one whose answers are long is charged as they are produced, not
+        all at the start. A job that
         does not stream reports nothing before its end: charged its expected answer
         at once (the larger of the user's usual and the pool's slot answer, at most
         ``max_tokens``), never ``max_tokens`` itself, so what a request asks for

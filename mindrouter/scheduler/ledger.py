@@ -4,13 +4,16 @@ A job is charged its prompt and a provisional answer when it starts
 (``FairShare.provisional_answer``). While it streams, the answer charged is
 ``max(streamed, min(total, streamed + ahead))``: it runs ``ahead`` of what the
 stream has produced (one of the pool's typical answers while the user's answers
-are unknown, and the total unbounded; two once known), but never past the
-answer's expected total. So a user taking several slots at once moves by each of them, and a
-long answer is charged as it is produced rather than all at once. A job that
-does not stream is charged its whole estimate at once (``ahead`` infinite): its
-expected answer, capped by ``max_tokens``, as a stream's total is. At
-the end the charge is settled against the backend's own counts: the
-difference is charged or refunded at the seat's weight of that moment.
+are unknown, and the total unbounded; two slot answers once known), but never
+past the answer's expected total unless it outlives it. So a user taking
+several slots at once moves by each of them, and a long answer is charged as it
+is produced rather than all at once. A job that does not stream is charged its
+whole estimate at once (``ahead`` infinite): its expected answer, capped by
+``max_tokens``, as a stream's total is. What was charged beyond the prompt and
+what streamed (``unproduced``) is service still to come, priced again if the
+seat's weight changes. At the end the charge is settled against the backend's
+own counts: the difference is charged or refunded at the seat's weight of that
+moment.
 
 Invariant: a seat's ``inflight`` is the sum of ``charged`` over its running jobs.
 """
