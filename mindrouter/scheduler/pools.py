@@ -406,4 +406,5 @@ class Pool:
             assert seat.weight > 0, seat
             assert seat.queued >= 0 and seat.running >= 0, seat
             assert 0 < seat.factor <= 1.0, seat
+            assert -1e-6 <= seat.unproduced <= seat.inflight + 1e-6, seat
         assert len(self.heavy) <= 1 or self.settings.deprioritize_threshold < 0.5
