@@ -175,6 +175,12 @@ def typical_answer(s: Scheduler) -> float:
     return pool.answer
 
 
+def slot_answer(s: Scheduler) -> float:
+    """The answer the pool's slots are typically busy with: what a stream of a known user is charged ahead by."""
+    (pool,) = s.fair.pools.values()
+    return pool.slot_answer
+
+
 def test_a_newcomer_taking_slots_at_once_moves_by_a_typical_answer_ahead_for_each():
     """Issue 9, row 5: while a user's answers are unknown, each stream is charged a typical answer ahead."""
     s = make(backends=2, slots=4)
@@ -203,17 +209,21 @@ def test_a_known_long_answer_is_charged_as_it_streams_not_all_at_once():
     s.submit(j := job("long", 100, stream=True), 100)
     s.dispatch(100)
     s.complete(j.id, 180, prompt_tokens=100, completion_tokens=4000)  # its usual answer is now 4,000
-    typical = typical_answer(s)
-    assert typical == pytest.approx(1300, rel=0.001)  # moved by 0.1 of the 4,000 clipped at 4x
+    assert typical_answer(s) == pytest.approx(1300, rel=0.001)  # moved by 0.1 of the 4,000 clipped at 4x
+    # Weighted by length: (0.9 x 1,000^2 + 0.1 x 4,000^2) / (0.9 x 1,000 + 0.1 x 4,000).
+    typical = slot_answer(s)
+    assert typical == pytest.approx(2_500_000 / 1300, rel=0.001)
     s.submit(j := job("long", 180, stream=True), 180)
     s.dispatch(180)
     assert s.user("long").inflight_charge == pytest.approx(100 + 2 * typical)  # not 4,100 at once
-    s.progress(j.id, 200, completion_tokens=1000)
-    assert s.user("long").inflight_charge == pytest.approx(100 + 1000 + 2 * typical)
+    s.progress(j.id, 200, completion_tokens=100)
+    assert s.user("long").inflight_charge == pytest.approx(100 + 100 + 2 * typical)
     s.progress(j.id, 240, completion_tokens=3000)
     assert s.user("long").inflight_charge == 100 + 4000  # never past its usual answer...
-    s.progress(j.id, 250, completion_tokens=4500)
-    assert s.user("long").inflight_charge == 100 + 4500  # ...unless it streams more
+    s.progress(j.id, 250, completion_tokens=4500)  # it outlived its usual answer: charged ahead again
+    assert s.user("long").inflight_charge == pytest.approx(100 + 4500 + 2 * typical)
+    s.complete(j.id, 260, prompt_tokens=100, completion_tokens=4600)
+    assert s.user("long").inflight_charge == 0 and s.user("long").served == 4100 + 4700  # settled at its cost
 
 
 def test_idle_time_raises_burst_credits_and_contention_halves_them():
@@ -654,3 +664,39 @@ def test_a_retry_goes_back_to_the_failed_backend_when_no_other_is_live():
     [again] = s.dispatch(1)
     assert again.backend_id == d.backend_id == 1
     assert again.record.candidates[0].penalty > 0
+
+
+def test_a_weight_change_prices_again_what_was_charged_ahead_for_service_still_to_come():
+    """Service is charged at the weight of the moment it is produced, so a raise applies to running streams too."""
+    s = make(backends=1, slots=4)
+    s.set_user("a", 1)
+    s.submit(j := job("a", 0, prompt=100, max_tokens=300, stream=True), 0)
+    s.dispatch(0)
+    s.progress(j.id, 1, completion_tokens=100)
+    charged = s.user("a").inflight_charge
+    assert charged == pytest.approx(100 + 300)  # its prompt and its 300-token answer, 200 of it still to come
+    (pool,) = s.fair.pools.values()
+    before = pool.seats["a"].lag
+    s.set_user("a", 2)
+    # The 200 tokens to come cost 200 at weight 1 and 100 at weight 2: the lag moves up by 100, what was
+    # produced (the prompt and 100 tokens) stays charged at weight 1.
+    assert pool.seats["a"].lag == pytest.approx(before + 100)
+    s.complete(j.id, 2, prompt_tokens=100, completion_tokens=300)
+    assert s.user("a").inflight_charge == 0
+
+
+def test_usage_counts_at_the_weight_of_its_time_in_who_is_heavy():
+    """A user who used 75% at weight 3 is not heavy once its weight falls to 1: past use keeps its weight."""
+    s = make(dataclasses.replace(TOKENS, heavy_refresh_interval=0.0, return_credit=100))
+    s.set_user("prof", 3)
+    s.set_user("student", 1)
+    s.add_usage("prof", 3_000, 0, 0, "llama3")
+    s.add_usage("student", 1_000, 0, 0, "llama3")
+    s.dispatch(1.0)
+    assert s.share(1.0).user("prof").factor == 1.0
+    s.set_user("prof", 1)
+    s.dispatch(2.0)
+    assert s.share(2.0).user("prof").factor == 1.0
+    s.add_usage("prof", 3_000, 0, 2.0, "llama3")  # at weight 1, using 3 times the student's: heavy
+    s.dispatch(3.0)
+    assert s.share(3.0).user("prof").factor < 1.0

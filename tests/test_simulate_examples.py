@@ -145,12 +145,7 @@ ROWS = {
 #: Examples that miss a target until the scheduler core does what issue 9 asks;
 #: each names the missing core behaviour. Remove an entry when its test passes
 #: (strict: an unexpected pass fails the suite, so none is left behind).
-NEEDS_CORE: dict[str, str] = {
-    # At the jump b's first 4,000-token answers are charged ahead as its usual 10-token ones, so b
-    # takes 6 of the 8 slots for about 80 s (5 at 1:1 costs) and, at 2 units an answer token, runs
-    # 26,800 units ahead of a (bound 16,400; 3,400 against 8,400 at 1:1). Shares stay 50/50.
-    "answers-jump": "price a user's first long answers before it has learned them (service gap after the jump)",
-}
+NEEDS_CORE: dict[str, str] = {}
 
 
 def core(name: str, reason: str | None = None) -> Any:
@@ -180,6 +175,52 @@ def test_every_example_is_covered():
 def test_example_meets_the_targets(name):
     found = misses(measure(name))
     assert not found, f"{ROWS[name]}: " + "; ".join(found)
+
+
+@pytest.mark.parametrize(
+    "name", ["answers-jump", "long-answers", "set-weight", "set-weight-reverse", "group-set-weight"]
+)
+def test_the_gap_bound_holds_at_full_length(name):
+    """Where the change falls in a batch moves the gap: the full hour too (about a second each).
+
+    Before: answers-jump 27,300 of 16,400 (b's first long answers charged as its 10-token ones),
+    set-weight 1,760 of 1,600 (streams running at the change charged at the old weight).
+    """
+    result = build(simulate(load_example(name)))
+    assert result["max_service_gap"] <= result["gap_bound"] + 1e-6, result["max_service_gap"]
+
+
+def jumped(a_answer: int = 300, b_answer: int = 4000, slots: int = 4, max_tokens: int | None = None) -> Scenario:
+    """answers-jump with other sizes: a's answers, b's answers after the jump, slots per backend, max_tokens."""
+    sc = scaled(load_example("answers-jump"), 1 / 3)
+    users = tuple(
+        dataclasses.replace(
+            u,
+            completion_tokens=(a_answer, a_answer) if u.name == "a" else u.completion_tokens,
+            max_tokens=max_tokens if u.name == "b" else u.max_tokens,
+        )
+        for u in sc.users
+    )
+    users = (*users[:2], dataclasses.replace(users[2], completion_tokens=(b_answer, b_answer)))
+    backends = tuple(dataclasses.replace(b, max_concurrent=slots) for b in sc.backends)
+    return sc.replace(users=users, backends=backends)
+
+
+@pytest.mark.parametrize(
+    "variant",
+    [
+        pytest.param({"a_answer": 50}, id="a-answers-50"),
+        pytest.param({"a_answer": 1000}, id="a-answers-1000"),
+        pytest.param({"b_answer": 2000, "slots": 8}, id="jump-to-2000-on-16-slots"),
+        pytest.param({"b_answer": 3000, "slots": 3}, id="jump-to-3000-on-6-slots"),
+        pytest.param({"max_tokens": 4096}, id="max-tokens-4096"),
+    ],
+)
+def test_answers_that_jump_keep_the_gap_bound_at_other_sizes(variant):
+    """Issue 18's targets hold in adversarial variants of the same kind, not only in the shipped example."""
+    result = build(simulate(jumped(**variant)))
+    assert not misses(result), misses(result)
+    assert result["max_service_gap"] <= result["gap_bound"] + 1e-6
 
 
 @pytest.mark.parametrize("name", ["staggered-big-prompts", "few-outstanding"])

@@ -9,13 +9,14 @@ Invariants (checked by ``FairShare.check()`` in tests):
   its members active there (queued or running), each in proportion to its
   ``weight_override`` (1 without one): Slurm's hierarchical fair share.
 - A weight change, whether set by an admin or caused by a group member coming
-  or going, changes only the rate at which a seat moves from then on.
+  or going, changes only the rate at which a seat moves from then on, and the
+  price of what its running jobs were charged ahead for service still to come.
 - A running job is charged as its service is produced, a little ahead: its
   prompt and a provisional answer when it starts, then one or two typical
-  answers beyond what it has streamed (never past its expected total), then
-  settled against the backend's token counts when it ends. A job that does not
-  stream is charged its expected answer at once, capped by ``max_tokens`` but
-  never ``max_tokens`` itself.
+  answers beyond what it has streamed (never past its expected total, unless
+  it outlives it), then settled against the backend's token counts when it
+  ends. A job that does not stream is charged its expected answer at once,
+  capped by ``max_tokens`` but never ``max_tokens`` itself.
 - Burst credits are the same amount per unit of weight for every user (they
   grow while nothing is queued and halve when contention starts), so they
   never reorder users; they are reported, not used as a priority term. What
@@ -33,7 +34,7 @@ from .settings import SchedulerSettings
 
 __all__ = ["ANSWERS_AHEAD", "FairShare"]
 
-#: How many of its pool's typical answers a stream of a user with known answers is charged ahead
+#: How many of its pool's slot answers a stream of a user with known answers is charged ahead
 #: of what it has produced: two keep VTC's bound (twice the largest request) in the answers-jump
 #: example, where one lets a user whose answers jump hold too many slots (gap 11,080 of 8,400).
 #: While a user's answers are unknown it is one, as far as its placement credit reaches: what is
@@ -142,14 +143,23 @@ class FairShare:
 
     @staticmethod
     def _set_weight(pool: Pool, seat: Seat, weight: float) -> list[Seat]:
-        """Only a heavy seat's key depends on its weight; a plain seat keeps its heap entries."""
-        if seat.weight == weight:
+        """Returns ``seat`` when its key moved: a heavy seat's key depends on its weight, and what it
+        was charged ahead for service still to come is priced again at the new weight.
+
+        Service is charged at the weight of the moment it is produced. Charged at the old weight,
+        the 4 streams a user had running when its weight went from 1 to 2 kept it 960 units per
+        weight behind its new share (set-weight: gap 1,760 of 1,600).
+        """
+        old = seat.weight
+        if old == weight:
             return []
         seat.weight = weight
-        if seat.factor != 1.0:
-            pool.touch(seat)
-            return [seat]
-        return []
+        if seat.unproduced > 0:
+            seat.lag += seat.unproduced * (1 / old - 1 / weight)
+        elif seat.factor == 1.0:
+            return []
+        pool.touch(seat)
+        return [seat]
 
     # -- pools and seats ---------------------------------------------------
 
@@ -209,24 +219,27 @@ class FairShare:
         """``(total, ahead)`` for a job starting now: how long its answer is expected to be, in
         completion tokens, and how far ahead of what it has streamed to charge it (see ``ledger.py``).
 
-        The total is the larger of the user's usual answer and the pool's typical
-        answer, at most ``max_tokens``; while the user has no completed answer it is
-        unknown: ``max_tokens``, else unbounded, and a stream is charged one typical
-        answer ahead of what it has produced (``ANSWERS_AHEAD`` once known), so a user
-        taking several slots at once moves by each of them, and one whose answers
-        are long is charged as they are produced, not all at the start. A job that
+        The total is the larger of the user's usual answer and the pool's slot answer
+        (``Pool.slot_answer``: a short history is not trusted with a slot that long
+        answers keep busy), at most ``max_tokens``; while the user has no completed
+        answer it is unknown: ``max_tokens``, else unbounded, and a stream is charged
+        one typical answer ahead of what it has produced (``ANSWERS_AHEAD`` slot
+        answers once known), so a user taking several slots at once moves by each of
+        them, and one whose answers are long is charged as they are produced, not
+        all at the start. A job that
         does not stream reports nothing before its end: charged its expected answer
-        at once (the larger of the user's usual and the pool's typical, at most
+        at once (the larger of the user's usual and the pool's slot answer, at most
         ``max_tokens``), never ``max_tokens`` itself, so what a request asks for
         never changes a share (a 100,000 ``max_tokens`` had taken every slot from
         the others, or 3 of its sender's 4).
         """
         max_tokens = job.max_tokens
         usual = user.completion_ema
-        total = max(self.settings.default_completion_tokens if usual is None else usual, pool.answer)
+        slot = pool.slot_answer
+        total = max(self.settings.default_completion_tokens if usual is None else usual, slot)
         if not job.stream:
             return (total if max_tokens is None else min(total, float(max_tokens))), math.inf
-        ahead = ANSWERS_AHEAD * pool.answer
+        ahead = ANSWERS_AHEAD * slot
         if usual is None:
             total, ahead = math.inf, pool.answer
         if max_tokens is not None:

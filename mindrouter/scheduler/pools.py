@@ -13,9 +13,10 @@ reference, its own positions and its own recent usage.
 Invariants (``Pool.check()`` asserts them in tests):
 
 - A seat's ``lag`` is its effective deficit: cost owed per unit of weight.
-  Charging cost ``c`` lowers it by ``c / weight`` at the weight of that moment,
-  so a weight change alters only how fast it moves from then on, never where
-  it stands.
+  Charging cost ``c`` lowers it by ``c / weight`` at the weight of the moment
+  the service is produced, so a weight change alters only how fast it moves
+  from then on, and the price of what was charged ahead for service still to
+  come (``unproduced``), never what it was charged for service received.
 - ``reference()`` (V) is the highest lag among seats with queued jobs, except
   that it never rises (seats placed above it leave it where it was). Priorities
   are measured from V.
@@ -29,9 +30,9 @@ Invariants (``Pool.check()`` asserts them in tests):
   ``DEBT_BOUND`` of the pool's largest charges (per unit of weight) behind V, and
   never moves a seat already further behind: people in one pool who never meet
   on a backend drift apart, and this bounds what one pays back when they meet.
-- Lags leave their place in only two ways besides charges: that placement, and
-  a shift of every seat of the pool by the same amount when V drifts far below
-  zero (order and shares unchanged). Nobody is raised on its own.
+- Lags leave their place in only three ways besides charges: that placement,
+  that re-pricing, and a shift of every seat of the pool by the same amount
+  when V drifts far below zero (order and shares unchanged).
 - The deprioritization factor only ever lowers a heavy seat's priority.
 """
 
@@ -139,10 +140,14 @@ class Seat:
     running: int = 0
     inflight: float = 0.0
     """Cost charged so far for this seat's running jobs (part of ``lag``)."""
+    unproduced: float = 0.0
+    """The part of ``inflight`` beyond the jobs' prompts and streamed tokens: service still to come."""
     left: float = 0.0
     """``lag - V`` when its queue last emptied: what it may keep while its jobs run (``Pool.place``)."""
     recent: float = 0.0
-    """Service units completed here within the fairness window: what decides who is heavy."""
+    """Service units completed here within the fairness window."""
+    recent_per_weight: float = 0.0
+    """The same, each over the weight of its time: what decides who is heavy (``usage_fraction``)."""
     recent_tokens: float = 0.0
     """Tokens (prompt and completion) completed here within the fairness window, for display."""
     factor: float = 1.0
@@ -162,6 +167,9 @@ class Pool:
     """Typical request cost here: a moving average of completed requests, each clipped."""
     answer: float = 0.0
     """Typical answer here, in completion tokens: the same moving average of completed answers."""
+    _answer_tokens: float = 0.0
+    _answer_squares: float = 0.0
+    """Moving averages of completed answers and of their squares (``slot_answer``), each clipped."""
     recent_total: float = 0.0
     heavy: set[Hashable] = field(default_factory=set)
     shifts: int = 0
@@ -170,8 +178,8 @@ class Pool:
     _ref_heap: list[tuple[float, int, Hashable, int]] = field(default_factory=list)
     _seq: int = 0
     _reference: float = 0.0
-    _window: deque[tuple[float, Hashable, float, float]] = field(default_factory=deque)
-    """(at, user id, tokens, service units) of each completed request within the fairness window."""
+    _window: deque[tuple[float, Hashable, float, float, float]] = field(default_factory=deque)
+    """(at, user id, tokens, service units, units per weight) of each completed request within the fairness window."""
     _next_refresh: float = 0.0
     _per_weight_total: float = 0.0
 
@@ -180,6 +188,18 @@ class Pool:
             self.typical = self.settings.cost(0, self.settings.default_completion_tokens)
         if not self.answer:
             self.answer = float(self.settings.default_completion_tokens)
+        if not self._answer_tokens:
+            self._answer_tokens = self.answer
+            self._answer_squares = self.answer * self.answer
+
+    @property
+    def slot_answer(self) -> float:
+        """The answer a slot here is typically busy with, in tokens: the mean weighted by length.
+
+        Many 10-token answers hold the slots little of the time: answers-jump's slot answer is
+        270 tokens where the plain average (``answer``) says 30.
+        """
+        return self._answer_squares / self._answer_tokens
 
     # -- seats and the reference V -----------------------------------------
 
@@ -307,12 +327,17 @@ class Pool:
             self.typical += TYPICAL_ALPHA * (min(cost, TYPICAL_CLIP * self.typical) - self.typical)
         if completion > 0:
             self.answer += TYPICAL_ALPHA * (min(completion, TYPICAL_CLIP * self.answer) - self.answer)
+            clipped = min(completion, TYPICAL_CLIP * self.slot_answer)
+            self._answer_tokens += TYPICAL_ALPHA * (clipped - self._answer_tokens)
+            self._answer_squares += TYPICAL_ALPHA * (clipped * clipped - self._answer_squares)
         self.add_usage(seat, prompt + completion, cost, now)
 
     def add_usage(self, seat: Seat, tokens: float, units: float, at: float) -> None:
         if tokens > 0:
-            self._window.append((at, seat.user.id, tokens, units))
+            per_weight = units / seat.weight
+            self._window.append((at, seat.user.id, tokens, units, per_weight))
             seat.recent += units
+            seat.recent_per_weight += per_weight
             seat.recent_tokens += tokens
             self.recent_total += units
 
@@ -320,12 +345,13 @@ class Pool:
         """Recent service units per unit of weight, as a part of that sum over the seats active in the window.
 
         With equal weights this is the seed's ``user_recent_tokens / global_recent_tokens``;
-        a weight-10 user using its 91% next to a weight-1 user stands at 0.5. The sum is
-        the one of the last refresh (at most ``heavy_refresh_interval`` old).
+        a weight-10 user using its 91% next to a weight-1 user stands at 0.5. Each request counts
+        at the weight of its time, so a group whose weight fell from 3 to 1 is not heavy for what
+        it used at 3. The sum is the one of the last refresh (``heavy_refresh_interval``).
         """
-        if seat.recent <= 0 or self._per_weight_total <= 0:
+        if seat.recent_per_weight <= 0 or self._per_weight_total <= 0:
             return 0.0
-        return min(1.0, (seat.recent / seat.weight) / self._per_weight_total)
+        return min(1.0, seat.recent_per_weight / self._per_weight_total)
 
     def refresh(self, now: float) -> list[Seat]:
         """Expire old usage and, at most once per ``heavy_refresh_interval``, re-rate heavy seats.
@@ -336,21 +362,22 @@ class Pool:
         horizon = now - self.settings.fairness_window
         seats = self.seats
         while window and window[0][0] < horizon:
-            _, uid, tokens, units = window.popleft()
+            _, uid, tokens, units, weighed = window.popleft()
             self.recent_total -= units
             seat = seats.get(uid)
             if seat is not None:
                 seat.recent -= units
                 seat.recent_tokens -= tokens
+                seat.recent_per_weight -= weighed
                 if seat.recent < 1e-6:
-                    seat.recent = seat.recent_tokens = 0.0
+                    seat.recent = seat.recent_tokens = seat.recent_per_weight = 0.0
         if not window:
             self.recent_total = 0.0
         if now < self._next_refresh:
             return []
         self._next_refresh = now + self.settings.heavy_refresh_interval
         settings = self.settings
-        per_weight = {uid: s.recent / s.weight for uid, s in seats.items() if s.recent > 0}
+        per_weight = {uid: s.recent_per_weight for uid, s in seats.items() if s.recent > 0}
         total = self._per_weight_total = sum(per_weight.values())
         factors: dict[Hashable, float] = {}
         # Heavy means heavy next to others: a seat alone in the window is using an idle pool.
@@ -379,4 +406,5 @@ class Pool:
             assert seat.weight > 0, seat
             assert seat.queued >= 0 and seat.running >= 0, seat
             assert 0 < seat.factor <= 1.0, seat
+            assert -1e-6 <= seat.unproduced <= seat.inflight + 1e-6, seat
         assert len(self.heavy) <= 1 or self.settings.deprioritize_threshold < 0.5
