@@ -11,20 +11,11 @@ import typer
 from rich.markup import escape
 
 from ..errors import MindRouterError, UsageError
+from ..formats import fmt_count, fmt_num, fmt_time, fmt_tokens
 from . import _validate
 from ._app import ConfigOption, JsonOption, complete_from, get_app
 from ._client import quote_name
-from ._output import (
-    Column,
-    err_console,
-    fmt_count,
-    fmt_num,
-    fmt_time,
-    fmt_tokens,
-    print_changed,
-    print_json,
-    print_rows,
-)
+from ._output import Column, err_console, print_changed, print_json, print_rows
 from .usage import ClearOption, RequestsPerMinute, TokensPerDay, TokensPerMonth, quota_text, set_quota
 
 __all__ = ["COLUMNS", "register", "user_app"]

@@ -12,8 +12,8 @@ from typing import Any
 
 from aiohttp import web
 
-from ...cli._output import fmt_duration, fmt_num, fmt_time
-from ...cli.why import PRIORITY_TERMS, SCORE_TERMS, ended, lost_by
+from ...explain import PRIORITY_TERMS, SCORE_TERMS, ended, lost_by
+from ...formats import fmt_duration, fmt_num, fmt_time
 from ...store import QUOTA_FIELDS, NotFound
 from ..admin import api
 from ..admin.views import share_view
