@@ -170,7 +170,7 @@ async def decisions(request: web.Request, session: Session) -> web.StreamRespons
 
 
 def explain(record: Mapping[str, Any], names: Mapping[str, str]) -> dict[str, Any]:
-    """``mr why``'s explanation as rows for a page: the same terms, meanings and sentences (``cli/why.py``)."""
+    """``mr why``'s explanation as rows for a page: the same terms, meanings and sentences (``explain.py``)."""
     chosen = str(record.get("selected_backend_id"))
 
     def label(bid: str) -> str:
