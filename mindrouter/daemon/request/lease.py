@@ -22,6 +22,7 @@ exactly one :class:`Settlement`, handed to the dispatcher's ``on_settled``.
 from __future__ import annotations
 
 import asyncio
+import functools
 import math
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Hashable
@@ -301,7 +302,7 @@ class Lease:
                 return await future
             while not future.done():
                 await heartbeat()
-                await asyncio.wait({future}, timeout=every)
+                await _done_or_after(future, every)
             return future.result()
         except RequestError as exc:  # the dispatcher expired it (504)
             self._settle(Outcome.TIMEOUT, exc.message, exc.status)
@@ -484,3 +485,26 @@ class Lease:
                 wall=time.time(),
             )
         )
+
+
+def _wake(waiter: asyncio.Future[None], *_: object) -> None:
+    if not waiter.done():
+        waiter.set_result(None)
+
+
+async def _done_or_after(future: asyncio.Future[Any], seconds: float) -> None:
+    """Return once ``future`` is done or ``seconds`` have passed, leaving it as it is.
+
+    ``asyncio.wait({future}, timeout=seconds)`` for one future, without its two sets, its
+    closure and its second coroutine: a waiting stream sits in this between heartbeats.
+    """
+    loop = future.get_loop()
+    waiter: asyncio.Future[None] = loop.create_future()
+    wake = functools.partial(_wake, waiter)
+    timer = loop.call_later(seconds, wake)
+    future.add_done_callback(wake)
+    try:
+        await waiter
+    finally:
+        timer.cancel()
+        future.remove_done_callback(wake)
