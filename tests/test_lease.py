@@ -22,6 +22,8 @@ from mindrouter.daemon.request.lease import Outcome, Settlement
 from mindrouter.errors import RequestError
 from mindrouter.scheduler import Backend, Job, Scheduler, SchedulerSettings
 
+from .conftest import until
+
 CHAT = "/v1/chat/completions"
 
 
@@ -354,4 +356,48 @@ async def test_a_backend_removed_while_the_job_waited_fails_over_without_countin
     assert settled.outcome is Outcome.OK
     assert [a.record.selected_backend_id for a in settled.attempts] == [1, 2]
     assert world.backends.failures == []
+    world.assert_idle()
+
+
+async def test_a_waiting_stream_is_told_again_until_its_slot_frees_and_then_goes_at_once():
+    """The heartbeat comes at once and then again every ``every`` seconds; a freed slot wakes the lease
+    before the next one is due (here an hour away), and leaves nothing behind."""
+    hold = asyncio.Event()
+    world = World(FakeAdapter(stream(3, pause=hold), stream(3)))
+    first = asyncio.create_task(serve(world, call(stream=True)))
+    await until(lambda: world.core.running_count == 1, "the first request never ran")
+    beats: list[str] = []
+    thrice = asyncio.Event()
+
+    async def heartbeat() -> None:
+        beats.append("tick")
+        if len(beats) == 3:
+            thrice.set()
+
+    async def waiting(every: float) -> Settlement:
+        async with world.lease(call(stream=True)) as lease:
+            await lease.open(heartbeat=heartbeat, every=every)
+            async for _ in lease.chunks():
+                pass
+            lease.finish()
+        return world.outcome(lease.job.id)
+
+    second = asyncio.create_task(waiting(0.001))
+    await asyncio.wait_for(thrice.wait(), 30)  # told again while it waits
+    hold.set()
+    assert (await first).outcome is Outcome.OK
+    assert (await asyncio.wait_for(second, 30)).outcome is Outcome.OK
+    world.assert_idle()
+
+    hold.clear()
+    world = World(FakeAdapter(stream(3, pause=hold), stream(3)))
+    first = asyncio.create_task(serve(world, call(stream=True)))
+    await until(lambda: world.core.running_count == 1, "the first request never ran")
+    beats.clear()
+    second = asyncio.create_task(waiting(3600.0))
+    await until(lambda: beats == ["tick"], "no heartbeat at once")  # then none for an hour
+    hold.set()
+    await first
+    assert (await asyncio.wait_for(second, 30)).outcome is Outcome.OK  # the dispatch woke it
+    assert beats == ["tick"]
     world.assert_idle()

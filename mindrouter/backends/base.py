@@ -249,7 +249,7 @@ class Adapter(ABC):
                 rel = relay.make_relay(plan)
                 limits = reading.Limits(
                     self.max_line_bytes,
-                    reading.answer_limit(call.max_tokens, call.body.get("n")),
+                    reading.answer_limit(call.max_tokens, call.n),
                     self.stream_timeout,
                     self.chunk_timeout,
                 )
@@ -285,7 +285,7 @@ class Adapter(ABC):
 
     def _vet(self, usage: Usage, call: Call, sent: int, received: int) -> None:
         """Drop counts no request of ``sent`` bytes and answer of ``received`` bytes could hold, logging once."""
-        allowed = reading.answer_limit(call.max_tokens, call.body.get("n"))
+        allowed = reading.answer_limit(call.max_tokens, call.n)
         usage.vet(self.base_url, sent + PROMPT_SLACK, received if allowed is None else min(received, allowed))
 
     async def _whole(self, call: Call, plan: Plan, opened_at: float, opened_ns: int) -> Upstream:

@@ -182,18 +182,20 @@ def inspect_body(dialect: Dialect, kind: Kind, path: str, body: dict[str, Any]) 
 
 @dataclass(frozen=True, slots=True)
 class Call:
-    """One inference request as a client sent it, parsed once by the daemon.
+    """One inference request as a client sent it, checked once by the daemon.
 
-    ``body`` is shared, not copied: treat it as read-only. The hint fields
-    (``has_images`` to ``prompt_tokens``) are what the scheduler's Job needs.
+    Only the bytes are kept, not the parsed body: a request may wait in the
+    queue for minutes among thousands, and its parsed JSON takes several times
+    its bytes (which aiohttp keeps anyway). The hint fields (``has_images`` to
+    ``prompt_tokens``, ``n``, ``user``) are what admission and the scheduler's
+    Job need; :attr:`body` parses the bytes again for a translation.
     """
 
     dialect: Dialect
     kind: Kind
     path: str
-    body: dict[str, Any]
     raw: bytes
-    """The body as received, forwarded unchanged when no translation is needed."""
+    """The body as received (or as translated into chat completions), forwarded unchanged when it can be."""
     stream: bool
     model: str
     wants_usage: bool = False
@@ -210,22 +212,36 @@ class Call:
     """The client called the Responses API: ``body`` is its chat completions equivalent."""
     native: bytes | None = None
     """A Responses API body as the client sent it, for engines that serve /v1/responses themselves."""
+    n: Any = None
+    """The body's ``"n"`` (answers asked for) as sent."""
+    user: Any = None
+    """The body's ``"user"`` as sent: the person behind a proxy, checked by ``auth.on_behalf``."""
+
+    @property
+    def body(self) -> dict[str, Any]:
+        """The body, parsed again from :attr:`raw` on each use (read it once per translation).
+
+        It was checked when the call was made, so it parses as it did then.
+        """
+        body = loads(self.raw)
+        assert isinstance(body, dict)
+        return body
 
     def capped(self, tokens: int) -> Call:
         """This call with its answer held to ``tokens``, as its dialect says it (a quota's share, where the
         client named no limit)."""
-        body = dict(self.body)
+        body = self.body
         if self.dialect == "ollama":
             body["options"] = {**(body.get("options") or {}), "num_predict": tokens}
         else:
             body["max_tokens"] = tokens
         native = self.native if self.native is None else dumps({**json.loads(self.native), "max_output_tokens": tokens})
-        return replace(self, body=body, raw=dumps(body), max_tokens=tokens, native=native)
+        return replace(self, raw=dumps(body), max_tokens=tokens, native=native)
 
     def as_sent(self) -> Call:
         """This Responses API call as the client sent it (``path`` /v1/responses), to pass through."""
         assert self.native is not None
-        return replace(self, path="/v1/responses", body=json.loads(self.native), raw=self.native, native=None)
+        return replace(self, path="/v1/responses", raw=self.native, native=None)
 
     @classmethod
     def from_request(cls, path: str, raw: bytes) -> Call:
@@ -253,4 +269,14 @@ class Call:
             body = responses_api.to_chat(body)
             path, raw = "/v1/chat/completions", dumps(body)
         hints = inspect_body(dialect, kind, path, body)
-        return cls(dialect=dialect, kind=kind, path=path, body=body, raw=raw, responses=api, native=native, **hints)
+        return cls(
+            dialect=dialect,
+            kind=kind,
+            path=path,
+            raw=raw,
+            responses=api,
+            native=native,
+            n=body.get("n"),
+            user=body.get("user"),
+            **hints,
+        )

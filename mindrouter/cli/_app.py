@@ -19,7 +19,7 @@ from ..config import Config, config_path, load_config
 from ..daemon.process.statelock import StateLock
 from ._client import AdminClient
 
-__all__ = ["Application", "ConfigOption", "JsonOption", "get_app", "install"]
+__all__ = ["Application", "ConfigOption", "JsonOption", "UserName", "complete_from", "get_app", "install"]
 
 
 @dataclass
@@ -130,3 +130,12 @@ def complete_from(path: str, key: str = "name") -> Any:
             return []
 
     return complete
+
+
+#: A user's name, as ``mr user`` commands take it (completed from the daemon's users).
+UserName = Annotated[
+    str,
+    typer.Argument(
+        metavar="NAME", help="The user's name.", autocompletion=complete_from("/admin/users"), show_default=False
+    ),
+]

@@ -13,17 +13,8 @@ from typing import Any
 
 from rich.text import Text
 
-from ._output import (
-    bar,
-    factor_text,
-    fmt_duration,
-    fmt_list,
-    fmt_num,
-    fmt_pct,
-    fmt_speeds,
-    fmt_tokens,
-    status_text,
-)
+from ..formats import fmt_duration, fmt_list, fmt_num, fmt_pct, fmt_speeds, fmt_tokens
+from ._output import bar, factor_text, status_text
 from ._pictures import share_bar, sparkline
 from .queue import user_model_rows
 

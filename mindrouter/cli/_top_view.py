@@ -25,7 +25,8 @@ from rich.console import Group, RenderableType
 from rich.table import Table
 from rich.text import Text
 
-from ._output import fmt_duration, fmt_num, fmt_tokens, safe_cell
+from ..formats import fmt_duration, fmt_num, fmt_tokens
+from ._output import safe_cell
 from ._top_sections import Col, Section, clock, sections
 
 __all__ = ["Section", "allocate", "render_top"]

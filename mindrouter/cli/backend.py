@@ -9,25 +9,12 @@ from rich.markup import escape
 from rich.text import Text
 
 from .. import names
+from ..formats import fmt_duration, fmt_list, fmt_num, fmt_pct, fmt_speeds
 from ..reported import shown
 from . import _validate
 from ._app import ConfigOption, JsonOption, complete_from, get_app
 from ._client import quote_name
-from ._output import (
-    Column,
-    console,
-    fit_hints,
-    fmt_duration,
-    fmt_list,
-    fmt_num,
-    fmt_pct,
-    fmt_speeds,
-    print_changed,
-    print_json,
-    print_table,
-    status_text,
-    table,
-)
+from ._output import Column, console, fit_hints, print_changed, print_json, print_table, status_text, table
 
 __all__ = ["COLUMNS", "backend_app", "register"]
 

@@ -13,19 +13,10 @@ import typer
 from rich.text import Text
 
 from ..errors import DaemonUnreachable
+from ..formats import fmt_duration, fmt_num, fmt_time
 from . import _validate
 from ._app import ConfigOption, complete_from, get_app
-from ._output import (
-    Column,
-    console,
-    fit_hints,
-    fmt_duration,
-    fmt_num,
-    fmt_time,
-    print_json_lines,
-    print_table,
-    table,
-)
+from ._output import Column, console, fit_hints, print_json_lines, print_table, table
 
 __all__ = ["COLUMNS", "decision_line", "register"]
 

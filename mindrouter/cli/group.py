@@ -7,10 +7,11 @@ from typing import Annotated
 import typer
 from rich.markup import escape
 
+from ..formats import fmt_count, fmt_num
 from . import _validate
 from ._app import ConfigOption, JsonOption, complete_from, get_app
 from ._client import quote_name
-from ._output import Column, fmt_count, fmt_num, print_changed, print_rows
+from ._output import Column, print_changed, print_rows
 from .usage import ClearOption, RequestsPerMinute, TokensPerDay, TokensPerMonth, quota_text, set_quota
 
 __all__ = ["COLUMNS", "group_app", "register"]

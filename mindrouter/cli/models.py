@@ -4,8 +4,9 @@ from __future__ import annotations
 
 import typer
 
+from ..formats import fmt_list
 from ._app import ConfigOption, JsonOption, get_app
-from ._output import Column, fmt_list, print_rows
+from ._output import Column, print_rows
 
 __all__ = ["COLUMNS", "register"]
 

@@ -9,9 +9,10 @@ from rich.console import Group
 from rich.table import Table
 from rich.text import Text
 
+from ..formats import fmt_duration, fmt_num, fmt_tokens
 from ._app import ConfigOption, JsonOption, get_app
 from ._fit import fitted
-from ._output import Column, console, fmt_duration, fmt_num, fmt_tokens, print_json, table
+from ._output import Column, console, print_json, table
 
 __all__ = ["queue_view", "register", "user_model_rows"]
 

@@ -16,8 +16,9 @@ from rich import box
 from rich.table import Table
 from rich.text import Text
 
+from ..formats import fmt_duration, fmt_num, fmt_pct, fmt_tokens
 from ._app import ConfigOption, JsonOption, get_app
-from ._output import factor_text, fmt_duration, fmt_num, fmt_pct, fmt_tokens, print_json, print_table
+from ._output import factor_text, print_json, print_table
 from .usage import quota_text
 
 __all__ = ["register", "share_rows", "share_table"]

@@ -7,8 +7,9 @@ from typing import Any
 import typer
 from rich.table import Table
 
+from ..formats import fmt_duration, fmt_num, fmt_tokens
 from ._app import ConfigOption, JsonOption, get_app
-from ._output import fmt_duration, fmt_num, fmt_tokens, print_json, print_table
+from ._output import print_json, print_table
 
 __all__ = ["register", "status_rows"]
 

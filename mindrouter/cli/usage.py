@@ -18,22 +18,13 @@ from rich.markup import escape
 from rich.text import Text
 
 from ..errors import UsageError
+from ..formats import fmt_duration, fmt_num, fmt_tokens
 from ..store import DIMENSIONS, QUOTA_FIELDS
 from . import _validate
 from ._app import ConfigOption, JsonOption, get_app
 from ._client import quote_name
 from ._fit import fitted
-from ._output import (
-    Column,
-    console,
-    fmt_duration,
-    fmt_num,
-    fmt_tokens,
-    print_changed,
-    print_json,
-    print_table,
-    table,
-)
+from ._output import Column, console, print_changed, print_json, print_table, table
 
 __all__ = ["quota_text", "register", "set_quota"]
 

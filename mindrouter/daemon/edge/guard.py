@@ -56,7 +56,15 @@ def _http_error(request: web.Request, exc: web.HTTPException) -> RequestError:
 
 
 async def _read_body(request: web.Request) -> None:
-    """Read the body within ``body_timeout`` (aiohttp keeps it, so the handler's read is free)."""
+    """Read the body within ``body_timeout`` (aiohttp keeps it, so the handler's read is free).
+
+    A body that came whole with its head (most do) is read without a timer: a cancelled timer
+    stays in the event loop's heap until it is due, so each would outlive its read by
+    ``body_timeout`` on every waiting request.
+    """
+    if request.content.is_eof():
+        await request.read()
+        return
     timeout = request.app[CONFIG].server.body_timeout
     try:
         async with asyncio.timeout(timeout):  # no second task per request, as wait_for would make on 3.11

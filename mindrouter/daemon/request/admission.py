@@ -49,7 +49,7 @@ def admit(app: web.Application, path: str, headers: Mapping[str, str], body: byt
     try:
         caller = app[AUTH].caller(headers.get("Authorization"))
         call = admitted.call = Call.from_request(path, body)
-        caller = app[AUTH].on_behalf(caller, headers, call.body.get("user"))
+        caller = app[AUTH].on_behalf(caller, headers, call.user)
         scheduler = app[SCHEDULER]
         if not scheduler.has_user(caller.user_id):
             apply_user(scheduler, caller.user_id, caller)

@@ -22,6 +22,7 @@ exactly one :class:`Settlement`, handed to the dispatcher's ``on_settled``.
 from __future__ import annotations
 
 import asyncio
+import functools
 import math
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Hashable
@@ -147,7 +148,28 @@ class Settlement:
 
 
 class Lease:
-    """One request's slot: create with :meth:`Dispatcher.lease`, use as ``async with``."""
+    """One request's slot: create with :meth:`Dispatcher.lease`, use as ``async with``.
+
+    Slotted, and its attempt list and failure map made only when a dispatch needs them: thousands
+    of leases may wait at once (issue 20's memory target).
+    """
+
+    __slots__ = (
+        "_attempts",
+        "_failed_on",
+        "_future",
+        "_held_since",
+        "_holding",
+        "_record",
+        "backend_id",
+        "call",
+        "dispatcher",
+        "group",
+        "job",
+        "state",
+        "upstream",
+        "user",
+    )
 
     def __init__(self, dispatcher: Dispatcher, job: Job, call: Call, user: str, group: str = "") -> None:
         self.dispatcher = dispatcher
@@ -163,8 +185,9 @@ class Lease:
         self._held_since: float | None = None
         self._future: asyncio.Future[Dispatch] | None = None
         self._record: DecisionRecord | None = None
-        self._attempts: list[Attempt] = []
-        self._failed_on: dict[Hashable, str] = {}
+        self._attempts: tuple[Attempt, ...] = ()
+        self._failed_on: dict[Hashable, str] | None = None
+        """Backends that failed this request, with their error (made on the first failure)."""
         self.state = State.NEW
 
     # -- the request's life ------------------------------------------------
@@ -219,11 +242,12 @@ class Lease:
             self._holding = True
             self._held_since = dispatcher.clock()
             self._record = dispatch.record
-            if bid in self._failed_on:  # the core had no other live backend: never the same one twice
-                self._end_attempt(Outcome.BACKEND_FAILED, self._failed_on[bid])
+            failed_on = self._failed_on
+            if failed_on is not None and bid in failed_on:  # the core had no other live backend: never twice
+                self._end_attempt(Outcome.BACKEND_FAILED, failed_on[bid])
                 dispatcher.fail(job.id, retry=False)
                 self._released()
-                raise self._backend_failed(self._failed_on[bid])
+                raise self._backend_failed(failed_on[bid])
             backends = dispatcher.backends
             adapter = backends.adapter(bid)
             try:
@@ -237,14 +261,16 @@ class Lease:
                 self._settle(Outcome.REJECTED, exc.message, exc.status)
                 raise
             except BackendError as exc:
-                self._failed_on[bid] = exc.message
+                if failed_on is None:
+                    failed_on = self._failed_on = {}
+                failed_on[bid] = exc.message
                 if exc.fault is Fault.UNSUPPORTED:  # routing learns it
                     backends.lacks(bid, job.model, job.modality, exc.message)
                 elif adapter is not None:
                     backends.request_failed(bid, exc.message, fault=exc.fault, user=job.user_id)
                 # Only another live backend may serve it: waiting for none would hold the client to its timeout.
-                retry = len(self._failed_on) <= dispatcher.max_retries and backends.serves(
-                    job.model, job.modality, besides=self._failed_on
+                retry = len(failed_on) <= dispatcher.max_retries and backends.serves(
+                    job.model, job.modality, besides=failed_on
                 )
                 self._end_attempt(Outcome.BACKEND_FAILED, exc.message)
                 again = dispatcher.fail(job.id, retry=retry)
@@ -276,7 +302,7 @@ class Lease:
                 return await future
             while not future.done():
                 await heartbeat()
-                await asyncio.wait({future}, timeout=every)
+                await _done_or_after(future, every)
             return future.result()
         except RequestError as exc:  # the dispatcher expired it (504)
             self._settle(Outcome.TIMEOUT, exc.message, exc.status)
@@ -414,11 +440,11 @@ class Lease:
 
     def _end_attempt(self, outcome: Outcome, reason: str | None) -> None:
         if self._record is not None:
-            self._attempts.append(Attempt(self._record, outcome, reason))
+            self._attempts += (Attempt(self._record, outcome, reason),)
             self._record = None
 
     def _backend_failed(self, error: str) -> RequestError:
-        tried = len(self._failed_on)
+        tried = len(self._failed_on or ())
         message = (
             f"the backend failed ({error}) and no other backend could take the request; try again shortly"
             if tried == 1
@@ -454,8 +480,31 @@ class Lease:
                 prompt_tokens=prompt_tokens,
                 completion_tokens=completion_tokens,
                 held=self.held,
-                attempts=tuple(self._attempts),
+                attempts=self._attempts,
                 waited=now - self.job.submitted_at,
                 wall=time.time(),
             )
         )
+
+
+def _wake(waiter: asyncio.Future[None], *_: object) -> None:
+    if not waiter.done():
+        waiter.set_result(None)
+
+
+async def _done_or_after(future: asyncio.Future[Any], seconds: float) -> None:
+    """Return once ``future`` is done or ``seconds`` have passed, leaving it as it is.
+
+    ``asyncio.wait({future}, timeout=seconds)`` for one future, without its two sets, its
+    closure and its second coroutine: a waiting stream sits in this between heartbeats.
+    """
+    loop = future.get_loop()
+    waiter: asyncio.Future[None] = loop.create_future()
+    wake = functools.partial(_wake, waiter)
+    timer = loop.call_later(seconds, wake)
+    future.add_done_callback(wake)
+    try:
+        await waiter
+    finally:
+        timer.cancel()
+        future.remove_done_callback(wake)

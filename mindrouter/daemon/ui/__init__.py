@@ -11,10 +11,9 @@ from pathlib import Path
 
 from aiohttp import web
 
-from ...localtime import iso_local
 from .admin import setup_admin_pages
 from .login import setup_login_routes
-from .render import ENV, SESSIONS
+from .render import SESSIONS
 from .sessions import Sessions
 
 __all__ = ["setup_ui"]
@@ -22,7 +21,6 @@ __all__ = ["setup_ui"]
 
 def setup_ui(app: web.Application) -> None:
     app[SESSIONS] = Sessions()
-    ENV.filters["when"] = lambda at: iso_local(at)[:16].replace("T", " ")
     setup_login_routes(app)
     setup_admin_pages(app)
     app.router.add_static("/ui/static/", Path(__file__).parent / "static", append_version=False)

@@ -12,8 +12,8 @@ from typing import Any
 
 from aiohttp import web
 
-from ...cli._output import fmt_duration, fmt_num, fmt_time
-from ...cli.why import PRIORITY_TERMS, SCORE_TERMS, ended, lost_by
+from ...explain import PRIORITY_TERMS, SCORE_TERMS, ended, lost_by
+from ...formats import fmt_duration, fmt_num, fmt_time
 from ...store import QUOTA_FIELDS, NotFound
 from ..admin import api
 from ..admin.views import share_view
@@ -170,7 +170,7 @@ async def decisions(request: web.Request, session: Session) -> web.StreamRespons
 
 
 def explain(record: Mapping[str, Any], names: Mapping[str, str]) -> dict[str, Any]:
-    """``mr why``'s explanation as rows for a page: the same terms, meanings and sentences (``cli/why.py``)."""
+    """``mr why``'s explanation as rows for a page: the same terms, meanings and sentences (``explain.py``)."""
     chosen = str(record.get("selected_backend_id"))
 
     def label(bid: str) -> str:
