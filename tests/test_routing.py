@@ -280,3 +280,32 @@ async def test_the_daemon_learns_a_backends_rate_per_model_from_ollamas_duration
         speeds = row["model_speeds"]
         assert list(speeds) == ["llama3"] and speeds["llama3"]["answers"] == 3
         assert 150 < speeds["llama3"]["decode"] < 260, speeds  # 20 tokens paced at 200 a second
+
+
+def test_a_gpu_new_to_a_model_is_expected_as_much_slower_as_it_is_on_the_models_it_served():
+    """bench_pool (issue 17): 4,000-6,000-token coder prompts went to the RTX 3060 before it had answered one.
+
+    An unlearned pair borrowed the H100's coder rates, so the 3060 looked as fast as the H100 alone
+    and took four long prompts in a row (10-18 s to the first token, against 2-6 s on the 4090).
+    It is 0.39x the H100 on the chat model both served: the same ratio is the better guess.
+    """
+    both = frozenset({"chat", "coder"})
+    h100 = Backend(1, "h100", models=both, loaded_models=both, max_concurrent=8)
+    rtx3060 = Backend(2, "rtx3060", models=both, loaded_models=both, max_concurrent=8)
+    s = core(h100, rtx3060)
+    teach(s, 1, "chat", 140.0, 0)
+    teach(s, 1, "coder", 85.0, 2)
+    s.set_backend(dataclasses.replace(h100, enabled=False))
+    teach(s, 2, "chat", 55.0, 4)
+    s.set_backend(dataclasses.replace(rtx3060, enabled=False))
+    s.set_backend(h100)
+    for i in range(2):
+        s.submit(job("u", "chat", 6 + i / 10), 6 + i / 10)
+    assert [d.backend_id for d in s.dispatch(6.2)] == [1, 1]
+    s.set_backend(rtx3060)
+    s.submit(j := job("v", "coder", 7, prompt=5000, max_tokens=250), 7)
+    [d] = s.dispatch(7)
+    parts = d.record.to_dict()["score_components"]
+    assert d.job.id == j.id and d.backend_id == 1, parts
+    assert parts["2"]["decode_rate"] == pytest.approx(85 * 55 / 140, rel=0.01)
+    assert parts["2"]["prefill"] == pytest.approx(5000 / (20 * 85 * 55 / 140), rel=0.01)
