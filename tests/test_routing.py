@@ -309,3 +309,31 @@ def test_a_gpu_new_to_a_model_is_expected_as_much_slower_as_it_is_on_the_models_
     assert d.job.id == j.id and d.backend_id == 1, parts
     assert parts["2"]["decode_rate"] == pytest.approx(85 * 55 / 140, rel=0.01)
     assert parts["2"]["prefill"] == pytest.approx(5000 / (20 * 85 * 55 / 140), rel=0.01)
+
+
+def test_a_gpu_reading_older_than_the_model_list_does_not_make_room_that_is_gone():
+    """bench_pool (issue 17): the 8B model went to an RTX 4080 whose busy coder left it no room.
+
+    The GPU reading (mr agent) and the model list (Ollama's /api/ps) come from two polls. The
+    reading still showed the 8B's 7 GB in use when the list already had the coder (11 GB) in
+    its place, so 8.4 GB looked free: the 8B request waited in Ollama's queue for the busy coder
+    to be evicted (60-100 s under the burst). What the resident models hold bounds what is free.
+    """
+    models = frozenset({"coder", "llama3", "embed"})
+    gpu = Backend(
+        1,
+        "rtx4080",
+        models=models,
+        loaded_models=frozenset({"coder", "embed"}),
+        max_concurrent=8,
+        vram_free=int(8.4 * GB),  # read while the 8B model was still resident
+        vram_total=16 * GB,
+        model_vram={"llama3": 7 * GB},
+        resident_vram={"coder": 11 * GB, "embed": int(0.6 * GB)},
+    )
+    s = core(gpu)
+    s.submit(c := job("u", "coder", 0), 0)
+    assert [d.job.id for d in s.dispatch(0)] == [c.id]
+    s.submit(job("v", "llama3", 1), 1)
+    assert s.dispatch(1) == []
+    assert REASONS["memory"] in s.classes.get(("llama3", Modality.CHAT, False)).closed[1]
