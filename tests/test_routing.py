@@ -337,3 +337,32 @@ def test_a_gpu_reading_older_than_the_model_list_does_not_make_room_that_is_gone
     s.submit(job("v", "llama3", 1), 1)
     assert s.dispatch(1) == []
     assert REASONS["memory"] in s.classes.get(("llama3", Modality.CHAT, False)).closed[1]
+
+
+def test_a_job_that_can_run_elsewhere_waits_rather_than_time_share_the_only_home_of_running_work():
+    """bench_pool (issue 17): under the burst every 8B or coder job sent to the H100 had it as its only open GPU.
+
+    Its scarcity was not priced there (no other backend open), so 81 of them shared the H100 with
+    a full batch of 70B streams, each halving their speed, while the 70B's queue in mr waited
+    116-168 s. Where models time-share a GPU (per-model runners, Ollama), the streams it would
+    slow are priced even then, and the job waits for the full GPU that would finish it nearly as soon.
+    """
+    both = frozenset({"llama3:8b", "llama3:70b"})
+    h100 = Backend(1, "h100", models=both, loaded_models=both, max_concurrent=12, parallel=4)
+    eight = frozenset({"llama3:8b"})
+    rtx = Backend(2, "rtx4090", models=eight, loaded_models=eight, max_concurrent=1, parallel=4)
+    s = core(h100, rtx)
+    teach(s, 1, "llama3:8b", 95.0, 0)
+    s.set_backend(dataclasses.replace(h100, enabled=False))
+    teach(s, 2, "llama3:8b", 80.0, 2)
+    s.set_backend(h100)
+    for i in range(4):
+        s.submit(job("v", "llama3:70b", 3 + i / 10), 3 + i / 10)
+    s.submit(busy := job("w", "llama3:8b", 3.5), 3.5)
+    assert sorted(d.backend_id for d in s.dispatch(3.5)) == [1, 1, 1, 1, 2]
+    s.submit(j := job("u", "llama3:8b", 4), 4)
+    assert s.dispatch(4) == []  # the H100 is open, but the 4090 finishes it nearly as soon
+    s.complete(busy.id, 5, prompt_tokens=100, completion_tokens=100)
+    [d] = s.dispatch(5)
+    assert d.job.id == j.id and d.backend_id == 2
+    s.check()

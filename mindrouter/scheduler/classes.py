@@ -165,17 +165,20 @@ class Classes:
         reasons = live_rejections(self._backends[bid], self._loads[bid], model, self.now)
         return all(r in _WAITS for r in reasons)
 
-    def contested(self, bid: Hashable, key: ClassKey, waiting: Mapping[ClassKey, int]) -> int:
+    def contested(self, bid: Hashable, key: ClassKey, waiting: Mapping[ClassKey, int], queued: bool = True) -> int:
         """How many jobs with no other home a job of class ``key`` on ``bid`` would hold up (0: none).
 
         Jobs of another class that only ``bid`` can serve are held up by it when they run there
-        (it takes GPU time from them), or are queued and either their model is not resident and
-        cannot be loaded until this job's model (busy, or the idle one Ollama would evict) is idle,
-        or they could fill every free slot there (each class within its free per-model slots).
+        (it takes GPU time from them), or, with ``queued``, are queued and either their model is not
+        resident and cannot be loaded until this job's model (busy, or the idle one Ollama would
+        evict) is idle, or they could fill every free slot there (each class within its free per-model slots).
         """
         sole = self._sole.get(bid)
         if not sole:
             return 0
+        if not queued:
+            load = self._loads[bid]
+            return sum(load.model_in_flight.get(other[0], 0) for other in sole if other[0] != key[0])
         backend, load = self._backends[bid], self._loads[bid]
         resident = load.resident(backend, self.now)
         free = backend.max_concurrent - load.in_flight
@@ -236,7 +239,12 @@ class Classes:
             # Yielding a slot to work with no other home costs this job nothing only where another
             # backend is open to it now; with none, the price would make it wait, and routing would
             # overrule fair share (a weight-10 admin kept off the GPU a weight-1 student needs).
-            contested = self.contested(bid, key, queues) if queues is not None and len(info.open) > 1 else 0
+            # GPU time is not a slot: where models time-share the GPU (a runner per model, as
+            # Ollama's), the streams it would slow are priced even then, and it may wait for a full
+            # backend that finishes it nearly as soon.
+            contested = 0
+            if queues is not None and (len(info.open) > 1 or backends[bid].parallel is not None):
+                contested = self.contested(bid, key, queues, queued=len(info.open) > 1)
             row = estimate(
                 backends[bid],
                 loads[bid],
