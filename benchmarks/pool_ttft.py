@@ -8,8 +8,9 @@ For the chat requests of the phase whose time to first token is in the top
 backend mr chose, the wait in mr's queue (its decision record), the wait
 inside the workstation (for a runner: a pending load or eviction; for its
 load; for a slot), prefill, and what is left (the rest of the first chunk,
-the proxy); then the same summed per model, and each decision's estimate of
-the backends it did not choose. Lab seconds throughout.
+the proxy), with the prefill it would have taken alone on that GPU; then the
+same summed per model, and each decision's estimate of the backends it did
+not choose. Lab seconds throughout.
 """
 
 from __future__ import annotations
@@ -21,7 +22,11 @@ from collections import defaultdict
 from pathlib import Path
 from typing import Any
 
-COLUMNS = ("queue", "runner", "load", "slot", "prefill", "rest")
+from _lab import POOL
+
+COLUMNS = ("queue", "runner", "load", "slot", "prefill", "alone", "rest")
+"""``alone``: the prefill that request would take alone on the GPU chosen (part of ``prefill``, not added)."""
+SPEEDS = {spec.name: spec.speeds for spec in POOL}
 
 
 def decisions(state: Path) -> tuple[dict[str, dict[str, Any]], dict[str, str]]:
@@ -59,6 +64,8 @@ def breakdown(folder: Path, phase: str, top: float, compression: float) -> list[
             "prefill": w.get("prefill", 0.0),
         }
         parts["rest"] = o["ttft"] - sum(parts.values())
+        speed = SPEEDS.get(ws, {}).get(o["model"])
+        parts["alone"] = o["prompt"] / speed.prefill if speed else 0.0
         others = {
             names.get(b, b): round(c["score"], 1)
             for b, c in rec.get("score_components", {}).items()

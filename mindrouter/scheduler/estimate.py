@@ -21,7 +21,8 @@ the slot or model place it takes; ``Classes.contested``), this job's time
 there is charged once more, so a job that can run elsewhere goes elsewhere.
 The rates are those of that (backend, model) pair learned from
 answers (``Speeds``); a pair with none yet borrows the best rate known for the
-model elsewhere (so a new backend gets tried), else the settings' defaults.
+model elsewhere, scaled by how this backend compares on the models it has
+served (so a new backend gets tried, as what it is), else the settings' defaults.
 Evicting an idle model to make room costs its reload time (``eviction_price``
 per second). The score, higher is better as in the seed's records, is
 
@@ -186,8 +187,8 @@ def estimate(
         return None
     w = settings.scores
     own = load.speeds.get(model)
-    decode = own and own.decode
-    prefill = own and own.prefill
+    decode = own.decode if own is not None else None
+    prefill = own.prefill if own is not None else None
     if not (decode and prefill):
         decode, prefill = _borrowed(load, model, prior, decode, prefill, settings)
     streams = load.in_flight + backend.backend_waiting
