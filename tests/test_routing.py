@@ -106,12 +106,17 @@ def test_an_idle_resident_model_is_evicted_to_make_room_and_a_busy_one_is_not():
     assert parts["eviction"] == pytest.approx(4.5)
     s.complete(j.id, 5, prompt_tokens=100, completion_tokens=10)
     # With the coder busy, the 8B model does not fit.
-    s2 = core(gpu)
-    s2.submit(c := job("u", "coder", 0), 0)
-    assert [d.job.id for d in s2.dispatch(0)] == [c.id]
-    s2.submit(job("v", "llama3", 1), 1)
-    assert s2.dispatch(1) == []
-    assert REASONS["memory"] in s2.classes.get(("llama3", Modality.CHAT, False)).closed[1]
+    assert_no_room_beside_a_busy_coder(gpu)
+
+
+def assert_no_room_beside_a_busy_coder(gpu: Backend) -> None:
+    """With a coder job running on ``gpu``, an 8B job (``llama3``) does not fit there, and waits."""
+    s = core(gpu)
+    s.submit(c := job("u", "coder", 0), 0)
+    assert [d.job.id for d in s.dispatch(0)] == [c.id]
+    s.submit(job("v", "llama3", 1), 1)
+    assert s.dispatch(1) == []
+    assert REASONS["memory"] in s.classes.get(("llama3", Modality.CHAT, False)).closed[gpu.id]
 
 
 def test_a_load_the_core_triggered_counts_at_once():
@@ -331,12 +336,7 @@ def test_a_gpu_reading_older_than_the_model_list_does_not_make_room_that_is_gone
         model_vram={"llama3": 7 * GB},
         resident_vram={"coder": 11 * GB, "embed": int(0.6 * GB)},
     )
-    s = core(gpu)
-    s.submit(c := job("u", "coder", 0), 0)
-    assert [d.job.id for d in s.dispatch(0)] == [c.id]
-    s.submit(job("v", "llama3", 1), 1)
-    assert s.dispatch(1) == []
-    assert REASONS["memory"] in s.classes.get(("llama3", Modality.CHAT, False)).closed[1]
+    assert_no_room_beside_a_busy_coder(gpu)
 
 
 def test_a_job_that_can_run_elsewhere_waits_rather_than_time_share_the_only_home_of_running_work():
