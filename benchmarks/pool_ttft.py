@@ -9,8 +9,10 @@ backend mr chose, the wait in mr's queue (its decision record), the wait
 inside the workstation (for a runner: a pending load or eviction; for its
 load; for a slot), prefill, and what is left (the rest of the first chunk,
 the proxy), with the prefill it would have taken alone on that GPU; then the
-same summed per model, and each decision's estimate of the backends it did
-not choose. Lab seconds throughout.
+same summed per model, each decision's estimate of the backends it did not
+choose, and the phase's TTFT p95 as measured, as it would be were every
+prefill as short as alone on the GPU chosen, and with nothing but each
+prefill alone on the fastest GPU. Lab seconds throughout.
 """
 
 from __future__ import annotations
@@ -27,6 +29,16 @@ from _lab import POOL
 COLUMNS = ("queue", "runner", "load", "slot", "prefill", "alone", "rest")
 """``alone``: the prefill that request would take alone on the GPU chosen (part of ``prefill``, not added)."""
 SPEEDS = {spec.name: spec.speeds for spec in POOL}
+FASTEST: dict[str, float] = {}
+"""Per model, the fastest prefill any workstation has: a prompt's first token can come no sooner."""
+for _speeds in SPEEDS.values():
+    for _model, _speed in _speeds.items():
+        FASTEST[_model] = max(FASTEST.get(_model, 0.0), _speed.prefill)
+
+
+def p95(values: list[float]) -> float:
+    """As bench_pool's figures take it."""
+    return sorted(values)[int(len(values) * 0.95)]
 
 
 def decisions(state: Path) -> tuple[dict[str, dict[str, Any]], dict[str, str]]:
@@ -38,7 +50,8 @@ def decisions(state: Path) -> tuple[dict[str, dict[str, Any]], dict[str, str]]:
     return last, names
 
 
-def breakdown(folder: Path, phase: str, top: float, compression: float) -> list[dict[str, Any]]:
+def breakdown(folder: Path, phase: str, compression: float) -> list[dict[str, Any]]:
+    """Every answered chat request of ``phase``, slowest first token first, with where its time went."""
     outcomes = json.loads((folder / "outcomes.json").read_text())
     traces = json.loads((folder / "workstations.json").read_text())
     records, names = decisions(folder / "state")
@@ -51,7 +64,7 @@ def breakdown(folder: Path, phase: str, top: float, compression: float) -> list[
         o["ttft"] = (o["first"] if o["first"] is not None else o["end"]) - o["sent"]
     chat.sort(key=lambda o: o["ttft"], reverse=True)
     rows = []
-    for o in chat[: max(1, round(len(chat) * top))]:
+    for o in chat:
         rec = records.get(o["request_id"] or "", {})
         ws = names.get(str(rec.get("selected_backend_id")), "?")
         match = unused.get((ws, o["model"], o["prompt"], o["out"])) or [{}]
@@ -66,6 +79,8 @@ def breakdown(folder: Path, phase: str, top: float, compression: float) -> list[
         parts["rest"] = o["ttft"] - sum(parts.values())
         speed = SPEEDS.get(ws, {}).get(o["model"])
         parts["alone"] = o["prompt"] / speed.prefill if speed else 0.0
+        parts["unshared"] = o["ttft"] - parts["prefill"] + parts["alone"]
+        parts["floor"] = o["prompt"] / FASTEST[o["model"]]
         others = {
             names.get(b, b): round(c["score"], 1)
             for b, c in rec.get("score_components", {}).items()
@@ -95,7 +110,8 @@ def main() -> None:
     parser.add_argument("--top", type=float, default=0.05, help="the slowest part to show (0.05: the p95's)")
     parser.add_argument("--compression", type=float, default=10.0, help="the run's --compression")
     args = parser.parse_args()
-    rows = breakdown(args.folder, args.phase, args.top, args.compression)
+    every = breakdown(args.folder, args.phase, args.compression)
+    rows = every[: max(1, round(len(every) * args.top))]
     print(f"{'at':>6} {'model':<18} {'prompt':>6} {'backend':<8} {'TTFT':>6}" + "".join(f"{c:>8}" for c in COLUMNS))
     sums: dict[str, dict[str, float]] = defaultdict(lambda: dict.fromkeys(("n", "ttft", *COLUMNS), 0.0))
     for r in rows:
@@ -110,6 +126,11 @@ def main() -> None:
     for model, s in sums.items():
         cells = "".join(f"{c} {s[c]:.1f}  " for c in COLUMNS)
         print(f"  {model:<18} {s['n']:.0f} requests, TTFT {s['ttft']:.1f}: {cells}")
+    print(
+        f"\n{len(every)} requests, TTFT p95 {p95([r['ttft'] for r in every]):.1f} s; with each prefill as long as"
+        f" alone on the GPU chosen {p95([r['unshared'] for r in every]):.1f} s; each prefill alone on the fastest"
+        f" GPU and nothing else {p95([r['floor'] for r in every]):.1f} s"
+    )
 
 
 if __name__ == "__main__":
