@@ -366,3 +366,33 @@ def test_a_job_that_can_run_elsewhere_waits_rather_than_time_share_the_only_home
     [d] = s.dispatch(5)
     assert d.job.id == j.id and d.backend_id == 2
     s.check()
+
+
+def test_work_with_no_other_home_is_charged_the_share_of_the_gpu_it_loses():
+    """bench_pool (issue 17): in the steady phase long coder prompts left the H100 for a GPU far slower.
+
+    A coder stream beside three 70B streams on the H100 (runners time-share the GPU) takes half
+    of it while it runs: each 70B stream loses half this job's time there, not all of it. Charged
+    all of it, the coder went to a GPU 6.7x slower than the H100 alone, and prefilled there for
+    seconds. With two runners sharing, each 70B stream is charged half.
+    """
+    h100 = Backend(
+        1, "h100", models=frozenset({"coder", "big"}), loaded_models=frozenset({"coder", "big"}), max_concurrent=12
+    )
+    h100 = dataclasses.replace(h100, parallel=4)
+    coder = frozenset({"coder"})
+    slow = Backend(2, "rtx3060", models=coder, loaded_models=coder, max_concurrent=4, parallel=4)
+    s = core(h100, slow)
+    teach(s, 1, "coder", 100.0, 0)
+    s.set_backend(dataclasses.replace(h100, enabled=False))
+    teach(s, 2, "coder", 15.0, 2)
+    s.set_backend(h100)
+    for i in range(3):
+        s.submit(job("v", "big", 10 + i / 10), 10 + i / 10)
+    assert [d.backend_id for d in s.dispatch(10.5)] == [1, 1, 1]
+    s.submit(j := job("u", "coder", 11, prompt=4000), 11)
+    [d] = s.dispatch(11)
+    parts = d.record.to_dict()["score_components"]
+    assert d.job.id == j.id and d.backend_id == 1, parts
+    alone = parts["1"]["prefill"] + parts["1"]["decode"]
+    assert parts["1"]["scarcity"] == pytest.approx(3 * alone / 2, rel=0.01)

@@ -172,7 +172,7 @@ def estimate(
     prior: Speeds,
     penalty: float = 0.0,
     queued: int = 0,
-    contested: int = 0,
+    contested: float = 0,
 ) -> Estimate | None:
     """When a job would start and finish on ``backend``; None when its model cannot be made resident.
 
