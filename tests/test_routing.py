@@ -46,6 +46,21 @@ def teach(s: Scheduler, bid: int, model: str, rate: float, t: float, prompt: int
     )
 
 
+def h100_beside_another_gpu(sole: str, shared: str, rates: tuple[float, float], slots: int) -> Scheduler:
+    """An H100 (1) with ``sole`` (only there) and ``shared`` resident, and a GPU (2) with ``shared`` and
+    ``slots`` slots; each has answered ``shared`` once, alone, at its rate of ``rates``. Ollama-like:
+    a runner per model, four slots each."""
+    both, one = frozenset({sole, shared}), frozenset({shared})
+    h100 = Backend(1, "h100", models=both, loaded_models=both, max_concurrent=12, parallel=4)
+    other = Backend(2, "other", models=one, loaded_models=one, max_concurrent=slots, parallel=4)
+    s = core(h100, other)
+    teach(s, 1, shared, rates[0], 0)
+    s.set_backend(dataclasses.replace(h100, enabled=False))
+    teach(s, 2, shared, rates[1], 2)
+    s.set_backend(h100)
+    return s
+
+
 def test_a_faster_gpu_with_a_stream_running_beats_an_idle_slow_one():
     """Defect 1: one request in flight cost 15 points, more than an H100 and an RTX 3060 were apart."""
     llama = frozenset({"llama3"})
@@ -347,15 +362,7 @@ def test_a_job_that_can_run_elsewhere_waits_rather_than_time_share_the_only_home
     116-168 s. Where models time-share a GPU (per-model runners, Ollama), the streams it would
     slow are priced even then, and the job waits for the full GPU that would finish it nearly as soon.
     """
-    both = frozenset({"llama3:8b", "llama3:70b"})
-    h100 = Backend(1, "h100", models=both, loaded_models=both, max_concurrent=12, parallel=4)
-    eight = frozenset({"llama3:8b"})
-    rtx = Backend(2, "rtx4090", models=eight, loaded_models=eight, max_concurrent=1, parallel=4)
-    s = core(h100, rtx)
-    teach(s, 1, "llama3:8b", 95.0, 0)
-    s.set_backend(dataclasses.replace(h100, enabled=False))
-    teach(s, 2, "llama3:8b", 80.0, 2)
-    s.set_backend(h100)
+    s = h100_beside_another_gpu("llama3:70b", "llama3:8b", (95.0, 80.0), slots=1)  # a full RTX 4090
     for i in range(4):
         s.submit(job("v", "llama3:70b", 3 + i / 10), 3 + i / 10)
     s.submit(busy := job("w", "llama3:8b", 3.5), 3.5)
@@ -376,17 +383,7 @@ def test_work_with_no_other_home_is_charged_the_share_of_the_gpu_it_loses():
     all of it, the coder went to a GPU 6.7x slower than the H100 alone, and prefilled there for
     seconds. With two runners sharing, each 70B stream is charged half.
     """
-    h100 = Backend(
-        1, "h100", models=frozenset({"coder", "big"}), loaded_models=frozenset({"coder", "big"}), max_concurrent=12
-    )
-    h100 = dataclasses.replace(h100, parallel=4)
-    coder = frozenset({"coder"})
-    slow = Backend(2, "rtx3060", models=coder, loaded_models=coder, max_concurrent=4, parallel=4)
-    s = core(h100, slow)
-    teach(s, 1, "coder", 100.0, 0)
-    s.set_backend(dataclasses.replace(h100, enabled=False))
-    teach(s, 2, "coder", 15.0, 2)
-    s.set_backend(h100)
+    s = h100_beside_another_gpu("big", "coder", (100.0, 15.0), slots=4)  # an RTX 3060
     for i in range(3):
         s.submit(job("v", "big", 10 + i / 10), 10 + i / 10)
     assert [d.backend_id for d in s.dispatch(10.5)] == [1, 1, 1]
