@@ -17,7 +17,7 @@ daemon's settings included, scaled alike). Figures are in lab seconds.
     python benchmarks/bench_pool.py --only "mr serve" "mr serve without GPU readings" least-busy
     python benchmarks/bench_pool.py --scenario > lab.toml && mr simulate lab.toml   # the same lab, simulated
     python benchmarks/bench_pool.py --workload scenario --only "mr serve" "mr simulate"   # simulator against live
-    python benchmarks/bench_pool.py --only "mr serve" --trace /tmp/trace && python benchmarks/pool_ttft.py /tmp/trace/mr-serve
+    python benchmarks/bench_pool.py --only "mr serve" --trace /tmp/t && python benchmarks/pool_ttft.py /tmp/t/mr-serve
 
 `mr serve` runs with its defaults, ``--max-concurrent 4`` per backend (the
 README's suggestion), each workstation's ``parallel`` and ``max_loaded``
