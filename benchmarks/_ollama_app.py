@@ -13,7 +13,8 @@ OpenAI-compatible ``/v1/chat/completions``, ``/v1/embeddings`` and
 ``/v1/models``. ``GET /gpus`` answers as ``mr agent`` does (its one GPU's
 VRAM as the loaded runners use it), so ``mr serve`` can read it as a node.
 ``GET /bench/stats`` gives the loads, load seconds (lab), evictions and
-expiries. Each chunk carries as many "tok " words as tokens were produced
+expiries; ``GET /bench/trace`` where each answered request's time went (waiting
+for its runner, its load, a slot, prefill, decode). Each chunk carries as many "tok " words as tokens were produced
 since the last one.
 """
 
@@ -95,13 +96,13 @@ async def _generate(request: web.Request) -> web.StreamResponse:
         else int(body.get("max_tokens") or body.get("max_completion_tokens") or options.get("num_predict") or 128)
     )
     try:
-        runner, waited = await ws.acquire(model, keep_alive_seconds(body.get("keep_alive")))
+        runner, waited, load_wait = await ws.acquire(model, keep_alive_seconds(body.get("keep_alive")))
     except KeyError:
         return _error(request, 404, f"model '{model}' not found")
     except ServerBusy as exc:
         return _error(request, 503, str(exc))
+    stream = Stream(prompt_tokens(body), out)
     try:
-        stream = Stream(prompt_tokens(body), out)
         reply = _Reply(request, ws, model, openai, embed, stream, t0, waited)
         async with aclosing(ws.run(runner, stream)) as chunks:
             if embed or not body.get("stream", not openai):
@@ -113,6 +114,23 @@ async def _generate(request: web.Request) -> web.StreamResponse:
         return web.Response(status=499)
     finally:
         ws.release(runner)
+        ws.trace.append(_trace(ws, model, stream, waited, load_wait))
+
+
+def _trace(ws: Workstation, model: str, stream: Stream, waited: float, load_wait: float) -> dict[str, Any]:
+    """Where one request's time went on this workstation (lab seconds), for ``GET /bench/trace``."""
+    return {
+        "model": model,
+        "prompt": stream.prompt,
+        "out": stream.out,
+        "runner_wait": waited - load_wait,
+        "load_wait": load_wait,
+        "slot_wait": stream.started_at - stream.queued_at,
+        "prefill": stream.prefill_s,
+        "to_first": None if stream.first_at is None else stream.first_at - stream.started_at,
+        "decode": stream.decode_s,
+        "end": ws.now(),
+    }
 
 
 class _Reply:
@@ -323,6 +341,10 @@ async def _stats(request: web.Request) -> web.Response:
     )
 
 
+async def _trace_route(request: web.Request) -> web.Response:
+    return web.json_response(request.app[WORKSTATION].trace)
+
+
 async def _text(_request: web.Request) -> web.Response:
     return web.Response(text="Ollama is running")
 
@@ -357,6 +379,7 @@ def create_app(spec: WorkstationSpec, models: Any, compression: float) -> web.Ap
         ("/gpus", _gpus),
         ("/health", _health),
         ("/bench/stats", _stats),
+        ("/bench/trace", _trace_route),
     ):
         app.router.add_get(path, handler)
     return app

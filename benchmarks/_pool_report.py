@@ -21,6 +21,8 @@ class Outcome:
     end: float | None = None
     tokens: int = 0
     error: str | None = None
+    request_id: str | None = None
+    """The router's ``X-Request-Id`` (mr serve's decision records are keyed by it)."""
 
     @property
     def ok(self) -> bool:

@@ -45,6 +45,7 @@ import math
 from collections import deque
 from collections.abc import AsyncGenerator, Mapping
 from dataclasses import dataclass, field
+from typing import Any
 
 GB = 1_000_000_000
 BATCH_COST = 0.25
@@ -109,6 +110,10 @@ class Stream:
     last_chunk: float = -math.inf
     prefill_s: float = 0.0
     decode_s: float = 0.0
+    queued_at: float = 0.0
+    """Lab time it asked its runner for a slot; ``started_at`` when it got one, ``first_at`` its first token."""
+    started_at: float = 0.0
+    first_at: float | None = None
     chunks: asyncio.Queue[int] = field(default_factory=asyncio.Queue)
     """Tokens per chunk; 0 ends the stream."""
     slot: asyncio.Event = field(default_factory=asyncio.Event)
@@ -165,6 +170,8 @@ class Workstation:
         self.compression = compression
         self.loaded: dict[str, Runner] = {}
         self.stats = Stats()
+        self.trace: list[dict[str, Any]] = []
+        """Each answered request's times (``_ollama_app._trace``), for bench_pool's ``--trace``."""
         self._pending: asyncio.Queue[_Pending] = asyncio.Queue(spec.max_queue)
         self._work = asyncio.Event()
         self._unloaded = asyncio.Event()
@@ -198,8 +205,9 @@ class Workstation:
 
     # --- the runner a request gets (getRunner, processPending) ---
 
-    async def acquire(self, model: str, keep_alive: float | None = None) -> tuple[Runner, float]:
-        """The resident runner for ``model`` (loading it as Ollama would) and the lab seconds waited for it.
+    async def acquire(self, model: str, keep_alive: float | None = None) -> tuple[Runner, float, float]:
+        """The resident runner for ``model`` (loading it as Ollama would), the lab seconds waited for it, and
+        how many of those were its load (the rest: waiting in the pending queue, for an eviction).
 
         Raises:
             KeyError: the model is not pulled here.
@@ -226,12 +234,14 @@ class Workstation:
                     self.release(pending.done.result())
                 pending.done.cancel()
                 raise
+        ready_from = self.now()
         try:
             await runner.ready.wait()
         except asyncio.CancelledError:
             self.release(runner)
             raise
-        return runner, self.now() - start
+        end = self.now()
+        return runner, end - start, end - ready_from
 
     def _use(self, runner: Runner, keep_alive: float | None) -> None:
         runner.refs += 1
@@ -326,12 +336,14 @@ class Workstation:
 
     async def run(self, runner: Runner, stream: Stream) -> AsyncGenerator[int, None]:
         """Tokens of ``stream`` as they are produced (each chunk's count), once a slot of ``runner`` is free."""
+        stream.queued_at = stream.started_at = self.now()
         if len(runner.active) < runner.parallel:
             runner.active.append(stream)
         else:
             runner.waiting.append(stream)
             try:
                 await stream.slot.wait()
+                stream.started_at = self.now()
             except asyncio.CancelledError:
                 if stream in runner.waiting:
                     runner.waiting.remove(stream)
@@ -388,6 +400,8 @@ class Workstation:
                 ready = min(stream.out, int(stream.produced + 1e-9)) - stream.emitted
                 done = stream.produced >= stream.out - 1e-9
                 if ready > 0 and (stream.emitted == 0 or done or wall - stream.last_chunk >= CHUNK_WALL):
+                    if stream.first_at is None:
+                        stream.first_at = self.now()
                     stream.chunks.put_nowait(ready)
                     stream.emitted += ready
                     stream.last_chunk = wall

@@ -17,6 +17,7 @@ daemon's settings included, scaled alike). Figures are in lab seconds.
     python benchmarks/bench_pool.py --only "mr serve" "mr serve without GPU readings" least-busy
     python benchmarks/bench_pool.py --scenario > lab.toml && mr simulate lab.toml   # the same lab, simulated
     python benchmarks/bench_pool.py --workload scenario --only "mr serve" "mr simulate"   # simulator against live
+    python benchmarks/bench_pool.py --only "mr serve" --trace /tmp/t && python benchmarks/pool_ttft.py /tmp/t/mr-serve
 
 `mr serve` runs with its defaults, ``--max-concurrent 4`` per backend (the
 README's suggestion), each workstation's ``parallel`` and ``max_loaded``
@@ -178,6 +179,7 @@ async def one_request(
                 headers=headers,
                 timeout=aiohttp.ClientTimeout(total=timeout),
             ) as resp:
+                o.request_id = resp.headers.get("X-Request-Id")
                 await resp.read()
                 o.error = None if resp.status == 200 else f"HTTP {resp.status}"
                 o.end = clock()
@@ -192,6 +194,7 @@ async def one_request(
         async with session.post(
             f"{url}/v1/chat/completions", json=body, headers=headers, timeout=aiohttp.ClientTimeout(total=timeout)
         ) as resp:
+            o.request_id = resp.headers.get("X-Request-Id")
             if resp.status != 200:
                 o.error = f"HTTP {resp.status}"
                 return
@@ -276,12 +279,32 @@ async def run_target(name: str, args: argparse.Namespace, requests: list[Request
             for url in urls:
                 async with s.get(f"{url}/bench/stats") as r:
                     stats.append(await r.json())
+            if args.trace:
+                traces = {}
+                for spec, url in zip(POOL, urls, strict=True):
+                    async with s.get(f"{url}/bench/trace") as r:
+                        traces[spec.name] = await r.json()
+                save_trace(Path(args.trace) / name.replace(" ", "-"), outcomes, traces)
         return compute(Figures(name, outcomes, arrivals, stats, args.steady, args.burst, span))
     finally:
         if runner is not None:
             await runner.cleanup()
         stop_all(procs)
+        if args.trace and (tmp / "state").is_dir():
+            shutil.copytree(tmp / "state", Path(args.trace) / name.replace(" ", "-") / "state", dirs_exist_ok=True)
         shutil.rmtree(tmp, ignore_errors=True)
+
+
+def save_trace(folder: Path, outcomes: list[Outcome], traces: dict[str, list[dict[str, Any]]]) -> None:
+    """Each request's outcome (lab seconds, with its request id) and each workstation's trace, as JSON."""
+    folder.mkdir(parents=True, exist_ok=True)
+    rows = [
+        {**dataclasses.asdict(o.req), "sent": o.sent, "first": o.first, "end": o.end, "error": o.error}
+        | {"request_id": o.request_id}
+        for o in outcomes
+    ]
+    (folder / "outcomes.json").write_text(json.dumps(rows))
+    (folder / "workstations.json").write_text(json.dumps(traces))
 
 
 async def main(args: argparse.Namespace) -> list[Figures]:
@@ -331,6 +354,11 @@ if __name__ == "__main__":
         "--only", nargs="*", choices=TARGETS, metavar="TARGET", help=f"targets to run, of: {', '.join(TARGETS)}"
     )
     parser.add_argument("--json", help="also write the figures to this file")
+    parser.add_argument(
+        "--trace",
+        metavar="DIR",
+        help="keep, per target, each request's outcome, the workstations' traces and mr serve's state (decisions)",
+    )
     parser.add_argument(
         "--loop",
         choices=("uvloop", "asyncio"),

@@ -46,6 +46,21 @@ def teach(s: Scheduler, bid: int, model: str, rate: float, t: float, prompt: int
     )
 
 
+def h100_beside_another_gpu(sole: str, shared: str, rates: tuple[float, float], slots: int) -> Scheduler:
+    """An H100 (1) with ``sole`` (only there) and ``shared`` resident, and a GPU (2) with ``shared`` and
+    ``slots`` slots; each has answered ``shared`` once, alone, at its rate of ``rates``. Ollama-like:
+    a runner per model, four slots each."""
+    both, one = frozenset({sole, shared}), frozenset({shared})
+    h100 = Backend(1, "h100", models=both, loaded_models=both, max_concurrent=12, parallel=4)
+    other = Backend(2, "other", models=one, loaded_models=one, max_concurrent=slots, parallel=4)
+    s = core(h100, other)
+    teach(s, 1, shared, rates[0], 0)
+    s.set_backend(dataclasses.replace(h100, enabled=False))
+    teach(s, 2, shared, rates[1], 2)
+    s.set_backend(h100)
+    return s
+
+
 def test_a_faster_gpu_with_a_stream_running_beats_an_idle_slow_one():
     """Defect 1: one request in flight cost 15 points, more than an H100 and an RTX 3060 were apart."""
     llama = frozenset({"llama3"})
@@ -106,12 +121,17 @@ def test_an_idle_resident_model_is_evicted_to_make_room_and_a_busy_one_is_not():
     assert parts["eviction"] == pytest.approx(4.5)
     s.complete(j.id, 5, prompt_tokens=100, completion_tokens=10)
     # With the coder busy, the 8B model does not fit.
-    s2 = core(gpu)
-    s2.submit(c := job("u", "coder", 0), 0)
-    assert [d.job.id for d in s2.dispatch(0)] == [c.id]
-    s2.submit(job("v", "llama3", 1), 1)
-    assert s2.dispatch(1) == []
-    assert REASONS["memory"] in s2.classes.get(("llama3", Modality.CHAT, False)).closed[1]
+    assert_no_room_beside_a_busy_coder(gpu)
+
+
+def assert_no_room_beside_a_busy_coder(gpu: Backend) -> None:
+    """With a coder job running on ``gpu``, an 8B job (``llama3``) does not fit there, and waits."""
+    s = core(gpu)
+    s.submit(c := job("u", "coder", 0), 0)
+    assert [d.job.id for d in s.dispatch(0)] == [c.id]
+    s.submit(job("v", "llama3", 1), 1)
+    assert s.dispatch(1) == []
+    assert REASONS["memory"] in s.classes.get(("llama3", Modality.CHAT, False)).closed[gpu.id]
 
 
 def test_a_load_the_core_triggered_counts_at_once():
@@ -280,3 +300,96 @@ async def test_the_daemon_learns_a_backends_rate_per_model_from_ollamas_duration
         speeds = row["model_speeds"]
         assert list(speeds) == ["llama3"] and speeds["llama3"]["answers"] == 3
         assert 150 < speeds["llama3"]["decode"] < 260, speeds  # 20 tokens paced at 200 a second
+
+
+def test_a_gpu_new_to_a_model_is_expected_as_much_slower_as_it_is_on_the_models_it_served():
+    """bench_pool (issue 17): 4,000-6,000-token coder prompts went to the RTX 3060 before it had answered one.
+
+    An unlearned pair borrowed the H100's coder rates, so the 3060 looked as fast as the H100 alone
+    and took four long prompts in a row (10-18 s to the first token, against 2-6 s on the 4090).
+    It is 0.39x the H100 on the chat model both served: the same ratio is the better guess.
+    """
+    both = frozenset({"chat", "coder"})
+    h100 = Backend(1, "h100", models=both, loaded_models=both, max_concurrent=8)
+    rtx3060 = Backend(2, "rtx3060", models=both, loaded_models=both, max_concurrent=8)
+    s = core(h100, rtx3060)
+    teach(s, 1, "chat", 140.0, 0)
+    teach(s, 1, "coder", 85.0, 2)
+    s.set_backend(dataclasses.replace(h100, enabled=False))
+    teach(s, 2, "chat", 55.0, 4)
+    s.set_backend(dataclasses.replace(rtx3060, enabled=False))
+    s.set_backend(h100)
+    for i in range(2):
+        s.submit(job("u", "chat", 6 + i / 10), 6 + i / 10)
+    assert [d.backend_id for d in s.dispatch(6.2)] == [1, 1]
+    s.set_backend(rtx3060)
+    s.submit(j := job("v", "coder", 7, prompt=5000, max_tokens=250), 7)
+    [d] = s.dispatch(7)
+    parts = d.record.to_dict()["score_components"]
+    assert d.job.id == j.id and d.backend_id == 1, parts
+    assert parts["2"]["decode_rate"] == pytest.approx(85 * 55 / 140, rel=0.01)
+    assert parts["2"]["prefill"] == pytest.approx(5000 / (20 * 85 * 55 / 140), rel=0.01)
+
+
+def test_a_gpu_reading_older_than_the_model_list_does_not_make_room_that_is_gone():
+    """bench_pool (issue 17): the 8B model went to an RTX 4080 whose busy coder left it no room.
+
+    The GPU reading (mr agent) and the model list (Ollama's /api/ps) come from two polls. The
+    reading still showed the 8B's 7 GB in use when the list already had the coder (11 GB) in
+    its place, so 8.4 GB looked free: the 8B request waited in Ollama's queue for the busy coder
+    to be evicted (60-100 s under the burst). What the resident models hold bounds what is free.
+    """
+    models = frozenset({"coder", "llama3", "embed"})
+    gpu = Backend(
+        1,
+        "rtx4080",
+        models=models,
+        loaded_models=frozenset({"coder", "embed"}),
+        max_concurrent=8,
+        vram_free=int(8.4 * GB),  # read while the 8B model was still resident
+        vram_total=16 * GB,
+        model_vram={"llama3": 7 * GB},
+        resident_vram={"coder": 11 * GB, "embed": int(0.6 * GB)},
+    )
+    assert_no_room_beside_a_busy_coder(gpu)
+
+
+def test_a_job_that_can_run_elsewhere_waits_rather_than_time_share_the_only_home_of_running_work():
+    """bench_pool (issue 17): under the burst every 8B or coder job sent to the H100 had it as its only open GPU.
+
+    Its scarcity was not priced there (no other backend open), so 81 of them shared the H100 with
+    a full batch of 70B streams, each halving their speed, while the 70B's queue in mr waited
+    116-168 s. Where models time-share a GPU (per-model runners, Ollama), the streams it would
+    slow are priced even then, and the job waits for the full GPU that would finish it nearly as soon.
+    """
+    s = h100_beside_another_gpu("llama3:70b", "llama3:8b", (95.0, 80.0), slots=1)  # a full RTX 4090
+    for i in range(4):
+        s.submit(job("v", "llama3:70b", 3 + i / 10), 3 + i / 10)
+    s.submit(busy := job("w", "llama3:8b", 3.5), 3.5)
+    assert sorted(d.backend_id for d in s.dispatch(3.5)) == [1, 1, 1, 1, 2]
+    s.submit(j := job("u", "llama3:8b", 4), 4)
+    assert s.dispatch(4) == []  # the H100 is open, but the 4090 finishes it nearly as soon
+    s.complete(busy.id, 5, prompt_tokens=100, completion_tokens=100)
+    [d] = s.dispatch(5)
+    assert d.job.id == j.id and d.backend_id == 2
+    s.check()
+
+
+def test_work_with_no_other_home_is_charged_the_share_of_the_gpu_it_loses():
+    """bench_pool (issue 17): in the steady phase long coder prompts left the H100 for a GPU far slower.
+
+    A coder stream beside three 70B streams on the H100 (runners time-share the GPU) takes half
+    of it while it runs: each 70B stream loses half this job's time there, not all of it. Charged
+    all of it, the coder went to a GPU 6.7x slower than the H100 alone, and prefilled there for
+    seconds. With two runners sharing, each 70B stream is charged half.
+    """
+    s = h100_beside_another_gpu("big", "coder", (100.0, 15.0), slots=4)  # an RTX 3060
+    for i in range(3):
+        s.submit(job("v", "big", 10 + i / 10), 10 + i / 10)
+    assert [d.backend_id for d in s.dispatch(10.5)] == [1, 1, 1]
+    s.submit(j := job("u", "coder", 11, prompt=4000), 11)
+    [d] = s.dispatch(11)
+    parts = d.record.to_dict()["score_components"]
+    assert d.job.id == j.id and d.backend_id == 1, parts
+    alone = parts["1"]["prefill"] + parts["1"]["decode"]
+    assert parts["1"]["scarcity"] == pytest.approx(3 * alone / 2, rel=0.01)

@@ -165,25 +165,28 @@ class Classes:
         reasons = live_rejections(self._backends[bid], self._loads[bid], model, self.now)
         return all(r in _WAITS for r in reasons)
 
-    def contested(self, bid: Hashable, key: ClassKey, waiting: Mapping[ClassKey, int]) -> int:
+    def contested(self, bid: Hashable, key: ClassKey, waiting: Mapping[ClassKey, int], queued: bool = True) -> float:
         """How many jobs with no other home a job of class ``key`` on ``bid`` would hold up (0: none).
 
         Jobs of another class that only ``bid`` can serve are held up by it when they run there
-        (it takes GPU time from them), or are queued and either their model is not resident and
-        cannot be loaded until this job's model (busy, or the idle one Ollama would evict) is idle,
-        or they could fill every free slot there (each class within its free per-model slots).
+        (it takes GPU time from them; ``_slowed``), or, with ``queued``, are queued and either their
+        model is not resident and cannot be loaded until this job's model (busy, or the idle one
+        Ollama would evict) is idle, or they could fill every free slot there (each class within its
+        free per-model slots).
         """
         sole = self._sole.get(bid)
         if not sole:
             return 0
+        slowed = self._slowed(bid, key, waiting, sole)
+        if not queued:
+            return slowed
         backend, load = self._backends[bid], self._loads[bid]
         resident = load.resident(backend, self.now)
         free = backend.max_concurrent - load.in_flight
-        running = blocked = need = 0
+        blocked = need = 0
         for other in sole:
             if other == key or other[0] == key[0]:
                 continue
-            running += load.model_in_flight.get(other[0], 0)
             count = waiting.get(other, 0)
             if not count:
                 continue
@@ -197,7 +200,30 @@ class Classes:
             need += count
         if need >= free > 0:
             blocked += need
-        return running + blocked
+        return slowed + blocked
+
+    def _slowed(self, bid: Hashable, key: ClassKey, waiting: Mapping[ClassKey, int], sole: list[ClassKey]) -> float:
+        """The jobs with no other home that a job of class ``key`` running on ``bid`` slows, each weighed
+        by the part of its time there it takes from them.
+
+        Where each model has its runner (Ollama) and the runners with streams time-share the GPU,
+        a stream beside ``r`` other runners takes 1 / (r + 1) of the GPU from each while it runs:
+        the sole-home streams running there lose that part of its time, and so do the sole-home
+        jobs queued for their slots, which wait on them. Elsewhere each stream running loses as
+        much as the job takes (the streams of one batch; the estimate's delay prices the batch).
+        """
+        load = self._loads[bid]
+        running = sum(load.model_in_flight.get(other[0], 0) for other in sole if other[0] != key[0])
+        parallel = self._backends[bid].parallel
+        if not running or parallel is None:
+            return running
+        behind = sum(
+            waiting.get(other, 0)
+            for other in sole
+            if other[0] != key[0] and load.model_in_flight.get(other[0], 0) >= parallel
+        )
+        others = sum(1 for m, n in load.model_in_flight.items() if n > 0 and m != key[0])
+        return (running + behind) / (others + 1)
 
     def route(
         self,
@@ -236,7 +262,12 @@ class Classes:
             # Yielding a slot to work with no other home costs this job nothing only where another
             # backend is open to it now; with none, the price would make it wait, and routing would
             # overrule fair share (a weight-10 admin kept off the GPU a weight-1 student needs).
-            contested = self.contested(bid, key, queues) if queues is not None and len(info.open) > 1 else 0
+            # GPU time is not a slot: where models time-share the GPU (a runner per model, as
+            # Ollama's), the streams it would slow are priced even then, and it may wait for a full
+            # backend that finishes it nearly as soon.
+            contested = 0.0
+            if queues is not None and (len(info.open) > 1 or backends[bid].parallel is not None):
+                contested = self.contested(bid, key, queues, queued=len(info.open) > 1)
             row = estimate(
                 backends[bid],
                 loads[bid],

@@ -66,6 +66,11 @@ def fit(backend: Backend, load: BackendLoad, model: str, resident: frozenset[str
     free = backend.vram_free
     if free is not None:  # memory a load under way takes is not yet in the reading
         free -= sum(backend.model_vram.get(m, 0) for m in load.loading if m not in backend.loaded_models)
+        if backend.vram_total is not None:
+            # The reading and the model list come from two polls: what the resident models hold
+            # bounds what is free, lest a reading older than the list show room since taken.
+            held = sum(backend.resident_vram.get(m) or backend.model_vram.get(m, 0) for m in resident)
+            free = min(free, backend.vram_total - held)
     room = backend.max_loaded
     evict: list[str] = []
     # Ollama's findRunnerToUnload: idle runners by keep_alive (not reported: taken as equal), then model path

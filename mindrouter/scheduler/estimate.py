@@ -21,7 +21,8 @@ the slot or model place it takes; ``Classes.contested``), this job's time
 there is charged once more, so a job that can run elsewhere goes elsewhere.
 The rates are those of that (backend, model) pair learned from
 answers (``Speeds``); a pair with none yet borrows the best rate known for the
-model elsewhere (so a new backend gets tried), else the settings' defaults.
+model elsewhere, scaled by how this backend compares on the models it has
+served (so a new backend gets tried, as what it is), else the settings' defaults.
 Evicting an idle model to make room costs its reload time (``eviction_price``
 per second). The score, higher is better as in the seed's records, is
 
@@ -122,6 +123,44 @@ class Speeds:
             best.prefill = speed.prefill
 
 
+def _relative(load: BackendLoad, prior: Speeds) -> tuple[float, float]:
+    """How this backend's decode and prefill compare with the pool's best, on the models it has answered.
+
+    The highest ratio of its models (1 where it knows none): a guess that still lets it be tried.
+    """
+    decode = prefill = 0.0
+    for model, speed in load.speeds.items():
+        best = prior.best.get(model)
+        if best is None:
+            continue
+        if speed.decode and best.decode:
+            decode = max(decode, speed.decode / best.decode)
+        if speed.prefill and best.prefill:
+            prefill = max(prefill, speed.prefill / best.prefill)
+    return decode or 1.0, prefill or 1.0
+
+
+def _borrowed(
+    load: BackendLoad,
+    model: str,
+    prior: Speeds,
+    decode: float | None,
+    prefill: float | None,
+    settings: SchedulerSettings,
+) -> tuple[float, float]:
+    """Rates for a (backend, model) pair that has not answered yet (bench_pool, issue 17).
+
+    The best rates known for ``model`` elsewhere, scaled by how this backend compares with the
+    best on the models it has served: borrowed unscaled, an RTX 3060 new to the coder looked as
+    fast as the H100 and took four long prompts in a row before its first answer said otherwise.
+    """
+    best = prior.best.get(model)
+    scale = _relative(load, prior) if best is not None else (1.0, 1.0)
+    decode = decode or (best and best.decode and best.decode * scale[0]) or settings.default_decode_rate
+    prefill = prefill or (best and best.prefill and best.prefill * scale[1]) or decode * settings.prefill_speedup
+    return decode, prefill
+
+
 def estimate(
     backend: Backend,
     load: BackendLoad,
@@ -133,7 +172,7 @@ def estimate(
     prior: Speeds,
     penalty: float = 0.0,
     queued: int = 0,
-    contested: int = 0,
+    contested: float = 0,
 ) -> Estimate | None:
     """When a job would start and finish on ``backend``; None when its model cannot be made resident.
 
@@ -148,9 +187,10 @@ def estimate(
         return None
     w = settings.scores
     own = load.speeds.get(model)
-    best = prior.best.get(model)
-    decode = (own and own.decode) or (best and best.decode) or settings.default_decode_rate
-    prefill = (own and own.prefill) or (best and best.prefill) or decode * settings.prefill_speedup
+    decode = own.decode if own is not None else None
+    prefill = own.prefill if own is not None else None
+    if not (decode and prefill):
+        decode, prefill = _borrowed(load, model, prior, decode, prefill, settings)
     streams = load.in_flight + backend.backend_waiting
     slowdown = 1.0 + settings.stream_slowdown * streams * w.short_queue / _SEED.short_queue
     if not streams and backend.utilization:  # the GPU is busy with work that is not ours
