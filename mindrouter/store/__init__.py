@@ -21,7 +21,7 @@ from .errors import AlreadyExists, InUse, InvalidValue, NotFound, StoreError
 from .rows import QUOTA_FIELDS, ApiKeyInfo, BackendRow, Group, Quota, UsageReport, UsageRow, UsageTotal, User
 from .schema import SCHEMA_VERSION, migrate
 from .usage import DIMENSIONS
-from .validate import ENGINES, STATES
+from .validate import ENGINES, STATES, DecisionRow, decision_row
 
 __all__ = [
     "DIMENSIONS",
@@ -32,6 +32,7 @@ __all__ = [
     "AlreadyExists",
     "ApiKeyInfo",
     "BackendRow",
+    "DecisionRow",
     "Group",
     "InUse",
     "InvalidValue",
@@ -43,5 +44,6 @@ __all__ = [
     "UsageRow",
     "UsageTotal",
     "User",
+    "decision_row",
     "migrate",
 ]

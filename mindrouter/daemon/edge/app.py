@@ -12,6 +12,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import errno
+import gc
 import grp
 import logging
 import os
@@ -315,6 +316,8 @@ async def _serve_app(config: Config, *, discover: bool | None) -> None:
         server.port,
         socket_path,
     )
+    gc.collect()
+    gc.freeze()
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
