@@ -4,7 +4,10 @@ The daemon owns the file and calls the store from its event loop, so every
 call is one or two indexed statements on one long-lived connection (the
 sqlite3 module caches the prepared statements). WAL with ``synchronous=NORMAL``
 makes each call's commit survive a SIGKILL of the process once it returns
-(not a power cut, which may lose the last commits but never corrupts).
+(not a power cut, which may lose the last commits but never corrupts). The
+one thing done elsewhere: the daemon checkpoints the WAL from a thread with a
+connection of its own (``checkpoint.py``), so that no commit on its loop waits
+for a checkpoint's fsyncs.
 
 Invariants:
     - API keys are stored only as SHA-256 hex plus a short display prefix.

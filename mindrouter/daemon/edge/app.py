@@ -94,6 +94,7 @@ async def create_app(
         max_decisions=server.decision_retention,
         usage_retention=server.usage_retention_days * 86400.0,
     )
+    store.checkpoint_in_background()  # a checkpoint's fsyncs never stall the loop (store/checkpoint.py)
     recovered = store.recover_open_usage()
     if recovered:
         log.info("recorded the usage of %d streams that were cut when the daemon last stopped", recovered)
