@@ -103,9 +103,12 @@ def pct(values: list[float], q: float) -> float:
 
 
 async def launch_daemon(
-    tmp: Path, loop: str, settings: dict[str, dict[str, Any]] | None = None
+    tmp: Path, loop: str, settings: dict[str, dict[str, Any]] | None = None, command: list[str] | None = None
 ) -> tuple[subprocess.Popen[bytes], int, Path]:
-    """`mr serve` with temporary state and ``settings`` (TOML sections) on a free port: process, port, socket."""
+    """`mr serve` with temporary state and ``settings`` (TOML sections) on a free port: process, port, socket.
+
+    ``command`` runs the daemon some other way (it is given ``--config PATH``); default ``mr serve``.
+    """
     port, sock = free_port(), tmp / "mr.sock"
     config: dict[str, dict[str, Any]] = {
         "server": {
@@ -122,7 +125,7 @@ async def launch_daemon(
     (tmp / "config.toml").write_text(tomli_w.dumps(config))
     env = {**os.environ, "MR_EVENT_LOOP": loop}
     daemon = subprocess.Popen(
-        [sys.executable, "-m", "mindrouter.cli", "serve", "--config", str(tmp / "config.toml")],
+        [*(command or [sys.executable, "-m", "mindrouter.cli", "serve"]), "--config", str(tmp / "config.toml")],
         stderr=subprocess.DEVNULL,
         env=env,
     )
@@ -140,8 +143,10 @@ async def admin_call(sock: Path, method: str, path: str, body: dict[str, Any] | 
         return await r.json()
 
 
-async def start_daemon(tmp: Path, backend_url: str, loop: str) -> tuple[subprocess.Popen[bytes], str, dict[str, str]]:
-    daemon, port, sock = await launch_daemon(tmp, loop)
+async def start_daemon(
+    tmp: Path, backend_url: str, loop: str, command: list[str] | None = None
+) -> tuple[subprocess.Popen[bytes], str, dict[str, str]]:
+    daemon, port, sock = await launch_daemon(tmp, loop, command=command)
     backend = {"name": "fast", "url": backend_url, "engine": "openai", "max_concurrent": 256}
     await admin_call(sock, "POST", "/admin/backends", backend)
     await admin_call(sock, "POST", "/admin/users", {"name": "bench", "group": "staff"})

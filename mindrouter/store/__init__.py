@@ -4,7 +4,10 @@ The daemon owns the file and calls the store from its event loop, so every
 call is one or two indexed statements on one long-lived connection (the
 sqlite3 module caches the prepared statements). WAL with ``synchronous=NORMAL``
 makes each call's commit survive a SIGKILL of the process once it returns
-(not a power cut, which may lose the last commits but never corrupts).
+(not a power cut, which may lose the last commits but never corrupts). The
+one thing done elsewhere: the daemon checkpoints the WAL from a thread with a
+connection of its own (``checkpoint.py``), so that no commit on its loop waits
+for a checkpoint's fsyncs.
 
 Invariants:
     - API keys are stored only as SHA-256 hex plus a short display prefix.
@@ -21,7 +24,7 @@ from .errors import AlreadyExists, InUse, InvalidValue, NotFound, StoreError
 from .rows import QUOTA_FIELDS, ApiKeyInfo, BackendRow, Group, Quota, UsageReport, UsageRow, UsageTotal, User
 from .schema import SCHEMA_VERSION, migrate
 from .usage import DIMENSIONS
-from .validate import ENGINES, STATES
+from .validate import ENGINES, STATES, DecisionRow, decision_row
 
 __all__ = [
     "DIMENSIONS",
@@ -32,6 +35,7 @@ __all__ = [
     "AlreadyExists",
     "ApiKeyInfo",
     "BackendRow",
+    "DecisionRow",
     "Group",
     "InUse",
     "InvalidValue",
@@ -43,5 +47,6 @@ __all__ = [
     "UsageRow",
     "UsageTotal",
     "User",
+    "decision_row",
     "migrate",
 ]

@@ -16,6 +16,7 @@ from typing import Any
 from ..names import KEY_PREFIX, hash_key, new_key
 from ..scheduler.settings import DEFAULT_GROUP_WEIGHTS
 from .backends import _BACKEND_COLUMNS, Backends
+from .checkpoint import Checkpointer
 from .decisions import Decisions
 from .errors import AlreadyExists, InUse, InvalidValue, NotFound, StoreError
 from .people import USER_SELECT as _USER_SELECT
@@ -98,13 +99,24 @@ class Store(Backends, UsageLog, Decisions, People):
         low = self._db.execute("SELECT min(id) FROM decisions").fetchone()[0]
         self._decisions_below = 0 if low is None else low - 1
         self._usage_inserts = 0
+        self._checkpointer: Checkpointer | None = None
 
     # ------------------------------------------------------------ lifecycle
+
+    def checkpoint_in_background(self, *, interval: float = 1.0) -> None:
+        """Leave WAL checkpoints to a thread of their own (the daemon: no commit on its loop waits for fsync)."""
+        if self._checkpointer is None:
+            self._db.execute("PRAGMA wal_autocheckpoint = 0")
+            self._checkpointer = Checkpointer(self.path, interval=interval)
+            self._checkpointer.start()
 
     def close(self) -> None:
         """Close the connection (idempotent); WAL content is checkpointed into the main file."""
         if self._db is None:
             return
+        if self._checkpointer is not None:
+            self._checkpointer.stop()
+            self._checkpointer = None
         try:
             self._db.execute("PRAGMA optimize")
         finally:

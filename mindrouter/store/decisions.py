@@ -4,11 +4,13 @@ from __future__ import annotations
 
 import json
 import sqlite3
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
 from .schema import transaction
-from .validate import _decision_params
+from .validate import DecisionRow, decision_row
+
+_INSERT = "INSERT INTO decisions (request_id, user, at, record) VALUES (?, ?, ?, ?)"
 
 
 class Decisions:
@@ -25,18 +27,30 @@ class Decisions:
 
         The user comes from ``record["user"]``; the time from ``at``, else ``record["wall_time"]``.
         """
-        self._insert_decision(_decision_params(record, at))
+        self._insert_decision(decision_row(record, at=at))
 
     def add_decisions(self, records: Iterable[Mapping[str, Any]]) -> None:
         """Store several records in one commit: the cheap way for a daemon that buffers them briefly."""
-        params = [_decision_params(r, None) for r in records]  # all checked before any is written
-        with transaction(self._db):
-            for p in params:
-                self._insert_decision(p)
+        self.add_decision_rows([decision_row(r) for r in records])  # all checked before any is written
 
-    def _insert_decision(self, params: tuple[Any, ...]) -> None:
-        cur = self._db.execute("INSERT INTO decisions (request_id, user, at, record) VALUES (?, ?, ?, ?)", params)
-        cutoff = cur.lastrowid - self.max_decisions  # type: ignore[operator]
+    def add_decision_rows(self, rows: Sequence[DecisionRow]) -> None:
+        """Store records already checked and encoded by ``decision_row``, in one commit.
+
+        The daemon encodes its records a few at a time between requests (the JSON costs more
+        than the insert), then writes them here at once.
+        """
+        if not rows:
+            return
+        with transaction(self._db) as db:
+            db.executemany(_INSERT, rows)
+            self._prune_decisions(db.execute("SELECT last_insert_rowid()").fetchone()[0])
+
+    def _insert_decision(self, params: DecisionRow) -> None:
+        cur = self._db.execute(_INSERT, params)
+        self._prune_decisions(cur.lastrowid)  # type: ignore[arg-type]
+
+    def _prune_decisions(self, last_id: int) -> None:
+        cutoff = last_id - self.max_decisions
         if cutoff - self._decisions_below >= self._decision_batch:
             self._db.execute("DELETE FROM decisions WHERE id <= ?", (cutoff,))
             self._decisions_below = cutoff

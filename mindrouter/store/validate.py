@@ -107,7 +107,15 @@ def _quotas(what: str, entry: Mapping[str, Any]) -> tuple[int | None, ...]:
     return tuple(_quota(what, f, entry.get(f)) for f in QUOTA_FIELDS)
 
 
-def _decision_params(record: Mapping[str, Any], at: float | None) -> tuple[Any, ...]:
+DecisionRow = tuple[str, str | None, float | None, str]
+"""A decision record as stored: request id, user, time, the record's JSON."""
+
+
+def decision_row(record: Mapping[str, Any], *, at: float | None = None) -> DecisionRow:
+    """A decision record checked and encoded for the store (it needs a ``request_id``).
+
+    The user comes from ``record["user"]``; the time from ``at``, else ``record["wall_time"]``.
+    """
     request_id = record.get("request_id")
     if not isinstance(request_id, str) or not request_id:
         raise InvalidValue(f"a decision record needs a request_id string, not {request_id!r}")
