@@ -6,7 +6,7 @@ import asyncio
 from pathlib import Path
 
 from mindrouter.daemon.request.decisions import SLICE, DecisionLog
-from mindrouter.daemon.request.lease import Outcome, Settlement
+from mindrouter.daemon.request.settlement import Outcome, Settlement
 from mindrouter.scheduler import Job
 from mindrouter.store import Store
 

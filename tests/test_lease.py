@@ -18,7 +18,7 @@ import pytest
 from mindrouter.backends._shapes import StreamFailed, Usage
 from mindrouter.backends.base import BackendError, Call, Upstream
 from mindrouter.daemon.request.dispatcher import Dispatcher
-from mindrouter.daemon.request.lease import Outcome, Settlement
+from mindrouter.daemon.request.settlement import Outcome, Settlement
 from mindrouter.errors import RequestError
 from mindrouter.scheduler import Backend, Job, Scheduler, SchedulerSettings
 

@@ -21,7 +21,7 @@ import pytest
 
 from mindrouter.daemon.edge.app import create_app
 from mindrouter.daemon.process.appkeys import DISPATCHER, STATS
-from mindrouter.daemon.request.lease import Outcome, Settlement
+from mindrouter.daemon.request.settlement import Outcome, Settlement
 
 from .conftest import Daemon, ServeServer, daemon_config
 from .fakes import FakeOllama, FakeOpenAI

@@ -57,8 +57,8 @@ from ..process.statelock import StateLock
 from ..request.accounting import setup_accounting_routes
 from ..request.decisions import DecisionLog
 from ..request.dispatcher import Dispatcher
-from ..request.lease import Settlement
 from ..request.quotas import Quotas
+from ..request.settlement import Settlement
 from ..request.weights import apply_user
 from ..ui import setup_ui
 from .answers import Runner, stamp

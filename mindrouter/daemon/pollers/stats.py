@@ -20,7 +20,8 @@ from collections import Counter, deque
 from collections.abc import Callable
 from typing import Any
 
-from ..request.lease import Lease, Outcome, Settlement
+from ..request.lease import Lease
+from ..request.settlement import Outcome, Settlement
 
 __all__ = ["Stats"]
 

@@ -26,7 +26,7 @@ from typing import Any
 from ...scheduler import DecisionRecord
 from ...store import DecisionRow, decision_row
 from ...tasks import background, repeat
-from .lease import Settlement
+from .settlement import Settlement
 
 __all__ = ["DecisionLog"]
 

@@ -20,7 +20,9 @@ from ...backends.base import Call
 from ...errors import RequestError
 from ...scheduler import Dispatch, Job, Scheduler, Timings
 from ...tasks import background
-from .lease import Backends, Lease, Reservations, Settlement, unsupported
+from .lease import Lease, unsupported
+from .ports import Backends, Reservations
+from .settlement import Settlement
 
 __all__ = ["Dispatcher"]
 

@@ -26,19 +26,19 @@ import functools
 import math
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Hashable
-from dataclasses import dataclass
 from enum import Enum
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import TYPE_CHECKING, Any
 
 from ...backends import Fault
 from ...backends.base import BackendError, Call, Upstream
 from ...errors import RequestError
 from ...scheduler import DecisionRecord, Dispatch, Job, Timings
+from .settlement import Attempt, Outcome, Settlement
 
 if TYPE_CHECKING:
     from .dispatcher import Dispatcher
 
-__all__ = ["Backends", "Lease", "Outcome", "Reservations", "Settlement", "State", "unsupported"]
+__all__ = ["Lease", "State", "unsupported"]
 
 
 class State(Enum):
@@ -62,89 +62,6 @@ def unsupported(model: str, modality: Any, said: str) -> RequestError:
         "with them, or ask an admin to enable them on that backend"
     )
     return RequestError(message, status=400, type="invalid_request_error", code="unsupported")
-
-
-class Outcome(str, Enum):
-    """How a request ended, as its decision record says."""
-
-    OK = "ok"
-    CLIENT_GONE = "client_gone"
-    BACKEND_FAILED = "backend_failed"
-    TIMEOUT = "timeout"
-    REJECTED = "rejected"
-    """Refused before any backend worked on it (queue full, unknown model), or the backend's 4xx."""
-    ERROR = "error"
-    """A bug in the daemon ended it; the log has the traceback."""
-
-
-class Backends(Protocol):
-    """What a lease needs from the backend registry (tests pass a dict-backed fake)."""
-
-    def adapter(self, backend_id: Any) -> Any:
-        """The backend's adapter (with ``open(call, model)``), or None if it was removed."""
-
-    def request_failed(self, backend_id: Any, error: str, *, fault: Fault = Fault.DOWN, user: Any = None) -> None:
-        """One request failed on this backend with ``fault``: the breaker decides whether it counts."""
-
-    def request_succeeded(self, backend_id: Any) -> None: ...
-
-    def lacks(self, backend_id: Any, model: str, modality: Any, said: str) -> None:
-        """The backend answered "not supported" (``said``) for ``modality`` on ``model``: route such requests
-        elsewhere."""
-
-    def lacking(self, model: str, modality: Any) -> str:
-        """What the backends serving ``model`` said when they lacked ``modality`` ("" if none did)."""
-
-    def serves(self, model: str, modality: Any, *, besides: Any = ()) -> bool:
-        """Another backend (not in ``besides``) offers ``modality`` for ``model``."""
-
-    def released(self, backend_id: Any) -> None:
-        """A slot there was freed (a draining backend may now be idle)."""
-
-
-class Reservations(Protocol):
-    """What a lease needs from the quotas: how far a stream may go within what admission reserved."""
-
-    def allowance(self, job_id: str) -> float:
-        """Completion tokens the job may stream before it asks again (infinite without a token quota)."""
-
-    def outgrow(self, job_id: str, completion_tokens: int) -> RequestError | None:
-        """The stream has this many; grow its reservation, or say why it must end (a spent quota)."""
-
-
-@dataclass(frozen=True, slots=True)
-class Attempt:
-    """One dispatch of the request and how it ended."""
-
-    record: DecisionRecord
-    outcome: Outcome
-    reason: str | None
-
-
-@dataclass(frozen=True, slots=True)
-class Settlement:
-    """The end of one request: what the stats, the usage table and the decision log learn."""
-
-    job: Job
-    user: str
-    group: str
-    outcome: Outcome
-    reason: str | None
-    status: int
-    """The HTTP status the client got (200 for a stream that broke after its headers)."""
-    backend_id: Hashable | None
-    """The backend that held the slot last, if any."""
-    answered: bool
-    """That backend's answer began (headers and a first chunk, or a whole body)."""
-    prompt_tokens: int
-    completion_tokens: int
-    held: float
-    """Seconds the last backend's slot was held (the usage row's GPU-seconds)."""
-    attempts: tuple[Attempt, ...]
-    """Every dispatch, in order; empty when the request never left the queue."""
-    waited: float
-    """Seconds from submission to the end (for a request never dispatched: its time in the queue)."""
-    wall: float
 
 
 class Lease:
