@@ -96,6 +96,8 @@ class Pool:
         self.queued = [0] * users
         self.outstanding: list[dict[str, int]] = [{} for _ in range(users)]
         """Each user's requests queued or running here, by model."""
+        self.sizes: list[dict[str, list[float]]] = [{} for _ in range(users)]
+        """The mean prompt and completion tokens of those requests (their phases'), summed by model."""
         self.demand_changed = False
         self.arrived: dict[int, int] = {}
         """Requests each user sent in the current batch."""
@@ -105,6 +107,7 @@ class Pool:
         self.slot_sets = slot_sets
         self.serves = slot_sets.serves
         self.capacity = slot_sets.capacity
+        self.seconds_per_token = {m: self._seconds_per_token(m) for m in self.models}
         self.backlogged: list[int] = []
         self.is_backlogged = [False] * users
         self.ever_backlogged = [False] * users
@@ -200,25 +203,29 @@ class Pool:
 
     # -- queue ------------------------------------------------------------------
 
-    def submitted(self, u: int, model: str) -> None:
+    def submitted(self, u: int, model: str, size: tuple[float, float]) -> None:
+        """A request of ``u`` arrived; ``size``: its phase's mean prompt and completion tokens."""
         if u not in self.members:
             self.members.append(u)
         self.queued[u] += 1
         self.arrived[u] = self.arrived.get(u, 0) + 1
-        self._outstanding(u, model, 1)
+        self._outstanding(u, model, 1, size)
         self.changed.add(u)
 
-    def _outstanding(self, u: int, model: str, step: int) -> None:
+    def _outstanding(self, u: int, model: str, step: int, size: tuple[float, float]) -> None:
         held = self.outstanding[u]
         held[model] = held.get(model, 0) + step
+        sums = self.sizes[u].setdefault(model, [0.0, 0.0])
+        sums[0] += step * size[0]
+        sums[1] += step * size[1]
         if not held[model]:
-            del held[model]
+            del held[model], self.sizes[u][model]  # drop rounding with the last one
         self.demand_changed = True
 
-    def expired(self, u: int, model: str) -> None:
+    def expired(self, u: int, model: str, size: tuple[float, float]) -> None:
         """A queued request of ``u`` timed out."""
         self.left_queue(u)
-        self._outstanding(u, model, -1)
+        self._outstanding(u, model, -1, size)
 
     def left_queue(self, u: int) -> None:
         self.queued[u] -= 1
@@ -234,8 +241,8 @@ class Pool:
             self.long_running += 1
             self.win_outlasting = max(self.win_outlasting, self.long_running)
 
-    def finished(self, u: int, model: str, seconds: float) -> None:
-        self._outstanding(u, model, -1)
+    def finished(self, u: int, model: str, seconds: float, size: tuple[float, float]) -> None:
+        self._outstanding(u, model, -1, size)
         if seconds > self.window:
             self.long_running -= 1
 
@@ -300,7 +307,11 @@ class Pool:
             return
         weights = self.entitlement(list(demand))
         candidates = {u: frozenset().union(*(self.serves[m] for m in self.outstanding[u])) for u in demand}
-        alloc = max_min(weights, demand, candidates, self.capacity)
+        rate = {u: self._units_per_slot_second(u) for u in demand}
+        # Weighted max-min in units, each held to its slots x its rate: the same water-filling
+        # over slots with weight / rate as the weight (level t: weight x t units/s on weight x t / rate slots).
+        slot_weights = {u: weights[u] / rate[u] if rate[u] > 0 else 0.0 for u in demand}
+        alloc = {u: a * rate[u] for u, a in max_min(slot_weights, demand, candidates, self.capacity).items()}
         total = sum(alloc.values())
         if total <= 0:
             self.owed = None
@@ -310,6 +321,27 @@ class Pool:
         for u, a in alloc.items():
             held[group[u]] = held.get(group[u], 0.0) + a
         self.owed = {u: (group[u], a / held[group[u]] if held[group[u]] else 0.0, a / total) for u, a in alloc.items()}
+
+    def _seconds_per_token(self, model: str) -> tuple[float, float]:
+        """Seconds a slot takes per prompt token and per completion token of ``model``, alone on its GPU.
+
+        Averaged over the slot sets that serve it by their slots: where backends differ in speed,
+        a person's requests are taken to spread over its slots as they are counted.
+        """
+        per = [
+            (self.capacity[self.slot_sets.of[b.name, model]], b.rate(model)) for b in self.backends if model in b.models
+        ]
+        slots = sum(n for n, _ in per)
+        return sum(n / r.prefill for n, r in per) / slots, sum(n / r.decode for n, r in per) / slots
+
+    def _units_per_slot_second(self, u: int) -> float:
+        """Service units one slot delivers per second to ``u``'s outstanding requests, at their mean sizes."""
+        units = seconds = 0.0
+        for model, (prompt, completion) in self.sizes[u].items():
+            per_prompt, per_completion = self.seconds_per_token[model]
+            units += self.pc * prompt + self.cc * completion
+            seconds += per_prompt * prompt + per_completion * completion
+        return units / seconds if seconds > 0 else 0.0
 
     def close_epoch(self, now: float) -> None:
         """Share out the service delivered since the last epoch boundary (see the module's invariants)."""
