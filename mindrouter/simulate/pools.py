@@ -15,12 +15,15 @@ Invariants of ``Pool``:
   tokens at their costs); tokens are kept beside them for the report.
 - The *target* splits the service units of each epoch (an interval with one
   set of outstanding requests and one set of weights) from the workload alone (issue 18, case 4):
-  while someone waits, the service delivered is owed by each person's weighted
-  max-min share of the slots (``maxmin.max_min``) among the people with work
-  in the pool, queued or running, each request holding at most one slot of a
-  slot set that serves its model (``slots.SlotSets``); each group of people
-  who compete for slots (``slots.contention``) is owed what it delivered,
-  split by those shares; weights are entitlements (under group shares a
+  while someone waits, the service delivered is owed by weighted max-min
+  fairness in service units among the people with work in the pool, queued or
+  running: each request holds at most one slot of a slot set that serves its
+  model (``slots.SlotSets``), and a slot delivers the units per second of the
+  person holding it (its outstanding requests' cost at their phases' mean
+  sizes over the time they hold a slot), so a person's demand is its slots x
+  that rate (``reweigh_targets``; ``maxmin.max_min`` water-fills it); each
+  group of people who compete for slots (``slots.contention``) is owed what
+  it delivered, split by those rates; weights are entitlements (under group shares a
   group's weight divided among its members with work). While no one waits
   everyone gets what it asked for, so each is owed what it received. What the
   scheduler has charged anyone never enters.
@@ -107,7 +110,6 @@ class Pool:
         self.slot_sets = slot_sets
         self.serves = slot_sets.serves
         self.capacity = slot_sets.capacity
-        self.seconds_per_token = {m: self._seconds_per_token(m) for m in self.models}
         self.backlogged: list[int] = []
         self.is_backlogged = [False] * users
         self.ever_backlogged = [False] * users
@@ -299,7 +301,13 @@ class Pool:
         self.reweigh_targets()
 
     def reweigh_targets(self) -> None:
-        """What each user is owed of the next epoch: weighted max-min of the slots among those with work."""
+        """What each user is owed of the next epoch: weighted max-min in units among those with work.
+
+        Slots deliver units at the rate of whoever holds one: in ``few-outstanding`` with big at
+        weight 2, big's 2 slots of 30,000-token prompts deliver 9,684 units a second and small's
+        4 chat streams 530, so max-min of the slots (2 and 2) would owe big 50% where its weight's
+        share of the units, 66.7%, takes it a fifth of a slot.
+        """
         self.demand_changed = False
         demand = {u: sum(held.values()) for u, held in enumerate(self.outstanding) if held}
         if sum(demand.values()) <= sum(self.capacity.values()) and not any(self.queued):
@@ -307,7 +315,7 @@ class Pool:
             return
         weights = self.entitlement(list(demand))
         candidates = {u: frozenset().union(*(self.serves[m] for m in self.outstanding[u])) for u in demand}
-        rate = {u: self._units_per_slot_second(u) for u in demand}
+        rate = {u: self.slot_sets.units_per_second(self.sizes[u], self.pc, self.cc) for u in demand}
         # Weighted max-min in units, each held to its slots x its rate: the same water-filling
         # over slots with weight / rate as the weight (level t: weight x t units/s on weight x t / rate slots).
         slot_weights = {u: weights[u] / rate[u] if rate[u] > 0 else 0.0 for u in demand}
@@ -321,27 +329,6 @@ class Pool:
         for u, a in alloc.items():
             held[group[u]] = held.get(group[u], 0.0) + a
         self.owed = {u: (group[u], a / held[group[u]] if held[group[u]] else 0.0, a / total) for u, a in alloc.items()}
-
-    def _seconds_per_token(self, model: str) -> tuple[float, float]:
-        """Seconds a slot takes per prompt token and per completion token of ``model``, alone on its GPU.
-
-        Averaged over the slot sets that serve it by their slots: where backends differ in speed,
-        a person's requests are taken to spread over its slots as they are counted.
-        """
-        per = [
-            (self.capacity[self.slot_sets.of[b.name, model]], b.rate(model)) for b in self.backends if model in b.models
-        ]
-        slots = sum(n for n, _ in per)
-        return sum(n / r.prefill for n, r in per) / slots, sum(n / r.decode for n, r in per) / slots
-
-    def _units_per_slot_second(self, u: int) -> float:
-        """Service units one slot delivers per second to ``u``'s outstanding requests, at their mean sizes."""
-        units = seconds = 0.0
-        for model, (prompt, completion) in self.sizes[u].items():
-            per_prompt, per_completion = self.seconds_per_token[model]
-            units += self.pc * prompt + self.cc * completion
-            seconds += per_prompt * prompt + per_completion * completion
-        return units / seconds if seconds > 0 else 0.0
 
     def close_epoch(self, now: float) -> None:
         """Share out the service delivered since the last epoch boundary (see the module's invariants)."""
