@@ -12,7 +12,11 @@ people who compete for the same slots, and who was passed over
 Two simplifications, both of which only make more slots look open: the
 backend's own ``max_concurrent`` over its per-model slots is not a constraint
 of the targets, and nor is VRAM (a model that does not fit beside another still
-counts its slots).
+counts its slots). What a slot delivers (``SlotSets.units_per_second``) is
+counted at one stream's rates alone on the GPU, without loads or the slowdown
+of a batch, averaged over the backends that serve the model; the targets
+split what each group of contention delivered by these rates, so only their
+ratios between the people of one group count.
 """
 
 from __future__ import annotations
