@@ -240,6 +240,47 @@ def test_issue18_examples_give_each_user_half(name):
     assert small["max_starved_s"] <= 3 * small["longest_request_s"], small
 
 
+def few_outstanding(weight: float, outstanding: int = 2, sizes: tuple[int, int] = (30000, 10)) -> Scenario:
+    """few-outstanding's first 10 minutes with big at ``weight``, ``outstanding`` requests and ``sizes`` each."""
+    sc = load_example("few-outstanding").replace(duration=600)
+    prompt, completion = sizes
+    big = {
+        "weight": weight,
+        "weight_override": weight,
+        "concurrency": outstanding,
+        "prompt_tokens": (prompt, prompt),
+        "completion_tokens": (completion, completion),
+    }
+    return sc.replace(users=tuple(dataclasses.replace(u, **big) if u.name == "big" else u for u in sc.users))
+
+
+@pytest.mark.parametrize(
+    ("weight", "outstanding", "sizes", "share"),
+    [
+        pytest.param(1, 2, (30000, 10), 1 / 2, id="weight-1"),
+        pytest.param(2, 2, (30000, 10), 2 / 3, id="weight-2"),
+        pytest.param(3, 2, (30000, 10), 3 / 4, id="weight-3"),
+        pytest.param(2, 1, (30000, 10), 2 / 3, id="weight-2-one-outstanding"),
+        pytest.param(2, 1, (8000, 1000), 463 / (463 + 3 * 132.5), id="weight-2-capped-by-its-one-slot"),
+        pytest.param(1, 1, (100, 4000), 0.203, id="long-answers-capped-by-their-one-slot"),
+    ],
+)
+def test_a_user_is_owed_its_weighted_max_min_share_of_the_units(weight, outstanding, sizes, share):
+    """Weighted max-min in service units, each user held to its outstanding slots x its own units per
+    slot-second: big's 30,000-token prompts deliver 30,020 units in 6.2 s of a slot (4,842 a second),
+    small's chat streams 800 in 6.04 s (132.5), so big reaches its weight's share of the units on a
+    fraction of a slot and its 1 or 2 slots never bind. Counting slots said 50% at 2 outstanding and
+    25% at 1 whatever the weight (max-min gave big the slots it asks for) while the core gave big its
+    weight's share. Where the slot does bind (8,000-token prompts with 1,000-token answers: 463 units
+    a slot-second; 4,000-token answers: 100), big is owed one slot's units and small the other 3 slots'.
+    """
+    result = build(simulate(few_outstanding(weight, outstanding, sizes)))
+    users = {u["name"]: u for u in result["users"]}
+    assert users["big"]["target_share"] == pytest.approx(share, abs=0.005), users["big"]
+    assert users["big"]["service_share"] == pytest.approx(share, abs=0.02), users["big"]
+    assert not misses(result), misses(result)
+
+
 def test_separate_models_are_reported_fair():
     result = measure("separate-models")
     assert [(p["users"], p["target_shares"], p["shares"]) for p in result["pools"]] == [

@@ -135,7 +135,7 @@ class Lifecycle:
         pool = self.phases[req.phase].pool
         pool.decode_done(req.user, stream.rate, now)
         assert req.dispatched is not None and req.prefill_end is not None
-        pool.finished(req.user, req.model, req.expected)
+        pool.finished(req.user, req.model, req.expected, self.phases[req.phase].size)
         user.longest_request = max(user.longest_request, now - req.dispatched)
         user.largest_request = max(user.largest_request, self.sched.settings.cost(req.prompt, req.completion))
         req.done = now
