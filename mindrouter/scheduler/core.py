@@ -396,7 +396,8 @@ class Scheduler(JobOutcomes, CoreReading):
             priority=pool.priority(seat, reference) + wait_bonus,
         )
         speed = self._loads[backend_id].speeds.get(job.model)
-        running = self.ledger.prepare(job, backend_id, pool, seat, now, speed and speed.observed)
+        rate = speed.observed if speed is not None else None
+        running = self.ledger.prepare(job, backend_id, pool, seat, now, rate)
         record = DecisionRecord(
             request_id=job.id,
             time=now,
