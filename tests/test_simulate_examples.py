@@ -231,6 +231,15 @@ def jumped(
         pytest.param({"stream": False, "max_tokens": 100000}, id="unstreamed-jump-max-tokens-100000"),
         pytest.param({"stream": False, "b_answer": 2000, "slots": 8}, id="unstreamed-jump-to-2000-on-16-slots"),
         pytest.param({"stream": False, "a_answer": 1000}, id="unstreamed-jump-a-answers-1000"),
+        pytest.param(
+            {"stream": False, "a_answer": 50},
+            id="unstreamed-jump-a-answers-50",
+            marks=pytest.mark.xfail(
+                strict=True,
+                reason="b's usual answer becomes 4,000 tokens and a whole answer is charged it all at its start:"
+                " gap 18,020 of 16,400 (shares, windows and turns met)",
+            ),
+        ),
     ],
 )
 def test_answers_that_jump_keep_the_gap_bound_at_other_sizes(variant):

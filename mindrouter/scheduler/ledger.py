@@ -64,12 +64,13 @@ class Running:
     """Cost charged beyond what it has produced (its prompt and what streamed): its part of ``Seat.unproduced``."""
 
     def answer_due(self) -> float:
-        """Completion tokens to have charged now, given what has streamed.
+        """Completion tokens to have charged now, given what has streamed or the clock says was produced.
 
         A stream that outlives its expected total shows the estimate wrong: from then on it is
         charged as one of unknown length is, ``ahead`` of what it has produced up to ``max_tokens``.
         Held to the estimate, a user whose answers jump from 10 to 4,000 tokens was charged only
-        what streamed and took 6 of 8 slots at once (answers-jump, gap 25,540 of 16,400).
+        what streamed and took 6 of 8 slots at once (answers-jump, gap 25,540 of 16,400). A whole
+        answer is charged at least its whole total from the start.
         """
         produced = max(self.streamed, self.clocked)
         total = self.total
@@ -80,14 +81,19 @@ class Running:
         return due if self.job.stream else max(due, self.total)
 
     def next_tick(self) -> float | None:
-        """When the clock next moves a whole answer's charge: halfway through what is charged ahead."""
+        """When the clock next moves a whole answer's charge: once it has used half of what is charged ahead.
+
+        Held at its total, the charge moves once the clock passes the total; never at once (a token on).
+        """
         if self.job.stream or self.rate <= 0:
             return None
         limit = self.job.max_tokens
         if limit is not None and self.answer >= limit:
             return None
-        tokens = self.total if self.clocked <= self.total else self.answer - self.ahead / 2
-        return self.started + max(tokens, self.clocked) / self.rate
+        tokens = self.answer - self.ahead / 2
+        if tokens <= self.clocked:
+            tokens = self.answer
+        return self.started + max(tokens, self.clocked + 1.0) / self.rate
 
 
 class Ledger:
