@@ -32,7 +32,7 @@ from .jobs import Job
 from .pools import Pool, PoolKey, Seat, UserState
 from .settings import SchedulerSettings
 
-__all__ = ["ANSWERS_AHEAD", "CLOCK_AHEAD", "FairShare"]
+__all__ = ["ANSWERS_AHEAD", "FairShare"]
 
 #: How many of its pool's slot answers a stream of a user with known answers is charged ahead
 #: of what it has produced: two keep VTC's bound (twice the largest request) in the answers-jump
@@ -41,12 +41,6 @@ __all__ = ["ANSWERS_AHEAD", "CLOCK_AHEAD", "FairShare"]
 #: charged ahead is refunded when a short first answer ends, and more would lift it above users
 #: placed while it ran.
 ANSWERS_AHEAD = 2.0
-#: The same for a whole (non-streamed) answer once the clock says it outlived its expected
-#: total (``Ledger.tick``). Its charge moves in steps, when the clock has used half of this, so
-#: it leads what was produced by half to one slot answer. One and two both keep the non-streamed
-#: answers-jump within its bound (8,920 and 7,060 of 16,400; on 16 slots with 2,000-token
-#: answers 6,320 and 8,040 of 8,400); a quarter does not (8,480 of 8,400).
-CLOCK_AHEAD = 1.0
 
 
 class FairShare:
@@ -233,18 +227,19 @@ class FairShare:
         answers once known), so a user taking several slots at once moves by each of
         them, and one whose answers are long is charged as they are produced, not
         all at the start. A job that
-        does not stream reports nothing before its end: charged its expected answer
-        at once (the larger of the user's usual and the pool's slot answer, at most
+        does not stream reports nothing before its end. Its total is the expected
+        answer (the larger of the user's usual and the pool's slot answer, at most
         ``max_tokens``), never ``max_tokens`` itself, so what a request asks for
         never changes a share (a 100,000 ``max_tokens`` had taken every slot from
-        the others, or 3 of its sender's 4); once the clock says it has outlived
-        that, it is charged ``ahead`` as a stream is (``Ledger.tick``).
+        the others, or 3 of its sender's 4). Where one stream's rate on its
+        (backend, model) is known, the clock stands in for its progress and it is
+        charged as a stream is (``Ledger.tick``); else its whole total at once.
         """
         max_tokens = job.max_tokens
         usual = user.completion_ema
         slot = pool.slot_answer
         total = max(self.settings.default_completion_tokens if usual is None else usual, slot)
-        ahead = (ANSWERS_AHEAD if job.stream else CLOCK_AHEAD) * slot if usual is not None else pool.answer
+        ahead = ANSWERS_AHEAD * slot if usual is not None else pool.answer
         if not job.stream:
             return (total if max_tokens is None else min(total, float(max_tokens))), ahead
         if usual is None:

@@ -70,7 +70,7 @@ class Running:
         charged as one of unknown length is, ``ahead`` of what it has produced up to ``max_tokens``.
         Held to the estimate, a user whose answers jump from 10 to 4,000 tokens was charged only
         what streamed and took 6 of 8 slots at once (answers-jump, gap 25,540 of 16,400). A whole
-        answer is charged at least its whole total from the start.
+        answer with no rate to clock it by is charged its whole total at once.
         """
         produced = max(self.streamed, self.clocked)
         total = self.total
@@ -78,7 +78,7 @@ class Running:
             limit = self.job.max_tokens
             total = math.inf if limit is None else float(limit)
         due = max(produced, min(total, produced + self.ahead))
-        return due if self.job.stream else max(due, self.total)
+        return due if self.job.stream or self.rate > 0 else max(due, self.total)
 
     def next_tick(self) -> float | None:
         """When the clock next moves a whole answer's charge: once it has used half of what is charged ahead.
