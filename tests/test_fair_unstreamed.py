@@ -88,3 +88,14 @@ def test_a_whole_answer_on_a_pair_with_no_observed_rate_is_charged_its_estimate(
     at_start = charge(s, "b")
     s.dispatch(100.0)
     assert charge(s, "b") == at_start
+
+
+def test_a_whole_answer_without_max_tokens_keeps_being_charged_ahead_of_the_clock():
+    """No limit: the charge follows the clock past any estimate, each decision popping only what is due."""
+    s = core()
+    teach(s)
+    run(s, "b1", "b", 20.0, stream=False)
+    for now in (21.0, 100.0, 100.0, 500.0):
+        s.dispatch(now)
+        assert charge(s, "b") >= s.settings.cost(PROMPT, 50.0 * (now - 20.0))
+    assert charge(s, "b") < s.settings.cost(PROMPT, 50.0 * 480.0 + 2000)
