@@ -13,6 +13,7 @@ from __future__ import annotations
 import asyncio
 import itertools
 import json
+import time
 from typing import Any, cast
 
 from mindrouter.backends import Call, Probe, Upstream
@@ -51,6 +52,7 @@ class InProcess:
     async def answer(self, call: Call, model: str) -> Upstream:
         self.requests += 1
         self.in_flight += 1
+        opened_at = time.monotonic()  # as a real adapter, from the request's start: a held answer took that long
         try:
             if not self._open:
                 held = asyncio.get_running_loop().create_future()
@@ -70,7 +72,7 @@ class InProcess:
                 },
             }
             usage = Usage(prompt_tokens=prompt, completion_tokens=completion)
-            return Upstream(dialect="openai", body=json.dumps(body).encode(), usage=usage)
+            return Upstream(dialect="openai", body=json.dumps(body).encode(), usage=usage, opened_at=opened_at)
         finally:
             self.in_flight -= 1
 
