@@ -14,24 +14,10 @@ from mindrouter.simulate.perfect import perfect_placement
 #: 4.2 s, g2's (2 GB) 2.1 s. Each user keeps 2 requests outstanding on one slot, so the core
 #: always queues one (the pool is saturated all run); a request is 0.1 s of prefill and 2 s of
 #: decode, 2.1 s in all.
-TWO_LOADS = """
-duration = 210
-[models.a]
-size = 4
-[models.b]
-size = 2
+_BACKEND = """
 [[backends]]
-name = "g1"
-models = ["a"]
-max_concurrent = 1
-tokens_per_second = 50
-prefill_tokens_per_second = 1000
-vram = 10
-load_seconds_per_gb = 1.05
-parallel = 1
-[[backends]]
-name = "g2"
-models = ["b"]
+name = "{name}"
+models = ["{model}"]
 max_concurrent = 1
 tokens_per_second = 50
 prefill_tokens_per_second = 1000
@@ -39,18 +25,15 @@ vram = 10
 load_seconds_per_gb = 1.05
 parallel = 1
 [[users]]
-name = "u"
-model = "a"
-concurrency = 2
-prompt_tokens = 100
-completion_tokens = 100
-[[users]]
-name = "v"
-model = "b"
+name = "{user}"
+model = "{model}"
 concurrency = 2
 prompt_tokens = 100
 completion_tokens = 100
 """
+TWO_LOADS = "duration = 210\n[models.a]\nsize = 4\n[models.b]\nsize = 2\n" + "".join(
+    _BACKEND.format(name=name, model=model, user=user) for name, model, user in (("g1", "a", "u"), ("g2", "b", "v"))
+)
 
 
 def test_perfect_placement_serves_exactly_the_load_time_more_by_hand():
