@@ -5,6 +5,8 @@ from __future__ import annotations
 import pytest
 
 from mindrouter.simulate.maxmin import max_min
+from mindrouter.simulate.scenario import BackendSpec
+from mindrouter.simulate.slots import SlotSets
 
 ONE = frozenset({"gpu1"})
 TWO = frozenset({"gpu1", "gpu2"})
@@ -77,3 +79,26 @@ def test_weighted_with_constraint_and_a_small_demand():
     caps = {"gpu1": 3, "gpu2": 5}
     got = max_min({"a": 2, "b": 1, "c": 1}, {"a": 9, "b": 9, "c": 1}, {"a": ONE, "b": ONE, "c": TWO}, caps)
     assert got == pytest.approx({"a": 2, "b": 1, "c": 1})
+
+
+# -- what a slot delivers: the targets' units per slot-second ------------------------
+
+
+def _backend(name: str, slots: int, decode: float, prefill: float) -> BackendSpec:
+    return BackendSpec(name, ("llama3",), slots, decode, prefill, ("llama3",))
+
+
+def test_a_slot_delivers_a_big_prompt_s_units_far_faster_than_a_chat_answer_s():
+    """few-outstanding's backend (50 tokens/s decode, 5,000 prefill): 30,020 units in 6.2 s, 800 in 6.04 s."""
+    slots = SlotSets([_backend("gpu1", 4, 50, 5000)], lambda m: "chat")
+    assert slots.units_per_second({"llama3": (30000, 10)}, 1, 2) == pytest.approx(30020 / 6.2)
+    assert slots.units_per_second({"llama3": (200, 300)}, 1, 2) == pytest.approx(800 / 6.04)
+    # Two requests of each, summed: units over slot-seconds, not the mean of the two rates.
+    assert slots.units_per_second({"llama3": (30200, 310)}, 1, 2) == pytest.approx(30820 / 12.24)
+    assert slots.units_per_second({}, 1, 2) == 0.0
+
+
+def test_where_backends_differ_in_speed_a_slot_s_seconds_are_averaged_by_slots():
+    # 4 slots at 50 tokens/s and 2 at 25: a 300-token answer holds a slot (4 x 6 + 2 x 12) / 6 = 8 s.
+    slots = SlotSets([_backend("gpu1", 4, 50, 5000), _backend("gpu2", 2, 25, 2500)], lambda m: "chat")
+    assert slots.units_per_second({"llama3": (0, 300)}, 1, 2) == pytest.approx(600 / 8)

@@ -7,7 +7,9 @@ The workstation is stepped by hand (as h11's state machine is) with a recording
 
 from __future__ import annotations
 
+import dataclasses
 import json
+import random
 import time
 
 import pytest
@@ -26,6 +28,7 @@ from mindrouter.simulate import (
 from mindrouter.simulate._lp import maximize
 from mindrouter.simulate.runs import RequestTrace
 from mindrouter.simulate.scenario import BackendSpec, ModelSpec
+from mindrouter.simulate.workload import draw_sizes, expected_sizes
 from mindrouter.simulate.workstation import DECODE, Runner, Stream, Workstation
 
 MODELS = {
@@ -391,6 +394,28 @@ def test_arrivals_are_the_requests_the_simulator_submits():
     simulated = [(r.submitted, names[r.user], r.model, r.prompt, r.completion) for r in run.trace]
     listed = [(a.at, a.user, a.model, a.prompt_tokens, a.completion_tokens) for a in arrivals(sc)]
     assert listed == simulated and len(listed) > 500
+
+
+@pytest.mark.parametrize(
+    ("completion", "max_tokens", "leave_after"),
+    [((10, 400), None, None), ((10, 400), 100, None), ((10, 400), 500, 50), ((300, 300), None, 10), ((7, 9), 3, None)],
+)
+def test_expected_sizes_are_the_mean_of_what_is_drawn(completion, max_tokens, leave_after):
+    """The targets' units per slot-second use a phase's mean sizes: the mean of every draw, caps included."""
+    spec = dataclasses.replace(
+        load_example("scenario3").users[0],
+        prompt_tokens=(100, 301),
+        completion_tokens=completion,
+        max_tokens=max_tokens,
+        leave_after=leave_after,
+    )
+    low, high = completion
+    caps = [c for c in (max_tokens, leave_after) if c is not None]
+    exact = sum(min([k, *caps]) for k in range(low, high + 1)) / (high - low + 1)
+    assert expected_sizes(spec) == pytest.approx((200.5, exact), abs=1e-9)
+    rng = random.Random(1)
+    draws = [draw_sizes(spec, rng) for _ in range(20000)]
+    assert sum(c for _, c in draws) / len(draws) == pytest.approx(exact, rel=0.02)
 
 
 def test_a_closed_loop_workload_cannot_be_listed():

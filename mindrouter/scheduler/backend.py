@@ -60,12 +60,15 @@ class Backend:
 
 @dataclass(slots=True)
 class ModelSpeed:
-    """What answers taught about one model on one backend: rates of one stream alone."""
+    """What answers taught about one model on one backend: rates of one stream alone, and one stream's as seen."""
 
     decode: float | None = None
     """Completion tokens per second."""
     prefill: float | None = None
     """Prompt tokens per second."""
+    observed: float | None = None
+    """Completion tokens per second one stream got, under the load it ran with: not scaled to one
+    stream alone by the slowdown model, so a running whole answer is charged by it (``ledger.py``)."""
     answers: int = 0
 
 

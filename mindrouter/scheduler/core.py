@@ -294,7 +294,12 @@ class Scheduler(JobOutcomes, CoreReading):
     # -- dispatching -------------------------------------------------------
 
     def dispatch(self, now: float) -> list[Dispatch]:
-        """Start every job that can start now, best first; return what to send where."""
+        """Start every job that can start now, best first; return what to send where.
+
+        Whole answers still running are first charged what the clock says they produced (``Ledger.tick``).
+        """
+        for moved in self.ledger.tick(now):
+            self._rekey(moved.pool, moved.seat)
         for pool in self.fair.pools.values():
             for seat in pool.refresh(now):
                 self._rekey(pool, seat)
@@ -390,7 +395,9 @@ class Scheduler(JobOutcomes, CoreReading):
             wait_bonus=wait_bonus,
             priority=pool.priority(seat, reference) + wait_bonus,
         )
-        running = self.ledger.prepare(job, backend_id, pool, seat)
+        speed = self._loads[backend_id].speeds.get(job.model)
+        rate = speed.observed if speed is not None else None
+        running = self.ledger.prepare(job, backend_id, pool, seat, now, rate)
         record = DecisionRecord(
             request_id=job.id,
             time=now,

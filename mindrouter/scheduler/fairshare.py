@@ -227,21 +227,23 @@ class FairShare:
         answers once known), so a user taking several slots at once moves by each of
         them, and one whose answers are long is charged as they are produced, not
         all at the start. A job that
-        does not stream reports nothing before its end: charged its expected answer
-        at once (the larger of the user's usual and the pool's slot answer, at most
+        does not stream reports nothing before its end. Its total is the expected
+        answer (the larger of the user's usual and the pool's slot answer, at most
         ``max_tokens``), never ``max_tokens`` itself, so what a request asks for
         never changes a share (a 100,000 ``max_tokens`` had taken every slot from
-        the others, or 3 of its sender's 4).
+        the others, or 3 of its sender's 4). Where one stream's rate on its
+        (backend, model) is known, the clock stands in for its progress and it is
+        charged as a stream is (``Ledger.tick``); else its whole total at once.
         """
         max_tokens = job.max_tokens
         usual = user.completion_ema
         slot = pool.slot_answer
         total = max(self.settings.default_completion_tokens if usual is None else usual, slot)
+        ahead = ANSWERS_AHEAD * slot if usual is not None else pool.answer
         if not job.stream:
-            return (total if max_tokens is None else min(total, float(max_tokens))), math.inf
-        ahead = ANSWERS_AHEAD * slot
+            return (total if max_tokens is None else min(total, float(max_tokens))), ahead
         if usual is None:
-            total, ahead = math.inf, pool.answer
+            total = math.inf
         if max_tokens is not None:
             total = min(total, float(max_tokens))
         return total, ahead

@@ -3,7 +3,11 @@
 Rates are learned per (backend, model), as one stream alone would get them:
 a sample measured while ``k`` streams shared the backend is multiplied by the
 slowdown ``1 + stream_slowdown * (k - 1)`` that the estimate divides by, so
-the two stay consistent. The backend's own timings are used where it reports
+the two stay consistent. Where the backend's streams slow each other less
+than that model says (not at all, in the simulator's default), the scaled
+rate is too high for a stream as it runs: 80 tokens/s learned where four
+streams each wrote 50. So the rate each stream got, unscaled, is kept beside
+it (``ModelSpeed.observed``) for charging whole answers as they run. The backend's own timings are used where it reports
 them (Ollama's ``prompt_eval_duration``, ``eval_duration`` and ``load_duration``);
 otherwise the shell's clock: a stream's prompt is read by its first byte and
 its answer written after it. Samples that are not finite, not positive or
@@ -75,6 +79,7 @@ def learn(load: BackendLoad, speeds: Speeds, job: Job, sample: Sample, settings:
     decode = _rate(sample.completion_tokens, decode_s, MAX_RATE)
     if decode is not None:
         speed.decode = _ema(speed.decode, decode * slowdown, alpha)
+        speed.observed = _ema(speed.observed, decode, alpha)
         speed.answers += 1
     prompt = sample.prompt_tokens
     if prompt is not None and prompt >= MIN_PREFILL_TOKENS:

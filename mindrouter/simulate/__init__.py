@@ -162,17 +162,29 @@ only between members of one group.
   last arrival, departure or weight event to its start) and ``counts``
   (whether ``worst_window`` considers it). A pool's target comes from the
   workload alone, never from the scheduler's counters: while someone's request
-  waits in the pool, the service delivered at each moment is owed by each
-  person's weighted max-min share of the slots among the people with work
-  there (queued or running), in service units, each request holding at most
-  one slot of a slot set that serves its model (water-filling with those candidate
-  slot sets: ``mindrouter.simulate.maxmin``); each group of contention is owed
-  what it delivered, split by those shares among its members (a slot of the
-  embedding model delivers units far faster than one of the 70B, so one
-  pool-wide split would owe the 70B's users the embedding slots' speed); with
-  ``shares = "group"`` a group's weight is divided among its members with work
-  by their own. While nobody waits, everyone is owed what it received. With
-  everyone saturating all run long that is weight / total weight.
+  waits in the pool, the service delivered at each moment is owed by weighted
+  max-min fairness in service units among the people with work there (queued
+  or running). A slot delivers units at the rate of the request that holds it
+  (a 30,000-token prompt at 5,000 tokens/s of prefill, 4,842 units per
+  slot-second; a chat answer at 50 tokens/s, about 130), so each person takes
+  at most one slot per outstanding request, of a slot set that serves its
+  model, and gets from each its own *units per slot-second*: what its
+  outstanding requests cost at their phases' mean sizes (``max_tokens`` and
+  ``leave_after`` included) over the seconds they hold a slot alone on the GPU
+  (prompt / prefill + completion / decode, averaged over the slot sets that
+  serve the model by their slots). Water-filling raises a common level: each
+  person receives weight x level units a second, on weight x level / rate
+  slots, until its outstanding requests or the slot sets it can use are full
+  (``mindrouter.simulate.maxmin`` with weight / rate as each one's weight in
+  slots). Each group of contention is owed what it delivered, split by those
+  rates among its members (a slot of the embedding model delivers units far
+  faster than one of the 70B, so one pool-wide split would owe the 70B's users
+  the embedding slots' speed); with ``shares = "group"`` a group's weight is
+  divided among its members with work by their own. While nobody waits,
+  everyone is owed what it received. With everyone saturating all run long
+  that is weight / total weight; a person with few requests outstanding is
+  capped at what those requests deliver (its slots x its rate), not at its
+  fraction of the slots.
 - ``max_service_gap``: the largest change of ``S_a/w_a - S_b/w_b`` (service
   units over weight, or under group
   shares over the user's part of its group's weight) over an interval

@@ -42,7 +42,7 @@ from .runs import BackendRun, ModelRun, PhaseRun, RequestTrace, Run, UserRun
 from .scenario import EventSpec, Scenario
 from .slots import SlotSets
 from .turns import Turns
-from .workload import draw_sizes, phase_rngs
+from .workload import draw_sizes, expected_sizes, phase_rngs
 from .workstation import Workstation
 
 __all__ = ["simulate"]
@@ -102,7 +102,7 @@ class _Sim(Lifecycle):
             if pool not in user.pools:
                 user.pools.append(pool)
             stop = scenario.duration if spec.stop is None else spec.stop
-            self.phases.append(PhaseRun(len(self.phases), spec, user, pool, rng, stop))
+            self.phases.append(PhaseRun(len(self.phases), spec, user, pool, rng, stop, expected_sizes(spec)))
         for pool in self.pools:
             models: dict[int, set[str]] = {}
             for phase in self.phases:
@@ -249,7 +249,7 @@ class _Sim(Lifecycle):
             self.trace.append(req)
         user.queued += 1
         self.turns.queued(user.index, spec.model, 1)
-        phase.pool.submitted(user.index, spec.model)
+        phase.pool.submitted(user.index, spec.model, phase.size)
         self.touch(user)
 
     def next_request(self, phase: PhaseRun, now: float) -> None:
@@ -272,7 +272,7 @@ class _Sim(Lifecycle):
             user.timed_out += 1
             self.queued_total -= 1
             self.models[req.model].timed_out += 1
-            self.phases[req.phase].pool.expired(user.index, req.model)
+            self.phases[req.phase].pool.expired(user.index, req.model, self.phases[req.phase].size)
             self.touch(user)
             self.next_request(self.phases[req.phase], now)
 

@@ -135,7 +135,7 @@ class Lifecycle:
         pool = self.phases[req.phase].pool
         pool.decode_done(req.user, stream.rate, now)
         assert req.dispatched is not None and req.prefill_end is not None
-        pool.finished(req.user, req.model, req.expected)
+        pool.finished(req.user, req.model, req.expected, self.phases[req.phase].size)
         user.longest_request = max(user.longest_request, now - req.dispatched)
         user.largest_request = max(user.largest_request, self.sched.settings.cost(req.prompt, req.completion))
         req.done = now
@@ -158,8 +158,9 @@ class Lifecycle:
         if backend.spec.ollama:  # as Ollama's last chunk: load_duration, prompt_eval_duration, eval_duration
             latency, duration = req.prefill_end - req.dispatched, now - req.dispatched
             timings = Timings(stream.load, req.prefill_end - stream.began, now - req.prefill_end)
-        else:
-            latency, duration, timings = now - req.dispatched, now - req.prefill_end, None
+        else:  # as the daemon's clock: to the first byte (a stream's first token, else the whole answer), to the end
+            latency = (req.prefill_end if req.stream else now) - req.dispatched
+            duration, timings = now - req.dispatched, None
         self.sched.complete(
             req.id,
             now,

@@ -4,7 +4,11 @@ This is what the simulator's targets are computed from (issue 18, case 4):
 each person with work in the system (queued or running) is owed its weighted
 max-min share of the slots, found from the workload alone (how many requests
 it has outstanding, its weight, which backends serve its models), never from
-the scheduler's counters.
+the scheduler's counters. The targets share service units, and a slot
+delivers units at the rate of whoever holds it: ``pools.Pool`` passes each
+person's weight over its units per slot-second, which makes this the same
+water-filling in units (at level t a person holds weight x t / rate slots and
+receives weight x t units a second).
 
 The allocation is progressive filling (water-filling, Bertsekas and Gallager,
 *Data Networks*, 6.5.2): a common level rises; every unfrozen person holds

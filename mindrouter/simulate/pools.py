@@ -15,12 +15,15 @@ Invariants of ``Pool``:
   tokens at their costs); tokens are kept beside them for the report.
 - The *target* splits the service units of each epoch (an interval with one
   set of outstanding requests and one set of weights) from the workload alone (issue 18, case 4):
-  while someone waits, the service delivered is owed by each person's weighted
-  max-min share of the slots (``maxmin.max_min``) among the people with work
-  in the pool, queued or running, each request holding at most one slot of a
-  slot set that serves its model (``slots.SlotSets``); each group of people
-  who compete for slots (``slots.contention``) is owed what it delivered,
-  split by those shares; weights are entitlements (under group shares a
+  while someone waits, the service delivered is owed by weighted max-min
+  fairness in service units among the people with work in the pool, queued or
+  running: each request holds at most one slot of a slot set that serves its
+  model (``slots.SlotSets``), and a slot delivers the units per second of the
+  person holding it (its outstanding requests' cost at their phases' mean
+  sizes over the time they hold a slot), so a person's demand is its slots x
+  that rate (``reweigh_targets``; ``maxmin.max_min`` water-fills it); each
+  group of people who compete for slots (``slots.contention``) is owed what
+  it delivered, split by those rates; weights are entitlements (under group shares a
   group's weight divided among its members with work). While no one waits
   everyone gets what it asked for, so each is owed what it received. What the
   scheduler has charged anyone never enters.
@@ -96,6 +99,8 @@ class Pool:
         self.queued = [0] * users
         self.outstanding: list[dict[str, int]] = [{} for _ in range(users)]
         """Each user's requests queued or running here, by model."""
+        self.sizes: list[dict[str, list[float]]] = [{} for _ in range(users)]
+        """The mean prompt and completion tokens of those requests (their phases'), summed by model."""
         self.demand_changed = False
         self.arrived: dict[int, int] = {}
         """Requests each user sent in the current batch."""
@@ -200,25 +205,29 @@ class Pool:
 
     # -- queue ------------------------------------------------------------------
 
-    def submitted(self, u: int, model: str) -> None:
+    def submitted(self, u: int, model: str, size: tuple[float, float]) -> None:
+        """A request of ``u`` arrived; ``size``: its phase's mean prompt and completion tokens."""
         if u not in self.members:
             self.members.append(u)
         self.queued[u] += 1
         self.arrived[u] = self.arrived.get(u, 0) + 1
-        self._outstanding(u, model, 1)
+        self._outstanding(u, model, 1, size)
         self.changed.add(u)
 
-    def _outstanding(self, u: int, model: str, step: int) -> None:
+    def _outstanding(self, u: int, model: str, step: int, size: tuple[float, float]) -> None:
         held = self.outstanding[u]
         held[model] = held.get(model, 0) + step
+        sums = self.sizes[u].setdefault(model, [0.0, 0.0])
+        sums[0] += step * size[0]
+        sums[1] += step * size[1]
         if not held[model]:
-            del held[model]
+            del held[model], self.sizes[u][model]  # drop rounding with the last one
         self.demand_changed = True
 
-    def expired(self, u: int, model: str) -> None:
+    def expired(self, u: int, model: str, size: tuple[float, float]) -> None:
         """A queued request of ``u`` timed out."""
         self.left_queue(u)
-        self._outstanding(u, model, -1)
+        self._outstanding(u, model, -1, size)
 
     def left_queue(self, u: int) -> None:
         self.queued[u] -= 1
@@ -234,8 +243,8 @@ class Pool:
             self.long_running += 1
             self.win_outlasting = max(self.win_outlasting, self.long_running)
 
-    def finished(self, u: int, model: str, seconds: float) -> None:
-        self._outstanding(u, model, -1)
+    def finished(self, u: int, model: str, seconds: float, size: tuple[float, float]) -> None:
+        self._outstanding(u, model, -1, size)
         if seconds > self.window:
             self.long_running -= 1
 
@@ -292,7 +301,13 @@ class Pool:
         self.reweigh_targets()
 
     def reweigh_targets(self) -> None:
-        """What each user is owed of the next epoch: weighted max-min of the slots among those with work."""
+        """What each user is owed of the next epoch: weighted max-min in units among those with work.
+
+        Slots deliver units at the rate of whoever holds one: in ``few-outstanding`` with big at
+        weight 2, big's 2 slots of 30,000-token prompts deliver 9,684 units a second and small's
+        4 chat streams 530, so max-min of the slots (2 and 2) would owe big 50% where its weight's
+        share of the units, 66.7%, takes it a fifth of a slot.
+        """
         self.demand_changed = False
         demand = {u: sum(held.values()) for u, held in enumerate(self.outstanding) if held}
         if sum(demand.values()) <= sum(self.capacity.values()) and not any(self.queued):
@@ -300,7 +315,11 @@ class Pool:
             return
         weights = self.entitlement(list(demand))
         candidates = {u: frozenset().union(*(self.serves[m] for m in self.outstanding[u])) for u in demand}
-        alloc = max_min(weights, demand, candidates, self.capacity)
+        rate = {u: self.slot_sets.units_per_second(self.sizes[u], self.pc, self.cc) for u in demand}
+        # Weighted max-min in units, each held to its slots x its rate: the same water-filling
+        # over slots with weight / rate as the weight (level t: weight x t units/s on weight x t / rate slots).
+        slot_weights = {u: weights[u] / rate[u] if rate[u] > 0 else 0.0 for u in demand}
+        alloc = {u: a * rate[u] for u, a in max_min(slot_weights, demand, candidates, self.capacity).items()}
         total = sum(alloc.values())
         if total <= 0:
             self.owed = None

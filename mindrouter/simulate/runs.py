@@ -176,6 +176,8 @@ class PhaseRun:
     rng: random.Random
     stop: float
     """When the phase stops sending (its ``stop``, else the end of the run)."""
+    size: tuple[float, float]
+    """Its mean prompt and completion tokens per request (``workload.expected_sizes``)."""
     submitted: int = 0
 
 

@@ -12,7 +12,11 @@ people who compete for the same slots, and who was passed over
 Two simplifications, both of which only make more slots look open: the
 backend's own ``max_concurrent`` over its per-model slots is not a constraint
 of the targets, and nor is VRAM (a model that does not fit beside another still
-counts its slots).
+counts its slots). What a slot delivers (``SlotSets.units_per_second``) is
+counted at one stream's rates alone on the GPU, without loads or the slowdown
+of a batch, averaged over the backends that serve the model; the targets
+split what each group of contention delivered by these rates, so only their
+ratios between the people of one group count.
 """
 
 from __future__ import annotations
@@ -58,6 +62,33 @@ class SlotSets:
         models = {m for b in backends for m in b.models}
         self.serves = {m: frozenset(k for (_, mm), k in self.of.items() if mm == m) for m in models}
         """The slot sets each model's requests can take."""
+        self.seconds_per_token: dict[str, tuple[float, float]] = {}
+        """Seconds a slot takes per prompt and per completion token of each model, alone on its GPU,
+        averaged over the slot sets that serve it by their slots (where backends differ in speed, a
+        person's requests are taken to spread over its slots as they are counted)."""
+        for m in models:
+            per = [(self.capacity[self.of[b.name, m]], b.rate(m)) for b in backends if m in b.models]
+            slots = sum(n for n, _ in per)
+            self.seconds_per_token[m] = (
+                sum(n / r.prefill for n, r in per) / slots,
+                sum(n / r.decode for n, r in per) / slots,
+            )
+
+    def units_per_second(
+        self, sizes: Mapping[str, Sequence[float]], prompt_cost: float, completion_cost: float
+    ) -> float:
+        """Service units a slot delivers per second to requests of these sizes (prompt and completion tokens by model).
+
+        A slot delivers a 30,000-token prompt's units far faster than a chat answer's (4,842 a second
+        against about 130 at 5,000 tokens/s of prefill and 50 of decode), so the targets share units,
+        not slots (``pools.Pool.reweigh_targets``).
+        """
+        units = seconds = 0.0
+        for model, (prompt, completion) in sizes.items():
+            per_prompt, per_completion = self.seconds_per_token[model]
+            units += prompt_cost * prompt + completion_cost * completion
+            seconds += per_prompt * prompt + per_completion * completion
+        return units / seconds if seconds > 0 else 0.0
 
 
 def contention(candidates: Mapping[K, frozenset[str]]) -> dict[K, int]:

@@ -18,7 +18,7 @@ from dataclasses import dataclass
 
 from .scenario import Scenario, ScenarioError, UserSpec
 
-__all__ = ["Arrival", "arrivals", "draw_sizes", "phase_rngs"]
+__all__ = ["Arrival", "arrivals", "draw_sizes", "expected_sizes", "phase_rngs"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -57,6 +57,22 @@ def draw_sizes(spec: UserSpec, rng: random.Random) -> tuple[int, int]:
     if spec.leave_after is not None:
         completion = min(completion, spec.leave_after)
     return prompt, completion
+
+
+def _mean_capped(low: int, high: int, cap: int | None) -> float:
+    """The mean of ``min(k, cap)`` over the integers ``k`` from ``low`` to ``high``, each as likely."""
+    if cap is None or cap >= high:
+        return (low + high) / 2
+    if cap <= low:
+        return float(cap)
+    below = (cap - low + 1) * (low + cap) / 2  # k = low .. cap counts itself
+    return (below + (high - cap) * cap) / (high - low + 1)
+
+
+def expected_sizes(spec: UserSpec) -> tuple[float, float]:
+    """A phase's mean prompt and completion tokens per request, as ``draw_sizes`` draws them."""
+    caps = [c for c in (spec.max_tokens, spec.leave_after) if c is not None]
+    return (sum(spec.prompt_tokens) / 2, _mean_capped(*spec.completion_tokens, min(caps) if caps else None))
 
 
 def arrivals(scenario: Scenario) -> list[Arrival]:
