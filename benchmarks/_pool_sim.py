@@ -15,6 +15,7 @@ from _lab import Request, scenario
 from _pool_report import Figures, Outcome, compute
 
 from mindrouter.simulate import Scenario, arrivals, parse_scenario, simulate
+from mindrouter.simulate.perfect import perfect_placement
 
 
 def lab_scenario(seed: int, steady_s: float, burst_s: float, drain_s: float) -> Scenario:
@@ -29,13 +30,17 @@ def scenario_requests(sc: Scenario, steady_s: float) -> list[Request]:
     ]
 
 
-def simulated(sc: Scenario, steady_s: float, burst_s: float) -> Figures:
-    """The scenario's run, in the benchmark's figures.
+def simulated(sc: Scenario, steady_s: float, burst_s: float, *, perfect: bool = False) -> Figures:
+    """The scenario's run, in the benchmark's figures; with ``perfect``, every model placed perfectly.
 
     A request's completion tokens count as arriving evenly between its first token and its last
     (the simulator's decode rate changes as streams come and go; only the split between the
     steady phase, the burst and after matters to the figures).
     """
+    name = "mr simulate"
+    if perfect:
+        name += ", perfect placement"
+        sc = perfect_placement(sc) or sc
     run = simulate(sc, trace=True)
     assert run.trace is not None
     outcomes: list[Outcome] = []
@@ -56,4 +61,4 @@ def simulated(sc: Scenario, steady_s: float, burst_s: float) -> Figures:
                 tokens.append((max(lo, t.prefill_end), round(t.completion * share)))
     stats = [{"loads": b.loads, "load_seconds": b.load_seconds, "evictions": b.evictions} for b in run.backends]
     span_s = max((o.end for o in outcomes if o.end is not None), default=sc.duration)
-    return compute(Figures("mr simulate", outcomes, tokens, stats, steady_s, burst_s, span_s))
+    return compute(Figures(name, outcomes, tokens, stats, steady_s, burst_s, span_s))

@@ -17,6 +17,7 @@ daemon's settings included, scaled alike). Figures are in lab seconds.
     python benchmarks/bench_pool.py --only "mr serve" "mr serve without GPU readings" least-busy
     python benchmarks/bench_pool.py --scenario > lab.toml && mr simulate lab.toml   # the same lab, simulated
     python benchmarks/bench_pool.py --workload scenario --only "mr serve" "mr simulate"   # simulator against live
+    python benchmarks/bench_pool.py --workload scenario --only "mr serve" "mr simulate, perfect placement"
     python benchmarks/bench_pool.py --only "mr serve" --trace /tmp/t && python benchmarks/pool_ttft.py /tmp/t/mr-serve
 
 `mr serve` runs with its defaults, ``--max-concurrent 4`` per backend (the
@@ -67,10 +68,12 @@ from mindrouter.config import BackendSettings, ServerSettings
 from mindrouter.scheduler import SchedulerSettings
 
 LITELLM = ("litellm least-busy", "litellm simple-shuffle")
-TARGETS = ("mr serve", "mr serve without GPU readings", *POLICIES, *LITELLM, "mr simulate")
+PERFECT = "mr simulate, perfect placement"
+TARGETS = ("mr serve", "mr serve without GPU readings", *POLICIES, *LITELLM, "mr simulate", PERFECT)
 """All targets; the default run is mr serve, the baselines and (with a LiteLLM virtualenv) LiteLLM.
 ``mr simulate`` is the simulator on this lab (``_pool_sim.py``), with ``--workload scenario`` on
-the very requests the live targets get."""
+the very requests the live targets get; ``mr simulate, perfect placement`` the same with every model
+resident from the start and never loaded (issue 17's offline bound, docs/simulate.md)."""
 TIMEOUT = 300.0
 """Lab seconds a client waits for an answer before it counts the request as lost."""
 SCALED = {
@@ -327,8 +330,8 @@ async def main(args: argparse.Namespace) -> list[Figures]:
     figures = []
     for name in targets:
         t0 = time.monotonic()
-        if name == "mr simulate":
-            figures.append(simulated(sc, args.steady, args.burst))
+        if name in ("mr simulate", PERFECT):
+            figures.append(simulated(sc, args.steady, args.burst, perfect=name == PERFECT))
         else:
             figures.append(await run_target(name, args, requests))
         print(f"  {name}: {time.monotonic() - t0:.0f} s wall", flush=True)

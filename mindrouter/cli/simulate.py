@@ -26,7 +26,11 @@ class _LazyProgress:
     second phase is the comparison run without heavy-user deprioritization.
     """
 
-    _LABELS: ClassVar[dict[str, str]] = {"run": "simulating", "baseline": "without deprioritization"}
+    _LABELS: ClassVar[dict[str, str]] = {
+        "run": "simulating",
+        "perfect": "with perfect placement",
+        "baseline": "without deprioritization",
+    }
 
     def __init__(self, total: float, console: Console, after: float = 0.5) -> None:
         self.total = total

@@ -232,6 +232,16 @@ only between members of one group.
   was saturated served as fast as possible; ``offered_tokens_per_second``;
   ``backends_at_saturation`` (per backend: ``streams``, ``tokens_per_second``,
   ``models``).
+- ``perfect_placement`` (docs/simulate.md, "The offline bound"): the same
+  workload simulated again on the same pool with every model resident from
+  the start (no VRAM limit on residency, no loads, evictions or keep_alive
+  expiries; the same rates, slots, sharing and scheduler): its
+  ``tokens_per_second``, ``saturated_seconds`` and
+  ``tokens_per_second_at_saturation`` (over its own saturated stretches),
+  ``run_over_perfect`` and ``run_over_perfect_at_saturation`` (this run's
+  figures over those), ``loads`` (0) and ``second_run`` (false where the pool
+  has nothing to load, so this run is its own perfect placement); null from
+  ``build`` when it is not given the second run.
 - ``backends`` (requests, tokens, utilization, ``full_at``: when every slot
   was first busy, ``loads``, ``load_seconds``, ``evictions``,
   ``expirations``), ``deprioritization`` (seconds per user and, if it was in

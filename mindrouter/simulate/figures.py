@@ -23,7 +23,7 @@ from ._stats import percentile
 from .bound import Offer, offline_bound
 from .runs import Run
 
-__all__ = ["add_pool_figures", "render_pool"]
+__all__ = ["add_pool_figures", "render_pool", "throughput"]
 
 
 def _r(value: float | None, digits: int = 3) -> float | None:
@@ -49,13 +49,7 @@ def add_pool_figures(out: dict[str, Any], run: Run) -> None:
         }
         for name, m in sorted(run.models.items())
     }
-    decoded = sum(pool.decoded(run.duration) for pool in run.pools)
-    saturated = sum(end - start for start, end in run.saturated)
-    out["throughput"] = {
-        "tokens_per_second": _r(decoded / run.duration),
-        "saturated_seconds": _r(saturated),
-        "tokens_per_second_at_saturation": _r(run.saturated_tokens / saturated) if saturated else None,
-    }
+    out["throughput"] = throughput(run)
     for row, b in zip(out["backends"], run.backends, strict=True):
         row.update(loads=b.loads, load_seconds=_r(b.load_seconds), evictions=b.evictions, expirations=b.expirations)
     loads = sum(b.loads for b in run.backends)
@@ -78,6 +72,17 @@ def add_pool_figures(out: dict[str, Any], run: Run) -> None:
         "tokens_per_second": whole["tokens_per_second"],
         "offered_tokens_per_second": _r(sum(c for m in run.models.values() for _, _, c in m.arrivals) / run.duration),
         "backends_at_saturation": bound and bound["backends"],
+    }
+
+
+def throughput(run: Run) -> dict[str, float | None]:
+    """Completion tokens per second over the run, the saturated seconds, and tokens per second during them."""
+    decoded = sum(pool.decoded(run.duration) for pool in run.pools)
+    saturated = sum(end - start for start, end in run.saturated)
+    return {
+        "tokens_per_second": _r(decoded / run.duration),
+        "saturated_seconds": _r(saturated),
+        "tokens_per_second_at_saturation": _r(run.saturated_tokens / saturated) if saturated else None,
     }
 
 
@@ -122,6 +127,14 @@ def render_pool(result: dict[str, Any], console: Console) -> None:
             f" offline bound {bound['tokens_per_second_at_saturation']:,.1f})"
         )
     console.print(line + ".")
+    perfect = result["perfect_placement"]
+    if perfect is not None and perfect["second_run"]:
+        line = f"With every model placed perfectly (no loads): {perfect['tokens_per_second']:,.1f} over the run"
+        if perfect["tokens_per_second_at_saturation"] is not None:
+            line += f", {perfect['tokens_per_second_at_saturation']:,.1f} at saturation"
+        ratio = perfect["run_over_perfect_at_saturation"]
+        line += "" if ratio is None else f"; this run reaches {ratio:.2f} of it at saturation"
+        console.print(line + ".")
     console.print(
         f"Model loads {loads['count']:,} ({loads['per_hour']:,.0f}/h, {loads['seconds_per_hour']:,.0f} s loading/h),"
         f" {loads['evictions']:,} evictions, {loads['expirations']:,} keep_alive expiries;"

@@ -23,6 +23,7 @@ from rich.table import Table
 from ._stats import jain, percentile
 from .engine import simulate
 from .figures import add_pool_figures, render_pool
+from .perfect import perfect_figures, perfect_placement
 from .pools import Pool, PoolWindow
 from .runs import Run, UserRun
 from .scenario import Scenario
@@ -215,8 +216,14 @@ def _worst(rows: list[dict[str, Any]], key: str) -> dict[str, Any] | None:
     return max(rows, key=lambda r: r[key] or 0.0, default=None)
 
 
-def build(run: Run, baseline: Run | None = None) -> dict[str, Any]:
-    """The JSON object for ``run``; ``baseline`` is the same run without heavy-user deprioritization."""
+def build(run: Run, baseline: Run | None = None, perfect: Run | None = None) -> dict[str, Any]:
+    """The JSON object for ``run``.
+
+    Args:
+        baseline: the same run without heavy-user deprioritization.
+        perfect: the same run with every model placed perfectly (``perfect.perfect_placement``); without
+            it, ``perfect_placement`` is null unless the scenario's placement is perfect already.
+    """
     total = sum(u.tokens(run.duration) for u in run.users)
     units = sum(u.service_units(run.duration) for u in run.users)
     gpu = sum(u.gpu_seconds for u in run.users)
@@ -274,6 +281,9 @@ def build(run: Run, baseline: Run | None = None) -> dict[str, Any]:
         "deprioritization": _deprioritization(run, baseline, total),
     }
     add_pool_figures(out, run)
+    if perfect is None and perfect_placement(run.scenario) is None:
+        perfect = run
+    out["perfect_placement"] = None if perfect is None else perfect_figures(run, perfect)
     add_user_figures(out, run)
     return out
 
@@ -308,11 +318,12 @@ def _deprioritization(run: Run, baseline: Run | None, total: float) -> dict[str,
 def run_scenario(
     scenario: Scenario, *, compare: bool = True, progress: Callable[[str, float], None] | None = None
 ) -> tuple[dict[str, Any], Run]:
-    """Simulate ``scenario``; if heavy-user deprioritization was in play, run it again without to show its effect.
+    """Simulate ``scenario``, again with every model placed perfectly where loads or placement are in play,
+    and, if heavy-user deprioritization was in play, again without it to show its effect.
 
     Args:
         compare: allow the second run. Defaults to True.
-        progress: called with ("run" or "baseline", simulated time) now and then.
+        progress: called with ("run", "perfect" or "baseline", simulated time) now and then.
 
     Returns the JSON object and the main run.
     """
@@ -325,7 +336,11 @@ def run_scenario(
     ):
         off = scenario.replace(settings=dataclasses.replace(scenario.settings, deprioritize_threshold=1.0))
         baseline = simulate(off, progress=None if progress is None else partial(progress, "baseline"))
-    return build(run, baseline), run
+    placed = perfect_placement(scenario)
+    perfect = None
+    if placed is not None:
+        perfect = simulate(placed, progress=None if progress is None else partial(progress, "perfect"))
+    return build(run, baseline, perfect), run
 
 
 def _pct(value: float | None) -> str:
