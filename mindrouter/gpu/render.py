@@ -12,11 +12,11 @@ from collections.abc import Sequence
 from rich.table import Table
 from rich.text import Text
 
+from ..formats import NA
 from .probe import GpuReading
 
-__all__ = ["NA", "gpu_table", "no_gpu_sentence", "vram_bar"]
+__all__ = ["gpu_table", "no_gpu_sentence", "vram_bar"]
 
-NA = "n/a"
 _GIB = 1024**3
 
 
