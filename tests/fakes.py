@@ -21,6 +21,9 @@ Every number is deterministic, so tests can assert exact values:
 Load and faults, all settable while the server runs:
 
 - ``tokens_per_second``: pace of generation (None: as fast as possible).
+- ``prefill_tokens_per_second``: pace of prompt processing: a request spends prompt tokens / this
+  before its first token, holding its ``max_concurrent`` slot, as vLLM and Ollama do (Ollama's
+  ``prompt_eval_duration`` reports it). None (the default): prompts take no time.
 - ``max_concurrent``: requests beyond it wait in the fake's own FIFO and count
   as ``waiting`` (vLLM ``num_requests_waiting``, llama.cpp ``requests_deferred``).
 - ``fail_next(n, status)``: the next n inference requests get that status.
@@ -260,6 +263,7 @@ class _FakeServer:
         models: Iterable[str] | Mapping[str, int] = ("m1",),
         loaded: Iterable[str] | None = None,
         tokens_per_second: float | None = None,
+        prefill_tokens_per_second: float | None = None,
         completion_tokens: int = 8,
         max_concurrent: int | None = None,
         embedding_dim: int = 4,
@@ -268,6 +272,7 @@ class _FakeServer:
         self.models: dict[str, int] = dict(models) if isinstance(models, Mapping) else {m: DEFAULT_SIZE for m in models}
         self.loaded: set[str] = set(self.models if loaded is None else loaded)
         self.tokens_per_second = tokens_per_second
+        self.prefill_tokens_per_second = prefill_tokens_per_second
         self.completion_tokens = completion_tokens
         self.embedding_dim = embedding_dim
         self.first_byte_delay = first_byte_delay
@@ -399,6 +404,14 @@ class _FakeServer:
             delay = started + tokens / self.tokens_per_second - time.monotonic()
             if delay > 0:
                 await asyncio.sleep(delay)
+
+    async def prefill(self, gen: _Generation) -> int:
+        """Process ``gen``'s prompt at ``prefill_tokens_per_second``; the nanoseconds it took (0 with no rate)."""
+        if not self.prefill_tokens_per_second:
+            return 0
+        started = time.monotonic_ns()
+        await asyncio.sleep(gen.prompt_tokens / self.prefill_tokens_per_second)
+        return time.monotonic_ns() - started
 
     def _drop(self, request: web.Request) -> None:
         self.dropped += 1
@@ -652,11 +665,13 @@ class FakeOllama(_FakeServer):
                 content_type="application/json",
             )
         gen = self.generation(prompt, (body.get("options") or {}).get("num_predict"))
+        begun = time.monotonic_ns()
+        prefill_ns = await self.prefill(gen)
         started = time.monotonic_ns()
         final = {
             "model": model, "created_at": "", **part(""), "done_reason": gen.finish, "done": True,
             "total_duration": 0, "load_duration": 1000, "prompt_eval_count": gen.prompt_tokens,
-            "prompt_eval_duration": 1000, "eval_count": gen.n, "eval_duration": 0,
+            "prompt_eval_duration": prefill_ns or 1000, "eval_count": gen.n, "eval_duration": 0,
         }  # fmt: skip
         if key == "response":
             final["context"] = [1, 2, 3]
@@ -671,7 +686,7 @@ class FakeOllama(_FakeServer):
             final.update(
                 part("".join(pieces), call=tool is not None),
                 created_at=self._now(),
-                total_duration=time.monotonic_ns() - started,
+                total_duration=time.monotonic_ns() - begun,
                 eval_duration=max(1, time.monotonic_ns() - started),
             )
             self.count(gen)
@@ -689,7 +704,7 @@ class FakeOllama(_FakeServer):
                 yield _compact(line) + b"\n"
             final.update(
                 created_at=self._now(),
-                total_duration=time.monotonic_ns() - started,
+                total_duration=time.monotonic_ns() - begun,
                 eval_duration=max(1, time.monotonic_ns() - started),
             )
             yield _compact(final) + b"\n"
@@ -949,6 +964,7 @@ class FakeOpenAI(_FakeServer):
         gen = (
             _Generation(prompt, len(pieces), "stop") if tool else self.generation(prompt, body.get("max_output_tokens"))
         )
+        await self.prefill(gen)
         self._ids += 1
         rid, mid, created = f"resp_fake{self._ids}", f"msg_fake{self._ids}", int(time.time())
         status = "incomplete" if gen.finish == "length" else "completed"
@@ -1036,6 +1052,7 @@ class FakeOpenAI(_FakeServer):
         self, request: web.Request, body: dict[str, Any], prompt: int, chat: bool, drop_after: int | None
     ) -> web.StreamResponse:
         gen = self.generation(prompt, body.get("max_completion_tokens", body.get("max_tokens")))
+        await self.prefill(gen)
         self._ids += 1
         head = {
             "id": f"{'chatcmpl' if chat else 'cmpl'}-fake{self._ids}",
