@@ -4,22 +4,26 @@
 a 500-token answer), started one after the other; ``small`` keeps 4 requests
 of 2,000 + 100 tokens outstanding; one 4-slot backend that, like a real
 server, spends prompt tokens / ``PREFILL`` seconds on a prompt before its
-first token, holding its slot, and decodes at ``DECODE`` tokens/s per request.
-The sizes are chosen so that a slot-second delivers comparable service units
-to either user (1,940 and 917 per slot-second at the simulator's speeds, 50
-decode and 5,000 prefill, here 45 times faster): both are backlogged in units,
-and each is owed half of them (``mr simulate`` of this workload gives target
-49.9% and big 50.4% at 1:1 speed).
+first token, holding its slot, and decodes at ``DECODE`` tokens/s per request
+(the simulated example's 5,000 and 50, ``SPEEDUP`` times faster); the openai
+client's requests, not streamed. Both are backlogged in service units, and a
+slot-second delivers comparable units to either (1,938 to big, 917 to small):
+each is owed half (``mr simulate`` of this workload: target 50%, on 1.3 of
+the 4 slots for big). Shares are measured in service units from the usage in
+the replies the clients received, after the last loop has started and a
+warm-up.
 
-Before (``Pool.place`` lifted a seat whose queue was momentarily empty to
-within one typical request of V, erasing what it had been charged, and took
-the credit of one with its own requests running), big got 62-67.5% here: the
-re-injected line of before commit 84ccb5c gives that every time. Shares are
-measured in service units from the usage in the replies the clients
-received, after the last loop has started and a warm-up. A closed-loop client
-leaves a freed slot to whoever is queued for one round trip (dispatch is
-work-conserving), which gives big a little more than half (the simulator with
-a 4 ms round trip: 54.5%), hence the tolerance.
+Before commit 84ccb5c, ``Pool.place`` moved a seat whose queue was
+momentarily empty to within one typical request of V although its own
+requests ran: it erased what big was charged, and it took small's credit
+each time small's queue emptied between two of its requests. With that line
+put back, big gets 62-64.5% here; now 52.6-54.8% (measured on 2 busy cores).
+Each closed loop leaves its freed slot for one round trip, and dispatch is
+work-conserving: big, queued, takes it, which is above half by a few points
+(``mr simulate`` with a 0.2 s think time: big 54.5% now, 62.6% before;
+without one, 50.1% and 50.4%: the round trip is what empties small's queue
+while its requests run). Hence the tolerance, 8.5 points, which still fails
+the old line.
 """
 
 from __future__ import annotations
@@ -35,7 +39,7 @@ from mindrouter.scheduler import SchedulerSettings
 
 from .fakes import FakeOllama, FakeOpenAI
 
-SPEEDUP = 45
+SPEEDUP = 30
 """Times faster than the simulated example's backend (50 tokens/s decode, 5,000 prefill)."""
 DECODE = 50 * SPEEDUP
 PREFILL = 5000 * SPEEDUP
@@ -47,7 +51,7 @@ LOOPS = 4
 GAP = 15 / SPEEDUP
 """Seconds between the starts of big's loops (15 s in the simulated example)."""
 WARMUP = 2.0
-DURATION = 7.0
+DURATION = 8.0
 
 
 def words(n: int) -> str:
@@ -127,4 +131,4 @@ async def test_staggered_big_prompt_loops_get_half_not_more(daemon):
         print(f"big {share * 100:.1f}% of service units; replies {replies}")
         assert not errors, errors[:3]
         assert fake.max_seen_in_flight <= SLOTS
-        assert share == pytest.approx(0.5, abs=0.09), replies
+        assert share == pytest.approx(0.5, abs=0.085), replies
