@@ -16,13 +16,15 @@ warm-up.
 Before commit 84ccb5c, ``Pool.place`` moved a seat whose queue was
 momentarily empty to within one typical request of V although its own
 requests ran: it erased what big was charged, and it took small's credit
-each time small's queue emptied between two of its requests. With that line
-put back, big gets 62-64.5% here; now 52.6-54.8% (measured on 2 busy cores).
+each time small's queue emptied between two of its requests (here mostly
+the latter: about 130 times a run, 470,000 units, against 74,000 erased for
+big). With that line put back, big gets 61.3-64.5% here (4 runs); now
+49.3-54.8% (6 runs, on 2 busy cores).
 Each closed loop leaves its freed slot for one round trip, and dispatch is
 work-conserving: big, queued, takes it, which is above half by a few points
 (``mr simulate`` with a 0.2 s think time: big 54.5% now, 62.6% before;
 without one, 49.9% and 50.4%: the round trip is what empties small's queue
-while its requests run). Hence the tolerance, 8.5 points, which still fails
+while its requests run). Hence the tolerance, 8 points, which still fails
 the old line.
 """
 
@@ -131,4 +133,4 @@ async def test_staggered_big_prompt_loops_get_half_not_more(daemon):
         print(f"big {share * 100:.1f}% of service units; replies {replies}")
         assert not errors, errors[:3]
         assert fake.max_seen_in_flight <= SLOTS
-        assert share == pytest.approx(0.5, abs=0.085), replies
+        assert share == pytest.approx(0.5, abs=0.08), replies
