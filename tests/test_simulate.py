@@ -18,7 +18,9 @@ from typer.testing import CliRunner
 from mindrouter.cli import app
 from mindrouter.errors import UsageError
 from mindrouter.simulate import EventSpec, build, load_example, parse_scenario, run_scenario, simulate
-from mindrouter.simulate.report import jain, percentile, render
+from mindrouter.simulate._gap import GapTracker
+from mindrouter.simulate.render import render
+from mindrouter.simulate.report import jain, percentile
 
 SHARES = {"prof": 3 / 6, "postdoc": 2 / 6, "student": 1 / 6}
 
@@ -189,6 +191,29 @@ def test_service_gap_by_hand():
     result = build(run)
     assert [u["share"] for u in result["users"]] == [0.5, 0.5]
     assert result["max_service_gap_pair"] == ["a", "b"]
+
+
+def test_work_running_when_both_wait_is_a_head_start_not_a_gap():
+    """a's line runs at 100 units/s from 0; b waits from t=1, when a's running work has 400 units left.
+
+    Until t=5 a only finishes that work: a gap of 400 that no scheduler without
+    preemption avoids, all head start. Then a gets work started after b waited
+    (2 s more): a gap of 600, of which 200 is the scheduler's choice.
+    """
+    gap = GapTracker(2)
+    gap.set(0, 0.0, 100.0)
+    gap.settle(0.0, [0], [], [0])
+    gap.settle(1.0, [1], [], [0, 1], heads=[400.0, 0.0])
+    gap.set(0, 500.0, 0.0)
+    gap.settle(5.0, [], [], [0, 1])
+    assert (gap.max, gap.beyond) == (pytest.approx(400), pytest.approx(0))
+    gap.set(0, 0.0, 100.0)
+    gap.settle(5.0, [], [], [0, 1])
+    gap.set(0, 700.0, 0.0)
+    gap.settle(7.0, [], [], [0, 1])
+    gap.finish(7.0)
+    assert (gap.max, gap.beyond) == (pytest.approx(600), pytest.approx(200))
+    assert gap.beyond_pair == (0, 1)
 
 
 def test_target_share_follows_who_is_backlogged():

@@ -20,7 +20,11 @@ user's weighted max-min share among the people with work in the pool
   points over the run;
 - service gap at most 2x the largest request cost, between people who compete
   for slots (``lab-pool``: users of models with their own slots on the same
-  backends are not compared; ``mindrouter.simulate.slots``).
+  backends are not compared; ``mindrouter.simulate.slots``), less the head
+  start of the side ahead: what its requests already running when both waited
+  had still to deliver, which no scheduler that never interrupts a running
+  request can take back (``model-switch``: 1,920 against 1,600 at the full
+  hour, all of it head start).
 
 To keep this file to a few seconds, examples run compressed: an example built
 around a change at 30 minutes runs with every start, stop and event at a third
@@ -111,8 +115,11 @@ def misses(result: dict[str, Any]) -> list[str]:
             off = abs(pool["unit_shares"][name] - pool["target_shares"][name])
             if off > 0.02:
                 out.append(f"{where}: {name} {100 * off:.1f} points off its target over the run")
-        if pool["max_service_gap"] > pool["gap_bound"] + 1e-6:
-            out.append(f"{where}: service gap {pool['max_service_gap']:,.0f} > bound {pool['gap_bound']:,.0f}")
+        if pool["max_service_gap_beyond_head_start"] > pool["gap_bound"] + 1e-6:
+            out.append(
+                f"{where}: service gap beyond head starts {pool['max_service_gap_beyond_head_start']:,.0f}"
+                f" > bound {pool['gap_bound']:,.0f}"
+            )
     return out
 
 
@@ -188,6 +195,17 @@ def test_the_gap_bound_holds_at_full_length(name):
     """
     result = build(simulate(load_example(name)))
     assert result["max_service_gap"] <= result["gap_bound"] + 1e-6, result["max_service_gap"]
+
+
+@pytest.mark.parametrize("name", ["model-switch", "newcomer-other-model"])
+def test_a_newcomer_waits_out_only_the_work_already_running(name):
+    """The newcomer comes at 1,800.0 s, when the other user's 4 requests (started at 1,798.4) hold
+    every slot of its GPU with 1,920 units still to deliver: the full hour's gap is exactly that
+    head start, over the bound of 1,600, and the scheduler's own choices add nothing to it."""
+    result = build(simulate(load_example(name)))
+    assert result["max_service_gap"] == pytest.approx(1920)
+    assert result["gap_bound"] == 1600
+    assert result["max_service_gap_beyond_head_start"] == pytest.approx(0, abs=1e-6)
 
 
 def jumped(

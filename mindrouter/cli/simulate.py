@@ -92,7 +92,8 @@ def simulate(
     so a scenario and seed give the same result on every machine.
     """
     from ..simulate.loading import example_names, load_example, load_scenario
-    from ..simulate.report import render, run_scenario
+    from ..simulate.render import render
+    from ..simulate.report import run_scenario
 
     if (scenario is None) == (example is None):
         raise UsageError(

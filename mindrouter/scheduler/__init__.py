@@ -6,7 +6,8 @@ from .core import Scheduler, UnknownUser
 from .estimate import Estimate
 from .fairshare import FairShare
 from .jobs import TOKEN_LIMIT, Dispatch, Expired, Job, Modality, Outcome, Rejection, Timings
-from .pools import UserState, apply_factor, heavy_factor, seed_priority
+from .pools import UserState
+from .priority import apply_factor, heavy_factor, seed_priority
 from .records import DecisionRecord, PriorityTerms
 from .settings import DEFAULT_GROUP_WEIGHTS, SHARES, SchedulerSettings, ScoreWeights, check_weight
 from .views import PoolShare, QueueStats, SeatShare, ShareSnapshot, UserShare, normalized_shares

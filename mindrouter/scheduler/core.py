@@ -30,7 +30,6 @@ in-flight count equals the running jobs routed to it and never exceeds its
 
 from __future__ import annotations
 
-import dataclasses
 import heapq
 from collections.abc import Hashable, Iterable
 
@@ -46,8 +45,8 @@ from .pools import Pool, Seat
 from .queues import Entry, Queues
 from .reading import CoreReading
 from .records import DecisionRecord, PriorityTerms
-from .settings import SchedulerSettings, check_weight
-from .views import UserShare
+from .roster import CoreRoster
+from .settings import SchedulerSettings
 
 __all__ = ["Scheduler", "UnknownUser"]
 
@@ -56,7 +55,7 @@ class UnknownUser(KeyError):
     """A job names a user the scheduler was never told about (call ``set_user`` first)."""
 
 
-class Scheduler(JobOutcomes, CoreReading):
+class Scheduler(JobOutcomes, CoreReading, CoreRoster):
     """Sans-I/O fair-share scheduler and router. Every method that depends on time takes ``now``."""
 
     def __init__(self, settings: SchedulerSettings | None = None) -> None:
@@ -80,90 +79,7 @@ class Scheduler(JobOutcomes, CoreReading):
         self._seq = 0
         self._wait_rate = settings.wait_bonus_per_second
 
-    # -- users and groups --------------------------------------------------
-
-    def set_user(
-        self,
-        user_id: Hashable,
-        weight: float,
-        *,
-        name: str | None = None,
-        group: str | None = None,
-        weight_override: float | None = None,
-        group_weight: float | None = None,
-    ) -> None:
-        """Add a user or change its weight, name or group; a new weight applies from now on.
-
-        Args:
-            weight: the user's own weight (its ``weight_override``, else its group's weight).
-            weight_override: the override, if any: its weight inside its group in group shares.
-            group_weight: its group's weight, if known (group shares); defaults to ``weight``.
-        """
-        check_weight(weight)
-        for value in (weight_override, group_weight):
-            if value is not None:
-                check_weight(value)
-        _, changed = self.fair.set_user(user_id, weight, name, group, weight_override, group_weight)
-        self._rekey_seats(changed)
-
-    def set_group(self, name: str, weight: float) -> None:
-        """A group's weight changed: members without an override follow it, from now on."""
-        self._rekey_seats(self.fair.set_group(name, check_weight(weight)))
-
-    def remove_user(self, user_id: Hashable) -> None:
-        """Forget a user that has nothing queued or running."""
-        user = self.fair.users.get(user_id)
-        if user is None:
-            return
-        if user.queued or user.running:
-            raise ValueError(f"user {user.name!r} still has jobs queued or running")
-        del self.fair.users[user_id]
-        for pool in self.fair.pools.values():
-            pool.seats.pop(user_id, None)
-
-    def has_user(self, user_id: Hashable) -> bool:
-        return user_id in self.fair.users
-
-    def user(self, user_id: Hashable) -> UserShare | None:
-        """A frozen view of one user (``share(now).user(id)`` at the last instant)."""
-        if user_id not in self.fair.users:
-            return None
-        return self.share(0.0, [user_id]).users[0]
-
-    # -- backends ----------------------------------------------------------
-
-    def set_backend(self, backend: Backend) -> None:
-        """Add a backend or replace what is known about it (configuration and telemetry)."""
-        old = self._backends.get(backend.id)
-        self._backends[backend.id] = backend
-        self._loads.setdefault(backend.id, BackendLoad()).polled(backend)
-        if old is None or (old.models, old.modalities, old.model_modalities, old.supports_json) != (
-            backend.models,
-            backend.modalities,
-            backend.model_modalities,
-            backend.supports_json,
-        ):
-            self._classes_changed()
-        else:
-            self.classes.changed(backend.id)
-
-    def remove_backend(self, backend_id: Hashable) -> None:
-        """Forget a backend; jobs running there still end through complete/fail/cancel."""
-        if self._backends.pop(backend_id, None) is not None:
-            self._classes_changed()
-        self._loads.pop(backend_id, None)
-
-    def backend(self, backend_id: Hashable) -> Backend | None:
-        return self._backends.get(backend_id)
-
-    def load(self, backend_id: Hashable) -> BackendLoad | None:
-        """A copy of what the core counts for ``backend_id`` (in flight, latency, throughput)."""
-        load = self._loads.get(backend_id)
-        return None if load is None else dataclasses.replace(load)
-
-    @property
-    def backends(self) -> dict[Hashable, Backend]:
-        return dict(self._backends)
+    # -- pools -------------------------------------------------------------
 
     def _classes_changed(self) -> None:
         """Candidates changed, so pools may have: seat every queued job in its class's pool again."""

@@ -43,9 +43,10 @@ from collections import deque
 from collections.abc import Hashable, Iterable, Sequence
 from dataclasses import dataclass, field
 
+from .priority import apply_factor, heavy_factor
 from .settings import SchedulerSettings
 
-__all__ = ["Pool", "PoolKey", "Seat", "UserState", "apply_factor", "heavy_factor", "joined", "seed_priority"]
+__all__ = ["Pool", "PoolKey", "Seat", "UserState", "joined"]
 
 #: A pool is named by the backend ids that can serve its jobs.
 PoolKey = frozenset
@@ -85,27 +86,6 @@ def joined(models: Sequence[Iterable[str]]) -> list[list[int]]:
     for i in range(len(models)):
         groups.setdefault(root(i), []).append(i)
     return list(groups.values())
-
-
-def heavy_factor(usage_fraction: float, threshold: float, floor: float = 0.1) -> float:
-    """The seed's deprioritization factor: 1 up to the threshold, then falling to ``floor``."""
-    if usage_fraction <= threshold:
-        return 1.0
-    return max(floor, 1.0 - (usage_fraction - threshold) * 2.0)
-
-
-def apply_factor(base: float, factor: float) -> float:
-    """Lower ``base`` by ``factor`` (0 < factor <= 1) whatever its sign.
-
-    Multiplying a negative number by 0.1 would raise it, helping the heavy user;
-    below zero we divide instead, so the result is never above ``base``.
-    """
-    return base * factor if base >= 0 else base / factor
-
-
-def seed_priority(deficit: float, burst: float, weight: float, factor: float, wait_bonus: float) -> float:
-    """The seed's priority formula with the sign correction, for records and tests."""
-    return apply_factor((deficit + burst) / weight, factor) + wait_bonus
 
 
 @dataclass(slots=True)

@@ -7,6 +7,7 @@ the simulator see the core through these methods (``share(now)``,
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Hashable, Iterable
 from typing import Any
 
@@ -17,7 +18,7 @@ from .ledger import Running
 from .outcomes import class_key
 from .queues import Queues
 from .settings import SchedulerSettings
-from .views import QueueStats, ShareSnapshot, build_queue_stats, build_share
+from .views import QueueStats, ShareSnapshot, UserShare, build_queue_stats, build_share
 
 __all__ = ["CoreReading"]
 
@@ -44,6 +45,27 @@ class CoreReading:
     @property
     def running_count(self) -> int:
         return len(self._running)
+
+    def has_user(self, user_id: Hashable) -> bool:
+        return user_id in self.fair.users
+
+    def user(self, user_id: Hashable) -> UserShare | None:
+        """A frozen view of one user (``share(now).user(id)`` at the last instant)."""
+        if user_id not in self.fair.users:
+            return None
+        return self.share(0.0, [user_id]).users[0]
+
+    def backend(self, backend_id: Hashable) -> Backend | None:
+        return self._backends.get(backend_id)
+
+    def load(self, backend_id: Hashable) -> BackendLoad | None:
+        """A copy of what the core counts for ``backend_id`` (in flight, latency, throughput)."""
+        load = self._loads.get(backend_id)
+        return None if load is None else dataclasses.replace(load)
+
+    @property
+    def backends(self) -> dict[Hashable, Backend]:
+        return dict(self._backends)
 
     @property
     def heavy(self) -> frozenset[Hashable]:

@@ -12,6 +12,15 @@ Between events that difference is linear, so its extremes lie at event times,
 on one side or the other of a jump; the tracker therefore evaluates a pair
 only where one of its lines changes (just before and just after the batch)
 and never in between. A batch costs O(changed users x backlogged users).
+
+Work already running when a pair becomes backlogged is delivered afterwards
+whatever the scheduler does (Ollama cannot pause a stream): a user alone on
+four slots when another arrives keeps all four until they free. So each pair
+also remembers each side's head start, what its running requests had still to
+deliver at that moment (over weight), and ``beyond`` is the largest gap less
+the head start of the side ahead: what the scheduler's choices since then
+account for. VTC's bound carries the same term as the tokens a full running
+batch holds; the head start is the part of it actually running.
 """
 
 from __future__ import annotations
@@ -31,9 +40,15 @@ class GapTracker:
         """Lines as they were before this batch, for users whose line changed in it."""
         self._partners: list[dict[int, float]] = [{} for _ in range(users)]
         """partners[i][j] = x_i - x_j when i and j last became backlogged together."""
+        self._heads: list[dict[int, float]] = [{} for _ in range(users)]
+        """heads[i][j] = i's head start when i and j last became backlogged together."""
         self.max = 0.0
         self.pair: tuple[int, int] | None = None
         self.at: float | None = None
+        self.beyond = 0.0
+        """The largest gap less the head start of the side ahead (module docstring)."""
+        self.beyond_pair: tuple[int, int] | None = None
+        self.beyond_at: float | None = None
         self.group = [0] * users
         """Each user's group of contention: pairs of different groups are not compared."""
         self.lift = [0.0] * users
@@ -50,13 +65,16 @@ class GapTracker:
         self.a[i] = a
         self.b[i] = b
 
-    def settle(self, t: float, joined: list[int], left: list[int], backlogged: list[int]) -> None:
+    def settle(
+        self, t: float, joined: list[int], left: list[int], backlogged: list[int], heads: list[float] | None = None
+    ) -> None:
         """End a batch at ``t``: sample what can peak, then pair up who joined and drop who left.
 
         Args:
             joined: users that became backlogged in this batch.
             left: users that stopped being backlogged in this batch.
             backlogged: every user backlogged after this batch.
+            heads: each user's head start at ``t`` (none: nothing counts as one).
         """
         changed = list(self._pre)
         partners = self._partners
@@ -68,17 +86,20 @@ class GapTracker:
         self._pre.clear()
         for i in left:
             for j in partners[i]:
-                del partners[j][i]
+                del partners[j][i], self._heads[j][i]
             partners[i].clear()
+            self._heads[i].clear()
         if joined:
             x = self._values(t, pre=False)
-            group = self.group
+            group, own = self.group, self._heads
             for i in joined:
                 for j in backlogged:
                     if j != i and j not in partners[i] and group[i] == group[j]:
                         base = x[i] - x[j]
                         partners[i][j] = base
                         partners[j][i] = -base
+                        own[i][j] = heads[i] if heads else 0.0
+                        own[j][i] = heads[j] if heads else 0.0
 
     def _reference(self, x: list[float], g: int, backlogged: list[int], skip: Collection[int]) -> float | None:
         """Group g's reference (``skip`` left out): the lowest counter of its backlogged users, or with
@@ -137,16 +158,21 @@ class GapTracker:
         return [ai + bi * t for ai, bi in zip(a, b, strict=False)]
 
     def _scan(self, users: list[int], x: list[float], t: float) -> None:
-        partners = self._partners
-        best = self.max
+        partners, heads = self._partners, self._heads
+        best, beyond = self.max, self.beyond
         for i in users:
             xi = x[i]
             for j, base in partners[i].items():
                 gap = xi - x[j] - base
+                ahead = gap - heads[i][j] if gap >= 0 else -gap - heads[j][i]
                 if gap < 0:
                     gap = -gap
                 if gap > best:
                     best = gap
                     self.pair = (i, j) if i < j else (j, i)
                     self.at = t
-        self.max = best
+                if ahead > beyond:
+                    beyond = ahead
+                    self.beyond_pair = (i, j) if i < j else (j, i)
+                    self.beyond_at = t
+        self.max, self.beyond = best, beyond

@@ -26,7 +26,7 @@ from collections.abc import Hashable, Mapping
 from itertools import combinations
 from typing import TypeVar
 
-__all__ = ["max_min"]
+__all__ = ["max_min", "max_min_units"]
 
 K = TypeVar("K", bound=Hashable)
 
@@ -85,3 +85,19 @@ def max_min(
             alloc[u] = min(demands[u], weights[u] * level)
         unfrozen -= done
     return alloc
+
+
+def max_min_units(
+    weights: Mapping[K, float],
+    rates: Mapping[K, float],
+    demand: Mapping[K, float],
+    candidates: Mapping[K, frozenset[str]],
+    capacity: Mapping[str, float],
+) -> dict[K, float]:
+    """Weighted max-min in units a second, each person held to its slots x its ``rates`` (units per slot-second).
+
+    The same water-filling over slots with weight / rate as the weight: at level t a
+    person receives weight x t units a second on weight x t / rate slots.
+    """
+    slot_weights = {u: weights[u] / rates[u] if rates[u] > 0 else 0.0 for u in demand}
+    return {u: a * rates[u] for u, a in max_min(slot_weights, demand, candidates, capacity).items()}

@@ -39,7 +39,7 @@ from dataclasses import dataclass
 
 from ..scheduler.pools import joined
 from ._gap import GapTracker
-from .maxmin import max_min
+from .maxmin import max_min_units
 from .scenario import BackendSpec
 from .slots import SlotSets, contention
 
@@ -63,6 +63,11 @@ class PoolWindow:
     """Seconds of the window during which someone was backlogged in the pool."""
     outlasting: int
     """Most requests running at once in the window that each take longer than a window."""
+
+    @classmethod
+    def opened(cls, start: float, users: int, outlasting: int) -> PoolWindow:
+        """A window from ``start`` on, its ``end`` set when it closes."""
+        return cls(start, start, [0.0] * users, [0.0] * users, [0.0] * users, 0.0, outlasting)
 
 
 #: Entitlements of the backlogged users (indexes) of a pool, by the current weights.
@@ -118,19 +123,19 @@ class Pool:
         self.x_off = [0.0] * users
         self.dispatched = [0.0] * users
         """Cost dispatched over entitlement: the scheduler's decisions alone."""
+        self.started_units = [0.0] * users
+        """Cost of every request started here: less the service so far, what is still running."""
+        self.batch_started: dict[int, float] = {}
+        """Cost of the requests each user started in the current batch: chosen with the batch's backlog."""
         self.target = [0.0] * users
         """Service units each user is owed, summed over epochs."""
         self.epoch_tokens = [0.0] * users
         self.epoch_units = [0.0] * users
         self.epoch_start = 0.0
         self.changed: set[int] = set()
-        self.win_start = 0.0
-        self.win_tokens = [0.0] * users
-        self.win_units = [0.0] * users
-        self.win_targets = [0.0] * users
-        self.win_backlogged = 0.0
         self.long_running = 0
-        self.win_outlasting = 0
+        self.open = PoolWindow.opened(0.0, users, 0)
+        """The window being filled."""
         self.windows: list[PoolWindow] = []
         self.gap = GapTracker(users)
         """Service as generated."""
@@ -237,11 +242,13 @@ class Pool:
         """A request of ``u`` was dispatched; it will cost ``cost`` and take ``seconds``."""
         self.left_queue(u)
         self.max_request_cost = max(self.max_request_cost, cost)
+        self.started_units[u] += cost
+        self.batch_started[u] = self.batch_started.get(u, 0.0) + cost
         self.dispatched[u] += cost / self.share_weight[u]
         self.dispatch_gap.set(u, self.dispatched[u], 0.0)
         if seconds > self.window:
             self.long_running += 1
-            self.win_outlasting = max(self.win_outlasting, self.long_running)
+            self.open.outlasting = max(self.open.outlasting, self.long_running)
 
     def finished(self, u: int, model: str, seconds: float, size: tuple[float, float]) -> None:
         self._outstanding(u, model, -1, size)
@@ -273,7 +280,9 @@ class Pool:
             self.reweigh(now)
         elif self.demand_changed:
             self.reweigh_targets()
-        self.gap.settle(now, joined, left, self.backlogged if joined else [])
+        self.gap.settle(
+            now, joined, left, self.backlogged if joined else [], self._head_starts(now) if joined else None
+        )
         self.dispatch_gap.settle(now, joined, left, self.backlogged if joined else [])
         came = joined + through
         if came:  # idle: all it has outstanding came in this batch (what ended in it is gone)
@@ -284,6 +293,15 @@ class Pool:
             self.gap.emptied(now, left + through, self.backlogged)
             self.dispatch_gap.emptied(now, left + through, self.backlogged)
         self.arrived.clear()
+        self.batch_started.clear()
+
+    def _head_starts(self, now: float) -> list[float]:
+        """What each user's requests started before ``now`` have still to deliver, over its entitlement."""
+        fresh = self.batch_started
+        return [
+            max(0.0, started - fresh.get(u, 0.0) - self.service(u, now)) / w
+            for u, (started, w) in enumerate(zip(self.started_units, self.share_weight, strict=True))
+        ]
 
     def reweigh(self, now: float) -> None:
         """Take the backlogged users' current entitlements; ``x`` stays continuous, only its slope changes.
@@ -316,10 +334,7 @@ class Pool:
         weights = self.entitlement(list(demand))
         candidates = {u: frozenset().union(*(self.serves[m] for m in self.outstanding[u])) for u in demand}
         rate = {u: self.slot_sets.units_per_second(self.sizes[u], self.pc, self.cc) for u in demand}
-        # Weighted max-min in units, each held to its slots x its rate: the same water-filling
-        # over slots with weight / rate as the weight (level t: weight x t units/s on weight x t / rate slots).
-        slot_weights = {u: weights[u] / rate[u] if rate[u] > 0 else 0.0 for u in demand}
-        alloc = {u: a * rate[u] for u, a in max_min(slot_weights, demand, candidates, self.capacity).items()}
+        alloc = max_min_units(weights, rate, demand, candidates, self.capacity)
         total = sum(alloc.values())
         if total <= 0:
             self.owed = None
@@ -338,17 +353,17 @@ class Pool:
         deltas = {}
         for u in self.members:
             tokens = self.tokens(u, now)
-            self.win_tokens[u] += tokens - self.epoch_tokens[u]
+            self.open.tokens[u] += tokens - self.epoch_tokens[u]
             self.epoch_tokens[u] = tokens
             units = self.service(u, now)
             delta = units - self.epoch_units[u]
             self.epoch_units[u] = units
-            self.win_units[u] += delta
+            self.open.units[u] += delta
             deltas[u] = delta
             total += delta
             if owed is None:
                 self.target[u] += delta
-                self.win_targets[u] += delta
+                self.open.targets[u] += delta
         if owed is not None:
             delivered: dict[int, float] = {}
             for u, (group, _, _) in owed.items():
@@ -357,36 +372,21 @@ class Pool:
             for u, (group, inside, fraction) in owed.items():
                 due = delivered[group] * inside + stray * fraction
                 self.target[u] += due
-                self.win_targets[u] += due
+                self.open.targets[u] += due
         if self.backlogged:
-            self.win_backlogged += span
+            self.open.backlogged += span
         self.epoch_start = now
 
     def close_window(self, now: float) -> None:
         self.close_epoch(now)
-        self.windows.append(
-            PoolWindow(
-                self.win_start,
-                now,
-                self.win_tokens,
-                self.win_units,
-                self.win_targets,
-                self.win_backlogged,
-                self.win_outlasting,
-            )
-        )
-        users = len(self.win_tokens)
-        self.win_start = now
-        self.win_tokens = [0.0] * users
-        self.win_units = [0.0] * users
-        self.win_targets = [0.0] * users
-        self.win_backlogged = 0.0
-        self.win_outlasting = self.long_running
+        self.open.end = now
+        self.windows.append(self.open)
+        self.open = PoolWindow.opened(now, len(self.open.tokens), self.long_running)
 
     def finish(self, end: float) -> None:
         self.gap.finish(end)
         self.dispatch_gap.finish(end)
-        if end > self.win_start:
+        if end > self.open.start:
             self.close_window(end)
         else:
             self.close_epoch(end)

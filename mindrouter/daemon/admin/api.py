@@ -9,24 +9,20 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
-from collections.abc import Awaitable, Callable
 from typing import Any
 
 from aiohttp import web
 
 from ...names import person_identity
 from ...scheduler import check_weight
-from ...store import AlreadyExists, InUse, InvalidValue, NotFound, StoreError
+from ...store import AlreadyExists, InvalidValue
 from ...store.people import KEEP
-from ..edge.auth import bearer_is
 from ..edge.catalog import pool_models
-from ..edge.errorbodies import json_error
 from ..process.appkeys import AUTH, CONFIG, DISPATCHER, GPUS, QUOTAS, REGISTRY, SCHEDULER, STORE
 from ..request.weights import apply_user
 from .watch import quota_rows, setup_watch_routes
 
 __all__ = [
-    "admin_middleware",
     "change_group_weight",
     "change_user",
     "key_counts",
@@ -35,40 +31,6 @@ __all__ = [
     "set_backend_state",
     "setup_admin_routes",
 ]
-
-Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
-
-
-@web.middleware
-def admin_middleware(request: web.Request, handler: Handler) -> Awaitable[web.StreamResponse]:
-    """Admin paths: free on the Unix socket, on TCP only with the admin key; store errors mapped to statuses.
-
-    Not a coroutine: other paths get their handler's awaitable itself, so an
-    inference request (thousands may wait at once) keeps no frame alive here.
-    """
-    if not request.path.startswith("/admin/"):
-        return handler(request)
-    return _admin(request, handler)
-
-
-async def _admin(request: web.Request, handler: Handler) -> web.StreamResponse:
-    if not isinstance(request.transport.get_extra_info("sockname") if request.transport else None, str):
-        key = request.app[CONFIG].server.admin_key
-        if not key or not bearer_is(request, key):
-            return json_error(
-                "admin calls on the TCP port need `Authorization: Bearer <admin_key>`; "
-                "use the Unix socket (`mr` does) or set [server] admin_key",
-                401,
-                "admin_key_required",
-            )
-    try:
-        return await handler(request)
-    except NotFound as exc:
-        return json_error(str(exc), 404, "not_found")
-    except (AlreadyExists, InUse) as exc:
-        return json_error(str(exc), 409, "conflict")
-    except (InvalidValue, StoreError, ValueError) as exc:
-        return json_error(str(exc), 400, "bad_request")
 
 
 async def _body(request: web.Request) -> dict[str, Any]:

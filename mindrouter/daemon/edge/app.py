@@ -33,7 +33,8 @@ from ...errors import ConfigError
 from ...gpu.probe import GpuProbe
 from ...scheduler import Scheduler
 from ...store import Store
-from ..admin.api import admin_middleware, setup_admin_routes
+from ..admin.api import setup_admin_routes
+from ..admin.middleware import admin_middleware
 from ..pollers.discover import discover_local_backends
 from ..pollers.gpus import GpuState
 from ..pollers.registry import AdapterFactory, Registry

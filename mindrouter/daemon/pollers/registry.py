@@ -5,13 +5,13 @@ Each backend has one poll task that probes it at once when added and then every
 (about 0.5 s), doubling up to ``poll_interval``, so a backend that recovers is
 back within about a second rather than a whole poll later. What a probe (and
 the GPU readings for the backend's GPUs) says is folded into a fresh
-``scheduler.Backend`` snapshot and handed to the core; the core's own counters
-(in flight, latency, tokens/s) stay in the core. A backend is taken out by
-``probe_failures`` failed probes in a row, never by one. The circuit breaker
-(``breaker.py``) counts only the backend's own faults. A backend that answered
-"not supported" for a model and modality (llama-server without
-``--embeddings``) lacks it: its snapshot stops offering that modality, so
-routing sends such requests to another backend with the model, until the
+``scheduler.Backend`` snapshot (``snapshot.py``) and handed to the core; the
+core's own counters (in flight, latency, tokens/s) stay in the core. A backend
+is taken out by ``probe_failures`` failed probes in a row, never by one. The
+circuit breaker (``breaker.py``) counts only the backend's own faults. A
+backend that answered "not supported" for a model and modality (llama-server
+without ``--embeddings``) lacks it: its snapshot stops offering that modality,
+so routing sends such requests to another backend with the model, until the
 backend is seen down and back (a restart may have changed its flags).
 """
 
@@ -29,18 +29,17 @@ import aiohttp
 
 from ...backends import Adapter, Fault, Probe, make_adapter, model_key
 from ...config import BackendSettings
-from ...scheduler import ALL_MODALITIES, Backend, Modality, Scheduler
+from ...scheduler import Modality, Scheduler
 from ...tasks import stop
 from .breaker import Breaker
+from .snapshot import GpuReading, VramEstimate, backend_snapshot
 
 __all__ = ["Entry", "Registry"]
 
 log = logging.getLogger(__name__)
 
 #: Returns (free bytes, total bytes, utilization 0..1) for a backend's GPUs, or None when unknown.
-GpuLookup = Callable[[Any], tuple[int | None, int | None, float | None] | None]
-#: Returns the bytes a model needs to load on a backend, or None when unknown.
-VramEstimate = Callable[[Any, str, Probe], int | None]
+GpuLookup = Callable[[Any], GpuReading | None]
 
 
 @dataclass(slots=True)
@@ -76,17 +75,6 @@ class Entry:
     def failures(self) -> int:
         """Faults counted toward the circuit breaker now."""
         return self.breaker.failures(self.clock())
-
-
-def _modalities(capabilities: frozenset[str]) -> frozenset[Modality]:
-    """What a model reported to have ``capabilities`` can be asked: embeddings always (Ollama embeds with
-    any model), chat and completion with "completion", images with "vision"."""
-    out = {Modality.EMBEDDINGS}
-    if "completion" in capabilities:
-        out |= {Modality.CHAT, Modality.COMPLETION}
-        if "vision" in capabilities:
-            out.add(Modality.VISION)
-    return frozenset(out)
 
 
 AdapterFactory = Callable[[Any], Adapter]
@@ -330,41 +318,8 @@ class Registry:
         row = entry.row
         probe = entry.probe if entry.probe is None or entry.probe.healthy or entry.known is None else entry.known
         gpu = self.gpu_lookup(row) if self.gpu_lookup is not None else None
-        vram_free, vram_total, gpu_util = gpu if gpu is not None else (None, None, None)
-        utilization = probe.kv_cache_usage if probe is not None and probe.kv_cache_usage is not None else gpu_util
-        models = probe.models if probe is not None else frozenset()
-        model_vram: dict[str, int] = {}
-        if probe is not None and self.vram_estimate is not None and vram_free is not None:
-            for model in models - probe.loaded_models:
-                need = self.vram_estimate(row, model, probe)
-                if need is not None:
-                    model_vram[model_key(model)] = need
-        capabilities = probe.capabilities if probe is not None else {}
-        modalities = {model_key(m): _modalities(c) for m, c in capabilities.items()}
-        for key, lacking in entry.lacks.items():
-            modalities[key] = modalities.get(key, ALL_MODALITIES) - lacking
         self.scheduler.set_backend(
-            Backend(
-                id=row.id,
-                name=row.name,
-                models=frozenset(map(model_key, models)),
-                loaded_models=frozenset(map(model_key, probe.loaded_models)) if probe is not None else frozenset(),
-                model_modalities=modalities,
-                max_concurrent=row.max_concurrent,
-                priority=row.priority,
-                healthy=self.healthy(entry),
-                draining=row.state == "draining",
-                enabled=row.state != "disabled",
-                vram_free=vram_free,
-                vram_total=vram_total,
-                model_vram=model_vram,
-                model_sizes={model_key(m): size for m, size in probe.model_sizes.items()} if probe else {},
-                resident_vram={model_key(m): size for m, size in probe.loaded_vram.items()} if probe else {},
-                parallel=row.parallel,
-                max_loaded=row.max_loaded,
-                utilization=utilization,
-                backend_waiting=(probe.waiting or 0) if probe is not None else 0,
-            )
+            backend_snapshot(row, probe, entry.lacks, gpu, self.vram_estimate, healthy=self.healthy(entry))
         )
         self.on_change()
 
