@@ -17,8 +17,8 @@ Before commit 84ccb5c, ``Pool.place`` moved a seat whose queue was
 momentarily empty to within one typical request of V although its own
 requests ran: it erased what big was charged, and it took small's credit
 each time small's queue emptied between two of its requests (here mostly
-the latter: about 130 times a run, 470,000 units, against 74,000 erased for
-big). With that line put back, big gets 61.3-64.5% here (4 runs); now
+the latter: in one instrumented run, 132 times and 473,000 units, against
+74,000 erased for big). With that line put back, big gets 61.3-64.5% here (4 runs); now
 49.3-54.8% (6 runs, on 2 busy cores).
 Each closed loop leaves its freed slot for one round trip, and dispatch is
 work-conserving: big, queued, takes it, which is above half by a few points
