@@ -76,8 +76,8 @@ log = logging.getLogger("mindrouter.daemon")
 YOUNG_COLLECTION_EVERY = 7000
 """Allocations between young collections (Python's default: 700). What a request allocates is almost
 all freed by reference counting as it ends, but each young collection walks every in-flight request's
-live objects. Ten times less often, the daemon spent 3-6% less CPU per request under 16 and 64 clients,
-and its longest collection stayed 3-4 ms at 64 (docs/performance.md)."""
+live objects. Ten times less often, the daemon spent 6-7% less CPU per request at 64 clients (within
+the noise at 16) with a shorter tail, and its longest collection stayed 3-4 ms (docs/performance.md)."""
 
 
 async def create_app(
