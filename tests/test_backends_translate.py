@@ -8,6 +8,7 @@ from typing import Any
 import pytest
 
 from mindrouter.backends import Call
+from mindrouter.backends._shapes import OPENAI_USAGE, scan_usage
 from mindrouter.backends.translate import plan
 from mindrouter.errors import RequestError
 
@@ -97,3 +98,26 @@ def test_an_ollama_fill_in_the_middle_call_keeps_its_suffix_on_openai_engines() 
     p = plan(call("/api/generate", model="m", prompt="def f(", suffix="    return x\n"), "m", "llamacpp")
     assert p.path == "/v1/completions"
     assert (json.loads(p.data)["prompt"], json.loads(p.data)["suffix"]) == ("def f(", "    return x\n")
+
+
+@pytest.mark.parametrize(
+    ("raw", "kept", "dropped"),
+    [
+        (b"12", 12, None),
+        (b"0", 0, None),
+        (b" 7 ", 7, None),  # whitespace around the value, as a pretty-printing engine writes it
+        (b"012", None, "012"),  # not JSON: kept as text, not believed
+        (b"3.0", None, 3.0),  # a count must be written as a whole number
+        (b"2.5", None, 2.5),
+        (b"-4", None, -4),
+        (b'"9"', None, "9"),
+        (b"null", None, None),
+        (b"9" * 30, None, int("9" * 30)),  # past the core's token range
+    ],
+)
+def test_scan_usage_reads_counts_as_json_does(raw: bytes, kept: int | None, dropped: Any) -> None:
+    """A backend's count found by scanning reads as ``json.loads`` would read it, plain digits or not."""
+    body = b'{"choices":[],"usage":{"prompt_tokens":' + raw + b',"completion_tokens":5}}'
+    usage = scan_usage(body, OPENAI_USAGE)
+    assert (usage.prompt_tokens, usage.completion_tokens) == (kept, 5)
+    assert usage.dropped == ([] if dropped is None else [("prompt_tokens", dropped)])

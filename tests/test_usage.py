@@ -16,7 +16,17 @@ from zoneinfo import ZoneInfo
 
 import pytest
 
-from mindrouter.localtime import day_key, day_start, month_start, next_day, next_month, parse_when, zone_label
+from mindrouter.localtime import (
+    Periods,
+    day_key,
+    day_start,
+    month_key,
+    month_start,
+    next_day,
+    next_month,
+    parse_when,
+    zone_label,
+)
 from mindrouter.store import SCHEMA_VERSION, InvalidValue, Store
 from mindrouter.store import schema as schema_module
 
@@ -210,6 +220,25 @@ def test_local_periods(tz) -> None:
     with pytest.raises(ValueError, match="give an age such as 7d"):
         parse_when("last tuesday", 0)
     assert os.environ["TZ"] == "Europe/Berlin"
+
+
+def test_period_keys_remembered_for_a_day(tz) -> None:
+    """``Periods`` answers what ``day_key`` and ``month_key`` do, across midnights, a short day and a month's end."""
+    zone = tz("Europe/Berlin")
+    periods = Periods()
+    times = [
+        at(zone, "2026-03-29T12:00"),  # 23 hours long
+        at(zone, "2026-03-29T00:00"),
+        at(zone, "2026-03-30T00:00") - 0.001,
+        at(zone, "2026-03-30T00:00"),
+        at(zone, "2026-03-31T23:59:59.999"),
+        at(zone, "2026-04-01T00:00"),
+        at(zone, "2026-03-29T23:00"),  # back to an earlier day
+        at(zone, "2026-10-25T02:30"),  # 25 hours long
+    ]
+    assert [periods(t) for t in times] == [(day_key(t), month_key(t)) for t in times]
+    assert periods(at(zone, "2026-04-01T00:00")) == ("2026-04-01", "2026-04")
+    assert periods(at(zone, "2026-03-31T23:59:59.999")) == ("2026-03-31", "2026-03")
 
 
 @pytest.mark.parametrize("zone_name", ["Europe/Berlin", "America/Los_Angeles"])

@@ -159,13 +159,24 @@ _SCANS = {
 }
 
 
+_encode = json.JSONEncoder(separators=(",", ":"), ensure_ascii=False).encode
+"""One encoder for every answer: ``json.dumps`` with options builds a new one each call."""
+
+
 def dumps(obj: Any) -> bytes:
-    return json.dumps(obj, separators=(",", ":"), ensure_ascii=False).encode()
+    return _encode(obj).encode()
 
 
 def ollama_timestamp() -> str:
     """Now, as Ollama writes ``created_at`` (RFC 3339, UTC)."""
     return datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
+
+
+def _scanned(raw: bytes) -> Any:
+    """A value :func:`scan_usage` found: a plain count (the usual value) read at once, anything else as JSON."""
+    if raw.isdigit() and (len(raw) == 1 or raw[0] != 0x30):  # JSON allows no leading zero
+        return int(raw)
+    return json.loads(raw)
 
 
 def scan_usage(body: bytes, names: tuple[str, str]) -> Usage:
@@ -178,7 +189,7 @@ def scan_usage(body: bytes, names: tuple[str, str]) -> Usage:
         m = pattern.search(body)
         if m is not None:
             try:
-                found[name] = json.loads(m.group(1))
+                found[name] = _scanned(m.group(1))
             except ValueError:
                 found[name] = m.group(1).decode(errors="replace")
     usage = Usage()

@@ -106,7 +106,7 @@ async def events(
         lines = data.split(b"\n")
         rest = lines.pop()
         held = len(rest)
-        if held > line_bytes or any(len(line) > line_bytes for line in lines):
+        if held > line_bytes or (len(data) > line_bytes and any(len(line) > line_bytes for line in lines)):
             raise StreamCut(f"the backend sent a line longer than {line_bytes} bytes, and it was cut")
         out: list[bytes] = []
         for line in lines:

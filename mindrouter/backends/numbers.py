@@ -76,14 +76,18 @@ def _finite(text: str) -> float:
     return value
 
 
+_decoder = json.JSONDecoder(parse_constant=_constant, parse_float=_finite)
+"""One decoder for every body: ``json.loads`` with hooks builds a new one (and its scanner) each call."""
+
+
 def loads(raw: bytes) -> Any:
     """Parse a body as strict JSON: ``NaN``, ``Infinity`` and floats beyond a double are refused.
 
     Raises:
         RequestError: 400 saying what is wrong (not JSON, or a number no backend can hold).
     """
-    try:
-        return json.loads(raw, parse_constant=_constant, parse_float=_finite)
+    try:  # as json.loads reads bytes: UTF-8, 16 or 32, told apart by the first bytes
+        return _decoder.decode(raw.decode(json.detect_encoding(raw), "surrogatepass"))
     except ValueError:  # includes a body that is not UTF-8, and ints past Python's 4,300 digits
         raise RequestError("The request body is not valid JSON.") from None
 

@@ -74,6 +74,12 @@ __all__ = ["create_app", "make_runner", "serve"]
 
 log = logging.getLogger("mindrouter.daemon")
 
+YOUNG_COLLECTION_EVERY = 7000
+"""Allocations between young collections (Python's default: 700). What a request allocates is almost
+all freed by reference counting as it ends, but each young collection walks every in-flight request's
+live objects. Ten times less often, the daemon spent 6-7% less CPU per request at 64 clients (within
+the noise at 16) with a shorter tail, and its longest collection stayed 3-4 ms (docs/performance.md)."""
+
 
 async def create_app(
     config: Config, *, nvml: Any = None, discover: bool | None = None, adapters: AdapterFactory | None = None
@@ -323,6 +329,7 @@ async def _serve_app(config: Config, *, discover: bool | None) -> None:
     # request in flight. Frozen, a full collection walks only what requests made (docs/performance.md).
     gc.collect()
     gc.freeze()
+    gc.set_threshold(YOUNG_COLLECTION_EVERY)
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):

@@ -60,6 +60,7 @@ class Dispatcher:
         self.max_retries = max_retries
         self.clock = clock
         self._waiters: dict[str, asyncio.Future[Dispatch]] = {}
+        self._loop: asyncio.AbstractEventLoop | None = None
         self._timer_wake = asyncio.Event()
         self.expired_total = 0
         self.timer_ctx = background("mindrouter-dispatch-timer", self.run_timer)
@@ -89,7 +90,7 @@ class Dispatcher:
                 code=rejection.code,
                 retry_after=rejection.retry_after,
             )
-        future: asyncio.Future[Dispatch] = asyncio.get_running_loop().create_future()
+        future = self._future()
         self._waiters[job.id] = future
         self.pump()
         self._timer_wake.set()
@@ -97,10 +98,16 @@ class Dispatcher:
 
     def requeued(self, job: Job) -> asyncio.Future[Dispatch]:
         """A future for a job the core queued again after a failure."""
-        future: asyncio.Future[Dispatch] = asyncio.get_running_loop().create_future()
+        future = self._future()
         self._waiters[job.id] = future
         self.pump()
         return future
+
+    def _future(self) -> asyncio.Future[Dispatch]:
+        """A waiter on the daemon's loop, found once: on Python 3.11 each ``get_running_loop`` is a system call."""
+        if self._loop is None:
+            self._loop = asyncio.get_running_loop()
+        return self._loop.create_future()
 
     def finish(
         self,

@@ -34,7 +34,7 @@ from typing import Any
 from aiohttp import web
 
 from ...errors import RequestError
-from ...localtime import day_key, iso_local, month_key, month_start, next_day, next_month, zone_label
+from ...localtime import Periods, iso_local, month_start, next_day, next_month, zone_label
 from ...scheduler import Modality
 from ...store import Quota, Store
 
@@ -137,6 +137,7 @@ class Quotas:
         """user id -> its usual answer length, learned from completed requests."""
         self._recent: dict[tuple[str, Hashable], deque[float]] = {}
         self._periods = ("", "")
+        self._keys = Periods()
         self.reload()
         now = wall()
         for day, user_id, group, tokens in store.daily_tokens(month_start(now)):
@@ -171,7 +172,7 @@ class Quotas:
 
     def record(self, user_id: int, group: str, tokens: int, at: float, completion: int | None = None) -> None:
         """A completed request's real tokens (``at``: wall-clock time it ended; ``completion``: its answer's)."""
-        self._add(user_id, group, tokens, day_key(at), month_key(at))
+        self._add(user_id, group, tokens, *self._keys(at))
         if completion:
             usual = self._usual.get(user_id)
             self._usual[user_id] = completion if usual is None else usual + _LEARN * (completion - usual)
@@ -217,7 +218,7 @@ class Quotas:
     def _turn_over(self) -> None:
         """Forget the counters of days and months that have ended."""
         now = self.wall()
-        periods = (day_key(now), month_key(now))
+        periods = self._keys(now)
         if periods != self._periods:
             self._periods = periods
             self._used = {k: v for k, v in self._used.items() if k[2] in periods}
@@ -249,13 +250,14 @@ class Quotas:
             return []
         self._turn_over()
         now = self.wall()
+        day, month = self._keys(now)
         name = self._user_name(key) if subject == "user" else str(key)
         out = []
         for kind, period in _PERIODS.items():
             limit = getattr(quota, kind)
             if limit is None:
                 continue
-            used = self._used.get((subject, key, day_key(now) if period == "day" else month_key(now)), 0)
+            used = self._used.get((subject, key, day if period == "day" else month), 0)
             used += self._in_flight((subject, key))
             out.append(Limit(subject, name, kind, limit, used, next_day(now) if period == "day" else next_month(now)))
         if quota.requests_per_minute is not None:
