@@ -14,10 +14,15 @@ targets (issue 11):
 - requests/s at 16 and 64 clients >= 0.75x the bare proxy's;
 - added p50 at one client <= 0.3 ms over the bare proxy's.
 
-    python benchmarks/bench_daemon.py [--seconds 4] [--loop uvloop|asyncio]
+    python benchmarks/bench_daemon.py [--seconds 4] [--loop uvloop|asyncio] [--pin]
 
 All traffic stays on loopback and every run is bounded in time. The load
-generator shares the machine, so figures on a busy machine are noisy.
+generator shares the machine, so figures on a busy machine are noisy. By
+default every process shares every core, so in the closed loops at 16 and 64
+clients a router's latency follows its CPU per request and that of the load
+generator and backend beside it. ``--pin`` gives the routers (the bare proxy,
+mr serve, LiteLLM) the last core and the load generator and backend the
+others, as in a lab where clients and inference servers are other machines.
 """
 
 from __future__ import annotations
@@ -186,7 +191,19 @@ async def start_litellm(venv: str, tmp: Path, backend_url: str) -> tuple[subproc
     return proc, f"{url}/v1/chat/completions"
 
 
-async def main(seconds: float, loop: str) -> None:
+def pin(routers: list[int], others: list[int]) -> str:
+    """Routers on the last core, the rest on the others: what the run's header says of it."""
+    cores = sorted(os.sched_getaffinity(0))
+    if len(cores) < 2:
+        raise SystemExit("--pin needs at least 2 cores.")
+    for pid in routers:
+        os.sched_setaffinity(pid, cores[-1:])
+    for pid in others:
+        os.sched_setaffinity(pid, cores[:-1])
+    return f"routers on core {cores[-1]}, load generator and backend on {len(cores) - 1} other core(s)"
+
+
+async def main(seconds: float, loop: str, pinned: bool) -> None:
     tmp = Path(tempfile.mkdtemp(prefix="mr-bench-"))
     bport, pport = free_port(), free_port()
     backend_url = f"http://127.0.0.1:{bport}"
@@ -211,7 +228,11 @@ async def main(seconds: float, loop: str) -> None:
         for url, headers, _ in targets.values():  # first-use costs (connections, caches) stay out of the cells
             for mode in MODES:
                 await run(url, headers, mode, 16, 0.5)
-        print(f"mr serve event loop: {loop}; {seconds:g} s per cell; 2 cores shared with the load generator")
+        where = "every core shared with the load generator and backend"
+        if pinned:
+            routers = [pid for _, _, pid in targets.values() if pid is not None]
+            where = pin(routers, [os.getpid(), procs[0].pid])
+        print(f"mr serve event loop: {loop}; {seconds:g} s per cell; {where}")
         results: dict[tuple[str, str, int], tuple[float, float, float, float | None]] = {}
         for mode in MODES:
             print(f"\n{mode}: {'':<10} {'clients':>7} {'req/s':>8} {'p50 ms':>8} {'p99 ms':>8} {'CPU ms/req':>10}")
@@ -254,5 +275,8 @@ if __name__ == "__main__":
         default="uvloop" if importlib.util.find_spec("uvloop") else "asyncio",
         help="mr serve's event loop (default: uvloop when installed, the [fast] extra)",
     )
+    parser.add_argument(
+        "--pin", action="store_true", help="routers on a core of their own, load generator and backend on the others"
+    )
     args = parser.parse_args()
-    asyncio.run(main(args.seconds, args.loop))
+    asyncio.run(main(args.seconds, args.loop, args.pin))
