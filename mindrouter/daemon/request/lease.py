@@ -16,16 +16,16 @@ translates HTTP::
 Leaving the block without ``finish()`` (the client went away, a write
 failed, the daemon shuts down) cancels the job, closes the upstream so the
 backend stops generating, and charges what was used. Every lease ends in
-exactly one :class:`Settlement`, handed to the dispatcher's ``on_settled``.
+exactly one :class:`Settlement`, handed to the dispatcher's ``on_settled``. The per-chunk
+relay (``chunks``) is in ``relay.py``.
 """
 
 from __future__ import annotations
 
 import asyncio
 import functools
-import math
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable, Hashable
+from collections.abc import Awaitable, Callable, Hashable
 from enum import Enum
 from typing import TYPE_CHECKING, Any
 
@@ -33,6 +33,7 @@ from ...backends import Fault
 from ...backends.base import BackendError, Call, Upstream
 from ...errors import RequestError
 from ...scheduler import DecisionRecord, Dispatch, Job, Timings
+from .relay import AnswerRelay
 from .settlement import Attempt, Outcome, Settlement
 
 if TYPE_CHECKING:
@@ -64,7 +65,7 @@ def unsupported(model: str, modality: Any, said: str) -> RequestError:
     return RequestError(message, status=400, type="invalid_request_error", code="unsupported")
 
 
-class Lease:
+class Lease(AnswerRelay):
     """One request's slot: create with :meth:`Dispatcher.lease`, use as ``async with``.
 
     Slotted, and its attempt list and failure map made only when a dispatch needs them: thousands
@@ -224,52 +225,6 @@ class Lease:
         except RequestError as exc:  # the dispatcher expired it (504)
             self._settle(Outcome.TIMEOUT, exc.message, exc.status)
             raise
-
-    async def chunks(self) -> AsyncIterator[bytes]:
-        """The answer's chunks, in the client's dialect, ending with an error tail if the backend broke.
-
-        Raises:
-            RequestError: the daemon ended the stream (a quota it outgrew its reservation of is spent);
-                the lease has settled, and the handler writes the error tail.
-
-        The job is charged as the answer is produced, every 32 chunks or 100 ms, whichever comes
-        first: one upstream event carries about one token, so chunks stand in for tokens until the
-        backend's own counts settle the charge in ``finish``.
-        """
-        assert self.upstream is not None, "open() first"
-        upstream = self.upstream
-        progress, job_id, quotas = self.dispatcher.progress, self.job.id, self.dispatcher.quotas
-        streamed = self.dispatcher.on_streamed
-        allowance = math.inf if quotas is None else quotas.allowance(job_id)
-        next_charge, due, delivered = 32, time.monotonic() + 0.1, 0
-        async for chunk in upstream:
-            sent = upstream.chunks
-            if sent > allowance:  # past the reservation: asked before the chunk goes out, so a cut withholds it
-                assert quotas is not None
-                cut = quotas.outgrow(job_id, sent)
-                if cut is not None:
-                    await self._cut(cut, delivered)
-                    raise cut
-                allowance = quotas.allowance(job_id)
-            yield chunk
-            delivered = sent
-            if sent >= next_charge or time.monotonic() >= due:
-                progress(job_id, sent)
-                if streamed is not None:
-                    streamed(self, sent)
-                next_charge, due = sent + 32, time.monotonic() + 0.1
-
-    async def _cut(self, reason: RequestError, delivered: int) -> None:
-        """End a stream the daemon stops (a spent quota): the backend stops, what was delivered is charged."""
-        upstream = self.upstream
-        assert upstream is not None
-        await upstream.close()
-        prompt, _ = self._used()
-        completion = delivered
-        self.dispatcher.abandon(self.job.id, prompt_tokens=prompt, completion_tokens=completion)
-        self._end_attempt(Outcome.REJECTED, reason.message)
-        self._released()
-        self._settle(Outcome.REJECTED, reason.message, reason.status, prompt, completion)
 
     def finish(self) -> None:
         """The whole answer reached the client: charge the backend's counts and free the slot."""
