@@ -1,7 +1,7 @@
 """The Store: groups, users, API keys and backends on the daemon's one SQLite connection.
 
-Backends are in ``backends.py``, usage in ``usage.py``, decision records in ``decisions.py``, the schema in
-``schema.py``.
+Backends are in ``backends.py``, API keys in ``keys.py``, usage in ``usage.py``, decision records in
+``decisions.py``, the schema in ``schema.py``.
 """
 
 from __future__ import annotations
@@ -13,16 +13,16 @@ from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
-from ..names import KEY_PREFIX, hash_key, new_key
 from ..scheduler.settings import DEFAULT_GROUP_WEIGHTS
 from .backends import _BACKEND_COLUMNS, Backends
 from .checkpoint import Checkpointer
 from .decisions import Decisions
 from .errors import AlreadyExists, InUse, InvalidValue, NotFound, StoreError
+from .keys import ApiKeys
 from .people import USER_SELECT as _USER_SELECT
 from .people import People
 from .people import user_of_row as _user
-from .rows import QUOTA_FIELDS, ApiKeyInfo, Group, Quota, User
+from .rows import QUOTA_FIELDS, Group, Quota, User
 from .schema import migrate, transaction
 from .usage import UsageLog
 from .validate import _name, _person_from, _quota, _validate_import, _weight
@@ -46,7 +46,7 @@ def _group(row: tuple[Any, ...]) -> Group:
     return Group(row[0], row[1], row[2], Quota(row[3], row[4], row[5]))
 
 
-class Store(Backends, UsageLog, Decisions, People):
+class Store(Backends, UsageLog, Decisions, People, ApiKeys):
     """The daemon's durable state, on one connection; not for use from several threads.
 
     Args:
@@ -286,55 +286,6 @@ class Store(Backends, UsageLog, Decisions, People):
             return [_user(r) for r in self._db.execute(_USER_SELECT + " ORDER BY u.name")]
         group_id = self._group_id(group)
         return [_user(r) for r in self._db.execute(_USER_SELECT + " WHERE u.group_id = ? ORDER BY u.name", (group_id,))]
-
-    # ------------------------------------------------------------ keys
-
-    def create_key(self, user: str) -> str:
-        """Make a new key for ``user`` and return it: the only time it exists outside the client."""
-        user_id = self._user_id(user)
-        key = new_key()
-        self._db.execute(
-            "INSERT INTO api_keys (user_id, hash, prefix, created) VALUES (?, ?, ?, ?)",
-            (user_id, hash_key(key), key[: len(KEY_PREFIX) + 6], self._clock()),
-        )
-        return key
-
-    def user_for_key(self, key: str) -> User | None:
-        """The user a key belongs to, or None; the lookup is by hash, so timing says nothing about the key."""
-        if not isinstance(key, str) or not key.startswith(KEY_PREFIX) or len(key) > 256:
-            return None
-        found = self.key_owner(hash_key(key))
-        return None if found is None else found[1]
-
-    def key_owner(self, digest: str) -> tuple[int, User] | None:
-        """(key id, user) for a key's hash (``names.hash_key``), or None."""
-        row = self._db.execute(
-            _USER_SELECT.replace("SELECT ", "SELECT k.id, ", 1)
-            + " JOIN api_keys k ON k.user_id = u.id WHERE k.hash = ?",
-            (digest,),
-        ).fetchone()
-        return None if row is None else (row[0], _user(row[1:]))
-
-    def touch_keys(self, used: Mapping[int, float]) -> None:
-        """Record when keys were last used (key id -> wall-clock time)."""
-        self._db.executemany("UPDATE api_keys SET last_used = ? WHERE id = ?", [(at, kid) for kid, at in used.items()])
-
-    def list_keys(self, user: str | None = None) -> list[ApiKeyInfo]:
-        sql = "SELECT k.id, u.name, k.prefix, k.created, k.last_used FROM api_keys k JOIN users u ON u.id = k.user_id"
-        if user is None:
-            return [ApiKeyInfo(*r) for r in self._db.execute(sql + " ORDER BY k.id")]
-        user_id = self._user_id(user)
-        return [ApiKeyInfo(*r) for r in self._db.execute(sql + " WHERE k.user_id = ? ORDER BY k.id", (user_id,))]
-
-    def revoke_key(self, user: str, key_id: int) -> None:
-        """Delete one key of ``user``; the user and its other keys stay."""
-        user_id = self._user_id(user)
-        if not self._db.execute("DELETE FROM api_keys WHERE id = ? AND user_id = ?", (key_id, user_id)).rowcount:
-            raise NotFound(f"user {user!r} has no key with id {key_id}; see its keys with `mr user keys {user}`")
-
-    def revoke_keys(self, user: str) -> int:
-        """Delete every key of ``user``; returns how many there were."""
-        return self._db.execute("DELETE FROM api_keys WHERE user_id = ?", (self._user_id(user),)).rowcount
 
     # ------------------------------------------------------------ export / import
 
