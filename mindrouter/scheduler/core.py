@@ -171,10 +171,9 @@ class Scheduler(JobOutcomes, CoreReading, CoreRoster):
         pool = self._pool(key)
         seat, new = self.fair.seat(pool, user)
         entering = not seat.queued
-        as_ended = entering and not front and self.holds.within(seat, now)
-        charged = self.holds.submitted(seat, pool.key, now, learn=entering and not front)
         if entering:  # credit banked while nothing was queued goes; a debt stays (pools.py)
-            pool.place(seat, new, as_ended=as_ended)
+            pool.place(seat, new, as_ended=not front and self.holds.within(seat, now))
+        charged = self.holds.submitted(seat, pool.key, now, learn=entering and not front)  # after: the price stays
         head = self.queues.add(job, key, front=front)
         seat.queued += 1
         user.queued += 1

@@ -223,7 +223,8 @@ class JobOutcomes:
         job = self.queues.head(entry[2], key)
         answer = self._expected_answer(key, job)
         row = estimate(backend, self._loads[bid], job.model, job.prompt_tokens, answer, now, self.settings, self.speeds)
-        rate = 0.0 if row is None else self.settings.cost(job.prompt_tokens, answer) / max(row.finish, 1e-3)
+        busy = 0.0 if row is None else row.prefill + row.decode  # the seconds it would hold the slot, once started
+        rate = self.settings.cost(job.prompt_tokens, answer) / busy if busy > 0 else 0.0
         self.holds.take(pool, seat, bid, running.job.model, now, rate)
 
     def _unqueue(self, job: Job, now: float) -> None:

@@ -1,0 +1,139 @@
+"""Anticipation: a slot held briefly for a closed-loop client about to send again (BFQ's device idling).
+
+One backend with one slot; ``a`` sends 100-token prompts with 100-token answers
+and thinks 50 ms between them, ``b`` keeps 1,000-token prompts with 10-token
+answers queued. Costs are 1 per token, and nothing reports timings, so the
+core's rates are its defaults: prefill 1,000 tokens/s, decode 50 tokens/s.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+
+from mindrouter.scheduler import Backend, Job, Scheduler, SchedulerSettings
+from mindrouter.scheduler.constraints import REASONS
+from mindrouter.scheduler.holds import HOLD_PRICE
+
+SETTINGS = SchedulerSettings(prompt_token_cost=1, completion_token_cost=1, anticipation=0.1)
+
+#: What the slot would deliver to b's next job: 1,010 units in 1000/1000 + 10/50 = 1.2 s.
+B_RATE = 1010 / 1.2
+
+
+def job(user: str, jid: str, t: float, prompt: int, answer: int) -> Job:
+    return Job(id=jid, user_id=user, model="llama3", prompt_tokens=prompt, max_tokens=answer, submitted_at=t)
+
+
+def started(s: Scheduler, now: float) -> list[str]:
+    out = [d.job.id for d in s.dispatch(now)]
+    s.check()
+    return out
+
+
+def core(settings: SchedulerSettings = SETTINGS) -> Scheduler:
+    s = Scheduler(settings)
+    s.set_user("a", 1.0)
+    s.set_user("b", 1.0)
+    s.set_backend(Backend(id="gpu", name="gpu", models=frozenset({"llama3"}), max_concurrent=1))
+    return s
+
+
+def a_learns_to_think(s: Scheduler) -> None:
+    """a1 runs first; b1 takes the slot when a1 ends (a's think time is not known yet); a2, sent
+    50 ms later, runs after b1. a was charged 200 + 200 and b 1,010: a is owed, and thinks 50 ms."""
+    assert s.submit(job("a", "a1", 0.0, 100, 100), 0.0) is None
+    for i in (1, 2, 3):
+        assert s.submit(job("b", f"b{i}", 0.0, 1000, 10), 0.0) is None
+    assert started(s, 0.0) == ["a1"]
+    assert s.complete("a1", 1.0, prompt_tokens=100, completion_tokens=100)
+    assert started(s, 1.0) == ["b1"]
+    assert s.submit(job("a", "a2", 1.05, 100, 100), 1.05) is None
+    assert s.complete("b1", 2.0, prompt_tokens=1000, completion_tokens=10)
+    assert started(s, 2.0) == ["a2"]
+    assert s.complete("a2", 3.0, prompt_tokens=100, completion_tokens=100)
+
+
+def lag(s: Scheduler, user: str) -> float:
+    (pool,) = s.fair.pools.values()
+    return pool.seats[user].lag
+
+
+def test_the_slot_a_thinker_freed_waits_for_its_next_request():
+    s = core()
+    a_learns_to_think(s)
+    load = s.load("gpu")
+    assert load is not None and (load.in_flight, load.held) == (1, 1)
+    assert started(s, 3.0) == []  # b2 is queued, but the slot is a's for 0.1 s
+    assert s.next_deadline() == pytest.approx(3.1)
+    assert REASONS["held"] in s.classes.get(("llama3", s.queues.jobs["b2"].modality, False)).closed["gpu"]
+    (pool,) = s.fair.pools.values()
+    seat = pool.seats["a"]
+    placed = min(seat.lag, seat.kept)  # where it stood when a2 ended: it sent again within the hold
+    assert s.submit(job("a", "a3", 3.05, 100, 100), 3.05) is None
+    # it paid HOLD_PRICE of what the slot would have delivered to b2 in the 50 ms it was held: 21.04 units
+    assert placed - seat.lag == pytest.approx(HOLD_PRICE * 0.05 * B_RATE, rel=1e-9)
+    load = s.load("gpu")
+    assert load is not None and (load.in_flight, load.held) == (0, 0)
+    assert started(s, 3.05) == ["a3"]  # a is still owed: its job takes the slot held for it
+
+
+def test_without_anticipation_the_slot_goes_to_the_queue_at_once():
+    """The defect: work-conserving dispatch hands the thinker's slot to b the moment a's job ends."""
+    s = core(dataclasses.replace(SETTINGS, anticipation=0.0))
+    a_learns_to_think(s)
+    assert started(s, 3.0) == ["b2"]
+
+
+def test_a_hold_expires_after_anticipation_and_charges_its_holder():
+    s = core()
+    a_learns_to_think(s)
+    before = lag(s, "a")
+    assert started(s, 3.09) == []
+    assert s.expire(3.1) == []
+    assert before - lag(s, "a") == pytest.approx(HOLD_PRICE * 0.1 * B_RATE, rel=1e-9)  # 42.08 units
+    assert started(s, 3.1) == ["b2"]
+    assert s.next_deadline() == pytest.approx(300.0)  # b3's queue timeout: no hold is left
+
+
+def test_a_hold_ends_when_its_backend_is_drained():
+    s = core()
+    a_learns_to_think(s)
+    backend = s.backend("gpu")
+    assert backend is not None
+    s.set_backend(dataclasses.replace(backend, enabled=False))
+    load = s.load("gpu")
+    assert load is not None and (load.in_flight, load.held) == (0, 0)
+    s.set_backend(backend)
+    assert started(s, 3.0) == ["b2"]
+
+
+def test_a_user_with_a_long_think_time_never_holds_a_slot():
+    """A person reading each answer for 5 s: every slot it frees goes at once to the queue."""
+    s = core()
+    assert s.submit(job("a", "a0", 0.0, 100, 100), 0.0) is None
+    for i in range(20):
+        assert s.submit(job("b", f"b{i}", 0.0, 1000, 10), 0.0) is None
+    t = 0.0
+    assert started(s, t) == ["a0"]
+    for i in range(1, 8):
+        t += 1.0
+        (running,) = s.ledger.jobs
+        if running.startswith("a"):
+            assert s.complete(running, t, prompt_tokens=100, completion_tokens=100)
+            assert len(started(s, t)) == 1  # no slot idles
+            assert s.submit(job("a", f"a{i}", t + 5.0, 100, 100), t + 5.0) is None
+            t += 5.0
+        else:
+            assert s.complete(running, t, prompt_tokens=1000, completion_tokens=10)
+            assert len(started(s, t)) == 1
+        load = s.load("gpu")
+        assert load is not None and load.held == 0
+    (pool,) = s.fair.pools.values()
+    assert pool.seats["a"].think == pytest.approx(0.2)  # 5 s gaps count as twice the hold at most
+
+
+def test_anticipation_must_be_a_finite_number_of_seconds():
+    with pytest.raises(ValueError, match="anticipation"):
+        SchedulerSettings(anticipation=-1.0)
