@@ -12,9 +12,11 @@ import dataclasses
 
 import pytest
 
+from mindrouter.daemon.request.dispatcher import Dispatcher
 from mindrouter.scheduler import Backend, Job, Scheduler, SchedulerSettings
 from mindrouter.scheduler.constraints import REASONS
-from mindrouter.scheduler.holds import HOLD_PRICE
+from mindrouter.scheduler.holds import HOLD_PRICE, Holds
+from mindrouter.simulate import Scenario, build, load_example, simulate
 
 SETTINGS = SchedulerSettings(prompt_token_cost=1, completion_token_cost=1, anticipation=0.1)
 
@@ -40,7 +42,7 @@ def core(settings: SchedulerSettings = SETTINGS) -> Scheduler:
     return s
 
 
-def a_learns_to_think(s: Scheduler) -> None:
+def a_learns_to_think(s: Scheduler, *, end: bool = True) -> None:
     """a1 runs first; b1 takes the slot when a1 ends (a's think time is not known yet); a2, sent
     50 ms later, runs after b1. a was charged 200 + 200 and b 1,010: a is owed, and thinks 50 ms."""
     assert s.submit(job("a", "a1", 0.0, 100, 100), 0.0) is None
@@ -52,7 +54,8 @@ def a_learns_to_think(s: Scheduler) -> None:
     assert s.submit(job("a", "a2", 1.05, 100, 100), 1.05) is None
     assert s.complete("b1", 2.0, prompt_tokens=1000, completion_tokens=10)
     assert started(s, 2.0) == ["a2"]
-    assert s.complete("a2", 3.0, prompt_tokens=100, completion_tokens=100)
+    if end:
+        assert s.complete("a2", 3.0, prompt_tokens=100, completion_tokens=100)
 
 
 def lag(s: Scheduler, user: str) -> float:
@@ -137,3 +140,58 @@ def test_a_user_with_a_long_think_time_never_holds_a_slot():
 def test_anticipation_must_be_a_finite_number_of_seconds():
     with pytest.raises(ValueError, match="anticipation"):
         SchedulerSettings(anticipation=-1.0)
+
+
+def think_time(**small: object) -> Scenario:
+    """The ``think-time`` example, with ``small``'s phase changed as given."""
+    sc = load_example("think-time")
+    users = tuple(dataclasses.replace(u, **small) if u.name == "small" else u for u in sc.users)  # type: ignore[arg-type]
+    return sc.replace(users=users)
+
+
+def shares(sc: Scenario) -> dict[str, tuple[float, float]]:
+    return {u["name"]: (u["service_share"], u["target_share"]) for u in build(simulate(sc))["users"]}
+
+
+def test_a_thinker_gets_its_share_in_the_simulator_only_with_anticipation():
+    """``think-time`` (50 ms between small's requests): big had 88.3% against 60.6% before the hold."""
+    sc = load_example("think-time")
+    big, target = shares(sc.replace(settings=dataclasses.replace(sc.settings, anticipation=0.0)))["big"]
+    assert (round(big, 3), round(target, 3)) == (0.883, 0.606)
+    for share, target in shares(sc).values():
+        assert abs(share - target) <= 0.02
+
+
+def test_the_simulator_ends_every_hold_at_its_time(monkeypatch):
+    """small stops after 5 minutes: the hold for its last request expires, and the engine wakes for it."""
+    late: list[float] = []
+    count = [0]
+    expire = Holds.expire
+
+    def watched(self: Holds, now: float) -> list:
+        ended = expire(self, now)
+        count[0] += len(ended)
+        late.extend(now - hold.until for hold in ended)
+        return ended
+
+    monkeypatch.setattr(Holds, "expire", watched)
+    simulate(think_time(stop=300.0).replace(duration=400))
+    assert count[0] >= 1 and max(late) == pytest.approx(0.0, abs=1e-9)
+
+
+def test_a_human_in_the_simulator_never_holds_a_slot(monkeypatch):
+    """small reads each answer for 5 s: no slot ever idles for it."""
+    taken = []
+    monkeypatch.setattr(Holds, "take", lambda self, *args: taken.append(args))
+    simulate(think_time(think_time=5.0).replace(duration=600))
+    assert taken == []
+
+
+def test_the_daemon_timer_wakes_for_a_hold_that_ends_before_its_next_round():
+    """The timer sleeps up to a second; a job that ends with its slot held wakes it for the hold's end."""
+    s = core()
+    a_learns_to_think(s, end=False)
+    dispatcher = Dispatcher(s, None, on_settled=lambda _: None, clock=lambda: 3.0)  # type: ignore[arg-type]
+    dispatcher._timer_until = 3.9  # asleep until the next second
+    dispatcher.finish("a2", prompt_tokens=100, completion_tokens=100, latency=None, duration=None)
+    assert s.next_deadline() == pytest.approx(3.1) and dispatcher._timer_wake.is_set()
