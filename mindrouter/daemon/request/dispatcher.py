@@ -12,8 +12,8 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import math
 import logging
+import math
 import time
 from collections.abc import Callable
 
