@@ -78,6 +78,11 @@ class Turns:
         if not held[model]:
             del held[model]
 
+    def _within_wait(self, u: int, at: float) -> float:
+        """``at``, or the start of ``u``'s current starvation if later: a slot free before it waited passed it by then."""
+        since = self.users[u].starved_since
+        return at if since is None else max(at, since)
+
     def _wants(self, pool: Pool, u: int, slots: set[str]) -> bool:
         """Whether a queued request of ``u`` could take a slot of one of ``slots``."""
         return any(not slots.isdisjoint(pool.serves.get(m, ())) for m in self.waiting[u])
@@ -97,7 +102,7 @@ class Turns:
             if u == user or users[u].passed_since is not None:
                 continue
             if late and any(key in serves.get(m, ()) for m in self.waiting[u]):
-                users[u].passed_over(since + self.grace)  # type: ignore[operator]
+                users[u].passed_over(self._within_wait(u, since + self.grace))  # type: ignore[operator]
                 continue
             margin = largest / min(weight, pool.share_weight[u])
             if by_generated - generated.counter(u, now) <= margin or by_whole - whole.counter(u, now) <= margin:
@@ -138,4 +143,4 @@ class Turns:
                     continue
                 late = [at for key, at in since.items() if at <= now + 1e-9 and self._wants(pool, u, {key})]
                 if late:
-                    self.users[u].passed_over(min(late))
+                    self.users[u].passed_over(self._within_wait(u, min(late)))
