@@ -79,7 +79,7 @@ class Turns:
             del held[model]
 
     def _within_wait(self, u: int, at: float) -> float:
-        """``at``, or the start of ``u``'s current starvation if later: a slot free before it waited passed it by then."""
+        """``at``, or the start of ``u``'s current starvation if later: no one is passed over before it waits."""
         since = self.users[u].starved_since
         return at if since is None else max(at, since)
 
