@@ -33,8 +33,8 @@ __all__ = ["HOLD_PRICE", "THINK_ALPHA", "Hold", "Holds"]
 THINK_ALPHA = 0.25
 #: The part of what a held slot would have delivered to the job it kept waiting that its holder is
 #: charged: the idle slot-time is a loss both bear, the holder by paying half, the other by waiting.
-#: Measured on ``think-time`` against the simulator's targets: 1 leaves the thinker 2.5 points under
-#: (4.1 over 90 minutes), 0 leaves it 5.5 points over; 0.5 is within 0.5 points at both lengths.
+#: Measured on ``think-time`` against the simulator's targets: 1 leaves the thinker 2.3 points under
+#: (3.8 over 90 minutes), 0 leaves it 5.5 points over (6.0); 0.5 is within 0.5 points at both lengths.
 HOLD_PRICE = 0.5
 
 
