@@ -25,7 +25,8 @@ Invariants (``Pool.check()`` asserts them in tests):
   ``return_debt``, an explicit setting that is unset by default.
 - A seat that starts queuing is lowered only by credit banked while it had
   nothing queued: from idle it stands at most one typical request above V; with
-  jobs running, at most where it stood from V when its queue emptied.
+  jobs running, at most where it stood from V when its queue emptied; sending
+  within ``anticipation`` of its last job's end, where that end placed it.
 - A charge takes a queued seat's settled lag (``lag`` without ``inflight``) at most
   ``DEBT_BOUND`` of the pool's largest charges (per unit of weight) behind V, and
   never moves a seat already further behind: people in one pool who never meet
