@@ -11,11 +11,14 @@ from __future__ import annotations
 import dataclasses
 
 import pytest
+from rich.console import Console
 
+from mindrouter.cli.why import why_view
 from mindrouter.daemon.request.dispatcher import Dispatcher
 from mindrouter.scheduler import Backend, Job, Scheduler, SchedulerSettings
 from mindrouter.scheduler.constraints import REASONS
 from mindrouter.scheduler.holds import HOLD_PRICE, Holds
+from mindrouter.scheduler.records import DecisionRecord
 from mindrouter.simulate import Scenario, build, load_example, simulate
 
 SETTINGS = SchedulerSettings(prompt_token_cost=1, completion_token_cost=1, anticipation=0.1)
@@ -96,7 +99,11 @@ def test_a_hold_expires_after_anticipation_and_charges_its_holder():
     assert started(s, 3.09) == []
     assert s.expire(3.1) == []
     assert before - lag(s, "a") == pytest.approx(HOLD_PRICE * 0.1 * B_RATE, rel=1e-9)  # 42.08 units
-    assert started(s, 3.1) == ["b2"]
+    (b2,) = s.dispatch(3.1)
+    assert b2.job.id == "b2" and b2.record.to_dict()["slot_held"] is True
+    console = Console(width=200, record=True)
+    console.print(why_view(b2.record.to_dict(), {}))
+    assert "waited 3.1s (a slot there was held briefly for a user about to send again)" in console.export_text()
     assert s.next_deadline() == pytest.approx(300.0)  # b3's queue timeout: no hold is left
 
 
@@ -120,19 +127,23 @@ def test_a_user_with_a_long_think_time_never_holds_a_slot():
         assert s.submit(job("b", f"b{i}", 0.0, 1000, 10), 0.0) is None
     t = 0.0
     assert started(s, t) == ["a0"]
+    records: list[DecisionRecord] = []
     for i in range(1, 8):
         t += 1.0
         (running,) = s.ledger.jobs
         if running.startswith("a"):
             assert s.complete(running, t, prompt_tokens=100, completion_tokens=100)
-            assert len(started(s, t)) == 1  # no slot idles
+            records.extend(d.record for d in s.dispatch(t))
+            assert len(records) == i  # no slot idles
             assert s.submit(job("a", f"a{i}", t + 5.0, 100, 100), t + 5.0) is None
             t += 5.0
         else:
             assert s.complete(running, t, prompt_tokens=1000, completion_tokens=10)
-            assert len(started(s, t)) == 1
+            records.extend(d.record for d in s.dispatch(t))
+            assert len(records) == i
         load = s.load("gpu")
         assert load is not None and load.held == 0
+    assert not any(r.slot_held for r in records)
     (pool,) = s.fair.pools.values()
     assert pool.seats["a"].think == pytest.approx(0.2)  # 5 s gaps count as twice the hold at most
 

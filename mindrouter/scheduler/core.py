@@ -339,6 +339,7 @@ class Scheduler(JobOutcomes, CoreReading, CoreRoster):
             live_rejected=live,
             terms=terms,
             attempt=self._attempts.get(job.id, 0) + 1,
+            slot_held=self._loads[backend_id].hold_ended >= job.submitted_at,
         )
         self.queues.remove(job, key)
         seat.queued -= 1

@@ -107,6 +107,7 @@ class Holds:
         """
         load = self._loads.get(hold.backend_id)
         if load is not None:
+            load.hold_ended = hold.until if now is None else min(now, hold.until)
             load.in_flight -= 1
             load.held -= 1
             load.model_in_flight[hold.model] -= 1
