@@ -45,7 +45,10 @@ def why_view(record: Mapping[str, Any], names: Mapping[str, str]) -> Group:
     head.append(f"request {record.get('request_id')}", style="bold")
     head.append(f": {user}" + (f" ({group})" if group else "") + f" asked for {record.get('model', 'n/a')}")
     head.append(f" at {fmt_time(record.get('wall_time'))}" if record.get("wall_time") is not None else "")
-    head.append(f", waited {fmt_duration(record.get('queue_wait'))}, ")
+    head.append(f", waited {fmt_duration(record.get('queue_wait'))}")
+    if record.get("slot_held"):
+        head.append(" (a slot there was held briefly for a user about to send again)", style="dim")
+    head.append(", ")
     if record.get("selected_backend_id") is None:
         head.append("never reached a backend", style="bold")
     else:

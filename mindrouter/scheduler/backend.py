@@ -81,6 +81,10 @@ class BackendLoad:
     """Counters the core keeps for a backend from real traffic, and what it expects of the backend's models."""
 
     in_flight: int = 0
+    """Jobs running here, and slots held for a user about to send again (``held``; ``holds.py``)."""
+    held: int = 0
+    hold_ended: float = float("-inf")
+    """When the last slot held here was given back (``DecisionRecord.slot_held``)."""
     latency_ema: float | None = None
     """Seconds to the end of a response (non-streaming) or first chunk (streaming)."""
     tokens_per_second: float | None = None

@@ -160,6 +160,10 @@ class Classes:
         if bid in self._backends:
             self.reopen(bid)
 
+    def served_by(self, bid: Hashable) -> list[ClassKey]:
+        """The cached classes ``bid`` is a candidate of."""
+        return [key for key, _ in self._by_backend.get(bid, ())]
+
     def live(self, bid: Hashable, model: str) -> bool:
         """Could ``bid`` take a job for ``model`` once slots free (healthy, enabled, not draining, fits)?"""
         reasons = live_rejections(self._backends[bid], self._loads[bid], model, self.now)
@@ -326,5 +330,5 @@ class Classes:
 
 
 #: Reasons that end by themselves as running jobs finish.
-_WAITS = frozenset({REASONS["capacity"], REASONS["loaded"]})
+_WAITS = frozenset({REASONS["capacity"], REASONS["held"], REASONS["loaded"]})
 _FULL = (REASONS["capacity"],)

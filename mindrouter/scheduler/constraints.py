@@ -35,6 +35,7 @@ REASONS = {
     "disabled": "drained",
     "draining": "draining",
     "capacity": "at capacity",
+    "held": "a slot is held briefly for a user who is owed more and about to send again (anticipation)",
     "memory": "model does not fit in free VRAM, even after evicting idle models",
     "loaded": "no room to load the model: the most models are loaded and all are busy",
 }
@@ -103,6 +104,8 @@ def live_rejections(backend: Backend, load: BackendLoad, model: str, now: float)
         backend.parallel is not None and load.model_in_flight.get(model, 0) >= backend.parallel
     ):
         reasons.append(REASONS["capacity"])
+        if load.held:
+            reasons.append(REASONS["held"])
     room = fit(backend, load, model, load.resident(backend, now))
     if isinstance(room, str):
         reasons.append(room)

@@ -38,6 +38,7 @@ from .classes import Classes, Route
 from .constraints import ClassKey
 from .estimate import Speeds
 from .fairshare import FairShare
+from .holds import Holds
 from .jobs import Dispatch, Job, Modality, Rejection, numbers_refusal
 from .ledger import Ledger
 from .outcomes import JobOutcomes, class_key
@@ -65,6 +66,7 @@ class Scheduler(JobOutcomes, CoreReading, CoreRoster):
         self._backends: dict[Hashable, Backend] = {}
         self._loads: dict[Hashable, BackendLoad] = {}
         self.classes = Classes(self._backends, self._loads)
+        self.holds = Holds(self._loads, self.classes, settings.anticipation)
         self._class_pool: dict[ClassKey, Pool] = {}
         self.queues = Queues()
         self.ledger = Ledger(self.fair)
@@ -170,13 +172,14 @@ class Scheduler(JobOutcomes, CoreReading, CoreRoster):
         seat, new = self.fair.seat(pool, user)
         entering = not seat.queued
         if entering:  # credit banked while nothing was queued goes; a debt stays (pools.py)
-            pool.place(seat, new)
+            pool.place(seat, new, as_ended=not front and self.holds.within(seat, now))
+        charged = self.holds.submitted(seat, pool.key, now, learn=entering and not front)  # after: the price stays
         head = self.queues.add(job, key, front=front)
         seat.queued += 1
         user.queued += 1
         if entering:
             self._rekey_seats(self.fair.activity(pool, seat))
-        if entering or head:
+        if entering or head or charged:
             pool.touch(seat)
             self._rekey(pool, seat)
 
@@ -203,6 +206,10 @@ class Scheduler(JobOutcomes, CoreReading, CoreRoster):
                     self._rekey(pool, seat)
                     break
 
+    def _rank(self, key: ClassKey, entry: Entry) -> tuple[float, int]:
+        """Where a queue head stands among all heads: lowest is served first."""
+        return entry[0] + self._pool(key).reference(), entry[1]
+
     def _valid(self, entry: Entry, key: ClassKey) -> bool:
         seat = self._pool(key).seats.get(entry[2])
         return seat is not None and seat.version == entry[3] and self.queues.has_queue(entry[2], key)
@@ -214,6 +221,8 @@ class Scheduler(JobOutcomes, CoreReading, CoreRoster):
 
         Whole answers still running are first charged what the clock says they produced (``Ledger.tick``).
         """
+        for hold in self.holds.expire(now):
+            self._rekey(hold.pool, hold.seat)
         for moved in self.ledger.tick(now):
             self._rekey(moved.pool, moved.seat)
         for pool in self.fair.pools.values():
@@ -236,7 +245,7 @@ class Scheduler(JobOutcomes, CoreReading, CoreRoster):
                 entry = self.queues.top(key, self._valid)
                 if entry is None:
                     continue
-                rank = (entry[0] + self._pool(key).reference(), entry[1])
+                rank = self._rank(key, entry)
                 if best is None or rank < best:
                     best, best_entry, best_key = rank, entry, key
             if best_entry is None or best_key is None:
@@ -330,6 +339,7 @@ class Scheduler(JobOutcomes, CoreReading, CoreRoster):
             live_rejected=live,
             terms=terms,
             attempt=self._attempts.get(job.id, 0) + 1,
+            slot_held=self._loads[backend_id].hold_ended >= job.submitted_at,
         )
         self.queues.remove(job, key)
         seat.queued -= 1

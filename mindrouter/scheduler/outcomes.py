@@ -14,13 +14,14 @@ from collections.abc import Hashable, Iterable
 from .backend import Backend, BackendLoad
 from .classes import Classes
 from .constraints import ClassKey
-from .estimate import Speeds
+from .estimate import Speeds, estimate
 from .fairshare import FairShare
+from .holds import Holds
 from .jobs import Expired, Job, Timings, token_count
 from .learning import Sample, learn
 from .ledger import Ledger, Running
 from .pools import Pool, Seat
-from .queues import Queues
+from .queues import Entry, Queues
 from .settings import SchedulerSettings
 
 __all__ = ["JobOutcomes"]
@@ -36,7 +37,9 @@ class JobOutcomes:
     ledger: Ledger
     queues: Queues
     classes: Classes
+    holds: Holds
     speeds: Speeds
+    _wait_rate: float
     _running: dict[str, Running]
     _loads: dict[Hashable, BackendLoad]
     _backends: dict[Hashable, Backend]
@@ -54,6 +57,15 @@ class JobOutcomes:
         raise NotImplementedError
 
     def _enqueue(self, job: Job, now: float, *, front: bool) -> None:
+        raise NotImplementedError
+
+    def _rank(self, key: ClassKey, entry: Entry) -> tuple[float, int]:
+        raise NotImplementedError
+
+    def _valid(self, entry: Entry, key: ClassKey) -> bool:
+        raise NotImplementedError
+
+    def _expected_answer(self, key: ClassKey, job: Job) -> float:
         raise NotImplementedError
 
     def progress(self, job_id: str, now: float, *, completion_tokens: int) -> bool:
@@ -113,6 +125,7 @@ class JobOutcomes:
             completion = float(running.streamed)
         self._end(running, now, prompt, completion, completion_tokens)
         self._forget(job_id)
+        self._anticipate(running, now)
         return True
 
     def fail(self, job_id: str, now: float, *, retry: bool, prompt_tokens: int = 0, completion_tokens: int = 0) -> bool:
@@ -136,6 +149,7 @@ class JobOutcomes:
         job = running.job
         if not retry or job.user_id not in self.fair.users:
             self._forget(job_id)
+            self._anticipate(running, now)
             return False
         self._excluded.setdefault(job_id, set()).add(running.backend_id)
         self._attempts[job_id] = self._attempts.get(job_id, 0) + 1
@@ -175,8 +189,43 @@ class JobOutcomes:
             self.classes.load_changed(running.backend_id)
         self.ledger.settle(running, now, prompt, completion, learned)
         pool, seat = running.pool, running.seat
+        seat.ended = now
+        if not seat.queued:
+            seat.kept = pool.returning(seat)
         self._rekey_seats(self.fair.activity(pool, seat))
         self._rekey(pool, seat)
+
+    def _anticipate(self, running: Running, now: float) -> None:
+        """Hold the slot ``running`` freed for its seat's next job, when the seat has nothing queued,
+        thinks briefly, and would be served before every job queued that could take the slot (``holds.py``)."""
+        pool, seat, bid = running.pool, running.seat, running.backend_id
+        backend = self._backends.get(bid)
+        if seat.queued or not self.holds.thinks_briefly(seat) or backend is None:
+            return
+        if not backend.healthy or not backend.enabled or backend.draining:
+            return
+        mine = self._wait_rate * now - pool.priority(seat, pool.reference(), seat.kept)
+        first: tuple[float, ClassKey, Entry] | None = None
+        for key in self.classes.served_by(bid):
+            if not self.queues.counts.get(key):
+                continue
+            entry = self.queues.top(key, self._valid)
+            if entry is None:
+                continue
+            rank = self._rank(key, entry)[0]
+            if rank <= mine:
+                return
+            if first is None or rank < first[0]:
+                first = (rank, key, entry)
+        if first is None:  # with nobody queued who could take it, the slot stays free for whoever comes first
+            return
+        _, key, entry = first
+        job = self.queues.head(entry[2], key)
+        answer = self._expected_answer(key, job)
+        row = estimate(backend, self._loads[bid], job.model, job.prompt_tokens, answer, now, self.settings, self.speeds)
+        busy = 0.0 if row is None else row.prefill + row.decode  # the seconds it would hold the slot, once started
+        rate = self.settings.cost(job.prompt_tokens, answer) / busy if busy > 0 else 0.0
+        self.holds.take(pool, seat, bid, running.job.model, now, rate)
 
     def _unqueue(self, job: Job, now: float) -> None:
         key = class_key(job)
@@ -194,7 +243,9 @@ class JobOutcomes:
         self._rekey(pool, seat)
 
     def expire(self, now: float) -> list[Expired]:
-        """Remove and return the jobs that have waited past ``queue_timeout``."""
+        """Remove and return the jobs that have waited past ``queue_timeout``; end the holds past their time."""
+        for hold in self.holds.expire(now):
+            self._rekey(hold.pool, hold.seat)
         out: list[Expired] = []
         deadlines = self._deadlines
         while deadlines and deadlines[0][0] <= now:
@@ -207,8 +258,11 @@ class JobOutcomes:
         return out
 
     def next_deadline(self) -> float | None:
-        """When ``expire`` will next have something to do, if ever."""
+        """When ``expire`` will next have something to do (a queue timeout, or a hold's end), if ever."""
         deadlines = self._deadlines
         while deadlines and deadlines[0][2] not in self.queues.jobs:
             heapq.heappop(deadlines)
-        return deadlines[0][0] if deadlines else None
+        hold = self.holds.next_deadline()
+        if not deadlines:
+            return hold
+        return deadlines[0][0] if hold is None else min(hold, deadlines[0][0])

@@ -25,7 +25,8 @@ Invariants (``Pool.check()`` asserts them in tests):
   ``return_debt``, an explicit setting that is unset by default.
 - A seat that starts queuing is lowered only by credit banked while it had
   nothing queued: from idle it stands at most one typical request above V; with
-  jobs running, at most where it stood from V when its queue emptied.
+  jobs running, at most where it stood from V when its queue emptied; sending
+  within ``anticipation`` of its last job's end, where that end placed it.
 - A charge takes a queued seat's settled lag (``lag`` without ``inflight``) at most
   ``DEBT_BOUND`` of the pool's largest charges (per unit of weight) behind V, and
   never moves a seat already further behind: people in one pool who never meet
@@ -134,6 +135,12 @@ class Seat:
     served: float = 0.0
     version: int = 0
     """Bumped whenever the seat's priority changes; stale heap entries carry an older one."""
+    ended: float | None = None
+    """When its last job here ended, until its next submission: the start of a think time (``holds.py``)."""
+    think: float | None = None
+    """Its think time here, learned: a moving average of the gaps from a job's end to its next submission."""
+    kept: float = 0.0
+    """The lag ``place`` would have given it when its last job here ended (with nothing queued)."""
 
 
 @dataclass(slots=True)
@@ -217,7 +224,7 @@ class Pool:
         fixed = self.settings.return_credit
         return self.typical if fixed is None else fixed
 
-    def place(self, seat: Seat, new: bool) -> None:
+    def place(self, seat: Seat, new: bool, *, as_ended: bool = False) -> None:
         """``seat``'s queue here was empty and a job joins it: keep what it was owed, bank no more.
 
         A seat is never raised: what it was charged, running jobs included, stays
@@ -229,24 +236,31 @@ class Pool:
         one credit, if more), so a user who keeps 4 streams on 4 slots keeps what
         it is owed, and one who kept a few running below its share cannot then
         take every slot. A new seat starts one credit above V.
+
+        With ``as_ended`` (it sends again within ``anticipation`` of its last job's end), it is
+        placed as it would have been at that end: a closed-loop client that thinks for a moment
+        counts as waiting all along (BFQ's idling window), so service others got meanwhile is not
+        erased from what it is owed; it gains nothing it would not get by sending at once.
         """
+        seat.lag = min(seat.lag, seat.kept) if as_ended and not new else self.returning(seat, new)
+
+    def returning(self, seat: Seat, new: bool = False) -> float:
+        """The lag ``place`` gives ``seat`` if a job of its joins its empty queue now."""
         ref = self.reference()
         room = self.credit() / seat.weight
         if new:
-            seat.lag = ref + room
-        elif seat.running:
-            seat.lag = min(ref + max(seat.left, room), seat.lag)
-        else:
-            seat.lag = min(ref + room, seat.lag)
-            debt = self.settings.return_debt
-            if debt is not None:
-                seat.lag = max(ref - debt / seat.weight, seat.lag)
+            return ref + room
+        if seat.running:
+            return min(ref + max(seat.left, room), seat.lag)
+        lag = min(ref + room, seat.lag)
+        debt = self.settings.return_debt
+        return lag if debt is None else max(ref - debt / seat.weight, lag)
 
     def queue_emptied(self, seat: Seat) -> None:
         """``seat`` has nothing queued here any more: remember where it stands from V."""
         seat.left = seat.lag - self.reference()
 
-    def priority(self, seat: Seat, reference: float) -> float:
+    def priority(self, seat: Seat, reference: float, lag: float | None = None) -> float:
         """Priority of a queued ``seat`` measured from ``reference``, without the wait bonus.
 
         A plain seat stands at ``lag - V``. A heavy seat is measured from one credit
@@ -257,7 +271,7 @@ class Pool:
         further back than its lag puts it, so it waits at most one more request
         per competing seat than fair share alone makes it wait.
         """
-        base = seat.lag - reference
+        base = (seat.lag if lag is None else lag) - reference
         if seat.factor == 1.0:
             return base
         room = self.credit() / seat.weight

@@ -13,6 +13,7 @@ from typing import Any
 
 from .backend import Backend, BackendLoad
 from .fairshare import FairShare
+from .holds import Holds
 from .jobs import Job
 from .ledger import Running
 from .outcomes import class_key
@@ -27,6 +28,7 @@ class CoreReading:
     settings: SchedulerSettings
     fair: FairShare
     queues: Queues
+    holds: Holds
     _running: dict[str, Running]
     _backends: dict[Hashable, Backend]
     _loads: dict[Hashable, BackendLoad]
@@ -132,12 +134,14 @@ class CoreReading:
         """Assert the invariants (for tests)."""
         self.fair.check()
         self.queues.check()
+        self.holds.check()
         per_backend: dict[Hashable, int] = {}
         for job_id, running in self._running.items():
             assert job_id not in self.queues.jobs, job_id
             per_backend[running.backend_id] = per_backend.get(running.backend_id, 0) + 1
         for bid, load in self._loads.items():
-            assert load.in_flight == per_backend.get(bid, 0), (bid, load.in_flight, per_backend.get(bid, 0))
+            jobs = load.in_flight - load.held
+            assert jobs == per_backend.get(bid, 0) and load.held >= 0, (bid, load.in_flight, per_backend.get(bid, 0))
             backend = self._backends.get(bid)
             if backend is not None:
                 assert load.in_flight <= backend.max_concurrent or not backend.enabled, bid

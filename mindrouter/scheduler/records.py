@@ -62,6 +62,8 @@ class DecisionRecord:
     live_rejected: Mapping[Hashable, tuple[str, ...]]
     terms: PriorityTerms
     attempt: int = 1
+    slot_held: bool = False
+    """A slot of the backend it went to was held for another user about to send again while it waited."""
 
     def to_dict(self) -> dict[str, Any]:
         t = self.terms
@@ -82,6 +84,7 @@ class DecisionRecord:
             "time": self.time,
             "queue_wait": round(self.queue_wait, 6),
             "attempt": self.attempt,
+            "slot_held": self.slot_held,
             "priority": t.to_dict(),
             "score_components": {str(row.backend_id): row.to_dict() for row in rows},
             "rejected": rejected_map(self.static_rejected, self.live_rejected),

@@ -13,6 +13,7 @@ from collections.abc import Hashable, Iterable
 from .backend import Backend, BackendLoad
 from .classes import Classes
 from .fairshare import FairShare
+from .holds import Holds
 from .pools import Seat
 from .settings import check_weight
 
@@ -22,6 +23,7 @@ __all__ = ["CoreRoster"]
 class CoreRoster:
     fair: FairShare
     classes: Classes
+    holds: Holds
     _backends: dict[Hashable, Backend]
     _loads: dict[Hashable, BackendLoad]
 
@@ -88,9 +90,12 @@ class CoreRoster:
             self._classes_changed()
         else:
             self.classes.changed(backend.id)
+        if not backend.healthy or not backend.enabled or backend.draining:
+            self.holds.backend_closed(backend.id)
 
     def remove_backend(self, backend_id: Hashable) -> None:
         """Forget a backend; jobs running there still end through complete/fail/cancel."""
+        self.holds.backend_closed(backend_id)
         if self._backends.pop(backend_id, None) is not None:
             self._classes_changed()
         self._loads.pop(backend_id, None)

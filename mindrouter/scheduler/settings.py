@@ -91,6 +91,10 @@ class SchedulerSettings:
     """How far (in cost) behind the most-owed waiting user a user with nothing queued or running in a pool may
     stand when it sends again. Unset (the default) keeps everything it was charged, as VTC does: a debt is paid
     back by the others being served, so sending one request at a time, or leaving and returning, gains nothing."""
+    anticipation: float = 0.1
+    """Seconds a slot that a user's request just freed may be held for that user's next request (BFQ's device
+    idling): only while it has nothing queued, is owed more than everyone waiting who could take the slot, and its
+    learned think time (the gap between a request ending and its next, an average) is shorter. 0 turns it off."""
     default_completion_tokens: int = 256
     """A pool's typical answer before any has completed there, and a user's usual answer before its first."""
     deficit_shift_threshold: float = 1e9
@@ -120,6 +124,8 @@ class SchedulerSettings:
     def __post_init__(self) -> None:
         if self.shares not in SHARES:
             raise ValueError(f'shares must be "user" or "group", not {self.shares!r}')
+        if not (math.isfinite(self.anticipation) and self.anticipation >= 0):
+            raise ValueError(f"anticipation must be a finite number of seconds, at least 0, not {self.anticipation!r}")
         for name in ("prompt_token_cost", "completion_token_cost"):
             value = getattr(self, name)
             if not (math.isfinite(value) and value > 0):

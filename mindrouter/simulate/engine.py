@@ -124,7 +124,7 @@ class _Sim(Lifecycle):
         self.next_heavy_check = 0.0
         self.last_heavy_ids: frozenset[object] = frozenset()
         self.events = 0
-        self.turns = Turns(self.pools, self.users, self.backends, self.stations)
+        self.turns = Turns(self.pools, self.users, self.backends, self.stations, settings.anticipation)
 
     # -- events -------------------------------------------------------------
 

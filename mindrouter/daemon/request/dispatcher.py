@@ -13,6 +13,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import math
 import time
 from collections.abc import Callable
 
@@ -62,6 +63,8 @@ class Dispatcher:
         self._waiters: dict[str, asyncio.Future[Dispatch]] = {}
         self._loop: asyncio.AbstractEventLoop | None = None
         self._timer_wake = asyncio.Event()
+        self._timer_until = math.inf
+        """When the timer next wakes by itself."""
         self.expired_total = 0
         self.timer_ctx = background("mindrouter-dispatch-timer", self.run_timer)
         """aiohttp ``cleanup_ctx`` generator running the timer."""
@@ -129,6 +132,7 @@ class Dispatcher:
             timings=timings,
         ):
             self.pump()
+            self._deadline_moved()
 
     def progress(self, job_id: str, completion_tokens: int) -> None:
         """Charge a streaming job's tokens so far (cumulative) as they are produced."""
@@ -141,6 +145,7 @@ class Dispatcher:
         )
         if not again:  # a job queued again is pumped by ``requeued``, once its waiter exists
             self.pump()
+            self._deadline_moved()
         return again
 
     def abandon(self, job_id: str, *, prompt_tokens: int | None = None, completion_tokens: int = 0) -> None:
@@ -195,11 +200,18 @@ class Dispatcher:
         self.expired_total += len(expired)
         return len(expired)
 
+    def _deadline_moved(self) -> None:
+        """A job ended: the core may hold its slot for its user (anticipation) until before the timer wakes."""
+        deadline = self.scheduler.next_deadline()
+        if deadline is not None and deadline < self._timer_until:
+            self._timer_wake.set()
+
     async def run_timer(self) -> None:
         """Wake at each deadline to expire jobs, and once a second to refresh fair-share state."""
         while True:
             deadline = self.scheduler.next_deadline()
             delay = 1.0 if deadline is None else min(1.0, max(0.0, deadline - self.clock()))
+            self._timer_until = self.clock() + delay
             self._timer_wake.clear()
             with contextlib.suppress(asyncio.TimeoutError):
                 await asyncio.wait_for(self._timer_wake.wait(), timeout=delay)
