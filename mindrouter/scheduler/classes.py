@@ -21,7 +21,8 @@ from .backend import Backend, BackendLoad, ModelSpeed
 from .constraints import REASONS, RETRY_PENALTY, ClassKey, fit, live_rejections, static_rejections
 from .estimate import Estimate, Speeds, estimate
 from .jobs import Job, Rejection
-from .pools import PoolKey, joined
+from .pooling import joined
+from .pools import PoolKey
 from .settings import SchedulerSettings
 
 __all__ = ["ClassInfo", "Classes", "Route"]

@@ -41,13 +41,13 @@ from __future__ import annotations
 
 import heapq
 from collections import deque
-from collections.abc import Hashable, Iterable, Sequence
+from collections.abc import Hashable
 from dataclasses import dataclass, field
 
 from .priority import apply_factor, heavy_factor
 from .settings import SchedulerSettings
 
-__all__ = ["Pool", "PoolKey", "Seat", "UserState", "joined"]
+__all__ = ["Pool", "PoolKey", "Seat", "UserState"]
 
 #: A pool is named by the backend ids that can serve its jobs.
 PoolKey = frozenset
@@ -62,31 +62,6 @@ HEAVY_SLACK = 2.0
 #: How many of the pool's largest requests (per unit of weight) a queued seat may stand behind V:
 #: VTC's bound on the service gap between backlogged people.
 DEBT_BOUND = 2.0
-
-
-def joined(models: Sequence[Iterable[str]]) -> list[list[int]]:
-    """Backends (by index, each given by its models) grouped when one model is served by both, transitively.
-
-    These groups are the pools: every candidate set of a job lies inside one, and
-    two candidate sets that overlap lie in the same one, so a person has one
-    standing wherever its jobs could meet another's.
-    """
-    owner = list(range(len(models)))
-
-    def root(i: int) -> int:
-        while owner[i] != i:
-            owner[i] = owner[owner[i]]
-            i = owner[i]
-        return i
-
-    first: dict[str, int] = {}
-    for i, served in enumerate(models):
-        for model in served:
-            owner[root(i)] = root(first.setdefault(model, i))
-    groups: dict[int, list[int]] = {}
-    for i in range(len(models)):
-        groups.setdefault(root(i), []).append(i)
-    return list(groups.values())
 
 
 @dataclass(slots=True)

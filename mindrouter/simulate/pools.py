@@ -37,7 +37,7 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
-from ..scheduler.pools import joined
+from ..scheduler.pooling import joined
 from ._gap import GapTracker
 from .maxmin import max_min_units
 from .scenario import BackendSpec

@@ -25,7 +25,7 @@ import math
 from collections.abc import Callable, Hashable, Mapping, Sequence
 from typing import TypeVar
 
-from ..scheduler.pools import joined
+from ..scheduler.pooling import joined
 from .scenario import BackendSpec
 
 __all__ = ["SlotSets", "contention", "model_slots"]

@@ -1,0 +1,36 @@
+"""Pools of contention from the models backends serve: backends joined when one model is served by both.
+
+A union-find over the backends, each given by its models; the core's pools (``pools.py``), the
+classes' candidate sets (``classes.py``) and the simulator's pools all group backends by it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+
+__all__ = ["joined"]
+
+
+def joined(models: Sequence[Iterable[str]]) -> list[list[int]]:
+    """Backends (by index, each given by its models) grouped when one model is served by both, transitively.
+
+    These groups are the pools: every candidate set of a job lies inside one, and
+    two candidate sets that overlap lie in the same one, so a person has one
+    standing wherever its jobs could meet another's.
+    """
+    owner = list(range(len(models)))
+
+    def root(i: int) -> int:
+        while owner[i] != i:
+            owner[i] = owner[owner[i]]
+            i = owner[i]
+        return i
+
+    first: dict[str, int] = {}
+    for i, served in enumerate(models):
+        for model in served:
+            owner[root(i)] = root(first.setdefault(model, i))
+    groups: dict[int, list[int]] = {}
+    for i in range(len(models)):
+        groups.setdefault(root(i), []).append(i)
+    return list(groups.values())
