@@ -19,13 +19,13 @@ requests ran: it erased what big was charged, and it took small's credit
 each time small's queue emptied between two of its requests (here mostly
 the latter: in one instrumented run, 132 times and 473,000 units, against
 74,000 erased for big). With that line put back, big gets 61.3-64.5% here (4 runs;
-63.8% at ``anticipation = 0`` after it came); now 49.3-54.8% (6 runs, on 2 busy cores;
-50.4% at ``anticipation = 0``).
+60.2-63.8% at ``anticipation = 0`` after it came); now 49.3-54.8% (6 runs, on 2 busy cores;
+50.4-52.8% at ``anticipation = 0``).
 Each closed loop leaves its freed slot for one round trip, and dispatch is
 work-conserving: big, queued, takes it, which is above half by a few points
 (``mr simulate`` with a 0.2 s think time: big 54.5% now, 62.6% before;
 without one, 49.9% and 50.4%: the round trip is what empties small's queue
-while its requests run). Hence the tolerance, 8 points, which still fails
+while its requests run). Hence the tolerance, 7 points, which still fails
 the old line. Those figures are without ``anticipation``, which the test
 also runs with: the core then holds small's freed slot for that round trip
 (``scheduler/holds.py``), big gets 49.2%, and 51.0% with the old line put
@@ -141,28 +141,31 @@ async def big_share(tmp_path, aiohttp_client, nvml, anticipation: float | None, 
             *(loop("big", i * GAP, BIG, 0.0) for i in range(LOOPS)),
         )
         share = units["big"] / sum(units.values())
-        print(f"big {share * 100:.1f}% of service units; replies {replies}")
+        print(f"{tmp_path.name}: big {share * 100:.1f}% of service units; replies {replies}")
         assert not errors, errors[:3]
         assert fake.max_seen_in_flight <= SLOTS
         return share
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("anticipation", [None, 0.0], ids=["default", "no-anticipation"])
-async def test_staggered_big_prompt_loops_get_half_not_more(tmp_path, aiohttp_client, nvml, anticipation):
-    """With the default ``anticipation`` small's freed slot waits for its next request, so the old
-    line had little to act on (51% with it put back); without it, the old line gives big 61-64%."""
-    share = await big_share(tmp_path, aiohttp_client, nvml, anticipation)
-    assert share == pytest.approx(0.5, abs=0.08)
+async def test_big_prompt_loops_get_half_and_a_client_that_thinks_briefly_keeps_its_share(
+    tmp_path, aiohttp_client, nvml
+):
+    """Three daemons side by side, each with its own fake server (a third of a core each).
 
-
-@pytest.mark.slow
-async def test_a_client_that_thinks_briefly_keeps_its_share(tmp_path, aiohttp_client, nvml):
-    """Small pauses 30 ms after each reply (issue 18, ``think-time``): its freed slot is held for it.
-
-    ``mr simulate`` of this workload owes big 51.1%. Without ``anticipation`` (0) each of small's
-    pauses handed its slot to big's queued 30,000-token requests: big 71.7% here; with the
-    default, 49.6-51.1%.
+    - Case 1 with the default ``anticipation``: small's freed slot waits for its next request, so
+      the old line had little to act on (51% with it put back).
+    - Case 1 without it (0): the old line gives big 61-64%.
+    - Small pausing 30 ms after each reply (issue 18, ``think-time``), default ``anticipation``:
+      its freed slot is held for it. ``mr simulate`` of this workload owes big 51.1%; without
+      ``anticipation`` each pause handed small's slot to big's queued 30,000-token requests (big
+      71.7-72.3%); with it, 49.6-51.1%.
     """
-    share = await big_share(tmp_path, aiohttp_client, nvml, None, think=0.03)
-    assert share == pytest.approx(0.511, abs=0.08)
+    default, without, thinking = await asyncio.gather(
+        big_share(tmp_path / "default", aiohttp_client, nvml, None),
+        big_share(tmp_path / "without", aiohttp_client, nvml, 0.0),
+        big_share(tmp_path / "thinking", aiohttp_client, nvml, None, think=0.03),
+    )
+    assert default == pytest.approx(0.5, abs=0.07)
+    assert without == pytest.approx(0.5, abs=0.07)
+    assert thinking == pytest.approx(0.511, abs=0.07)
