@@ -221,8 +221,7 @@ class Scheduler(JobOutcomes, CoreReading, CoreRoster):
 
         Whole answers still running are first charged what the clock says they produced (``Ledger.tick``).
         """
-        for hold in self.holds.expire(now):
-            self._rekey(hold.pool, hold.seat)
+        self._end_holds(now)
         for moved in self.ledger.tick(now):
             self._rekey(moved.pool, moved.seat)
         for pool in self.fair.pools.values():

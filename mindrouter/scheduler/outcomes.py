@@ -244,8 +244,7 @@ class JobOutcomes:
 
     def expire(self, now: float) -> list[Expired]:
         """Remove and return the jobs that have waited past ``queue_timeout``; end the holds past their time."""
-        for hold in self.holds.expire(now):
-            self._rekey(hold.pool, hold.seat)
+        self._end_holds(now)
         out: list[Expired] = []
         deadlines = self._deadlines
         while deadlines and deadlines[0][0] <= now:
@@ -256,6 +255,11 @@ class JobOutcomes:
                 self._forget(job_id)
                 out.append(Expired(job, now - job.submitted_at))
         return out
+
+    def _end_holds(self, now: float) -> None:
+        """End the holds past their time; their holders, charged for them, are queued at their new place."""
+        for hold in self.holds.expire(now):
+            self._rekey(hold.pool, hold.seat)
 
     def next_deadline(self) -> float | None:
         """When ``expire`` will next have something to do (a queue timeout, or a hold's end), if ever."""
