@@ -3,12 +3,13 @@
 from __future__ import annotations
 
 import asyncio
+import json
 from pathlib import Path
 
 from mindrouter.daemon.request.decisions import SLICE, DecisionLog
 from mindrouter.daemon.request.settlement import Outcome, Settlement
 from mindrouter.scheduler import Job
-from mindrouter.store import Store
+from mindrouter.store import Store, decision_row
 
 
 def ended(i: int) -> Settlement:
@@ -73,3 +74,16 @@ async def test_a_reader_during_a_round_finds_every_record(tmp_path: Path) -> Non
     await round_
     assert len(store.recent_decisions(1000)) == 3 * SLICE  # nothing written twice
     store.close()
+
+
+def test_a_record_orjson_refuses_is_still_written_whole() -> None:
+    """orjson writes records at 64-bit integers and string keys; anything past that falls back to the stdlib."""
+    plain = {"request_id": "r1", "user": "alice", "wall_time": 1.5, "scores": {"3": 0.25}, "at": 2**63 - 1}
+    wide = {"request_id": "r2", "user": None, "wall_time": 2.0, "scores": {3: 0.25}, "tokens": 2**70}
+    assert json.loads(decision_row(plain)[3]) == plain
+    rid, user, when, text = decision_row(wide)
+    assert (rid, user, when) == ("r2", None, 2.0)
+    assert json.loads(text) == {**wide, "scores": {"3": 0.25}}
+    assert (
+        json.loads(decision_row({"request_id": "r3", "wall_time": 3.0, "path": Path("/srv/m")})[3])["path"] == "/srv/m"
+    )

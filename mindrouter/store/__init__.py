@@ -24,7 +24,7 @@ from .errors import AlreadyExists, InUse, InvalidValue, NotFound, StoreError
 from .rows import QUOTA_FIELDS, ApiKeyInfo, BackendRow, Group, Quota, UsageReport, UsageRow, UsageTotal, User
 from .schema import SCHEMA_VERSION, migrate
 from .usage import DIMENSIONS
-from .validate import ENGINES, STATES, DecisionRow, decision_row
+from .validate import ENGINES, STATES, DecisionRow, decision_row, encode_record
 
 __all__ = [
     "DIMENSIONS",
@@ -48,5 +48,6 @@ __all__ = [
     "UsageTotal",
     "User",
     "decision_row",
+    "encode_record",
     "migrate",
 ]

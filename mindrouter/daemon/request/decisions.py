@@ -17,14 +17,13 @@ flight waited that long: it was the largest part of the p99 latency
 from __future__ import annotations
 
 import asyncio
-import json
 import logging
 from collections import deque
 from collections.abc import Callable
 from typing import Any
 
 from ...scheduler import DecisionRecord
-from ...store import DecisionRow, decision_row
+from ...store import DecisionRow, decision_row, encode_record
 from ...tasks import background, repeat
 from .settlement import Settlement
 
@@ -55,7 +54,7 @@ class DecisionLog:
         self._pending.append(settlement)
         if self._followers:
             for data in self._materialize(settlement):
-                line = json.dumps(data).encode() + b"\n"
+                line = encode_record(data).encode() + b"\n"
                 for queue in self._followers:
                     if queue.qsize() < 1000:  # a stalled follower misses records rather than growing memory
                         queue.put_nowait(line)
