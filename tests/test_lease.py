@@ -313,6 +313,37 @@ async def test_waiting_past_the_queue_timeout_is_504_with_a_timeout_record():
     world.assert_idle()
 
 
+@pytest.mark.parametrize(("queue_timeout", "woken"), [(60.0, False), (0.5, True)])
+async def test_the_timer_wakes_for_a_queued_job_only_when_its_timeout_comes_before_its_own_wake_up(
+    queue_timeout: float, woken: bool
+) -> None:
+    """At 2,000 requests/s a wake-up per request cost a timer round each; the timer wakes once a second anyway."""
+    hold = asyncio.Event()
+    world = World(FakeAdapter(stream(10, pause=hold)), queue_timeout=queue_timeout)
+    rounds = 0
+    expire = world.dispatcher.expire
+
+    def counted() -> int:
+        nonlocal rounds
+        rounds += 1
+        return expire()
+
+    world.dispatcher.expire = counted  # type: ignore[method-assign]
+    timer = asyncio.create_task(world.dispatcher.run_timer())
+    first = asyncio.create_task(serve(world, call(stream=True)))  # holds the one slot
+    await asyncio.sleep(0.05)
+    rounds = 0
+    waiting = [world.lease().enter() for _ in range(20)]
+    await asyncio.sleep(0.05)
+    assert (rounds > 0) is woken, rounds
+    timer.cancel()
+    for lease in waiting:
+        await lease.__aexit__(None, None, None)
+    hold.set()
+    await first
+    world.assert_idle()
+
+
 async def test_a_body_the_backend_cannot_be_sent_is_the_clients_400_and_spares_the_backend():
     world = World(FakeAdapter(RequestError('tool_calls[0] needs a "function"', status=400)))
     with pytest.raises(RequestError) as caught:

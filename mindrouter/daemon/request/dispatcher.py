@@ -96,7 +96,7 @@ class Dispatcher:
         future = self._future()
         self._waiters[job.id] = future
         self.pump()
-        self._timer_wake.set()
+        self._deadline_moved()
         return future
 
     def requeued(self, job: Job) -> asyncio.Future[Dispatch]:
@@ -201,7 +201,8 @@ class Dispatcher:
         return len(expired)
 
     def _deadline_moved(self) -> None:
-        """A job ended: the core may hold its slot for its user (anticipation) until before the timer wakes."""
+        """Wake the timer early only for a deadline before its own wake-up: a job queued with a short
+        ``queue_timeout``, or a slot held for its user (anticipation) when a job ended."""
         deadline = self.scheduler.next_deadline()
         if deadline is not None and deadline < self._timer_until:
             self._timer_wake.set()
