@@ -1,8 +1,9 @@
 """How fast `mr usage` answers over a year of a lab's usage (issue 13: 5 million rows in under a second).
 
 Writes ROWS usage rows spread over the last 365 days (100 users in 4 groups,
-8 models, 6 backends) through the store's own table and trigger, with
-``executemany`` in batches, then times ``Store.usage_report`` (what
+8 models, 6 backends) into the store's own table with ``executemany`` in
+batches and rolls them into the daily and monthly totals as the store does
+before a report, then times ``Store.usage_report`` (what
 ``GET /admin/usage`` runs) for the reports an admin asks for: first with every
 per-request row kept, then after the 30-day retention has rolled the older
 rows into daily totals. For contrast it also times one plain ``GROUP BY`` over
@@ -34,7 +35,7 @@ def fill(store: Store, rows: int, now: float, seed: int = 1) -> float:
     users = [(store.add_user(f"user{i:03d}", groups[i % 4]).id, groups[i % 4]) for i in range(100)]
     backends = [store.add_backend(f"gpu{i}", f"http://10.0.0.{i + 1}:11434", "ollama").id for i in range(6)]
     models = [f"model{i}:8b" for i in range(8)]
-    db = store._db  # the store's own connection: the same trigger and indexes as the daemon's writes
+    db = store._db  # the store's own connection: the same indexes as the daemon's writes
     sql = (
         "INSERT INTO usage (at, user_id, request_id, model, backend_id, prompt_tokens, completion_tokens,"
         " gpu_seconds, group_name) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)"
@@ -61,6 +62,7 @@ def fill(store: Store, rows: int, now: float, seed: int = 1) -> float:
         db.execute("BEGIN")
         db.executemany(sql, params)
         db.execute("COMMIT")
+    store.roll_usage()
     return rows / (time.perf_counter() - started)
 
 

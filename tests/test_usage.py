@@ -152,6 +152,83 @@ def test_rolled_up_rows_still_report(tmp_path: Path, tz) -> None:
         assert s.recent_usage(0)[0].at == at(zone, "2026-02-19T03:00")
 
 
+def daily_rows(s: Store) -> list[tuple]:
+    return s._db.execute(
+        "SELECT day, sum(requests), sum(prompt_tokens) FROM usage_daily GROUP BY day ORDER BY day"
+    ).fetchall()
+
+
+def test_a_requests_commit_writes_its_row_alone_and_every_row_is_rolled_up_once(st: Store, tz) -> None:
+    """The totals are added up in batches, before they are read: each row once, however the reads fall."""
+    zone = tz("Europe/Berlin")
+    record(st, "alice", at(zone, "2026-11-02T09:00"), "m", "gpu1", 10, 1)
+    assert daily_rows(st) == []  # the request's commit did not touch the totals
+    whole_days = (at(zone, "2026-11-01T00:00"), at(zone, "2026-11-04T00:00"))
+    assert st.usage_report([], *whole_days).total["requests"] == 1
+    assert daily_rows(st) == [("2026-11-02", 1, 10)]
+    record(st, "bob", at(zone, "2026-11-02T10:00"), "m", "gpu1", 5, 1)
+    record(st, "alice", at(zone, "2026-11-03T10:00"), "m", "gpu1", 7, 1)
+    assert st.daily_tokens(at(zone, "2026-11-02T00:00")) == [
+        ("2026-11-02", st.get_user("alice").id, "staff", 11),
+        ("2026-11-02", st.get_user("bob").id, "student", 6),
+        ("2026-11-03", st.get_user("alice").id, "staff", 8),
+    ]
+    for _ in range(2):
+        assert st.usage_report(["day"], *whole_days).rows == [
+            {"day": "2026-11-02", "requests": 2, "prompt_tokens": 15, "completion_tokens": 2, "gpu_seconds": 2.0},
+            {"day": "2026-11-03", "requests": 1, "prompt_tokens": 7, "completion_tokens": 1, "gpu_seconds": 1.0},
+        ]
+    assert daily_rows(st) == [("2026-11-02", 2, 15), ("2026-11-03", 1, 7)]
+
+
+def test_rows_are_rolled_up_as_they_come_so_no_report_waits_on_a_long_backlog(st: Store, monkeypatch) -> None:
+    monkeypatch.setattr(Store, "_ROLL_USAGE_EVERY", 4)
+    for i in range(9):
+        record(st, "alice", 1_000_000.0 + i, "m", "gpu1", 1, 0)
+    assert sum(n for _, n, _ in daily_rows(st)) == 8  # rolled at the 4th and 8th row; the 9th waits for a read
+
+
+def test_rows_after_a_prune_that_emptied_the_table_are_still_rolled_up(tmp_path: Path, tz) -> None:
+    """SQLite numbers the next row from the highest id left: after every row is deleted it starts again at 1."""
+    zone = tz("UTC")
+    with Store(tmp_path / "m.db", usage_retention=86400.0) as s:
+        s.ensure_default_groups()
+        s.add_user("alice", "staff")
+        s.add_backend("gpu1", "http://h:1", "ollama")
+        for hour in range(5):
+            record(s, "alice", at(zone, f"2026-01-05T{hour:02d}:00"), "m", "gpu1", 1, 0)
+        assert s.prune_usage(at(zone, "2026-02-01T00:00")) == 5
+        record(s, "alice", at(zone, "2026-02-01T10:00"), "m", "gpu1", 100, 0)
+        record(s, "alice", at(zone, "2026-02-01T11:00"), "m", "gpu1", 200, 0)
+        assert s._db.execute("SELECT min(id) FROM usage").fetchone()[0] == 1  # ids given again
+        report = s.usage_report(["day"], at(zone, "2026-01-01T00:00"), at(zone, "2026-03-01T00:00"))
+        assert totals(report.rows, "day") == {("2026-01-05",): (5, 5, 0), ("2026-02-01",): (2, 300, 0)}
+        month = s.usage_report(["month"], at(zone, "2026-01-01T00:00"), at(zone, "2026-03-01T00:00"))
+        assert totals(month.rows, "month") == {("2026-01",): (5, 5, 0), ("2026-02",): (2, 300, 0)}
+
+
+def test_a_database_whose_triggers_kept_the_totals_moves_to_rolling_them_up(tmp_path: Path, tz, monkeypatch) -> None:
+    zone = tz("UTC")
+    path = tmp_path / "v8.db"
+    monkeypatch.setattr(schema_module, "_MIGRATIONS", schema_module._MIGRATIONS[:8])
+    monkeypatch.setattr(schema_module, "SCHEMA_VERSION", 8)
+    with Store(path) as old:
+        old.ensure_default_groups()
+        old.add_user("alice", "staff")
+        old.add_backend("gpu1", "http://h:1", "ollama")
+        record(old, "alice", at(zone, "2026-03-02T10:00"), "m", "gpu1", 3, 4)
+        assert daily_rows(old) == [("2026-03-02", 1, 3)]  # the trigger added it as it was written
+    monkeypatch.undo()
+    tz("UTC")
+    with Store(path) as s:
+        assert s.schema_version == SCHEMA_VERSION
+        assert s._db.execute("SELECT count(*) FROM sqlite_master WHERE type = 'trigger'").fetchone()[0] == 0
+        record(s, "alice", at(zone, "2026-03-02T11:00"), "m", "gpu1", 5, 6)
+        report = s.usage_report(["day"], at(zone, "2026-03-01T00:00"), at(zone, "2026-04-01T00:00"))
+        assert totals(report.rows, "day") == {("2026-03-02",): (2, 8, 10)}  # the old row counted once
+        assert daily_rows(s) == [("2026-03-02", 2, 8)]
+
+
 def test_removed_users_and_backends_keep_their_usage(st: Store) -> None:
     record(st, "bob", 1000.0, "m", "gpu2", 3, 4)
     st.remove_user("bob")

@@ -90,6 +90,36 @@ _MONTHLY = (
     f" gpu_seconds = gpu_seconds + excluded.gpu_seconds; END",
 )
 
+_ADD_SUMS = (
+    "requests = requests + excluded.requests, prompt_tokens = prompt_tokens + excluded.prompt_tokens,"
+    " completion_tokens = completion_tokens + excluded.completion_tokens,"
+    " gpu_seconds = gpu_seconds + excluded.gpu_seconds"
+)
+_ROWS_TO_ROLL = (
+    "count(*), sum(prompt_tokens), sum(completion_tokens), sum(gpu_seconds) FROM usage WHERE id > ? AND id <= ?"
+)
+
+ROLLED_KEY = "usage_rolled_through"
+"""The ``meta`` key holding the highest usage id already added to the daily and monthly totals."""
+
+ROLL_USAGE = (
+    f"INSERT INTO usage_daily SELECT {_DAILY_OF_ROW.format(r='usage')}, {_ROWS_TO_ROLL} GROUP BY 1, 2, 3, 4, 5"
+    f" ON CONFLICT ({_DAILY_KEY}) DO UPDATE SET {_ADD_SUMS}",
+    "INSERT INTO usage_monthly SELECT substr(date(at, 'unixepoch', 'localtime'), 1, 7), user_id, group_name, model,"
+    f" coalesce(backend_id, 0), {_ROWS_TO_ROLL} GROUP BY 1, 2, 3, 4, 5"
+    f" ON CONFLICT ({_MONTHLY_KEY}) DO UPDATE SET {_ADD_SUMS}",
+)
+"""Add the usage rows with ids in ``(?, ?]`` to the daily and monthly totals (the local calendar)."""
+
+_ROLLED_UP = (
+    # The totals are rolled up from per-request rows in batches (before a report reads them, and before
+    # old rows are deleted) rather than by a trigger on every insert: the triggers doubled what
+    # committing a request's usage row cost the daemon (docs/performance.md). Everything so far is in.
+    "DROP TRIGGER usage_daily_add",
+    "DROP TRIGGER usage_monthly_add",
+    f"INSERT INTO meta (key, value) SELECT '{ROLLED_KEY}', CAST(coalesce(max(id), 0) AS TEXT) FROM usage",
+)
+
 #: The proxy whose people group a user is in, when exactly one proxy's people go there.
 _ONLY_PROXY_OF_GROUP = (
     "SELECT p.id, p.created FROM users p WHERE p.proxy = 1 AND coalesce(p.proxy_group_id, p.group_id) = ?"
@@ -149,6 +179,7 @@ _MIGRATIONS: list[Sequence[str] | Callable[[sqlite3.Connection], None]] = [
         " model TEXT NOT NULL, backend_id INTEGER, prompt_tokens INTEGER NOT NULL,"
         " completion_tokens INTEGER NOT NULL, gpu_seconds REAL NOT NULL, group_name TEXT NOT NULL)",
     ),
+    _ROLLED_UP,
 ]
 SCHEMA_VERSION = len(_MIGRATIONS)
 

@@ -1,9 +1,11 @@
-"""Usage: one row per finished request, daily totals kept by a trigger, and the reports built on both.
+"""Usage: one row per finished request, daily and monthly totals rolled up from them, and the reports.
 
 Per-request rows are kept for ``usage_retention`` seconds (the fairness window
-replays them after a restart; reports use them for partial days). Every row
-is also added to ``usage_daily`` and ``usage_monthly`` (local calendar) as it
-is written, so deleting old rows loses nothing a report needs: a report reads
+replays them after a restart; reports use them for partial days). Rows are
+added to ``usage_daily`` and ``usage_monthly`` (local calendar) in batches:
+before a report or a restart's quota count reads the totals, and before old
+rows are deleted, so deleting them loses nothing a report needs and a
+request's own commit writes its row alone. A report reads
 monthly totals for whole months (unless grouped by day or week), daily totals
 for the other whole days and per-request rows only for the partial days at
 its ends.
@@ -22,7 +24,7 @@ from ..localtime import day_key, day_start, month_key, month_start, next_day, ne
 from ..reported import count
 from .errors import InvalidValue
 from .rows import UsageReport, UsageRow, UsageTotal
-from .schema import transaction
+from .schema import ROLL_USAGE, ROLLED_KEY, transaction
 
 log = logging.getLogger(__name__)
 
@@ -66,9 +68,22 @@ def _params(row: tuple[Any, ...]) -> tuple[Any, ...]:
     return (_seconds(at), uid, rid, model, bid, checked[0] or 0, checked[1] or 0, _seconds(gpu), group)
 
 
+def _roll(db: sqlite3.Connection) -> None:
+    """Add the usage rows past the rolled-up mark to the daily and monthly totals (in the caller's transaction)."""
+    mark = int(db.execute("SELECT value FROM meta WHERE key = ?", (ROLLED_KEY,)).fetchone()[0])
+    top = db.execute("SELECT max(id) FROM usage").fetchone()[0]
+    if top is None or top <= mark:
+        return
+    for sql in ROLL_USAGE:
+        db.execute(sql, (mark, top))
+    db.execute("UPDATE meta SET value = ? WHERE key = ?", (str(top), ROLLED_KEY))
+
+
 class UsageLog:
     """The usage half of ``Store``; it shares the store's connection and settings."""
 
+    _ROLL_USAGE_EVERY = 256
+    """Rows between roll-ups into the daily and monthly totals: about 0.5 ms each, so no report waits long."""
     _PRUNE_USAGE_EVERY = 1024
     _PRUNE_USAGE_BATCH = 8192
 
@@ -139,8 +154,15 @@ class UsageLog:
         if not rows:
             return
         before, self._usage_inserts = self._usage_inserts, self._usage_inserts + len(rows)
+        if before // self._ROLL_USAGE_EVERY != self._usage_inserts // self._ROLL_USAGE_EVERY:
+            self.roll_usage()
         if before // self._PRUNE_USAGE_EVERY != self._usage_inserts // self._PRUNE_USAGE_EVERY:
             self.prune_usage(params[-1][0], limit=self._PRUNE_USAGE_BATCH)
+
+    def roll_usage(self) -> None:
+        """Bring the daily and monthly totals up to date with every usage row (reports do it first)."""
+        with transaction(self._db) as db:
+            _roll(db)
 
     def recover_open_usage(self) -> int:
         """Turn the streaming rows left by a daemon that was killed into usage rows; returns how many."""
@@ -178,6 +200,7 @@ class UsageLog:
 
     def daily_tokens(self, since: float) -> list[tuple[str, int, str, int]]:
         """(day, user id, group, tokens) from the local day of ``since`` on: what quotas count after a restart."""
+        self.roll_usage()
         return self._db.execute(
             "SELECT day, user_id, group_name, sum(prompt_tokens + completion_tokens) FROM usage_daily"
             " WHERE day >= ? GROUP BY day, user_id, group_name",
@@ -196,7 +219,14 @@ class UsageLog:
             through = db.execute(f"SELECT max(at) FROM ({oldest})", params).fetchone()[0]
             if through is None:
                 return 0
+            _roll(db)
             deleted = db.execute(f"DELETE FROM usage WHERE id IN (SELECT id FROM ({oldest}))", params).rowcount
+            # SQLite gives the next row the highest id left plus one: were the newest ids deleted, the
+            # mark must come down with them, or rows given those ids again would never be rolled up.
+            db.execute(
+                "UPDATE meta SET value = CAST((SELECT coalesce(max(id), 0) FROM usage) AS TEXT) WHERE key = ?",
+                (ROLLED_KEY,),
+            )
             db.execute(
                 "INSERT INTO meta (key, value) VALUES (?, ?) ON CONFLICT (key) DO UPDATE SET value ="
                 " max(CAST(value AS REAL), CAST(excluded.value AS REAL))",
@@ -281,6 +311,7 @@ class UsageLog:
             day_resolution_before = pruned
         if pruned is not None and until <= pruned and until != day_start(until):
             until = next_day(until)
+        self.roll_usage()
         sql, params = self._report_query(by, since, until, user_id)
         users = dict(self._db.execute("SELECT id, name FROM users")) if "user" in by else {}
         backends = dict(self._db.execute("SELECT id, name FROM backends")) if "backend" in by else {}
