@@ -14,7 +14,12 @@ targets (issue 11):
 - requests/s at 16 and 64 clients >= 0.75x the bare proxy's;
 - added p50 at one client <= 0.3 ms over the bare proxy's.
 
-    python benchmarks/bench_daemon.py [--seconds 4] [--loop uvloop|asyncio] [--pin]
+    python benchmarks/bench_daemon.py [--seconds 4] [--loop uvloop|asyncio] [--pin] [--rounds 1]
+
+``--rounds N`` measures every cell N times and then prints, at 16 and 64
+clients, the median and range over the rounds of mr serve's CPU per request,
+p50 and p99 over the bare proxy's (issue 20: p99 <= 2x), and its tail factor:
+its own p99/p50 over the proxy's. A round takes about a minute.
 
 All traffic stays on loopback and every run is bounded in time. The load
 generator shares the machine, so figures on a busy machine are noisy. By
@@ -32,6 +37,7 @@ import asyncio
 import importlib.util
 import os
 import socket
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -133,6 +139,7 @@ async def launch_daemon(
         [*(command or [sys.executable, "-m", "mindrouter.cli", "serve"]), "--config", str(tmp / "config.toml")],
         stderr=subprocess.DEVNULL,
         env=env,
+        cwd=tmp,  # not the caller's folder: a mindrouter/ there would shadow PYTHONPATH=<tree> for `python -m`
     )
     await wait_http(f"http://127.0.0.1:{port}/api/version")
     return daemon, port, sock
@@ -203,7 +210,71 @@ def pin(routers: list[int], others: list[int]) -> str:
     return f"routers on core {cores[-1]}, load generator and backend on {len(cores) - 1} other core(s)"
 
 
-async def main(seconds: float, loop: str, pinned: bool) -> None:
+Results = dict[tuple[str, str, int], tuple[float, float, float, float | None]]
+"""(mode, router, clients) -> requests/s, p50 ms, p99 ms, CPU ms per request (None for the backend)."""
+
+
+async def measure(targets: dict[str, tuple[str, dict[str, str], int | None]], seconds: float) -> Results:
+    """Every cell once, each router right after the other, printed as it goes."""
+    results: Results = {}
+    for mode in MODES:
+        print(f"\n{mode}: {'':<10} {'clients':>7} {'req/s':>8} {'p50 ms':>8} {'p99 ms':>8} {'CPU ms/req':>10}")
+        for clients in CLIENTS:
+            for name, (url, headers, pid) in targets.items():
+                await run(url, headers, mode, clients, 0.3)  # warm up
+                cpu0 = cpu_seconds(pid) if pid else 0.0
+                t0 = time.monotonic()
+                n, lat = await run(url, headers, mode, clients, seconds)
+                rps = n / (time.monotonic() - t0)
+                cpu = (cpu_seconds(pid) - cpu0) / n * 1000 if pid else None
+                results[mode, name, clients] = (rps, pct(lat, 0.5), pct(lat, 0.99), cpu)
+                cpu_text = f"{cpu:>10.3f}" if cpu is not None else f"{'':>10}"
+                print(
+                    f"{'':>6}{name:<10} {clients:>7} {rps:>8,.0f} {pct(lat, 0.5):>8.3f} {pct(lat, 0.99):>8.3f} "
+                    f"{cpu_text}"
+                )
+    return results
+
+
+def against_proxy(results: Results, litellm: bool) -> None:
+    print("\nmr serve against the bare proxy (target in brackets):")
+    for mode in MODES:
+        cpu = [results[mode, "mr serve", c][3] / results[mode, "bare proxy", c][3] for c in CLIENTS]  # type: ignore[operator]
+        added = results[mode, "mr serve", 1][1] - results[mode, "bare proxy", 1][1]
+        line = f"  {mode:<6} CPU/request {max(cpu):.2f}x [<= 1.3]  added p50 at 1 client {added:+.3f} ms [<= 0.3]"
+        for c in (16, 64):
+            m, p = results[mode, "mr serve", c], results[mode, "bare proxy", c]
+            line += f"  {c} clients: req/s {m[0] / p[0]:.2f}x [>= 0.75], p99 {m[2] / p[2]:.2f}x [<= 2]"
+        print(line)
+        if litellm:
+            lite = results[mode, "litellm", 16]
+            print(f"  {mode:<6} LiteLLM at 16 clients: {lite[0]:,.0f} req/s, CPU {lite[3]:.3f} ms/request")
+
+
+def across_rounds(rounds: list[Results]) -> None:
+    """Medians over the rounds, ranges in brackets; the tail factor is mr serve's p99/p50 over the proxy's.
+
+    In these closed loops the p50 ratio follows the routers' CPU per request (and the share of a core
+    each gets); a tail factor at or under 1 says mr serve adds no tail beyond that.
+    """
+
+    def cell(values: list[float]) -> str:
+        return f"{statistics.median(values):.2f}x ({min(values):.2f}-{max(values):.2f})"
+
+    print(f"\nacross {len(rounds)} rounds, mr serve over the bare proxy: median (range)")
+    print(f"  {'':<6} {'clients':>7}  {'CPU/request':<18} {'p50':<18} {'p99 [<= 2]':<18} {'tail factor':<18}")
+    for mode in MODES:
+        for c in (16, 64):
+            m = [r[mode, "mr serve", c] for r in rounds]
+            p = [r[mode, "bare proxy", c] for r in rounds]
+            cpu = [a[3] / b[3] for a, b in zip(m, p, strict=True)]  # type: ignore[operator]
+            p50 = [a[1] / b[1] for a, b in zip(m, p, strict=True)]
+            p99 = [a[2] / b[2] for a, b in zip(m, p, strict=True)]
+            tail = [(a[2] / a[1]) / (b[2] / b[1]) for a, b in zip(m, p, strict=True)]
+            print(f"  {mode:<6} {c:>7}  {cell(cpu):<18} {cell(p50):<18} {cell(p99):<18} {cell(tail):<18}")
+
+
+async def main(seconds: float, loop: str, pinned: bool, rounds: int) -> None:
     tmp = Path(tempfile.mkdtemp(prefix="mr-bench-"))
     bport, pport = free_port(), free_port()
     backend_url = f"http://127.0.0.1:{bport}"
@@ -233,35 +304,14 @@ async def main(seconds: float, loop: str, pinned: bool) -> None:
             routers = [pid for _, _, pid in targets.values() if pid is not None]
             where = pin(routers, [os.getpid(), procs[0].pid])
         print(f"mr serve event loop: {loop}; {seconds:g} s per cell; {where}")
-        results: dict[tuple[str, str, int], tuple[float, float, float, float | None]] = {}
-        for mode in MODES:
-            print(f"\n{mode}: {'':<10} {'clients':>7} {'req/s':>8} {'p50 ms':>8} {'p99 ms':>8} {'CPU ms/req':>10}")
-            for clients in CLIENTS:
-                for name, (url, headers, pid) in targets.items():
-                    await run(url, headers, mode, clients, 0.3)  # warm up
-                    cpu0 = cpu_seconds(pid) if pid else 0.0
-                    t0 = time.monotonic()
-                    n, lat = await run(url, headers, mode, clients, seconds)
-                    rps = n / (time.monotonic() - t0)
-                    cpu = (cpu_seconds(pid) - cpu0) / n * 1000 if pid else None
-                    results[mode, name, clients] = (rps, pct(lat, 0.5), pct(lat, 0.99), cpu)
-                    cpu_text = f"{cpu:>10.3f}" if cpu is not None else f"{'':>10}"
-                    print(
-                        f"{'':>6}{name:<10} {clients:>7} {rps:>8,.0f} {pct(lat, 0.5):>8.3f} {pct(lat, 0.99):>8.3f} "
-                        f"{cpu_text}"
-                    )
-        print("\nmr serve against the bare proxy (target in brackets):")
-        for mode in MODES:
-            cpu = [results[mode, "mr serve", c][3] / results[mode, "bare proxy", c][3] for c in CLIENTS]  # type: ignore[operator]
-            added = results[mode, "mr serve", 1][1] - results[mode, "bare proxy", 1][1]
-            line = f"  {mode:<6} CPU/request {max(cpu):.2f}x [<= 1.3]  added p50 at 1 client {added:+.3f} ms [<= 0.3]"
-            for c in (16, 64):
-                m, p = results[mode, "mr serve", c], results[mode, "bare proxy", c]
-                line += f"  {c} clients: req/s {m[0] / p[0]:.2f}x [>= 0.75], p99 {m[2] / p[2]:.2f}x [<= 2]"
-            print(line)
-            if "litellm" in targets:
-                lite = results[mode, "litellm", 16]
-                print(f"  {mode:<6} LiteLLM at 16 clients: {lite[0]:,.0f} req/s, CPU {lite[3]:.3f} ms/request")
+        rounds_seen: list[Results] = []
+        for i in range(rounds):
+            if rounds > 1:
+                print(f"\nround {i + 1} of {rounds}")
+            rounds_seen.append(await measure(targets, seconds))
+            against_proxy(rounds_seen[-1], "litellm" in targets)
+        if rounds > 1:
+            across_rounds(rounds_seen)
     finally:
         stop_all(procs)
 
@@ -278,5 +328,8 @@ if __name__ == "__main__":
     parser.add_argument(
         "--pin", action="store_true", help="routers on a core of their own, load generator and backend on the others"
     )
+    parser.add_argument(
+        "--rounds", type=int, default=1, help="measure every cell this many times; print medians over the rounds"
+    )
     args = parser.parse_args()
-    asyncio.run(main(args.seconds, args.loop, args.pin))
+    asyncio.run(main(args.seconds, args.loop, args.pin, args.rounds))
