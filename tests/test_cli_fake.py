@@ -13,9 +13,11 @@ import asyncio
 import json
 import os
 import shutil
+import signal
 import socket
 import tempfile
 import threading
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -715,6 +717,24 @@ def test_client_stream_yields_ndjson_until_closed(fake: FakeDaemon) -> None:
     got = [r["request_id"] for r in AdminClient(fake.socket_path).stream("/admin/decisions/stream", user="alice")]
     assert got == ["s-1", "s-2"]
     assert fake.requests[-1][1] == "/admin/decisions/stream?user=alice"
+
+
+def test_ctrl_c_ends_a_stream_even_when_it_lands_in_a_finalizer(fake: FakeDaemon) -> None:
+    """Raised inside a finalizer, KeyboardInterrupt is reported as ignored and the read would go on."""
+    fake.stream_records = [decision("s-1")]
+    fake.stream_hold = 5
+
+    class Dropped:
+        def __del__(self) -> None:
+            signal.raise_signal(signal.SIGINT)
+
+    stream = AdminClient(fake.socket_path).stream("/admin/decisions/stream")
+    started = time.monotonic()
+    with pytest.raises(KeyboardInterrupt):
+        for _record in stream:
+            Dropped()  # freed at once: SIGINT arrives inside its __del__
+    assert time.monotonic() - started < 2  # not after the daemon's 5 s hold
+    assert signal.getsignal(signal.SIGINT) is signal.default_int_handler
 
 
 def test_client_timeout_is_unreachable(tmp_path: Path) -> None:

@@ -10,10 +10,13 @@ carrying the daemon's own sentence (exit 1).
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import http.client
 import json
+import signal
 import socket
+import threading
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -104,11 +107,26 @@ class AdminClient:
     def stream(self, path: str, **query: Any) -> Iterator[dict[str, Any]]:
         """Yield the JSON objects of an NDJSON stream, one per line, until the daemon closes it.
 
+        Ctrl-C ends the stream by shutting its socket, and ``KeyboardInterrupt`` is raised here. The
+        default handler raises it wherever the interpreter happens to be, and inside a finalizer
+        Python reports it as ignored and the read goes on.
+
         Raises:
             DaemonUnreachable, RequestError: as ``request``.
+            KeyboardInterrupt: Ctrl-C (SIGINT) while streaming.
         """
         target = _with_query(path, query)
         conn, resp = self._open("GET", target, None, timeout=None)
+        interrupted = False
+
+        def on_sigint(_signum: int, _frame: Any) -> None:
+            nonlocal interrupted
+            interrupted = True
+            with contextlib.suppress(OSError):
+                conn.sock.shutdown(socket.SHUT_RDWR)
+
+        main = threading.current_thread() is threading.main_thread()
+        previous = signal.signal(signal.SIGINT, on_sigint) if main else None
         try:
             if resp.status >= 400:
                 raise self._error(resp.status, self._read(resp, "GET", target), "GET", target)
@@ -116,10 +134,14 @@ class AdminClient:
                 try:
                     line = resp.readline()
                 except (OSError, http.client.HTTPException) as exc:
+                    if interrupted:
+                        raise KeyboardInterrupt from None
                     raise DaemonUnreachable(
                         f"the daemon at {self.socket_path} closed the stream ({_reason(exc)}); "
                         "run the command again once `mr serve` is back"
                     ) from exc
+                if interrupted:
+                    raise KeyboardInterrupt
                 if not line:
                     return
                 line = line.strip()
@@ -129,6 +151,8 @@ class AdminClient:
                     except ValueError:
                         continue  # a partial line from a daemon that is shutting down
         finally:
+            if previous is not None:
+                signal.signal(signal.SIGINT, previous)
             conn.close()
 
     # -- plumbing ------------------------------------------------------------
