@@ -73,15 +73,15 @@ async def test_group_quota_refuses_in_each_dialect_until_the_day_turns(daemon):
         assert first.headers["X-Quota-Reset"].endswith(time.strftime("%z")[:3] + ":" + time.strftime("%z")[3:])
         assert (await ask(daemon, bob, max_tokens=5)).status == 200  # 16 of 21 used by the group
         third = await ask(daemon, alice, max_tokens=5)
-        assert third.status == 200 and third.headers["X-Quota-Remaining-Tokens"] == "5"  # the last 5: it may end above
+        assert third.status == 200 and third.headers["X-Quota-Remaining-Tokens"] == "5"  # the last 5
+        assert third.headers["X-Quota-Max-Tokens"] == "1"  # 5 less its prompt (4 estimated): capped, not above
         refused = await daemon.client.post(
             "/v1/chat/completions", json=chat(), headers={"Authorization": f"Bearer {bob}"}
         )
         error = (await refused.json())["error"]
         assert refused.status == 429 and error["type"] == "rate_limit_error" and error["code"] == "quota_exceeded"
-        assert error["message"].startswith(
-            "group 'student' has used 24 of the 21 tokens a day its quota allows (running requests included); "
-            "try again after the reset at "
+        assert error["message"].startswith(  # 20 used (the fake counts 3 prompt tokens a request)
+            "group 'student' has 1 of the 21 tokens a day its quota allows left, too few for this request's prompt"
         )
         assert error["message"].endswith(
             "or ask an admin to raise it with `mr group set-quota student --tokens-per-day N`"
@@ -140,7 +140,10 @@ async def test_quotas_survive_a_restart_and_travel_in_export(tmp_path, aiohttp_c
         app2 = await create_app(config, nvml=nvml)
         d2 = Daemon(await aiohttp_client(ServeServer(app2, config)), app2, config)
         refused = await ask(d2, key)
-        assert refused.status == 429 and "used 8 of the 8 tokens a day" in (await refused.json())["error"]["message"]
+        assert (
+            refused.status == 429
+            and "has 1 of the 8 tokens a day its quota allows left" in (await refused.json())["error"]["message"]
+        )
         staff = next(g for g in exported["groups"] if g["name"] == "staff")
         assert staff["tokens_per_month"] == 50_000_000 and "tokens_per_day" not in staff
         alice = exported["users"][0]

@@ -420,15 +420,58 @@ def test_user_queue_limit_is_429():
     assert s.submit(job("u"), 0).status == 429
 
 
-def test_the_pools_queue_limit_is_429_for_everyone():
-    s = make(SchedulerSettings(max_queued=3), slots=0)
+def test_the_pools_queue_limit_refuses_those_who_filled_it_not_a_newcomer():
+    """Issue 28: ``max_queued`` refused everyone once a few users filled it, idle models too. A tenth of it is
+    kept for users (and proxies) with nothing queued; those who filled the rest are refused."""
+    s = make(SchedulerSettings(max_queued=10, max_queued_per_user=100), slots=0)
     for user in "abc":
         s.set_user(user, 1)
-        assert s.submit(job(user), 0) is None
-    s.set_user("d", 5)
-    refusal = s.submit(job("d"), 0)
+    for i in range(9):
+        assert s.submit(job("abc"[i % 3]), 0) is None
+    refusal = s.submit(job("a"), 0)
     assert (refusal.status, refusal.code, refusal.retry_after) == (429, "queue_full", 5.0)
-    assert s.queued_count == 3
+    s.set_user("d", 5)
+    assert s.submit(job("d"), 0) is None  # nothing queued: the reserve takes it
+    assert s.submit(job("d"), 0).code == "queue_full"  # the reserve is for a first request
+    s.set_user("e", 1)
+    assert s.submit(job("e"), 0).code == "queue_full"  # the memory bound stays: 10 in all
+    assert s.queued_count == 10
+
+
+def test_a_full_queue_never_refuses_a_job_an_idle_backend_can_start_now():
+    s = make(SchedulerSettings(max_queued=4, max_queued_per_user=100), slots=0)
+    s.set_backend(Backend(id=9, name="idle", models=frozenset({"other"}), max_concurrent=1))
+    s.set_user("a", 1)
+    for _ in range(4):
+        assert s.submit(job("a"), 0) is None
+    assert s.submit(job("a"), 0).code == "queue_full"
+    s.set_user("b", 1)
+    assert s.submit(idle := job("a", model="other"), 0) is None
+    assert [d.job.id for d in s.dispatch(0)] == [idle.id]
+    assert s.submit(job("b", model="other"), 0).code == "queue_full"  # its backend is busy now
+
+
+def test_a_proxys_people_count_together_against_a_cap_of_their_own():
+    s = make(SchedulerSettings(max_queued=100, max_queued_per_user=100, max_queued_per_proxy=5), slots=0)
+    for i in range(6):
+        s.set_user(f"p{i}", 1)
+    for i in range(5):
+        assert s.submit(job(f"p{i}", via="webui"), 0) is None
+    refusal = s.submit(job("p5", via="webui"), 0)  # a new person, but the front end holds its share
+    assert refusal.code == "queue_full" and "people" in refusal.message
+    s.set_user("solo", 1)
+    assert s.submit(job("solo"), 0) is None  # nobody outside the proxy's people is touched
+
+
+def test_a_proxy_with_requests_queued_cannot_take_the_reserve_for_a_new_person():
+    s = make(SchedulerSettings(max_queued=10, max_queued_per_user=100, max_queued_per_proxy=100), slots=0)
+    for i in range(10):
+        s.set_user(f"p{i}", 1)
+    for i in range(9):
+        assert s.submit(job(f"p{i}", via="webui"), 0) is None
+    assert s.submit(job("p9", via="webui"), 0).code == "queue_full"
+    s.set_user("solo", 1)
+    assert s.submit(job("solo"), 0) is None
 
 
 def test_queue_timeout_expires_jobs():

@@ -42,7 +42,7 @@ from .holds import Holds
 from .jobs import Dispatch, Job, Modality, Rejection, numbers_refusal
 from .ledger import Ledger
 from .outcomes import JobOutcomes, class_key
-from .pools import Pool, Seat
+from .pools import Pool, Seat, UserState
 from .queues import Entry, Queues
 from .reading import CoreReading
 from .records import DecisionRecord, PriorityTerms
@@ -141,16 +141,26 @@ class Scheduler(JobOutcomes, CoreReading, CoreRoster):
         refusal = numbers_refusal(job) or self.classes.refusal(job)
         if refusal is not None:
             return refusal
-        if len(self.queues.jobs) >= self.settings.max_queued:
-            return Rejection(
-                job,
-                429,
-                "queue_full",
-                f"the router already has {len(self.queues.jobs)} requests queued, the most it holds; "
-                "send the request again in a few seconds",
-                retry_after=5.0,
-            )
-        if user.queued >= self.settings.max_queued_per_user:
+        refusal = self._queue_full(job, user)
+        if refusal is not None:
+            return refusal
+        self._enqueue(job, now, front=False)
+        self._seq += 1
+        heapq.heappush(self._deadlines, (job.submitted_at + self.settings.queue_timeout, self._seq, job.id))
+        return None
+
+    def _queue_full(self, job: Job, user: UserState) -> Rejection | None:
+        """The 429 for a job past a queue cap, or None.
+
+        The caps isolate: a user's and a proxy's own, then ``max_queued`` less a reserve that only the first
+        request of a user (and proxy) with nothing queued may take, so those who filled the queue are refused
+        and a newcomer is not; a job an idle backend can start at once is never refused.
+        """
+        settings, queues = self.settings, self.queues
+        key = class_key(job)
+        if not queues.counts.get(key) and self.classes.get(key).open:
+            return None  # nobody waits for its class and a backend has room: it leaves the queue at once
+        if user.queued >= settings.max_queued_per_user:
             return Rejection(
                 job,
                 429,
@@ -158,9 +168,29 @@ class Scheduler(JobOutcomes, CoreReading, CoreRoster):
                 f"you already have {user.queued} requests queued, the most allowed; wait for some to finish",
                 retry_after=1.0,  # a slot frees within about one request's time; a client that honours it returns then
             )
-        self._enqueue(job, now, front=False)
-        self._seq += 1
-        heapq.heappush(self._deadlines, (job.submitted_at + self.settings.queue_timeout, self._seq, job.id))
+        via = queues.via.get(job.via, 0) if job.via is not None else 0
+        if via >= settings.max_queued_per_proxy:
+            return Rejection(
+                job,
+                429,
+                "queue_full",
+                f"the front end you use already has {via} requests queued for its people, the most allowed; "
+                "send the request again in a few seconds",
+                retry_after=5.0,
+            )
+        queued = len(queues.jobs)
+        newcomer = not user.queued and not via
+        if queued >= settings.max_queued or (
+            not newcomer and queued >= settings.max_queued - int(settings.max_queued * settings.queue_reserve)
+        ):
+            return Rejection(
+                job,
+                429,
+                "queue_full",
+                f"the router already has {queued} requests queued, the most it holds; "
+                "send the request again in a few seconds",
+                retry_after=5.0,
+            )
         return None
 
     def _enqueue(self, job: Job, now: float, *, front: bool) -> None:

@@ -51,6 +51,9 @@ class Job:
     """Context size the client asked for (Ollama ``num_ctx``), for the VRAM estimate."""
     stream: bool = False
     """The answer streams, so the caller reports its progress (``Scheduler.progress``)."""
+    via: Hashable | None = None
+    """The proxy (a front end's user id) that sent it, for one of its people or itself: its people's queued
+    jobs count together against ``max_queued_per_proxy``."""
 
 
 def token_count(value: object) -> int | None:

@@ -3,7 +3,8 @@
 Invariants (``Queues.check()``):
 
 - A queued job is in exactly one deque, its user's queue for its class, and in
-  ``jobs``; ``live[key]`` counts the non-empty queues of class ``key``.
+  ``jobs``; ``live[key]`` counts the non-empty queues of class ``key``;
+  ``via[proxy]`` counts the queued jobs a proxy sent (for its people or itself).
 - A heap entry is ``(key, seq, user_id, version)``. It is valid while the user's
   queue for that class is non-empty and ``version`` is still the seat's; stale
   entries are dropped lazily when they reach the top, or all at once when they
@@ -42,6 +43,8 @@ class Queues:
         self._heads: dict[ClassKey, _Heads] = {}
         self.counts: dict[ClassKey, int] = {}
         """Jobs queued per class."""
+        self.via: dict[Hashable, int] = {}
+        """Jobs queued per proxy that sent them (``Job.via``)."""
         self._seq = 0
 
     def __len__(self) -> int:
@@ -60,6 +63,8 @@ class Queues:
             queue.append(job)
         self.jobs[job.id] = job
         self.counts[key] = self.counts.get(key, 0) + 1
+        if job.via is not None:
+            self.via[job.via] = self.via.get(job.via, 0) + 1
         if was_empty:
             self._heads.setdefault(key, _Heads()).live += 1
         return was_empty or front
@@ -80,6 +85,12 @@ class Queues:
             self._heads[key].live -= 1
         del self.jobs[job.id]
         self.counts[key] -= 1
+        if job.via is not None:
+            left = self.via[job.via] - 1
+            if left:
+                self.via[job.via] = left
+            else:
+                del self.via[job.via]
 
     def head(self, user_id: Hashable, key: ClassKey) -> Job:
         return self._queues[user_id][key][0]
@@ -128,5 +139,10 @@ class Queues:
     def check(self) -> None:
         """Assert the invariants (for tests)."""
         assert sum(len(q) for qs in self._queues.values() for q in qs.values()) == len(self.jobs)
+        vias: dict[Hashable, int] = {}
+        for job in self.jobs.values():
+            if job.via is not None:
+                vias[job.via] = vias.get(job.via, 0) + 1
+        assert vias == self.via, (vias, self.via)
         for key, heads in self._heads.items():
             assert heads.live == sum(1 for qs in self._queues.values() if qs.get(key)), key

@@ -73,9 +73,15 @@ class SchedulerSettings:
     """Seconds a job may wait for capacity before it fails with 504."""
     max_queued_per_user: int = 1000
     """Queued jobs one user may hold; more are refused with 429."""
+    max_queued_per_proxy: int = 1000
+    """Queued jobs a proxy's people (and the proxy itself) may hold together; more are refused with 429, so one
+    front end cannot fill the router's queue by naming new people."""
     max_queued: int = 10_000
     """Queued jobs in all, everyone's together; more are refused with 429 at once, which bounds the daemon's memory
-    (each waiting request holds about 20 KB in aiohttp)."""
+    (each waiting request holds about 20 KB in aiohttp). A job that a backend can start at once is never refused."""
+    queue_reserve: float = 0.1
+    """Part of ``max_queued`` kept for the first request of a user (and proxy) with nothing queued: those who filled
+    the rest are refused, a newcomer is not."""
     prompt_token_cost: float = 1.0
     """Service units one prompt token costs in fair share (quotas count tokens). Must be greater than 0."""
     completion_token_cost: float = 2.0
@@ -126,6 +132,10 @@ class SchedulerSettings:
             raise ValueError(f'shares must be "user" or "group", not {self.shares!r}')
         if not (math.isfinite(self.anticipation) and self.anticipation >= 0):
             raise ValueError(f"anticipation must be a finite number of seconds, at least 0, not {self.anticipation!r}")
+        if not 0 <= self.queue_reserve < 1:
+            raise ValueError(
+                f"queue_reserve must be a fraction from 0 up to (not including) 1, not {self.queue_reserve!r}"
+            )
         for name in ("prompt_token_cost", "completion_token_cost"):
             value = getattr(self, name)
             if not (math.isfinite(value) and value > 0):

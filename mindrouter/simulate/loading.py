@@ -92,6 +92,7 @@ _POSITIVE = {
     "fairness_window",
     "queue_timeout",
     "max_queued_per_user",
+    "max_queued_per_proxy",
     "max_queued",
     "min_deprioritization",
     "default_decode_rate",

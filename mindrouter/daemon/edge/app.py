@@ -124,7 +124,12 @@ async def create_app(
         auto_decompress=False,
     )
     decisions = DecisionLog(store, lambda bid: registry.entries[bid].row.name if bid in registry.entries else None)
-    quotas = Quotas(store, scheduler, default_completion=config.scheduler.default_completion_tokens)
+    quotas = Quotas(
+        store,
+        scheduler,
+        default_completion=config.scheduler.default_completion_tokens,
+        queue_timeout=config.scheduler.queue_timeout,
+    )
     stats = Stats(store, on_usage=quotas.record)
     gpus = GpuState(
         GpuProbe(nvml),

@@ -49,6 +49,7 @@ def admit(app: web.Application, path: str, headers: Mapping[str, str], body: byt
     try:
         caller = app[AUTH].caller(headers.get("Authorization"))
         call = admitted.call = Call.from_request(path, body)
+        via = caller.user_id if caller.forwards_to is not None else None  # a proxy's people queue under its cap
         caller = app[AUTH].on_behalf(caller, headers, call.user)
         scheduler = app[SCHEDULER]
         if not scheduler.has_user(caller.user_id):
@@ -65,6 +66,7 @@ def admit(app: web.Application, path: str, headers: Mapping[str, str], body: byt
             max_tokens=call.max_tokens,
             context_tokens=call.context_tokens,
             stream=call.stream,
+            via=via,
         )
         quotas = app[QUOTAS]
         try:
@@ -72,9 +74,6 @@ def admit(app: web.Application, path: str, headers: Mapping[str, str], body: byt
         except RequestError as refusal:  # a decision record, as the core's refusals get one
             dispatcher.lease(job, call, user=caller.name, group=caller.group).refuse(refusal)
             raise
-        cap = quotas.answer_cap(job.id)
-        if cap is not None:  # a whole answer naming no max_tokens: held to its share of the quota
-            call = admitted.call = call.capped(cap)
         admitted.lease = dispatcher.lease(job, call, user=caller.name, group=caller.group).enter()
     except RequestError as exc:
         admitted.error = exc

@@ -169,10 +169,11 @@ class Lease(AnswerRelay):
             backends = dispatcher.backends
             adapter = backends.adapter(bid)
             try:
+                self._reserve()
                 if adapter is None:
                     raise BackendError("the backend was removed")
                 upstream = await adapter.open(self.call, job.model)
-            except RequestError as exc:  # the client's body, not the backend's fault
+            except RequestError as exc:  # the client's body or its quota, not the backend's fault
                 self._end_attempt(Outcome.REJECTED, exc.message)
                 dispatcher.abandon(job.id, prompt_tokens=0)
                 self._released()
@@ -304,6 +305,17 @@ class Lease(AnswerRelay):
         prompt = usage.prompt_tokens if usage.prompt_tokens is not None else self.job.prompt_tokens
         completion = usage.completion_tokens if usage.completion_tokens is not None else upstream.chunks
         return prompt, completion
+
+    def _reserve(self) -> None:
+        """Reserve the job's tokens against its quotas now that it runs; a whole answer may be capped there.
+
+        Raises:
+            RequestError: 429, its quota was used while it waited.
+        """
+        quotas = self.dispatcher.quotas
+        cap = None if quotas is None else quotas.start(self.job.id)
+        if cap is not None:
+            self.call = self.call.capped(cap)
 
     def _released(self) -> None:
         if self._holding:

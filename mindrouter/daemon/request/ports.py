@@ -40,7 +40,14 @@ class Backends(Protocol):
 
 
 class Reservations(Protocol):
-    """What a lease needs from the quotas: how far a stream may go within what admission reserved."""
+    """What a lease needs from the quotas: what a job reserves once it runs, and how far a stream may go."""
+
+    def start(self, job_id: str) -> int | None:
+        """The job starts on a backend: reserve its tokens against everyone; the whole answer's cap, if any.
+
+        Raises:
+            RequestError: 429, the quota was used while it waited.
+        """
 
     def allowance(self, job_id: str) -> float:
         """Completion tokens the job may stream before it asks again (infinite without a token quota)."""

@@ -7,15 +7,24 @@ for the response. A request is never cut within what it reserved; a stream that 
 while a quota it counts against is spent is ended there (``progress``).
 
 What counts: tokens of completed requests (``record``, called where the usage
-row is written) plus a reservation for each request still queued or running.
-The reservation is what the request may use: its prompt plus its
-``max_tokens`` (or a typical answer where it names none), within what is left
-of the quota; a stream that outgrows it (an answer longer than the typical
-one) grows it as it streams (``progress``), and is ended once the quota is
-spent; a whole answer that names none, which cannot be cut as it goes,
-reserves a share of what is left and is capped there (``answer_cap``: the
-backend is sent it as the request's limit). Reservations together never exceed what is left, so use ends at most
-one request's answer above a limit (docs/accounting.md).
+row is written) plus a reservation for each request in flight. A request
+reserves twice:
+
+- at admission (``admit``), what it may use (its prompt plus its ``max_tokens``,
+  or a typical answer where it names none, within what is left). While it
+  waits in the queue this counts against its sender alone: one member's
+  queued requests never refuse another member of a group, whatever they ask for;
+- when it starts on a backend (``start``), against everyone: what is left after
+  use and the other running requests' reservations, and against a quota
+  several people share (a group's) at most a fair part of that (an eighth,
+  less as more run at once, at least a typical answer), so no running request
+  holds a shared quota alone. A whole answer, which cannot be cut as it goes,
+  is capped where its reservation ends (the backend is sent it as the
+  request's limit); a stream that outgrows its reservation grows it as it
+  streams (``outgrow``) and is ended once the quota is spent.
+
+Running reservations together never exceed what is left, so use ends at most
+one batch a stream above a limit (docs/accounting.md).
 A job's reservation is dropped once the scheduler no longer knows the job, so
 no exit path needs to report back here. Days and months are the server's local
 calendar; counters are rebuilt from the daily totals at start, and the
@@ -57,15 +66,27 @@ never pass the quota, a lone one gets an eighth, and the shares shrink as more r
 
 @dataclass(slots=True)
 class _Hold:
-    """One request's reservation: what counts for it while it is queued or running."""
+    """One request's reservation: what counts for it while it is queued (its sender's) or running (everyone's)."""
 
+    user: Hashable
     prompt: int
+    answer: int
+    """The answer tokens it asks for: its ``max_tokens``, or a typical answer."""
+    whole: bool
+    """A whole answer (not a stream, not an embedding): capped where its reservation ends."""
+    named: bool
+    """The request named its ``max_tokens``."""
     reserved: int
-    """Prompt plus the answer reserved at admission, grown as a longer answer streams."""
+    """Prompt plus the answer reserved (at admission, again at the start), grown as a longer answer streams."""
     subjects: tuple[tuple[str, Hashable], ...]
     """The user and group whose quotas it counts against."""
+    until: float
+    """Monotonic time its queue timeout ends: a refusal it causes while queued says to try again by then."""
+    headers: dict[str, str]
+    """The response's quota headers (``X-Quota-Max-Tokens`` is added when a cap is set at the start)."""
     cap: int | None = None
-    """The answer's tokens sent to the backend as its limit (a whole answer that named none)."""
+    """The answer's tokens sent to the backend as its limit (a whole answer reserved less than it asks)."""
+    started: bool = False
 
 
 @dataclass(frozen=True, slots=True)
@@ -79,13 +100,15 @@ class Limit:
     """``tokens_per_day``, ``tokens_per_month`` or ``requests_per_minute``."""
     limit: int
     used: int
-    """Completed tokens plus the reservations of those in flight (requests in the last minute for the rate)."""
+    """Tokens of completed requests (requests in the last minute for the rate)."""
     resets: float
     """Wall-clock epoch seconds when the period turns over."""
+    reserved: int = 0
+    """Tokens reserved by the requests in flight (queued or running)."""
 
     @property
     def remaining(self) -> int:
-        return max(0, self.limit - self.used)
+        return max(0, self.limit - self.used - self.reserved)
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -94,6 +117,7 @@ class Limit:
             "kind": self.kind,
             "limit": self.limit,
             "used": self.used,
+            "reserved": self.reserved,
             "remaining": self.remaining,
             "resets": self.resets,
             "resets_at": iso_local(self.resets),
@@ -108,6 +132,7 @@ class Quotas:
         scheduler: asked whether a job is still queued or running.
         default_completion: the typical answer reserved for a request that names no ``max_tokens``
             (a user's usual answer once it is longer).
+        queue_timeout: seconds a request may wait in the queue (the latest a queued reservation ends).
         wall: wall-clock seconds (periods, resets). Defaults to ``time.time``.
         clock: monotonic seconds (the per-minute rate). Defaults to ``time.monotonic``.
     """
@@ -118,12 +143,14 @@ class Quotas:
         scheduler: Any,
         *,
         default_completion: int = 256,
+        queue_timeout: float = 300.0,
         wall: Callable[[], float] = time.time,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
         self.store = store
         self.scheduler = scheduler
         self.default_completion = default_completion
+        self.queue_timeout = queue_timeout
         self.wall = wall
         self.clock = clock
         self._limits: dict[tuple[str, Hashable], Quota] = {}
@@ -131,7 +158,7 @@ class Quotas:
         self._used: dict[tuple[str, Hashable, str], int] = {}
         """(subject, id, period key) -> completed tokens; a day key is ``2026-12-03``, a month ``2026-12``."""
         self._inflight: dict[tuple[str, Hashable], dict[str, _Hold]] = {}
-        """subject -> job id -> its reservation (one ``_Hold`` shared by the user and its group)."""
+        """subject -> job id -> its reservation (one ``_Hold`` shared by the user and its group); token quotas only."""
         self._jobs: dict[str, _Hold] = {}
         self._usual: dict[Hashable, float] = {}
         """user id -> its usual answer length, learned from completed requests."""
@@ -192,16 +219,53 @@ class Quotas:
         if hold is None:
             return None
         hold.reserved = max(hold.reserved, hold.prompt + completion_tokens + _GROW)
-        for subject, key in hold.subjects:
-            for limit in self.subject_limits(subject, key):
-                if limit.kind != "requests_per_minute" and limit.used > limit.limit:
+        for subject in hold.subjects:
+            for limit in self._token_limits(subject):
+                if limit.used + self._running(subject) > limit.limit:
                     return _cut(limit, completion_tokens)
         return None
 
-    def answer_cap(self, job_id: str) -> int | None:
-        """The most answer tokens the job may have, where admission set it (a whole answer naming none)."""
+    def start(self, job_id: str) -> int | None:
+        """The job starts on a backend: reserve what it may use against everyone; returns its answer's cap.
+
+        What is left after use and the other running requests' reservations bounds it; against a
+        quota several people share, so does a fair part of that (``_SHARE``), so one member's huge
+        ``max_tokens`` holds back no one else. A whole answer reserved less than it asks for is
+        capped there (the backend is sent it as the limit, ``X-Quota-Max-Tokens`` says so).
+
+        Raises:
+            RequestError: 429, what is left no longer holds its prompt (the quota was used while it waited).
+        """
         hold = self._jobs.get(job_id)
-        return None if hold is None else hold.cap
+        if hold is None or hold.started:
+            return None if hold is None else hold.cap
+        room, tightest = self._room([(subject, None) for subject in hold.subjects])
+        if tightest is None:
+            return None
+        prompt = hold.prompt
+        if room <= prompt:  # used, or reserved by the requests that started while it waited
+            self._drop(job_id)
+            if tightest.used >= tightest.limit:
+                raise _refusal(tightest, self.wall())
+            raise _no_room(tightest, room, prompt, "running", 5, self.wall())
+        key = tightest.name if tightest.subject == "group" else hold.user
+        running = sum(1 for other in self._holds((tightest.subject, key)).values() if other.started)
+        part = max(self.typical_answer(hold.user), (room - prompt) // (_SHARE * (1 + running)))
+        answer = part if hold.whole and not hold.named else hold.answer  # known only at its end: its share
+        if tightest.subject == "group":  # shared by several people: at most a fair part of what is left
+            answer = min(answer, part)
+        answer = min(answer, room - prompt)
+        hold.reserved, hold.started = prompt + answer, True
+        if hold.whole and (not hold.named or answer < hold.answer):
+            hold.cap = answer
+            hold.headers["X-Quota-Max-Tokens"] = str(answer)
+        return hold.cap
+
+    def _drop(self, job_id: str) -> None:
+        hold = self._jobs.pop(job_id, None)
+        if hold is not None:
+            for subject in hold.subjects:
+                self._inflight.get(subject, {}).pop(job_id, None)
 
     def typical_answer(self, user_id: Hashable) -> int:
         """What a request that names no ``max_tokens`` reserves: the longer of the default and the user's usual."""
@@ -223,15 +287,33 @@ class Quotas:
             self._periods = periods
             self._used = {k: v for k, v in self._used.items() if k[2] in periods}
 
-    def _in_flight(self, subject: tuple[str, Hashable]) -> int:
+    def _holds(self, subject: tuple[str, Hashable]) -> dict[str, _Hold]:
+        """The subject's reservations in flight, once those of jobs the scheduler no longer knows are dropped."""
         jobs = self._inflight.get(subject)
         if not jobs:
-            return 0
+            return {}
         scheduler = self.scheduler
         for job_id in [j for j in jobs if not (scheduler.is_queued(j) or scheduler.is_running(j))]:
             del jobs[job_id]
             self._jobs.pop(job_id, None)
-        return sum(hold.reserved for hold in jobs.values())
+        return jobs
+
+    def _running(self, subject: tuple[str, Hashable]) -> int:
+        """What the requests running now reserve (they count against everyone)."""
+        return sum(hold.reserved for hold in self._holds(subject).values() if hold.started)
+
+    def _room(self, subjects: list[tuple[tuple[str, Hashable], Hashable | None]]) -> tuple[int, Limit | None]:
+        """Tokens left under the tightest token quota of ``subjects`` after use and what counts against the
+        asker: the running requests' reservations, and the queued ones of ``user`` where one is named."""
+        best: tuple[int, Limit | None] = (0, None)
+        for subject, user in subjects:
+            held = self._holds(subject).values()
+            against = sum(h.reserved for h in held if h.started or (user is not None and h.user == user))
+            for limit in self._token_limits(subject):
+                room = limit.limit - limit.used - against
+                if best[1] is None or (room, limit.resets) < (best[0], best[1].resets):
+                    best = (room, limit)
+        return best
 
     # -- checking --------------------------------------------------------------
 
@@ -243,6 +325,9 @@ class Quotas:
         """Every quota set, users' and groups', with its use so far."""
         return [limit for subject, key in list(self._limits) for limit in self.subject_limits(subject, key)]
 
+    def _token_limits(self, subject: tuple[str, Hashable]) -> list[Limit]:
+        return [limit for limit in self.subject_limits(*subject) if limit.kind != "requests_per_minute"]
+
     def subject_limits(self, subject: str, key: Hashable) -> list[Limit]:
         """The quotas of one user (by id) or group (by name)."""
         quota = self._limits.get((subject, key))
@@ -253,13 +338,14 @@ class Quotas:
         day, month = self._keys(now)
         name = self._user_name(key) if subject == "user" else str(key)
         out = []
+        reserved = sum(hold.reserved for hold in self._holds((subject, key)).values())
         for kind, period in _PERIODS.items():
             limit = getattr(quota, kind)
             if limit is None:
                 continue
             used = self._used.get((subject, key, day if period == "day" else month), 0)
-            used += self._in_flight((subject, key))
-            out.append(Limit(subject, name, kind, limit, used, next_day(now) if period == "day" else next_month(now)))
+            resets = next_day(now) if period == "day" else next_month(now)
+            out.append(Limit(subject, name, kind, limit, used, resets, reserved))
         if quota.requests_per_minute is not None:
             recent = self._recent_requests((subject, key))
             resets = (recent[0] + _MINUTE - self.clock() + now) if recent else now
@@ -279,47 +365,55 @@ class Quotas:
     def admit(self, caller: Any, job: Any) -> dict[str, str] | None:
         """Let the job queue with its reservation, or refuse it with 429; returns the response's quota headers.
 
+        Only use, the running requests' reservations and the caller's own queued ones can refuse it:
+        another member's queued requests never do.
+
         Raises:
             RequestError: 429 naming the spent quota, with ``Retry-After`` until its period turns over;
-                or 429 saying what is left is too little for the request's prompt.
+                or 429 saying what is left after the requests in flight is too little for its prompt,
+                with ``Retry-After`` no later than the end of those that reserve it.
         """
         subjects = [s for s in (("user", caller.user_id), ("group", caller.group)) if s in self._limits]
         if not subjects:
             return None
-        limits = self.limits(caller.user_id, caller.group)
-        for limit in limits:
+        for limit in self.limits(caller.user_id, caller.group):
             if limit.used >= limit.limit:
                 raise _refusal(limit, self.wall())
-        tokens = [lim for lim in limits if lim.kind != "requests_per_minute"]
-        tightest = min(tokens, key=lambda lim: (lim.remaining, lim.resets)) if tokens else None
+        room, tightest = self._room([(subject, caller.user_id) for subject in subjects])
+        hold = None
         if tightest is not None:
             prompt = job.prompt_tokens
-            held = self._inflight.get(
-                (tightest.subject, caller.user_id if tightest.subject == "user" else caller.group)
-            )
-            if tightest.remaining <= prompt:
-                raise _no_room(tightest, prompt, bool(held))
-            answer, whole = job.max_tokens, not job.stream and job.modality is not Modality.EMBEDDINGS
-            if answer is None:
-                answer = self.typical_answer(caller.user_id)
-            if whole and job.max_tokens is None:  # known only at its end, it cannot be cut as a stream is: capped
-                answer = max(answer, (tightest.remaining - prompt) // (_SHARE * (1 + len(held or ()))))
-            hold = _Hold(prompt, min(prompt + answer, tightest.remaining), tuple(subjects))
-            if whole and job.max_tokens is None:
-                hold.cap = hold.reserved - prompt
-            self._jobs[job.id] = hold
+            if room <= prompt:
+                raise self._refuse_for_room(tightest, prompt, caller.user_id)
+            answer = job.max_tokens if job.max_tokens is not None else self.typical_answer(caller.user_id)
+            whole = not job.stream and job.modality is not Modality.EMBEDDINGS
+            headers = {"X-Quota-Remaining-Tokens": str(room), "X-Quota-Reset": iso_local(tightest.resets)}
+            until = self.clock() + self.queue_timeout
+            named = job.max_tokens is not None
+            hold = _Hold(caller.user_id, prompt, answer, whole, named, min(prompt + answer, room), (), until, headers)
         for subject in subjects:
             quota = self._limits[subject]
-            if tightest is not None and (quota.tokens_per_day is not None or quota.tokens_per_month is not None):
+            if hold is not None and (quota.tokens_per_day is not None or quota.tokens_per_month is not None):
                 self._inflight.setdefault(subject, {})[job.id] = hold
+                hold.subjects += (subject,)
             if quota.requests_per_minute is not None:
                 self._recent_requests(subject).append(self.clock())
-        if tightest is None:
+        if hold is None:
             return None
-        headers = {"X-Quota-Remaining-Tokens": str(tightest.remaining), "X-Quota-Reset": iso_local(tightest.resets)}
-        if hold.cap is not None:
-            headers["X-Quota-Max-Tokens"] = str(hold.cap)
-        return headers
+        self._jobs[job.id] = hold
+        return hold.headers
+
+    def _refuse_for_room(self, limit: Limit, prompt: int, user: Hashable) -> RequestError:
+        """What is left is too little for the prompt: say whose requests in flight hold the rest, if any."""
+        key = (limit.subject, user if limit.subject == "user" else limit.name)
+        held = self._holds(key).values()
+        own = [h.until for h in held if h.user == user and not h.started]
+        room = limit.limit - limit.used - sum(h.reserved for h in held if h.started or h.user == user)
+        if own:  # the caller's own queued requests: they end by their queue timeout at the latest
+            return _no_room(limit, room, prompt, "yours", max(1, math.ceil(min(own) - self.clock())), self.wall())
+        if any(h.started for h in held):
+            return _no_room(limit, room, prompt, "running", 5, self.wall())
+        return _no_room(limit, room, prompt, None, None, self.wall())
 
 
 def _exceeded(message: str, retry_after: float | None = None) -> RequestError:
@@ -338,10 +432,7 @@ def _refusal(limit: Limit, now: float) -> RequestError:
         spent = f"sent {limit.used} requests in the last minute, the most its quota allows"
         reset = time.strftime("%H:%M:%S", time.localtime(limit.resets))
     else:
-        spent = (
-            f"used {limit.used:,} of the {limit.limit:,} tokens a {_PERIODS[limit.kind]} its quota allows"
-            " (running requests included)"
-        )
+        spent = f"used {limit.used:,} of the {limit.limit:,} tokens a {_PERIODS[limit.kind]} its quota allows"
         reset = time.strftime("%Y-%m-%d %H:%M", time.localtime(limit.resets))
     return _exceeded(
         f"{limit.subject} {limit.name!r} has {spent}; try again after the reset at {reset} "
@@ -359,20 +450,27 @@ def _cut(limit: Limit, completion: int) -> RequestError:
     )
 
 
-def _no_room(limit: Limit, prompt: int, running: bool) -> RequestError:
-    """What is left of a token quota is too little for this request's prompt."""
+def _no_room(
+    limit: Limit, room: int, prompt: int, held_by: str | None, retry_after: int | None, now: float
+) -> RequestError:
+    """What is left of a token quota (``room``) is too little for this request's prompt.
+
+    ``held_by`` says who reserves the rest: "yours" (the caller's queued requests), "running" (the
+    requests running now), or None (used by completed requests); ``retry_after`` None waits for the reset.
+    """
     left = (
-        f"{limit.subject} {limit.name!r} has {limit.remaining:,} of the {limit.limit:,} tokens a "
+        f"{limit.subject} {limit.name!r} has {max(0, room):,} of the {limit.limit:,} tokens a "
         f"{_PERIODS[limit.kind]} its quota allows left"
     )
-    if running:
+    if held_by is not None:
+        whose = "your requests in flight" if held_by == "yours" else "the requests running now"
         return _exceeded(
-            f"{left} after the requests running now, too few for this request's prompt of about {prompt:,} tokens;"
-            " wait for them to finish and send it again, or send a shorter prompt",
-            retry_after=5,
+            f"{left} after what is reserved by {whose}, too few for this request's prompt of about {prompt:,}"
+            " tokens; wait for them to finish and send it again, or send a shorter prompt",
+            retry_after=retry_after,
         )
     return _exceeded(
         f"{left}, too few for this request's prompt of about {prompt:,} tokens; send a shorter prompt, or"
         f" {_raise_it(limit)}",
-        retry_after=max(1, math.ceil(limit.resets - time.time())),
+        retry_after=max(1, math.ceil(limit.resets - now)),
     )
