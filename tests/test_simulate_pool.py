@@ -26,10 +26,10 @@ from mindrouter.simulate import (
     simulate,
 )
 from mindrouter.simulate._lp import maximize
+from mindrouter.simulate.conversations import single
 from mindrouter.simulate.runs import RequestTrace
 from mindrouter.simulate.scenario import BackendSpec, ModelSpec
 from mindrouter.simulate.workload import draw_sizes, expected_sizes
-from mindrouter.simulate.conversations import single
 from mindrouter.simulate.workstation import DECODE, Runner, Stream, Workstation
 
 MODELS = {  # two fit in 10 GB (the second in 80% of what the first leaves, as Ollama asks), three do not
@@ -103,7 +103,7 @@ def test_a_request_loads_its_model_then_prefills_and_decodes():
 def test_a_request_behind_a_load_of_its_model_waits_for_it_and_reports_the_wait_as_its_load():
     """Ollama's getRunner gives a request the runner of its model at once, loading or not: it waits for
     the load on the runner, not in the server's queue (where it would hold up loads of other models)."""
-    ws, events = station(parallel=2)
+    ws, _ = station(parallel=2)
     send(ws, req(1), "a", 0.0)
     s2 = send(ws, req(2), "a", 1.0)
     assert ws.loads == 1 and not ws.pending and list(ws.runners["a"].queue)[1:] == [s2]

@@ -218,9 +218,8 @@ class _Sim(Lifecycle):
             self.submit(phase, now, *draw_sizes(spec, rng))
 
     def next_turn(self, phase: PhaseRun, conv: Conversation, turn: int, now: float) -> None:
-        """Turn ``turn`` of ``conv`` leaves, unless its phase has stopped sending."""
-        if now < phase.stop:
-            self.submit(phase, now, conv.prompt_tokens(turn), conv.turns[turn].completion, conv, turn)
+        """Turn ``turn`` of ``conv`` leaves (a conversation begun before its phase's ``stop`` goes on after it)."""
+        self.submit(phase, now, conv.prompt_tokens(turn), conv.turns[turn].completion, conv, turn)
 
     def submit(
         self, phase: PhaseRun, now: float, prompt: int, completion: int, conv: Conversation | None = None, turn: int = 0

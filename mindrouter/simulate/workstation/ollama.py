@@ -24,7 +24,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-from ..scenario import GB, BackendSpec, ModelSpec
+from ..scenario import BackendSpec, ModelSpec
 
 __all__ = ["HEADROOM", "SINGLE_SLOT_FAMILIES", "Context", "context", "default_context", "runner_vram", "slots"]
 
@@ -46,7 +46,6 @@ SINGLE_SLOT_FAMILIES = frozenset(
 """Architectures Ollama runs with one slot whatever ``OLLAMA_NUM_PARALLEL`` says (ollama issue 4165)."""
 HEADROOM = 0.8
 """Beside other runners, a load's estimate must fit in this part of the free VRAM."""
-GIB = 2**30
 
 
 @dataclass(frozen=True, slots=True)
@@ -65,9 +64,12 @@ def slots(spec: BackendSpec, model: ModelSpec) -> float:
 
 
 def default_context(vram_gb: float) -> int:
-    """Ollama's automatic ``num_ctx`` for a GPU of ``vram_gb`` (decimal GB, as the scenario's)."""
-    gib = vram_gb * GB / GIB
-    return 262144 if gib >= 47 else 32768 if gib >= 23 else 4096
+    """Ollama's automatic ``num_ctx`` for a GPU of ``vram_gb``.
+
+    Ollama's thresholds are 47 and 23 GiB, just under 48 and 24 so that the cards sold as such pass
+    (an RTX 4090 has 24 GiB); a scenario gives the size a card is sold as, so they apply to it as is.
+    """
+    return 262144 if vram_gb >= 47 else 32768 if vram_gb >= 23 else 4096
 
 
 def context(spec: BackendSpec, model: ModelSpec, num_ctx: int | None) -> Context:

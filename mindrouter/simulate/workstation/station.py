@@ -248,6 +248,7 @@ class Workstation(Generic[T]):
         runner.loading = True
         runner.ready_at = now + seconds
         runner.refs = 1
+        head.runner_at = now
         runner.queue.append(head)
         self.loads += 1
         self.load_seconds += seconds
@@ -258,6 +259,7 @@ class Workstation(Generic[T]):
         """``useLoadedRunner``: ``stream`` holds ``runner``; it starts when a slot is free and the load is done."""
         runner.refs += 1
         runner.version += 1  # stops its keep_alive timer
+        stream.runner_at = now
         keep = stream.options.keep_alive
         if keep is not None:
             runner.session = math.inf if keep < 0 else keep

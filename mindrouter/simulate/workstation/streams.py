@@ -60,8 +60,10 @@ class Stream(Generic[T]):
     """Bumped when the stream is re-timed: events of an older version are stale."""
     prefill_end: float = 0.0
     done: float = 0.0
+    runner_at: float = 0.0
+    """When it got its model's runner (left the server's queue), loaded or still loading."""
     load: float = 0.0
-    """Seconds from arrival until its model's runner took it (Ollama's ``load_duration``)."""
+    """Seconds from arrival until its model's runner took it, loaded (Ollama's ``load_duration``)."""
     began: float = 0.0
     """When its prefill began (it got a slot)."""
     cached: int = 0
