@@ -155,3 +155,31 @@ async def test_parallel_slots_per_model_and_streams_slow_each_other(workstation)
         assert reply["embeddings"] and reply["prompt_eval_count"] == 2000
         assert reply["prompt_eval_duration"] == pytest.approx(2.0 * NS, rel=0.02)
     assert max(r["total_duration"] for r in replies) > 4 * NS
+
+
+async def test_a_conversations_next_turn_prefills_only_its_new_message_and_counts_its_whole_prompt(
+    workstation,
+) -> None:  # type: ignore[no-untyped-def]
+    """Ollama (llama-server) reports the whole prompt as prompt_eval_count, the part computed in its duration."""
+    client = await workstation()
+    system = {"role": "system", "content": " ".join(["s"] * 1000)}
+    first = [system, {"role": "user", "content": " ".join(["q1"] * 100)}]
+    body = {"model": "a", "stream": False, "options": {"num_predict": 10}}
+    one = await (await client.post("/api/chat", json={**body, "messages": first})).json()
+    assert one["prompt_eval_count"] == 1100 and one["prompt_eval_duration"] == pytest.approx(1.1 * NS, rel=0.02)
+    history = [*first, one["message"], {"role": "user", "content": " ".join(["q2"] * 100)}]
+    two = await (await client.post("/api/chat", json={**body, "messages": history})).json()
+    assert two["prompt_eval_count"] == 1210  # 1100 + the 10-token answer + 100
+    assert two["prompt_eval_duration"] == pytest.approx(0.1 * NS, rel=0.02)  # only the new message
+
+
+async def test_a_vllm_face_reports_the_cached_tokens_of_its_prefix_blocks(workstation) -> None:  # type: ignore[no-untyped-def]
+    client = await workstation(engine="vllm", vram=None, loaded_models=tuple(MODELS), parallel=None)
+    body = {"model": "a:latest", "max_tokens": 5, "messages": [{"role": "user", "content": " ".join(["w"] * 100)}]}
+    first = await (await client.post("/v1/chat/completions", json=body)).json()
+    again = await (await client.post("/v1/chat/completions", json=body)).json()
+    assert first["usage"]["prompt_tokens"] == again["usage"]["prompt_tokens"] == 100
+    assert (first["usage"]["prompt_tokens_details"], again["usage"]["prompt_tokens_details"]) == (
+        {"cached_tokens": 0},
+        {"cached_tokens": 96},  # 6 whole blocks of 16; the last token is always computed
+    )

@@ -227,6 +227,8 @@ class Workstation(Generic[T]):
             ctx, vram = self._need(model, options)
         keep = self.spec.keep_alive if options.keep_alive is None else options.keep_alive
         n = slots(self.spec, spec)
+        if self.spec.engine == "llamacpp" and not math.isfinite(n):
+            n = self.spec.max_concurrent  # llama-server has as many slots as it serves requests at once
         runner: Runner[T] = Runner(spec, n, ctx, vram, math.inf if keep is None or keep < 0 else keep)
         if spec.kind != "embedding":
             runner.cache = self._cache(spec, int(n) if math.isfinite(n) else self.spec.max_concurrent)
