@@ -41,7 +41,7 @@ from contextlib import aclosing
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
-from _workstation import LiveStation, Request, ServerBusy
+from _workstation import LiveStation, ServerBusy, Waits
 from aiohttp import web
 
 from mindrouter.simulate.scenario import GB, BackendSpec, ModelSpec
@@ -149,7 +149,7 @@ class _Reply:
         model: str,
         openai: bool,
         embed: bool,
-        stream: Stream[Request],
+        stream: Stream[Waits],
         t0: float,
     ) -> None:
         self.request, self.ws, self.model, self.openai, self.embed = request, ws, model, openai, embed
@@ -260,7 +260,7 @@ def _entry(ws: LiveStation, name: str, sizes: Mapping[str, str]) -> dict[str, An
     }
 
 
-def _expires(ws: LiveStation, runner: Runner[Request]) -> str:
+def _expires(ws: LiveStation, runner: Runner[Waits]) -> str:
     if runner.session == float("inf"):
         return "2318-11-20T00:00:00Z"
     since = runner.last_used if not runner.refs else ws.now()

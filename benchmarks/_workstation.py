@@ -25,7 +25,7 @@ from typing import Any
 from mindrouter.simulate.scenario import BackendSpec, ModelSpec
 from mindrouter.simulate.workstation import DONE, Options, Prompt, Runner, Segment, ServerBusy, Stream, Workstation
 
-__all__ = ["CHUNK_WALL", "LiveStation", "ServerBusy", "Stats"]
+__all__ = ["CHUNK_WALL", "LiveStation", "ServerBusy", "Stats", "Waits"]
 
 CHUNK_WALL = 0.1
 """Wall seconds between two chunks of one stream (tokens are batched so a chunk costs routers alike)."""
@@ -44,8 +44,8 @@ class Stats:
 
 
 @dataclass(slots=True, eq=False)
-class Request:
-    """What the face knows of one request: its events, and what it streamed."""
+class Waits:
+    """What the face of one request waits for: the end of its prefill, and its last token."""
 
     prefilled: asyncio.Event = field(default_factory=asyncio.Event)
     done: asyncio.Event = field(default_factory=asyncio.Event)
@@ -66,7 +66,7 @@ class LiveStation:
         self._heap: list[tuple[float, int, str, Any]] = []
         self._seq = 0
         self._timer: asyncio.TimerHandle | None = None
-        self.station: Workstation[Request] = Workstation(spec, self.models.__getitem__, self._push, _unused)
+        self.station: Workstation[Waits] = Workstation(spec, self.models.__getitem__, self._push, _unused)
 
     def now(self) -> float:
         """Lab seconds since start."""
@@ -80,7 +80,7 @@ class LiveStation:
             self._timer.cancel()
 
     @property
-    def runners(self) -> dict[str, Runner[Request]]:
+    def runners(self) -> dict[str, Runner[Waits]]:
         return self.station.runners
 
     # --- the model's timers ---
@@ -122,7 +122,7 @@ class LiveStation:
 
     # --- requests ---
 
-    def submit(self, model: str, prompt: Prompt, completion: int, answer: Segment, options: Options) -> Stream[Request]:
+    def submit(self, model: str, prompt: Prompt, completion: int, answer: Segment, options: Options) -> Stream[Waits]:
         """A request arrives.
 
         Raises:
@@ -134,12 +134,12 @@ class LiveStation:
         self.stats.requests += 1
         now = self.advance()
         try:
-            return self.station.accept(Request(), model, prompt, completion, now, answer, options)
+            return self.station.accept(Waits(), model, prompt, completion, now, answer, options)
         except ServerBusy:
             self.stats.busy += 1
             raise
 
-    async def tokens(self, stream: Stream[Request]) -> AsyncIterator[int]:
+    async def tokens(self, stream: Stream[Waits]) -> AsyncIterator[int]:
         """Tokens as they are produced, a chunk's count at a time: the first at the end of the prefill
         (its time to first token), then every ``CHUNK_WALL``; nothing for an embedding."""
         req = stream.tag
@@ -160,10 +160,7 @@ class LiveStation:
             except TimeoutError:
                 pass
 
-    async def finished(self, stream: Stream[Request]) -> None:
-        await stream.tag.done.wait()
-
-    def leave(self, stream: Stream[Request]) -> None:
+    def leave(self, stream: Stream[Waits]) -> None:
         """The request is over for its client: if the model has not finished it, it is cancelled there."""
         if stream.phase != DONE:
             self.station.cancel(stream, self.advance())
@@ -186,5 +183,5 @@ class LiveStation:
         )
 
 
-_unused: Callable[[Stream[Request], float, float], None] = lambda stream, old, now: None  # noqa: E731
+_unused: Callable[[Stream[Waits], float, float], None] = lambda stream, old, now: None  # noqa: E731
 """The face reads each stream's rate when it streams; nothing to do when it changes."""
