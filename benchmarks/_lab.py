@@ -1,62 +1,87 @@
 """The lab of issue 17: four Ollama workstations, four models, 20 users, and its seeded workload.
 
-Sizes are Ollama's Q4_K_M files (``/api/tags``) and what ``/api/ps`` shows
-resident with four slots of context; speeds are single-stream tokens/s of the
-order published for llama.cpp on these GPUs. A workstation pulls only the
-models that fit its VRAM (the 70B lives on the H100 alone). Everything here is
-in lab seconds; the benchmark compresses time.
+The workstations are the simulator's ``BackendSpec``s: bench_pool's fake
+servers drive the simulator's own workstation model with them. Sizes are
+Ollama's Q4_K_M files (``/api/tags``) and what ``/api/ps`` shows resident with
+four slots of context; speeds are single-stream tokens/s of the order
+published for llama.cpp on these GPUs. A workstation pulls only the models
+that fit its VRAM (the 70B lives on the H100 alone). Everything here is in lab
+seconds; the benchmark compresses time.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import random
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
-from _workstation import BATCH_COST, ModelSpec, Speed, WorkstationSpec
+from mindrouter.simulate.conversations import Conversation
+from mindrouter.simulate.scenario import SHARING, BackendSpec, ModelSpec, Rates
 
+BATCH_COST = 0.25
+"""Extra step time per extra stream in one model's batch: four streams give 2.3x one stream's tokens/s."""
+PARALLEL, MAX_LOADED = 4, 3
+"""The lab's OLLAMA_NUM_PARALLEL (Ollama's default is 1) and OLLAMA_MAX_LOADED_MODELS (the default)."""
 CHAT, CODER, BIG, EMBED = "llama3.1:8b", "qwen2.5-coder:14b", "llama3.3:70b", "nomic-embed-text:latest"
 MODELS = {
-    CHAT: ModelSpec(CHAT, disk_gb=4.9, vram_gb=7.0, family="llama", parameter_size="8.0B"),
-    CODER: ModelSpec(CODER, disk_gb=9.0, vram_gb=11.0, family="qwen2", parameter_size="14.8B"),
-    BIG: ModelSpec(BIG, disk_gb=42.5, vram_gb=48.0, family="llama", parameter_size="70.6B"),
-    EMBED: ModelSpec(EMBED, disk_gb=0.27, vram_gb=0.6, family="nomic-bert", parameter_size="137M", embedding=True),
+    CHAT: ModelSpec(CHAT, size=4.9, vram=7.0, family="llama"),
+    CODER: ModelSpec(CODER, size=9.0, vram=11.0, family="qwen2"),
+    BIG: ModelSpec(BIG, size=42.5, vram=48.0, family="llama"),
+    EMBED: ModelSpec(EMBED, size=0.27, vram=0.6, kind="embedding", family="nomic-bert"),
 }
+PARAMETERS = {CHAT: "8.0B", CODER: "14.8B", BIG: "70.6B", EMBED: "137M"}
+"""Each model's parameter size, as ``/api/tags`` reports it."""
+GPUS = {
+    "ws-h100": "NVIDIA H100 80GB HBM3",
+    "ws-4090": "NVIDIA GeForce RTX 4090",
+    "ws-4080": "NVIDIA GeForce RTX 4080",
+    "ws-3060": "NVIDIA GeForce RTX 3060",
+}
+
+
+def _station(
+    name: str, vram: float, load_s_per_gb: float, speeds: dict[str, tuple[float, float]], preload: tuple[str, ...]
+) -> BackendSpec:
+    """A workstation as the simulator describes it: ``speeds`` are one stream's (decode, prefill) tokens/s."""
+    return BackendSpec(
+        name=name,
+        models=tuple(speeds),
+        max_concurrent=PARALLEL * MAX_LOADED,
+        tokens_per_second=1.0,
+        prefill_tokens_per_second=10.0,
+        loaded_models=preload,
+        vram=vram,
+        load_seconds_per_gb=load_s_per_gb,
+        parallel=PARALLEL,
+        max_loaded=MAX_LOADED,
+        keep_alive=300.0,
+        slowdown=BATCH_COST,
+        rates={m: Rates(decode or 1.0, prefill) for m, (decode, prefill) in speeds.items()},
+        load_start_seconds=1.0,
+    )
+
+
 POOL = (
-    WorkstationSpec(
+    _station(
         "ws-h100",
-        "NVIDIA H100 80GB HBM3",
         80,
         0.30,
-        {CHAT: Speed(140, 9000), CODER: Speed(85, 5000), BIG: Speed(24, 1100), EMBED: Speed(0, 30000)},
+        {CHAT: (140, 9000), CODER: (85, 5000), BIG: (24, 1100), EMBED: (0, 30000)},
         preload=(BIG, CHAT, EMBED),
     ),
-    WorkstationSpec(
-        "ws-4090",
-        "NVIDIA GeForce RTX 4090",
-        24,
-        0.35,
-        {CHAT: Speed(125, 6000), CODER: Speed(70, 3200), EMBED: Speed(0, 20000)},
-        preload=(CODER, CHAT, EMBED),
+    _station(
+        "ws-4090", 24, 0.35, {CHAT: (125, 6000), CODER: (70, 3200), EMBED: (0, 20000)}, preload=(CODER, CHAT, EMBED)
     ),
-    WorkstationSpec(
-        "ws-4080",
-        "NVIDIA GeForce RTX 4080",
-        16,
-        0.45,
-        {CHAT: Speed(100, 4500), CODER: Speed(55, 2400), EMBED: Speed(0, 15000)},
-        preload=(CHAT, EMBED),
-    ),
-    WorkstationSpec(
-        "ws-3060",
-        "NVIDIA GeForce RTX 3060",
-        12,
-        0.70,
-        {CHAT: Speed(55, 1800), CODER: Speed(27, 800), EMBED: Speed(0, 6000)},
-        preload=(CHAT,),
-    ),
+    _station("ws-4080", 16, 0.45, {CHAT: (100, 4500), CODER: (55, 2400), EMBED: (0, 15000)}, preload=(CHAT, EMBED)),
+    _station("ws-3060", 12, 0.70, {CHAT: (55, 1800), CODER: (27, 800), EMBED: (0, 6000)}, preload=(CHAT,)),
 )
+
+
+def pool(sharing: str = SHARING[0]) -> tuple[BackendSpec, ...]:
+    """The lab's workstations, their GPUs shared by ``sharing`` (``workstation/gpu.py``)."""
+    return tuple(dataclasses.replace(ws, sharing=sharing) for ws in POOL)
 
 
 @dataclass(frozen=True, slots=True)
@@ -87,6 +112,9 @@ class Request:
     prompt: int
     out: int
     phase: str
+    conversation: Conversation | None = None
+    """The conversation this request is a turn of (``prompt`` and ``out`` are that turn's), or None."""
+    turn: int = 0
 
 
 SIGMA = 0.6
@@ -97,13 +125,13 @@ def _size(rng: random.Random, median: int) -> int:
     return int(min(median * 3.0, max(median * 0.3, rng.lognormvariate(0.0, SIGMA) * median)))
 
 
-def mean_work(kind: Kind, speed: Speed) -> float:
+def mean_work(kind: Kind, speed: Rates) -> float:
     """Single-stream GPU seconds of a request of ``kind`` at its mean sizes."""
     decode = kind.out / speed.decode if kind.out else 0.0
     return (kind.prompt / speed.prefill + decode) * math.exp(SIGMA**2 / 2)
 
 
-def capacity(pool: Sequence[WorkstationSpec] = POOL, kinds: Sequence[Kind] = KINDS) -> float:
+def capacity(stations: Sequence[BackendSpec] = POOL, kinds: Sequence[Kind] = KINDS) -> float:
     """Requests/s the pool serves with full batches (``num_parallel`` streams): an estimate, not a bound.
 
     The 70B's requests take the H100's time first; every workstation spends
@@ -113,17 +141,17 @@ def capacity(pool: Sequence[WorkstationSpec] = POOL, kinds: Sequence[Kind] = KIN
     big = next(k for k in kinds if k.model == BIG)
     rest = [k for k in kinds if k is not big]
 
-    def batch(ws: WorkstationSpec) -> float:
-        return ws.num_parallel / (1 + BATCH_COST * (ws.num_parallel - 1))
+    def batch(ws: BackendSpec) -> float:
+        return PARALLEL / (1 + BATCH_COST * (PARALLEL - 1))
 
-    def work(ws: WorkstationSpec) -> float:
-        here = [k for k in rest if k.model in ws.speeds]
+    def work(ws: BackendSpec) -> float:
+        here = [k for k in rest if k.model in ws.models]
         weight = sum(k.share for k in here)
-        return sum(k.share / weight * mean_work(k, ws.speeds[k.model]) for k in here)
+        return sum(k.share / weight * mean_work(k, ws.rates[k.model]) for k in here)
 
-    host = next(ws for ws in pool if BIG in ws.speeds)
-    others = sum(batch(ws) / work(ws) for ws in pool)
-    return others / ((1 - big.share) + big.share * mean_work(big, host.speeds[BIG]) / work(host))
+    host = next(ws for ws in stations if BIG in ws.models)
+    others = sum(batch(ws) / work(ws) for ws in stations)
+    return others / ((1 - big.share) + big.share * mean_work(big, host.rates[BIG]) / work(host))
 
 
 def users(kinds: Iterable[Kind] = KINDS) -> list[tuple[str, Kind]]:
@@ -152,8 +180,23 @@ def workload(seed: int, steady_s: float, burst_s: float, steady: float = 0.6, bu
     return sorted(out, key=lambda r: r.at)
 
 
+APPS = {"webui": 1000, "continue": 2500}
+"""Client apps of the conversations workload and their system prompts, in tokens."""
+TALKS = {CHAT: ("webui", (2, 8), (10, 60), (30, 400)), CODER: ("continue", (2, 6), (20, 90), (300, 2000))}
+"""Per model, how its users converse in the conversations workload: app, turns, think time and each turn's
+new message (tokens); the 70B and embedding users send single requests."""
+
+
 def scenario(
-    seed: int, steady_s: float, burst_s: float, drain_s: float = 300.0, steady: float = 0.6, burst: float = 1.3
+    seed: int,
+    steady_s: float,
+    burst_s: float,
+    drain_s: float = 300.0,
+    steady: float = 0.6,
+    burst: float = 1.3,
+    *,
+    sharing: str = SHARING[0],
+    conversations: bool = False,
 ) -> str:
     """This lab as an ``mr simulate`` scenario (TOML): the same pool, rates and arrival rates.
 
@@ -162,34 +205,44 @@ def scenario(
 
     Where it differs from :func:`workload`: its own Poisson draws (the same rates), and sizes
     uniform over [0.3, 2.1] x the median (the clipped lognormal's mean); ``bench_pool.py
-    --workload scenario`` replays these very requests live.
+    --workload scenario`` replays these very requests live. With ``conversations``, the chat and
+    coder users hold conversations (``TALKS``) behind their app's system prompt, starting as many
+    a second as they sent requests over the turns a conversation has on average.
     """
     lines = [f"duration = {steady_s + burst_s + drain_s:g}", f"seed = {seed}", ""]
     for m in MODELS.values():
-        lines += [f'[models."{m.name}"]', f"size = {m.disk_gb}", f"vram = {m.vram_gb}"]
-        lines += ['kind = "embedding"', ""] if m.embedding else [""]
-    for ws in POOL:
+        lines += [f'[models."{m.name}"]', f"size = {m.size}", f"vram = {m.vram}", f'family = "{m.family}"']
+        lines += ['kind = "embedding"', ""] if m.kind == "embedding" else [""]
+    if conversations:
+        for app, system in APPS.items():
+            lines += [f"[apps.{app}]", f"system_prompt = {system}", ""]
+    for ws in pool(sharing):
         lines += [
             "[[backends]]",
             f'name = "{ws.name}"',
-            "models = [" + ", ".join(f'"{m}"' for m in ws.speeds) + "]",
-            "loaded_models = [" + ", ".join(f'"{m}"' for m in ws.preload) + "]",
-            f"max_concurrent = {ws.num_parallel * ws.max_loaded}",
+            "models = [" + ", ".join(f'"{m}"' for m in ws.models) + "]",
+            "loaded_models = [" + ", ".join(f'"{m}"' for m in ws.loaded_models) + "]",
+            f"max_concurrent = {ws.max_concurrent}",
             "tokens_per_second = 1",
-            f"vram = {ws.vram_gb:g}",
-            f"load_seconds_per_gb = {ws.load_s_per_gb:g}",
-            f"parallel = {ws.num_parallel}",
+            f"vram = {ws.vram:g}",
+            f"load_seconds_per_gb = {ws.load_seconds_per_gb:g}",
+            f"load_start_seconds = {ws.load_start_seconds:g}",
+            f"parallel = {ws.parallel}",
             f"max_loaded = {ws.max_loaded}",
             f"keep_alive = {ws.keep_alive:g}",
-            f"slowdown = {BATCH_COST:g}",
+            f"slowdown = {ws.slowdown:g}",
+            f'sharing = "{ws.sharing}"',
             "",
             "[backends.rates]",
-            *(f'"{m}" = {{ decode = {s.decode or 1:g}, prefill = {s.prefill:g} }}' for m, s in ws.speeds.items()),
+            *(f'"{m}" = {{ decode = {r.decode:g}, prefill = {r.prefill:g} }}' for m, r in ws.rates.items()),
             "",
         ]
     rate = capacity()
     for name, kind in users():
         per_user = rate * kind.share / kind.users
+        talk = TALKS.get(kind.model) if conversations else None
+        if talk is not None:
+            per_user /= sum(talk[1]) / 2
         for start, stop, factor in ((0.0, steady_s, steady), (steady_s, steady_s + burst_s, burst)):
             lines += [
                 "[[users]]",
@@ -198,8 +251,13 @@ def scenario(
                 f"rate = {per_user * factor:.6f}",
                 f"start = {start:g}",
                 f"stop = {stop:g}",
-                f"prompt_tokens = [{int(kind.prompt * 0.3)}, {int(kind.prompt * 2.1)}]",
             ]
+            if talk is None:
+                lines.append(f"prompt_tokens = [{int(kind.prompt * 0.3)}, {int(kind.prompt * 2.1)}]")
+            else:
+                app, turns, think, message = talk
+                lines += [f'app = "{app}"', f"turns = {list(turns)}", f"think_time = {list(think)}"]
+                lines.append(f"prompt_tokens = {list(message)}")
             if kind.out:
                 lines.append(f"completion_tokens = [{int(kind.out * 0.3)}, {int(kind.out * 2.1)}]")
             lines.append("")

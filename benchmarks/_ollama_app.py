@@ -1,21 +1,32 @@
-"""The HTTP face of a fake Ollama workstation (``_workstation.py``): Ollama's wire format, and an ``mr agent``.
+"""The HTTP face of a fake workstation (``_workstation.py``): Ollama's wire format, and an ``mr agent``.
 
-    python benchmarks/_ollama_app.py COMPRESSION PORT [PORT ...]
+    python benchmarks/_ollama_app.py COMPRESSION SHARING PORT [PORT ...]
 
-serves the lab pool of ``_lab.py`` (one workstation per port, in order) on
-127.0.0.1 until stopped. Routes, as Ollama answers them: ``GET /``,
-``/api/version``, ``/api/tags``, ``/api/ps`` (``size_vram``, ``expires_at``),
-``POST /api/show`` (``capabilities``), ``/api/chat``, ``/api/generate`` and
-``/api/embed`` (NDJSON streams whose last line has ``eval_count``,
-``eval_duration``, ``prompt_eval_count``, ``prompt_eval_duration``,
-``load_duration`` and ``total_duration`` in nanoseconds), and the
-OpenAI-compatible ``/v1/chat/completions``, ``/v1/embeddings`` and
-``/v1/models``. ``GET /gpus`` answers as ``mr agent`` does (its one GPU's
-VRAM as the loaded runners use it), so ``mr serve`` can read it as a node.
-``GET /bench/stats`` gives the loads, load seconds (lab), evictions and
-expiries; ``GET /bench/trace`` where each answered request's time went (waiting
-for its runner, its load, a slot, prefill, decode). Each chunk carries as many "tok " words as tokens were produced
-since the last one.
+serves the lab pool of ``_lab.py`` (one workstation per port, in order, its
+GPU shared by SHARING: time-share or concurrent) on 127.0.0.1 until stopped.
+Routes, as Ollama answers them: ``GET /``,
+``/api/version``, ``/api/tags``, ``/api/ps`` (``size_vram``, ``expires_at``,
+``context_length``), ``POST /api/show`` (``capabilities``), ``/api/chat``,
+``/api/generate`` and ``/api/embed`` (NDJSON streams whose last line has
+``eval_count``, ``eval_duration``, ``prompt_eval_count``,
+``prompt_eval_duration``, ``load_duration`` and ``total_duration`` in
+nanoseconds), and the OpenAI-compatible ``/v1/chat/completions``,
+``/v1/embeddings`` and ``/v1/models``. ``GET /gpus`` answers as ``mr agent``
+does (its one GPU's VRAM as the loaded runners use it), so ``mr serve`` can
+read it as a node. ``GET /bench/stats`` gives the loads, load seconds (lab),
+evictions and expiries; ``GET /bench/trace`` where each answered request's
+time went (waiting for its runner, its load, a slot, prefill, decode). Each
+chunk carries as many "tok " words as tokens were produced since the last one.
+
+What a prompt cache needs from the wire: the prompt, as segments
+(``Prompt``): each message is one, keyed by its role and text, so a system
+prompt or a history sent again is recognised; tokens are whitespace-separated
+words. An answer is "tok " repeated, and is keyed as the assistant message a
+client sends back. What is reported is what the engine reports: an Ollama's
+``prompt_eval_count`` (and OpenAI ``prompt_tokens``) is the whole prompt, as
+Ollama's llama-server runner counts it (``cache_n + prompt_n``), and
+``prompt_eval_duration`` the time of the part computed; a vLLM or llama.cpp
+engine adds ``prompt_tokens_details.cached_tokens`` to its OpenAI usage.
 """
 
 from __future__ import annotations
@@ -25,15 +36,18 @@ import contextlib
 import json
 import sys
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Mapping
 from contextlib import aclosing
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
-from _workstation import GB, Runner, ServerBusy, Stream, Workstation, WorkstationSpec
+from _workstation import LiveStation, ServerBusy, Waits
 from aiohttp import web
 
-WORKSTATION = web.AppKey("workstation", Workstation)
+from mindrouter.simulate.scenario import GB, BackendSpec, ModelSpec
+from mindrouter.simulate.workstation import Options, Prompt, Runner, Segment, Stream
+
+STATION = web.AppKey("station", LiveStation)
 VERSION = "0.11.4"
 """The Ollama version the fake claims."""
 
@@ -42,16 +56,24 @@ def _stamp(offset_s: float = 0.0) -> str:
     return (datetime.now(UTC) + timedelta(seconds=offset_s)).isoformat().replace("+00:00", "Z")
 
 
-def _words(text: Any) -> int:
-    return text.count(" ") + 1 if isinstance(text, str) and text else 0
+def words(text: Any) -> int:
+    """The fake's tokenizer: whitespace-separated words."""
+    return len(text.split()) if isinstance(text, str) else 0
 
 
-def prompt_tokens(body: dict[str, Any]) -> int:
-    """Whitespace-separated words of the prompt, messages or embedding input: the fake's tokenizer."""
+def prompt_of(body: dict[str, Any]) -> Prompt:
+    """The prompt as segments: each message (role and text), or the prompt, or each input to embed."""
     if isinstance(body.get("messages"), list):
-        return sum(_words(m.get("content")) for m in body["messages"] if isinstance(m, dict))
-    text = body.get("input", body.get("prompt"))
-    return sum(map(_words, text)) if isinstance(text, list) else _words(text)
+        parts = [(m.get("role"), m.get("content")) for m in body["messages"] if isinstance(m, dict)]
+    else:
+        text = body.get("input", body.get("prompt"))
+        parts = [("input", t) for t in (text if isinstance(text, list) else [text])]
+    segments = tuple(Segment((role, text), words(text)) for role, text in parts if words(text))
+    return Prompt(segments or (Segment(("empty",), 1),))
+
+
+def answer_text(tokens: int) -> str:
+    return "tok " * tokens
 
 
 def keep_alive_seconds(value: Any) -> float | None:
@@ -71,7 +93,7 @@ def keep_alive_seconds(value: Any) -> float | None:
 
 def _model(request: web.Request, body: dict[str, Any]) -> str:
     name = str(body.get("model") or "")
-    ws = request.app[WORKSTATION]
+    ws = request.app[STATION]
     return name if name in ws.models else f"{name}:latest" if f"{name}:latest" in ws.models else name
 
 
@@ -85,7 +107,7 @@ def _error(request: web.Request, status: int, message: str) -> web.Response:
 async def _generate(request: web.Request) -> web.StreamResponse:
     """``/api/chat``, ``/api/generate``, ``/api/embed``, ``/v1/chat/completions``, ``/v1/embeddings``."""
     t0 = time.monotonic()
-    ws = request.app[WORKSTATION]
+    ws = request.app[STATION]
     body = await request.json()
     openai, embed = request.path.startswith("/v1/"), request.path.endswith(("/embed", "/embeddings"))
     model = _model(request, body)
@@ -95,16 +117,17 @@ async def _generate(request: web.Request) -> web.StreamResponse:
         if embed
         else int(body.get("max_tokens") or body.get("max_completion_tokens") or options.get("num_predict") or 128)
     )
+    num_ctx = options.get("num_ctx")
+    wants = Options(keep_alive_seconds(body.get("keep_alive")), num_ctx if isinstance(num_ctx, int) else None)
     try:
-        runner, waited, load_wait = await ws.acquire(model, keep_alive_seconds(body.get("keep_alive")))
+        stream = ws.submit(model, prompt_of(body), out, Segment(("assistant", answer_text(out)), out), wants)
     except KeyError:
         return _error(request, 404, f"model '{model}' not found")
     except ServerBusy as exc:
         return _error(request, 503, str(exc))
-    stream = Stream(prompt_tokens(body), out)
+    reply = _Reply(request, ws, model, openai, embed, stream, t0)
     try:
-        reply = _Reply(request, ws, model, openai, embed, stream, t0, waited)
-        async with aclosing(ws.run(runner, stream)) as chunks:
+        async with aclosing(ws.tokens(stream)) as chunks:
             if embed or not body.get("stream", not openai):
                 async for _ in chunks:
                     pass
@@ -113,24 +136,7 @@ async def _generate(request: web.Request) -> web.StreamResponse:
     except ConnectionResetError:  # the client left (a router cancelled, or the benchmark ended)
         return web.Response(status=499)
     finally:
-        ws.release(runner)
-        ws.trace.append(_trace(ws, model, stream, waited, load_wait))
-
-
-def _trace(ws: Workstation, model: str, stream: Stream, waited: float, load_wait: float) -> dict[str, Any]:
-    """Where one request's time went on this workstation (lab seconds), for ``GET /bench/trace``."""
-    return {
-        "model": model,
-        "prompt": stream.prompt,
-        "out": stream.out,
-        "runner_wait": waited - load_wait,
-        "load_wait": load_wait,
-        "slot_wait": stream.started_at - stream.queued_at,
-        "prefill": stream.prefill_s,
-        "to_first": None if stream.first_at is None else stream.first_at - stream.started_at,
-        "decode": stream.decode_s,
-        "end": ws.now(),
-    }
+        ws.leave(stream)
 
 
 class _Reply:
@@ -139,37 +145,41 @@ class _Reply:
     def __init__(
         self,
         request: web.Request,
-        ws: Workstation,
+        ws: LiveStation,
         model: str,
         openai: bool,
         embed: bool,
-        stream: Stream,
+        stream: Stream[Waits],
         t0: float,
-        waited: float,
     ) -> None:
         self.request, self.ws, self.model, self.openai, self.embed = request, ws, model, openai, embed
-        self.s, self.t0, self.waited = stream, t0, waited
+        self.s, self.t0 = stream, t0
         self.chat = request.path.endswith("/chat") or request.path.endswith("/chat/completions")
 
     def _ns(self, lab_seconds: float) -> int:
-        return int(lab_seconds / self.ws.compression * 1e9)
+        return int(self.ws.wall(lab_seconds) * 1e9)
 
     def _timings(self) -> dict[str, Any]:
+        s = self.s
         return {
             "total_duration": int((time.monotonic() - self.t0) * 1e9),
-            "load_duration": self._ns(self.waited),
-            "prompt_eval_count": self.s.prompt,
-            "prompt_eval_duration": self._ns(self.s.prefill_s),
-            "eval_count": self.s.out,
-            "eval_duration": self._ns(self.s.decode_s),
+            "load_duration": self._ns(s.load),
+            "prompt_eval_count": s.prompt.tokens,
+            "prompt_eval_duration": self._ns(s.prefill_end - s.began),
+            "eval_count": s.completion,
+            "eval_duration": self._ns(s.done - s.prefill_end),
         }
 
-    def _usage(self) -> dict[str, int]:
-        return {
-            "prompt_tokens": self.s.prompt,
-            "completion_tokens": self.s.out,
-            "total_tokens": self.s.prompt + self.s.out,
+    def _usage(self) -> dict[str, Any]:
+        s = self.s
+        usage: dict[str, Any] = {
+            "prompt_tokens": s.prompt.tokens,
+            "completion_tokens": s.completion,
+            "total_tokens": s.prompt.tokens + s.completion,
         }
+        if self.ws.spec.engine in ("vllm", "llamacpp"):
+            usage["prompt_tokens_details"] = {"cached_tokens": s.cached}
+        return usage
 
     def _ollama(self, text: str, done: bool) -> dict[str, Any]:
         part: dict[str, Any] = {"message": {"role": "assistant", "content": text}} if self.chat else {"response": text}
@@ -193,7 +203,7 @@ class _Reply:
             return {"object": "list", "data": data, "model": self.model, "usage": self._usage()}
         if self.embed:
             return {"model": self.model, "embeddings": vectors, **self._timings()}
-        text = "tok " * self.s.out
+        text = answer_text(self.s.completion)
         if not self.openai:
             return self._ollama(text, True)
         return {
@@ -210,8 +220,8 @@ class _Reply:
         resp = web.StreamResponse(headers={"Content-Type": kind})
         await resp.prepare(self.request)
         async for n in chunks:
-            line = self._openai("tok " * n, None) if self.openai else self._ollama("tok " * n, False)
-            await resp.write(self._frame(line))
+            text = answer_text(n)
+            await resp.write(self._frame(self._openai(text, None) if self.openai else self._ollama(text, False)))
         if self.openai:
             await resp.write(self._frame(self._openai(None, "length")))
             if include_usage:
@@ -227,171 +237,159 @@ class _Reply:
         return f"data: {text}\n\n".encode() if self.openai else f"{text}\n".encode()
 
 
-def _details(ws: Workstation, name: str) -> dict[str, Any]:
+def _details(ws: LiveStation, name: str, sizes: Mapping[str, str]) -> dict[str, Any]:
     spec = ws.models[name]
     return {
         "parent_model": "",
         "format": "gguf",
         "family": spec.family,
         "families": [spec.family],
-        "parameter_size": spec.parameter_size,
-        "quantization_level": "F16" if spec.embedding else "Q4_K_M",
+        "parameter_size": sizes.get(name, "8B"),
+        "quantization_level": "F16" if spec.kind == "embedding" else "Q4_K_M",
     }
 
 
-def _entry(ws: Workstation, name: str) -> dict[str, Any]:
+def _entry(ws: LiveStation, name: str, sizes: Mapping[str, str]) -> dict[str, Any]:
     return {
         "name": name,
         "model": name,
         "modified_at": "2026-11-01T12:00:00Z",
-        "size": int(ws.models[name].disk_gb * GB),
+        "size": int(ws.models[name].size * GB),
         "digest": f"{abs(hash(name)):064x}"[:64],
-        "details": _details(ws, name),
+        "details": _details(ws, name, sizes),
     }
 
 
-def _expires(ws: Workstation, runner: Runner) -> str:
-    if runner.expires_at is not None:
-        return _stamp((runner.expires_at - ws.now()) / ws.compression)
+def _expires(ws: LiveStation, runner: Runner[Waits]) -> str:
     if runner.session == float("inf"):
         return "2318-11-20T00:00:00Z"
-    return _stamp(max(0.0, runner.session) / ws.compression)
+    since = runner.last_used if not runner.refs else ws.now()
+    return _stamp(ws.wall(max(0.0, since + runner.session - ws.now())))
 
 
-async def _tags(request: web.Request) -> web.Response:
-    ws = request.app[WORKSTATION]
-    return web.json_response({"models": [_entry(ws, n) for n in ws.models]})
+def create_app(
+    spec: BackendSpec,
+    models: Mapping[str, ModelSpec],
+    compression: float,
+    gpu: str = "Fake GPU",
+    sizes: Mapping[str, str] | None = None,
+) -> web.Application:
+    """The app of one fake workstation; its ``LiveStation`` lives from startup to cleanup.
 
-
-async def _ps(request: web.Request) -> web.Response:
-    ws = request.app[WORKSTATION]
-    models = [
-        {
-            **_entry(ws, n),
-            "size": int(r.spec.vram_gb * GB),
-            "size_vram": int(r.spec.vram_gb * GB),
-            "expires_at": _expires(ws, r),
-            "context_length": 8192,
-        }
-        for n, r in ws.loaded.items()
-    ]
-    return web.json_response({"models": models})
-
-
-async def _show(request: web.Request) -> web.Response:
-    ws = request.app[WORKSTATION]
-    name = _model(request, await request.json())
-    if name not in ws.models:
-        return _error(request, 404, f"model '{name}' not found")
-    caps = ["embedding"] if ws.models[name].embedding else ["completion", "tools"]
-    return web.json_response(
-        {
-            "modelfile": "",
-            "parameters": "",
-            "template": "",
-            "details": _details(ws, name),
-            "model_info": {},
-            "capabilities": caps,
-            "modified_at": "2026-11-01T12:00:00Z",
-        }
-    )
-
-
-async def _models(request: web.Request) -> web.Response:
-    ws = request.app[WORKSTATION]
-    data = [{"id": n, "object": "model", "created": 0, "owned_by": "library"} for n in ws.models]
-    return web.json_response({"object": "list", "data": data})
-
-
-async def _gpus(request: web.Request) -> web.Response:
-    """One reading in the shape of ``mr agent``'s ``GET /gpus``."""
-    ws = request.app[WORKSTATION]
-    total, used = int(ws.spec.vram_gb * GB), int(ws.used_vram_gb() * GB)
-    reading = {
-        "index": 0,
-        "name": ws.spec.gpu,
-        "uuid": f"GPU-fake-{ws.spec.name}",
-        "memory_total": total,
-        "memory_used": used,
-        "memory_free": total - used,
-        "utilization_gpu": 100 if ws.busy_streams() else 0,
-        "utilization_memory": None,
-        "temperature_c": None,
-        "power_w": None,
-        "power_limit_w": None,
-        "processes": None,
-    }
-    return web.json_response([reading])
-
-
-async def _stats(request: web.Request) -> web.Response:
-    ws = request.app[WORKSTATION]
-    s = ws.stats
-    return web.json_response(
-        {
-            "loads": s.loads,
-            "load_seconds": s.load_seconds,
-            "evictions": s.evictions,
-            "expiries": s.expiries,
-            "busy": s.busy,
-            "requests": s.requests,
-            "tokens": s.tokens,
-            "resident": sorted(ws.loaded),
-        }
-    )
-
-
-async def _trace_route(request: web.Request) -> web.Response:
-    return web.json_response(request.app[WORKSTATION].trace)
-
-
-async def _text(_request: web.Request) -> web.Response:
-    return web.Response(text="Ollama is running")
-
-
-async def _version(_request: web.Request) -> web.Response:
-    return web.json_response({"version": VERSION})
-
-
-async def _health(request: web.Request) -> web.Response:
-    return web.json_response({"status": "ok", "version": VERSION, "gpus": 1, "nvml": True, "reading_age_seconds": 0})
-
-
-def create_app(spec: WorkstationSpec, models: Any, compression: float) -> web.Application:
-    """The app of one fake workstation; its ``Workstation`` lives from startup to cleanup."""
+    Args:
+        gpu: the GPU's name, as ``/gpus`` reports it.
+        sizes: each model's parameter size, as ``/api/tags`` reports it ("8.0B").
+    """
     app = web.Application(client_max_size=64 * 1024 * 1024)
+    params = sizes or {}
 
-    async def workstation_ctx(app: web.Application) -> AsyncIterator[None]:
-        app[WORKSTATION] = Workstation(spec, models, compression)
+    async def station_ctx(app: web.Application) -> AsyncIterator[None]:
+        app[STATION] = LiveStation(spec, models, compression)
         yield
-        await app[WORKSTATION].close()
+        app[STATION].close()
 
-    app.cleanup_ctx.append(workstation_ctx)
+    async def tags(request: web.Request) -> web.Response:
+        ws = request.app[STATION]
+        return web.json_response({"models": [_entry(ws, n, params) for n in ws.models]})
+
+    async def ps(request: web.Request) -> web.Response:
+        ws = request.app[STATION]
+        ws.advance()
+        rows = [
+            {
+                **_entry(ws, n, params),
+                "size": int(r.vram * GB),
+                "size_vram": int(r.vram * GB),
+                "expires_at": _expires(ws, r),
+                "context_length": r.context.tokens,
+            }
+            for n, r in ws.runners.items()
+        ]
+        return web.json_response({"models": rows})
+
+    async def show(request: web.Request) -> web.Response:
+        ws = request.app[STATION]
+        name = _model(request, await request.json())
+        if name not in ws.models:
+            return _error(request, 404, f"model '{name}' not found")
+        caps = ["embedding"] if ws.models[name].kind == "embedding" else ["completion", "tools"]
+        info = {"modelfile": "", "parameters": "", "template": "", "model_info": {}, "capabilities": caps}
+        return web.json_response({**info, "details": _details(ws, name, params), "modified_at": "2026-11-01T12:00:00Z"})
+
+    async def gpus(request: web.Request) -> web.Response:
+        """One reading in the shape of ``mr agent``'s ``GET /gpus``."""
+        ws = request.app[STATION]
+        ws.advance()
+        total, used = int((spec.vram or 0.0) * GB), int(ws.station.used_vram() * GB)
+        reading = {
+            "index": 0,
+            "name": gpu,
+            "uuid": f"GPU-fake-{spec.name}",
+            "memory_total": total,
+            "memory_used": used,
+            "memory_free": total - used,
+            "utilization_gpu": 100 if ws.station.active else 0,
+            "utilization_memory": None,
+            "temperature_c": None,
+            "power_w": None,
+            "power_limit_w": None,
+            "processes": None,
+        }
+        return web.json_response([reading])
+
+    async def stats(request: web.Request) -> web.Response:
+        ws = request.app[STATION]
+        st, s = ws.station, ws.stats
+        counts = {"loads": st.loads, "load_seconds": st.load_seconds, "evictions": st.evictions}
+        counts |= {"expiries": st.expirations, "busy": s.busy, "requests": s.requests, "tokens": s.tokens}
+        counts |= {"prompt_tokens": s.prompt_tokens, "computed_tokens": s.computed_tokens}
+        return web.json_response({**counts, "resident": sorted(ws.runners)})
+
+    async def trace(request: web.Request) -> web.Response:
+        return web.json_response(request.app[STATION].trace)
+
+    async def text(_request: web.Request) -> web.Response:
+        return web.Response(text="Ollama is running")
+
+    async def version(_request: web.Request) -> web.Response:
+        return web.json_response({"version": VERSION})
+
+    async def models_route(request: web.Request) -> web.Response:
+        data = [{"id": n, "object": "model", "created": 0, "owned_by": "library"} for n in request.app[STATION].models]
+        return web.json_response({"object": "list", "data": data})
+
+    async def health(_request: web.Request) -> web.Response:
+        return web.json_response(
+            {"status": "ok", "version": VERSION, "gpus": 1, "nvml": True, "reading_age_seconds": 0}
+        )
+
+    app.cleanup_ctx.append(station_ctx)
     for path in ("/api/chat", "/api/generate", "/api/embed", "/v1/chat/completions", "/v1/embeddings"):
         app.router.add_post(path, _generate)
-    app.router.add_post("/api/show", _show)
+    app.router.add_post("/api/show", show)
     for path, handler in (
-        ("/", _text),
-        ("/api/version", _version),
-        ("/api/tags", _tags),
-        ("/api/ps", _ps),
-        ("/v1/models", _models),
-        ("/gpus", _gpus),
-        ("/health", _health),
-        ("/bench/stats", _stats),
-        ("/bench/trace", _trace_route),
+        ("/", text),
+        ("/api/version", version),
+        ("/api/tags", tags),
+        ("/api/ps", ps),
+        ("/v1/models", models_route),
+        ("/gpus", gpus),
+        ("/health", health),
+        ("/bench/stats", stats),
+        ("/bench/trace", trace),
     ):
         app.router.add_get(path, handler)
     return app
 
 
-async def serve(compression: float, ports: list[int]) -> None:
+async def serve(compression: float, sharing: str, ports: list[int]) -> None:
     """The lab pool of ``_lab.py`` on ``ports``, until cancelled."""
-    from _lab import MODELS, POOL
+    from _lab import GPUS, MODELS, PARAMETERS, pool
 
     runners = []
-    for spec, port in zip(POOL, ports, strict=False):
-        runner = web.AppRunner(create_app(spec, MODELS, compression), access_log=None)
+    for spec, port in zip(pool(sharing), ports, strict=False):
+        app = create_app(spec, MODELS, compression, GPUS[spec.name], PARAMETERS)
+        runner = web.AppRunner(app, access_log=None)
         await runner.setup()
         await web.TCPSite(runner, "127.0.0.1", port, backlog=1024).start()
         runners.append(runner)
@@ -410,4 +408,4 @@ if __name__ == "__main__":
     except ImportError:
         run = asyncio.run
     with contextlib.suppress(KeyboardInterrupt):
-        run(serve(float(sys.argv[1]), [int(p) for p in sys.argv[2:]]))
+        run(serve(float(sys.argv[1]), sys.argv[2], [int(p) for p in sys.argv[3:]]))

@@ -62,13 +62,16 @@ def compute(f: Figures) -> Figures:
     ttft = {o: (o.first if o.first is not None else o.end) - o.sent for o in done}  # type: ignore[operator]
     rows["E2E p95"] = pct(list(e2e.values()), 0.95)
     rows["burst E2E p95"] = pct([v for o, v in e2e.items() if o.req.phase == "burst"], 0.95)
-    chat = [v for o, v in ttft.items() if o.req.phase == "steady" and not MODELS[o.req.model].embedding]
+    chat = [v for o, v in ttft.items() if o.req.phase == "steady" and MODELS[o.req.model].kind != "embedding"]
     rows["steady TTFT p95"] = pct(chat, 0.95)
+    rows["later turns' TTFT p95"] = pct([v for o, v in ttft.items() if o.req.turn], 0.95)
+    sent = sum(s.get("prompt_tokens", 0) for s in f.stats)
+    rows["prompt computed / sent"] = sum(s.get("computed_tokens", 0) for s in f.stats) / sent if sent else None
     for model in MODELS:
         short = model.split(":")[0]
         mine = [o for o in done if o.req.model == model]
         for label, values in (("TTFT", ttft), ("E2E", e2e)):
-            if label == "TTFT" and MODELS[model].embedding:
+            if label == "TTFT" and MODELS[model].kind == "embedding":
                 continue
             data = [values[o] for o in mine]
             rows[f"{short} {label} p50"] = pct(data, 0.5)
@@ -94,7 +97,7 @@ RATIOS = (
 def _cell(value: float | None) -> str:
     if value is None:
         return "-"
-    return f"{value:,.0f}" if abs(value) >= 100 else f"{value:.1f}"
+    return f"{value:,.0f}" if abs(value) >= 100 else f"{value:.1f}" if abs(value) >= 1 else f"{value:.2f}"
 
 
 def table(figures: list[Figures], reference: str = "least-busy") -> str:

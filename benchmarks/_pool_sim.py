@@ -18,14 +18,24 @@ from mindrouter.simulate import Scenario, arrivals, parse_scenario, simulate
 from mindrouter.simulate.perfect import perfect_placement
 
 
-def lab_scenario(seed: int, steady_s: float, burst_s: float, drain_s: float) -> Scenario:
-    return parse_scenario(scenario(seed, steady_s, burst_s, drain_s))
+def lab_scenario(
+    seed: int, steady_s: float, burst_s: float, drain_s: float, sharing: str, conversations: bool = False
+) -> Scenario:
+    return parse_scenario(scenario(seed, steady_s, burst_s, drain_s, sharing=sharing, conversations=conversations))
 
 
 def scenario_requests(sc: Scenario, steady_s: float) -> list[Request]:
     """The scenario's requests, as the benchmark replays them."""
     return [
-        Request(a.at, a.user, a.model, a.prompt_tokens, a.completion_tokens, "steady" if a.at < steady_s else "burst")
+        Request(
+            a.at,
+            a.user,
+            a.model,
+            a.prompt_tokens,
+            a.completion_tokens,
+            "steady" if a.at < steady_s else "burst",
+            a.conversation,
+        )
         for a in arrivals(sc)
     ]
 
@@ -48,7 +58,10 @@ def simulated(sc: Scenario, steady_s: float, burst_s: float, *, perfect: bool = 
     edges = (0.0, steady_s, steady_s + burst_s, float("inf"))
     for t in run.trace:
         phase = "steady" if t.submitted < steady_s else "burst"
-        o = Outcome(Request(t.submitted, run.users[t.user].name, t.model, t.prompt, t.completion, phase), t.submitted)
+        req = Request(
+            t.submitted, run.users[t.user].name, t.model, t.prompt, t.completion, phase, t.conversation, t.turn
+        )
+        o = Outcome(req, t.submitted)
         outcomes.append(o)
         if t.done is None or t.prefill_end is None:
             o.error = "timed out" if t.timed_out else "unfinished"
@@ -59,6 +72,10 @@ def simulated(sc: Scenario, steady_s: float, burst_s: float, *, perfect: bool = 
             share = max(0.0, min(hi, t.done) - max(lo, t.prefill_end)) / span
             if share > 0 and t.completion:
                 tokens.append((max(lo, t.prefill_end), round(t.completion * share)))
-    stats = [{"loads": b.loads, "load_seconds": b.load_seconds, "evictions": b.evictions} for b in run.backends]
+    stats: list[dict[str, float]] = [
+        {"loads": b.loads, "load_seconds": b.load_seconds, "evictions": b.evictions} for b in run.backends
+    ]
+    stats[0]["prompt_tokens"] = sum(m.prompt_tokens for m in run.models.values())  # the pool's, as one figure
+    stats[0]["computed_tokens"] = sum(m.computed_tokens for m in run.models.values())
     span_s = max((o.end for o in outcomes if o.end is not None), default=sc.duration)
     return compute(Figures(name, outcomes, tokens, stats, steady_s, burst_s, span_s))

@@ -2,8 +2,11 @@
 
 Issue 17's lab, replayed on 127.0.0.1: four workstations (H100 80 GB, RTX
 4090 24 GB, RTX 4080 16 GB, RTX 3060 12 GB) that schedule as Ollama does
-(VRAM, loads by size, eviction, keep_alive, four slots per loaded model;
-``_workstation.py`` says where they simplify), 20 users on an 8B chat model,
+(VRAM, loads by size, eviction, keep_alive, four slots per loaded model, a
+prompt cache per slot): each fake server drives the simulator's own
+workstation model (``mindrouter.simulate.workstation``, docs/simulate.md says
+where it simplifies) on a scaled clock (``_workstation.py``), its GPU shared
+by ``--sharing``. 20 users on an 8B chat model,
 a 14B coder with long prompts, a 70B and an embedding model, Poisson
 arrivals: a steady phase at 0.6x the pool's estimated capacity, then a
 burst at 1.3x. Every target gets fresh workstations (one process, started
@@ -18,6 +21,8 @@ daemon's settings included, scaled alike). Figures are in lab seconds.
     python benchmarks/bench_pool.py --scenario > lab.toml && mr simulate lab.toml   # the same lab, simulated
     python benchmarks/bench_pool.py --workload scenario --only "mr serve" "mr simulate"   # simulator against live
     python benchmarks/bench_pool.py --workload scenario --only "mr serve" "mr simulate, perfect placement"
+    python benchmarks/bench_pool.py --workload conversations --only "mr serve" "mr simulate" least-busy
+    python benchmarks/bench_pool.py --sharing concurrent --only "mr serve" least-busy   # the other GPU law
     python benchmarks/bench_pool.py --only "mr serve" --trace /tmp/t && python benchmarks/pool_ttft.py /tmp/t/mr-serve
 
 `mr serve` runs with its defaults, ``--max-concurrent 4`` per backend (the
@@ -48,9 +53,10 @@ from pathlib import Path
 from typing import Any
 
 import aiohttp
-from _lab import MODELS, POOL, Request, capacity, scenario, users, workload
+from _lab import POOL, Request, capacity, scenario, users, workload
 from _pool_report import Figures, Outcome, compute, table
 from _pool_sim import lab_scenario, scenario_requests, simulated
+from _replay import TIMEOUT, replay
 from _routers import POLICIES, create_router, learn_models
 from aiohttp import web
 from bench_daemon import (
@@ -66,6 +72,7 @@ from bench_daemon import (
 
 from mindrouter.config import BackendSettings, ServerSettings
 from mindrouter.scheduler import SchedulerSettings
+from mindrouter.simulate.scenario import SHARING
 
 LITELLM = ("litellm least-busy", "litellm simple-shuffle")
 PERFECT = "mr simulate, perfect placement"
@@ -74,8 +81,6 @@ TARGETS = ("mr serve", "mr serve without GPU readings", *POLICIES, *LITELLM, "mr
 ``mr simulate`` is the simulator on this lab (``_pool_sim.py``), with ``--workload scenario`` on
 the very requests the live targets get; ``mr simulate, perfect placement`` the same with every model
 resident from the start and never loaded (issue 17's offline bound, docs/simulate.md)."""
-TIMEOUT = 300.0
-"""Lab seconds a client waits for an answer before it counts the request as lost."""
 SCALED = {
     "server": (ServerSettings, ("gpu_poll_interval",), ()),
     "scheduler": (
@@ -126,8 +131,8 @@ async def start_mr(
             "name": spec.name,
             "url": url,
             "engine": "ollama",
-            "max_concurrent": max_concurrent or spec.num_parallel * spec.max_loaded,
-            "parallel": spec.num_parallel,  # what the lab set OLLAMA_NUM_PARALLEL and
+            "max_concurrent": max_concurrent or spec.max_concurrent,
+            "parallel": spec.parallel,  # what the lab set OLLAMA_NUM_PARALLEL and
             "max_loaded": spec.max_loaded,  # OLLAMA_MAX_LOADED_MODELS to (a daemon without these ignores them)
         }
         if readings:
@@ -145,7 +150,7 @@ async def start_mr(
 def litellm_yaml(urls: list[str], strategy: str, compression: float) -> str:
     lines = ["model_list:"]
     for spec, url in zip(POOL, urls, strict=True):
-        for model in spec.speeds:
+        for model in spec.models:
             lines += [
                 f"  - model_name: {model}",
                 "    litellm_params:",
@@ -163,96 +168,13 @@ def litellm_yaml(urls: list[str], strategy: str, compression: float) -> str:
     return "\n".join(lines) + "\n"
 
 
-async def one_request(
-    session: aiohttp.ClientSession,
-    url: str,
-    headers: dict[str, str],
-    o: Outcome,
-    clock: Callable[[], float],
-    arrivals: list[tuple[float, int]],
-    timeout: float,
-) -> None:
-    r = o.req
-    try:
-        if MODELS[r.model].embedding:
-            texts = [" ".join(["w"] * max(1, r.prompt // 8))] * 8
-            async with session.post(
-                f"{url}/v1/embeddings",
-                json={"model": r.model, "input": texts},
-                headers=headers,
-                timeout=aiohttp.ClientTimeout(total=timeout),
-            ) as resp:
-                o.request_id = resp.headers.get("X-Request-Id")
-                await resp.read()
-                o.error = None if resp.status == 200 else f"HTTP {resp.status}"
-                o.end = clock()
-            return
-        body = {
-            "model": r.model,
-            "messages": [{"role": "user", "content": " ".join(["w"] * r.prompt)}],
-            "max_tokens": r.out,
-            "stream": True,
-            "stream_options": {"include_usage": True},
-        }
-        async with session.post(
-            f"{url}/v1/chat/completions", json=body, headers=headers, timeout=aiohttp.ClientTimeout(total=timeout)
-        ) as resp:
-            o.request_id = resp.headers.get("X-Request-Id")
-            if resp.status != 200:
-                o.error = f"HTTP {resp.status}"
-                return
-            async for line in resp.content:
-                if not line.startswith(b"data: {"):
-                    continue
-                choices = json.loads(line[6:]).get("choices") or [{}]
-                n = (choices[0].get("delta") or {}).get("content", "").count("tok")
-                if n:
-                    now = clock()
-                    o.first = now if o.first is None else o.first
-                    o.tokens += n
-                    arrivals.append((now, n))
-            o.end = clock()
-            o.error = None if o.tokens >= r.out else f"short answer: {o.tokens} of {r.out} tokens"
-    except (TimeoutError, aiohttp.ClientError) as exc:
-        o.error = type(exc).__name__
-
-
-async def replay(
-    url: str, headers: Callable[[str], dict[str, str]], requests: list[Request], compression: float
-) -> tuple[list[Outcome], list[tuple[float, int]], float]:
-    """Send each request at its time; wait for all, at most ``TIMEOUT`` after the last. Lab seconds."""
-    loop = asyncio.get_running_loop()
-    t0 = loop.time() + 0.2
-
-    def clock() -> float:
-        return (loop.time() - t0) * compression
-
-    outcomes: list[Outcome] = []
-    arrivals: list[tuple[float, int]] = []
-    tasks = []
-    async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0)) as session:
-        for r in requests:
-            await asyncio.sleep(max(0.0, t0 + r.at / compression - loop.time()))
-            o = Outcome(r, clock())
-            outcomes.append(o)
-            coro = one_request(session, url, headers(r.user), o, clock, arrivals, TIMEOUT / compression)
-            tasks.append(asyncio.create_task(coro))
-        await asyncio.wait(tasks, timeout=TIMEOUT / compression + 1)
-        for task in tasks:
-            task.cancel()
-        await asyncio.gather(*tasks, return_exceptions=True)
-    for o in outcomes:
-        if o.end is None and o.error is None:
-            o.error = "unfinished"
-    return outcomes, arrivals, clock()
-
-
 async def run_target(name: str, args: argparse.Namespace, requests: list[Request]) -> Figures:
     """``name`` against fresh workstations: start everything, replay, read the workstations' stats, stop."""
     tmp = Path(tempfile.mkdtemp(prefix="mr-bench-pool-"))
     ports = [free_port() for _ in POOL]
     urls = [f"http://127.0.0.1:{p}" for p in ports]
-    procs = [subprocess.Popen([sys.executable, str(HERE / "_ollama_app.py"), str(args.compression), *map(str, ports)])]
+    app = [sys.executable, str(HERE / "_ollama_app.py"), str(args.compression), args.sharing, *map(str, ports)]
+    procs = [subprocess.Popen(app)]
     runner: web.AppRunner | None = None
     try:
         for url in urls:
@@ -276,7 +198,7 @@ async def run_target(name: str, args: argparse.Namespace, requests: list[Request
             proc, target = await start_litellm_config(args.litellm, tmp, litellm_yaml(urls, strategy, args.compression))
             procs.append(proc)
             headers = lambda _user: LITELLM_AUTH  # noqa: E731
-        outcomes, arrivals, span = await replay(target, headers, requests, args.compression)
+        outcomes, arrivals, span = await replay(target, headers, requests, args.compression, args.steady)
         async with aiohttp.ClientSession() as s:
             stats = []
             for url in urls:
@@ -311,8 +233,8 @@ def save_trace(folder: Path, outcomes: list[Outcome], traces: dict[str, list[dic
 
 
 async def main(args: argparse.Namespace) -> list[Figures]:
-    sc = lab_scenario(args.seed, args.steady, args.burst, TIMEOUT)
-    if args.workload == "scenario":
+    sc = lab_scenario(args.seed, args.steady, args.burst, TIMEOUT, args.sharing, args.workload == "conversations")
+    if args.workload != "lab":
         requests = scenario_requests(sc, args.steady)
     else:
         requests = workload(args.seed, args.steady, args.burst)
@@ -323,6 +245,7 @@ async def main(args: argparse.Namespace) -> list[Figures]:
     print(
         f"seed {args.seed}: {len(requests)} requests from {len(users())} users over {args.steady:g} + {args.burst:g}"
         f" lab s (steady 0.6x, burst 1.3x of an estimated {rate:.2f} requests/s); compression {args.compression:g}x;"
+        f" GPUs {args.sharing};"
         f" mr serve: --max-concurrent {args.max_concurrent or 'parallel x max loaded'}, {args.loop} loop;"
         " figures in lab seconds",
         flush=True,
@@ -371,9 +294,16 @@ if __name__ == "__main__":
     parser.add_argument("--litellm", default=os.environ.get("MR_BENCH_LITELLM"), help="a virtualenv with LiteLLM")
     parser.add_argument(
         "--workload",
-        choices=("lab", "scenario"),
+        choices=("lab", "scenario", "conversations"),
         default="lab",
-        help="lab: the benchmark's own draws; scenario: the requests `mr simulate` submits for --scenario",
+        help="lab: the benchmark's own draws; scenario: the requests `mr simulate` submits for --scenario;"
+        " conversations: the same with the chat and coder users in conversations behind their app's system prompt",
+    )
+    parser.add_argument(
+        "--sharing",
+        choices=SHARING,
+        default=SHARING[0],
+        help="how runners of two models share a GPU (workstations and simulator alike; docs/simulate.md)",
     )
     parser.add_argument(
         "--scenario", action="store_true", help="print this lab as an `mr simulate` scenario (TOML) and exit"
@@ -382,7 +312,11 @@ if __name__ == "__main__":
     if ns.quick:
         ns.steady, ns.burst, ns.compression = 120.0, 90.0, 30.0
     if ns.scenario:
-        print(scenario(ns.seed, ns.steady, ns.burst, TIMEOUT))
+        print(
+            scenario(
+                ns.seed, ns.steady, ns.burst, TIMEOUT, sharing=ns.sharing, conversations=ns.workload == "conversations"
+            )
+        )
         sys.exit(0)
     done = asyncio.run(main(ns))
     if ns.json:

@@ -28,7 +28,7 @@ from _lab import POOL
 
 COLUMNS = ("queue", "runner", "load", "slot", "prefill", "alone", "rest")
 """``alone``: the prefill that request would take alone on the GPU chosen (part of ``prefill``, not added)."""
-SPEEDS = {spec.name: spec.speeds for spec in POOL}
+SPEEDS = {spec.name: spec.rates for spec in POOL}
 FASTEST: dict[str, float] = {}
 """Per model, the fastest prefill any workstation has: a prompt's first token can come no sooner."""
 for _speeds in SPEEDS.values():

@@ -194,7 +194,7 @@ def test_a_human_in_the_simulator_never_holds_a_slot(monkeypatch):
     """small reads each answer for 5 s: no slot ever idles for it."""
     taken = []
     monkeypatch.setattr(Holds, "take", lambda self, *args: taken.append(args))
-    simulate(think_time(think_time=5.0).replace(duration=600))
+    simulate(think_time(think_time=(5.0, 5.0)).replace(duration=600))
     assert taken == []
 
 

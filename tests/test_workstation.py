@@ -1,7 +1,9 @@
 """The fake Ollama workstation of bench_pool.py loads, evicts, keeps alive and limits slots as sched.go does.
 
-Lab seconds below; the workstation runs ``C`` times faster and reports wall
-nanoseconds, so a lab second reads as ``1e9 / C`` ns.
+It is the simulator's workstation model (``mindrouter.simulate.workstation``) on a
+scaled clock behind Ollama's wire format. Lab seconds below; the workstation runs
+``C`` times faster and reports wall nanoseconds, so a lab second reads as
+``1e9 / C`` ns.
 """
 
 from __future__ import annotations
@@ -15,32 +17,38 @@ import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "benchmarks"))
 
-from _ollama_app import WORKSTATION, create_app, keep_alive_seconds
-from _workstation import GB, ModelSpec, Speed, WorkstationSpec
+from _ollama_app import STATION, create_app, keep_alive_seconds
+
+from mindrouter.simulate.scenario import GB, BackendSpec, ModelSpec
 
 C = 50.0
 NS = 1e9 / C
 """Reported nanoseconds per lab second."""
 MODELS = {
-    "a:latest": ModelSpec("a:latest", disk_gb=5, vram_gb=10),
-    "b:latest": ModelSpec("b:latest", disk_gb=5, vram_gb=10),
-    "c:latest": ModelSpec("c:latest", disk_gb=5, vram_gb=10),
-    "e:latest": ModelSpec("e:latest", disk_gb=0.5, vram_gb=1, embedding=True),
+    "a:latest": ModelSpec("a:latest", size=5, vram=10),
+    "b:latest": ModelSpec("b:latest", size=5, vram=10),
+    "c:latest": ModelSpec("c:latest", size=5, vram=10),
+    "e:latest": ModelSpec("e:latest", size=0.5, vram=1, kind="embedding"),
 }
-FAST = Speed(decode=100, prefill=1000)
 
 
-def spec(**kw: Any) -> WorkstationSpec:
+def spec(**kw: Any) -> BackendSpec:
     fields: dict[str, Any] = {
         "name": "ws",
-        "gpu": "Fake GPU",
-        "vram_gb": 24,
-        "load_s_per_gb": 1.0,
-        "speeds": dict.fromkeys(MODELS, FAST),
-        "num_parallel": 2,
-        "load_start_s": 1.0,
+        "models": tuple(MODELS),
+        "max_concurrent": 8,
+        "tokens_per_second": 100.0,
+        "prefill_tokens_per_second": 1000.0,
+        "loaded_models": (),
+        "vram": 24.0,
+        "load_seconds_per_gb": 1.0,
+        "load_start_seconds": 1.0,
+        "parallel": 2,
+        "max_loaded": 3,
+        "keep_alive": 300.0,
+        "slowdown": 0.25,
     }
-    return WorkstationSpec(**{**fields, **kw})
+    return BackendSpec(**{**fields, **kw})
 
 
 @pytest.fixture
@@ -120,7 +128,7 @@ async def test_keep_alive_expires_and_zero_unloads_at_once(workstation) -> None:
 
 
 async def test_max_loaded_models_evicts_even_when_vram_is_free(workstation) -> None:  # type: ignore[no-untyped-def]
-    client = await workstation(vram_gb=80, max_loaded=2)
+    client = await workstation(vram=80.0, max_loaded=2)
     for model in ("a", "b", "c"):
         await chat(client, model)
     assert sorted(await resident(client)) == ["b:latest", "c:latest"]
@@ -129,11 +137,11 @@ async def test_max_loaded_models_evicts_even_when_vram_is_free(workstation) -> N
 async def test_parallel_slots_per_model_and_streams_slow_each_other(workstation) -> None:  # type: ignore[no-untyped-def]
     client = await workstation()
     await chat(client, "a")
-    ws = client.server.app[WORKSTATION]
+    ws = client.server.app[STATION]
     runs = [asyncio.create_task(chat(client, "a", out=500, prompt=1)) for _ in range(3)]
     await asyncio.sleep(2 / C)
-    runner = ws.loaded["a:latest"]
-    assert len(runner.active) == 2 and len(runner.waiting) == 1  # OLLAMA_NUM_PARALLEL=2
+    runner = ws.runners["a:latest"]
+    assert runner.active == 2 and len(runner.queue) == 1  # OLLAMA_NUM_PARALLEL=2
     answers = await asyncio.gather(*runs)
     took = sorted(a["eval_duration"] for a in answers)
     # two streams in one batch: each at 100 / 1.25 tok/s (1.6x one stream's tokens/s together);
@@ -142,8 +150,36 @@ async def test_parallel_slots_per_model_and_streams_slow_each_other(workstation)
     body = {"model": "e", "input": ["w " * 2000]}
     embeds = await asyncio.gather(*(client.post("/api/embed", json=body) for _ in range(2)))
     replies = [await r.json() for r in embeds]
-    assert ws.loaded["e:latest"].parallel == 1  # embedding models get one slot
+    assert ws.runners["e:latest"].slots == 1  # embedding models get one slot
     for reply in replies:  # one at a time: neither slowed by the other
-        assert reply["embeddings"] and reply["prompt_eval_count"] == 2001
-        assert reply["prompt_eval_duration"] == pytest.approx(2.001 * NS, rel=0.02)
+        assert reply["embeddings"] and reply["prompt_eval_count"] == 2000
+        assert reply["prompt_eval_duration"] == pytest.approx(2.0 * NS, rel=0.02)
     assert max(r["total_duration"] for r in replies) > 4 * NS
+
+
+async def test_a_conversations_next_turn_prefills_only_its_new_message_and_counts_its_whole_prompt(
+    workstation,
+) -> None:  # type: ignore[no-untyped-def]
+    """Ollama (llama-server) reports the whole prompt as prompt_eval_count, the part computed in its duration."""
+    client = await workstation()
+    system = {"role": "system", "content": " ".join(["s"] * 1000)}
+    first = [system, {"role": "user", "content": " ".join(["q1"] * 100)}]
+    body = {"model": "a", "stream": False, "options": {"num_predict": 10}}
+    one = await (await client.post("/api/chat", json={**body, "messages": first})).json()
+    assert one["prompt_eval_count"] == 1100 and one["prompt_eval_duration"] == pytest.approx(1.1 * NS, rel=0.02)
+    history = [*first, one["message"], {"role": "user", "content": " ".join(["q2"] * 100)}]
+    two = await (await client.post("/api/chat", json={**body, "messages": history})).json()
+    assert two["prompt_eval_count"] == 1210  # 1100 + the 10-token answer + 100
+    assert two["prompt_eval_duration"] == pytest.approx(0.1 * NS, rel=0.02)  # only the new message
+
+
+async def test_a_vllm_face_reports_the_cached_tokens_of_its_prefix_blocks(workstation) -> None:  # type: ignore[no-untyped-def]
+    client = await workstation(engine="vllm", vram=None, loaded_models=tuple(MODELS), parallel=None)
+    body = {"model": "a:latest", "max_tokens": 5, "messages": [{"role": "user", "content": " ".join(["w"] * 100)}]}
+    first = await (await client.post("/v1/chat/completions", json=body)).json()
+    again = await (await client.post("/v1/chat/completions", json=body)).json()
+    assert first["usage"]["prompt_tokens"] == again["usage"]["prompt_tokens"] == 100
+    assert (first["usage"]["prompt_tokens_details"], again["usage"]["prompt_tokens_details"]) == (
+        {"cached_tokens": 0},
+        {"cached_tokens": 96},  # 6 whole blocks of 16; the last token is always computed
+    )

@@ -16,6 +16,13 @@ Scenario format (TOML; a contract other tools rely on). Keys marked * are requir
     vram = 6.5                   GB it holds once loaded (default: its size)
     kind = "chat"                or "embedding": its requests only prefill (completion 0;
                                  completion_tokens and max_tokens are refused for its users)
+    family = "llama"             its architecture: an Ollama gives some one slot (mllama, qwen3vl...)
+    kv_mb_per_token = 0.131      MB of KV cache per token of context: an Ollama runner then holds
+                                 vram + this x its context x its slots (default 0: vram holds all)
+    context_length = 131072      the context it was trained for: no runner gets more
+
+    [apps.webui]                 a client app; its users' prompts start with its system prompt
+    system_prompt = 1500         tokens, the same for everyone using the app (default 0)
 
     [[backends]]
     name = "gpu1"              * unique
@@ -36,13 +43,26 @@ Scenario format (TOML; a contract other tools rely on). Keys marked * are requir
     max_loaded = 3               models loaded at once (needs vram; Ollama's default, 3)
     keep_alive = 300             seconds an idle model stays loaded (needs vram; default 300)
     parallel = 4                 requests each loaded model serves at once (OLLAMA_NUM_PARALLEL;
-                                 with vram an embedding model serves 1); default: no limit
-                                 per model under max_concurrent
+                                 an Ollama's embedding models and single-slot families serve 1);
+                                 default: 1 on an Ollama (Ollama's), else no limit per model
+                                 under max_concurrent
     slowdown = 0                 streams side by side slow each other: a model's batch of n
                                  streams steps 1 + slowdown x (n - 1) times slower than one,
                                  and the models with streams running time-share the GPU
     poll_interval = 0            seconds between the daemon's polls: what is loaded reaches the
                                  core at the next one (default 0: at once)
+    engine = "ollama"            how it caches prompts and what it reports: "ollama" (the default
+                                 with vram) and "llamacpp" keep each slot's last prompt and answer,
+                                 "vllm" prefix blocks of 16 tokens, "openai" (the default without
+                                 vram: a server of unknown make) nothing
+    sharing = "time-share"       how runners of two models share the GPU: "time-share" (they take
+                                 turns) or "concurrent" (every stream in one batch, so two models
+                                 make more tokens than one)
+    load_start_seconds = 0       seconds a load takes to start its runner (needs vram)
+    max_queue = 512              requests waiting for a load before it answers busy (needs vram)
+    context_length = 8192        OLLAMA_CONTEXT_LENGTH (needs vram; default: Ollama's by the GPU's
+                                 vram, 4k below 23 GB, 32k below 47 GB, else 256k)
+    kv_cache_tokens = 200000     a vllm engine's KV cache, in tokens (default: no bound)
     [backends.rates]             per model, one stream's rates alone on the GPU, e.g.
     "llama3.1:8b" = { decode = 80, prefill = 3500 }     (default: tokens_per_second and
                                  prefill_tokens_per_second; a decode alone: prefill 10 x it)
@@ -56,7 +76,8 @@ Scenario format (TOML; a contract other tools rely on). Keys marked * are requir
     model = "llama3"           * must be served by some backend
     concurrency = 8              closed loop: keeps 8 requests outstanding,
                                  sending the next when one ends (answered or timed out)
-    think_time = 0               closed loop: seconds between an answer and the next request
+    think_time = 0               seconds between an answer and the next request (closed loop) or
+                                 the next turn (a conversation); a number or [min, max]
     rate = 0.5                   or open loop: Poisson arrivals per second (exactly one of the two)
     prompt_tokens = 200          a number, or [min, max] drawn uniformly (default 200)
     completion_tokens = 300      likewise (default 300): what the backend really generates
@@ -64,7 +85,8 @@ Scenario format (TOML; a contract other tools rely on). Keys marked * are requir
                                  the scheduler estimates the completion itself
     start = 0                    seconds; the phase sends from start until stop
     stop = 3600                  (default: the end of the run)
-    requests = 10                stop the phase after this many requests
+    requests = 10                stop the phase after this many requests (conversations, if it
+                                 converses)
     stream = true                false: the client waits for the whole answer (the openai
                                  client's default); the core hears of it only at its end and
                                  charges it its expected answer meanwhile, as the daemon does
@@ -75,6 +97,16 @@ Scenario format (TOML; a contract other tools rely on). Keys marked * are requir
                                  any chat request. A user mixes kinds of requests (chat,
                                  embeddings, JSON mode, streamed or not) with several entries
                                  of one name running side by side
+    app = "webui"                its prompts start with the app's system prompt ([apps])
+    turns = [2, 8]               conversations of this many turns: each turn resends the history
+                                 (system prompt, earlier messages and answers) and adds a message of
+                                 prompt_tokens; rate or concurrency start conversations, think_time
+                                 passes between an answer and the next turn, and a conversation
+                                 begun before stop goes on after it (default 1: single requests)
+    keep_alive = 600             sent with each request: its model's keep_alive on an Ollama
+                                 (seconds; negative: forever; default: the backend's)
+    num_ctx = 8192               sent with each request: the context an Ollama runner must have;
+                                 a runner with another one reloads (default: Ollama's automatic)
 
     [[events]]                   weight changes applied to the live scheduler
     at = 1800                  * seconds
@@ -228,7 +260,12 @@ only between members of one group.
 - ``models``: per model, ``kind``, ``submitted``, ``completed``,
   ``timed_out``, ``rejected``, ``completion_tokens``, ``ttft_p50``/``_p95``
   (seconds from submission to the end of the prefill) and ``e2e_p50``/``_p95``
-  (to the last token), nearest rank, waits in the queue and for loads included.
+  (to the last token), nearest rank, waits in the queue and for loads included;
+  ``prompt_tokens`` (of its answered requests, as sent) and
+  ``prompt_tokens_computed`` (the part its backends prefilled, the rest their
+  prompt caches held), ``later_turn_ttft_p50``/``_p95`` (turns after a
+  conversation's first; null without conversations). ``prompt_cache``:
+  ``sent``, ``computed`` and ``computed_over_sent`` over all models.
 - ``throughput``: ``tokens_per_second`` (completion tokens as generated, over
   the run), ``saturated_seconds`` (while some request was queued in the core)
   and ``tokens_per_second_at_saturation``. ``loads``: ``count``, ``seconds``,

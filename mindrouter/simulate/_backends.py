@@ -1,6 +1,6 @@
 """Scenario files, part two: the ``[models]`` table and ``[[backends]]`` entries (``loading.py``'s base).
 
-Keys of the Ollama-like memory model (``workstation.py``) mean something only
+Keys of the Ollama-like memory model (``workstation/``) mean something only
 with ``vram``; a backend without it is refused them, so a scenario never
 silently ignores what it says.
 """
@@ -12,14 +12,14 @@ from collections.abc import Mapping
 from typing import Any
 
 from ._fields import Fields
-from .scenario import KINDS, BackendSpec, ModelSpec, Rates
+from .scenario import ENGINES, KINDS, SHARING, BackendSpec, ModelSpec, Rates
 
 __all__ = ["KEEP_ALIVE", "LOAD_SECONDS_PER_GB", "MAX_LOADED", "BackendFields"]
 
-_MODEL = {"size", "vram", "kind"}
+_MODEL = {"size", "vram", "kind", "family", "kv_mb_per_token", "context_length"}
 _RATES = {"decode", "prefill"}
 #: Backend keys of the Ollama-like memory model: they mean something only with ``vram``.
-_OLLAMA = ("load_seconds_per_gb", "max_loaded", "keep_alive")
+_OLLAMA = ("load_seconds_per_gb", "max_loaded", "keep_alive", "load_start_seconds", "max_queue", "context_length")
 #: Ollama's defaults for a backend with ``vram``: 5 minutes of keep_alive, 3 models per GPU.
 KEEP_ALIVE = 300.0
 MAX_LOADED = 3
@@ -41,6 +41,12 @@ _BACKEND = {
     "slowdown",
     "poll_interval",
     "rates",
+    "engine",
+    "sharing",
+    "load_start_seconds",
+    "max_queue",
+    "context_length",
+    "kv_cache_tokens",
 }
 
 
@@ -55,7 +61,10 @@ class BackendFields(Fields):
         kind = raw.get("kind", "chat")
         if kind not in KINDS:
             raise self.fail(f'{where}.kind must be "chat" or "embedding", not {kind!r}')
-        return ModelSpec(name, size, self.number(f"{where}.vram", raw.get("vram", size)), kind)
+        family = self.string(f"{where}.family", raw["family"]) if "family" in raw else ""
+        context = self.integer(f"{where}.context_length", raw["context_length"]) if "context_length" in raw else None
+        kv = self.number(f"{where}.kv_mb_per_token", raw.get("kv_mb_per_token", 0.0))
+        return ModelSpec(name, size, self.number(f"{where}.vram", raw.get("vram", size)), kind, family, kv, context)
 
     def backend(self, index: int, raw: Any, models: Mapping[str, ModelSpec]) -> BackendSpec:
         where = f"backends[{index}]"
@@ -84,6 +93,16 @@ class BackendFields(Fields):
             for key in _OLLAMA:
                 if key in raw:
                     raise self.fail(f"{where}.{key} needs {where}.vram (GB), which makes the backend load models")
+        engine = raw.get("engine", "ollama" if vram is not None else "openai")
+        if engine not in ENGINES:
+            raise self.fail(f"{where}.engine must be one of {', '.join(ENGINES)}, not {engine!r}")
+        if vram is not None and engine != "ollama":
+            raise self.fail(f'{where}.vram makes the backend load models as Ollama does; it needs engine = "ollama"')
+        if "kv_cache_tokens" in raw and engine != "vllm":
+            raise self.fail(f'{where}.kv_cache_tokens is the size of a vLLM cache; it needs engine = "vllm"')
+        sharing = raw.get("sharing", SHARING[0])
+        if sharing not in SHARING:
+            raise self.fail(f"{where}.sharing must be one of {', '.join(SHARING)}, not {sharing!r}")
         rates = self.rates(where, self.table(f"{where}.rates", raw.get("rates", {})), served, tps, prefill)
         parallel = self.integer(f"{where}.parallel", raw["parallel"]) if "parallel" in raw else None
         max_loaded = None
@@ -127,7 +146,16 @@ class BackendFields(Fields):
             slowdown=self.number(f"{where}.slowdown", raw.get("slowdown", 0.0)),
             poll_interval=self.number(f"{where}.poll_interval", raw.get("poll_interval", 0.0)),
             rates=rates,
+            engine=engine,
+            sharing=sharing,
+            load_start_seconds=self.number(f"{where}.load_start_seconds", raw.get("load_start_seconds", 0.0)),
+            max_queue=self.integer(f"{where}.max_queue", raw.get("max_queue", 512)),
+            context_length=self._optional_int(f"{where}.context_length", raw.get("context_length")),
+            kv_cache_tokens=self._optional_int(f"{where}.kv_cache_tokens", raw.get("kv_cache_tokens")),
         )
+
+    def _optional_int(self, key: str, value: Any) -> int | None:
+        return None if value is None else self.integer(key, value)
 
     def rates(
         self, where: str, raw: dict[str, Any], served: tuple[str, ...], decode: float, prefill: float

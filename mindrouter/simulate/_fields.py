@@ -6,7 +6,7 @@ import math
 from collections.abc import Mapping
 from typing import Any
 
-from .scenario import ScenarioError, Tokens
+from .scenario import ScenarioError, Seconds, Tokens
 
 __all__ = ["Fields"]
 
@@ -53,17 +53,28 @@ class Fields:
             raise self.fail(f'{key} must be a list of model names such as ["llama3"], not {value!r}')
         return tuple(value)
 
-    def tokens(self, key: str, value: Any) -> Tokens:
+    def tokens(self, key: str, value: Any, *, minimum: int = 0) -> Tokens:
         if isinstance(value, list):
             if len(value) != 2:
                 raise self.fail(f"{key} must be a number or a [min, max] pair, not {value!r}")
-            low = self.integer(f"{key}[0]", value[0], minimum=0)
-            high = self.integer(f"{key}[1]", value[1], minimum=0)
+            low = self.integer(f"{key}[0]", value[0], minimum=minimum)
+            high = self.integer(f"{key}[1]", value[1], minimum=minimum)
             if low > high:
                 raise self.fail(f"{key} must be [min, max] with min <= max, not {value!r}")
             return low, high
-        count = self.integer(key, value, minimum=0)
+        count = self.integer(key, value, minimum=minimum)
         return count, count
+
+    def seconds(self, key: str, value: Any) -> Seconds:
+        if isinstance(value, list):
+            if len(value) != 2:
+                raise self.fail(f"{key} must be a number or a [min, max] pair, not {value!r}")
+            low, high = self.number(f"{key}[0]", value[0]), self.number(f"{key}[1]", value[1])
+            if low > high:
+                raise self.fail(f"{key} must be [min, max] with min <= max, not {value!r}")
+            return low, high
+        fixed = self.number(key, value)
+        return fixed, fixed
 
     def table(self, key: str, value: Any) -> dict[str, Any]:
         if not isinstance(value, dict):

@@ -7,7 +7,7 @@ and model ``m`` (with ``s_b`` its slowdown):
                  seconds one request takes alone, p_m and c_m the mean prompt and
                  completion tokens of the requests the users sent for m
     n_{b,m}    = streams m may run there at once: parallel (1 for an embedding model
-                 on a backend with vram), at most max_concurrent
+                 or a single-slot family on an Ollama), at most max_concurrent
     k_b        = streams b may run at once: the most slots of any set of its models
                  that fits in its vram together (at most max_loaded of them), at most
                  max_concurrent; without parallel, max_concurrent
@@ -21,11 +21,15 @@ requests per second of m sent to b:
     subject to  sum over m of solo_{b,m} * y_{b,m} <= g(k_b)     for every backend b
                 sum over m of solo_{b,m} * y_{b,m} / g(n_{b,m}) <= 1
                                                                  for every backend b with a slowdown
+                                                                 whose models time-share the GPU
                 solo_{b,m} * y_{b,m} <= g(n_{b,m})               for every pair (b, m)
                 sum over b of y_{b,m} <= lambda_m                for every model m
 
-(the second: with a slowdown, models time-share the GPU (``workstation.py``), and
-model m does at most g(n_{b,m}) solo-seconds of work per second of its turn)
+(the second: with a slowdown and ``sharing = "time-share"``, models take turns on
+the GPU (``workstation/gpu.py``), and model m does at most g(n_{b,m}) solo-seconds
+of work per second of its turn; under "concurrent" every stream is in one batch,
+which the first already bounds). Prompts count whole: a prompt cache that
+spares prefill lets a run pass the bound by that prefill.
 
 where ``lambda_m`` is the offered request rate of m: the requests the users
 sent for it over the seconds considered (the run, or its saturated stretches:
@@ -46,6 +50,8 @@ from typing import Any
 
 from ._lp import maximize
 from .scenario import BackendSpec, ModelSpec, Scenario
+from .workstation.ollama import context, runner_vram
+from .workstation.ollama import slots as runner_slots
 
 __all__ = ["Offer", "offline_bound", "slots", "streams"]
 
@@ -61,9 +67,7 @@ class Offer:
 
 def slots(backend: BackendSpec, model: ModelSpec) -> int:
     """``n_{b,m}``: the streams ``model`` may run on ``backend`` at once."""
-    if backend.ollama and model.kind == "embedding":
-        return 1
-    return min(backend.max_concurrent, backend.parallel or backend.max_concurrent)
+    return int(min(backend.max_concurrent, runner_slots(backend, model)))
 
 
 def streams(backend: BackendSpec, scenario: Scenario) -> int:
@@ -76,7 +80,7 @@ def streams(backend: BackendSpec, scenario: Scenario) -> int:
     best = 0
     for size in range(1, min(most, len(models)) + 1):
         for group in itertools.combinations(models, size):
-            if sum(m.vram for m in group) <= room + 1e-9:
+            if sum(runner_vram(backend, m, context(backend, m, None)) for m in group) <= room + 1e-9:
                 best = max(best, sum(slots(backend, m) for m in group))
     return min(backend.max_concurrent, best)
 
@@ -108,7 +112,7 @@ def offline_bound(scenario: Scenario, offered: Mapping[str, Offer], *, mix: bool
     for backend in scenario.backends:
         rows.append([solo if b is backend else 0.0 for b, _, solo, _ in pairs] + extra)
         bounds.append(g(backend, streams(backend, scenario)))
-        if backend.slowdown:  # models time-share the GPU: their shares of its time add up to at most 1
+        if backend.slowdown and backend.sharing == "time-share":  # their shares of its time add up to at most 1
             rows.append(
                 [solo / g(b, min(k, slots(b, scenario.model(m)))) if b is backend else 0.0 for b, m, solo, k in pairs]
                 + extra

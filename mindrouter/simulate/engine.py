@@ -36,13 +36,14 @@ from collections.abc import Callable
 
 from ..scheduler import Job, Modality, Scheduler
 from .accounts import Accounts
+from .conversations import Conversation
 from .lifecycle import _DONE, _POLL, _PREFILL, _PROGRESS, Lifecycle
 from .pools import Pool, find_pools
 from .runs import BackendRun, ModelRun, PhaseRun, RequestTrace, Run, UserRun
 from .scenario import EventSpec, Scenario
 from .slots import SlotSets
 from .turns import Turns
-from .workload import draw_sizes, expected_sizes, phase_rngs
+from .workload import draw_conversation, draw_seconds, draw_sizes, expected_sizes, phase_rngs
 from .workstation import Workstation
 
 __all__ = ["simulate"]
@@ -67,7 +68,9 @@ class _Sim(Lifecycle):
         settings = scenario.settings
         self.sched = Scheduler(settings)
         self.backends = {b.name: BackendRun(b) for b in scenario.backends}
-        self.stations = {
+        self.heap: list[tuple[float, int, int, object]] = []
+        self.seq = 0
+        self.stations: dict[str, Workstation[RequestTrace]] = {
             b.name: Workstation(b, scenario.model, self.push_named, self.decode_rate_changed) for b in scenario.backends
         }
         for station in self.stations.values():
@@ -85,7 +88,7 @@ class _Sim(Lifecycle):
             Pool(
                 i,
                 backends,
-                SlotSets(backends, lambda m: scenario.model(m).kind),
+                SlotSets(backends, scenario.model),
                 n,
                 self.accounts.entitlement,
                 prompt_cost=settings.prompt_token_cost,
@@ -102,15 +105,14 @@ class _Sim(Lifecycle):
             if pool not in user.pools:
                 user.pools.append(pool)
             stop = scenario.duration if spec.stop is None else spec.stop
-            self.phases.append(PhaseRun(len(self.phases), spec, user, pool, rng, stop, expected_sizes(spec)))
+            size = expected_sizes(spec, scenario.apps.get(spec.app or "", 0))
+            self.phases.append(PhaseRun(len(self.phases), spec, user, pool, rng, stop, size))
         for pool in self.pools:
             models: dict[int, set[str]] = {}
             for phase in self.phases:
                 if phase.pool is pool:
                     models.setdefault(phase.user.index, set()).add(phase.spec.model)
             pool.compete(models)
-        self.heap: list[tuple[float, int, int, object]] = []
-        self.seq = 0
         self.reqs: dict[str, RequestTrace] = {}
         self.trace: list[RequestTrace] | None = [] if trace else None
         self.next_id = 0
@@ -167,7 +169,10 @@ class _Sim(Lifecycle):
                 elif kind == _PREFILL:
                     self.on_prefill(payload, now)  # type: ignore[arg-type]
                 elif kind == _ARRIVE:
-                    self.arrive(payload, now)  # type: ignore[arg-type]
+                    if isinstance(payload, PhaseRun):
+                        self.arrive(payload, now)
+                    else:
+                        self.next_turn(*payload, now)  # type: ignore[call-arg, misc]
                 elif kind == _EXPIRE:
                     self.on_expire(now)
                 elif kind == _EVENT:
@@ -196,16 +201,32 @@ class _Sim(Lifecycle):
             self.touched.append(user)
 
     def arrive(self, phase: PhaseRun, now: float) -> None:
+        """A phase sends a request, or starts a conversation, and draws when its next one (open loop) comes."""
         spec = phase.spec
-        user = phase.user
-        if now >= phase.stop or (spec.requests is not None and phase.submitted >= spec.requests):
+        if now >= phase.stop or (spec.requests is not None and phase.started >= spec.requests):
             return
         rng = phase.rng
         if spec.rate is not None:
             nxt = now + rng.expovariate(spec.rate)
             if nxt < phase.stop:
                 self.push(nxt, _ARRIVE, phase)
-        prompt, completion = draw_sizes(spec, rng)
+        phase.started += 1
+        if spec.converses:
+            key = f"{phase.index}/{phase.started}"
+            self.next_turn(phase, draw_conversation(spec, rng, key, self.sc.apps.get(spec.app or "", 0)), 0, now)
+        else:
+            self.submit(phase, now, *draw_sizes(spec, rng))
+
+    def next_turn(self, phase: PhaseRun, conv: Conversation, turn: int, now: float) -> None:
+        """Turn ``turn`` of ``conv`` leaves (a conversation begun before its phase's ``stop`` goes on after it)."""
+        self.submit(phase, now, conv.prompt_tokens(turn), conv.turns[turn].completion, conv, turn)
+
+    def submit(
+        self, phase: PhaseRun, now: float, prompt: int, completion: int, conv: Conversation | None = None, turn: int = 0
+    ) -> None:
+        """Submit a request to the core (turn ``turn`` of ``conv`` where it is one)."""
+        spec = phase.spec
+        user = phase.user
         self.next_id += 1
         job_id = str(self.next_id)
         stats = self.models[spec.model]
@@ -229,8 +250,9 @@ class _Sim(Lifecycle):
         if rejection is not None:
             user.rejected += 1
             stats.rejected += 1
-            if spec.concurrency is not None:
-                self.push(now + max(1.0, rejection.retry_after or 1.0), _ARRIVE, phase)
+            if spec.concurrency is not None or conv is not None:  # a person tries again
+                again = now + max(1.0, rejection.retry_after or 1.0)
+                self.push(again, _ARRIVE, phase if conv is None else (phase, conv, turn))
             return
         req = RequestTrace(
             job_id,
@@ -242,6 +264,8 @@ class _Sim(Lifecycle):
             epoch=self.free_epoch[spec.model],
             model=spec.model,
             stream=spec.stream,
+            conversation=conv,
+            turn=turn,
         )
         self.queued_total += 1
         self.reqs[job_id] = req
@@ -252,12 +276,18 @@ class _Sim(Lifecycle):
         phase.pool.submitted(user.index, spec.model, phase.size)
         self.touch(user)
 
-    def next_request(self, phase: PhaseRun, now: float) -> None:
+    def next_request(self, phase: PhaseRun, now: float, req: RequestTrace | None = None) -> None:
+        """``req`` ended (answered, or timed out when ``req`` is None or unanswered): the client goes on."""
+        conv = None if req is None else req.conversation
+        if conv is not None and req is not None and req.done is not None and req.turn + 1 < len(conv.turns):
+            self.push(now + conv.turns[req.turn + 1].think, _ARRIVE, (phase, conv, req.turn + 1))
+            return
         spec = phase.spec
         if spec.concurrency is None:
             return
-        if spec.think_time:
-            self.push(now + spec.think_time, _ARRIVE, phase)
+        think = draw_seconds(spec.think_time, phase.rng)
+        if think:
+            self.push(now + think, _ARRIVE, phase)
         else:
             self.arrive(phase, now)
 
@@ -274,7 +304,7 @@ class _Sim(Lifecycle):
             self.models[req.model].timed_out += 1
             self.phases[req.phase].pool.expired(user.index, req.model, self.phases[req.phase].size)
             self.touch(user)
-            self.next_request(self.phases[req.phase], now)
+            self.next_request(self.phases[req.phase], now, req)
 
     def on_event(self, event: EventSpec, now: float) -> None:
         """Change weights in the live core, as ``mr user/group set-weight`` would.

@@ -31,8 +31,8 @@ def _r(value: float | None, digits: int = 3) -> float | None:
 
 
 def add_pool_figures(out: dict[str, Any], run: Run) -> None:
-    """Add ``models``, ``throughput``, ``loads``, ``lost`` and ``offline_bound`` to the report ``out``,
-    and each backend's loads to its row."""
+    """Add ``models``, ``prompt_cache``, ``throughput``, ``loads``, ``lost`` and ``offline_bound`` to the
+    report ``out``, and each backend's loads to its row."""
     hours = run.duration / 3600
     out["models"] = {
         name: {
@@ -46,8 +46,19 @@ def add_pool_figures(out: dict[str, Any], run: Run) -> None:
             "ttft_p95": _r(percentile(m.ttft, 0.95)),
             "e2e_p50": _r(percentile(m.e2e, 0.50)),
             "e2e_p95": _r(percentile(m.e2e, 0.95)),
+            "prompt_tokens": m.prompt_tokens,
+            "prompt_tokens_computed": m.computed_tokens,
+            "later_turn_ttft_p50": _r(percentile(m.later_ttft, 0.50)),
+            "later_turn_ttft_p95": _r(percentile(m.later_ttft, 0.95)),
         }
         for name, m in sorted(run.models.items())
+    }
+    sent = sum(m.prompt_tokens for m in run.models.values())
+    computed = sum(m.computed_tokens for m in run.models.values())
+    out["prompt_cache"] = {
+        "sent": sent,
+        "computed": computed,
+        "computed_over_sent": _r(computed / sent, 4) if sent else None,
     }
     out["throughput"] = throughput(run)
     for row, b in zip(out["backends"], run.backends, strict=True):
@@ -115,7 +126,19 @@ def render_pool(result: dict[str, Any], console: Console) -> None:
         console.print(
             f"{name} ({m['kind']}): {m['completed']:,} of {m['submitted']:,} answered, {m['timed_out']:,} timed out;"
             f" TTFT p50/p95 {_sec(m['ttft_p50'])}/{_sec(m['ttft_p95'])} s,"
-            f" E2E p50/p95 {_sec(m['e2e_p50'])}/{_sec(m['e2e_p95'])} s."
+            f" E2E p50/p95 {_sec(m['e2e_p50'])}/{_sec(m['e2e_p95'])} s"
+            + (
+                ""
+                if m["later_turn_ttft_p95"] is None
+                else f"; later turns' TTFT p50/p95 {_sec(m['later_turn_ttft_p50'])}/{_sec(m['later_turn_ttft_p95'])} s"
+            )
+            + "."
+        )
+    cache = result["prompt_cache"]
+    if cache["sent"] and cache["computed"] < cache["sent"]:
+        console.print(
+            f"Prompt tokens computed {cache['computed']:,} of {cache['sent']:,} sent"
+            f" ({cache['computed_over_sent']:.2f}; the rest the backends' prompt caches held)."
         )
     t, loads, bound = result["throughput"], result["loads"], result["offline_bound"]
     at = t["tokens_per_second_at_saturation"]

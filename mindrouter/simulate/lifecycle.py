@@ -13,11 +13,12 @@ from __future__ import annotations
 from collections.abc import Callable
 
 from ..scheduler import Scheduler, Timings
+from .conversations import single
 from .pools import Pool
 from .runs import BackendRun, ModelRun, PhaseRun, RequestTrace, UserRun
 from .scenario import Scenario
 from .turns import Turns
-from .workstation import DECODE, DONE, PREFILL, Runner, Stream, Workstation
+from .workstation import DECODE, Options, Runner, Stream, Workstation
 
 __all__ = ["Lifecycle"]
 
@@ -38,7 +39,7 @@ class Lifecycle:
     phases: list[PhaseRun]
     pools: list[Pool]
     backends: dict[str, BackendRun]
-    stations: dict[str, Workstation]
+    stations: dict[str, Workstation[RequestTrace]]
     models: dict[str, ModelRun]
     reqs: dict[str, RequestTrace]
     free_epoch: dict[str, int]
@@ -51,15 +52,15 @@ class Lifecycle:
     turns: Turns
     push: Callable[[float, int, object], None]
     touch: Callable[[UserRun], None]
-    next_request: Callable[[PhaseRun, float], None]
+    next_request: Callable[[PhaseRun, float, RequestTrace], None]
 
-    def publish(self, station: Workstation) -> None:
+    def publish(self, station: Workstation[RequestTrace]) -> None:
         """Tell the core what the daemon's poll of ``station`` would report."""
         self.sched.set_backend(station.snapshot())
         station.dirty = False
 
-    def decode_rate_changed(self, stream: Stream, old: float, now: float) -> None:
-        self.phases[stream.req.phase].pool.decode_rate_changed(stream.req.user, old, stream.rate, now)
+    def decode_rate_changed(self, stream: Stream[RequestTrace], old: float, now: float) -> None:
+        self.phases[stream.tag.phase].pool.decode_rate_changed(stream.tag.user, old, stream.rate, now)
 
     def start(self, job_id: str, backend_id: str, now: float) -> None:
         req = self.reqs[job_id]
@@ -88,8 +89,12 @@ class Lifecycle:
         self.queued_total -= 1
         if backend.full_at is None and backend.busy >= spec.max_concurrent:
             backend.full_at = now
-        stream = self.stations[backend_id].accept(req, phase.spec.model, now)
-        req.expected = self.stations[backend_id].expected_seconds(stream, now)
+        conv = req.conversation
+        prompt, answer = single(req.id, req.prompt) if conv is None else (conv.prompt(req.turn), conv.answer(req.turn))
+        options = Options(phase.spec.keep_alive, phase.spec.num_ctx)
+        station = self.stations[backend_id]
+        stream = station.accept(req, phase.spec.model, prompt, req.completion, now, answer, options)
+        req.expected = station.expected_seconds(stream, now)
         phase.pool.started(user.index, self.sched.settings.cost(req.prompt, req.completion), req.expected)
 
     def saturation_changed(self, now: float) -> None:
@@ -103,32 +108,35 @@ class Lifecycle:
             self.saturated_tokens += decoded - self.tokens_at_saturation
             self.saturated_since = None
 
-    def on_prefill(self, event: tuple[Stream, int], now: float) -> None:
+    def on_prefill(self, event: tuple[Stream[RequestTrace], int], now: float) -> None:
         stream, version = event
-        if version != stream.version or stream.phase != PREFILL:
+        if not stream.due(version, "prefill"):
             return  # re-timed since
-        req = stream.req
+        req = stream.tag
         rate = self.stations[req.backend].prefilled(stream, now)  # type: ignore[index]
         req.prefill_end = now
+        req.cached = stream.cached
         self.models[req.model].ttft.append(now - req.submitted)
+        if req.turn:
+            self.models[req.model].later_ttft.append(now - req.submitted)
         self.phases[req.phase].pool.prefill_done(req.user, req.prompt, rate, now)
         if req.stream and req.completion > PROGRESS_TOKENS:
             self.push(now + PROGRESS_TOKENS / rate, _PROGRESS, stream)
 
-    def on_progress(self, stream: Stream, now: float) -> None:
+    def on_progress(self, stream: Stream[RequestTrace], now: float) -> None:
         """Report what ``stream`` has streamed so far to the core, every ``PROGRESS_TOKENS`` tokens."""
         if stream.phase != DECODE:
             return
-        req = stream.req
+        req = stream.tag
         self.sched.progress(req.id, now, completion_tokens=min(req.completion, round(stream.tokens(now))))
         if now + PROGRESS_TOKENS / stream.rate < stream.done:
             self.push(now + PROGRESS_TOKENS / stream.rate, _PROGRESS, stream)
 
-    def on_done(self, event: tuple[Stream, int], now: float) -> None:
+    def on_done(self, event: tuple[Stream[RequestTrace], int], now: float) -> None:
         stream, version = event
-        if version != stream.version or stream.phase == DONE:
+        if not stream.due(version, "done"):
             return  # re-timed since
-        req = stream.req
+        req = stream.tag
         user = self.users[req.user]
         backend = self.backends[req.backend]  # type: ignore[index]
         station = self.stations[req.backend]  # type: ignore[index]
@@ -147,6 +155,8 @@ class Lifecycle:
         stats.completed += 1
         stats.e2e.append(now - req.submitted)
         stats.completion_tokens += req.completion
+        stats.prompt_tokens += req.prompt
+        stats.computed_tokens += req.prompt - req.cached
         backend.busy -= 1
         self.turns.ended(pool, req.backend, req.model)  # type: ignore[arg-type]
         backend.tokens += req.prompt + req.completion
@@ -155,7 +165,9 @@ class Lifecycle:
         user.gpu_seconds += held
         self.freed_models.update(backend.spec.models)
         station.finish(stream, now)
-        if backend.spec.ollama:  # as Ollama's last chunk: load_duration, prompt_eval_duration, eval_duration
+        if (
+            backend.spec.engine == "ollama"
+        ):  # as Ollama's last chunk: load_duration, prompt_eval_duration, eval_duration
             latency, duration = req.prefill_end - req.dispatched, now - req.dispatched
             timings = Timings(stream.load, req.prefill_end - stream.began, now - req.prefill_end)
         else:  # as the daemon's clock: to the first byte (a stream's first token, else the whole answer), to the end
@@ -170,17 +182,17 @@ class Lifecycle:
             duration=duration,
             timings=timings,
         )
-        self.next_request(self.phases[req.phase], now)
+        self.next_request(self.phases[req.phase], now, req)
 
-    def on_loaded(self, event: tuple[Workstation, Runner], now: float) -> None:
+    def on_loaded(self, event: tuple[Workstation[RequestTrace], Runner[RequestTrace]], now: float) -> None:
         station, runner = event
         station.loaded(runner, now)
 
-    def on_unload(self, event: tuple[Workstation, Runner, int], now: float) -> None:
+    def on_unload(self, event: tuple[Workstation[RequestTrace], Runner[RequestTrace], int], now: float) -> None:
         station, runner, version = event
         station.expire(runner, version, now)
 
-    def on_poll(self, station: Workstation, now: float) -> None:
+    def on_poll(self, station: Workstation[RequestTrace], now: float) -> None:
         if station.dirty:
             self.publish(station)
         self.push(now + station.spec.poll_interval, _POLL, station)

@@ -65,7 +65,19 @@ def parse_scenario(text: str, *, source: str = "scenario", name: str = "scenario
     return _Parser(source).scenario(data, name)
 
 
-_TOP = {"duration", "seed", "name", "description", "groups", "models", "backends", "users", "events", "scheduler"}
+_TOP = {
+    "duration",
+    "seed",
+    "name",
+    "description",
+    "groups",
+    "models",
+    "apps",
+    "backends",
+    "users",
+    "events",
+    "scheduler",
+}
 _USER = {
     "name",
     "group",
@@ -83,6 +95,10 @@ _USER = {
     "stream",
     "leave_after",
     "json_mode",
+    "app",
+    "turns",
+    "keep_alive",
+    "num_ctx",
 }
 _EVENT = {"at", "user", "group", "weight", "clear"}
 #: SchedulerSettings fields a scenario may not set ([groups] sets the weights; scores are a sub-table).
@@ -122,6 +138,7 @@ class _Parser(BackendFields):
             groups[group] = self.number(f"groups.{group}", weight, positive=True)
 
         models = {m: self.model(m, raw) for m, raw in self.table("[models]", data.get("models", {})).items()}
+        apps = {a: self.app(a, raw) for a, raw in self.table("[apps]", data.get("apps", {})).items()}
         raw_backends = data.get("backends")
         if not isinstance(raw_backends, list) or not raw_backends:
             raise self.fail(
@@ -138,6 +155,10 @@ class _Parser(BackendFields):
         if not isinstance(raw_users, list) or not raw_users:
             raise self.fail("[[users]] is missing; add at least one user with name, model and concurrency or rate")
         users = self.merge_phases([self.user(i, u) for i, u in enumerate(raw_users)], groups)
+        for i, u in enumerate(users):
+            if u.app is not None and u.app not in apps:
+                known = ", ".join(sorted(apps)) or "none"
+                raise self.fail(f"users[{i}] ({u.name}).app {u.app!r} is not under [apps] (the apps are {known})")
         served = {m for b in backends for m in b.models}
         for i, u in enumerate(users):
             if u.model not in served:
@@ -154,7 +175,13 @@ class _Parser(BackendFields):
 
         settings = self.settings(self.table("[scheduler]", data.get("scheduler", {})))
         settings = dataclasses.replace(settings, group_weights={**DEFAULT_GROUP_WEIGHTS, **groups})
-        return Scenario(duration, seed, backends, users, settings, groups, name, description, events, models)
+        return Scenario(duration, seed, backends, users, settings, groups, name, description, events, models, apps)
+
+    def app(self, name: str, raw: Any) -> int:
+        """``[apps.NAME]``: a client app, its system prompt in tokens."""
+        raw = self.table(f"[apps.{name}]", raw)
+        self.unknown(f"apps.{name}.", raw, {"system_prompt"})
+        return self.integer(f"apps.{name}.system_prompt", raw.get("system_prompt", 0), minimum=0)
 
     def embedding_user(
         self, index: int, user: UserSpec, raw: list[Any], users: tuple[UserSpec, ...]
@@ -188,8 +215,12 @@ class _Parser(BackendFields):
             raise self.fail(f"{where} must set exactly one of concurrency (closed loop) or rate (open loop)")
         concurrency = self.integer(f"{where}.concurrency", raw["concurrency"]) if "concurrency" in raw else None
         rate = self.number(f"{where}.rate", raw["rate"], positive=True) if "rate" in raw else None
-        if "think_time" in raw and rate is not None:
-            raise self.fail(f"{where}.think_time only applies to a closed-loop user (concurrency), not to rate")
+        converses = "turns" in raw or "app" in raw
+        if "think_time" in raw and rate is not None and not converses:
+            raise self.fail(
+                f"{where}.think_time only applies to a closed-loop user (concurrency) or to conversations (turns),"
+                " not to single requests at a rate"
+            )
         start = self.number(f"{where}.start", raw.get("start", 0.0))
         stop = self.number(f"{where}.stop", raw["stop"]) if "stop" in raw else None
         if stop is not None and stop <= start:
@@ -207,11 +238,17 @@ class _Parser(BackendFields):
             start=start,
             stop=stop,
             max_tokens=self.integer(f"{where}.max_tokens", raw["max_tokens"]) if "max_tokens" in raw else None,
-            think_time=self.number(f"{where}.think_time", raw.get("think_time", 0.0)),
+            think_time=self.seconds(f"{where}.think_time", raw.get("think_time", 0.0)),
             requests=self.integer(f"{where}.requests", raw["requests"]) if "requests" in raw else None,
             stream=self.boolean(f"{where}.stream", raw.get("stream", True)),
             leave_after=self.integer(f"{where}.leave_after", raw["leave_after"]) if "leave_after" in raw else None,
             json_mode=self.boolean(f"{where}.json_mode", raw.get("json_mode", False)),
+            app=self.string(f"{where}.app", raw["app"]) if "app" in raw else None,
+            turns=self.tokens(f"{where}.turns", raw.get("turns", 1), minimum=1),
+            keep_alive=self.number(f"{where}.keep_alive", raw["keep_alive"], minimum=-math.inf)
+            if "keep_alive" in raw
+            else None,
+            num_ctx=self.integer(f"{where}.num_ctx", raw["num_ctx"], minimum=4) if "num_ctx" in raw else None,
         )
 
     def merge_phases(self, entries: list[UserSpec], groups: Mapping[str, float]) -> tuple[UserSpec, ...]:

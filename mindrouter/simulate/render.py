@@ -109,7 +109,12 @@ def render(result: dict[str, Any], console: Console, *, wall_seconds: float | No
                 f" and the service gap is {without['max_service_gap']:,.0f}"
             )
         console.print(line + ".")
-    if any(b["loads"] for b in result["backends"]) or any(m["kind"] != "chat" for m in result["models"].values()):
+    models = result["models"].values()
+    if (
+        any(b["loads"] for b in result["backends"])
+        or any(m["kind"] != "chat" for m in models)
+        or result["prompt_cache"]["computed"] < result["prompt_cache"]["sent"]
+    ):
         render_pool(result, console)
     if wall_seconds is not None:
         console.print(f"[dim]Simulated in {wall_seconds:.2f} s ({result['events']:,} events).[/dim]")

@@ -12,6 +12,7 @@ import random
 from dataclasses import dataclass, field
 
 from ..scheduler import Scheduler
+from .conversations import Conversation
 from .pools import Pool
 from .scenario import BackendSpec, Scenario, UserSpec
 
@@ -43,6 +44,11 @@ class RequestTrace:
     """Seconds it was expected to take from dispatch, as it was dispatched (for windows it outlasts)."""
     stream: bool = True
     """False: nothing reaches the core before the end (no progress reports)."""
+    conversation: Conversation | None = None
+    """The conversation it is a turn of (None: a single request)."""
+    turn: int = 0
+    cached: int = 0
+    """Prompt tokens its backend's cache held (not prefilled)."""
 
 
 @dataclass(slots=True)
@@ -60,6 +66,12 @@ class ModelRun:
     e2e: list[float] = field(default_factory=list)
     """Seconds from submission to the last token."""
     completion_tokens: int = 0
+    prompt_tokens: int = 0
+    """Prompt tokens of its answered requests, as sent."""
+    computed_tokens: int = 0
+    """The part of those its backends prefilled (the rest their prompt caches held)."""
+    later_ttft: list[float] = field(default_factory=list)
+    """TTFT of the turns after a conversation's first."""
     arrivals: list[tuple[float, int, int]] = field(default_factory=list)
     """(when, prompt, completion tokens) of every request submitted for it: what the offline bound is offered."""
 
@@ -179,6 +191,8 @@ class PhaseRun:
     size: tuple[float, float]
     """Its mean prompt and completion tokens per request (``workload.expected_sizes``)."""
     submitted: int = 0
+    started: int = 0
+    """Requests, or conversations where it converses, it began (what ``requests`` limits)."""
 
 
 @dataclass(slots=True)

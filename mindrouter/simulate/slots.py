@@ -2,7 +2,8 @@
 
 A backend without per-model slots (no ``parallel``) has one set of slots that
 any model it serves can take: ``max_concurrent`` of them. One with
-``parallel`` (``OLLAMA_NUM_PARALLEL``) gives each model its own slots: a coder
+``parallel`` (``OLLAMA_NUM_PARALLEL``) gives each model its own slots
+(``workstation.ollama.slots``: Ollama gives some models one): a coder
 request cannot take a slot of the 8B model beside it, whatever the backend's
 total. A *slot set* names one such set: the backend's name, or
 ``backend/model``. The targets (``maxmin.max_min``), the service gap between
@@ -21,31 +22,24 @@ ratios between the people of one group count.
 
 from __future__ import annotations
 
-import math
 from collections.abc import Callable, Hashable, Mapping, Sequence
 from typing import TypeVar
 
 from ..scheduler.pooling import joined
-from .scenario import BackendSpec
+from .scenario import BackendSpec, ModelSpec
+from .workstation.ollama import slots as runner_slots
 
-__all__ = ["SlotSets", "contention", "model_slots"]
+__all__ = ["SlotSets", "contention"]
 
 K = TypeVar("K", bound=Hashable)
-
-
-def model_slots(spec: BackendSpec, kind: str) -> float:
-    """Requests one loaded model of ``kind`` serves at once on ``spec`` (Ollama loads an embedding model with 1)."""
-    if spec.ollama and kind == "embedding":
-        return 1
-    return spec.parallel or math.inf
 
 
 class SlotSets:
     """The slot sets of a pool's backends: their capacity, and which ones each model's requests can take."""
 
-    def __init__(self, backends: Sequence[BackendSpec], kind: Callable[[str], str]) -> None:
+    def __init__(self, backends: Sequence[BackendSpec], model: Callable[[str], ModelSpec]) -> None:
         """Args:
-        kind: each model's kind ("chat", "embedding").
+        model: each model's ``[models]`` entry.
         """
         self.capacity: dict[str, float] = {}
         self.of: dict[tuple[str, str], str] = {}
@@ -58,7 +52,7 @@ class SlotSets:
                     self.of[b.name, m] = b.name
                 else:
                     key = self.of[b.name, m] = f"{b.name}/{m}"
-                    self.capacity[key] = float(min(b.max_concurrent, model_slots(b, kind(m))))
+                    self.capacity[key] = float(min(b.max_concurrent, runner_slots(b, model(m))))
         models = {m for b in backends for m in b.models}
         self.serves = {m: frozenset(k for (_, mm), k in self.of.items() if mm == m) for m in models}
         """The slot sets each model's requests can take."""

@@ -7,7 +7,10 @@ from the scenario seed, the user's name and the phase's place among that user's
 entries (``phase_rng``), and at each arrival it draws the next gap, then the
 prompt and completion sizes (``draw_sizes``). ``arrivals`` replays exactly
 that, so a benchmark can send the very requests ``mr simulate`` simulated.
-Closed-loop users send when an answer ends, which only a run can tell.
+Closed-loop users send when an answer ends, which only a run can tell. A
+conversation (``conversations.py``) is drawn whole when it starts, so the
+listing gives its first turn's time and every turn's sizes and pauses; when
+its later turns leave depends on when the answers end.
 """
 
 from __future__ import annotations
@@ -16,9 +19,18 @@ import heapq
 import random
 from dataclasses import dataclass
 
-from .scenario import Scenario, ScenarioError, UserSpec
+from .conversations import Conversation, Turn
+from .scenario import Scenario, ScenarioError, Seconds, Tokens, UserSpec
 
-__all__ = ["Arrival", "arrivals", "draw_sizes", "expected_sizes", "phase_rngs"]
+__all__ = [
+    "Arrival",
+    "arrivals",
+    "draw_conversation",
+    "draw_seconds",
+    "draw_sizes",
+    "expected_sizes",
+    "phase_rngs",
+]
 
 
 @dataclass(frozen=True, slots=True)
@@ -34,6 +46,8 @@ class Arrival:
     max_tokens: int | None
     phase: int
     """Index of its ``[[users]]`` entry."""
+    conversation: Conversation | None = None
+    """The conversation it opens (its first turn is this request), or None for a single request."""
 
 
 def phase_rngs(scenario: Scenario) -> list[random.Random]:
@@ -46,17 +60,34 @@ def phase_rngs(scenario: Scenario) -> list[random.Random]:
     return out
 
 
+def draw_tokens(tokens: Tokens, rng: random.Random) -> int:
+    low, high = tokens
+    return low if low == high else rng.randint(low, high)
+
+
+def draw_seconds(seconds: Seconds, rng: random.Random) -> float:
+    low, high = seconds
+    return low if low == high else rng.uniform(low, high)
+
+
 def draw_sizes(spec: UserSpec, rng: random.Random) -> tuple[int, int]:
     """A request's prompt and completion tokens (the completion within ``max_tokens`` and ``leave_after``)."""
-    low, high = spec.prompt_tokens
-    prompt = low if low == high else rng.randint(low, high)
-    low, high = spec.completion_tokens
-    completion = low if low == high else rng.randint(low, high)
+    prompt = draw_tokens(spec.prompt_tokens, rng)
+    completion = draw_tokens(spec.completion_tokens, rng)
     if spec.max_tokens is not None:
         completion = min(completion, spec.max_tokens)
     if spec.leave_after is not None:
         completion = min(completion, spec.leave_after)
     return prompt, completion
+
+
+def draw_conversation(spec: UserSpec, rng: random.Random, key: str, system: int) -> Conversation:
+    """A conversation of ``spec``'s as it starts: how many turns, each one's message, answer and pause."""
+    turns = []
+    for k in range(draw_tokens(spec.turns, rng)):
+        message, completion = draw_sizes(spec, rng)
+        turns.append(Turn(message, completion, draw_seconds(spec.think_time, rng) if k else 0.0))
+    return Conversation(key, spec.app, system, tuple(turns))
 
 
 def _mean_capped(low: int, high: int, cap: int | None) -> float:
@@ -69,10 +100,20 @@ def _mean_capped(low: int, high: int, cap: int | None) -> float:
     return (below + (high - cap) * cap) / (high - low + 1)
 
 
-def expected_sizes(spec: UserSpec) -> tuple[float, float]:
-    """A phase's mean prompt and completion tokens per request, as ``draw_sizes`` draws them."""
+def expected_sizes(spec: UserSpec, system: int = 0) -> tuple[float, float]:
+    """A phase's mean prompt and completion tokens per request, as ``draw_sizes`` draws them.
+
+    A conversation's turn k resends ``system`` and k earlier messages and answers: over its T turns,
+    a request's prompt is ``system + message + (message + answer) x E[T (T - 1) / 2] / E[T]``.
+    """
     caps = [c for c in (spec.max_tokens, spec.leave_after) if c is not None]
-    return (sum(spec.prompt_tokens) / 2, _mean_capped(*spec.completion_tokens, min(caps) if caps else None))
+    message = sum(spec.prompt_tokens) / 2
+    completion = _mean_capped(*spec.completion_tokens, min(caps) if caps else None)
+    if not spec.converses:
+        return message, completion
+    low, high = spec.turns
+    pairs = sum(t * (t - 1) / 2 for t in range(low, high + 1)) / (high - low + 1)
+    return system + message + (message + completion) * pairs / ((low + high) / 2), completion
 
 
 def arrivals(scenario: Scenario) -> list[Arrival]:
@@ -102,7 +143,14 @@ def arrivals(scenario: Scenario) -> list[Arrival]:
         nxt = now + rng.expovariate(spec.rate)
         if nxt < stop:
             heapq.heappush(heap, (nxt, i))
-        prompt, completion = draw_sizes(spec, rng)
         sent[i] += 1
+        if spec.converses:
+            conv = draw_conversation(spec, rng, f"{i}/{sent[i]}", scenario.apps.get(spec.app or "", 0))
+            first = conv.turns[0]
+            out.append(
+                Arrival(now, spec.name, spec.model, conv.prompt_tokens(0), first.completion, spec.max_tokens, i, conv)
+            )
+            continue
+        prompt, completion = draw_sizes(spec, rng)
         out.append(Arrival(now, spec.name, spec.model, prompt, completion, spec.max_tokens, i))
     return out
