@@ -19,14 +19,16 @@ from http import HTTPStatus
 
 from aiohttp import web
 
+from ...backends import Dialect
 from ...errors import RequestError
-from ..process.logsafe import safe
+from ..process.logsafe import Occasional, safe
 from ..request.quotas import QUOTA_HEADERS
 from .errorbodies import error_response
 
 __all__ = ["REQUEST_ID", "Runner", "new_request_id", "stamp"]
 
 log = logging.getLogger(__name__)
+_malformed = Occasional(log)
 
 SERVER = "mindrouter"
 
@@ -56,7 +58,20 @@ async def stamp(request: web.Request, response: web.StreamResponse) -> None:
 
 
 class _Handler(web.RequestHandler):
-    """aiohttp's connection handler; its refusals of what it cannot parse are answered as ours are."""
+    """aiohttp's connection handler; its refusals of what it cannot parse are answered as ours are.
+
+    Such a refusal (too many headers, a header too long, a body in an encoding it cannot decode)
+    comes before aiohttp has a request with a path, so the dialect of its answer is that of the
+    last request line seen at the start of what the client sent: an Ollama client's are on ``/api/``.
+    """
+
+    _dialect: Dialect = "openai"
+
+    def data_received(self, data: bytes) -> None:
+        space = data.find(b" ", 0, 8)
+        if space > 0 and data[:space].isalpha():  # what looks like a request line: "POST /api/chat ..."
+            self._dialect = "ollama" if data.startswith(b"/api/", space + 1) else "openai"
+        super().data_received(data)
 
     def handle_error(
         self, request: web.BaseRequest, status: int = 500, exc: BaseException | None = None, message: str | None = None
@@ -64,14 +79,14 @@ class _Handler(web.RequestHandler):
         if status >= 500 or request.writer.output_size > 0:
             return super().handle_error(request, status, exc, message)
         reason = str(getattr(exc, "message", "") or message or HTTPStatus(status).phrase).splitlines()[0]
-        log.info("refused a malformed request from %s: %s", request.remote, safe(reason))
+        _malformed.info("refused a malformed request from %s: %s", request.remote, safe(reason))
         refusal = RequestError(
             f"the request is not well-formed HTTP/1.1 ({safe(reason.rstrip(': .'))}); "
             "fix the client or the proxy in front of the router",
             status=status,
             code="malformed_request",
         )
-        response = error_response(refusal, "openai")
+        response = error_response(refusal, self._dialect)
         _stamp(request, response)
         response.force_close()
         return response
