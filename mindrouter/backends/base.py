@@ -7,7 +7,7 @@ The daemon parses what a client sent into a :class:`Call`, asks the scheduler
 where to send it, then opens it on that backend's :class:`Adapter`::
 
     call = Call.from_request(request.path, await request.read())   # RequestError -> 400
-    adapter = make_adapter("vllm", url, session, request_timeout=600, connect_timeout=5)
+    adapter = make_adapter("vllm", url, session, config.backends)
     probe = await adapter.probe()                   # Probe: health, models, load; never raises
     up = await adapter.open(call, "llama3.2")       # Upstream, or BackendError before any byte
     try:
@@ -56,11 +56,9 @@ from .probe import Probe, Reply, model_key
 from .translate import Plan
 from .upstream import MALFORMED, Upstream, describe, fault_of
 
-__all__ = ["MAX_ANSWER_BYTES", "Adapter", "BackendError"]
+__all__ = ["Adapter", "BackendError"]
 
 _DEFAULTS = BackendSettings()
-MAX_ANSWER_BYTES = _DEFAULTS.max_answer_bytes
-"""The default largest whole (non-streamed) answer read (256 MiB: a large batch of embeddings)."""
 _PROBE_BYTES = 16 << 20
 """The largest probe answer read (/api/tags of a big library, vLLM's /metrics)."""
 _ERROR_BYTES = 64 << 10
@@ -122,15 +120,11 @@ class Adapter(ABC):
     Args:
         base_url (str): the server's root, e.g. ``http://gpu1:11434``.
         session (aiohttp.ClientSession): the daemon's one pooled session.
-        request_timeout (float): seconds for a whole non-streaming answer.
-        connect_timeout (float): seconds to open a connection; probes get twice this.
-        first_byte_timeout (float): seconds until a stream's first chunk with the model loaded. Defaults to 60.
-        load_timeout (float): seconds more when the last probe did not list the model loaded. Defaults to 180.
-        chunk_timeout (float): the longest silence between chunks of a stream. Defaults to 60.
+        settings (BackendSettings): the ``[backends]`` settings: its timeouts (``connect_timeout``,
+            ``first_byte_timeout``, ``load_timeout``, ``chunk_timeout``, ``stream_timeout``,
+            ``request_timeout``) and limits (``max_line_bytes``, ``max_answer_bytes``). Defaults to
+            the defaults.
         api_key (str | None): sent as ``Authorization: Bearer`` when set. Defaults to None.
-        stream_timeout (float | None): the longest a stream may run in all. Defaults to None (no limit).
-        max_line_bytes (int): the longest stream line. Defaults to ``events.MAX_LINE_BYTES``.
-        max_answer_bytes (int): the largest whole answer. Defaults to MAX_ANSWER_BYTES.
     """
 
     engine: str = ""
@@ -142,33 +136,20 @@ class Adapter(ABC):
         self,
         base_url: str,
         session: aiohttp.ClientSession,
+        settings: BackendSettings = _DEFAULTS,
         *,
-        request_timeout: float,
-        connect_timeout: float,
-        first_byte_timeout: float = _DEFAULTS.first_byte_timeout,
-        load_timeout: float = _DEFAULTS.load_timeout,
-        chunk_timeout: float = _DEFAULTS.chunk_timeout,
         api_key: str | None = None,
-        stream_timeout: float | None = None,
-        max_line_bytes: int = reading.MAX_LINE_BYTES,
-        max_answer_bytes: int = MAX_ANSWER_BYTES,
     ) -> None:
         self.base_url = self.normalize_url(base_url)
-        self.stream_timeout = stream_timeout
-        self.max_line_bytes = max_line_bytes
-        self.max_answer_bytes = max_answer_bytes
         self.session = session
-        self.request_timeout = request_timeout
-        self.connect_timeout = connect_timeout
-        self.first_byte_timeout = first_byte_timeout
-        self.load_timeout = load_timeout
-        self.chunk_timeout = chunk_timeout
+        self.settings = settings
         self._headers = {"Content-Type": "application/json"}
         if api_key:
             self._headers["Authorization"] = f"Bearer {api_key}"
-        self._probe_timeout = aiohttp.ClientTimeout(total=2 * connect_timeout, sock_connect=connect_timeout)
-        self._stream_timeout = aiohttp.ClientTimeout(sock_connect=connect_timeout)
-        self._body_timeout = aiohttp.ClientTimeout(total=request_timeout, sock_connect=connect_timeout)
+        connect = settings.connect_timeout
+        self._probe_timeout = aiohttp.ClientTimeout(total=2 * connect, sock_connect=connect)
+        self._stream_timeout = aiohttp.ClientTimeout(sock_connect=connect)
+        self._body_timeout = aiohttp.ClientTimeout(total=settings.request_timeout, sock_connect=connect)
         self._spellings: dict[str, str] = {}
         """model_key -> the name this backend lists, learnt by :meth:`poll`."""
         self._resident: frozenset[str] = frozenset()
@@ -238,7 +219,8 @@ class Adapter(ABC):
         if not plan.stream:
             return await self._whole(call, plan, opened_at, opened_ns)
         resp: aiohttp.ClientResponse | None = None
-        wait = self.first_byte_timeout + (0 if model_key(model) in self._resident else self.load_timeout)
+        settings = self.settings
+        wait = settings.first_byte_timeout + (0 if model_key(model) in self._resident else settings.load_timeout)
         try:
             async with asyncio.timeout(wait):
                 resp = await self.session.post(
@@ -248,10 +230,10 @@ class Adapter(ABC):
                     return await self._refused(call, resp, opened_at)
                 rel = relay.make_relay(plan)
                 limits = reading.Limits(
-                    self.max_line_bytes,
+                    settings.max_line_bytes,
                     reading.answer_limit(call.max_tokens, call.n),
-                    self.stream_timeout,
-                    self.chunk_timeout,
+                    settings.stream_timeout or None,
+                    settings.chunk_timeout,
                 )
                 events = reading.events(resp.content, rel, sse=self.family == "openai", limits=limits)
                 first = await events.__anext__()
@@ -270,7 +252,7 @@ class Adapter(ABC):
         except BaseException:
             _close(resp)
             raise
-        _read_timeout(resp, self.chunk_timeout)
+        _read_timeout(resp, settings.chunk_timeout)
         sent = len(plan.data)
         return Upstream(
             dialect=call.dialect,
@@ -296,7 +278,7 @@ class Adapter(ABC):
             ) as resp:
                 if resp.status >= 400:
                     return await self._refused(call, resp, opened_at)
-                raw = await _read(resp, self.max_answer_bytes)
+                raw = await _read(resp, self.settings.max_answer_bytes)
                 body, usage = whole.convert_body(plan, raw, time.monotonic_ns() - opened_ns)
         except _TooLong as exc:
             raise BackendError(str(exc), fault=Fault.CUT) from None

@@ -125,19 +125,7 @@ class Registry:
                 await stop(entry.task)
 
     def _engine_adapter(self, row: Any) -> Adapter:
-        return make_adapter(
-            row.engine,
-            row.url,
-            self.session,
-            request_timeout=self.settings.request_timeout,
-            connect_timeout=self.settings.connect_timeout,
-            first_byte_timeout=self.settings.first_byte_timeout,
-            load_timeout=self.settings.load_timeout,
-            chunk_timeout=self.settings.chunk_timeout,
-            stream_timeout=self.settings.stream_timeout or None,
-            max_line_bytes=self.settings.max_line_bytes,
-            max_answer_bytes=self.settings.max_answer_bytes,
-        )
+        return make_adapter(row.engine, row.url, self.session, self.settings)
 
     def add(self, row: Any) -> Entry:
         adapter = self.adapters(row)
