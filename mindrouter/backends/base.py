@@ -178,7 +178,12 @@ class Adapter(ABC):
         """One probe request; failures come back as a Reply, never as an exception."""
         try:
             async with self.session.request(
-                method, self.base_url + path, json=json_body, headers=self._headers, timeout=self._probe_timeout
+                method,
+                self.base_url + path,
+                json=json_body,
+                headers=self._headers,
+                timeout=self._probe_timeout,
+                allow_redirects=False,
             ) as resp:
                 return Reply(resp.status, await _read(resp, _PROBE_BYTES))
         except _NETWORK_ERRORS as exc:
@@ -215,7 +220,7 @@ class Adapter(ABC):
         plan = translate.plan(call, self._spellings.get(model_key(model), model), self.engine)
         opened_at, opened_ns = time.monotonic(), time.monotonic_ns()
         if plan.synthetic is not None:  # answered without the backend (an Ollama "load model" call)
-            return Upstream(dialect=call.dialect, body=plan.synthetic, opened_at=opened_at)
+            return Upstream(dialect=call.dialect, body=plan.synthetic, opened_at=opened_at, first_byte_at=opened_at)
         if not plan.stream:
             return await self._whole(call, plan, opened_at, opened_ns)
         resp: aiohttp.ClientResponse | None = None
@@ -224,9 +229,13 @@ class Adapter(ABC):
         try:
             async with asyncio.timeout(wait):
                 resp = await self.session.post(
-                    self.base_url + plan.path, data=plan.data, headers=self._headers, timeout=self._stream_timeout
+                    self.base_url + plan.path,
+                    data=plan.data,
+                    headers=self._headers,
+                    timeout=self._stream_timeout,
+                    allow_redirects=False,
                 )
-                if resp.status >= 400:
+                if resp.status >= 300:
                     return await self._refused(call, resp, opened_at)
                 rel = relay.make_relay(plan)
                 limits = reading.Limits(
@@ -237,6 +246,7 @@ class Adapter(ABC):
                 )
                 events = reading.events(resp.content, rel, sse=self.family == "openai", limits=limits)
                 first = await events.__anext__()
+                first_at = time.monotonic()
         except StopAsyncIteration:
             _close(resp)
             raise BackendError("the backend ended the stream before any output") from None
@@ -261,6 +271,7 @@ class Adapter(ABC):
             response=resp,
             usage=rel.usage,
             opened_at=opened_at,
+            first_byte_at=first_at,
             counter=rel,
             vet=lambda: self._vet(rel.usage, call, sent, rel.bytes),
         )
@@ -274,9 +285,14 @@ class Adapter(ABC):
         """A non-streaming answer: the whole body within ``request_timeout``."""
         try:
             async with self.session.post(
-                self.base_url + plan.path, data=plan.data, headers=self._headers, timeout=self._body_timeout
+                self.base_url + plan.path,
+                data=plan.data,
+                headers=self._headers,
+                timeout=self._body_timeout,
+                allow_redirects=False,
             ) as resp:
-                if resp.status >= 400:
+                first_at = time.monotonic()  # its head: the backend has begun to answer
+                if resp.status >= 300:
                     return await self._refused(call, resp, opened_at)
                 raw = await _read(resp, self.settings.max_answer_bytes)
                 body, usage = whole.convert_body(plan, raw, time.monotonic_ns() - opened_ns)
@@ -285,11 +301,20 @@ class Adapter(ABC):
         except (*_NETWORK_ERRORS, *MALFORMED) as exc:
             raise BackendError(describe(exc), fault=fault_of(exc)) from exc
         self._vet(usage, call, len(plan.data), len(raw))
-        return Upstream(dialect=call.dialect, body=body, usage=usage, opened_at=opened_at)
+        return Upstream(dialect=call.dialect, body=body, usage=usage, opened_at=opened_at, first_byte_at=first_at)
 
     async def _refused(self, call: Call, resp: aiohttp.ClientResponse, opened_at: float) -> Upstream:
         """A 4xx is the client's answer, in its dialect; a 5xx, 408 or 429 is the backend's failure,
-        and a "not supported" (501) says what the backend lacks."""
+        and a "not supported" (501) says what the backend lacks. A redirect is a bad answer: followed,
+        it would send the client's request (and its answer back) wherever the backend points."""
+        if resp.status < 400:
+            resp.release()
+            raise BackendError(
+                f"the backend answered HTTP {resp.status}, a redirect, which the router does not follow "
+                "(an admin should give the backend the URL it serves at)",
+                status=resp.status,
+                fault=Fault.ERROR,
+            )
         raw = await _read(resp, _ERROR_BYTES, truncate=True)
         message = error_message(raw, resp.status)
         resp.release()

@@ -51,6 +51,7 @@ class Upstream:
         usage: Usage | None = None,
         error: str | None = None,
         opened_at: float | None = None,
+        first_byte_at: float | None = None,
         counter: Any = None,
         vet: Callable[[], None] | None = None,
     ) -> None:
@@ -70,8 +71,8 @@ class Upstream:
         self._vet = vet
         """Checks ``usage`` against what the answer's bytes could hold, once, when the answer ends."""
         self.opened_at = opened_at if opened_at is not None else time.monotonic()
-        self.first_byte_at: float | None = time.monotonic()
-        """When the first chunk (or the whole body) was in hand."""
+        self.first_byte_at = first_byte_at
+        """When the backend began to answer: a stream's first chunk was in hand, a whole answer's head came."""
         self.done = False
         """Iteration reached the end (normally or with an error tail)."""
         self.chunks = 0
