@@ -15,12 +15,15 @@ from __future__ import annotations
 import itertools
 import logging
 import os
+from collections.abc import Callable
 from http import HTTPStatus
+from typing import cast
 
 from aiohttp import web
 
 from ...backends import Dialect
 from ...errors import RequestError
+from ..process.appkeys import STATS
 from ..process.logsafe import Occasional, safe
 from ..request.quotas import QUOTA_HEADERS
 from .errorbodies import error_response
@@ -53,8 +56,12 @@ def _stamp(request: web.BaseRequest, response: web.StreamResponse) -> None:
 
 
 async def stamp(request: web.Request, response: web.StreamResponse) -> None:
-    """``on_response_prepare``: the headers every answer carries, streams included."""
+    """``on_response_prepare``: the headers every answer carries, streams included; an error answer is
+    counted here, whoever made it (a handler, the guard, the admin API, the web UI). A stream that an
+    error ends after its first byte is counted where it ends (``inference.py``)."""
     _stamp(request, response)
+    if response.status >= 400:
+        request.app[STATS].count_error(response.status)
 
 
 class _Handler(web.RequestHandler):
@@ -88,11 +95,16 @@ class _Handler(web.RequestHandler):
         )
         response = error_response(refusal, self._dialect)
         _stamp(request, response)
+        if isinstance(self._manager, _Server):  # not an answer of the app's: on_response_prepare is not told
+            self._manager.count_error(status)
         response.force_close()
         return response
 
 
 class _Server(web.Server):
+    count_error: Callable[[int], None]
+    """Where the connection handlers count their refusals (``Stats.count_error``)."""
+
     def __call__(self) -> web.RequestHandler:
         return _Handler(self, loop=self._loop, **self._kwargs)
 
@@ -103,4 +115,5 @@ class Runner(web.AppRunner):
     async def _make_server(self) -> web.Server:
         server = await super()._make_server()
         server.__class__ = _Server  # only __call__ differs: which handler class serves a connection
+        cast(_Server, server).count_error = self.app[STATS].count_error
         return server

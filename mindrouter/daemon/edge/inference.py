@@ -44,6 +44,8 @@ SHUTTING_DOWN = RequestError(
 _SHUTDOWN = "mindrouter is shutting down"
 """The cancel message ``end_handlers`` sends, as the handler tells it from a client gone."""
 _CUT_BY_SHUTDOWN = "the router shut down before the answer was complete; send the request again in a few seconds"
+_BROKEN = "stream"
+"""How ``mindrouter_errors_total`` labels a stream that an error ended after its first byte."""
 
 
 async def handle_inference(request: web.Request) -> web.StreamResponse:
@@ -74,6 +76,8 @@ async def handle_inference(request: web.Request) -> web.StreamResponse:
                     response = web.StreamResponse(status=upstream.status, headers=upstream.headers)
                     await response.prepare(request)
                 await _pour(lease, upstream, response.write, dialect)
+                if upstream.error is not None:  # the stream ended with its error tail
+                    app[STATS].count_error(_BROKEN)
                 await response.write_eof()
             lease.finish()
         return response
@@ -84,6 +88,7 @@ async def handle_inference(request: web.Request) -> web.StreamResponse:
         if response is None or not response.prepared:
             _refused(app, rid, SHUTTING_DOWN)
             return error_response(SHUTTING_DOWN, dialect)
+        app[STATS].count_error(_BROKEN)
         with contextlib.suppress(Exception):  # best effort: the connection closes next in any case
             await response.write(_shutdown_tail(app, rid, lease, dialect))
             await response.write_eof()
@@ -93,6 +98,7 @@ async def handle_inference(request: web.Request) -> web.StreamResponse:
     except RequestError as exc:
         _refused(app, rid, exc)
         if response is not None and response.prepared:  # a stream whose headers went out ends in its dialect
+            app[STATS].count_error(_BROKEN)
             await response.write(error_tail(dialect, exc.message))
             await response.write_eof()
             return response
@@ -133,8 +139,7 @@ def _shutdown_tail(app: web.Application, rid: str, lease: Lease, dialect: Dialec
 
 
 def _refused(app: web.Application, rid: str, exc: RequestError) -> None:
-    """Count and log a request that ends in an error."""
-    app[STATS].count_error(exc.status)
+    """Log a request that ends in an error (its answer is counted as it is prepared, or as its stream ends)."""
     log.info("request=%s status=%d %s", rid, exc.status, exc.message)
 
 

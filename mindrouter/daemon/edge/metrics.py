@@ -34,10 +34,12 @@ class _Collector(Collector):
         tokens.add_metric(["completion"], stats.completion_tokens_total)
         yield tokens
         errors = CounterMetricFamily(
-            "mindrouter_errors", "Requests that ended with an error status.", labels=["status"]
+            "mindrouter_errors",
+            'Error answers, by the status the client got ("stream": ended by an error after its first byte).',
+            labels=["status"],
         )
         for status, count in sorted(stats.errors.items()):
-            errors.add_metric([str(status)], count)
+            errors.add_metric([status], count)
         yield errors
         yield CounterMetricFamily("mindrouter_cancelled", "Requests whose client went away.", value=stats.cancelled)
         yield CounterMetricFamily(
