@@ -199,4 +199,4 @@ async def test_every_admin_route_on_tcp_needs_the_admin_key(daemon):
     for method, path in admin:
         path = path.replace("{name}", "alice").replace("{request_id}", "x").replace("{key_id}", "1")
         resp = await daemon.client.request(method, path, json={}, headers=bearer("not-the-admin-key"))
-        assert resp.status == 401, (method, path, resp.status)
+        assert resp.status in (401, 429), (method, path, resp.status)  # after 11 wrong keys the address waits

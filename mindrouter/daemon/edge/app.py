@@ -28,7 +28,7 @@ import aiohttp
 from aiohttp import web
 
 from ... import __version__
-from ...config import Config
+from ...config import Config, check_keys
 from ...errors import ConfigError
 from ...gpu.probe import GpuProbe
 from ...scheduler import Scheduler
@@ -264,6 +264,7 @@ def _claim_socket(path: Path) -> None:
 async def _run(config: Config, *, discover: bool | None) -> None:
     """Lock the state and claim the socket before anything else, then serve."""
     server = config.server
+    check_keys(server)  # as a typo is, before anything starts
     _socket_gid(server.socket_group)  # a typo is refused before anything starts
     lock = StateLock(server.state_path)
     lock.acquire(listen=f"http://{server.host}:{server.port}", socket=str(server.socket_path))
