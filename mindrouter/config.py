@@ -123,7 +123,11 @@ class BackendSettings:
     max_line_bytes: int = 8388608
     """Bytes one line (event) of a streamed answer may hold before the stream is cut (8 MiB)."""
     max_answer_bytes: int = 268435456
-    """Bytes a whole (non-streamed) answer may hold; a longer one is not read (256 MiB)."""
+    """Bytes a whole (non-streamed) answer may hold; a longer one is not read (256 MiB). One with max_tokens
+    is held to what that many tokens can take (backends/events.py: answer_bytes)."""
+    max_held_answer_bytes: int = 268435456
+    """Bytes all whole answers may hold together while they are read and written (256 MiB): past it, the
+    largest still being read is cut and its client gets a 503, so backends cannot grow the daemon."""
     request_timeout: float = 600.0
     """Seconds a backend may take to finish one non-streaming request."""
     max_retries: int = 2

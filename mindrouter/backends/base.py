@@ -48,9 +48,11 @@ from typing import Any
 import aiohttp
 
 from ..config import BackendSettings
+from ..errors import RequestError
 from . import events as reading
 from . import relay, responses_api, translate, whole
 from ._shapes import PROMPT_SLACK, Family, Fault, StreamFailed, Usage, error_body, error_message, not_supported
+from .budget import Budget, Holding
 from .call import Call
 from .probe import Probe, Reply, model_key
 from .translate import Plan
@@ -94,19 +96,30 @@ class _TooLong(Exception):
     """An answer was longer than what is read of it."""
 
 
-async def _read(resp: aiohttp.ClientResponse, limit: int, *, truncate: bool = False) -> bytes:
-    """The body, at most ``limit`` bytes: beyond it, the rest is dropped (``truncate``) or ``_TooLong`` raised."""
-    parts: list[bytes] = []
-    size = 0
-    async for data in resp.content.iter_any():
-        if size + len(data) > limit:
-            if truncate:
-                parts.append(data[: limit - size])
-                break
-            raise _TooLong(f"the backend's answer was longer than {limit} bytes")
-        size += len(data)
-        parts.append(data)
-    return b"".join(parts)
+async def _read(
+    resp: aiohttp.ClientResponse, limit: int, *, truncate: bool = False, holding: Holding | None = None
+) -> bytearray:
+    """The body, at most ``limit`` bytes: beyond it, the rest is dropped (``truncate``) or ``_TooLong`` raised.
+
+    With a ``holding``, each piece is taken from the budget of whole answers as it comes (``NoRoom``
+    when there is none left), and the body grows in one buffer: joining the pieces at the end would
+    hold the answer twice.
+    """
+    body = bytearray()
+    try:
+        async for data in resp.content.iter_any():
+            if len(body) + len(data) > limit:
+                if truncate:
+                    body += data[: limit - len(body)]
+                    break
+                raise _TooLong(f"the backend's answer was longer than {limit} bytes")
+            if holding is not None:
+                holding.take(len(data))
+            body += data
+    except BaseException:
+        body.clear()  # freed now, not when the traceback that holds this frame goes
+        raise
+    return body
 
 
 _RETRYABLE_4XX = frozenset({408, 429})
@@ -125,6 +138,8 @@ class Adapter(ABC):
             ``request_timeout``) and limits (``max_line_bytes``, ``max_answer_bytes``). Defaults to
             the defaults.
         api_key (str | None): sent as ``Authorization: Bearer`` when set. Defaults to None.
+        budget (Budget | None): the bytes all whole answers may hold at once, shared by every adapter.
+            Defaults to one of this adapter's own, of ``settings.max_held_answer_bytes``.
     """
 
     engine: str = ""
@@ -139,10 +154,12 @@ class Adapter(ABC):
         settings: BackendSettings = _DEFAULTS,
         *,
         api_key: str | None = None,
+        budget: Budget | None = None,
     ) -> None:
         self.base_url = self.normalize_url(base_url)
         self.session = session
         self.settings = settings
+        self.budget = budget or Budget(settings.max_held_answer_bytes)
         self._headers = {"Content-Type": "application/json"}
         if api_key:
             self._headers["Authorization"] = f"Bearer {api_key}"
@@ -185,7 +202,7 @@ class Adapter(ABC):
                 timeout=self._probe_timeout,
                 allow_redirects=False,
             ) as resp:
-                return Reply(resp.status, await _read(resp, _PROBE_BYTES))
+                return Reply(resp.status, bytes(await _read(resp, _PROBE_BYTES)))
         except _NETWORK_ERRORS as exc:
             return Reply(None, error=describe(exc))
         except _TooLong as exc:
@@ -208,7 +225,8 @@ class Adapter(ABC):
                 answer), 5xx, 408/429, or a stream that broke before its first chunk;
                 always before the first byte. Once open, a stream silent for
                 ``chunk_timeout`` ends with an error tail.
-            RequestError: the call cannot be expressed for this engine (400).
+            RequestError: the call cannot be expressed for this engine (400), or a whole answer was
+                cut because whole answers held at once would pass the budget, this one the largest (503).
         """
         if call.responses and self.serves_responses:
             return (await self._open(call.as_sent(), model)).rendered(responses_api.error_event)
@@ -282,7 +300,11 @@ class Adapter(ABC):
         usage.vet(self.base_url, sent + PROMPT_SLACK, received if allowed is None else min(received, allowed))
 
     async def _whole(self, call: Call, plan: Plan, opened_at: float, opened_ns: int) -> Upstream:
-        """A non-streaming answer: the whole body within ``request_timeout``."""
+        """A non-streaming answer: the whole body within ``request_timeout``, within ``max_answer_bytes``
+        and what the request's ``max_tokens`` allows, its bytes held in the budget until it is written."""
+        holding: Holding | None = None
+        allowed = reading.answer_bytes(call.max_tokens, call.n, len(plan.data))
+        limit = self.settings.max_answer_bytes if allowed is None else min(allowed, self.settings.max_answer_bytes)
         try:
             async with self.session.post(
                 self.base_url + plan.path,
@@ -294,14 +316,25 @@ class Adapter(ABC):
                 first_at = time.monotonic()  # its head: the backend has begun to answer
                 if resp.status >= 300:
                     return await self._refused(call, resp, opened_at)
-                raw = await _read(resp, self.settings.max_answer_bytes)
+                holding = self.budget.holding(resp.close)
+                raw = await _read(resp, limit, holding=holding)
+                holding.read()
                 body, usage = whole.convert_body(plan, raw, time.monotonic_ns() - opened_ns)
-        except _TooLong as exc:
-            raise BackendError(str(exc), fault=Fault.CUT) from None
-        except (*_NETWORK_ERRORS, *MALFORMED) as exc:
-            raise BackendError(describe(exc), fault=fault_of(exc)) from exc
+        except BaseException as exc:
+            if holding is not None:
+                holding.give_back()
+                if holding.cut:  # by this read or by another's: the budget's cut, whatever the read raised
+                    raise _no_room(self.budget) from None
+            if isinstance(exc, _TooLong):
+                why = "" if limit == self.settings.max_answer_bytes else " (more than its max_tokens allows)"
+                raise BackendError(f"{exc}{why}, and was cut", fault=Fault.CUT) from None
+            if isinstance(exc, (*_NETWORK_ERRORS, *MALFORMED)):
+                raise BackendError(describe(exc), fault=fault_of(exc)) from exc
+            raise
         self._vet(usage, call, len(plan.data), len(raw))
-        return Upstream(dialect=call.dialect, body=body, usage=usage, opened_at=opened_at, first_byte_at=first_at)
+        return Upstream(
+            dialect=call.dialect, body=body, usage=usage, opened_at=opened_at, first_byte_at=first_at, holding=holding
+        )
 
     async def _refused(self, call: Call, resp: aiohttp.ClientResponse, opened_at: float) -> Upstream:
         """A 4xx is the client's answer, in its dialect; a 5xx, 408 or 429 is the backend's failure,
@@ -315,7 +348,7 @@ class Adapter(ABC):
                 status=resp.status,
                 fault=Fault.ERROR,
             )
-        raw = await _read(resp, _ERROR_BYTES, truncate=True)
+        raw = bytes(await _read(resp, _ERROR_BYTES, truncate=True))
         message = error_message(raw, resp.status)
         resp.release()
         if not_supported(resp.status, raw):
@@ -326,6 +359,18 @@ class Adapter(ABC):
             )
         body = error_body(call.dialect, resp.status, message)
         return Upstream(dialect=call.dialect, status=resp.status, body=body, error=message, opened_at=opened_at)
+
+
+def _no_room(budget: Budget) -> RequestError:
+    return RequestError(
+        f"the answer was cut: with the other large answers the router holds now it would have passed the "
+        f"{budget.limit:,} bytes they may take together; ask for a shorter one (max_tokens), stream it, or "
+        "send it again shortly",
+        status=503,
+        type="service_unavailable",
+        code="answer_too_large",
+        retry_after=5,
+    )
 
 
 def _close(resp: aiohttp.ClientResponse | None) -> None:

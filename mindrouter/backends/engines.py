@@ -7,6 +7,7 @@ import aiohttp
 from ..config import BackendSettings
 from ..errors import ConfigError
 from .base import Adapter
+from .budget import Budget
 from .llamacpp import LlamaCppAdapter
 from .ollama import OllamaAdapter
 from .openai import OpenAIAdapter
@@ -31,8 +32,10 @@ def make_adapter(
     settings: BackendSettings = _DEFAULTS,
     *,
     api_key: str | None = None,
+    budget: Budget | None = None,
 ) -> Adapter:
-    """The adapter for ``engine`` at ``base_url``, with the ``[backends]`` timeouts and limits of ``settings``.
+    """The adapter for ``engine`` at ``base_url``, with the ``[backends]`` timeouts and limits of ``settings``
+    and the ``budget`` of whole answers every adapter shares.
 
     Raises:
         ConfigError: ``engine`` is not one of :data:`ENGINES`.
@@ -41,4 +44,4 @@ def make_adapter(
         cls = ENGINES[engine]
     except KeyError:
         raise ConfigError(f"unknown engine {engine!r}; use one of {', '.join(ENGINES)}.") from None
-    return cls(base_url, session, settings, api_key=api_key)
+    return cls(base_url, session, settings, api_key=api_key, budget=budget)

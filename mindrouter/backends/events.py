@@ -23,7 +23,7 @@ from ..config import BackendSettings
 from ._shapes import Fault, StreamCut, StreamFailed
 from .relay import Relay
 
-__all__ = ["MAX_LINE_BYTES", "Limits", "answer_limit", "events"]
+__all__ = ["MAX_LINE_BYTES", "Limits", "answer_bytes", "answer_limit", "events"]
 
 MAX_LINE_BYTES = BackendSettings().max_line_bytes
 """The default longest stream line (8 MiB): an Ollama ``/api/generate`` final line holds its whole
@@ -57,6 +57,22 @@ def answer_limit(max_tokens: int | None, choices: Any = 1) -> int | None:
         return None
     n = choices if isinstance(choices, int) and not isinstance(choices, bool) and choices > 0 else 1
     return n * (max_tokens + max_tokens // 4 + 32)
+
+
+TOKEN_BYTES = 4096
+"""The most bytes one answer token may take in a whole answer: its text escaped (up to 6 bytes a
+character), 20 ``top_logprobs`` with their bytes, a tool call's arguments quoted again."""
+ECHO_BYTES = 8
+"""The most answer bytes per byte of the request: Ollama's ``context`` repeats the prompt as token ids."""
+BASE_BYTES = 65536
+"""An answer's fixed part: ids, model, usage, timings."""
+
+
+def answer_bytes(max_tokens: int | None, choices: Any, sent: int) -> int | None:
+    """The most bytes believed of a whole answer to a request of ``sent`` bytes allowed ``max_tokens``
+    for each of ``choices`` (None when it set none): what :func:`answer_limit` is to a stream's events."""
+    tokens = answer_limit(max_tokens, choices)
+    return None if tokens is None else BASE_BYTES + ECHO_BYTES * sent + TOKEN_BYTES * tokens
 
 
 async def _reads(content: aiohttp.StreamReader, silence: float | None) -> AsyncIterator[bytes]:

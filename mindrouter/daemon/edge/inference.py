@@ -32,7 +32,7 @@ __all__ = ["SHUTTING_DOWN", "end_handlers", "setup_inference_routes"]
 log = logging.getLogger(__name__)
 
 _CONTENT_TYPES = {"ollama": "application/x-ndjson", "openai": "text/event-stream"}
-Write = Callable[[bytes], Awaitable[None]]
+Write = Callable[[bytes | bytearray], Awaitable[None]]
 
 SHUTTING_DOWN = RequestError(
     "the router is shutting down; send the request again in a few seconds",
@@ -70,7 +70,8 @@ async def handle_inference(request: web.Request) -> web.StreamResponse:
             else:
                 upstream = await lease.open()
             if response is None and upstream.body is not None:
-                response = web.Response(body=upstream.body, status=upstream.status, headers=upstream.headers)
+                lease.finish()
+                response = await _whole(request, upstream, upstream.body)
             else:
                 if response is None:
                     response = web.StreamResponse(status=upstream.status, headers=upstream.headers)
@@ -79,7 +80,7 @@ async def handle_inference(request: web.Request) -> web.StreamResponse:
                 if upstream.error is not None:  # the stream ended with its error tail
                     app[STATS].count_error(_BROKEN)
                 await response.write_eof()
-            lease.finish()
+                lease.finish()
         return response
     except asyncio.CancelledError as exc:  # the client left, or ``end_handlers`` ends it at shutdown
         if lease is None or task is None or exc.args != (_SHUTDOWN,):
@@ -152,6 +153,23 @@ async def _pour(lease: Lease, upstream: Upstream, write: Write, dialect: Dialect
         await write(upstream.body)
     else:
         await write(error_tail(dialect, upstream.error))
+
+
+WHOLE_PIECE = 1 << 20
+"""A whole answer is written a MiB at a time: written at once, aiohttp would copy it behind its headers."""
+
+
+async def _whole(request: web.Request, upstream: Upstream, body: bytes | bytearray) -> web.StreamResponse:
+    """Write a whole answer before its lease ends, so its bytes count in the budget of whole answers
+    (``backends/budget.py``) until the client has them, a piece at a time, each waiting for the last to go."""
+    response = web.StreamResponse(status=upstream.status, headers=upstream.headers)
+    response.content_length = len(body)
+    await response.prepare(request)
+    view = memoryview(body)
+    for start in range(0, len(view), WHOLE_PIECE):
+        await response.write(view[start : start + WHOLE_PIECE])
+    await response.write_eof()
+    return response
 
 
 def _waiting_headers(lease: Lease, dialect: str) -> dict[str, str]:
