@@ -128,3 +128,15 @@ async def test_a_key_id_beyond_64_bits_in_the_ui_revoke_form_is_a_flash_error(da
     assert resp.status < 500, (resp.status, page[:300])  # the form's page again, with the refusal flashed
     assert 'class="flash error"' in page and "has no key with id" in page
     assert len(await daemon.admin("GET", "/admin/users/ana/keys")) == 1
+
+
+async def test_a_new_key_for_an_unknown_user_in_the_ui_is_a_404_page(daemon: Daemon) -> None:
+    """Found by the web UI form fuzz (tests/test_bad_input.py): the store's "does not exist" escaped the
+    page that makes a key, a 500."""
+    await daemon.user("ana")
+    await login(daemon, ADMIN_KEY)
+    token = csrf_of(await (await daemon.client.get("/ui/admin/users/ana")).text())
+    resp = await daemon.client.post("/ui/admin/users/nobody/keys", data={"csrf": token})
+    page = await resp.text()
+    assert resp.status == 404, (resp.status, page[:300])
+    assert 'class="flash error"' in page and "user &#39;nobody&#39; does not exist" in page
