@@ -138,6 +138,13 @@ async def test_a_backends_redirect_is_a_bad_answer_never_followed(daemon: Daemon
     assert r.reached == [], r.reached
 
 
+async def chat_backend(aiohttp_server: Any, chat: Any) -> str:
+    """The URL of an OpenAI-compatible server whose chat completions ``chat`` answers."""
+    app = web.Application()
+    app.router.add_post("/v1/chat/completions", chat)
+    return str((await aiohttp_server(app)).make_url(""))
+
+
 SPLIT_EVENTS = (
     b": a comment\n"
     b'data: {"id": "c1", "object": "chat.completion.chunk", "model": "m",\n'
@@ -166,11 +173,9 @@ async def test_an_sse_event_on_several_data_lines_is_one_event(aiohttp_server: A
             await asyncio.sleep(0.01)
         return resp
 
-    app = web.Application()
-    app.router.add_post("/v1/chat/completions", chat)
-    server = await aiohttp_server(app)
+    url = await chat_backend(aiohttp_server, chat)
     async with aiohttp.ClientSession() as session:
-        adapter = make_adapter("openai", str(server.make_url("")), session, SETTINGS)
+        adapter = make_adapter("openai", url, session, SETTINGS)
         for path, text in (("/v1/chat/completions", "Hello"), ("/api/chat", "Hello")):
             up = await adapter.open(call(path, model="m", messages=MESSAGES, stream=True), "m")
             out = b"".join([chunk async for chunk in up])
@@ -215,11 +220,9 @@ async def test_a_whole_answers_first_byte_is_when_its_answer_began(aiohttp_serve
         await resp.write(json.dumps(body).encode())
         return resp
 
-    app = web.Application()
-    app.router.add_post("/v1/chat/completions", chat)
-    server = await aiohttp_server(app)
+    url = await chat_backend(aiohttp_server, chat)
     async with aiohttp.ClientSession() as session:
-        adapter = make_adapter("openai", str(server.make_url("")), session, SETTINGS)
+        adapter = make_adapter("openai", url, session, SETTINGS)
         opening = asyncio.create_task(adapter.open(call("/v1/chat/completions", model="m", messages=MESSAGES), "m"))
         await asyncio.sleep(0.2)
         released_at = time.monotonic()
