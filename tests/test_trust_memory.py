@@ -133,6 +133,24 @@ async def test_whole_answers_held_at_once_stay_within_the_budget_and_the_largest
     assert resp.status == 200  # alone, it fits
 
 
+async def test_a_huge_answer_being_read_gives_way_to_a_smaller_one(
+    tmp_path: Path, aiohttp_client: Any, nvml: Any, aiohttp_server: Any
+) -> None:
+    """Ann's answer holds 800 KB of a 1 MiB budget when Bob's 300 KB one comes: Ann's is cut (its
+    connection closed while another request reads), her client gets the 503, never a truncated 200."""
+    big = Big(pause=0.02)
+    d = await make_daemon(tmp_path, aiohttp_client, nvml, max_held_answer_bytes=1 << 20)
+    ann, bob = await pool(d, await aiohttp_server(big.app()))
+    budget: Budget = d.registry.budget
+    anns = asyncio.create_task(d.client.post("/v1/chat/completions", json=ask(2_000_000), headers=_bearer(ann)))
+    await until(lambda: budget.held > 800_000, "Ann's answer did not grow")
+    resp = await d.client.post("/v1/chat/completions", json=ask(300_000), headers=_bearer(bob))
+    assert resp.status == 200 and len((await resp.json())["choices"][0]["message"]["content"]) == 300_000
+    resp = await anns
+    assert resp.status == 503 and (await resp.json())["error"]["code"] == "answer_too_large"
+    assert budget.cuts == 1 and budget.held == 0
+
+
 def test_the_budget_cuts_the_largest_answer_being_read() -> None:
     budget = Budget(1000)
     stopped: list[str] = []
@@ -144,6 +162,8 @@ def test_the_budget_cuts_the_largest_answer_being_read() -> None:
     assert stopped == ["large"] and budget.held == 500 and budget.peak == 900
     with pytest.raises(NoRoom):
         large.take(1)
+    with pytest.raises(NoRoom):  # a read that ended as its connection was closed is no whole answer
+        large.read()
     growing.read()  # whole: it waits to be written, and only answers still growing can be cut
     with pytest.raises(NoRoom):
         small.take(600)

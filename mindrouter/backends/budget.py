@@ -47,7 +47,14 @@ class Holding:
         self.budget._grow(self, size)
 
     def read(self) -> None:
-        """The answer is whole: from now on it only waits to be written."""
+        """The answer is whole: from now on it only waits to be written.
+
+        Raises:
+            NoRoom: it was cut while its last read was under way (what that read returned, if anything,
+                is the answer's beginning only: its connection was closed).
+        """
+        if self.cut:
+            raise NoRoom
         self.reading = False
 
     def give_back(self) -> None:
