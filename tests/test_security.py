@@ -136,7 +136,8 @@ async def test_a_client_chosen_name_cannot_forge_a_log_line(daemon):
     handler.setFormatter(OneLineFormatter("%(levelname)s %(name)s: %(message)s"))  # as `mr serve` logs
     logger = logging.getLogger("mindrouter")
     logger.addHandler(handler)
-    level, logger.level = logger.level, logging.INFO
+    level = logger.level
+    logger.setLevel(logging.INFO)  # not `logger.level = ...`: that keeps the loggers' cached "INFO is off"
     try:
         key = await daemon.user("alice")
         for path in ("/v1/chat/completions", "/api/chat"):
