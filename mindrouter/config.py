@@ -27,6 +27,7 @@ __all__ = [
     "BackendSettings",
     "Config",
     "ServerSettings",
+    "check_keys",
     "config_path",
     "default_socket_path",
     "default_state_dir",
@@ -61,9 +62,10 @@ class ServerSettings:
     state_dir: str = ""
     """Folder of the SQLite state; empty means platformdirs' user data dir."""
     admin_key: str = ""
-    """When set, admin calls are also accepted on TCP with this key."""
+    """When set (at least 16 characters), admin calls are also accepted on TCP with this key."""
     metrics_key: str = ""
-    """Key a Prometheus scraper sends to see per-user series in /metrics (the admin key works too)."""
+    """Key (at least 16 characters) a Prometheus scraper sends to see per-user series in /metrics (the admin
+    key works too)."""
     max_body_bytes: int = 16 * 1024 * 1024
     """Largest request body accepted, in bytes; a larger one gets 413."""
     header_timeout: float = 15.0
@@ -121,7 +123,11 @@ class BackendSettings:
     max_line_bytes: int = 8388608
     """Bytes one line (event) of a streamed answer may hold before the stream is cut (8 MiB)."""
     max_answer_bytes: int = 268435456
-    """Bytes a whole (non-streamed) answer may hold; a longer one is not read (256 MiB)."""
+    """Bytes a whole (non-streamed) answer may hold; a longer one is not read (256 MiB). One with max_tokens
+    is held to what that many tokens can take (backends/events.py: answer_bytes)."""
+    max_held_answer_bytes: int = 268435456
+    """Bytes all whole answers may hold together while they are read and written (256 MiB): past it, the
+    largest still being read is cut and its client gets a 503, so backends cannot grow the daemon."""
     request_timeout: float = 600.0
     """Seconds a backend may take to finish one non-streaming request."""
     max_retries: int = 2
@@ -139,6 +145,26 @@ class BackendSettings:
     reprobe_interval: float = 0.5
     """Seconds before the first new probe of a backend that is down, doubling up to poll_interval,
     so one that recovers is back within about a second."""
+
+
+MIN_KEY_LENGTH = 16
+"""The fewest characters of an ``admin_key`` or ``metrics_key`` that ``mr serve`` starts with: a shorter one
+could be guessed over the network, even at the pace wrong keys are allowed (daemon/edge/guesses.py)."""
+
+
+def check_keys(server: ServerSettings) -> None:
+    """Refuse a key too short to resist guessing.
+
+    Raises:
+        ConfigError: ``admin_key`` or ``metrics_key`` is set and shorter than ``MIN_KEY_LENGTH``.
+    """
+    for name in ("admin_key", "metrics_key"):
+        value = getattr(server, name)
+        if value and len(value) < MIN_KEY_LENGTH:
+            raise ConfigError(
+                f"[server] {name} is {len(value)} characters, too few to resist guessing; set one of at least "
+                f"{MIN_KEY_LENGTH}, such as what `python3 -c 'import secrets; print(secrets.token_urlsafe(24))'` prints"
+            )
 
 
 @dataclass(frozen=True, slots=True)

@@ -81,7 +81,7 @@ class _Adapter(Adapter):
     engine = "vllm"
 
     def __init__(self, backends: InProcess, url: str) -> None:
-        super().__init__(url, cast(Any, None), request_timeout=60, connect_timeout=1)  # no session: no sockets
+        super().__init__(url, cast(Any, None))  # no session: no sockets
         self.backends = backends
 
     async def probe(self) -> Probe:

@@ -12,8 +12,11 @@ import pytest
 from aiohttp import web
 
 from mindrouter.backends import BackendError, Call, Dialect, error_body, make_adapter
+from mindrouter.config import BackendSettings
 from mindrouter.errors import RequestError
 from tests.fakes import FakeOllama, FakeOpenAI, embedding
+
+SETTINGS = BackendSettings(request_timeout=5, connect_timeout=1)
 
 MESSAGES: Any = [{"role": "user", "content": "why is the sky blue"}]  # 5 words
 
@@ -30,7 +33,7 @@ def proxy(engine: str, url: str) -> web.Application:
 
     async def handle(request: web.Request) -> web.StreamResponse:
         dialect: Dialect = "openai" if request.path.startswith("/v1/") else "ollama"
-        adapter = make_adapter(engine, url, request.app[session_key], request_timeout=5, connect_timeout=1)
+        adapter = make_adapter(engine, url, request.app[session_key], SETTINGS)
         try:
             call = Call.from_request(request.path, await request.read())
             up = await adapter.open(call, call.model)

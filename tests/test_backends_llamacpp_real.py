@@ -18,6 +18,7 @@ from aiohttp import web
 from mindrouter.backends import Adapter, Call, Probe, make_adapter
 from mindrouter.backends.llamacpp import LlamaCppAdapter
 from mindrouter.backends.probe import Reply
+from mindrouter.config import BackendSettings
 
 DATA = Path(__file__).parent / "data"
 pytestmark = pytest.mark.skipif(
@@ -40,7 +41,7 @@ def sample(name: str) -> bytes:
     ],
 )
 def test_telemetry_from_recorded_metrics_and_slots(metrics: str, slots: str, expected: tuple[Any, ...]) -> None:
-    a = LlamaCppAdapter("http://x", None, request_timeout=1, connect_timeout=1)  # type: ignore[arg-type]
+    a = LlamaCppAdapter("http://x", None)  # type: ignore[arg-type]
     replies = {
         "/health": Reply(200, b'{"status":"ok"}'),
         "/slots": Reply(200, sample(slots)),
@@ -85,7 +86,9 @@ async def replay(aiohttp_server: Any) -> AsyncIterator[Adapter]:
     app.router.add_post("/v1/chat/completions", chat)
     server = await aiohttp_server(app)
     async with aiohttp.ClientSession() as session:
-        yield make_adapter("llamacpp", str(server.make_url("")), session, request_timeout=5, connect_timeout=1)
+        yield make_adapter(
+            "llamacpp", str(server.make_url("")), session, BackendSettings(request_timeout=5, connect_timeout=1)
+        )
 
 
 async def _ok(request: web.Request) -> web.Response:

@@ -13,6 +13,7 @@ from aiohttp import web
 from mindrouter.backends import Call, make_adapter
 from mindrouter.backends._prometheus import Samples
 from mindrouter.backends.probe import Reply
+from mindrouter.config import BackendSettings
 from mindrouter.errors import ConfigError
 from tests.fakes import FakeOllama, FakeOpenAI
 
@@ -24,7 +25,7 @@ async def session() -> AsyncIterator[aiohttp.ClientSession]:
 
 
 def adapter(engine: str, url: str, session: aiohttp.ClientSession):  # type: ignore[no-untyped-def]
-    return make_adapter(engine, url, session, request_timeout=5, connect_timeout=0.5)
+    return make_adapter(engine, url, session, BackendSettings(request_timeout=5, connect_timeout=0.5))
 
 
 async def test_ollama_probe_reads_tags_ps_version_and_show(session: aiohttp.ClientSession) -> None:
@@ -163,7 +164,7 @@ async def test_wrong_kind_of_server_is_unhealthy(aiohttp_server, session: aiohtt
 
 def test_make_adapter_refuses_unknown_engines() -> None:
     with pytest.raises(ConfigError, match="unknown engine 'tgi'"):
-        make_adapter("tgi", "http://x", None, request_timeout=1, connect_timeout=1)  # type: ignore[arg-type]
+        make_adapter("tgi", "http://x", None)  # type: ignore[arg-type]
 
 
 def test_prometheus_samples_tolerate_garbage_and_sum_labels() -> None:

@@ -14,7 +14,10 @@ import pytest
 from aiohttp import web
 
 from mindrouter.backends import Adapter, BackendError, Call, Upstream, make_adapter
+from mindrouter.config import BackendSettings
 from tests.fakes import FakeOllama, FakeOpenAI, embedding
+
+SETTINGS = BackendSettings(request_timeout=5, connect_timeout=1)
 
 TEXT3 = "tok0 tok1 tok2"
 TEXT8 = "tok0 tok1 tok2 tok3 tok4 tok5 tok6 tok7"
@@ -30,13 +33,13 @@ async def session() -> AsyncIterator[aiohttp.ClientSession]:
 @pytest.fixture
 async def ollama(session: aiohttp.ClientSession) -> AsyncIterator[tuple[FakeOllama, Adapter]]:
     async with FakeOllama(models=["llama3.2:latest", "embed:latest"]) as fake:
-        yield fake, make_adapter("ollama", fake.url, session, request_timeout=5, connect_timeout=1)
+        yield fake, make_adapter("ollama", fake.url, session, SETTINGS)
 
 
 @pytest.fixture
 async def vllm(session: aiohttp.ClientSession) -> AsyncIterator[tuple[FakeOpenAI, Adapter]]:
     async with FakeOpenAI(flavor="vllm", models=["qwen"]) as fake:
-        yield fake, make_adapter("vllm", fake.url, session, request_timeout=5, connect_timeout=1)
+        yield fake, make_adapter("vllm", fake.url, session, SETTINGS)
 
 
 def call(path: str, **body: Any) -> Call:
@@ -279,7 +282,7 @@ async def test_passthrough_bytes_are_unchanged_both_ways(aiohttp_server, session
     app = web.Application()
     app.router.add_post("/v1/chat/completions", handler)
     server = await aiohttp_server(app)
-    a = make_adapter("openai", str(server.make_url("/v1")), session, request_timeout=5, connect_timeout=1)
+    a = make_adapter("openai", str(server.make_url("/v1")), session, SETTINGS)
     raw = b'{"model":"m", "messages":[{"role":"user","content":"hi"}]}'
     up = await a.open(Call.from_request("/v1/chat/completions", raw), "m")
     assert up.body is answer or up.body == answer
@@ -350,7 +353,10 @@ async def test_drop_before_the_first_chunk_is_a_backend_error(vllm: tuple[FakeOp
 async def test_timeouts_are_backend_errors_per_phase(session: aiohttp.ClientSession) -> None:
     async with FakeOpenAI(models=["m"], first_byte_delay=2) as fake:
         a = make_adapter(
-            "openai", fake.url, session, request_timeout=0.2, connect_timeout=1, first_byte_timeout=0.3, load_timeout=0
+            "openai",
+            fake.url,
+            session,
+            BackendSettings(request_timeout=0.2, connect_timeout=1, first_byte_timeout=0.3, load_timeout=0),
         )
         with pytest.raises(BackendError, match=r"sent nothing for 0\.3 s") as info:
             await a.open(call("/v1/chat/completions", model="m", messages=MESSAGES, stream=True), "m")
@@ -405,7 +411,7 @@ async def test_error_event_before_any_output_fails_over_and_after_ends_cleanly(
     app = web.Application()
     app.router.add_post("/api/chat", handler)
     server = await aiohttp_server(app)
-    a = make_adapter("ollama", str(server.make_url("")), session, request_timeout=5, connect_timeout=1)
+    a = make_adapter("ollama", str(server.make_url("")), session, SETTINGS)
     events[:] = [b'{"error":"an error was encountered while running the model"}\n']
     with pytest.raises(BackendError, match="running the model") as info:
         await a.open(call("/api/chat", model="m", messages=MESSAGES), "m")
@@ -427,7 +433,7 @@ async def test_close_mid_stream_cancels_at_the_backend(session: aiohttp.ClientSe
     fake.tokens_per_second = 200
     fake.completion_tokens = 1000
     async with fake:
-        a = make_adapter(engine, fake.url, session, request_timeout=5, connect_timeout=1)
+        a = make_adapter(engine, fake.url, session, SETTINGS)
         path = "/api/chat" if engine == "ollama" else "/v1/chat/completions"
         async with await a.open(call(path, model="m", messages=MESSAGES, stream=True), "m") as up:
             assert fake.in_flight == 1

@@ -14,12 +14,14 @@ import dataclasses
 import gzip
 import http.client
 import json
+import re
 import socket
 import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any, NamedTuple
+from urllib.parse import quote, urlencode
 
 import pytest
 from aiohttp import web
@@ -33,8 +35,9 @@ from .fake_nvml import FakeNvml
 from .fakes import FakeOllama
 
 MAX_BODY = 64 * 1024
-TRIED = {"inputs": 0}
-"""How many inputs the module threw at the daemon (docs/reliability.md quotes it)."""
+TRIED = {"inputs": 0, "inference": 0, "ui forms": 0}
+"""How many inputs the module threw at the daemon, in all and by the property tests behind the busy slot
+(docs/reliability.md quotes them)."""
 
 
 @dataclasses.dataclass
@@ -121,8 +124,11 @@ def post(port: int, path: str, body: str | bytes, headers: dict[str, str]) -> An
     return send(port, "POST", path, body.encode() if isinstance(body, str) else body, headers)
 
 
-def send(port: int, method: str, path: str, body: bytes | None, headers: dict[str, str]) -> Answer:
-    conn = http.client.HTTPConnection("127.0.0.1", port, timeout=20)
+def send(
+    port: int, method: str, path: str, body: bytes | None, headers: dict[str, str], source: str = "127.0.0.1"
+) -> Answer:
+    """One request on a new connection from ``source`` (a wrong key slows down only its own address)."""
+    conn = http.client.HTTPConnection("127.0.0.1", port, timeout=20, source_address=(source, 0))
     try:
         conn.request(method, path, body=body, headers=headers)
         resp = conn.getresponse()
@@ -316,6 +322,7 @@ def test_property_no_body_on_any_route_gets_a_500_behind_a_busy_slot(served, bus
     key = ADMIN_KEY if path.startswith("/admin/") else served.key
     headers = {"Authorization": f"Bearer {key}", "Content-Type": "application/json"}
     check(send(served.port, method, path, body, headers), path)
+    TRIED["inference"] += 1
 
 
 NUMERIC_FIELDS = {
@@ -401,6 +408,78 @@ def test_property_no_number_in_any_inference_field_gets_a_500_behind_a_busy_slot
         body[field] = number
     headers = {"Authorization": f"Bearer {served.key}", "Content-Type": "application/json"}
     check(post(served.port, path, json.dumps(body), headers), path)
+    TRIED["inference"] += 1
+
+
+class UiSession(NamedTuple):
+    cookie: str
+    csrf: str
+    routes: list[str]
+
+
+@pytest.fixture(scope="module")
+def ui_session(served: Served) -> UiSession:
+    """The admin logged in to the web UI, and a user "fuzzy" whose page the forms may change at will
+    (the busy slot's users, its backend and their group are left alone)."""
+    admin = {"Authorization": f"Bearer {ADMIN_KEY}", "Content-Type": "application/json"}
+    post(served.port, "/admin/users", json.dumps({"name": "fuzzy", "group": "staff"}), admin)
+    form = {"Content-Type": "application/x-www-form-urlencoded", "Cookie": "mr_login=t"}
+    answer = post(served.port, "/ui/login", urlencode({"key": ADMIN_KEY, "csrf": "t"}), form)
+    assert answer.status == 303, answer
+    cookie = next(c.split(";")[0] for c in answer.headers.get_all("Set-Cookie") or () if c.startswith("mr_session="))
+    page = send(served.port, "GET", "/ui/admin/users/fuzzy", None, {"Cookie": cookie}).data.decode()
+    csrf = re.search(r'name="csrf" value="([^"]+)"', page)
+    assert csrf, page[:300]
+    routes = sorted(p for m, p in served.routes if m == "POST" and p.startswith("/ui/") and p != "/ui/logout")
+    return UiSession(cookie, csrf.group(1), routes)
+
+
+FORM_FIELDS = st.sampled_from(
+    ["csrf", "key", "weight", "weight_override", "group", "tokens_per_day", "tokens_per_month", "requests_per_minute"]
+)
+FORM_VALUE = st.one_of(
+    st.text(max_size=30),
+    st.integers(-(2**70), 2**70).map(str),
+    st.sampled_from(["", "0", "-1", "1e999", "nan", "inf", "1" + "0" * 30, "admin", "student", "\x00", "é" * 9]),
+)
+FORM = st.one_of(
+    st.dictionaries(FORM_FIELDS | st.text(max_size=8), FORM_VALUE, max_size=6).map(lambda f: urlencode(f).encode()),
+    st.binary(max_size=200),
+)
+
+
+def ui_path(route: str, name: str, key_id: str) -> str:
+    """A form's path: the fuzz's own user (or an unknown one), never the busy slot's backend or group."""
+    group = "staff" if name == "fuzzy" else name
+    backend = "nosuch" if name == "fuzzy" else name
+    path = route.replace("{key_id}", quote(key_id, safe="")).replace("{verb:drain|enable}", "drain")
+    if route.startswith("/ui/admin/groups/"):
+        return path.replace("{name}", quote(group, safe=""))
+    if route.startswith("/ui/admin/backends/"):
+        return path.replace("{name}", quote(backend, safe=""))
+    return path.replace("{name}", quote(name, safe=""))
+
+
+@settings(deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(
+    data=st.data(),
+    form=FORM,
+    name=st.sampled_from(["fuzzy", "nobody"]) | st.text(min_size=1, max_size=12),
+    key_id=st.integers(-5, 2**70).map(str) | st.text(min_size=1, max_size=6),
+    token=st.sampled_from(["session", "session", "session", "wrong", ""]),
+)
+def test_property_no_web_ui_form_gets_a_500_behind_a_busy_slot(
+    served, busy_slot, ui_session, data, form, name, key_id, token
+):
+    """Issue 28: every POST form of the web UI (the login form among them, from an address of its own so
+    its wrong keys slow down only that one), with the admin's session and, mostly, its CSRF token."""
+    path = ui_path(data.draw(st.sampled_from(ui_session.routes)), name, key_id)
+    csrf = {"session": ui_session.csrf, "wrong": "forged", "": ""}[token]
+    body = form + (b"&" + urlencode({"csrf": csrf}).encode() if csrf and b"csrf=" not in form else b"")
+    headers = {"Content-Type": "application/x-www-form-urlencoded", "Cookie": f"{ui_session.cookie}; mr_login=t"}
+    source = "127.0.0.2" if path == "/ui/login" else "127.0.0.1"
+    check(send(served.port, "POST", path, body, headers, source=source), path)
+    TRIED["ui forms"] += 1
 
 
 def test_the_busy_slot_is_never_lost(served, busy_slot):
@@ -467,7 +546,10 @@ def test_slow_loris_clients_are_cut_off(served):
 
 def test_the_daemon_still_serves_after_the_property_run(served):
     still_serving(served)
-    print(f"inputs tried in this module: {TRIED['inputs']}")
+    print(
+        f"inputs tried in this module: {TRIED['inputs']}, of which behind the busy slot {TRIED['inference']} "
+        f"to inference and admin routes and {TRIED['ui forms']} to the web UI's forms; none answered 5xx"
+    )
 
 
 @pytest.mark.parametrize(

@@ -28,7 +28,7 @@ from .test_serve import MR, free_port
 
 pytestmark = pytest.mark.asyncio
 
-ADMIN = {"Authorization": "Bearer load-admin"}
+ADMIN = {"Authorization": "Bearer load-admin-key-16+"}
 SLOTS = 8
 MEMORY_RATIO = 1.5
 """The most memory the daemon may hold with N requests waiting, against a plain aiohttp app holding N."""
@@ -93,7 +93,7 @@ async def test_queued_requests_are_held_bounded_and_all_answered_in_fair_order(t
     config = tmp_path / "config.toml"
     config.write_text(
         f'[server]\nport = {port}\nsocket = "{tmp_path / "mr.sock"}"\nstate_dir = "{tmp_path / "state"}"\n'
-        'admin_key = "load-admin"\nlog_level = "warning"\n'
+        'admin_key = "load-admin-key-16+"\nlog_level = "warning"\n'
         f"[scheduler]\nmax_queued_per_user = {per_user}\nqueue_timeout = 600\n"
     )
     url = f"http://127.0.0.1:{port}"

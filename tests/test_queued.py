@@ -173,7 +173,7 @@ async def test_refusals_come_once_in_the_dialect(front, vllm):
         assert r.status == 400 and isinstance((await r.json())["error"], str)
     async with front.session.post(front.url + "/v1/chat/completions", data=b'{"model": [}', headers=front.auth) as r:
         assert r.status == 400 and (await r.json())["error"]["message"]
-    assert errors[401] == 1 and errors[400] == 2
+    assert errors["401"] == 1 and errors["400"] == 2
 
 
 async def test_shutting_down_answers_what_still_waits(front, vllm):

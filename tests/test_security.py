@@ -136,7 +136,8 @@ async def test_a_client_chosen_name_cannot_forge_a_log_line(daemon):
     handler.setFormatter(OneLineFormatter("%(levelname)s %(name)s: %(message)s"))  # as `mr serve` logs
     logger = logging.getLogger("mindrouter")
     logger.addHandler(handler)
-    level, logger.level = logger.level, logging.INFO
+    level = logger.level
+    logger.setLevel(logging.INFO)  # not `logger.level = ...`: that keeps the loggers' cached "INFO is off"
     try:
         key = await daemon.user("alice")
         for path in ("/v1/chat/completions", "/api/chat"):
@@ -199,4 +200,4 @@ async def test_every_admin_route_on_tcp_needs_the_admin_key(daemon):
     for method, path in admin:
         path = path.replace("{name}", "alice").replace("{request_id}", "x").replace("{key_id}", "1")
         resp = await daemon.client.request(method, path, json={}, headers=bearer("not-the-admin-key"))
-        assert resp.status == 401, (method, path, resp.status)
+        assert resp.status in (401, 429), (method, path, resp.status)  # after 11 wrong keys the address waits

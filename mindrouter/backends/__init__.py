@@ -5,6 +5,7 @@ See :mod:`mindrouter.backends.base` for the seam the daemon uses.
 
 from ._shapes import Dialect, Family, Fault, Kind, Usage, error_body
 from .base import Adapter, BackendError
+from .budget import Budget
 from .call import INFERENCE_PATHS, Call
 from .engines import ENGINES, make_adapter
 from .llamacpp import LlamaCppAdapter
@@ -19,6 +20,7 @@ __all__ = [
     "INFERENCE_PATHS",
     "Adapter",
     "BackendError",
+    "Budget",
     "Call",
     "Dialect",
     "Family",

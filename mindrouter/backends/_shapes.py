@@ -179,7 +179,7 @@ def _scanned(raw: bytes) -> Any:
     return json.loads(raw)
 
 
-def scan_usage(body: bytes, names: tuple[str, str]) -> Usage:
+def scan_usage(body: bytes | bytearray, names: tuple[str, str]) -> Usage:
     """Token counts (and Ollama's durations) found in a JSON body without decoding it, each checked.
 
     Escaped text cannot match: a key inside a string is preceded and followed by a backslash.

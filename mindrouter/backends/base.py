@@ -7,7 +7,7 @@ The daemon parses what a client sent into a :class:`Call`, asks the scheduler
 where to send it, then opens it on that backend's :class:`Adapter`::
 
     call = Call.from_request(request.path, await request.read())   # RequestError -> 400
-    adapter = make_adapter("vllm", url, session, request_timeout=600, connect_timeout=5)
+    adapter = make_adapter("vllm", url, session, config.backends)
     probe = await adapter.probe()                   # Probe: health, models, load; never raises
     up = await adapter.open(call, "llama3.2")       # Upstream, or BackendError before any byte
     try:
@@ -48,19 +48,19 @@ from typing import Any
 import aiohttp
 
 from ..config import BackendSettings
+from ..errors import RequestError
 from . import events as reading
 from . import relay, responses_api, translate, whole
 from ._shapes import PROMPT_SLACK, Family, Fault, StreamFailed, Usage, error_body, error_message, not_supported
+from .budget import Budget, Holding
 from .call import Call
 from .probe import Probe, Reply, model_key
 from .translate import Plan
 from .upstream import MALFORMED, Upstream, describe, fault_of
 
-__all__ = ["MAX_ANSWER_BYTES", "Adapter", "BackendError"]
+__all__ = ["Adapter", "BackendError"]
 
 _DEFAULTS = BackendSettings()
-MAX_ANSWER_BYTES = _DEFAULTS.max_answer_bytes
-"""The default largest whole (non-streamed) answer read (256 MiB: a large batch of embeddings)."""
 _PROBE_BYTES = 16 << 20
 """The largest probe answer read (/api/tags of a big library, vLLM's /metrics)."""
 _ERROR_BYTES = 64 << 10
@@ -96,19 +96,30 @@ class _TooLong(Exception):
     """An answer was longer than what is read of it."""
 
 
-async def _read(resp: aiohttp.ClientResponse, limit: int, *, truncate: bool = False) -> bytes:
-    """The body, at most ``limit`` bytes: beyond it, the rest is dropped (``truncate``) or ``_TooLong`` raised."""
-    parts: list[bytes] = []
-    size = 0
-    async for data in resp.content.iter_any():
-        if size + len(data) > limit:
-            if truncate:
-                parts.append(data[: limit - size])
-                break
-            raise _TooLong(f"the backend's answer was longer than {limit} bytes")
-        size += len(data)
-        parts.append(data)
-    return b"".join(parts)
+async def _read(
+    resp: aiohttp.ClientResponse, limit: int, *, truncate: bool = False, holding: Holding | None = None
+) -> bytearray:
+    """The body, at most ``limit`` bytes: beyond it, the rest is dropped (``truncate``) or ``_TooLong`` raised.
+
+    With a ``holding``, each piece is taken from the budget of whole answers as it comes (``NoRoom``
+    when there is none left), and the body grows in one buffer: joining the pieces at the end would
+    hold the answer twice.
+    """
+    body = bytearray()
+    try:
+        async for data in resp.content.iter_any():
+            if len(body) + len(data) > limit:
+                if truncate:
+                    body += data[: limit - len(body)]
+                    break
+                raise _TooLong(f"the backend's answer was longer than {limit} bytes")
+            if holding is not None:
+                holding.take(len(data))
+            body += data
+    except BaseException:
+        body.clear()  # freed now, not when the traceback that holds this frame goes
+        raise
+    return body
 
 
 _RETRYABLE_4XX = frozenset({408, 429})
@@ -122,15 +133,13 @@ class Adapter(ABC):
     Args:
         base_url (str): the server's root, e.g. ``http://gpu1:11434``.
         session (aiohttp.ClientSession): the daemon's one pooled session.
-        request_timeout (float): seconds for a whole non-streaming answer.
-        connect_timeout (float): seconds to open a connection; probes get twice this.
-        first_byte_timeout (float): seconds until a stream's first chunk with the model loaded. Defaults to 60.
-        load_timeout (float): seconds more when the last probe did not list the model loaded. Defaults to 180.
-        chunk_timeout (float): the longest silence between chunks of a stream. Defaults to 60.
+        settings (BackendSettings): the ``[backends]`` settings: its timeouts (``connect_timeout``,
+            ``first_byte_timeout``, ``load_timeout``, ``chunk_timeout``, ``stream_timeout``,
+            ``request_timeout``) and limits (``max_line_bytes``, ``max_answer_bytes``). Defaults to
+            the defaults.
         api_key (str | None): sent as ``Authorization: Bearer`` when set. Defaults to None.
-        stream_timeout (float | None): the longest a stream may run in all. Defaults to None (no limit).
-        max_line_bytes (int): the longest stream line. Defaults to ``events.MAX_LINE_BYTES``.
-        max_answer_bytes (int): the largest whole answer. Defaults to MAX_ANSWER_BYTES.
+        budget (Budget | None): the bytes all whole answers may hold at once, shared by every adapter.
+            Defaults to one of this adapter's own, of ``settings.max_held_answer_bytes``.
     """
 
     engine: str = ""
@@ -142,33 +151,22 @@ class Adapter(ABC):
         self,
         base_url: str,
         session: aiohttp.ClientSession,
+        settings: BackendSettings = _DEFAULTS,
         *,
-        request_timeout: float,
-        connect_timeout: float,
-        first_byte_timeout: float = _DEFAULTS.first_byte_timeout,
-        load_timeout: float = _DEFAULTS.load_timeout,
-        chunk_timeout: float = _DEFAULTS.chunk_timeout,
         api_key: str | None = None,
-        stream_timeout: float | None = None,
-        max_line_bytes: int = reading.MAX_LINE_BYTES,
-        max_answer_bytes: int = MAX_ANSWER_BYTES,
+        budget: Budget | None = None,
     ) -> None:
         self.base_url = self.normalize_url(base_url)
-        self.stream_timeout = stream_timeout
-        self.max_line_bytes = max_line_bytes
-        self.max_answer_bytes = max_answer_bytes
         self.session = session
-        self.request_timeout = request_timeout
-        self.connect_timeout = connect_timeout
-        self.first_byte_timeout = first_byte_timeout
-        self.load_timeout = load_timeout
-        self.chunk_timeout = chunk_timeout
+        self.settings = settings
+        self.budget = budget or Budget(settings.max_held_answer_bytes)
         self._headers = {"Content-Type": "application/json"}
         if api_key:
             self._headers["Authorization"] = f"Bearer {api_key}"
-        self._probe_timeout = aiohttp.ClientTimeout(total=2 * connect_timeout, sock_connect=connect_timeout)
-        self._stream_timeout = aiohttp.ClientTimeout(sock_connect=connect_timeout)
-        self._body_timeout = aiohttp.ClientTimeout(total=request_timeout, sock_connect=connect_timeout)
+        connect = settings.connect_timeout
+        self._probe_timeout = aiohttp.ClientTimeout(total=2 * connect, sock_connect=connect)
+        self._stream_timeout = aiohttp.ClientTimeout(sock_connect=connect)
+        self._body_timeout = aiohttp.ClientTimeout(total=settings.request_timeout, sock_connect=connect)
         self._spellings: dict[str, str] = {}
         """model_key -> the name this backend lists, learnt by :meth:`poll`."""
         self._resident: frozenset[str] = frozenset()
@@ -197,9 +195,14 @@ class Adapter(ABC):
         """One probe request; failures come back as a Reply, never as an exception."""
         try:
             async with self.session.request(
-                method, self.base_url + path, json=json_body, headers=self._headers, timeout=self._probe_timeout
+                method,
+                self.base_url + path,
+                json=json_body,
+                headers=self._headers,
+                timeout=self._probe_timeout,
+                allow_redirects=False,
             ) as resp:
-                return Reply(resp.status, await _read(resp, _PROBE_BYTES))
+                return Reply(resp.status, bytes(await _read(resp, _PROBE_BYTES)))
         except _NETWORK_ERRORS as exc:
             return Reply(None, error=describe(exc))
         except _TooLong as exc:
@@ -222,7 +225,8 @@ class Adapter(ABC):
                 answer), 5xx, 408/429, or a stream that broke before its first chunk;
                 always before the first byte. Once open, a stream silent for
                 ``chunk_timeout`` ends with an error tail.
-            RequestError: the call cannot be expressed for this engine (400).
+            RequestError: the call cannot be expressed for this engine (400), or a whole answer was
+                cut because whole answers held at once would pass the budget, this one the largest (503).
         """
         if call.responses and self.serves_responses:
             return (await self._open(call.as_sent(), model)).rendered(responses_api.error_event)
@@ -234,27 +238,33 @@ class Adapter(ABC):
         plan = translate.plan(call, self._spellings.get(model_key(model), model), self.engine)
         opened_at, opened_ns = time.monotonic(), time.monotonic_ns()
         if plan.synthetic is not None:  # answered without the backend (an Ollama "load model" call)
-            return Upstream(dialect=call.dialect, body=plan.synthetic, opened_at=opened_at)
+            return Upstream(dialect=call.dialect, body=plan.synthetic, opened_at=opened_at, first_byte_at=opened_at)
         if not plan.stream:
             return await self._whole(call, plan, opened_at, opened_ns)
         resp: aiohttp.ClientResponse | None = None
-        wait = self.first_byte_timeout + (0 if model_key(model) in self._resident else self.load_timeout)
+        settings = self.settings
+        wait = settings.first_byte_timeout + (0 if model_key(model) in self._resident else settings.load_timeout)
         try:
             async with asyncio.timeout(wait):
                 resp = await self.session.post(
-                    self.base_url + plan.path, data=plan.data, headers=self._headers, timeout=self._stream_timeout
+                    self.base_url + plan.path,
+                    data=plan.data,
+                    headers=self._headers,
+                    timeout=self._stream_timeout,
+                    allow_redirects=False,
                 )
-                if resp.status >= 400:
+                if resp.status >= 300:
                     return await self._refused(call, resp, opened_at)
                 rel = relay.make_relay(plan)
                 limits = reading.Limits(
-                    self.max_line_bytes,
+                    settings.max_line_bytes,
                     reading.answer_limit(call.max_tokens, call.n),
-                    self.stream_timeout,
-                    self.chunk_timeout,
+                    settings.stream_timeout or None,
+                    settings.chunk_timeout,
                 )
                 events = reading.events(resp.content, rel, sse=self.family == "openai", limits=limits)
                 first = await events.__anext__()
+                first_at = time.monotonic()
         except StopAsyncIteration:
             _close(resp)
             raise BackendError("the backend ended the stream before any output") from None
@@ -270,7 +280,7 @@ class Adapter(ABC):
         except BaseException:
             _close(resp)
             raise
-        _read_timeout(resp, self.chunk_timeout)
+        _read_timeout(resp, settings.chunk_timeout)
         sent = len(plan.data)
         return Upstream(
             dialect=call.dialect,
@@ -279,6 +289,7 @@ class Adapter(ABC):
             response=resp,
             usage=rel.usage,
             opened_at=opened_at,
+            first_byte_at=first_at,
             counter=rel,
             vet=lambda: self._vet(rel.usage, call, sent, rel.bytes),
         )
@@ -289,26 +300,55 @@ class Adapter(ABC):
         usage.vet(self.base_url, sent + PROMPT_SLACK, received if allowed is None else min(received, allowed))
 
     async def _whole(self, call: Call, plan: Plan, opened_at: float, opened_ns: int) -> Upstream:
-        """A non-streaming answer: the whole body within ``request_timeout``."""
+        """A non-streaming answer: the whole body within ``request_timeout``, within ``max_answer_bytes``
+        and what the request's ``max_tokens`` allows, its bytes held in the budget until it is written."""
+        holding: Holding | None = None
+        allowed = reading.answer_bytes(call.max_tokens, call.n, len(plan.data))
+        limit = self.settings.max_answer_bytes if allowed is None else min(allowed, self.settings.max_answer_bytes)
         try:
             async with self.session.post(
-                self.base_url + plan.path, data=plan.data, headers=self._headers, timeout=self._body_timeout
+                self.base_url + plan.path,
+                data=plan.data,
+                headers=self._headers,
+                timeout=self._body_timeout,
+                allow_redirects=False,
             ) as resp:
-                if resp.status >= 400:
+                first_at = time.monotonic()  # its head: the backend has begun to answer
+                if resp.status >= 300:
                     return await self._refused(call, resp, opened_at)
-                raw = await _read(resp, self.max_answer_bytes)
+                holding = self.budget.holding(resp.close)
+                raw = await _read(resp, limit, holding=holding)
+                holding.read()
                 body, usage = whole.convert_body(plan, raw, time.monotonic_ns() - opened_ns)
-        except _TooLong as exc:
-            raise BackendError(str(exc), fault=Fault.CUT) from None
-        except (*_NETWORK_ERRORS, *MALFORMED) as exc:
-            raise BackendError(describe(exc), fault=fault_of(exc)) from exc
+        except BaseException as exc:
+            if holding is not None:
+                holding.give_back()
+                if holding.cut:  # by this read or by another's: the budget's cut, whatever the read raised
+                    raise _no_room(self.budget) from None
+            if isinstance(exc, _TooLong):
+                why = "" if limit == self.settings.max_answer_bytes else " (more than its max_tokens allows)"
+                raise BackendError(f"{exc}{why}, and was cut", fault=Fault.CUT) from None
+            if isinstance(exc, (*_NETWORK_ERRORS, *MALFORMED)):
+                raise BackendError(describe(exc), fault=fault_of(exc)) from exc
+            raise
         self._vet(usage, call, len(plan.data), len(raw))
-        return Upstream(dialect=call.dialect, body=body, usage=usage, opened_at=opened_at)
+        return Upstream(
+            dialect=call.dialect, body=body, usage=usage, opened_at=opened_at, first_byte_at=first_at, holding=holding
+        )
 
     async def _refused(self, call: Call, resp: aiohttp.ClientResponse, opened_at: float) -> Upstream:
         """A 4xx is the client's answer, in its dialect; a 5xx, 408 or 429 is the backend's failure,
-        and a "not supported" (501) says what the backend lacks."""
-        raw = await _read(resp, _ERROR_BYTES, truncate=True)
+        and a "not supported" (501) says what the backend lacks. A redirect is a bad answer: followed,
+        it would send the client's request (and its answer back) wherever the backend points."""
+        if resp.status < 400:
+            resp.release()
+            raise BackendError(
+                f"the backend answered HTTP {resp.status}, a redirect, which the router does not follow "
+                "(an admin should give the backend the URL it serves at)",
+                status=resp.status,
+                fault=Fault.ERROR,
+            )
+        raw = bytes(await _read(resp, _ERROR_BYTES, truncate=True))
         message = error_message(raw, resp.status)
         resp.release()
         if not_supported(resp.status, raw):
@@ -319,6 +359,18 @@ class Adapter(ABC):
             )
         body = error_body(call.dialect, resp.status, message)
         return Upstream(dialect=call.dialect, status=resp.status, body=body, error=message, opened_at=opened_at)
+
+
+def _no_room(budget: Budget) -> RequestError:
+    return RequestError(
+        f"the answer was cut: with the other large answers the router holds now it would have passed the "
+        f"{budget.limit:,} bytes they may take together; ask for a shorter one (max_tokens), stream it, or "
+        "send it again shortly",
+        status=503,
+        type="service_unavailable",
+        code="answer_too_large",
+        retry_after=5,
+    )
 
 
 def _close(resp: aiohttp.ClientResponse | None) -> None:

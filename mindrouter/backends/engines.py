@@ -2,18 +2,20 @@
 
 from __future__ import annotations
 
-from typing import Any
-
 import aiohttp
 
+from ..config import BackendSettings
 from ..errors import ConfigError
 from .base import Adapter
+from .budget import Budget
 from .llamacpp import LlamaCppAdapter
 from .ollama import OllamaAdapter
 from .openai import OpenAIAdapter
 from .vllm import VllmAdapter
 
 __all__ = ["ENGINES", "make_adapter"]
+
+_DEFAULTS = BackendSettings()
 
 ENGINES: dict[str, type[Adapter]] = {
     "ollama": OllamaAdapter,
@@ -27,16 +29,13 @@ def make_adapter(
     engine: str,
     base_url: str,
     session: aiohttp.ClientSession,
+    settings: BackendSettings = _DEFAULTS,
     *,
-    request_timeout: float,
-    connect_timeout: float,
     api_key: str | None = None,
-    **limits: Any,
+    budget: Budget | None = None,
 ) -> Adapter:
-    """The adapter for ``engine`` at ``base_url``.
-
-    ``limits`` are the adapter's ``first_byte_timeout``, ``load_timeout``, ``chunk_timeout``,
-    ``stream_timeout``, ``max_line_bytes`` and ``max_answer_bytes``.
+    """The adapter for ``engine`` at ``base_url``, with the ``[backends]`` timeouts and limits of ``settings``
+    and the ``budget`` of whole answers every adapter shares.
 
     Raises:
         ConfigError: ``engine`` is not one of :data:`ENGINES`.
@@ -45,11 +44,4 @@ def make_adapter(
         cls = ENGINES[engine]
     except KeyError:
         raise ConfigError(f"unknown engine {engine!r}; use one of {', '.join(ENGINES)}.") from None
-    return cls(
-        base_url,
-        session,
-        request_timeout=request_timeout,
-        connect_timeout=connect_timeout,
-        api_key=api_key,
-        **limits,
-    )
+    return cls(base_url, session, settings, api_key=api_key, budget=budget)

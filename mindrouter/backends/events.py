@@ -1,7 +1,8 @@
 """Reading a stream's events off the wire into a relay, within limits.
 
 :func:`events` is the only I/O of a streamed answer: it splits what the socket
-brings into SSE ``data:`` payloads or NDJSON lines, feeds them to the relay
+brings into SSE events (the ``data:`` lines up to a blank line, joined by newlines, as the
+SSE standard reads them) or NDJSON lines, feeds them to the relay
 (relay.py) and yields what it renders. :class:`Limits` is where it cuts a
 backend that does not stop: a line too long, more tokens than the request's
 ``max_tokens`` allows, or a stream running too long in all.
@@ -22,7 +23,7 @@ from ..config import BackendSettings
 from ._shapes import Fault, StreamCut, StreamFailed
 from .relay import Relay
 
-__all__ = ["MAX_LINE_BYTES", "Limits", "answer_limit", "events"]
+__all__ = ["MAX_LINE_BYTES", "Limits", "answer_bytes", "answer_limit", "events"]
 
 MAX_LINE_BYTES = BackendSettings().max_line_bytes
 """The default longest stream line (8 MiB): an Ollama ``/api/generate`` final line holds its whole
@@ -58,6 +59,22 @@ def answer_limit(max_tokens: int | None, choices: Any = 1) -> int | None:
     return n * (max_tokens + max_tokens // 4 + 32)
 
 
+TOKEN_BYTES = 4096
+"""The most bytes one answer token may take in a whole answer: its text escaped (up to 6 bytes a
+character), 20 ``top_logprobs`` with their bytes, a tool call's arguments quoted again."""
+ECHO_BYTES = 8
+"""The most answer bytes per byte of the request: Ollama's ``context`` repeats the prompt as token ids."""
+BASE_BYTES = 65536
+"""An answer's fixed part: ids, model, usage, timings."""
+
+
+def answer_bytes(max_tokens: int | None, choices: Any, sent: int) -> int | None:
+    """The most bytes believed of a whole answer to a request of ``sent`` bytes allowed ``max_tokens``
+    for each of ``choices`` (None when it set none): what :func:`answer_limit` is to a stream's events."""
+    tokens = answer_limit(max_tokens, choices)
+    return None if tokens is None else BASE_BYTES + ECHO_BYTES * sent + TOKEN_BYTES * tokens
+
+
 async def _reads(content: aiohttp.StreamReader, silence: float | None) -> AsyncIterator[bytes]:
     """What each socket read brings; a read timeout (``chunk_timeout``) says how long the backend was silent."""
     try:
@@ -89,6 +106,8 @@ async def events(
     partial: list[bytes] = []
     """Pieces of a line longer than one read, joined once its newline comes (never re-copied per read)."""
     held = 0
+    data_lines: list[bytes] = []
+    """The ``data:`` lines of the SSE event being read: it ends at a blank line, its data joined by newlines."""
     async for data in _reads(content, limits.silence):
         relay.bytes += len(data)
         if deadline is not None and time.monotonic() > deadline:
@@ -111,14 +130,20 @@ async def events(
         out: list[bytes] = []
         for line in lines:
             line = line.strip()
-            if not line:
-                continue
             if sse:
-                if not line.startswith(b"data:"):
+                if line.startswith(b"data:"):
+                    data_lines.append(line[5:].lstrip())
+                    continue
+                if line:
                     if relay.event_lines and line.startswith(b"event:"):
                         out.append(line + b"\n")
                     continue  # comments, id: lines, and event: lines unless passed on
-                line = line[5:].lstrip()
+                if not data_lines:
+                    continue
+                line = data_lines[0] if len(data_lines) == 1 else b"\n".join(data_lines)
+                data_lines.clear()
+            elif not line:
+                continue
             try:
                 if most is not None and relay.fed >= most:
                     raise StreamCut(f"the answer ran past the {most} tokens its max_tokens allows, and was cut")
@@ -136,11 +161,17 @@ async def events(
             yield b"".join(out)
         if relay.finished:
             break
-    else:
+    else:  # a last event without its ending newline (or, in SSE, its blank line)
         line = (b"".join([rest, *partial])).strip()
-        if line and (not sse or line.startswith(b"data:")):  # a last event without its newline
+        if sse:
+            if line.startswith(b"data:"):
+                data_lines.append(line[5:].lstrip())
+            line = b"\n".join(data_lines)
+        if line:
+            if most is not None and relay.fed >= most:
+                raise StreamCut(f"the answer ran past the {most} tokens its max_tokens allows, and was cut")
             relay.fed += 1
-            rendered = feed(line[5:].lstrip() if sse else line)
+            rendered = feed(line)
             if rendered:
                 yield rendered
     tail = relay.end()

@@ -11,8 +11,6 @@ from __future__ import annotations
 import asyncio
 from typing import Any
 
-import aiohttp
-
 from ..reported import distrust, nbytes
 from .base import Adapter
 from .probe import Probe
@@ -34,8 +32,8 @@ class OllamaAdapter(Adapter):
     engine = "ollama"
     family = "ollama"
 
-    def __init__(self, base_url: str, session: aiohttp.ClientSession, **kwargs: Any) -> None:
-        super().__init__(base_url, session, **kwargs)
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
         self._capabilities: dict[str, frozenset[str]] = {}
         """By model digest (or name when there is none)."""
 

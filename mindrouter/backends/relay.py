@@ -80,6 +80,13 @@ class Relay:
         return b""
 
 
+def _sse(event: bytes) -> bytes:
+    """An upstream SSE event as sent on: each of its lines (an event may have several) a ``data:`` line."""
+    if b"\n" in event:
+        event = event.replace(b"\n", b"\ndata: ")
+    return b"data: " + event + b"\n\n"
+
+
 class SsePassthrough(Relay):
     """OpenAI SSE to an OpenAI client: unchanged, but the usage-only chunk is hidden unless asked for."""
 
@@ -99,7 +106,7 @@ class SsePassthrough(Relay):
                         return b""
                     del obj["usage"]
                     event = dumps(obj)
-        return b"data: " + event + b"\n\n"
+        return _sse(event)
 
 
 class NdjsonPassthrough(Relay):
@@ -141,7 +148,7 @@ class ResponsesPassthrough(Relay):
             if isinstance(usage, dict):
                 self.usage.read(usage, *RESPONSES_USAGE)
             self.finished = True
-        return b"data: " + event + b"\n\n"
+        return _sse(event)
 
 
 class OllamaToOpenAI(Relay):

@@ -16,6 +16,7 @@ from typing import Any
 import aiohttp
 
 from ._shapes import Dialect, Fault, StreamFailed, Usage, error_tail
+from .budget import Holding
 
 __all__ = ["MALFORMED", "Upstream", "describe", "fault_of"]
 
@@ -44,15 +45,17 @@ class Upstream:
         *,
         dialect: Dialect,
         status: int = 200,
-        body: bytes | None = None,
+        body: bytes | bytearray | None = None,
         first: bytes | None = None,
         events: AsyncIterator[bytes] | None = None,
         response: aiohttp.ClientResponse | None = None,
         usage: Usage | None = None,
         error: str | None = None,
         opened_at: float | None = None,
+        first_byte_at: float | None = None,
         counter: Any = None,
         vet: Callable[[], None] | None = None,
+        holding: Holding | None = None,
     ) -> None:
         self.dialect = dialect
         self.status = status
@@ -70,19 +73,21 @@ class Upstream:
         self._vet = vet
         """Checks ``usage`` against what the answer's bytes could hold, once, when the answer ends."""
         self.opened_at = opened_at if opened_at is not None else time.monotonic()
-        self.first_byte_at: float | None = time.monotonic()
-        """When the first chunk (or the whole body) was in hand."""
+        self.first_byte_at = first_byte_at
+        """When the backend began to answer: a stream's first chunk was in hand, a whole answer's head came."""
         self.done = False
         """Iteration reached the end (normally or with an error tail)."""
         self.chunks = 0
         """Events passed so far (the relay's count, else chunks yielded): a stand-in for tokens."""
         self._counter = counter
         """The relay, whose ``fed`` counts upstream events when one chunk carries several."""
-        self._pending = body if body is not None else first
+        self._pending: bytes | bytearray | None = body if body is not None else first
         self._events = events
         self._response = response
         self._closed = False
         self._render: Callable[[bytes], bytes] | None = None
+        self._holding = holding
+        """What a whole answer's bytes hold of the budget, given back by ``close`` (once it was written)."""
 
     def rendered(self, render: Callable[[bytes], bytes]) -> Upstream:
         """Pass the answer (the whole body, or each chunk of a stream) through ``render``, a dialect on top.
@@ -91,17 +96,17 @@ class Upstream:
         """
         if self.body is not None:
             if self.status < 400:
-                self.body = self._pending = render(self.body)
+                self.body = self._pending = render(bytes(self.body))
             return self
         if self._pending is not None:
-            self._pending = render(self._pending)
+            self._pending = render(bytes(self._pending))
         self._render = render
         return self
 
     def __aiter__(self) -> Upstream:
         return self
 
-    async def __anext__(self) -> bytes:
+    async def __anext__(self) -> bytes | bytearray:
         if self._pending is not None:
             chunk, self._pending = self._pending, None
             self.chunks = self._counter.fed if self._counter is not None else self.chunks + 1
@@ -147,6 +152,8 @@ class Upstream:
             return
         self._closed = True
         self._settle_usage()
+        if self._holding is not None:
+            self._holding.give_back()
         if self._response is not None:
             self._response.close()
             self._response = None

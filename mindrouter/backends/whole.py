@@ -35,7 +35,7 @@ from .translate import Plan
 __all__ = ["convert_body"]
 
 
-def convert_body(plan: Plan, body: bytes, elapsed_ns: int = 0) -> tuple[bytes, Usage]:
+def convert_body(plan: Plan, body: bytes | bytearray, elapsed_ns: int = 0) -> tuple[bytes | bytearray, Usage]:
     """The client's answer for a non-streaming plan, and the backend's token counts.
 
     Args:

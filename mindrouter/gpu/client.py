@@ -47,7 +47,9 @@ async def fetch_agent(
     base = agent_base_url(url)
     headers = {"Authorization": f"Bearer {key}"} if key else {}
     try:
-        async with session.get(f"{base}/gpus", headers=headers, timeout=aiohttp.ClientTimeout(total=timeout)) as resp:
+        async with session.get(
+            f"{base}/gpus", headers=headers, timeout=aiohttp.ClientTimeout(total=timeout), allow_redirects=False
+        ) as resp:
             if resp.status == 401:
                 raise AgentError(
                     f"GPU agent at {base} refused the key (401); give the node the key its `mr agent --key` uses"

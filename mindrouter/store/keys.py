@@ -13,6 +13,9 @@ from .rows import ApiKeyInfo, User
 
 __all__ = ["ApiKeys"]
 
+_ROWID_MAX = 2**63 - 1
+"""The largest id SQLite can hold: a larger one names no key (and would not reach SQLite as a number)."""
+
 
 class ApiKeys:
     """The key half of ``Store``; it shares the store's connection and clock."""
@@ -64,7 +67,10 @@ class ApiKeys:
     def revoke_key(self, user: str, key_id: int) -> None:
         """Delete one key of ``user``; the user and its other keys stay."""
         user_id = self._user_id(user)
-        if not self._db.execute("DELETE FROM api_keys WHERE id = ? AND user_id = ?", (key_id, user_id)).rowcount:
+        if (
+            not 0 < key_id <= _ROWID_MAX
+            or not self._db.execute("DELETE FROM api_keys WHERE id = ? AND user_id = ?", (key_id, user_id)).rowcount
+        ):
             raise NotFound(f"user {user!r} has no key with id {key_id}; see its keys with `mr user keys {user}`")
 
     def revoke_keys(self, user: str) -> int:

@@ -1,7 +1,8 @@
 """The admin API's middleware: who may call it, and how the store's errors are answered.
 
 Admin paths are free on the Unix socket (mode 0600, or 0660 for its
-``socket_group``) and need the admin key on TCP. An error a handler raises for
+``socket_group``) and need the admin key on TCP; an address that sends wrong
+keys waits before its next try (``edge/guesses.py``). An error a handler raises for
 bad input (a name not found, taken or still in use, a bad value) becomes a JSON
 error with its status, so the handlers in ``api.py`` raise and never build
 error answers themselves.
@@ -15,8 +16,8 @@ from aiohttp import web
 
 from ...store import AlreadyExists, InUse, InvalidValue, NotFound, StoreError
 from ..edge.auth import bearer_is
-from ..edge.errorbodies import json_error
-from ..process.appkeys import CONFIG
+from ..edge.errorbodies import error_response, json_error
+from ..process.appkeys import AUTH, CONFIG
 
 __all__ = ["admin_middleware"]
 
@@ -37,8 +38,13 @@ def admin_middleware(request: web.Request, handler: Handler) -> Awaitable[web.St
 
 async def _admin(request: web.Request, handler: Handler) -> web.StreamResponse:
     if not isinstance(request.transport.get_extra_info("sockname") if request.transport else None, str):
+        guesses = request.app[AUTH].guesses
+        refusal = guesses.refusal(request.remote)
+        if refusal is not None:
+            return error_response(refusal, "openai")
         key = request.app[CONFIG].server.admin_key
         if not key or not bearer_is(request, key):
+            guesses.wrong(request.remote)
             return json_error(
                 "admin calls on the TCP port need `Authorization: Bearer <admin_key>`; "
                 "use the Unix socket (`mr` does) or set [server] admin_key",

@@ -15,18 +15,23 @@ from __future__ import annotations
 import itertools
 import logging
 import os
+from collections.abc import Callable
 from http import HTTPStatus
+from typing import cast
 
 from aiohttp import web
 
+from ...backends import Dialect
 from ...errors import RequestError
-from ..process.logsafe import safe
+from ..process.appkeys import STATS
+from ..process.logsafe import Occasional, safe
 from ..request.quotas import QUOTA_HEADERS
 from .errorbodies import error_response
 
 __all__ = ["REQUEST_ID", "Runner", "new_request_id", "stamp"]
 
 log = logging.getLogger(__name__)
+_malformed = Occasional(log)
 
 SERVER = "mindrouter"
 
@@ -51,12 +56,29 @@ def _stamp(request: web.BaseRequest, response: web.StreamResponse) -> None:
 
 
 async def stamp(request: web.Request, response: web.StreamResponse) -> None:
-    """``on_response_prepare``: the headers every answer carries, streams included."""
+    """``on_response_prepare``: the headers every answer carries, streams included; an error answer is
+    counted here, whoever made it (a handler, the guard, the admin API, the web UI). A stream that an
+    error ends after its first byte is counted where it ends (``inference.py``)."""
     _stamp(request, response)
+    if response.status >= 400:
+        request.app[STATS].count_error(response.status)
 
 
 class _Handler(web.RequestHandler):
-    """aiohttp's connection handler; its refusals of what it cannot parse are answered as ours are."""
+    """aiohttp's connection handler; its refusals of what it cannot parse are answered as ours are.
+
+    Such a refusal (too many headers, a header too long, a body in an encoding it cannot decode)
+    comes before aiohttp has a request with a path, so the dialect of its answer is that of the
+    last request line seen at the start of what the client sent: an Ollama client's are on ``/api/``.
+    """
+
+    _dialect: Dialect = "openai"
+
+    def data_received(self, data: bytes) -> None:
+        space = data.find(b" ", 0, 8)
+        if space > 0 and data[:space].isalpha():  # what looks like a request line: "POST /api/chat ..."
+            self._dialect = "ollama" if data.startswith(b"/api/", space + 1) else "openai"
+        super().data_received(data)
 
     def handle_error(
         self, request: web.BaseRequest, status: int = 500, exc: BaseException | None = None, message: str | None = None
@@ -64,20 +86,25 @@ class _Handler(web.RequestHandler):
         if status >= 500 or request.writer.output_size > 0:
             return super().handle_error(request, status, exc, message)
         reason = str(getattr(exc, "message", "") or message or HTTPStatus(status).phrase).splitlines()[0]
-        log.info("refused a malformed request from %s: %s", request.remote, safe(reason))
+        _malformed.info("refused a malformed request from %s: %s", request.remote, safe(reason))
         refusal = RequestError(
             f"the request is not well-formed HTTP/1.1 ({safe(reason.rstrip(': .'))}); "
             "fix the client or the proxy in front of the router",
             status=status,
             code="malformed_request",
         )
-        response = error_response(refusal, "openai")
+        response = error_response(refusal, self._dialect)
         _stamp(request, response)
+        if isinstance(self._manager, _Server):  # not an answer of the app's: on_response_prepare is not told
+            self._manager.count_error(status)
         response.force_close()
         return response
 
 
 class _Server(web.Server):
+    count_error: Callable[[int], None]
+    """Where the connection handlers count their refusals (``Stats.count_error``)."""
+
     def __call__(self) -> web.RequestHandler:
         return _Handler(self, loop=self._loop, **self._kwargs)
 
@@ -88,4 +115,5 @@ class Runner(web.AppRunner):
     async def _make_server(self) -> web.Server:
         server = await super()._make_server()
         server.__class__ = _Server  # only __call__ differs: which handler class serves a connection
+        cast(_Server, server).count_error = self.app[STATS].count_error
         return server

@@ -28,7 +28,7 @@ import aiohttp
 from aiohttp import web
 
 from ... import __version__
-from ...config import Config
+from ...config import Config, check_keys
 from ...errors import ConfigError
 from ...gpu.probe import GpuProbe
 from ...scheduler import Scheduler
@@ -117,11 +117,13 @@ async def create_app(
     # Idle keep-alive connections are closed after 2 s: servers such as llama-server hold an
     # HTTP thread per open connection (4 threads with -np 2), so a pool that kept them for
     # long would lock out everyone else talking to that server. Under load they are reused
-    # within milliseconds, so this costs no reconnects.
+    # within milliseconds, so this costs no reconnects. Answers are asked for uncompressed (a
+    # compressing proxy in front of a backend then sends them plain); one compressed anyway is
+    # decompressed as it is read, so every limit on what is read counts its decompressed bytes.
     session = aiohttp.ClientSession(
         connector=aiohttp.TCPConnector(limit=0, limit_per_host=0, keepalive_timeout=2.0, enable_cleanup_closed=True),
         timeout=aiohttp.ClientTimeout(total=None, sock_connect=config.backends.connect_timeout),
-        auto_decompress=False,
+        headers={"Accept-Encoding": "identity"},
     )
     decisions = DecisionLog(store, lambda bid: registry.entries[bid].row.name if bid in registry.entries else None)
     quotas = Quotas(
@@ -267,6 +269,7 @@ def _claim_socket(path: Path) -> None:
 async def _run(config: Config, *, discover: bool | None) -> None:
     """Lock the state and claim the socket before anything else, then serve."""
     server = config.server
+    check_keys(server)  # as a typo is, before anything starts
     _socket_gid(server.socket_group)  # a typo is refused before anything starts
     lock = StateLock(server.state_path)
     lock.acquire(listen=f"http://{server.host}:{server.port}", socket=str(server.socket_path))

@@ -26,6 +26,7 @@ from typing import Any
 
 from ...errors import RequestError
 from ...names import hash_key, person_identity
+from .guesses import Guesses
 from .people import People
 
 __all__ = ["PERSON_HEADERS", "Auth", "Caller", "bearer_is"]
@@ -86,6 +87,8 @@ class Auth:
         self.store = store
         self.clock = clock
         self.people = People(store, new_people_per_hour, clock)
+        self.guesses = Guesses()
+        """Wrong secrets (``admin_key``, metrics key, web UI logins) by client address."""
         self._cache: dict[str, Caller | None] = {}
         self._people: dict[tuple[int, str], Caller] = {}
         self._used: dict[int, float] = {}

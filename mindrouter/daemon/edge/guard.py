@@ -6,6 +6,7 @@ a body falsely labelled gzip) would surface as a 500. Here each becomes the
 error its clients parse: OpenAI's shape on ``/v1`` and admin paths, Ollama's
 ``{"error": "..."}`` on ``/api``. Anything unexpected is logged with its
 traceback once and answered 500 in the same shape, and the daemon goes on.
+A body that cannot be decoded is one rate-limited log line, never a traceback.
 """
 
 from __future__ import annotations
@@ -19,12 +20,13 @@ from aiohttp import http_exceptions, web
 
 from ...errors import RequestError
 from ..process.appkeys import CONFIG
-from ..process.logsafe import safe
+from ..process.logsafe import Occasional, safe
 from .errorbodies import dialect_of, error_response
 
 __all__ = ["guard_middleware"]
 
 log = logging.getLogger(__name__)
+_undecodable = Occasional(log)
 
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 
@@ -110,9 +112,12 @@ async def guard_middleware(request: web.Request, handler: Handler) -> web.Stream
             "the request body is not valid UTF-8 text (or holds a lone surrogate escape); fix its encoding"
         )
     except (web.RequestPayloadError, zlib.error, http_exceptions.ContentEncodingError, EOFError):
+        _undecodable.info("refused a request body that could not be read as sent, from %s", request.remote)
+        request.content.feed_eof()  # the rest is not wanted: aiohttp must not drain it (and log its error again)
         error = RequestError(
             "the request body could not be read as sent (does it match its Content-Encoding?); send it plain"
         )
+        return _closing(error_response(error, dialect_of(request.path)))
     except Exception:
         log.exception("internal error on %s %s", request.method, safe(request.path))
         error = RequestError(

@@ -32,7 +32,7 @@ __all__ = ["SHUTTING_DOWN", "end_handlers", "setup_inference_routes"]
 log = logging.getLogger(__name__)
 
 _CONTENT_TYPES = {"ollama": "application/x-ndjson", "openai": "text/event-stream"}
-Write = Callable[[bytes], Awaitable[None]]
+Write = Callable[[bytes | bytearray], Awaitable[None]]
 
 SHUTTING_DOWN = RequestError(
     "the router is shutting down; send the request again in a few seconds",
@@ -44,6 +44,8 @@ SHUTTING_DOWN = RequestError(
 _SHUTDOWN = "mindrouter is shutting down"
 """The cancel message ``end_handlers`` sends, as the handler tells it from a client gone."""
 _CUT_BY_SHUTDOWN = "the router shut down before the answer was complete; send the request again in a few seconds"
+_BROKEN = "stream"
+"""How ``mindrouter_errors_total`` labels a stream that an error ended after its first byte."""
 
 
 async def handle_inference(request: web.Request) -> web.StreamResponse:
@@ -68,14 +70,17 @@ async def handle_inference(request: web.Request) -> web.StreamResponse:
             else:
                 upstream = await lease.open()
             if response is None and upstream.body is not None:
-                response = web.Response(body=upstream.body, status=upstream.status, headers=upstream.headers)
+                lease.finish()
+                response = await _whole(request, upstream, upstream.body)
             else:
                 if response is None:
                     response = web.StreamResponse(status=upstream.status, headers=upstream.headers)
                     await response.prepare(request)
                 await _pour(lease, upstream, response.write, dialect)
+                if upstream.error is not None:  # the stream ended with its error tail
+                    app[STATS].count_error(_BROKEN)
                 await response.write_eof()
-            lease.finish()
+                lease.finish()
         return response
     except asyncio.CancelledError as exc:  # the client left, or ``end_handlers`` ends it at shutdown
         if lease is None or task is None or exc.args != (_SHUTDOWN,):
@@ -84,6 +89,7 @@ async def handle_inference(request: web.Request) -> web.StreamResponse:
         if response is None or not response.prepared:
             _refused(app, rid, SHUTTING_DOWN)
             return error_response(SHUTTING_DOWN, dialect)
+        app[STATS].count_error(_BROKEN)
         with contextlib.suppress(Exception):  # best effort: the connection closes next in any case
             await response.write(_shutdown_tail(app, rid, lease, dialect))
             await response.write_eof()
@@ -93,6 +99,7 @@ async def handle_inference(request: web.Request) -> web.StreamResponse:
     except RequestError as exc:
         _refused(app, rid, exc)
         if response is not None and response.prepared:  # a stream whose headers went out ends in its dialect
+            app[STATS].count_error(_BROKEN)
             await response.write(error_tail(dialect, exc.message))
             await response.write_eof()
             return response
@@ -133,8 +140,7 @@ def _shutdown_tail(app: web.Application, rid: str, lease: Lease, dialect: Dialec
 
 
 def _refused(app: web.Application, rid: str, exc: RequestError) -> None:
-    """Count and log a request that ends in an error."""
-    app[STATS].count_error(exc.status)
+    """Log a request that ends in an error (its answer is counted as it is prepared, or as its stream ends)."""
     log.info("request=%s status=%d %s", rid, exc.status, exc.message)
 
 
@@ -147,6 +153,23 @@ async def _pour(lease: Lease, upstream: Upstream, write: Write, dialect: Dialect
         await write(upstream.body)
     else:
         await write(error_tail(dialect, upstream.error))
+
+
+WHOLE_PIECE = 1 << 20
+"""A whole answer is written a MiB at a time: written at once, aiohttp would copy it behind its headers."""
+
+
+async def _whole(request: web.Request, upstream: Upstream, body: bytes | bytearray) -> web.StreamResponse:
+    """Write a whole answer before its lease ends, so its bytes count in the budget of whole answers
+    (``backends/budget.py``) until the client has them, a piece at a time, each waiting for the last to go."""
+    response = web.StreamResponse(status=upstream.status, headers=upstream.headers)
+    response.content_length = len(body)
+    await response.prepare(request)
+    view = memoryview(body)
+    for start in range(0, len(view), WHOLE_PIECE):
+        await response.write(view[start : start + WHOLE_PIECE])
+    await response.write_eof()
+    return response
 
 
 def _waiting_headers(lease: Lease, dialect: str) -> dict[str, str]:

@@ -14,7 +14,7 @@ from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_l
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.registry import Collector
 
-from ..process.appkeys import CONFIG, DISPATCHER, REGISTRY, SCHEDULER, STATS
+from ..process.appkeys import AUTH, CONFIG, DISPATCHER, REGISTRY, SCHEDULER, STATS
 from .auth import bearer_is
 
 __all__ = ["setup_metrics"]
@@ -34,10 +34,12 @@ class _Collector(Collector):
         tokens.add_metric(["completion"], stats.completion_tokens_total)
         yield tokens
         errors = CounterMetricFamily(
-            "mindrouter_errors", "Requests that ended with an error status.", labels=["status"]
+            "mindrouter_errors",
+            'Error answers, by the status the client got ("stream": ended by an error after its first byte).',
+            labels=["status"],
         )
         for status, count in sorted(stats.errors.items()):
-            errors.add_metric([str(status)], count)
+            errors.add_metric([status], count)
         yield errors
         yield CounterMetricFamily("mindrouter_cancelled", "Requests whose client went away.", value=stats.cancelled)
         yield CounterMetricFamily(
@@ -81,18 +83,28 @@ def setup_metrics(app: web.Application) -> None:
 
     Trusted: the admin socket, or a caller with ``[server] metrics_key`` or ``admin_key``. Listening
     on loopback is no trust: on a shared workstation every local account reaches 127.0.0.1, and who
-    uses what is nobody else's business.
+    uses what is nobody else's business. A wrong key counts as a guess (``guesses.py``).
     """
     full, counts = CollectorRegistry(auto_describe=False), CollectorRegistry(auto_describe=False)
     full.register(_Collector(app, per_user=True))
     counts.register(_Collector(app, per_user=False))
     server = app[CONFIG].server
 
+    def trusted(request: web.Request) -> bool:
+        if isinstance(request.transport.get_extra_info("sockname") if request.transport else None, str):
+            return True
+        if "Authorization" not in request.headers:
+            return False
+        guesses = request.app[AUTH].guesses
+        if guesses.wait(request.remote) > 0:  # a key that may be a guess is not checked: counts only
+            return False
+        if any(key and bearer_is(request, key) for key in (server.metrics_key, server.admin_key)):
+            return True
+        guesses.wrong(request.remote)
+        return False
+
     async def handle(request: web.Request) -> web.Response:
-        trusted = isinstance(request.transport.get_extra_info("sockname") if request.transport else None, str) or any(
-            key and bearer_is(request, key) for key in (server.metrics_key, server.admin_key)
-        )
-        body = generate_latest(full if trusted else counts)
+        body = generate_latest(full if trusted(request) else counts)
         return web.Response(body=body, headers={"Content-Type": CONTENT_TYPE_LATEST})
 
     async def health(_request: web.Request) -> web.Response:

@@ -22,7 +22,7 @@ CANDIDATES = (
 
 async def _answers(session: aiohttp.ClientSession, url: str) -> bool:
     try:
-        async with session.get(url, timeout=aiohttp.ClientTimeout(total=1.5)) as response:
+        async with session.get(url, timeout=aiohttp.ClientTimeout(total=1.5), allow_redirects=False) as response:
             return response.status == 200
     except (TimeoutError, aiohttp.ClientError, OSError):
         return False

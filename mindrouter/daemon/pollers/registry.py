@@ -27,7 +27,7 @@ from typing import Any
 
 import aiohttp
 
-from ...backends import Adapter, Fault, Probe, make_adapter, model_key
+from ...backends import Adapter, Budget, Fault, Probe, make_adapter, model_key
 from ...config import BackendSettings
 from ...scheduler import Modality, Scheduler
 from ...tasks import stop
@@ -101,6 +101,8 @@ class Registry:
         self.store = store
         self.session = session
         self.settings = settings
+        self.budget = Budget(settings.max_held_answer_bytes)
+        """The bytes all whole answers may hold at once, shared by every backend's adapter."""
         self.on_change = on_change
         self.gpu_lookup = gpu_lookup
         self.vram_estimate = vram_estimate
@@ -125,19 +127,7 @@ class Registry:
                 await stop(entry.task)
 
     def _engine_adapter(self, row: Any) -> Adapter:
-        return make_adapter(
-            row.engine,
-            row.url,
-            self.session,
-            request_timeout=self.settings.request_timeout,
-            connect_timeout=self.settings.connect_timeout,
-            first_byte_timeout=self.settings.first_byte_timeout,
-            load_timeout=self.settings.load_timeout,
-            chunk_timeout=self.settings.chunk_timeout,
-            stream_timeout=self.settings.stream_timeout or None,
-            max_line_bytes=self.settings.max_line_bytes,
-            max_answer_bytes=self.settings.max_answer_bytes,
-        )
+        return make_adapter(row.engine, row.url, self.session, self.settings, budget=self.budget)
 
     def add(self, row: Any) -> Entry:
         adapter = self.adapters(row)

@@ -52,7 +52,9 @@ class Stats:
         self.requests_total = 0
         self.prompt_tokens_total = 0
         self.completion_tokens_total = 0
-        self.errors: Counter[int] = Counter()
+        self.errors: Counter[str] = Counter()
+        """Error answers by the status the client got, and "stream" for a stream ended by an error after its
+        first byte: counted where every answer is prepared and where a stream ends (``count_error``)."""
         self.cancelled = 0
         self._recent: deque[tuple[float, int]] = deque()
         self._buckets: dict[int, dict[int, int]] = {}
@@ -123,8 +125,6 @@ class Stats:
         self.requests_total += 1
         self.prompt_tokens_total += prompt
         self.completion_tokens_total += completion
-        if s.status >= 400 and s.outcome is not Outcome.CLIENT_GONE:
-            self.errors[s.status] += 1
         now = self.clock()
         recent = self._recent
         recent.append((now, prompt + completion))
@@ -148,8 +148,9 @@ class Stats:
             for bid, per in self._buckets.items()
         }
 
-    def count_error(self, status: int) -> None:
-        self.errors[status] += 1
+    def count_error(self, status: int | str) -> None:
+        """One error answer: its status, or "stream" for a stream that ended in an error after its first byte."""
+        self.errors[str(status)] += 1
 
     def rates(self) -> tuple[float, float]:
         """Requests and tokens per second over the last minute (or since start)."""

@@ -282,7 +282,7 @@ class Lease(AnswerRelay):
         gone = exc is None or isinstance(exc, (asyncio.CancelledError, ConnectionError))
         outcome = Outcome.CLIENT_GONE if gone else Outcome.ERROR
         reason = "the client went away" if gone else f"{type(exc).__name__}: {exc}"
-        prompt, completion = self._used()
+        prompt, completion = self._used() if upstream is not None else self._abandoned()
         self.dispatcher.abandon(self.job.id, prompt_tokens=prompt, completion_tokens=completion)
         if self._record is not None:
             self._end_attempt(outcome, reason)
@@ -316,6 +316,23 @@ class Lease(AnswerRelay):
         cap = None if quotas is None else quotas.start(self.job.id)
         if cap is not None:
             self.call = self.call.capped(cap)
+
+    def _abandoned(self) -> tuple[int, int]:
+        """Tokens to charge for an answer left while a backend was opening it (a whole answer the client
+        did not wait for, a stream before its first chunk): the backend had the prompt, so its estimate;
+        and a whole answer is taken to have produced what one answer of that model on that backend was
+        seen to produce a second (``ModelSpeed.observed``) for each second it was held, up to its
+        ``max_tokens``: the clock the scheduler charges a running whole answer by (scheduler/ledger.py)."""
+        if self.state is not State.DISPATCHED:
+            return 0, 0
+        job = self.job
+        if job.stream:
+            return job.prompt_tokens, 0
+        load = self.dispatcher.scheduler.load(self.backend_id) if self.backend_id is not None else None
+        speed = load.speeds.get(job.model) if load is not None else None
+        rate = speed.observed if speed is not None and speed.observed is not None else 0.0
+        produced = int(rate * self.held)
+        return job.prompt_tokens, produced if job.max_tokens is None else min(produced, job.max_tokens)
 
     def _released(self) -> None:
         if self._holding:

@@ -44,7 +44,7 @@ class AnswerRelay:
     ) -> None:
         raise NotImplementedError
 
-    async def chunks(self) -> AsyncIterator[bytes]:
+    async def chunks(self) -> AsyncIterator[bytes | bytearray]:
         """The answer's chunks, in the client's dialect, ending with an error tail if the backend broke.
 
         Raises:

@@ -124,7 +124,10 @@ async def revoke_key(request: web.Request, session: Session) -> str:
 @admin_page
 async def create_key(request: web.Request, session: Session) -> web.StreamResponse:
     """A new key, shown on this one answer only (never stored in plain, never in a URL or a later page)."""
-    key = api.new_key(request.app, request.match_info["name"])
+    try:
+        key = api.new_key(request.app, request.match_info["name"])
+    except NotFound:
+        return _user_page(request, session)  # which says, with a 404, that there is no such user
     return _user_page(request, session, new_key=key)
 
 

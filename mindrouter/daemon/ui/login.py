@@ -14,7 +14,7 @@ from aiohttp import web
 
 from ...names import hash_key
 from ..edge.auth import Caller
-from ..process.appkeys import CONFIG, DISPATCHER, REGISTRY, SCHEDULER, STORE
+from ..process.appkeys import AUTH, CONFIG, DISPATCHER, REGISTRY, SCHEDULER, STORE
 from ..request.accounting import me_dict
 from .render import ADMIN_GROUP, SESSIONS, page, person_page, redirect
 from .sessions import LOGIN_COOKIE, Session, same, set_cookie
@@ -44,6 +44,12 @@ async def login(request: web.Request) -> web.StreamResponse:
     if not (isinstance(csrf, str) and same(csrf, request.cookies.get(LOGIN_COOKIE, ""))):
         return await login_form(request, error="The form expired; try again.", status=403)
     key = key.strip() if isinstance(key, str) else ""
+    guesses = request.app[AUTH].guesses
+    refusal = guesses.refusal(request.remote)
+    if refusal is not None:
+        response = await login_form(request, error=refusal.message, status=429)
+        response.headers["Retry-After"] = f"{refusal.retry_after:.0f}"
+        return response
     user, admin = None, False
     admin_key = request.app[CONFIG].server.admin_key
     if key and admin_key and same(key, admin_key):
@@ -51,6 +57,7 @@ async def login(request: web.Request) -> web.StreamResponse:
     else:
         found = request.app[STORE].key_owner(hash_key(key)) if key else None
         if found is None:
+            guesses.wrong(request.remote)
             return await login_form(request, error=LOGIN_FAILED, status=401)
         user, admin = found[1].name, found[1].group == ADMIN_GROUP
     response = redirect("/ui/me" if user else "/ui/admin/top")

@@ -36,22 +36,37 @@ class Session:
 
 
 class Sessions:
-    """Open sessions by token; at most ``limit`` (the oldest go first) so logins cannot exhaust memory."""
+    """Open sessions by token: at most ``per_user`` of one user (or of the admin key), the oldest of theirs
+    going first, so nobody's logins end anyone else's session; and at most ``limit`` in all (the oldest
+    going first), so logins cannot exhaust memory: ``limit / per_user`` users must log in to reach it."""
 
-    def __init__(self, ttl: float = 12 * 3600.0, limit: int = 10_000, clock: Callable[[], float] = time.time) -> None:
+    def __init__(
+        self,
+        ttl: float = 12 * 3600.0,
+        limit: int = 10_000,
+        clock: Callable[[], float] = time.time,
+        per_user: int = 5,
+    ) -> None:
         self.ttl = ttl
         self.limit = limit
+        self.per_user = per_user
         self.clock = clock
         self._open: dict[str, Session] = {}
+        self._owned: dict[str | None, list[str]] = {}
+        """Each user's open tokens, oldest first (None: the admin key's)."""
 
     def open(
         self, response: web.StreamResponse, request: web.Request, user: str | None, admin: bool, key_hash: str
     ) -> Session:
+        owned = self._owned.setdefault(user, [])
+        while len(owned) >= self.per_user:
+            self._drop(owned[0])
         if len(self._open) >= self.limit:
-            del self._open[next(iter(self._open))]
+            self._drop(next(iter(self._open)))
         token = secrets.token_urlsafe(32)
         session = Session(user, admin, key_hash, self.clock() + self.ttl)
         self._open[token] = session
+        self._owned.setdefault(user, []).append(token)
         set_cookie(response, request, COOKIE, token, self.ttl)
         return session
 
@@ -59,13 +74,22 @@ class Sessions:
         token = request.cookies.get(COOKIE, "")
         session = self._open.get(token)
         if session is not None and session.expires < self.clock():
-            del self._open[token]
+            self._drop(token)
             return None
         return session
 
     def close(self, request: web.Request, response: web.StreamResponse) -> None:
-        self._open.pop(request.cookies.get(COOKIE, ""), None)
+        self._drop(request.cookies.get(COOKIE, ""))
         response.del_cookie(COOKIE, path="/ui/")
+
+    def _drop(self, token: str) -> None:
+        session = self._open.pop(token, None)
+        if session is None:
+            return
+        owned = self._owned[session.user]
+        owned.remove(token)
+        if not owned:
+            del self._owned[session.user]
 
 
 def set_cookie(response: web.StreamResponse, request: web.Request, name: str, value: str, max_age: float) -> None:
