@@ -17,7 +17,7 @@ from mindrouter.cli.why import why_view
 from mindrouter.daemon.request.dispatcher import Dispatcher
 from mindrouter.scheduler import Backend, Job, Scheduler, SchedulerSettings
 from mindrouter.scheduler.constraints import REASONS
-from mindrouter.scheduler.holds import HOLD_PRICE, Holds
+from mindrouter.scheduler.holds import Holds
 from mindrouter.scheduler.records import DecisionRecord
 from mindrouter.simulate import Scenario, build, load_example, simulate
 
@@ -78,8 +78,8 @@ def test_the_slot_a_thinker_freed_waits_for_its_next_request():
     seat = pool.seats["a"]
     placed = min(seat.lag, seat.kept)  # where it stood when a2 ended: it sent again within the hold
     assert s.submit(job("a", "a3", 3.05, 100, 100), 3.05) is None
-    # it paid HOLD_PRICE of what the slot would have delivered to b2 in the 50 ms it was held: 21.04 units
-    assert placed - seat.lag == pytest.approx(HOLD_PRICE * 0.05 * B_RATE, rel=1e-9)
+    # it paid hold_price of what the slot would have delivered to b2 in the 50 ms it was held: 21.04 units
+    assert placed - seat.lag == pytest.approx(SETTINGS.hold_price * 0.05 * B_RATE, rel=1e-9)
     load = s.load("gpu")
     assert load is not None and (load.in_flight, load.held) == (0, 0)
     assert started(s, 3.05) == ["a3"]  # a is still owed: its job takes the slot held for it
@@ -98,7 +98,7 @@ def test_a_hold_expires_after_anticipation_and_charges_its_holder():
     before = lag(s, "a")
     assert started(s, 3.09) == []
     assert s.expire(3.1) == []
-    assert before - lag(s, "a") == pytest.approx(HOLD_PRICE * 0.1 * B_RATE, rel=1e-9)  # 42.08 units
+    assert before - lag(s, "a") == pytest.approx(SETTINGS.hold_price * 0.1 * B_RATE, rel=1e-9)  # 42.08 units
     (b2,) = s.dispatch(3.1)
     assert b2.job.id == "b2" and b2.record.to_dict()["slot_held"] is True
     console = Console(width=200, record=True)

@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 
 from .jobs import Modality
 
-__all__ = ["ALL_MODALITIES", "CONFIRM_SECONDS", "Backend", "BackendLoad", "ModelSpeed"]
+__all__ = ["ALL_MODALITIES", "Backend", "BackendLoad", "ModelSpeed"]
 
 ALL_MODALITIES: frozenset[Modality] = frozenset(Modality)
 
@@ -72,10 +72,6 @@ class ModelSpeed:
     answers: int = 0
 
 
-#: Seconds a load or an eviction the core triggered is assumed without a poll confirming it.
-CONFIRM_SECONDS = 30.0
-
-
 @dataclass(slots=True)
 class BackendLoad:
     """Counters the core keeps for a backend from real traffic, and what it expects of the backend's models."""
@@ -101,13 +97,17 @@ class BackendLoad:
     loaders: set[str] = field(default_factory=set)
     """Jobs running here that the core sent while their model was not resident: only theirs time a whole load."""
 
-    def resident(self, backend: Backend, now: float) -> frozenset[str]:
-        """Models resident or loading now, as far as the core can tell before the next poll."""
+    def resident(self, backend: Backend, now: float, confirm: float) -> frozenset[str]:
+        """Models resident or loading now, as far as the core can tell before the next poll.
+
+        ``confirm``: seconds a load or an eviction the core triggered stands without a poll
+        (``SchedulerSettings.load_confirm_seconds``).
+        """
         loaded = backend.loaded_models
         if self.loading:
-            loaded = loaded | {m for m, ready in self.loading.items() if now < ready + CONFIRM_SECONDS}
+            loaded = loaded | {m for m, ready in self.loading.items() if now < ready + confirm}
         if self.evicted:
-            loaded = loaded - {m for m, at in self.evicted.items() if now < at + CONFIRM_SECONDS}
+            loaded = loaded - {m for m, at in self.evicted.items() if now < at + confirm}
         return loaded
 
     def polled(self, backend: Backend) -> None:

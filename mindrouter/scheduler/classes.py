@@ -18,7 +18,7 @@ from collections.abc import Hashable, Mapping
 from dataclasses import dataclass, field
 
 from .backend import Backend, BackendLoad, ModelSpeed
-from .constraints import REASONS, RETRY_PENALTY, ClassKey, fit, live_rejections, static_rejections
+from .constraints import REASONS, ClassKey, fit, live_rejections, static_rejections
 from .estimate import Estimate, Speeds, estimate
 from .jobs import Job, Rejection
 from .pooling import joined
@@ -53,9 +53,12 @@ class ClassInfo:
 class Classes:
     """The per-class candidate cache over the core's backends and loads (shared, not copied)."""
 
-    def __init__(self, backends: dict[Hashable, Backend], loads: dict[Hashable, BackendLoad]) -> None:
+    def __init__(
+        self, backends: dict[Hashable, Backend], loads: dict[Hashable, BackendLoad], settings: SchedulerSettings
+    ) -> None:
         self._backends = backends
         self._loads = loads
+        self._confirm = settings.load_confirm_seconds
         self.now = 0.0
         """The core's clock at its last decision: when loads it triggered are expected to end."""
         self._classes: dict[ClassKey, ClassInfo] = {}
@@ -132,7 +135,7 @@ class Classes:
 
     def _place(self, info: ClassInfo, bid: Hashable, model: str) -> None:
         """Put candidate ``bid`` in its class's open or closed set, by the live constraints."""
-        reasons = live_rejections(self._backends[bid], self._loads[bid], model, self.now)
+        reasons = live_rejections(self._backends[bid], self._loads[bid], model, self.now, self._confirm)
         if reasons:
             info.open.pop(bid, None)
             info.closed[bid] = reasons
@@ -167,7 +170,7 @@ class Classes:
 
     def live(self, bid: Hashable, model: str) -> bool:
         """Could ``bid`` take a job for ``model`` once slots free (healthy, enabled, not draining, fits)?"""
-        reasons = live_rejections(self._backends[bid], self._loads[bid], model, self.now)
+        reasons = live_rejections(self._backends[bid], self._loads[bid], model, self.now, self._confirm)
         return all(r in _WAITS for r in reasons)
 
     def contested(self, bid: Hashable, key: ClassKey, waiting: Mapping[ClassKey, int], queued: bool = True) -> float:
@@ -186,7 +189,7 @@ class Classes:
         if not queued:
             return slowed
         backend, load = self._backends[bid], self._loads[bid]
-        resident = load.resident(backend, self.now)
+        resident = load.resident(backend, self.now, self._confirm)
         free = backend.max_concurrent - load.in_flight
         blocked = need = 0
         for other in sole:
@@ -263,7 +266,7 @@ class Classes:
         for bid in info.open:
             if avoid and bid in excluded:  # type: ignore[operator]
                 continue
-            penalty = RETRY_PENALTY if excluded and bid in excluded else 0.0
+            penalty = settings.retry_penalty if excluded and bid in excluded else 0.0
             # Yielding a slot to work with no other home costs this job nothing only where another
             # backend is open to it now; with none, the price would make it wait, and routing would
             # overrule fair share (a weight-10 admin kept off the GPU a weight-1 student needs).

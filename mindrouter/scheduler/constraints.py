@@ -15,7 +15,6 @@ from .jobs import Modality
 
 __all__ = [
     "REASONS",
-    "RETRY_PENALTY",
     "ClassKey",
     "fit",
     "live_rejections",
@@ -59,7 +58,7 @@ def fit(backend: Backend, load: BackendLoad, model: str, resident: frozenset[str
 
     A resident or loading model fits. Otherwise the estimate must fit in free VRAM plus what
     idle resident models would free, and a place must be left under ``max_loaded``; busy models
-    are never counted as free. Unknown readings fit, as before. ``resident``: ``load.resident(backend, now)``.
+    are never counted as free. Unknown readings fit, as before. ``resident``: ``load.resident(...)`` now.
     """
     if model in resident:
         return ()
@@ -91,8 +90,8 @@ def fit(backend: Backend, load: BackendLoad, model: str, resident: frozenset[str
             free += backend.resident_vram.get(victim, 0)
 
 
-def live_rejections(backend: Backend, load: BackendLoad, model: str, now: float) -> tuple[str, ...]:
-    """Reasons ``backend`` cannot take a job for ``model`` right now."""
+def live_rejections(backend: Backend, load: BackendLoad, model: str, now: float, confirm: float) -> tuple[str, ...]:
+    """Reasons ``backend`` cannot take a job for ``model`` right now (``confirm``: ``BackendLoad.resident``'s)."""
     reasons = []
     if not backend.healthy:
         reasons.append(REASONS["unhealthy"])
@@ -106,14 +105,10 @@ def live_rejections(backend: Backend, load: BackendLoad, model: str, now: float)
         reasons.append(REASONS["capacity"])
         if load.held:
             reasons.append(REASONS["held"])
-    room = fit(backend, load, model, load.resident(backend, now))
+    room = fit(backend, load, model, load.resident(backend, now, confirm))
     if isinstance(room, str):
         reasons.append(room)
     return tuple(reasons)
-
-
-#: Seconds taken from a backend's score when it already failed this request, so a retry goes elsewhere if it can.
-RETRY_PENALTY = 1000.0
 
 
 def rejected_map(

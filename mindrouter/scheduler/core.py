@@ -65,8 +65,8 @@ class Scheduler(JobOutcomes, CoreReading, CoreRoster):
         self.speeds = Speeds()
         self._backends: dict[Hashable, Backend] = {}
         self._loads: dict[Hashable, BackendLoad] = {}
-        self.classes = Classes(self._backends, self._loads)
-        self.holds = Holds(self._loads, self.classes, settings.anticipation)
+        self.classes = Classes(self._backends, self._loads, settings)
+        self.holds = Holds(self._loads, self.classes, settings)
         self._class_pool: dict[ClassKey, Pool] = {}
         self.queues = Queues()
         self.ledger = Ledger(self.fair)

@@ -181,7 +181,7 @@ def estimate(
     time there divided by the jobs holding those slots. ``contested``: how many jobs with no other
     candidate it would hold up there (``Classes.contested``).
     """
-    resident = load.resident(backend, now)
+    resident = load.resident(backend, now, settings.load_confirm_seconds)
     evicts = fit(backend, load, model, resident)
     if isinstance(evicts, str):
         return None

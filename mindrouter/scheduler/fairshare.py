@@ -32,15 +32,7 @@ from .jobs import Job
 from .pools import Pool, PoolKey, Seat, UserState
 from .settings import SchedulerSettings
 
-__all__ = ["ANSWERS_AHEAD", "FairShare"]
-
-#: How many of its pool's slot answers a stream of a user with known answers is charged ahead
-#: of what it has produced: two keep VTC's bound (twice the largest request) in the answers-jump
-#: example, where one lets a user whose answers jump hold too many slots (gap 11,080 of 8,400).
-#: While a user's answers are unknown it is one, as far as its placement credit reaches: what is
-#: charged ahead is refunded when a short first answer ends, and more would lift it above users
-#: placed while it ran.
-ANSWERS_AHEAD = 2.0
+__all__ = ["FairShare"]
 
 
 class FairShare:
@@ -223,7 +215,7 @@ class FairShare:
         (``Pool.slot_answer``: a short history is not trusted with a slot that long
         answers keep busy), at most ``max_tokens``; while the user has no completed
         answer it is unknown: ``max_tokens``, else unbounded, and a stream is charged
-        one typical answer ahead of what it has produced (``ANSWERS_AHEAD`` slot
+        one typical answer ahead of what it has produced (``answers_ahead`` slot
         answers once known), so a user taking several slots at once moves by each of
         them, and one whose answers are long is charged as they are produced, not
         all at the start. A job that
@@ -239,7 +231,7 @@ class FairShare:
         usual = user.completion_ema
         slot = pool.slot_answer
         total = max(self.settings.default_completion_tokens if usual is None else usual, slot)
-        ahead = ANSWERS_AHEAD * slot if usual is not None else pool.answer
+        ahead = self.settings.answers_ahead * slot if usual is not None else pool.answer
         if not job.stream:
             return (total if max_tokens is None else min(total, float(max_tokens))), ahead
         if usual is None:
@@ -249,7 +241,7 @@ class FairShare:
         return total, ahead
 
     def learn_completion(self, user: UserState, completion_tokens: float) -> None:
-        alpha = 0.2
+        alpha = self.settings.completion_ema_alpha
         ema = user.completion_ema
         user.completion_ema = completion_tokens if ema is None else ema + alpha * (completion_tokens - ema)
 

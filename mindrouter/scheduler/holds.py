@@ -26,16 +26,9 @@ from dataclasses import dataclass
 from .backend import BackendLoad
 from .classes import Classes
 from .pools import Pool, PoolKey, Seat
+from .settings import SchedulerSettings
 
-__all__ = ["HOLD_PRICE", "THINK_ALPHA", "Hold", "Holds"]
-
-#: Weight of the newest gap in a seat's learned think time.
-THINK_ALPHA = 0.25
-#: The part of what a held slot would have delivered to the job it kept waiting that its holder is
-#: charged: the idle slot-time is a loss both bear, the holder by paying half, the other by waiting.
-#: Measured on ``think-time`` against the simulator's targets: 1 leaves the thinker 2.3 points under
-#: (3.8 over 90 minutes), 0 leaves it 5.5 points over (6.0); 0.5 is within 0.5 points at both lengths.
-HOLD_PRICE = 0.5
+__all__ = ["Hold", "Holds"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -53,10 +46,11 @@ class Hold:
 class Holds:
     """The slots held now: per seat, keyed by (user id, pool), one for each of its jobs that ended, oldest first."""
 
-    def __init__(self, loads: dict[Hashable, BackendLoad], classes: Classes, anticipation: float) -> None:
+    def __init__(self, loads: dict[Hashable, BackendLoad], classes: Classes, settings: SchedulerSettings) -> None:
         self._loads = loads
         self._classes = classes
-        self.anticipation = anticipation
+        self.settings = settings
+        self.anticipation = settings.anticipation
         self.held: dict[tuple[Hashable, PoolKey], list[Hold]] = {}
 
     def submitted(self, seat: Seat, pool: PoolKey, now: float, *, learn: bool) -> bool:
@@ -69,7 +63,8 @@ class Holds:
         """
         if learn and seat.ended is not None and self.anticipation:
             gap = min(now - seat.ended, 2 * self.anticipation)
-            seat.think = gap if seat.think is None else seat.think + THINK_ALPHA * (gap - seat.think)
+            alpha = self.settings.think_ema_alpha
+            seat.think = gap if seat.think is None else seat.think + alpha * (gap - seat.think)
             seat.ended = None
         key = (seat.user.id, pool)
         holds = self.held.get(key)
@@ -102,7 +97,7 @@ class Holds:
         """Give a held slot back, and charge its holder for the time held: the one place that does.
 
         Idling is not free (BFQ charges an idled queue for the time it kept the device): the holder
-        pays ``HOLD_PRICE`` of what the slot would have delivered meanwhile to the job it kept
+        pays ``hold_price`` of what the slot would have delivered meanwhile to the job it kept
         waiting. ``now`` None: the backend went away, and the slot with it.
         """
         load = self._loads.get(hold.backend_id)
@@ -114,7 +109,7 @@ class Holds:
             self._classes.load_changed(hold.backend_id)
         held = 0.0 if now is None else min(now, hold.until) - hold.start
         if held > 0 and hold.rate > 0:
-            hold.pool.charge(hold.seat, HOLD_PRICE * held * hold.rate)
+            hold.pool.charge(hold.seat, self.settings.hold_price * held * hold.rate)
 
     def _end(self, ends: Callable[[Hold], bool], now: float | None) -> list[Hold]:
         ended = []

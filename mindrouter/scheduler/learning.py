@@ -30,8 +30,6 @@ __all__ = ["Sample", "learn"]
 MAX_RATE = 1e6
 #: Bytes per second no load reaches (PCIe 6 x16 is about 1.2e11).
 MAX_LOAD_RATE = 1e12
-#: Prompts shorter than this say more about overhead than about prefill speed.
-MIN_PREFILL_TOKENS = 64
 
 
 @dataclass(frozen=True, slots=True)
@@ -82,7 +80,7 @@ def learn(load: BackendLoad, speeds: Speeds, job: Job, sample: Sample, settings:
         speed.observed = _ema(speed.observed, decode, alpha)
         speed.answers += 1
     prompt = sample.prompt_tokens
-    if prompt is not None and prompt >= MIN_PREFILL_TOKENS:
+    if prompt is not None and prompt >= settings.min_prefill_sample_tokens:
         prefill = _rate(prompt, prefill_s, MAX_RATE)
         if prefill is not None:
             speed.prefill = _ema(speed.prefill, prefill * slowdown, alpha)
