@@ -15,9 +15,8 @@ from rich.console import Console
 
 from mindrouter.cli.why import why_view
 from mindrouter.daemon.request.dispatcher import Dispatcher
-from mindrouter.scheduler import Backend, Job, Scheduler, SchedulerSettings
-from mindrouter.scheduler.constraints import REASONS
-from mindrouter.scheduler.holds import Holds
+from mindrouter.scheduler import REASONS, Backend, Job, Scheduler, SchedulerSettings
+from mindrouter.scheduler.fairness.holds import Holds
 from mindrouter.scheduler.records import DecisionRecord
 from mindrouter.simulate import Scenario, build, load_example, simulate
 

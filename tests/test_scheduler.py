@@ -246,7 +246,7 @@ def test_burst_credits_are_capped():
 
 
 def test_heavy_user_is_deprioritized_and_never_helped():
-    from mindrouter.scheduler.pools import Pool, Seat, UserState
+    from mindrouter.scheduler.fairness.pools import Pool, Seat, UserState
 
     pool = Pool(frozenset({1}), TOKENS)
     for factor in (0.1, 0.2, 0.5, 0.99, 1.0):

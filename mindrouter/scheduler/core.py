@@ -33,20 +33,21 @@ from __future__ import annotations
 import heapq
 from collections.abc import Hashable, Iterable
 
-from .backend import Backend, BackendLoad
-from .classes import Classes, Route
-from .constraints import ClassKey
-from .estimate import Speeds
-from .fairshare import FairShare
-from .holds import Holds
-from .jobs import Dispatch, Job, Modality, Rejection, numbers_refusal
-from .ledger import Ledger
-from .outcomes import JobOutcomes, class_key
-from .pools import Pool, Seat
-from .queues import Entry, Queues
+from .fairness.fairshare import FairShare
+from .fairness.holds import Holds
+from .fairness.ledger import Ledger
+from .fairness.pools import Pool, Seat
+from .fairness.priority import PriorityTerms
+from .fairness.queues import Entry, Queues
+from .jobs import ClassKey, Job, Modality, Rejection, class_key, numbers_refusal
+from .outcomes import JobOutcomes
+from .pooling import PoolKey
 from .reading import CoreReading
-from .records import DecisionRecord, PriorityTerms
+from .records import DecisionRecord, Dispatch
 from .roster import CoreRoster
+from .routing.backend import Backend, BackendLoad
+from .routing.classes import Classes, Route
+from .routing.estimate import Speeds
 from .settings import SchedulerSettings
 
 __all__ = ["Scheduler", "UnknownUser"]
@@ -74,7 +75,7 @@ class Scheduler(JobOutcomes, CoreReading, CoreRoster):
         self._deadlines: list[tuple[float, int, str]] = []
         self._excluded: dict[str, set[Hashable]] = {}
         self._attempts: dict[str, int] = {}
-        self._heavy_keyed: dict[frozenset, tuple[float, float]] = {}
+        self._heavy_keyed: dict[PoolKey, tuple[float, float]] = {}
         self._usage_backlog: dict[str, list[tuple[Hashable, float, float, float]]] = {}
         """Restored usage by model, as (user id, prompt tokens, completion tokens, at), until its pool exists."""
         self._unstartable: list[tuple[Job, Exception]] = []

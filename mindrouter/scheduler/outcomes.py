@@ -11,24 +11,19 @@ from __future__ import annotations
 import heapq
 from collections.abc import Hashable, Iterable
 
-from .backend import Backend, BackendLoad
-from .classes import Classes
-from .constraints import ClassKey
-from .estimate import Speeds, estimate
-from .fairshare import FairShare
-from .holds import Holds
-from .jobs import Expired, Job, Timings, token_count
-from .learning import Sample, learn
-from .ledger import Ledger, Running
-from .pools import Pool, Seat
-from .queues import Entry, Queues
+from .fairness.fairshare import FairShare
+from .fairness.holds import Holds
+from .fairness.ledger import Ledger, Running
+from .fairness.pools import Pool, Seat
+from .fairness.queues import Entry, Queues
+from .jobs import ClassKey, Expired, Job, Timings, class_key, token_count
+from .routing.backend import Backend, BackendLoad
+from .routing.classes import Classes
+from .routing.estimate import Speeds, estimate
+from .routing.learning import Sample, learn
 from .settings import SchedulerSettings
 
 __all__ = ["JobOutcomes"]
-
-
-def class_key(job: Job) -> ClassKey:
-    return (job.model, job.modality, job.json_mode)
 
 
 class JobOutcomes:

@@ -6,9 +6,12 @@ classes' candidate sets (``classes.py``) and the simulator's pools all group bac
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
+from collections.abc import Hashable, Iterable, Sequence
 
-__all__ = ["joined"]
+__all__ = ["PoolKey", "joined"]
+
+#: A pool is named by the backend ids that can serve its jobs.
+PoolKey = frozenset[Hashable]
 
 
 def joined(models: Sequence[Iterable[str]]) -> list[list[int]]:

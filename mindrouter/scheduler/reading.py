@@ -11,13 +11,12 @@ import dataclasses
 from collections.abc import Hashable, Iterable
 from typing import Any
 
-from .backend import Backend, BackendLoad
-from .fairshare import FairShare
-from .holds import Holds
-from .jobs import Job
-from .ledger import Running
-from .outcomes import class_key
-from .queues import Queues
+from .fairness.fairshare import FairShare
+from .fairness.holds import Holds
+from .fairness.ledger import Running
+from .fairness.queues import Queues
+from .jobs import Job, class_key
+from .routing.backend import Backend, BackendLoad
 from .settings import SchedulerSettings
 from .views import QueueStats, ShareSnapshot, UserShare, build_queue_stats, build_share
 

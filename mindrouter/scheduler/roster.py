@@ -10,11 +10,11 @@ from __future__ import annotations
 
 from collections.abc import Hashable, Iterable
 
-from .backend import Backend, BackendLoad
-from .classes import Classes
-from .fairshare import FairShare
-from .holds import Holds
-from .pools import Seat
+from .fairness.fairshare import FairShare
+from .fairness.holds import Holds
+from .fairness.pools import Seat
+from .routing.backend import Backend, BackendLoad
+from .routing.classes import Classes
 from .settings import check_weight
 
 __all__ = ["CoreRoster"]

@@ -13,8 +13,8 @@ from collections.abc import Hashable, Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from .fairness.pools import Pool, Seat, UserState
 from .jobs import Job
-from .pools import Pool, Seat, UserState
 
 __all__ = [
     "PoolShare",

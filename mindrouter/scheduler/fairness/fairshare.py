@@ -28,9 +28,10 @@ from __future__ import annotations
 import math
 from collections.abc import Hashable, Iterator
 
-from .jobs import Job
-from .pools import Pool, PoolKey, Seat, UserState
-from .settings import SchedulerSettings
+from ..jobs import Job
+from ..pooling import PoolKey
+from ..settings import SchedulerSettings
+from .pools import Pool, Seat, UserState
 
 __all__ = ["FairShare"]
 

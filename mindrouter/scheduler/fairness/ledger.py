@@ -32,8 +32,8 @@ import math
 from collections.abc import Hashable
 from dataclasses import dataclass
 
+from ..jobs import Job
 from .fairshare import FairShare
-from .jobs import Job
 from .pools import Pool, Seat
 
 __all__ = ["Ledger", "Running"]

@@ -17,13 +17,12 @@ import math
 from collections.abc import Hashable, Mapping
 from dataclasses import dataclass, field
 
+from ..jobs import ClassKey, Job, Rejection
+from ..pooling import PoolKey, joined
+from ..settings import SchedulerSettings
 from .backend import Backend, BackendLoad, ModelSpeed
-from .constraints import REASONS, ClassKey, fit, live_rejections, static_rejections
+from .constraints import REASONS, fit, live_rejections, static_rejections
 from .estimate import Estimate, Speeds, estimate
-from .jobs import Job, Rejection
-from .pooling import joined
-from .pools import PoolKey
-from .settings import SchedulerSettings
 
 __all__ = ["ClassInfo", "Classes", "Route"]
 

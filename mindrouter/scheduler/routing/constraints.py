@@ -10,20 +10,16 @@ from __future__ import annotations
 
 from collections.abc import Hashable, Mapping
 
+from ..jobs import ClassKey
 from .backend import Backend, BackendLoad
-from .jobs import Modality
 
 __all__ = [
     "REASONS",
-    "ClassKey",
     "fit",
     "live_rejections",
     "rejected_map",
     "static_rejections",
 ]
-
-#: (model, modality, json_mode): jobs of one class are interchangeable for routing.
-ClassKey = tuple[str, Modality, bool]
 
 #: Each rejection reason, as it appears in decision records.
 REASONS = {

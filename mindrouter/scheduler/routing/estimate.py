@@ -43,9 +43,9 @@ from __future__ import annotations
 from collections.abc import Hashable
 from dataclasses import dataclass, field
 
+from ..settings import SchedulerSettings, ScoreWeights
 from .backend import Backend, BackendLoad, ModelSpeed
 from .constraints import fit
-from .settings import SchedulerSettings, ScoreWeights
 
 __all__ = ["Estimate", "Speeds", "estimate", "load_seconds"]
 

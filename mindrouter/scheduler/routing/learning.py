@@ -19,10 +19,10 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
+from ..jobs import Job, Timings
+from ..settings import SchedulerSettings
 from .backend import BackendLoad, ModelSpeed
 from .estimate import Speeds
-from .jobs import Job, Timings
-from .settings import SchedulerSettings
 
 __all__ = ["Sample", "learn"]
 

@@ -44,13 +44,11 @@ from collections import deque
 from collections.abc import Hashable
 from dataclasses import dataclass, field
 
+from ..pooling import PoolKey
+from ..settings import SchedulerSettings
 from .priority import apply_factor, heavy_factor
-from .settings import SchedulerSettings
 
-__all__ = ["Pool", "PoolKey", "Seat", "UserState"]
-
-#: A pool is named by the backend ids that can serve its jobs.
-PoolKey = frozenset
+__all__ = ["Pool", "Seat", "UserState"]
 
 
 @dataclass(slots=True)

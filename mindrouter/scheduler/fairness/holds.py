@@ -23,10 +23,11 @@ from __future__ import annotations
 from collections.abc import Callable, Hashable
 from dataclasses import dataclass
 
-from .backend import BackendLoad
-from .classes import Classes
-from .pools import Pool, PoolKey, Seat
-from .settings import SchedulerSettings
+from ..pooling import PoolKey
+from ..routing.backend import BackendLoad
+from ..routing.classes import Classes
+from ..settings import SchedulerSettings
+from .pools import Pool, Seat
 
 __all__ = ["Hold", "Holds"]
 

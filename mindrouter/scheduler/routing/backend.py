@@ -12,7 +12,7 @@ from __future__ import annotations
 from collections.abc import Hashable, Mapping
 from dataclasses import dataclass, field
 
-from .jobs import Modality
+from ..jobs import Modality
 
 __all__ = ["ALL_MODALITIES", "Backend", "BackendLoad", "ModelSpeed"]
 
