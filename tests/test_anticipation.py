@@ -61,7 +61,7 @@ def a_learns_to_think(s: Scheduler, *, end: bool = True) -> None:
 
 
 def lag(s: Scheduler, user: str) -> float:
-    (pool,) = s.fair.pools.values()
+    (pool,) = s.turns.fair.pools.values()
     return pool.seats[user].lag
 
 
@@ -72,8 +72,8 @@ def test_the_slot_a_thinker_freed_waits_for_its_next_request():
     assert load is not None and (load.in_flight, load.held) == (1, 1)
     assert started(s, 3.0) == []  # b2 is queued, but the slot is a's for 0.1 s
     assert s.next_deadline() == pytest.approx(3.1)
-    assert REASONS["held"] in s.classes.get(("llama3", s.queues.jobs["b2"].modality, False)).closed["gpu"]
-    (pool,) = s.fair.pools.values()
+    assert REASONS["held"] in s.router.classes.get(("llama3", s.turns.queues.jobs["b2"].modality, False)).closed["gpu"]
+    (pool,) = s.turns.fair.pools.values()
     seat = pool.seats["a"]
     placed = min(seat.lag, seat.kept)  # where it stood when a2 ended: it sent again within the hold
     assert s.submit(job("a", "a3", 3.05, 100, 100), 3.05) is None
@@ -129,7 +129,8 @@ def test_a_user_with_a_long_think_time_never_holds_a_slot():
     records: list[DecisionRecord] = []
     for i in range(1, 8):
         t += 1.0
-        (running,) = s.ledger.jobs
+        ((started_job, _),) = s.running_jobs()
+        running = started_job.id
         if running.startswith("a"):
             assert s.complete(running, t, prompt_tokens=100, completion_tokens=100)
             records.extend(d.record for d in s.dispatch(t))
@@ -143,7 +144,7 @@ def test_a_user_with_a_long_think_time_never_holds_a_slot():
         load = s.load("gpu")
         assert load is not None and load.held == 0
     assert not any(r.slot_held for r in records)
-    (pool,) = s.fair.pools.values()
+    (pool,) = s.turns.fair.pools.values()
     assert pool.seats["a"].think == pytest.approx(0.2)  # 5 s gaps count as twice the hold at most
 
 

@@ -1,4 +1,12 @@
-"""The sans-I/O scheduling core: no asyncio, no sockets, no clock; time is passed in."""
+"""The sans-I/O scheduling core: no asyncio, no sockets, no clock; time is passed in.
+
+``Scheduler`` (``core.py``) is its one face: it owns the jobs' lives (where each
+runs, queue deadlines, retries) and composes two parts that never import each
+other: ``fairness/`` (``Turns``: whose job goes next, and what it is charged)
+and ``routing/`` (``Router``: where it runs, and what answers teach). Both use
+jobs (``jobs.py``), pools of contention (``pooling.py``) and the settings; the
+core hands back decisions (``records.py``) and frozen snapshots (``views.py``).
+"""
 
 from .core import Scheduler, UnknownUser
 from .fairness.fairshare import FairShare

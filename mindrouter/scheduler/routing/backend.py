@@ -57,6 +57,11 @@ class Backend:
     backend_waiting: int = 0
     """Requests waiting in the backend's own queue (from its metrics)."""
 
+    @property
+    def takes_work(self) -> bool:
+        """Healthy, enabled and not draining: it may be given new work."""
+        return self.healthy and self.enabled and not self.draining
+
 
 @dataclass(slots=True)
 class ModelSpeed:
@@ -104,10 +109,10 @@ class BackendLoad:
         (``SchedulerSettings.load_confirm_seconds``).
         """
         loaded = backend.loaded_models
-        if self.loading:
-            loaded = loaded | {m for m, ready in self.loading.items() if now < ready + confirm}
-        if self.evicted:
-            loaded = loaded - {m for m, at in self.evicted.items() if now < at + confirm}
+        if self.loading and (coming := {m for m, ready in self.loading.items() if now < ready + confirm}):
+            loaded = loaded | coming
+        if self.evicted and (going := {m for m, at in self.evicted.items() if now < at + confirm}):
+            loaded = loaded - going
         return loaded
 
     def polled(self, backend: Backend) -> None:

@@ -69,14 +69,16 @@ def fit(backend: Backend, load: BackendLoad, model: str, resident: frozenset[str
             free = min(free, backend.vram_total - held)
     room = backend.max_loaded
     evict: list[str] = []
-    # Ollama's findRunnerToUnload: idle runners by keep_alive (not reported: taken as equal), then model path
-    # (a digest; the name stands in), not the least recently used.
-    idle = sorted(m for m in resident if not load.model_in_flight.get(m) and m not in load.loading)
+    idle: list[str] | None = None  # sorted once a model must go: most calls evict nothing
     while True:
         short = need is not None and free is not None and need > free
         full = room is not None and len(resident) >= room
         if not (short or full):
             return tuple(evict)
+        if idle is None:
+            # Ollama's findRunnerToUnload: idle runners by keep_alive (not reported: taken as equal), then model
+            # path (a digest; the name stands in), not the least recently used.
+            idle = sorted(m for m in resident if not load.model_in_flight.get(m) and m not in load.loading)
         if not idle:
             return REASONS["memory"] if short else REASONS["loaded"]
         victim = idle.pop(0)

@@ -210,7 +210,9 @@ def estimate(
     t_prefill = prompt_tokens * slowdown / prefill
     t_decode = answer_tokens * slowdown / decode
     finish = start + t_prefill + t_decode
-    eviction = settings.eviction_price * sum(load_seconds(backend, load, m, settings) for m in evicts)
+    eviction = settings.eviction_price * (
+        sum(load_seconds(backend, load, m, settings) for m in evicts) if evicts else 0
+    )
     # Each stream already there runs slower while this one runs: about stream_slowdown of this job's time alone.
     delay = load.in_flight * settings.stream_slowdown * (t_prefill + t_decode) / slowdown
     scarcity = contested * (t_prefill + t_decode)
