@@ -1,39 +1,34 @@
-"""The scheduler: the one face of the core, composed of fairness and routing.
+"""The scheduler: the core's one face, composing fairness (``Turns``: whose job goes next, and its charge)
+and routing (``Router``: where it runs, and what its answer teaches), which never read each other's state.
 
-Two parts, each behind one object, neither reading the other's state
-(``STYLE.md``, "Who goes next, and where"): ``Turns`` (``fairness/``) says
-whose job goes next and charges it; ``Router`` (``routing/``) says where a job
-runs and learns from its answer. The job passes from one to the other here:
-``dispatch(now)`` repeatedly asks ``Turns`` for the best queued job whose class
-has an open backend, asks ``Router`` where it is expected to finish first,
-and starts it there, until nothing more can start. The caller performs the
-I/O, reports streamed tokens with ``progress`` and the end with ``complete``,
-``fail`` or ``cancel``; each end frees the slot in routing and settles the
-charge in fairness. ``Scheduler`` itself owns the jobs' lives: which run where,
-their queue deadlines and their retries.
+``dispatch(now)`` asks ``Turns`` for the best queued job whose class routing has open, asks ``Router``
+where it is expected to finish first, and starts it there, until nothing more can start. The caller
+performs the I/O, reports streamed tokens with ``progress`` and the end with ``complete``, ``fail`` or
+``cancel``: each end frees the slot in routing and settles the charge in fairness. ``Scheduler`` owns
+the jobs' lives: where each runs, their queue deadlines (``deadlines.py``) and retries (``retries.py``).
 
-Invariants (``check()``): a job is in exactly one of queued / running /
-finished; a backend's in-flight count equals the running jobs routed to it
-plus the slots held there, and never exceeds its ``max_concurrent``; every
-hold that fairness ends gives its slot back to routing (``_unhold``).
+Invariants (``check()``): a job is in exactly one of queued / running / finished; a backend's in-flight
+count equals the running jobs routed to it plus the slots held there, and never exceeds its
+``max_concurrent``; every hold that fairness ends gives its slot back to routing (``_unhold``).
 """
 
 from __future__ import annotations
 
-import heapq
 from collections.abc import Hashable, Iterable
 from dataclasses import dataclass
 from typing import Any
 
+from .deadlines import Deadlines
 from .fairness.holds import Hold
 from .fairness.ledger import Charge
 from .fairness.turns import Turns
 from .jobs import ClassKey, Expired, Job, Modality, Rejection, Timings, class_key, numbers_refusal, token_count
 from .records import DecisionRecord, Dispatch
+from .retries import Retries
 from .routing.backend import Backend, BackendLoad
 from .routing.router import Route, Router
-from .settings import SchedulerSettings, check_weight
-from .views import QueueStats, ShareSnapshot, UserShare
+from .settings import SchedulerSettings
+from .views import QueueStats, ShareSnapshot, UserShare, seed_snapshot
 
 __all__ = ["Scheduler", "UnknownUser"]
 
@@ -59,11 +54,8 @@ class Scheduler:
         self.turns = Turns(settings)
         self.router = Router(settings)
         self._running: dict[str, Running] = {}
-        self._deadlines: list[tuple[float, int, str]] = []
-        self._seq = 0
-        self._excluded: dict[str, set[Hashable]] = {}
-        """Backends that failed each job being retried; it goes back to one only when no other is live."""
-        self._attempts: dict[str, int] = {}
+        self._deadlines = Deadlines()
+        self._retries = Retries()
         self._unstartable: list[tuple[Job, Exception]] = []
 
     # -- users, groups and backends ----------------------------------------
@@ -85,15 +77,11 @@ class Scheduler:
             weight_override: the override, if any: its weight inside its group in group shares.
             group_weight: its group's weight, if known (group shares); defaults to ``weight``.
         """
-        check_weight(weight)
-        for value in (weight_override, group_weight):
-            if value is not None:
-                check_weight(value)
         self.turns.set_user(user_id, weight, name, group, weight_override, group_weight)
 
     def set_group(self, name: str, weight: float) -> None:
         """A group's weight changed: members without an override follow it, from now on."""
-        self.turns.set_group(name, check_weight(weight))
+        self.turns.set_group(name, weight)
 
     def remove_user(self, user_id: Hashable) -> None:
         """Forget a user that has nothing queued or running."""
@@ -124,8 +112,7 @@ class Scheduler:
     def add_usage(self, user_id: Hashable, prompt: float, completion: float, at: float, model: str) -> None:
         """Replay usage from before a restart (``at`` on the caller's clock) into ``model``'s pool.
 
-        Backends are usually not known yet at that point, so the usage waits until
-        the model's pool is first needed.
+        Backends are usually not known yet then, so the usage waits until the model's pool is first needed.
         """
         key = (model, Modality.CHAT, False)
         self.turns.add_usage(user_id, prompt, completion, at, key, self.router.pool_of(key))
@@ -142,8 +129,7 @@ class Scheduler:
         if refusal is not None:
             return refusal
         self._enqueue(job, now, front=False)
-        self._seq += 1
-        heapq.heappush(self._deadlines, (job.submitted_at + self.settings.queue_timeout, self._seq, job.id))
+        self._deadlines.add(job.submitted_at + self.settings.queue_timeout, job.id)
         return None
 
     def _enqueue(self, job: Job, now: float, *, front: bool) -> None:
@@ -168,14 +154,14 @@ class Scheduler:
             key, job = chosen
             try:
                 answer = turns.expected_answer(key, job)
-                routed = router.route(key, job, answer, self._excluded.get(job.id), queued[key], queued)
+                routed = router.route(key, job, answer, self._retries.excluded(job.id), queued[key], queued)
                 if routed is None or routed[0] is None:  # nothing open, or better to wait for a full one
                     blocked.add(key)
                     continue
                 out.append(self._start(key, job, routed, now))
             except Exception as exc:  # a value no check caught, or a bug: this job alone fails
                 self.turns.unqueue(job, now)
-                self._forget(job.id)
+                self._retries.forget(job.id)
                 self._unstartable.append((job, exc))
         return out
 
@@ -201,7 +187,7 @@ class Scheduler:
             static_rejected=router.static_rejected(key),
             live_rejected=live,
             terms=turn.terms,
-            attempt=self._attempts.get(job.id, 0) + 1,
+            attempt=self._retries.attempt(job.id),
             slot_held=router.held_since(backend_id, job.submitted_at),
         )
         self.turns.start(key, turn, now)
@@ -219,9 +205,8 @@ class Scheduler:
     def progress(self, job_id: str, now: float, *, completion_tokens: int) -> bool:
         """A running job has streamed ``completion_tokens`` so far (cumulative): charge what is new.
 
-        The charge runs one or two typical answers ahead of what has streamed (see
-        ``fairness/ledger.py``), so calling it every few dozen tokens is enough.
-        Returns False when the job is not running.
+        The charge runs one or two typical answers ahead of what has streamed (``fairness/ledger.py``), so
+        calling it every few dozen tokens is enough. Returns False when the job is not running.
         """
         running = self._running.get(job_id)
         if running is None:
@@ -260,18 +245,16 @@ class Scheduler:
         self.router.learn(bid, job, prompt_tokens, completion_tokens, latency, duration, timings)
         self.router.release(bid, job)
         self.turns.complete(running.charge, now, prompt_tokens, completion_tokens)
-        self._forget(job_id)
+        self._retries.forget(job_id)
         self._anticipate(running, now)
         return True
 
     def fail(self, job_id: str, now: float, *, retry: bool, prompt_tokens: int = 0, completion_tokens: int = 0) -> bool:
         """A running job failed on its backend.
 
-        With ``retry`` (the failure came before the first byte), the job goes back
-        to the front of its queue, keeping its place in time; it then waits for
-        another live backend rather than return to one that failed it, and goes
-        back to a failed one only when no other is live. Tokens already
-        delivered are charged.
+        With ``retry`` (the failure came before the first byte), the job goes back to the front of its
+        queue, keeping its place in time; it then waits for another live backend rather than return to one
+        that failed it, and goes back to a failed one only when no other is live. Tokens delivered are charged.
 
         Returns True when the job was queued again.
         """
@@ -282,11 +265,10 @@ class Scheduler:
         self.router.release(running.backend_id, job, failed=True)
         self.turns.end(running.charge, now, prompt_tokens, completion_tokens)
         if not retry or not self.turns.has_user(job.user_id):
-            self._forget(job_id)
+            self._retries.forget(job_id)
             self._anticipate(running, now)
             return False
-        self._excluded.setdefault(job_id, set()).add(running.backend_id)
-        self._attempts[job_id] = self._attempts.get(job_id, 0) + 1
+        self._retries.failed(job_id, running.backend_id)
         self._enqueue(job, now, front=True)
         return True
 
@@ -298,19 +280,15 @@ class Scheduler:
         job = self.turns.queued(job_id)
         if job is not None:
             self.turns.unqueue(job, now)
-            self._forget(job_id)
+            self._retries.forget(job_id)
             return True
         running = self._running.pop(job_id, None)
         if running is None:
             return False
         self.router.release(running.backend_id, running.job)
         self.turns.end(running.charge, now, prompt_tokens, completion_tokens)
-        self._forget(job_id)
+        self._retries.forget(job_id)
         return True
-
-    def _forget(self, job_id: str) -> None:
-        self._excluded.pop(job_id, None)
-        self._attempts.pop(job_id, None)
 
     def _anticipate(self, running: Running, now: float) -> None:
         """Hold the slot ``running`` freed for its seat's next job, when the seat has nothing queued,
@@ -332,25 +310,21 @@ class Scheduler:
         """Remove and return the jobs that have waited past ``queue_timeout``; end the holds past their time."""
         self._unhold(self.turns.expire_holds(now), now)
         out: list[Expired] = []
-        deadlines = self._deadlines
-        while deadlines and deadlines[0][0] <= now:
-            _, _, job_id = heapq.heappop(deadlines)
+        for job_id in self._deadlines.due(now):
             job = self.turns.queued(job_id)
             if job is not None:
                 self.turns.unqueue(job, now)
-                self._forget(job_id)
+                self._retries.forget(job_id)
                 out.append(Expired(job, now - job.submitted_at))
         return out
 
     def next_deadline(self) -> float | None:
         """When ``expire`` will next have something to do (a queue timeout, or a hold's end), if ever."""
-        deadlines = self._deadlines
-        while deadlines and self.turns.queued(deadlines[0][2]) is None:
-            heapq.heappop(deadlines)
+        queued = self._deadlines.next(self.is_queued)
         hold = self.turns.next_hold_deadline()
-        if not deadlines:
+        if queued is None:
             return hold
-        return deadlines[0][0] if hold is None else min(hold, deadlines[0][0])
+        return queued if hold is None else min(hold, queued)
 
     # -- reading: frozen values only ---------------------------------------
 
@@ -395,11 +369,7 @@ class Scheduler:
 
     def queue_position(self, job_id: str) -> tuple[int, int] | None:
         """(1-based place among its user's jobs of the same kind, jobs queued in all), or None."""
-        job = self.turns.queued(job_id)
-        if job is None:
-            return None
-        place = self.turns.queue_position(job)
-        return None if place is None else (place, self.turns.queued_count)
+        return self.turns.queue_position(job_id)
 
     def queued_jobs(self) -> Iterable[Job]:
         return self.turns.queued_jobs()
@@ -420,16 +390,7 @@ class Scheduler:
 
     def snapshot(self, now: float) -> dict[str, Any]:
         """Queue statistics and fair share in the seed's shape (``mr queue --json``)."""
-        share = self.share(now)
-        return {
-            "queue": self.queue_stats(now).to_dict(),
-            "fair_share": {
-                "total_users": len(share.users),
-                "global_recent_tokens": share.global_recent_tokens,
-                "global_recent_units": share.global_recent_units,
-                "user_stats": [u.to_dict() for u in share.users],
-            },
-        }
+        return seed_snapshot(self.queue_stats(now), self.share(now))
 
     def check(self) -> None:
         """Assert the invariants (for tests)."""

@@ -20,6 +20,7 @@ __all__ = [
     "ShareSnapshot",
     "UserShare",
     "normalized_shares",
+    "seed_snapshot",
 ]
 
 
@@ -201,3 +202,16 @@ def normalized_shares(
     group_share = {g: weight_of[g] / total for g in inner}
     by_user = {name: group_share[g] * (o or 1.0) / inner[g] for name, g, _, o in users}
     return by_user, {g: group_share.get(g, 0.0) for g in groups}
+
+
+def seed_snapshot(queue: QueueStats, share: ShareSnapshot) -> dict[str, Any]:
+    """Queue statistics and fair share in the seed's shape (``mr queue --json``)."""
+    return {
+        "queue": queue.to_dict(),
+        "fair_share": {
+            "total_users": len(share.users),
+            "global_recent_tokens": share.global_recent_tokens,
+            "global_recent_units": share.global_recent_units,
+            "user_stats": [u.to_dict() for u in share.users],
+        },
+    }

@@ -30,7 +30,7 @@ from collections.abc import Hashable, Iterator
 
 from ..jobs import Job
 from ..pooling import PoolKey
-from ..settings import SchedulerSettings
+from ..settings import SchedulerSettings, check_weight
 from .pools import Pool, Seat, UserState
 
 __all__ = ["FairShare"]
@@ -61,7 +61,13 @@ class FairShare:
         override: float | None = None,
         group_weight: float | None = None,
     ) -> tuple[UserState, list[Seat]]:
-        """Add or change a user; returns it and the seats whose priority needs a new key."""
+        """Add or change a user; returns it and the seats whose priority needs a new key.
+
+        Raises ValueError, changing nothing, when a weight is not a finite number above 0.
+        """
+        for value in (weight, override, group_weight):
+            if value is not None:
+                check_weight(value)
         user = self.users.get(uid)
         if user is None:
             user = self.users[uid] = UserState(uid, str(uid) if name is None else name, group, weight, override)
@@ -87,7 +93,7 @@ class FairShare:
 
     def set_group(self, name: str, weight: float) -> list[Seat]:
         """A group's weight changed: its members without an override follow, from now on."""
-        self.groups[name] = weight
+        self.groups[name] = weight = check_weight(weight)
         changed: list[Seat] = []
         for user in self.users.values():
             if user.group == name and user.override is None:
@@ -98,6 +104,17 @@ class FairShare:
             for pool in self.pools.values():
                 changed += self._reweigh_group(pool, name)
         return changed
+
+    def remove_user(self, uid: Hashable) -> None:
+        """Forget a user that has nothing queued or running, and its seats."""
+        user = self.users.get(uid)
+        if user is None:
+            return
+        if user.queued or user.running:
+            raise ValueError(f"user {user.name!r} still has jobs queued or running")
+        del self.users[uid]
+        for pool in self.pools.values():
+            pool.seats.pop(uid, None)
 
     def _group_weight(self, user: UserState) -> float:
         known = self.groups.get(user.group) if user.group is not None else None

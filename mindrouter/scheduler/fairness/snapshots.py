@@ -7,13 +7,13 @@ seats of a pool are shown from the same V.
 
 from __future__ import annotations
 
-from collections.abc import Hashable, Iterable, Mapping
+from collections.abc import Callable, Hashable, Iterable, Mapping
 
 from ..jobs import Job
 from ..views import PoolShare, QueueStats, SeatShare, ShareSnapshot, UserShare
 from .pools import Pool, Seat, UserState
 
-__all__ = ["build_queue_stats", "build_share"]
+__all__ = ["build_queue_stats", "build_share", "pending_usage"]
 
 
 def _backends(pool: Pool) -> tuple[str, ...]:
@@ -79,9 +79,12 @@ def build_share(
     window: float,
     burst: float,
     pending: Mapping[Hashable, tuple[float, float]],
-    *,
     with_pools: bool = True,
 ) -> ShareSnapshot:
+    """Every user's standing, per pool and in sum, and (``with_pools``) every pool.
+
+    ``pending``: per user, restored (tokens, service units) whose model no backend serves yet.
+    """
     pools = list(pools)
     users = list(users)
     references = {pool.key: pool.reference() for pool in pools}
@@ -128,3 +131,16 @@ def build_share(
             )
         )
     return ShareSnapshot(now, shares, window, total_recent, total_units, burst, tuple(rows), tuple(pool_rows))
+
+
+def pending_usage(
+    backlog: Iterable[list[tuple[Hashable, float, float, float]]], horizon: float, cost: Callable[[float, float], float]
+) -> dict[Hashable, tuple[float, float]]:
+    """Per user, restored (tokens, service units) since ``horizon`` that waits for its model's pool."""
+    pending: dict[Hashable, tuple[float, float]] = {}
+    for entries in backlog:
+        for uid, prompt, completion, at in entries:
+            if at >= horizon:
+                tokens, units = pending.get(uid, (0.0, 0.0))
+                pending[uid] = (tokens + prompt + completion, units + cost(prompt, completion))
+    return pending

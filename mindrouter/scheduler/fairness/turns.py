@@ -7,28 +7,14 @@ chose a backend (``prepare``, ``start``), and reports how a running job ends
 (``progress``, ``complete``, ``end``). ``Turns`` knows no backend beyond the id
 a hold names: slots are routing's, and every hold that ends is handed back.
 
-Theory of operation. Jobs wait in FIFO queues per user and job class
-(``queues.py``); a class lies in one pool of contention (``pools.py``:
-backends joined by shared models), where the user has one seat with one lag,
-whichever of the pool's classes its jobs are in. For every class there is a
-heap of queue heads keyed by
-
-    key = wait_rate * submitted_at - (V + priority(seat, V))
-
-which is ``-lag`` plus a constant for plain seats, so it orders heads exactly
-as the seed's priority plus ``wait_rate * waited`` does at any instant, yet
-never changes as time passes. A key changes only when its seat is charged or
-placed, or (for the at most one heavy seat of a pool) when V or the weight
-moves; then the seat's heads are pushed again and stale entries are dropped
-lazily. Heads of different classes are compared by ``key + V`` of their own
-pool (the same V for classes whose candidates overlap, so there they compare
-by lag alone: weighted max-min across the pool), so choosing costs O(log n) in
-queued jobs, plus a constant per class.
+Queued jobs are ordered by ``order.py`` (the theory of operation is there);
+seats, pools and charges are ``fairshare.py``'s, ``pools.py``'s and
+``ledger.py``'s, and held slots ``holds.py``'s.
 
 Invariants (``check()``): a queued job is in one queue and counts once in its
-seat's and its user's ``queued``; every queued job's class has its pool here
-(``regroup`` seats them all again when pools change); a seat's heads are
-pushed again whenever its priority changes (``Pool.touch``, then ``_rekey``).
+seat's and its user's ``queued``; every queued job's class has its pool
+(``regroup`` seats them all again when pools change); whatever moves a seat
+re-keys it (``Order.rekey``) before control returns to the facade.
 """
 
 from __future__ import annotations
@@ -43,10 +29,11 @@ from ..views import QueueStats, ShareSnapshot
 from .fairshare import FairShare
 from .holds import Hold, Holds
 from .ledger import Charge, Ledger
+from .order import Order
 from .pools import Pool, Seat
 from .priority import PriorityTerms
-from .queues import Entry, Queues
-from .snapshots import build_queue_stats, build_share
+from .queues import Queues
+from .snapshots import build_queue_stats, build_share, pending_usage
 
 __all__ = ["Turn", "Turns"]
 
@@ -76,8 +63,7 @@ class Turns:
         self.queues = Queues()
         self.ledger = Ledger(self.fair)
         self.holds = Holds(settings)
-        self._class_pool: dict[ClassKey, Pool] = {}
-        self._heavy_keyed: dict[PoolKey, tuple[float, float]] = {}
+        self.order = Order(self.queues, self.fair.pools, settings.wait_bonus_per_second)
         self._usage_backlog: dict[str, list[tuple[Hashable, float, float, float]]] = {}
         """Restored usage by model, as (user id, prompt tokens, completion tokens, at), until its pool exists."""
         self._wait_rate = settings.wait_bonus_per_second
@@ -94,20 +80,13 @@ class Turns:
         group_weight: float | None,
     ) -> None:
         _, changed = self.fair.set_user(user_id, weight, name, group, override, group_weight)
-        self._rekey_seats(changed)
+        self.order.rekey_seats(changed)
 
     def set_group(self, name: str, weight: float) -> None:
-        self._rekey_seats(self.fair.set_group(name, weight))
+        self.order.rekey_seats(self.fair.set_group(name, weight))
 
     def remove_user(self, user_id: Hashable) -> None:
-        user = self.fair.users.get(user_id)
-        if user is None:
-            return
-        if user.queued or user.running:
-            raise ValueError(f"user {user.name!r} still has jobs queued or running")
-        del self.fair.users[user_id]
-        for pool in self.fair.pools.values():
-            pool.seats.pop(user_id, None)
+        self.fair.remove_user(user_id)
 
     def has_user(self, user_id: Hashable) -> bool:
         return user_id in self.fair.users
@@ -116,20 +95,21 @@ class Turns:
 
     def _seat_class(self, key: ClassKey, pool_key: PoolKey) -> Pool:
         """The pool class ``key``'s jobs contend in (``pool_key``, routing's answer); restored usage joins it."""
-        pool = self._class_pool.get(key)
+        pool = self.order.assigned(key)
         if pool is None:
-            pool = self._class_pool[key] = self.fair.pool(pool_key)
+            pool = self.fair.pool(pool_key)
+            self.order.assign(key, pool)
             for uid, prompt, completion, at in self._usage_backlog.pop(key[0], ()) if pool.key else ():
                 self.fair.add_usage(uid, prompt, completion, at, pool.key)
         return pool
 
     def queued_classes(self) -> list[ClassKey]:
         """The classes of the queued jobs, in the order their first job was queued."""
-        return list(dict.fromkeys(class_key(job) for job in self.queues.jobs.values()))
+        return self.order.queued_classes()
 
     def regroup(self, pools: Mapping[ClassKey, PoolKey]) -> None:
         """Pools changed (what backends serve did): seat every queued job in its class's pool (``pools``) again."""
-        self._class_pool.clear()
+        self.order.forget_pools()
         if not self.queues.jobs:
             return
         seats: list[tuple[Pool, Seat]] = []
@@ -151,7 +131,7 @@ class Turns:
         for pool, seat in seats:
             self.fair.activity(pool, seat)
             pool.touch(seat)
-            self._rekey(pool, seat)
+            self.order.rekey(pool, seat)
 
     def add_usage(
         self, user_id: Hashable, prompt: float, completion: float, at: float, key: ClassKey, pool: PoolKey
@@ -205,15 +185,15 @@ class Turns:
         seat.queued += 1
         user.queued += 1
         if entering:
-            self._rekey_seats(self.fair.activity(pool, seat))
+            self.order.rekey_seats(self.fair.activity(pool, seat))
         if entering or head or ended is not None:
             pool.touch(seat)
-            self._rekey(pool, seat)
+            self.order.rekey(pool, seat)
         return ended
 
     def unqueue(self, job: Job, now: float) -> None:
         key = class_key(job)
-        pool = self._class_pool[key]
+        pool = self.order.pool(key)
         seat = pool.seats[job.user_id]
         self.queues.remove(job, key)
         seat.queued -= 1
@@ -222,56 +202,9 @@ class Turns:
             pool.queue_emptied(seat)
         if not self.queues.jobs:
             self.fair.queue_became_empty(now)
-        self._rekey_seats(self.fair.activity(pool, seat))
+        self.order.rekey_seats(self.fair.activity(pool, seat))
         pool.touch(seat)
-        self._rekey(pool, seat)
-
-    def _rekey(self, pool: Pool, seat: Seat) -> None:
-        """Push ``seat``'s current heads with its current priority (older entries go stale)."""
-        uid = seat.user.id
-        queues = self.queues.classes_of(uid)
-        if not queues:
-            return
-        if seat.factor == 1.0:
-            base = seat.lag
-        else:
-            ref = pool.reference()
-            base = ref + pool.priority(seat, ref)
-        rate = self._wait_rate
-        class_pool = self._class_pool
-        for key, queue in queues.items():
-            if class_pool[key] is pool:
-                self.queues.push(key, rate * queue[0].submitted_at - base, uid, seat.version, self._valid)
-
-    def _rekey_seats(self, seats: Iterable[Seat]) -> None:
-        for seat in seats:
-            for pool in self.fair.pools.values():
-                if pool.seats.get(seat.user.id) is seat:
-                    self._rekey(pool, seat)
-                    break
-
-    def _rank(self, key: ClassKey, entry: Entry) -> tuple[float, int]:
-        """Where a queue head stands among all heads: lowest is served first."""
-        return entry[0] + self._class_pool[key].reference(), entry[1]
-
-    def _valid(self, entry: Entry, key: ClassKey) -> bool:
-        seat = self._class_pool[key].seats.get(entry[2])
-        return seat is not None and seat.version == entry[3] and self.queues.has_queue(entry[2], key)
-
-    def _rekey_heavy(self) -> None:
-        """A heavy seat's key is measured from V: push it again when V or the credit moved."""
-        for pool in self.fair.pools.values():
-            if not pool.heavy:
-                continue
-            mark = (pool.reference(), pool.credit())
-            if self._heavy_keyed.get(pool.key) == mark:
-                continue
-            self._heavy_keyed[pool.key] = mark
-            for uid in pool.heavy:
-                seat = pool.seats.get(uid)
-                if seat is not None and seat.queued:
-                    pool.touch(seat)
-                    self._rekey(pool, seat)
+        self.order.rekey(pool, seat)
 
     # -- choosing and starting ---------------------------------------------
 
@@ -279,36 +212,20 @@ class Turns:
         """Before choosing: end the holds past their time (returned), charge whole answers what the clock says
         they produced, age usage and re-rate heavy seats."""
         ended = self.expire_holds(now)
+        rekey = self.order.rekey
         for moved in self.ledger.tick(now):
-            self._rekey(moved.pool, moved.seat)
+            rekey(moved.pool, moved.seat)
         for pool in self.fair.pools.values():
             for seat in pool.refresh(now):
-                self._rekey(pool, seat)
+                rekey(pool, seat)
             if pool.maybe_shift():
                 for seat in pool.seats.values():
-                    self._rekey(pool, seat)
+                    rekey(pool, seat)
         return ended
 
     def next(self, blocked: Container[ClassKey], is_open: Callable[[ClassKey], bool]) -> tuple[ClassKey, Job] | None:
         """The queued job to start next: the best head of a class not ``blocked`` that ``is_open``, if any."""
-        if not self.queues.jobs:
-            return None
-        self._rekey_heavy()
-        best: tuple[float, int] | None = None
-        best_entry: Entry | None = None
-        best_key: ClassKey | None = None
-        for key in self.queues.live_classes():
-            if key in blocked or not is_open(key):
-                continue
-            entry = self.queues.top(key, self._valid)
-            if entry is None:
-                continue
-            rank = self._rank(key, entry)
-            if best is None or rank < best:
-                best, best_entry, best_key = rank, entry, key
-        if best_entry is None or best_key is None:
-            return None
-        return best_key, self.queues.head(best_entry[2], best_key)
+        return self.order.best(blocked, is_open) if self.queues.jobs else None
 
     @property
     def queued_per_class(self) -> Mapping[ClassKey, int]:
@@ -319,7 +236,7 @@ class Turns:
         if job.modality is Modality.EMBEDDINGS:
             return 0.0
         usual = self.fair.users[job.user_id].completion_ema
-        answer = self._class_pool[key].answer if usual is None else usual
+        answer = self.order.pool(key).answer if usual is None else usual
         return answer if job.max_tokens is None else min(answer, float(job.max_tokens))
 
     def prepare(self, key: ClassKey, job: Job, now: float, rate: float | None) -> Turn:
@@ -328,7 +245,7 @@ class Turns:
         ``rate``: completion tokens a second one stream of the chosen (backend, model) was seen to get.
         """
         user = self.fair.users[job.user_id]
-        pool = self._class_pool[key]
+        pool = self.order.pool(key)
         seat = pool.seats[user.id]
         reference = pool.reference()
         wait_bonus = self._wait_rate * (now - job.submitted_at)
@@ -358,14 +275,14 @@ class Turns:
         self.ledger.start(charge)
         if not seat.queued:
             pool.queue_emptied(seat)
-        self._rekey_seats(self.fair.activity(pool, seat))
-        self._rekey(pool, seat)
+        self.order.rekey_seats(self.fair.activity(pool, seat))
+        self.order.rekey(pool, seat)
 
     # -- running jobs ------------------------------------------------------
 
     def progress(self, charge: Charge, completion_tokens: int) -> None:
         if self.ledger.progress(charge, completion_tokens):
-            self._rekey(charge.pool, charge.seat)
+            self.order.rekey(charge.pool, charge.seat)
 
     def complete(self, charge: Charge, now: float, prompt_tokens: int | None, completion_tokens: int | None) -> None:
         """The job finished with the backend's counts (None: not reported); without counts, what was charged stands."""
@@ -389,8 +306,8 @@ class Turns:
         seat.ended = now
         if not seat.queued:
             seat.kept = pool.returning(seat)
-        self._rekey_seats(self.fair.activity(pool, seat))
-        self._rekey(pool, seat)
+        self.order.rekey_seats(self.fair.activity(pool, seat))
+        self.order.rekey(pool, seat)
 
     # -- holds -------------------------------------------------------------
 
@@ -405,22 +322,10 @@ class Turns:
         """
         pool, seat = charge.pool, charge.seat
         mine = self._wait_rate * now - pool.priority(seat, pool.reference(), seat.kept)
-        first: tuple[float, ClassKey, Entry] | None = None
-        for key in classes:
-            if not self.queues.counts.get(key):
-                continue
-            entry = self.queues.top(key, self._valid)
-            if entry is None:
-                continue
-            rank = self._rank(key, entry)[0]
-            if rank <= mine:
-                return None
-            if first is None or rank < first[0]:
-                first = (rank, key, entry)
+        first = self.order.first_behind(mine, classes)
         if first is None:  # with nobody queued who could take it, the slot stays free for whoever comes first
             return None
-        _, key, entry = first
-        job = self.queues.head(entry[2], key)
+        key, job = first
         return job, self.expected_answer(key, job)
 
     def hold(self, charge: Charge, backend_id: Hashable, now: float, rival: Job, answer: float, busy: float) -> None:
@@ -433,7 +338,7 @@ class Turns:
         """End the holds past their time; their holders, charged for them, are queued at their new place."""
         ended = self.holds.expire(now)
         for hold in ended:
-            self._rekey(hold.pool, hold.seat)
+            self.order.rekey(hold.pool, hold.seat)
         return ended
 
     def drop_holds(self, backend_id: Hashable) -> list[Hold]:
@@ -458,9 +363,11 @@ class Turns:
     def queued_jobs(self) -> Iterable[Job]:
         return self.queues.jobs.values()
 
-    def queue_position(self, job: Job) -> int | None:
-        """1-based place among its user's queued jobs of the same class."""
-        return self.queues.position(job, class_key(job))
+    def queue_position(self, job_id: str) -> tuple[int, int] | None:
+        """(1-based place among its user's queued jobs of the same class, jobs queued in all), or None."""
+        job = self.queues.jobs.get(job_id)
+        place = None if job is None else self.queues.position(job, class_key(job))
+        return None if place is None else (place, len(self.queues.jobs))
 
     @property
     def heavy(self) -> frozenset[Hashable]:
@@ -469,23 +376,10 @@ class Turns:
     def share(self, now: float, user_ids: Iterable[Hashable] | None = None) -> ShareSnapshot:
         fair, settings = self.fair, self.settings
         users = fair.users.values() if user_ids is None else [fair.users[u] for u in user_ids]
-        horizon = now - settings.fairness_window
-        pending: dict[Hashable, tuple[float, float]] = {}  # restored (tokens, units) whose model no backend named yet
-        for entries in self._usage_backlog.values():
-            for uid, prompt, completion, at in entries:
-                if at >= horizon:
-                    tokens, units = pending.get(uid, (0.0, 0.0))
-                    pending[uid] = (tokens + prompt + completion, units + settings.cost(prompt, completion))
-        return build_share(
-            users,
-            fair.pools.values(),
-            now,
-            settings.shares,
-            settings.fairness_window,
-            fair.current_burst(now),
-            pending,
-            with_pools=user_ids is None,
-        )
+        window = settings.fairness_window
+        pending = pending_usage(self._usage_backlog.values(), now - window, settings.cost)
+        burst = fair.current_burst(now)
+        return build_share(users, fair.pools.values(), now, settings.shares, window, burst, pending, user_ids is None)
 
     def queue_stats(self, now: float, running: int) -> QueueStats:
         return build_queue_stats(self.queues.jobs.values(), running, self.fair.users, now)
@@ -499,4 +393,4 @@ class Turns:
             seated = sum(p.seats[user.id].queued for p in self.fair.pools.values() if user.id in p.seats)
             assert seated == user.queued, (user, seated)
         for job in self.queues.jobs.values():
-            assert class_key(job) in self._class_pool, job
+            assert self.order.assigned(class_key(job)) is not None, job
