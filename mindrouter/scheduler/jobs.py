@@ -4,6 +4,10 @@ Jobs are frozen: what a client asked for never changes. Everything the core
 decides about a job (when it was dispatched, where, how it ended) is returned
 as a new value, so the I/O shell acts on decisions and never on shared state
 (a dispatch, with its decision record, is in ``records.py``).
+
+Invariants: a job never changes, so neither does its class (``class_key``);
+every token count the core takes from a job or a backend is an integer in
+``[0, TOKEN_LIMIT]`` (``numbers_refusal``, ``token_count``).
 """
 
 from __future__ import annotations

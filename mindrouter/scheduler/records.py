@@ -2,7 +2,11 @@
 
 A record is captured cheaply at decision time (tuples and shared references)
 and turned into the seed's JSON shape only when someone reads or stores it.
-Fields of the seed's shape are never renamed or removed; more may be added.
+
+Invariants: a record is built before its decision changes anything, and
+nothing it holds changes afterwards (what may, such as a class's closed
+backends, is copied); fields of the seed's shape are never renamed or
+removed, more may be added.
 """
 
 from __future__ import annotations

@@ -2,6 +2,13 @@
 
 Every constant the scheduler uses lives here, so the simulator, the tests and
 the daemon can all run the same core with different numbers.
+
+Invariants: each field's docstring is its documentation (config.example.toml
+and ``mr config show`` are written from it); the object never changes, and it
+refuses values the core cannot work with (the config file's reader and the
+simulator's refuse negative numbers before). The module-level numbers left in
+``scheduler/`` are limits of what is valid, not choices: ``TOKEN_LIMIT`` and
+the readings no hardware reaches (``routing/learning.py``).
 """
 
 from __future__ import annotations
@@ -151,6 +158,9 @@ Two keep VTC's bound (twice the largest request)
     """Weight of the newest sample in the latency and throughput averages."""
     min_prefill_sample_tokens: int = 64
     """Prompts shorter than this teach nothing about a backend's prefill rate: they say more about overhead."""
+    min_load_sample_seconds: float = 0.5
+    """A load a backend reports shorter than this teaches nothing about its load speed (Ollama reports a few
+    milliseconds of ``load_duration`` for a model already resident)."""
     group_weights: dict[str, float] = field(default_factory=lambda: dict(DEFAULT_GROUP_WEIGHTS))
     """Fallback weights by group name, used when a group has no weight of its own."""
     scores: ScoreWeights = field(default_factory=ScoreWeights)

@@ -2,9 +2,12 @@
 
 Nothing outside ``scheduler/`` touches a mutable ``UserState`` or ``Seat``; they
 read these values, built on demand by ``Scheduler.share(now)`` and
-``Scheduler.queue_stats(now)`` (``fairness/snapshots.py``). Deficits are shown
-in cost units relative to their pool's reference (0 = the most-owed waiting user; negative = served
-ahead), so the absolute zero the core may shift never shows.
+``Scheduler.queue_stats(now)`` (``fairness/snapshots.py``).
+
+Invariants: every value here is frozen and holds no reference into the core;
+deficits are shown in cost units relative to their pool's reference (0 = the
+most-owed waiting user; negative = served ahead), so the absolute zero the
+core may shift never shows.
 """
 
 from __future__ import annotations

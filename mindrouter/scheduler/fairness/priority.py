@@ -6,6 +6,9 @@ waiting. Lowering by a factor must not help a user whose priority is below
 zero, so ``apply_factor`` divides there. ``Pool`` (``pools.py``) applies the
 factor to heavy seats; ``seed_priority`` is the whole formula, for records and
 tests.
+
+Invariant: ``apply_factor(base, factor)`` is never above ``base`` for a factor
+in (0, 1]: deprioritization never helps a heavy user.
 """
 
 from __future__ import annotations

@@ -4,7 +4,10 @@
 telemetry; the shell replaces it whenever a probe reports something new.
 The counters the core itself owns (requests in flight, measured latency and
 throughput) live in ``BackendLoad`` inside the core and are never handed in.
-Unknown readings are ``None`` and never make a backend ineligible.
+
+Invariants: unknown readings are ``None`` and never make a backend
+ineligible; only the router moves a ``BackendLoad`` (``router.py``), and what
+leaves the core is a copy.
 """
 
 from __future__ import annotations

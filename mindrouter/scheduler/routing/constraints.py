@@ -4,6 +4,9 @@ Constraints that depend only on the backend and the kind of job (model, modality
 JSON mode) are *static*: they are evaluated once per job class and cached until a
 backend changes. The rest (health, drain, capacity, memory fit) are checked per
 decision. Which of the backends that pass is best is ``estimate.py``'s question.
+
+Invariant: every reason a backend is refused is one of ``REASONS``, in the
+words decision records show; busy models are never counted as free memory.
 """
 
 from __future__ import annotations

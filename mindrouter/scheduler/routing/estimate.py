@@ -36,6 +36,10 @@ seed's ``SCHEDULER_SCORE_*`` settings weigh the terms against their defaults:
 ``high_throughput`` the decode, ``short_queue`` the slowdown per stream (and the scarcity) and
 ``low_utilization`` the slowdown from others' use of the GPU; at their
 defaults each weighs 1x, and 0 leaves a term out of the choice.
+
+Invariant: ``estimate`` is pure (it reads a backend, its load and the rates
+known, and changes none of them), so the router may ask it for a route and for
+the price of a hold alike (``Router.estimate``).
 """
 
 from __future__ import annotations
