@@ -46,17 +46,11 @@ class Order:
         """Every pool (``FairShare.pools``): where a seat that moved, or a heavy seat, is found."""
         self._wait_rate = wait_rate
         self._class_pool: dict[ClassKey, Pool] = {}
+        self.pools: Mapping[ClassKey, Pool] = self._class_pool
+        """The pool each class contends in (every queued job's class is here); read-only."""
         self._heavy_keyed: dict[PoolKey, tuple[float, float]] = {}
 
     # -- classes and their pools -------------------------------------------
-
-    def assigned(self, key: ClassKey) -> Pool | None:
-        """The pool class ``key`` contends in, if assigned."""
-        return self._class_pool.get(key)
-
-    def pool(self, key: ClassKey) -> Pool:
-        """The pool of a queued job's class (every one is assigned)."""
-        return self._class_pool[key]
 
     def assign(self, key: ClassKey, pool: Pool) -> None:
         self._class_pool[key] = pool

@@ -95,7 +95,7 @@ class Turns:
 
     def _seat_class(self, key: ClassKey, pool_key: PoolKey) -> Pool:
         """The pool class ``key``'s jobs contend in (``pool_key``, routing's answer); restored usage joins it."""
-        pool = self.order.assigned(key)
+        pool = self.order.pools.get(key)
         if pool is None:
             pool = self.fair.pool(pool_key)
             self.order.assign(key, pool)
@@ -193,7 +193,7 @@ class Turns:
 
     def unqueue(self, job: Job, now: float) -> None:
         key = class_key(job)
-        pool = self.order.pool(key)
+        pool = self.order.pools[key]
         seat = pool.seats[job.user_id]
         self.queues.remove(job, key)
         seat.queued -= 1
@@ -236,7 +236,7 @@ class Turns:
         if job.modality is Modality.EMBEDDINGS:
             return 0.0
         usual = self.fair.users[job.user_id].completion_ema
-        answer = self.order.pool(key).answer if usual is None else usual
+        answer = self.order.pools[key].answer if usual is None else usual
         return answer if job.max_tokens is None else min(answer, float(job.max_tokens))
 
     def prepare(self, key: ClassKey, job: Job, now: float, rate: float | None) -> Turn:
@@ -245,7 +245,7 @@ class Turns:
         ``rate``: completion tokens a second one stream of the chosen (backend, model) was seen to get.
         """
         user = self.fair.users[job.user_id]
-        pool = self.order.pool(key)
+        pool = self.order.pools[key]
         seat = pool.seats[user.id]
         reference = pool.reference()
         wait_bonus = self._wait_rate * (now - job.submitted_at)
@@ -323,7 +323,7 @@ class Turns:
         pool, seat = charge.pool, charge.seat
         mine = self._wait_rate * now - pool.priority(seat, pool.reference(), seat.kept)
         first = self.order.first_behind(mine, classes)
-        if first is None:  # with nobody queued who could take it, the slot stays free for whoever comes first
+        if first is None:  # someone there is owed more, or nobody could take it: the slot stays free
             return None
         key, job = first
         return job, self.expected_answer(key, job)
@@ -393,4 +393,4 @@ class Turns:
             seated = sum(p.seats[user.id].queued for p in self.fair.pools.values() if user.id in p.seats)
             assert seated == user.queued, (user, seated)
         for job in self.queues.jobs.values():
-            assert self.order.assigned(class_key(job)) is not None, job
+            assert self.order.pools.get(class_key(job)) is not None, job
