@@ -106,6 +106,15 @@ def test_a_hold_expires_after_anticipation_and_charges_its_holder():
     assert s.next_deadline() == pytest.approx(300.0)  # b3's queue timeout: no hold is left
 
 
+def test_the_price_of_a_hold_is_a_setting():
+    """Issue 29: ``hold_price`` (a constant before) sets what the holder pays: all of it at 1."""
+    s = core(dataclasses.replace(SETTINGS, hold_price=1.0))
+    a_learns_to_think(s)
+    before = lag(s, "a")
+    assert s.expire(3.1) == []
+    assert before - lag(s, "a") == pytest.approx(0.1 * B_RATE, rel=1e-9)  # 84.17 units
+
+
 def test_a_hold_ends_when_its_backend_is_drained():
     s = core()
     a_learns_to_think(s)
