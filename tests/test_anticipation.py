@@ -15,9 +15,8 @@ from rich.console import Console
 
 from mindrouter.cli.why import why_view
 from mindrouter.daemon.request.dispatcher import Dispatcher
-from mindrouter.scheduler import Backend, Job, Scheduler, SchedulerSettings
-from mindrouter.scheduler.constraints import REASONS
-from mindrouter.scheduler.holds import HOLD_PRICE, Holds
+from mindrouter.scheduler import REASONS, Backend, Job, Scheduler, SchedulerSettings
+from mindrouter.scheduler.fairness.holds import Holds
 from mindrouter.scheduler.records import DecisionRecord
 from mindrouter.simulate import Scenario, build, load_example, simulate
 
@@ -62,7 +61,7 @@ def a_learns_to_think(s: Scheduler, *, end: bool = True) -> None:
 
 
 def lag(s: Scheduler, user: str) -> float:
-    (pool,) = s.fair.pools.values()
+    (pool,) = s.turns.fair.pools.values()
     return pool.seats[user].lag
 
 
@@ -73,13 +72,13 @@ def test_the_slot_a_thinker_freed_waits_for_its_next_request():
     assert load is not None and (load.in_flight, load.held) == (1, 1)
     assert started(s, 3.0) == []  # b2 is queued, but the slot is a's for 0.1 s
     assert s.next_deadline() == pytest.approx(3.1)
-    assert REASONS["held"] in s.classes.get(("llama3", s.queues.jobs["b2"].modality, False)).closed["gpu"]
-    (pool,) = s.fair.pools.values()
+    assert REASONS["held"] in s.router.classes.get(("llama3", s.turns.queues.jobs["b2"].modality, False)).closed["gpu"]
+    (pool,) = s.turns.fair.pools.values()
     seat = pool.seats["a"]
     placed = min(seat.lag, seat.kept)  # where it stood when a2 ended: it sent again within the hold
     assert s.submit(job("a", "a3", 3.05, 100, 100), 3.05) is None
-    # it paid HOLD_PRICE of what the slot would have delivered to b2 in the 50 ms it was held: 21.04 units
-    assert placed - seat.lag == pytest.approx(HOLD_PRICE * 0.05 * B_RATE, rel=1e-9)
+    # it paid hold_price of what the slot would have delivered to b2 in the 50 ms it was held: 21.04 units
+    assert placed - seat.lag == pytest.approx(SETTINGS.hold_price * 0.05 * B_RATE, rel=1e-9)
     load = s.load("gpu")
     assert load is not None and (load.in_flight, load.held) == (0, 0)
     assert started(s, 3.05) == ["a3"]  # a is still owed: its job takes the slot held for it
@@ -98,13 +97,22 @@ def test_a_hold_expires_after_anticipation_and_charges_its_holder():
     before = lag(s, "a")
     assert started(s, 3.09) == []
     assert s.expire(3.1) == []
-    assert before - lag(s, "a") == pytest.approx(HOLD_PRICE * 0.1 * B_RATE, rel=1e-9)  # 42.08 units
+    assert before - lag(s, "a") == pytest.approx(SETTINGS.hold_price * 0.1 * B_RATE, rel=1e-9)  # 42.08 units
     (b2,) = s.dispatch(3.1)
     assert b2.job.id == "b2" and b2.record.to_dict()["slot_held"] is True
     console = Console(width=200, record=True)
     console.print(why_view(b2.record.to_dict(), {}))
     assert "waited 3.1s (a slot there was held briefly for a user about to send again)" in console.export_text()
     assert s.next_deadline() == pytest.approx(300.0)  # b3's queue timeout: no hold is left
+
+
+def test_the_price_of_a_hold_is_a_setting():
+    """Issue 29: ``hold_price`` (a constant before) sets what the holder pays: all of it at 1."""
+    s = core(dataclasses.replace(SETTINGS, hold_price=1.0))
+    a_learns_to_think(s)
+    before = lag(s, "a")
+    assert s.expire(3.1) == []
+    assert before - lag(s, "a") == pytest.approx(0.1 * B_RATE, rel=1e-9)  # 84.17 units
 
 
 def test_a_hold_ends_when_its_backend_is_drained():
@@ -130,7 +138,8 @@ def test_a_user_with_a_long_think_time_never_holds_a_slot():
     records: list[DecisionRecord] = []
     for i in range(1, 8):
         t += 1.0
-        (running,) = s.ledger.jobs
+        ((started_job, _),) = s.running_jobs()
+        running = started_job.id
         if running.startswith("a"):
             assert s.complete(running, t, prompt_tokens=100, completion_tokens=100)
             records.extend(d.record for d in s.dispatch(t))
@@ -144,7 +153,7 @@ def test_a_user_with_a_long_think_time_never_holds_a_slot():
         load = s.load("gpu")
         assert load is not None and load.held == 0
     assert not any(r.slot_held for r in records)
-    (pool,) = s.fair.pools.values()
+    (pool,) = s.turns.fair.pools.values()
     assert pool.seats["a"].think == pytest.approx(0.2)  # 5 s gaps count as twice the hold at most
 
 

@@ -80,3 +80,21 @@ def test_bad_environment_weight_is_refused():
 
 def test_missing_file_gives_defaults():
     assert load_config("/nonexistent/c.toml", environ={}).server == Config().server
+
+
+@pytest.mark.parametrize(
+    "text, words",
+    [
+        ("[scheduler]\nthink_ema_alpha = 0\n", "[scheduler] think_ema_alpha must be a number greater than 0 and at"),
+        ("[scheduler]\ntypical_ema_alpha = 1.5\n", "[scheduler] typical_ema_alpha must be a number greater than 0"),
+        ("[scheduler]\ntypical_clip = 0.5\n", "[scheduler] typical_clip must be a finite number of at least 1"),
+        ("[scheduler]\nhold_price = -1\n", "[scheduler] hold_price must be a finite number of at least 0"),
+    ],
+)
+def test_tuning_settings_out_of_range_are_refused(tmp_path, text, words):
+    """Issue 29: the constants that became settings are checked like the others."""
+    cfg = tmp_path / "c.toml"
+    cfg.write_text(text)
+    with pytest.raises(ConfigError) as info:
+        load_config(cfg, environ={})
+    assert words in str(info.value)

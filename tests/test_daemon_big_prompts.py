@@ -28,7 +28,7 @@ without one, 49.9% and 50.4%: the round trip is what empties small's queue
 while its requests run). Hence the tolerance, 7 points, which still fails
 the old line. Those figures are without ``anticipation``, which the test
 also runs with: the core then holds small's freed slot for that round trip
-(``scheduler/holds.py``), big gets 49.2%, and 51.0% with the old line put
+(``scheduler/fairness/holds.py``), big gets 49.2%, and 51.0% with the old line put
 back, since small's queue no longer looks empty between its requests.
 """
 

@@ -111,10 +111,10 @@ async def test_two_people_behind_one_front_end_get_their_own_fair_shares(daemon)
         while fake.running == 0:
             await asyncio.sleep(0.005)
         later = [asyncio.create_task(ask(alice, f"alice {i}")) for i in (1, 2)]
-        while sum(u.queued for u in daemon.scheduler.fair) < 2:
+        while daemon.scheduler.queued_count < 2:
             await asyncio.sleep(0.005)
         later.append(asyncio.create_task(ask(bob, "bob 0")))
-        while sum(u.queued for u in daemon.scheduler.fair) < 3:
+        while daemon.scheduler.queued_count < 3:
             await asyncio.sleep(0.005)
         assert fake.running == 1, "all three wait while alice's first holds the slot"
         fake.tokens_per_second = None

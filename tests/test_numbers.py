@@ -221,14 +221,14 @@ async def test_a_huge_number_behind_a_busy_slot_is_a_400_and_the_pool_keeps_serv
 def test_a_job_whose_start_raises_fails_alone_in_the_core():
     """Whatever makes one job's start raise (a bug, a value no check caught), the others go on."""
     s = busy_core()
-    real = s.fair.provisional_answer
+    real = s.turns.fair.provisional_answer
 
     def broken(user, pool, job):
         if job.id == "alice-1":
             raise OverflowError("int too large to convert to float")
         return real(user, pool, job)
 
-    s.fair.provisional_answer = broken  # type: ignore[method-assign]
+    s.turns.fair.provisional_answer = broken  # type: ignore[method-assign]
     assert s.submit(Job("alice-1", "alice", "llama3", 0.1, prompt_tokens=10), 0.1) is None
     assert s.submit(Job("bob-2", "bob", "llama3", 0.2, prompt_tokens=10), 0.2) is None
     assert s.complete("bob-1", 1.0, prompt_tokens=10, completion_tokens=8)
@@ -247,7 +247,7 @@ async def test_a_job_whose_start_raises_is_a_500_for_its_sender_alone(daemon):
         await daemon.backend("b1", fake.url, "ollama", max_concurrent=1)
         bob = {"Authorization": f"Bearer {await daemon.user('bob')}"}
         alice = {"Authorization": f"Bearer {await daemon.user('alice')}"}
-        fair = daemon.scheduler.fair
+        fair = daemon.scheduler.turns.fair
         real = fair.provisional_answer
 
         def broken(user, pool, job):

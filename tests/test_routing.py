@@ -81,7 +81,7 @@ def test_a_faster_gpu_with_a_stream_running_beats_an_idle_slow_one():
     assert parts["1"]["streams"] == 1 and parts["2"]["streams"] == 0
     assert parts["1"]["decode_rate"] == pytest.approx(95 / 1.2, rel=0.01)
     assert parts["2"]["decode_rate"] == pytest.approx(30, rel=0.01)
-    assert busy.id in s._running
+    assert s.is_running(busy.id)
 
 
 def test_rates_are_learned_per_backend_and_model():
@@ -131,7 +131,7 @@ def assert_no_room_beside_a_busy_coder(gpu: Backend) -> None:
     assert [d.job.id for d in s.dispatch(0)] == [c.id]
     s.submit(job("v", "llama3", 1), 1)
     assert s.dispatch(1) == []
-    assert REASONS["memory"] in s.classes.get(("llama3", Modality.CHAT, False)).closed[gpu.id]
+    assert REASONS["memory"] in s.router.classes.get(("llama3", Modality.CHAT, False)).closed[gpu.id]
 
 
 def test_a_load_the_core_triggered_counts_at_once():
@@ -197,7 +197,7 @@ def test_slots_are_per_loaded_model_where_the_engine_has_them():
     s.submit(e := job("v", "embed", 0.2, modality=Modality.EMBEDDINGS, max_tokens=None), 0.2)
     assert [d.job.id for d in s.dispatch(0.2)] == [e.id]
     assert s.load(1).model_in_flight == {"llama3": 2, "embed": 1}
-    assert REASONS["capacity"] in s.classes.get(("llama3", Modality.CHAT, False)).closed[1]
+    assert REASONS["capacity"] in s.router.classes.get(("llama3", Modality.CHAT, False)).closed[1]
     s.check()
 
 
@@ -210,7 +210,7 @@ def test_max_loaded_models_leaves_room_only_by_evicting_an_idle_one():
     assert len(s.dispatch(0)) == 2
     s.submit(job("v", "c", 1), 1)
     assert s.dispatch(1) == []
-    assert REASONS["loaded"] in s.classes.get(("c", Modality.CHAT, False)).closed[1]
+    assert REASONS["loaded"] in s.router.classes.get(("c", Modality.CHAT, False)).closed[1]
 
 
 def test_a_job_that_can_run_elsewhere_leaves_the_only_home_of_queued_work_its_model_place():
@@ -232,7 +232,7 @@ def test_a_job_that_can_run_elsewhere_leaves_the_only_home_of_queued_work_its_mo
     assert [d.backend_id for d in s.dispatch(4)] == [1]  # nothing needs the H100 alone yet: the faster GPU
     s.submit(seventy := job("v", "llama3:70b", 5), 5)
     assert s.dispatch(5) == []  # both places busy: the 70B waits for one to go idle
-    assert REASONS["loaded"] in s.classes.get(("llama3:70b", Modality.CHAT, False)).closed[1]
+    assert REASONS["loaded"] in s.router.classes.get(("llama3:70b", Modality.CHAT, False)).closed[1]
     s.submit(second := job("u", "llama3:8b", 6), 6)
     [d] = s.dispatch(6)
     assert d.job.id == second.id and d.backend_id == 2, d.record.to_dict()["score_components"]

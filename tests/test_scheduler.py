@@ -171,13 +171,13 @@ def busy_pool(s: Scheduler, answer: int = 1000) -> float:
 
 
 def typical_answer(s: Scheduler) -> float:
-    (pool,) = s.fair.pools.values()
+    (pool,) = s.turns.fair.pools.values()
     return pool.answer
 
 
 def slot_answer(s: Scheduler) -> float:
     """The answer the pool's slots are typically busy with: what a stream of a known user is charged ahead by."""
-    (pool,) = s.fair.pools.values()
+    (pool,) = s.turns.fair.pools.values()
     return pool.slot_answer
 
 
@@ -246,7 +246,7 @@ def test_burst_credits_are_capped():
 
 
 def test_heavy_user_is_deprioritized_and_never_helped():
-    from mindrouter.scheduler.pools import Pool, Seat, UserState
+    from mindrouter.scheduler.fairness.pools import Pool, Seat, UserState
 
     pool = Pool(frozenset({1}), TOKENS)
     for factor in (0.1, 0.2, 0.5, 0.99, 1.0):
@@ -328,7 +328,7 @@ def test_deficits_shift_together_and_keep_their_order():
     for t in range(1, 4):
         [d] = s.dispatch(t)
         s.complete(d.job.id, t, prompt_tokens=3000, completion_tokens=0)
-    [pool] = s.fair.pools.values()
+    [pool] = s.turns.fair.pools.values()
     before = {u: deficit(s, u, 3) for u in "ab"}
     shifts = pool.shifts
     assert pool.reference() < -1000
@@ -718,7 +718,7 @@ def test_a_weight_change_prices_again_what_was_charged_ahead_for_service_still_t
     s.progress(j.id, 1, completion_tokens=100)
     charged = s.user("a").inflight_charge
     assert charged == pytest.approx(100 + 300)  # its prompt and its 300-token answer, 200 of it still to come
-    (pool,) = s.fair.pools.values()
+    (pool,) = s.turns.fair.pools.values()
     before = pool.seats["a"].lag
     s.set_user("a", 2)
     # The 200 tokens to come cost 200 at weight 1 and 100 at weight 2: the lag moves up by 100, what was

@@ -1,14 +1,22 @@
-"""The sans-I/O scheduling core: no asyncio, no sockets, no clock; time is passed in."""
+"""The sans-I/O scheduling core: no asyncio, no sockets, no clock; time is passed in.
 
-from .backend import ALL_MODALITIES, Backend, BackendLoad
-from .constraints import REASONS
+``Scheduler`` (``core.py``) is its one face: it owns the jobs' lives (where each
+runs, queue deadlines, retries) and composes two parts that never import each
+other: ``fairness/`` (``Turns``: whose job goes next, and what it is charged)
+and ``routing/`` (``Router``: where it runs, and what answers teach). Both use
+jobs (``jobs.py``), pools of contention (``pooling.py``) and the settings; the
+core hands back decisions (``records.py``) and frozen snapshots (``views.py``).
+"""
+
 from .core import Scheduler, UnknownUser
-from .estimate import Estimate
-from .fairshare import FairShare
-from .jobs import TOKEN_LIMIT, Dispatch, Expired, Job, Modality, Outcome, Rejection, Timings
-from .pools import UserState
-from .priority import apply_factor, heavy_factor, seed_priority
-from .records import DecisionRecord, PriorityTerms
+from .fairness.fairshare import FairShare
+from .fairness.pools import UserState
+from .fairness.priority import PriorityTerms, apply_factor, heavy_factor, seed_priority
+from .jobs import TOKEN_LIMIT, Expired, Job, Modality, Outcome, Rejection, Timings
+from .records import DecisionRecord, Dispatch
+from .routing.backend import ALL_MODALITIES, Backend, BackendLoad
+from .routing.constraints import REASONS
+from .routing.estimate import Estimate
 from .settings import DEFAULT_GROUP_WEIGHTS, SHARES, SchedulerSettings, ScoreWeights, check_weight
 from .views import PoolShare, QueueStats, SeatShare, ShareSnapshot, UserShare, normalized_shares
 

@@ -1,53 +1,34 @@
-"""The scheduler: queues jobs, decides what runs where, and accounts for what ran.
+"""The scheduler: the core's one face, composing fairness (``Turns``: whose job goes next, and its charge)
+and routing (``Router``: where it runs, and what its answer teaches), which never read each other's state.
 
-Theory of operation. Jobs wait in FIFO queues per user and job class
-(``queues.py``); a class's candidate backends (``classes.py``) lie in one pool
-of contention (``pools.py``: backends joined by shared models), where the user
-has one seat with one lag, whichever of the pool's classes its jobs are in. For
-every class there is a heap of queue heads keyed by
+``dispatch(now)`` asks ``Turns`` for the best queued job whose class routing has open, asks ``Router``
+where it is expected to finish first, and starts it there, until nothing more can start. The caller
+performs the I/O, reports streamed tokens with ``progress`` and the end with ``complete``, ``fail`` or
+``cancel``: each end frees the slot in routing and settles the charge in fairness. ``Scheduler`` owns
+the jobs' lives: where each runs, their queue deadlines (``deadlines.py``) and retries (``retries.py``).
 
-    key = wait_rate * submitted_at - (V + priority(seat, V))
-
-which is ``-lag`` plus a constant for plain seats, so it orders heads exactly
-as the seed's priority plus ``wait_rate * waited`` does at any instant, yet
-never changes as time passes. A key changes only when its seat is charged or
-placed, or (for the at most one heavy seat of a pool) when V or the weight
-moves; then the seat's heads are pushed again and stale entries are dropped
-lazily. Heads of different classes are compared by ``key + V`` of their own
-pool (the same V for classes whose candidates overlap, so there they compare
-by lag alone: weighted max-min across the pool), so a decision costs O(log n)
-in queued jobs, plus a constant per class and per candidate backend.
-
-``dispatch(now)`` repeatedly takes the highest-priority head whose class has
-an open backend and routes it to the open backend where it is expected to
-finish first (``estimate.py``), until nothing more can start. The caller performs the I/O, reports streamed tokens
-with ``progress`` and the end with ``complete``, ``fail`` or ``cancel``.
-
-Invariants: a job is in exactly one of queued / running / finished; a backend's
-in-flight count equals the running jobs routed to it and never exceeds its
-``max_concurrent``; ``check()`` asserts these.
+Invariants (``check()``): a job is in exactly one of queued / running / finished; a backend's in-flight
+count equals the running jobs routed to it plus the slots held there, and never exceeds its
+``max_concurrent``; every hold that fairness ends gives its slot back to routing (``_unhold``).
 """
 
 from __future__ import annotations
 
-import heapq
 from collections.abc import Hashable, Iterable
+from dataclasses import dataclass
+from typing import Any
 
-from .backend import Backend, BackendLoad
-from .classes import Classes, Route
-from .constraints import ClassKey
-from .estimate import Speeds
-from .fairshare import FairShare
-from .holds import Holds
-from .jobs import Dispatch, Job, Modality, Rejection, numbers_refusal
-from .ledger import Ledger
-from .outcomes import JobOutcomes, class_key
-from .pools import Pool, Seat, UserState
-from .queues import Entry, Queues
-from .reading import CoreReading
-from .records import DecisionRecord, PriorityTerms
-from .roster import CoreRoster
+from .deadlines import Deadlines
+from .fairness.holds import Hold
+from .fairness.ledger import Charge
+from .fairness.turns import Turns
+from .jobs import ClassKey, Expired, Job, Modality, Rejection, Timings, class_key, numbers_refusal, token_count
+from .records import DecisionRecord, Dispatch
+from .retries import Retries
+from .routing.backend import Backend, BackendLoad
+from .routing.router import Route, Router
 from .settings import SchedulerSettings
+from .views import QueueStats, ShareSnapshot, UserShare, seed_snapshot
 
 __all__ = ["Scheduler", "UnknownUser"]
 
@@ -56,342 +37,374 @@ class UnknownUser(KeyError):
     """A job names a user the scheduler was never told about (call ``set_user`` first)."""
 
 
-class Scheduler(JobOutcomes, CoreReading, CoreRoster):
+@dataclass(slots=True)
+class Running:
+    """A job started on a backend: where it runs (routing's) and what it is charged (fairness's). Never changed."""
+
+    job: Job
+    backend_id: Hashable
+    charge: Charge
+
+
+class Scheduler:
     """Sans-I/O fair-share scheduler and router. Every method that depends on time takes ``now``."""
 
     def __init__(self, settings: SchedulerSettings | None = None) -> None:
         self.settings = settings = settings or SchedulerSettings()
-        self.fair = FairShare(settings)
-        self.speeds = Speeds()
-        self._backends: dict[Hashable, Backend] = {}
-        self._loads: dict[Hashable, BackendLoad] = {}
-        self.classes = Classes(self._backends, self._loads)
-        self.holds = Holds(self._loads, self.classes, settings.anticipation)
-        self._class_pool: dict[ClassKey, Pool] = {}
-        self.queues = Queues()
-        self.ledger = Ledger(self.fair)
-        self._running = self.ledger.jobs
-        self._deadlines: list[tuple[float, int, str]] = []
-        self._excluded: dict[str, set[Hashable]] = {}
-        self._attempts: dict[str, int] = {}
-        self._heavy_keyed: dict[frozenset, tuple[float, float]] = {}
-        self._usage_backlog: dict[str, list[tuple[Hashable, float, float, float]]] = {}
-        """Restored usage by model, as (user id, prompt tokens, completion tokens, at), until its pool exists."""
+        self.turns = Turns(settings)
+        self.router = Router(settings)
+        self._running: dict[str, Running] = {}
+        self._deadlines = Deadlines()
+        self._retries = Retries()
         self._unstartable: list[tuple[Job, Exception]] = []
-        self._seq = 0
-        self._wait_rate = settings.wait_bonus_per_second
 
-    # -- pools -------------------------------------------------------------
+    # -- users, groups and backends ----------------------------------------
 
-    def _classes_changed(self) -> None:
-        """Candidates changed, so pools may have: seat every queued job in its class's pool again."""
-        self.classes.clear()
-        self._class_pool.clear()
-        if not self.queues.jobs:
-            return
-        seats: list[tuple[Pool, Seat]] = []
-        for pool in self.fair.pools.values():
-            for seat in pool.seats.values():
-                if seat.queued:
-                    pool.queue_emptied(seat)
-                    seat.queued = 0
-                    seats.append((pool, seat))
-        for job in self.queues.jobs.values():
-            pool = self._pool(class_key(job))
-            seat, new = self.fair.seat(pool, self.fair.users[job.user_id])
-            if not seat.queued:
-                pool.place(seat, new)
-                seats.append((pool, seat))
-            seat.queued += 1
-        self.queues.clear_heads()
-        for pool, seat in seats:
-            self.fair.activity(pool, seat)
-            pool.touch(seat)
-            self._rekey(pool, seat)
+    def set_user(
+        self,
+        user_id: Hashable,
+        weight: float,
+        *,
+        name: str | None = None,
+        group: str | None = None,
+        weight_override: float | None = None,
+        group_weight: float | None = None,
+    ) -> None:
+        """Add a user or change its weight, name or group; a new weight applies from now on.
 
-    def _pool(self, key: ClassKey) -> Pool:
-        pool = self._class_pool.get(key)
-        if pool is None:
-            pool = self._class_pool[key] = self.fair.pool(self.classes.get(key).pool)
-            for uid, prompt, completion, at in self._usage_backlog.pop(key[0], ()) if pool.key else ():
-                self.fair.add_usage(uid, prompt, completion, at, pool.key)
-        return pool
+        Args:
+            weight: the user's own weight (its ``weight_override``, else its group's weight).
+            weight_override: the override, if any: its weight inside its group in group shares.
+            group_weight: its group's weight, if known (group shares); defaults to ``weight``.
+        """
+        self.turns.set_user(user_id, weight, name, group, weight_override, group_weight)
+
+    def set_group(self, name: str, weight: float) -> None:
+        """A group's weight changed: members without an override follow it, from now on."""
+        self.turns.set_group(name, weight)
+
+    def remove_user(self, user_id: Hashable) -> None:
+        """Forget a user that has nothing queued or running."""
+        self.turns.remove_user(user_id)
+
+    def set_backend(self, backend: Backend) -> None:
+        """Add a backend or replace what is known about it (configuration and telemetry)."""
+        if self.router.set_backend(backend):
+            self._regroup()
+        if not backend.takes_work:
+            self._unhold(self.turns.drop_holds(backend.id), None)
+
+    def remove_backend(self, backend_id: Hashable) -> None:
+        """Forget a backend; jobs running there still end through complete/fail/cancel."""
+        self._unhold(self.turns.drop_holds(backend_id), None)
+        if self.router.remove_backend(backend_id):
+            self._regroup()
+
+    def _regroup(self) -> None:
+        """What backends serve changed, so pools may have: seat every queued job in its class's pool again."""
+        self.turns.regroup({key: self.router.pool_of(key) for key in self.turns.queued_classes()})
+
+    def _unhold(self, holds: Iterable[Hold], now: float | None) -> None:
+        """Give the slots of holds fairness ended back to routing (``now`` None: their backend went away)."""
+        for hold in holds:
+            self.router.unhold(hold.backend_id, hold.model, hold.ended(now))
 
     def add_usage(self, user_id: Hashable, prompt: float, completion: float, at: float, model: str) -> None:
         """Replay usage from before a restart (``at`` on the caller's clock) into ``model``'s pool.
 
-        Backends are usually not known yet at that point, so the usage waits until
-        the model's pool is first needed.
+        Backends are usually not known yet then, so the usage waits until the model's pool is first needed.
         """
         key = (model, Modality.CHAT, False)
-        if self.classes.get(key).candidates:
-            self.fair.add_usage(user_id, prompt, completion, at, self._pool(key).key)
-        else:
-            self._usage_backlog.setdefault(model, []).append((user_id, prompt, completion, at))
+        self.turns.add_usage(user_id, prompt, completion, at, key, self.router.pool_of(key))
 
-    # -- submitting --------------------------------------------------------
+    # -- submitting and dispatching ----------------------------------------
 
     def submit(self, job: Job, now: float) -> Rejection | None:
         """Queue ``job``, or say why it cannot be queued (``Rejection`` with its HTTP status)."""
-        user = self.fair.users.get(job.user_id)
-        if user is None:
+        if not self.turns.has_user(job.user_id):
             raise UnknownUser(job.user_id)
-        if job.id in self.queues.jobs or job.id in self._running:
+        if self.turns.queued(job.id) is not None or job.id in self._running:
             raise ValueError(f"job {job.id!r} is already queued or running")
-        refusal = numbers_refusal(job) or self.classes.refusal(job)
-        if refusal is not None:
-            return refusal
-        refusal = self._queue_full(job, user)
+        refusal = numbers_refusal(job) or self.router.refusal(job)
+        if refusal is None and not self._starts_at_once(job):
+            refusal = self.turns.refusal(job)
         if refusal is not None:
             return refusal
         self._enqueue(job, now, front=False)
-        self._seq += 1
-        heapq.heappush(self._deadlines, (job.submitted_at + self.settings.queue_timeout, self._seq, job.id))
+        self._deadlines.add(job.submitted_at + self.settings.queue_timeout, job.id)
         return None
 
-    def _queue_full(self, job: Job, user: UserState) -> Rejection | None:
-        """The 429 for a job past a queue cap, or None.
-
-        The caps isolate: a user's and a proxy's own, then ``max_queued`` less a reserve that only the first
-        request of a user (and proxy) with nothing queued may take, so those who filled the queue are refused
-        and a newcomer is not; a job an idle backend can start at once is never refused.
-        """
-        settings, queues = self.settings, self.queues
+    def _starts_at_once(self, job: Job) -> bool:
+        """Nobody waits for the job's class and a backend has room: it leaves the queue in the next dispatch,
+        so no queue cap refuses it (issue 28: a full queue refused idle models too)."""
         key = class_key(job)
-        if not queues.counts.get(key) and self.classes.get(key).open:
-            return None  # nobody waits for its class and a backend has room: it leaves the queue at once
-        if user.queued >= settings.max_queued_per_user:
-            return Rejection(
-                job,
-                429,
-                "queue_full",
-                f"you already have {user.queued} requests queued, the most allowed; wait for some to finish",
-                retry_after=1.0,  # a slot frees within about one request's time; a client that honours it returns then
-            )
-        via = queues.via.get(job.via, 0) if job.via is not None else 0
-        if via >= settings.max_queued_per_proxy:
-            return Rejection(
-                job,
-                429,
-                "queue_full",
-                f"the front end you use already has {via} requests queued for its people, the most allowed; "
-                "send the request again in a few seconds",
-                retry_after=5.0,
-            )
-        queued = len(queues.jobs)
-        newcomer = not user.queued and not via
-        if queued >= settings.max_queued or (
-            not newcomer and queued >= settings.max_queued - int(settings.max_queued * settings.queue_reserve)
-        ):
-            return Rejection(
-                job,
-                429,
-                "queue_full",
-                f"the router already has {queued} requests queued, the most it holds; "
-                "send the request again in a few seconds",
-                retry_after=5.0,
-            )
-        return None
+        return not self.turns.queued_per_class.get(key) and self.router.has_open(key)
 
     def _enqueue(self, job: Job, now: float, *, front: bool) -> None:
-        if not self.queues.jobs:
-            self.fair.contention_started(now)
-        user = self.fair.users[job.user_id]
-        key = class_key(job)
-        pool = self._pool(key)
-        seat, new = self.fair.seat(pool, user)
-        entering = not seat.queued
-        if entering:  # credit banked while nothing was queued goes; a debt stays (pools.py)
-            pool.place(seat, new, as_ended=not front and self.holds.within(seat, now))
-        charged = self.holds.submitted(seat, pool.key, now, learn=entering and not front)  # after: the price stays
-        head = self.queues.add(job, key, front=front)
-        seat.queued += 1
-        user.queued += 1
-        if entering:
-            self._rekey_seats(self.fair.activity(pool, seat))
-        if entering or head or charged:
-            pool.touch(seat)
-            self._rekey(pool, seat)
-
-    def _rekey(self, pool: Pool, seat: Seat) -> None:
-        """Push ``seat``'s current heads with its current priority (older entries go stale)."""
-        uid = seat.user.id
-        queues = self.queues.classes_of(uid)
-        if not queues:
-            return
-        if seat.factor == 1.0:
-            base = seat.lag
-        else:
-            ref = pool.reference()
-            base = ref + pool.priority(seat, ref)
-        rate = self._wait_rate
-        for key, queue in queues.items():
-            if self._pool(key) is pool:
-                self.queues.push(key, rate * queue[0].submitted_at - base, uid, seat.version, self._valid)
-
-    def _rekey_seats(self, seats: Iterable[Seat]) -> None:
-        for seat in seats:
-            for pool in self.fair.pools.values():
-                if pool.seats.get(seat.user.id) is seat:
-                    self._rekey(pool, seat)
-                    break
-
-    def _rank(self, key: ClassKey, entry: Entry) -> tuple[float, int]:
-        """Where a queue head stands among all heads: lowest is served first."""
-        return entry[0] + self._pool(key).reference(), entry[1]
-
-    def _valid(self, entry: Entry, key: ClassKey) -> bool:
-        seat = self._pool(key).seats.get(entry[2])
-        return seat is not None and seat.version == entry[3] and self.queues.has_queue(entry[2], key)
-
-    # -- dispatching -------------------------------------------------------
+        hold = self.turns.enqueue(job, self.router.pool_of(class_key(job)), now, front=front)
+        if hold is not None:
+            self._unhold((hold,), now)
 
     def dispatch(self, now: float) -> list[Dispatch]:
         """Start every job that can start now, best first; return what to send where.
 
         Whole answers still running are first charged what the clock says they produced (``Ledger.tick``).
         """
-        self._end_holds(now)
-        for moved in self.ledger.tick(now):
-            self._rekey(moved.pool, moved.seat)
-        for pool in self.fair.pools.values():
-            for seat in pool.refresh(now):
-                self._rekey(pool, seat)
-            if pool.maybe_shift():
-                for seat in pool.seats.values():
-                    self._rekey(pool, seat)
-        self.classes.now = now
+        turns, router = self.turns, self.router
+        expired = turns.refresh(now)
+        if expired:
+            self._unhold(expired, now)
+        router.deciding(now)
+        queued = turns.queued_per_class
         out: list[Dispatch] = []
         blocked: set[ClassKey] = set()
-        while self.queues.jobs:
-            self._rekey_heavy()
-            best: tuple[float, int] | None = None
-            best_entry: Entry | None = None
-            best_key: ClassKey | None = None
-            for key in self.queues.live_classes():
-                if key in blocked or not self.classes.get(key).open:
-                    continue
-                entry = self.queues.top(key, self._valid)
-                if entry is None:
-                    continue
-                rank = self._rank(key, entry)
-                if best is None or rank < best:
-                    best, best_entry, best_key = rank, entry, key
-            if best_entry is None or best_key is None:
-                break
-            job = self.queues.head(best_entry[2], best_key)
+        while (chosen := turns.next(blocked, router.has_open)) is not None:
+            key, job = chosen
             try:
-                routed = self.classes.route(
-                    best_key,
-                    job,
-                    self._expected_answer(best_key, job),
-                    self.settings,
-                    self.speeds,
-                    self._excluded.get(job.id),
-                    self.queues.counts[best_key],
-                    self.queues.counts,
-                )
+                answer = turns.expected_answer(key, job)
+                routed = router.route(key, job, answer, self._retries.excluded(job.id), queued[key], queued)
                 if routed is None or routed[0] is None:  # nothing open, or better to wait for a full one
-                    blocked.add(best_key)
+                    blocked.add(key)
                     continue
-                out.append(self._start(best_key, job, routed, now))
+                out.append(self._start(key, job, routed, now))
             except Exception as exc:  # a value no check caught, or a bug: this job alone fails
-                self._unqueue(job, now)
-                self._forget(job.id)
+                self.turns.unqueue(job, now)
+                self._retries.forget(job.id)
                 self._unstartable.append((job, exc))
         return out
 
-    def _expected_answer(self, key: ClassKey, job: Job) -> float:
-        """Completion tokens ``job`` should produce: its user's usual answer, else the pool's, within ``max_tokens``."""
-        if job.modality is Modality.EMBEDDINGS:
-            return 0.0
-        usual = self.fair.users[job.user_id].completion_ema
-        answer = self._pool(key).answer if usual is None else usual
-        return answer if job.max_tokens is None else min(answer, float(job.max_tokens))
+    def _start(self, key: ClassKey, job: Job, routed: Route, now: float) -> Dispatch:
+        """Start ``job`` where ``routed`` says; whatever raises before the first change leaves no trace."""
+        chosen, rows, live = routed
+        assert chosen is not None
+        backend_id = chosen.backend_id
+        router = self.router
+        turn = self.turns.prepare(key, job, now, router.observed_rate(backend_id, job.model))
+        record = DecisionRecord(
+            request_id=job.id,
+            time=now,
+            model=job.model,
+            user_id=job.user_id,
+            user_name=turn.user_name,
+            user_group=turn.user_group,
+            user_recent_usage=turn.recent_tokens,
+            user_recent_units=turn.recent_units,
+            queue_wait=now - job.submitted_at,
+            selected_backend_id=backend_id,
+            candidates=rows,
+            static_rejected=router.static_rejected(key),
+            live_rejected=live,
+            terms=turn.terms,
+            attempt=self._retries.attempt(job.id),
+            slot_held=router.held_since(backend_id, job.submitted_at),
+        )
+        self.turns.start(key, turn, now)
+        router.take(job, chosen, now)
+        self._running[job.id] = Running(job, backend_id, turn.charge)
+        return Dispatch(job, backend_id, record)
 
     def take_unstartable(self) -> list[tuple[Job, Exception]]:
         """Jobs ``dispatch`` removed because starting them raised, with the error; each is returned once."""
         out, self._unstartable = self._unstartable, []
         return out
 
-    def _rekey_heavy(self) -> None:
-        """A heavy seat's key is measured from V: push it again when V or the credit moved."""
-        for pool in self.fair.pools.values():
-            if not pool.heavy:
-                continue
-            mark = (pool.reference(), pool.credit())
-            if self._heavy_keyed.get(pool.key) == mark:
-                continue
-            self._heavy_keyed[pool.key] = mark
-            for uid in pool.heavy:
-                seat = pool.seats.get(uid)
-                if seat is not None and seat.queued:
-                    pool.touch(seat)
-                    self._rekey(pool, seat)
+    # -- how jobs end --------------------------------------------------------
 
-    def _start(self, key: ClassKey, job: Job, routed: Route, now: float) -> Dispatch:
-        fair = self.fair
-        user = fair.users[job.user_id]
-        pool = self._pool(key)
-        seat = pool.seats[user.id]
-        backend_id, rows, live = routed
-        assert backend_id is not None
-        reference = pool.reference()
-        wait_bonus = self._wait_rate * (now - job.submitted_at)
-        terms = PriorityTerms(
-            deficit=(seat.lag - reference) * seat.weight,
-            inflight_charge=seat.inflight,
-            weight=seat.weight,
-            factor=seat.factor,
-            usage_fraction=pool.usage_fraction(seat),
-            reference=reference,
-            credit=pool.credit(),
-            wait_bonus=wait_bonus,
-            priority=pool.priority(seat, reference) + wait_bonus,
-        )
-        speed = self._loads[backend_id].speeds.get(job.model)
-        rate = speed.observed if speed is not None else None
-        running = self.ledger.prepare(job, backend_id, pool, seat, now, rate)
-        record = DecisionRecord(
-            request_id=job.id,
-            time=now,
-            model=job.model,
-            user_id=user.id,
-            user_name=user.name,
-            user_group=user.group,
-            user_recent_usage=seat.recent_tokens,
-            user_recent_units=seat.recent,
-            queue_wait=now - job.submitted_at,
-            selected_backend_id=backend_id,
-            candidates=rows,
-            static_rejected=self.classes.get(key).static_rejected,
-            live_rejected=live,
-            terms=terms,
-            attempt=self._attempts.get(job.id, 0) + 1,
-            slot_held=self._loads[backend_id].hold_ended >= job.submitted_at,
-        )
-        self.queues.remove(job, key)
-        seat.queued -= 1
-        user.queued -= 1
-        if not self.queues.jobs:
-            fair.queue_became_empty(now)
-        self.ledger.start(running)
-        if not seat.queued:
-            pool.queue_emptied(seat)
-        self._rekey_seats(fair.activity(pool, seat))
-        self._rekey(pool, seat)
-        self._took(backend_id, job.id, job.model, routed, now)
-        self.classes.load_changed(backend_id)
-        return Dispatch(job, backend_id, record)
+    def progress(self, job_id: str, now: float, *, completion_tokens: int) -> bool:
+        """A running job has streamed ``completion_tokens`` so far (cumulative): charge what is new.
 
-    def _took(self, backend_id: Hashable, job_id: str, model: str, routed: Route, now: float) -> None:
-        """A slot is taken: count it per model, and expect the load and evictions it triggers at once."""
-        load = self._loads[backend_id]
-        load.in_flight += 1
-        load.model_in_flight[model] = load.model_in_flight.get(model, 0) + 1
-        chosen = next(row for row in routed[1] if row.backend_id == backend_id)
-        if chosen.start > 0 and model not in load.loading:
-            load.loading[model] = now + chosen.start
-            load.loaders.add(job_id)
-        for victim in chosen.evicts:
-            load.evicted[victim] = now
+        The charge runs one or two typical answers ahead of what has streamed (``fairness/ledger.py``), so
+        calling it every few dozen tokens is enough. Returns False when the job is not running.
+        """
+        running = self._running.get(job_id)
+        if running is None:
+            return False
+        self.turns.progress(running.charge, completion_tokens)
+        return True
+
+    def complete(
+        self,
+        job_id: str,
+        now: float,
+        *,
+        prompt_tokens: int | None = None,
+        completion_tokens: int | None = None,
+        latency: float | None = None,
+        duration: float | None = None,
+        timings: Timings | None = None,
+    ) -> bool:
+        """A running job finished. Token counts are the backend's; None means it reported none.
+
+        Without counts, what was charged (the provisional answer, or what streamed beyond it) stands.
+
+        Args:
+            latency: seconds to the first byte (streaming) or the whole answer, by the shell's clock.
+            duration: seconds from sending the request to its end, by the shell's clock.
+            timings: what the backend says it spent loading, reading the prompt and answering;
+                with ``latency`` and ``duration`` they teach the estimate this (backend, model)'s rates.
+
+        Returns False when the job was not running (already ended).
+        """
+        running = self._running.pop(job_id, None)
+        if running is None:
+            return False
+        prompt_tokens, completion_tokens = token_count(prompt_tokens), token_count(completion_tokens)  # else unknown
+        bid, job = running.backend_id, running.job
+        self.router.learn(bid, job, prompt_tokens, completion_tokens, latency, duration, timings)
+        self.router.release(bid, job)
+        self.turns.complete(running.charge, now, prompt_tokens, completion_tokens)
+        self._retries.forget(job_id)
+        self._anticipate(running, now)
+        return True
+
+    def fail(self, job_id: str, now: float, *, retry: bool, prompt_tokens: int = 0, completion_tokens: int = 0) -> bool:
+        """A running job failed on its backend.
+
+        With ``retry`` (the failure came before the first byte), the job goes back to the front of its
+        queue, keeping its place in time; it then waits for another live backend rather than return to one
+        that failed it, and goes back to a failed one only when no other is live. Tokens delivered are charged.
+
+        Returns True when the job was queued again.
+        """
+        running = self._running.pop(job_id, None)
+        if running is None:
+            return False
+        job = running.job
+        self.router.release(running.backend_id, job, failed=True)
+        self.turns.end(running.charge, now, prompt_tokens, completion_tokens)
+        if not retry or not self.turns.has_user(job.user_id):
+            self._retries.forget(job_id)
+            self._anticipate(running, now)
+            return False
+        self._retries.failed(job_id, running.backend_id)
+        self._enqueue(job, now, front=True)
+        return True
+
+    def cancel(self, job_id: str, now: float, *, prompt_tokens: int | None = None, completion_tokens: int = 0) -> bool:
+        """The client went away: drop a queued job, or end a running one (charging what it used).
+
+        Returns False when the job was neither queued nor running.
+        """
+        job = self.turns.queued(job_id)
+        if job is not None:
+            self.turns.unqueue(job, now)
+            self._retries.forget(job_id)
+            return True
+        running = self._running.pop(job_id, None)
+        if running is None:
+            return False
+        self.router.release(running.backend_id, running.job)
+        self.turns.end(running.charge, now, prompt_tokens, completion_tokens)
+        self._retries.forget(job_id)
+        return True
+
+    def _anticipate(self, running: Running, now: float) -> None:
+        """Hold the slot ``running`` freed for its seat's next job, when the seat has nothing queued,
+        thinks briefly, and would be served before every job queued that could take the slot (``holds.py``)."""
+        charge, bid = running.charge, running.backend_id
+        if not self.turns.may_hold(charge):
+            return
+        served = self.router.holdable(bid)
+        if served is None:
+            return
+        rival = self.turns.rival(charge, served, now)
+        if rival is None:
+            return
+        job, answer = rival
+        self.turns.hold(charge, bid, now, job, answer, self.router.busy_seconds(bid, job, answer, now))
+        self.router.hold(bid, running.job.model)
+
+    def expire(self, now: float) -> list[Expired]:
+        """Remove and return the jobs that have waited past ``queue_timeout``; end the holds past their time."""
+        self._unhold(self.turns.expire_holds(now), now)
+        out: list[Expired] = []
+        for job_id in self._deadlines.due(now):
+            job = self.turns.queued(job_id)
+            if job is not None:
+                self.turns.unqueue(job, now)
+                self._retries.forget(job_id)
+                out.append(Expired(job, now - job.submitted_at))
+        return out
+
+    def next_deadline(self) -> float | None:
+        """When ``expire`` will next have something to do (a queue timeout, or a hold's end), if ever."""
+        queued = self._deadlines.next(self.is_queued)
+        hold = self.turns.next_hold_deadline()
+        if queued is None:
+            return hold
+        return queued if hold is None else min(hold, queued)
+
+    # -- reading: frozen values only ---------------------------------------
+
+    def is_queued(self, job_id: str) -> bool:
+        return self.turns.queued(job_id) is not None
+
+    def is_running(self, job_id: str) -> bool:
+        return job_id in self._running
+
+    @property
+    def queued_count(self) -> int:
+        return self.turns.queued_count
+
+    @property
+    def running_count(self) -> int:
+        return len(self._running)
+
+    def has_user(self, user_id: Hashable) -> bool:
+        return self.turns.has_user(user_id)
+
+    def user(self, user_id: Hashable) -> UserShare | None:
+        """A frozen view of one user (``share(now).user(id)`` at the last instant)."""
+        if not self.turns.has_user(user_id):
+            return None
+        return self.share(0.0, [user_id]).users[0]
+
+    def backend(self, backend_id: Hashable) -> Backend | None:
+        return self.router.backend(backend_id)
+
+    def load(self, backend_id: Hashable) -> BackendLoad | None:
+        """A copy of what the core counts for ``backend_id`` (in flight, latency, throughput)."""
+        return self.router.load(backend_id)
+
+    @property
+    def backends(self) -> dict[Hashable, Backend]:
+        return self.router.backends
+
+    @property
+    def heavy(self) -> frozenset[Hashable]:
+        """Users deprioritized in some pool now."""
+        return self.turns.heavy
+
+    def queue_position(self, job_id: str) -> tuple[int, int] | None:
+        """(1-based place among its user's jobs of the same kind, jobs queued in all), or None."""
+        return self.turns.queue_position(job_id)
+
+    def queued_jobs(self) -> Iterable[Job]:
+        return self.turns.queued_jobs()
+
+    def running_jobs(self) -> Iterable[tuple[Job, Hashable]]:
+        return ((r.job, r.backend_id) for r in self._running.values())
+
+    def share(self, now: float, user_ids: Iterable[Hashable] | None = None) -> ShareSnapshot:
+        """Every user's standing, per pool and in sum, and every pool (``mr share``).
+
+        With ``user_ids``, only those users, and no pools (cheap enough per request).
+        """
+        return self.turns.share(now, user_ids)
+
+    def queue_stats(self, now: float) -> QueueStats:
+        """What waits, for whom and for which model, and how long (``mr queue``)."""
+        return self.turns.queue_stats(now, len(self._running))
+
+    def snapshot(self, now: float) -> dict[str, Any]:
+        """Queue statistics and fair share in the seed's shape (``mr queue --json``)."""
+        return seed_snapshot(self.queue_stats(now), self.share(now))
+
+    def check(self) -> None:
+        """Assert the invariants (for tests)."""
+        self.turns.check()
+        per_backend: dict[Hashable, int] = {}
+        for job_id, running in self._running.items():
+            assert not self.is_queued(job_id), job_id
+            per_backend[running.backend_id] = per_backend.get(running.backend_id, 0) + 1
+        self.router.check(per_backend, self.turns.held_per_backend())

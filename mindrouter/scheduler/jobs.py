@@ -2,20 +2,33 @@
 
 Jobs are frozen: what a client asked for never changes. Everything the core
 decides about a job (when it was dispatched, where, how it ended) is returned
-as a new value, so the I/O shell acts on decisions and never on shared state.
+as a new value, so the I/O shell acts on decisions and never on shared state
+(a dispatch, with its decision record, is in ``records.py``).
+
+Invariants: a job never changes, so neither does its class (``class_key``);
+every token count the core takes from a job or a backend is an integer in
+``[0, TOKEN_LIMIT]`` (``numbers_refusal``, ``token_count``).
 """
 
 from __future__ import annotations
 
 from collections.abc import Hashable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from enum import Enum
-from typing import TYPE_CHECKING
 
-if TYPE_CHECKING:
-    from .records import DecisionRecord
-
-__all__ = ["TOKEN_LIMIT", "Dispatch", "Expired", "Job", "Modality", "Outcome", "Rejection", "Timings", "token_count"]
+__all__ = [
+    "TOKEN_LIMIT",
+    "ClassKey",
+    "Expired",
+    "Job",
+    "Modality",
+    "Outcome",
+    "Rejection",
+    "Timings",
+    "class_key",
+    "numbers_refusal",
+    "token_count",
+]
 
 TOKEN_LIMIT = 1 << 24
 """The most tokens a job may name (16,777,216: above any model's context today).
@@ -54,6 +67,15 @@ class Job:
     via: Hashable | None = None
     """The proxy (a front end's user id) that sent it, for one of its people or itself: its people's queued
     jobs count together against ``max_queued_per_proxy``."""
+
+
+#: (model, modality, JSON mode): a job's class. Jobs of one class are interchangeable for routing,
+#: and queue per user and class (``fairness/queues.py``).
+ClassKey = tuple[str, Modality, bool]
+
+
+def class_key(job: Job) -> ClassKey:
+    return (job.model, job.modality, job.json_mode)
 
 
 def token_count(value: object) -> int | None:
@@ -99,15 +121,6 @@ class Outcome(str, Enum):
     FAILED = "failed"
     CANCELLED = "cancelled"
     TIMED_OUT = "timed_out"
-
-
-@dataclass(frozen=True, slots=True)
-class Dispatch:
-    """Send ``job`` to ``backend_id`` now; ``record`` says why."""
-
-    job: Job
-    backend_id: Hashable
-    record: DecisionRecord = field(compare=False)
 
 
 @dataclass(frozen=True, slots=True)

@@ -1,14 +1,21 @@
 """Pools of contention from the models backends serve: backends joined when one model is served by both.
 
-A union-find over the backends, each given by its models; the core's pools (``pools.py``), the
-classes' candidate sets (``classes.py``) and the simulator's pools all group backends by it.
+A union-find over the backends, each given by its models; the core's pools (``fairness/pools.py``), the
+classes' candidate sets (``routing/classes.py``) and the simulator's pools all group backends by it: the
+one rule, shared by both parts of the core.
+
+Invariant: every candidate set of a job class lies inside one group, and candidate sets that overlap lie
+in the same one; a pool is named by its group (``PoolKey``).
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
+from collections.abc import Hashable, Iterable, Sequence
 
-__all__ = ["joined"]
+__all__ = ["PoolKey", "joined"]
+
+#: A pool is named by the backend ids that can serve its jobs.
+PoolKey = frozenset[Hashable]
 
 
 def joined(models: Sequence[Iterable[str]]) -> list[list[int]]:

@@ -1,44 +1,26 @@
-"""Decision records: why a job went where it went.
+"""Decisions: send a job to a backend now, and the record of why it went there.
 
 A record is captured cheaply at decision time (tuples and shared references)
 and turned into the seed's JSON shape only when someone reads or stores it.
-Fields of the seed's shape are never renamed or removed; more may be added.
+
+Invariants: a record is built before its decision changes anything, and
+nothing it holds changes afterwards (what may, such as a class's closed
+backends, is copied); fields of the seed's shape are never renamed or
+removed, more may be added.
 """
 
 from __future__ import annotations
 
 from collections.abc import Hashable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
-from .constraints import rejected_map
-from .estimate import Estimate
+from .fairness.priority import PriorityTerms
+from .jobs import Job
+from .routing.constraints import rejected_map
+from .routing.estimate import Estimate
 
-__all__ = ["DecisionRecord", "PriorityTerms"]
-
-
-@dataclass(frozen=True, slots=True)
-class PriorityTerms:
-    """The terms of a job's priority at its decision (what ``mr why`` explains)."""
-
-    deficit: float
-    """Cost owed relative to the pool's most-owed waiting user (0 = that user), in-flight charges included."""
-    inflight_charge: float
-    """Cost charged so far for the user's running jobs in this pool (part of ``deficit``)."""
-    weight: float
-    """The weight the pool used (group shares: the user's part of its group's)."""
-    factor: float
-    usage_fraction: float
-    """Recent tokens per unit of weight, as a part of the pool's sum of that."""
-    reference: float
-    """The most-owed waiting user's lag (cost per unit of weight), from which priorities are measured."""
-    credit: float
-    """One typical request in this pool: the bound on placement and the unit of the heavy handicap."""
-    wait_bonus: float
-    priority: float
-
-    def to_dict(self) -> dict[str, float]:
-        return {name: round(getattr(self, name), 4) for name in self.__slots__}
+__all__ = ["DecisionRecord", "Dispatch"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -89,3 +71,12 @@ class DecisionRecord:
             "score_components": {str(row.backend_id): row.to_dict() for row in rows},
             "rejected": rejected_map(self.static_rejected, self.live_rejected),
         }
+
+
+@dataclass(frozen=True, slots=True)
+class Dispatch:
+    """Send ``job`` to ``backend_id`` now; ``record`` says why."""
+
+    job: Job
+    backend_id: Hashable
+    record: DecisionRecord = field(compare=False)

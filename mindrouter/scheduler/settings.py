@@ -2,6 +2,13 @@
 
 Every constant the scheduler uses lives here, so the simulator, the tests and
 the daemon can all run the same core with different numbers.
+
+Invariants: each field's docstring is its documentation (config.example.toml
+and ``mr config show`` are written from it); the object never changes, and it
+refuses values the core cannot work with (the config file's reader and the
+simulator's refuse negative numbers before). The module-level numbers left in
+``scheduler/`` are limits of what is valid, not choices: ``TOKEN_LIMIT`` and
+the readings no hardware reaches (``routing/learning.py``).
 """
 
 from __future__ import annotations
@@ -101,8 +108,35 @@ class SchedulerSettings:
     """Seconds a slot that a user's request just freed may be held for that user's next request (BFQ's device
     idling): only while it has nothing queued, is owed more than everyone waiting who could take the slot, and its
     learned think time (the gap between a request ending and its next, an average) is shorter. 0 turns it off."""
+    think_ema_alpha: float = 0.25
+    """Weight of the newest gap in a user's learned think time (what ``anticipation`` compares with)."""
+    hold_price: float = 0.5
+    """The part of what a held slot would have delivered to the job it kept waiting that its holder is charged
+    for the time held: the idle slot-time is a loss both bear, the holder by paying this part, the other by
+    waiting. On the think-time example 1 leaves the thinker 2.3 points under its share (3.8 over 90 minutes),
+    0 leaves it 5.5 points over (6.0), and 0.5 is within 0.5 points at both lengths."""
     default_completion_tokens: int = 256
     """A pool's typical answer before any has completed there, and a user's usual answer before its first."""
+    completion_ema_alpha: float = 0.2
+    """Weight of the newest answer in a user's usual answer (the estimate of its next job's answer)."""
+    typical_ema_alpha: float = 0.1
+    """Weight of the newest completed request in a pool's typical request cost and typical answer."""
+    typical_clip: float = 4.0
+    """One request moves a pool's typical cost and answer at most as if it were this many times the typical."""
+    answers_ahead: float = 2.0
+    """How many of its pool's slot answers a stream of a user whose answers are known is charged ahead of what it
+    has produced. While they are unknown it is one typical answer, as far as the placement credit reaches: what is
+charged ahead is refunded when a short first answer ends, and more would lift it above users placed while it ran.
+Two keep VTC's bound (twice the largest request)
+    in the answers-jump example, where one lets a user whose answers jump hold too many slots (gap 11,080 of
+    8,400)."""
+    debt_bound: float = 2.0
+    """How many of the pool's largest requests (per unit of weight) a charge may leave a queued user behind the
+    most-owed waiting user: VTC's bound on the service gap between backlogged people, which also bounds what one
+    pays back for service on backends nobody it meets later could use."""
+    heavy_slack: float = 2.0
+    """Typical requests (per unit of weight) a user may use beyond ``deprioritize_threshold`` before it counts
+    as heavy: within that, the excess is the scheduler's own granularity, not heavy use."""
     deficit_shift_threshold: float = 1e9
     """When deficits drift this far below zero (per unit of weight), all are shifted up together."""
     heavy_refresh_interval: float = 1.0
@@ -121,8 +155,18 @@ class SchedulerSettings:
     """Seconds sooner a full backend must be expected to finish a job than any free one for the job to wait for it."""
     eviction_price: float = 1.0
     """Seconds of estimate charged per second of reload that evicting an idle model costs the pool."""
+    load_confirm_seconds: float = 30.0
+    """Seconds a load or an eviction the core triggered is taken as done before a poll confirms it."""
+    retry_penalty: float = 1000.0
+    """Seconds taken from a backend's score when it already failed this request, so a retry goes elsewhere if it
+    can."""
     latency_ema_alpha: float = 0.2
     """Weight of the newest sample in the latency and throughput averages."""
+    min_prefill_sample_tokens: int = 64
+    """Prompts shorter than this teach nothing about a backend's prefill rate: they say more about overhead."""
+    min_load_sample_seconds: float = 0.5
+    """A load a backend reports shorter than this teaches nothing about its load speed (Ollama reports a few
+    milliseconds of ``load_duration`` for a model already resident)."""
     group_weights: dict[str, float] = field(default_factory=lambda: dict(DEFAULT_GROUP_WEIGHTS))
     """Fallback weights by group name, used when a group has no weight of its own."""
     scores: ScoreWeights = field(default_factory=ScoreWeights)
@@ -135,6 +179,14 @@ class SchedulerSettings:
         if not 0 <= self.queue_reserve < 1:
             raise ValueError(
                 f"queue_reserve must be a fraction from 0 up to (not including) 1, not {self.queue_reserve!r}"
+            )
+        for name in ("think_ema_alpha", "completion_ema_alpha", "typical_ema_alpha"):
+            value = getattr(self, name)
+            if not (math.isfinite(value) and 0 < value <= 1):
+                raise ValueError(f"{name} must be a number greater than 0 and at most 1, such as 0.2, not {value!r}")
+        if not (math.isfinite(self.typical_clip) and self.typical_clip >= 1):
+            raise ValueError(
+                f"typical_clip must be a finite number of at least 1, such as 4, not {self.typical_clip!r}"
             )
         for name in ("prompt_token_cost", "completion_token_cost"):
             value = getattr(self, name)

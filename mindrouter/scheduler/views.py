@@ -2,9 +2,12 @@
 
 Nothing outside ``scheduler/`` touches a mutable ``UserState`` or ``Seat``; they
 read these values, built on demand by ``Scheduler.share(now)`` and
-``Scheduler.queue_stats(now)``. Deficits are shown in cost units relative to
-their pool's reference (0 = the most-owed waiting user; negative = served
-ahead), so the absolute zero the core may shift never shows.
+``Scheduler.queue_stats(now)`` (``fairness/snapshots.py``).
+
+Invariants: every value here is frozen and holds no reference into the core;
+deficits are shown in cost units relative to their pool's reference (0 = the
+most-owed waiting user; negative = served ahead), so the absolute zero the
+core may shift never shows.
 """
 
 from __future__ import annotations
@@ -13,18 +16,14 @@ from collections.abc import Hashable, Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from .jobs import Job
-from .pools import Pool, Seat, UserState
-
 __all__ = [
     "PoolShare",
     "QueueStats",
     "SeatShare",
     "ShareSnapshot",
     "UserShare",
-    "build_queue_stats",
-    "build_share",
     "normalized_shares",
+    "seed_snapshot",
 ]
 
 
@@ -174,120 +173,6 @@ class QueueStats:
         }
 
 
-def _backends(pool: Pool) -> tuple[str, ...]:
-    return tuple(sorted(str(b) for b in pool.key))
-
-
-def _seat_share(pool: Pool, seat: Seat, reference: float) -> SeatShare:
-    return SeatShare(
-        backends=_backends(pool),
-        weight=seat.weight,
-        deficit=(seat.lag - reference) * seat.weight,
-        inflight_charge=seat.inflight,
-        recent_tokens=seat.recent_tokens,
-        recent_units=seat.recent,
-        usage_fraction=pool.usage_fraction(seat),
-        factor=seat.factor,
-        queued=seat.queued,
-        running=seat.running,
-        served=seat.served,
-    )
-
-
-def build_queue_stats(jobs: Iterable[Job], running: int, users: Mapping[Hashable, UserState], now: float) -> QueueStats:
-    by_user: dict[str, int] = {}
-    by_name: dict[str, int] = {}
-    by_model: dict[str, int] = {}
-    by_user_model: dict[str, dict[str, int]] = {}
-    oldest: dict[str, dict[str, float]] = {}
-    total_wait = 0.0
-    count = 0
-    for job in jobs:
-        count += 1
-        wait = now - job.submitted_at
-        user = users.get(job.user_id)
-        name = user.name if user is not None else str(job.user_id)
-        by_user[str(job.user_id)] = by_user.get(str(job.user_id), 0) + 1
-        by_name[name] = by_name.get(name, 0) + 1
-        by_model[job.model] = by_model.get(job.model, 0) + 1
-        per = by_user_model.setdefault(name, {})
-        per[job.model] = per.get(job.model, 0) + 1
-        waits = oldest.setdefault(name, {})
-        waits[job.model] = round(max(waits.get(job.model, 0.0), wait), 3)
-        total_wait += wait
-    return QueueStats(
-        time=now,
-        total=count,
-        running=running,
-        by_user=by_user,
-        by_user_name=by_name,
-        by_model=by_model,
-        average_wait_seconds=round(total_wait / count, 3) if count else 0.0,
-        oldest_wait_seconds=max((w for m in oldest.values() for w in m.values()), default=0.0),
-        by_user_model=by_user_model,
-        oldest_wait_by_user_model=oldest,
-    )
-
-
-def build_share(
-    users: Iterable[UserState],
-    pools: Iterable[Pool],
-    now: float,
-    shares: str,
-    window: float,
-    burst: float,
-    pending: Mapping[Hashable, tuple[float, float]],
-    *,
-    with_pools: bool = True,
-) -> ShareSnapshot:
-    pools = list(pools)
-    users = list(users)
-    references = {pool.key: pool.reference() for pool in pools}
-    seats: dict[Hashable, list[SeatShare]] = {}
-    pool_rows = []
-    for pool in pools:
-        ref = references[pool.key]
-        for user in users:
-            seat = pool.seats.get(user.id)
-            if seat is not None:
-                seats.setdefault(user.id, []).append(_seat_share(pool, seat, ref))
-        if not with_pools:
-            continue
-        names = tuple(s.user.name for s in pool.seats.values() if s.recent > 0 or s.queued or s.running)
-        heavy = tuple(pool.seats[u].user.name for u in pool.heavy if u in pool.seats)
-        tokens = sum(s.recent_tokens for s in pool.seats.values())
-        pool_rows.append(PoolShare(_backends(pool), names, ref, pool.credit(), tokens, pool.recent_total, heavy))
-    rows = []
-    total_recent = total_units = 0.0
-    for user in users:
-        mine = tuple(seats.get(user.id, ()))
-        pending_tokens, pending_units = pending.get(user.id, (0.0, 0.0))
-        recent = sum(s.recent_tokens for s in mine) + pending_tokens
-        units = sum(s.recent_units for s in mine) + pending_units
-        total_recent += recent
-        total_units += units
-        rows.append(
-            UserShare(
-                user_id=user.id,
-                name=user.name,
-                group=user.group,
-                weight=user.weight,
-                weight_override=user.override,
-                deficit=sum(s.deficit for s in mine),
-                inflight_charge=sum(s.inflight_charge for s in mine),
-                recent_tokens=recent,
-                recent_units=units,
-                usage_fraction=max((s.usage_fraction for s in mine), default=0.0),
-                factor=min((s.factor for s in mine), default=1.0),
-                queued=user.queued,
-                running=user.running,
-                served=user.served,
-                seats=mine,
-            )
-        )
-    return ShareSnapshot(now, shares, window, total_recent, total_units, burst, tuple(rows), tuple(pool_rows))
-
-
 def normalized_shares(
     users: Iterable[tuple[str, str | None, float, float | None]], groups: Mapping[str, float], shares: str
 ) -> tuple[dict[str, float], dict[str, float]]:
@@ -320,3 +205,16 @@ def normalized_shares(
     group_share = {g: weight_of[g] / total for g in inner}
     by_user = {name: group_share[g] * (o or 1.0) / inner[g] for name, g, _, o in users}
     return by_user, {g: group_share.get(g, 0.0) for g in groups}
+
+
+def seed_snapshot(queue: QueueStats, share: ShareSnapshot) -> dict[str, Any]:
+    """Queue statistics and fair share in the seed's shape (``mr queue --json``)."""
+    return {
+        "queue": queue.to_dict(),
+        "fair_share": {
+            "total_users": len(share.users),
+            "global_recent_tokens": share.global_recent_tokens,
+            "global_recent_units": share.global_recent_units,
+            "user_stats": [u.to_dict() for u in share.users],
+        },
+    }

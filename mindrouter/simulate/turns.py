@@ -13,7 +13,7 @@ over* at an instant when
   with per-model slots, its model loaded or loading there: a load takes
   seconds and evicts someone, so a slot that needs one is not free); the core
   may hold a slot that long for a closed-loop client about to send again
-  (``mindrouter.scheduler.holds``), so a hold never counts, and a slot left
+  (``mindrouter.scheduler.fairness.holds``), so a hold never counts, and a slot left
   free longer counts from the end of that grace; or
 - such a slot went to someone whose turn was later by more than one request:
   whose VTC counter (service over entitlement, kept by issue 18's rules from

@@ -1,4 +1,4 @@
-"""Running jobs and what they have been charged: service is charged as it is produced, a little ahead.
+"""What running jobs have been charged: service is charged as it is produced, a little ahead.
 
 A job is charged its prompt and a provisional answer when it starts
 (``FairShare.provisional_answer``). While it streams, the answer charged is
@@ -21,7 +21,8 @@ come, priced again if the seat's weight changes. At the end the charge is
 settled against the backend's own counts: the difference is charged or
 refunded at the seat's weight of that moment.
 
-Invariant: a seat's ``inflight`` is the sum of ``charged`` over its running jobs.
+Invariants: a seat's ``inflight`` is the sum of ``charged`` over its running jobs' charges; a charge is
+settled once, and the clock skips a settled one (its entries go lazily).
 """
 
 from __future__ import annotations
@@ -29,20 +30,20 @@ from __future__ import annotations
 import heapq
 import itertools
 import math
-from collections.abc import Hashable
 from dataclasses import dataclass
 
+from ..jobs import Job
 from .fairshare import FairShare
-from .jobs import Job
 from .pools import Pool, Seat
 
-__all__ = ["Ledger", "Running"]
+__all__ = ["Charge", "Ledger"]
 
 
 @dataclass(slots=True)
-class Running:
+class Charge:
+    """What one running job has been charged, and what it is expected to cost (``Ledger`` moves it)."""
+
     job: Job
-    backend_id: Hashable
     pool: Pool
     seat: Seat
     total: float
@@ -62,6 +63,8 @@ class Running:
     """Completion tokens reported so far."""
     unproduced: float = 0.0
     """Cost charged beyond what it has produced (its prompt and what streamed): its part of ``Seat.unproduced``."""
+    settled: bool = False
+    """The job ended and the charge was settled: nothing moves it any more."""
 
     def answer_due(self) -> float:
         """Completion tokens to have charged now, given what has streamed or the clock says was produced.
@@ -97,97 +100,93 @@ class Running:
 
 
 class Ledger:
+    """Charges running jobs as their service is produced, and settles each when it ends."""
+
     def __init__(self, fair: FairShare) -> None:
         self.fair = fair
         self.settings = fair.settings
-        self.jobs: dict[str, Running] = {}
-        self._clock: list[tuple[float, int, Running]] = []
+        self._clock: list[tuple[float, int, Charge]] = []
         """Whole answers by when the clock next moves their charge (entries of ended jobs go lazily)."""
         self._seq = itertools.count()
 
-    def prepare(
-        self, job: Job, backend_id: Hashable, pool: Pool, seat: Seat, now: float, rate: float | None
-    ) -> Running:
+    def prepare(self, job: Job, pool: Pool, seat: Seat, now: float, rate: float | None) -> Charge:
         """What ``job`` will be charged as it starts; changes nothing, so a failure here leaves no trace.
 
-        ``rate``: completion tokens per second one stream of that (backend, model) was seen to get.
+        ``rate``: completion tokens per second one stream of its (backend, model) was seen to get.
         """
         total, ahead = self.fair.provisional_answer(seat.user, pool, job)
-        running = Running(job, backend_id, pool, seat, total, ahead, now, rate or 0.0)
-        running.answer = running.answer_due()
-        running.charged = self.settings.cost(job.prompt_tokens, running.answer)
-        return running
+        charge = Charge(job, pool, seat, total, ahead, now, rate or 0.0)
+        charge.answer = charge.answer_due()
+        charge.charged = self.settings.cost(job.prompt_tokens, charge.answer)
+        return charge
 
-    def start(self, running: Running) -> None:
-        seat, pool, cost = running.seat, running.pool, running.charged
+    def start(self, charge: Charge) -> None:
+        seat, pool, cost = charge.seat, charge.pool, charge.charged
         seat.running += 1
         seat.user.running += 1
         seat.inflight += cost
         pool.charge(seat, cost)
-        self._produced(running)
-        self.jobs[running.job.id] = running
-        self._wind(running)
+        self._produced(charge)
+        self._wind(charge)
 
-    def _wind(self, running: Running) -> None:
-        at = running.next_tick()
+    def _wind(self, charge: Charge) -> None:
+        at = charge.next_tick()
         if at is not None:
-            heapq.heappush(self._clock, (at, next(self._seq), running))
+            heapq.heappush(self._clock, (at, next(self._seq), charge))
 
-    def tick(self, now: float) -> list[Running]:
+    def tick(self, now: float) -> list[Charge]:
         """Charge the whole answers whose clock has run past what they were charged; returns them."""
         clock, moved = self._clock, []
         while clock and clock[0][0] <= now:
-            running = heapq.heappop(clock)[2]
-            if self.jobs.get(running.job.id) is not running:
+            charge = heapq.heappop(clock)[2]
+            if charge.settled:
                 continue
-            produced = running.rate * (now - running.started)
-            limit = running.job.max_tokens
-            running.clocked = produced if limit is None else min(produced, float(limit))
-            if self._recharge(running):
-                moved.append(running)
-            self._wind(running)
+            produced = charge.rate * (now - charge.started)
+            limit = charge.job.max_tokens
+            charge.clocked = produced if limit is None else min(produced, float(limit))
+            if self._recharge(charge):
+                moved.append(charge)
+            self._wind(charge)
         return moved
 
-    def _produced(self, running: Running) -> None:
+    def _produced(self, charge: Charge) -> None:
         """Keep the seat's cost charged ahead of production in step with the job's."""
-        produced = max(running.streamed, running.clocked)
-        unproduced = running.charged - self.settings.cost(running.job.prompt_tokens, produced)
-        running.seat.unproduced += unproduced - running.unproduced
-        running.unproduced = unproduced
+        produced = max(charge.streamed, charge.clocked)
+        unproduced = charge.charged - self.settings.cost(charge.job.prompt_tokens, produced)
+        charge.seat.unproduced += unproduced - charge.unproduced
+        charge.unproduced = unproduced
 
-    def progress(self, job_id: str, completion_tokens: int) -> Running | None:
-        """Charge what streamed beyond what was charged; returns the job if its seat moved."""
-        running = self.jobs.get(job_id)
-        if running is None:
-            return None
-        running.streamed = max(running.streamed, completion_tokens)
-        return running if self._recharge(running) else None
+    def progress(self, charge: Charge, completion_tokens: int) -> bool:
+        """Charge what streamed beyond what was charged; True if the seat moved."""
+        charge.streamed = max(charge.streamed, completion_tokens)
+        return self._recharge(charge)
 
-    def _recharge(self, running: Running) -> bool:
+    def _recharge(self, charge: Charge) -> bool:
         """Charge what is due beyond what was charged; True if the seat moved."""
-        answer = running.answer_due()
-        if answer <= running.answer:
-            self._produced(running)
+        answer = charge.answer_due()
+        if answer <= charge.answer:
+            self._produced(charge)
             return False
-        target = self.settings.cost(running.job.prompt_tokens, answer)
-        more = target - running.charged
-        running.answer, running.charged = answer, target
-        running.seat.inflight += more
-        running.pool.charge(running.seat, more)
-        self._produced(running)
+        target = self.settings.cost(charge.job.prompt_tokens, answer)
+        more = target - charge.charged
+        charge.answer, charge.charged = answer, target
+        charge.seat.inflight += more
+        charge.pool.charge(charge.seat, more)
+        self._produced(charge)
         return True
 
-    def settle(self, running: Running, now: float, prompt: float, completion: float, learned: int | None) -> None:
+    def settle(self, charge: Charge, now: float, prompt: float, completion: float, learned: int | None) -> None:
         """The job ended having really cost ``cost(prompt, completion)``: charge or refund the difference."""
-        pool, seat = running.pool, running.seat
+        charge.settled = True
+        pool, seat = charge.pool, charge.seat
         user = seat.user
         cost = self.settings.cost(prompt, completion)
-        seat.inflight = max(0.0, seat.inflight - running.charged)
-        seat.unproduced = max(0.0, seat.unproduced - running.unproduced)
+        seat.inflight = max(0.0, seat.inflight - charge.charged)
+        seat.unproduced = max(0.0, seat.unproduced - charge.unproduced)
         seat.running -= 1
         user.running -= 1
         user.served += cost
-        pool.charge(seat, cost - running.charged)
+        pool.charge(seat, cost - charge.charged)
         pool.completed(seat, cost, prompt, completion, now)
         if learned is not None:
             self.fair.learn_completion(user, learned)

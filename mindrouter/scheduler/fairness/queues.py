@@ -18,8 +18,7 @@ from collections import deque
 from collections.abc import Callable, Hashable, Iterator
 from dataclasses import dataclass, field
 
-from .constraints import ClassKey
-from .jobs import Job
+from ..jobs import ClassKey, Job
 
 __all__ = ["Entry", "Queues"]
 

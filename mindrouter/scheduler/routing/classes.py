@@ -1,11 +1,12 @@
-"""Job classes: which backends may serve each class, which can take a job now, and the best of them.
+"""Job classes: which backends may serve each class, and which can take a job now.
 
 A class is (model, modality, JSON mode): its jobs are interchangeable for
 routing. For each class the cache keeps the candidates that pass the static
 constraints (cleared whenever a backend's models or abilities change), split
 into *open* (could take a job now) and *closed* (with the reasons), kept up to
 date as slots are taken and freed. The candidates also name the class's pool
-of contention (``pools.py``): the backends joined to them by shared models.
+of contention (``pooling.py``): the backends joined to them by shared models.
+Which open candidate is best is the router's question (``router.py``).
 
 Invariant: for every cached class, ``open`` and ``closed`` partition
 ``candidates`` by ``live_rejections`` as of the last change to each backend.
@@ -13,23 +14,16 @@ Invariant: for every cached class, ``open`` and ``closed`` partition
 
 from __future__ import annotations
 
-import math
 from collections.abc import Hashable, Mapping
 from dataclasses import dataclass, field
 
-from .backend import Backend, BackendLoad, ModelSpeed
-from .constraints import REASONS, RETRY_PENALTY, ClassKey, fit, live_rejections, static_rejections
-from .estimate import Estimate, Speeds, estimate
-from .jobs import Job, Rejection
-from .pooling import joined
-from .pools import PoolKey
-from .settings import SchedulerSettings
+from ..jobs import ClassKey, Job, Rejection
+from ..pooling import PoolKey, joined
+from ..settings import SchedulerSettings
+from .backend import Backend, BackendLoad
+from .constraints import REASONS, fit, live_rejections, static_rejections
 
-__all__ = ["ClassInfo", "Classes", "Route"]
-
-#: (chosen backend, every candidate's estimate, closed candidates with reasons); the chosen backend
-#: is None when the job should wait for a full one, where it is expected to finish sooner.
-Route = tuple[Hashable | None, tuple[Estimate, ...], dict[Hashable, tuple[str, ...]]]
+__all__ = ["ClassInfo", "Classes"]
 
 
 @dataclass(slots=True)
@@ -46,16 +40,19 @@ class ClassInfo:
     """Candidates that cannot, with the reasons why."""
     most_slots: int = 1
     """The largest ``max_concurrent`` among the candidates, and the highest priority: bounds for
-    ``_wait_may_win``, kept as backends change so a decision need not scan them."""
+    ``Router._wait_may_win``, kept as backends change so a decision need not scan them."""
     top_priority: float = 0.0
 
 
 class Classes:
     """The per-class candidate cache over the core's backends and loads (shared, not copied)."""
 
-    def __init__(self, backends: dict[Hashable, Backend], loads: dict[Hashable, BackendLoad]) -> None:
+    def __init__(
+        self, backends: dict[Hashable, Backend], loads: dict[Hashable, BackendLoad], settings: SchedulerSettings
+    ) -> None:
         self._backends = backends
         self._loads = loads
+        self._confirm = settings.load_confirm_seconds
         self.now = 0.0
         """The core's clock at its last decision: when loads it triggered are expected to end."""
         self._classes: dict[ClassKey, ClassInfo] = {}
@@ -120,7 +117,7 @@ class Classes:
             json_refused = job.json_mode and not any(b.supports_json for b in serving)
             what = "JSON mode" if json_refused else f"{job.modality.value} requests"
             return Rejection(job, 400, "unsupported", f"no backend serving {job.model!r} supports {what}")
-        if not any((b := self._backends[bid]).healthy and b.enabled and not b.draining for bid in info.candidates):
+        if not any(self._backends[bid].takes_work for bid in info.candidates):
             return Rejection(
                 job,
                 503,
@@ -132,7 +129,7 @@ class Classes:
 
     def _place(self, info: ClassInfo, bid: Hashable, model: str) -> None:
         """Put candidate ``bid`` in its class's open or closed set, by the live constraints."""
-        reasons = live_rejections(self._backends[bid], self._loads[bid], model, self.now)
+        reasons = live_rejections(self._backends[bid], self._loads[bid], model, self.now, self._confirm)
         if reasons:
             info.open.pop(bid, None)
             info.closed[bid] = reasons
@@ -167,7 +164,7 @@ class Classes:
 
     def live(self, bid: Hashable, model: str) -> bool:
         """Could ``bid`` take a job for ``model`` once slots free (healthy, enabled, not draining, fits)?"""
-        reasons = live_rejections(self._backends[bid], self._loads[bid], model, self.now)
+        reasons = live_rejections(self._backends[bid], self._loads[bid], model, self.now, self._confirm)
         return all(r in _WAITS for r in reasons)
 
     def contested(self, bid: Hashable, key: ClassKey, waiting: Mapping[ClassKey, int], queued: bool = True) -> float:
@@ -186,7 +183,7 @@ class Classes:
         if not queued:
             return slowed
         backend, load = self._backends[bid], self._loads[bid]
-        resident = load.resident(backend, self.now)
+        resident = load.resident(backend, self.now, self._confirm)
         free = backend.max_concurrent - load.in_flight
         blocked = need = 0
         for other in sole:
@@ -230,106 +227,6 @@ class Classes:
         others = sum(1 for m, n in load.model_in_flight.items() if n > 0 and m != key[0])
         return (running + behind) / (others + 1)
 
-    def route(
-        self,
-        key: ClassKey,
-        job: Job,
-        answer_tokens: float,
-        settings: SchedulerSettings,
-        prior: Speeds,
-        excluded: set[Hashable] | None,
-        queued: int = 1,
-        queues: Mapping[ClassKey, int] | None = None,
-    ) -> Route | None:
-        """Where ``job`` is expected to finish first, or None when no candidate is open.
-
-        Full candidates (closed for capacity alone) are estimated too, as starting once ``queued``
-        slots have freed (the jobs of this class waiting, this one included): when one of them
-        is expected to finish the job sooner than any open one, the route names no backend, and
-        the job waits for it rather than load a model elsewhere or take a much slower GPU.
-        ``queues``: queued jobs per class, to price what work with no other home needs (``contested``).
-        """
-        info = self.get(key)
-        model = key[0]
-        backends = self._backends
-        loads = self._loads
-        now = self.now
-        # A retry waits for another live backend rather than go straight back to one
-        # that just failed it; only with no alternative left does it try that one again.
-        avoid = bool(excluded) and any(bid not in excluded and self.live(bid, model) for bid in info.candidates)  # type: ignore[operator]
-        rows: list[Estimate] = []
-        best: Estimate | None = None
-        best_score = -math.inf
-        for bid in info.open:
-            if avoid and bid in excluded:  # type: ignore[operator]
-                continue
-            penalty = RETRY_PENALTY if excluded and bid in excluded else 0.0
-            # Yielding a slot to work with no other home costs this job nothing only where another
-            # backend is open to it now; with none, the price would make it wait, and routing would
-            # overrule fair share (a weight-10 admin kept off the GPU a weight-1 student needs).
-            # GPU time is not a slot: where models time-share the GPU (a runner per model, as
-            # Ollama's), the streams it would slow are priced even then, and it may wait for a full
-            # backend that finishes it nearly as soon.
-            contested = 0.0
-            if queues is not None and (len(info.open) > 1 or backends[bid].parallel is not None):
-                contested = self.contested(bid, key, queues, queued=len(info.open) > 1)
-            row = estimate(
-                backends[bid],
-                loads[bid],
-                model,
-                job.prompt_tokens,
-                answer_tokens,
-                now,
-                settings,
-                prior,
-                penalty,
-                contested=contested,
-            )
-            if row is None:
-                continue
-            rows.append(row)
-            if row.score > best_score:
-                best_score, best = row.score, row
-        if best is None:
-            return None
-        waiting = None
-        if info.closed and not self._wait_may_win(info, model, job, answer_tokens, best, queued, settings, prior):
-            return best.backend_id, tuple(rows), dict(info.closed)
-        for bid, reasons in info.closed.items():
-            if reasons != _FULL or (avoid and bid in excluded):  # type: ignore[operator]
-                continue
-            row = estimate(
-                backends[bid], loads[bid], model, job.prompt_tokens, answer_tokens, now, settings, prior, queued=queued
-            )
-            if row is not None and row.score > best_score + settings.wait_margin:
-                best_score, waiting = row.score, row
-        if waiting is not None:
-            return None, (waiting, *rows), dict(info.closed)
-        return best.backend_id, tuple(rows), dict(info.closed)
-
-    def _wait_may_win(
-        self,
-        info: ClassInfo,
-        model: str,
-        job: Job,
-        answer_tokens: float,
-        best: Estimate,
-        queued: int,
-        settings: SchedulerSettings,
-        prior: Speeds,
-    ) -> bool:
-        """Whether any full candidate could beat ``best``: a bound that skips them all when the queue is long.
-
-        Waiting there takes at least ``queued`` jobs' time at the best rates known, spread over
-        the most slots any candidate has; when that alone is longer than ``best`` takes, none can win.
-        """
-        fastest = prior.best.get(model) or ModelSpeed()
-        decode = max(fastest.decode or 0.0, settings.default_decode_rate)
-        prefill = max(fastest.prefill or 0.0, decode * settings.prefill_speedup)
-        typical = job.prompt_tokens / prefill + answer_tokens / decode
-        return info.top_priority - typical * queued / max(1, info.most_slots) > best.score + settings.wait_margin
-
 
 #: Reasons that end by themselves as running jobs finish.
 _WAITS = frozenset({REASONS["capacity"], REASONS["held"], REASONS["loaded"]})
-_FULL = (REASONS["capacity"],)

@@ -4,7 +4,10 @@
 telemetry; the shell replaces it whenever a probe reports something new.
 The counters the core itself owns (requests in flight, measured latency and
 throughput) live in ``BackendLoad`` inside the core and are never handed in.
-Unknown readings are ``None`` and never make a backend ineligible.
+
+Invariants: unknown readings are ``None`` and never make a backend
+ineligible; only the router moves a ``BackendLoad`` (``router.py``), and what
+leaves the core is a copy.
 """
 
 from __future__ import annotations
@@ -12,9 +15,9 @@ from __future__ import annotations
 from collections.abc import Hashable, Mapping
 from dataclasses import dataclass, field
 
-from .jobs import Modality
+from ..jobs import Modality
 
-__all__ = ["ALL_MODALITIES", "CONFIRM_SECONDS", "Backend", "BackendLoad", "ModelSpeed"]
+__all__ = ["ALL_MODALITIES", "Backend", "BackendLoad", "ModelSpeed"]
 
 ALL_MODALITIES: frozenset[Modality] = frozenset(Modality)
 
@@ -57,6 +60,11 @@ class Backend:
     backend_waiting: int = 0
     """Requests waiting in the backend's own queue (from its metrics)."""
 
+    @property
+    def takes_work(self) -> bool:
+        """Healthy, enabled and not draining: it may be given new work."""
+        return self.healthy and self.enabled and not self.draining
+
 
 @dataclass(slots=True)
 class ModelSpeed:
@@ -70,10 +78,6 @@ class ModelSpeed:
     """Completion tokens per second one stream got, under the load it ran with: not scaled to one
     stream alone by the slowdown model, so a running whole answer is charged by it (``ledger.py``)."""
     answers: int = 0
-
-
-#: Seconds a load or an eviction the core triggered is assumed without a poll confirming it.
-CONFIRM_SECONDS = 30.0
 
 
 @dataclass(slots=True)
@@ -101,13 +105,17 @@ class BackendLoad:
     loaders: set[str] = field(default_factory=set)
     """Jobs running here that the core sent while their model was not resident: only theirs time a whole load."""
 
-    def resident(self, backend: Backend, now: float) -> frozenset[str]:
-        """Models resident or loading now, as far as the core can tell before the next poll."""
+    def resident(self, backend: Backend, now: float, confirm: float) -> frozenset[str]:
+        """Models resident or loading now, as far as the core can tell before the next poll.
+
+        ``confirm``: seconds a load or an eviction the core triggered stands without a poll
+        (``SchedulerSettings.load_confirm_seconds``).
+        """
         loaded = backend.loaded_models
-        if self.loading:
-            loaded = loaded | {m for m, ready in self.loading.items() if now < ready + CONFIRM_SECONDS}
-        if self.evicted:
-            loaded = loaded - {m for m, at in self.evicted.items() if now < at + CONFIRM_SECONDS}
+        if self.loading and (coming := {m for m, ready in self.loading.items() if now < ready + confirm}):
+            loaded = loaded | coming
+        if self.evicted and (going := {m for m, at in self.evicted.items() if now < at + confirm}):
+            loaded = loaded - going
         return loaded
 
     def polled(self, backend: Backend) -> None:

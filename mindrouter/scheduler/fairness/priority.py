@@ -6,11 +6,16 @@ waiting. Lowering by a factor must not help a user whose priority is below
 zero, so ``apply_factor`` divides there. ``Pool`` (``pools.py``) applies the
 factor to heavy seats; ``seed_priority`` is the whole formula, for records and
 tests.
+
+Invariant: ``apply_factor(base, factor)`` is never above ``base`` for a factor
+in (0, 1]: deprioritization never helps a heavy user.
 """
 
 from __future__ import annotations
 
-__all__ = ["apply_factor", "heavy_factor", "seed_priority"]
+from dataclasses import dataclass
+
+__all__ = ["PriorityTerms", "apply_factor", "heavy_factor", "seed_priority"]
 
 
 def heavy_factor(usage_fraction: float, threshold: float, floor: float = 0.1) -> float:
@@ -32,3 +37,27 @@ def apply_factor(base: float, factor: float) -> float:
 def seed_priority(deficit: float, burst: float, weight: float, factor: float, wait_bonus: float) -> float:
     """The seed's priority formula with the sign correction, for records and tests."""
     return apply_factor((deficit + burst) / weight, factor) + wait_bonus
+
+
+@dataclass(frozen=True, slots=True)
+class PriorityTerms:
+    """The terms of a job's priority at its decision (what ``mr why`` explains)."""
+
+    deficit: float
+    """Cost owed relative to the pool's most-owed waiting user (0 = that user), in-flight charges included."""
+    inflight_charge: float
+    """Cost charged so far for the user's running jobs in this pool (part of ``deficit``)."""
+    weight: float
+    """The weight the pool used (group shares: the user's part of its group's)."""
+    factor: float
+    usage_fraction: float
+    """Recent tokens per unit of weight, as a part of the pool's sum of that."""
+    reference: float
+    """The most-owed waiting user's lag (cost per unit of weight), from which priorities are measured."""
+    credit: float
+    """One typical request in this pool: the bound on placement and the unit of the heavy handicap."""
+    wait_bonus: float
+    priority: float
+
+    def to_dict(self) -> dict[str, float]:
+        return {name: round(getattr(self, name), 4) for name in self.__slots__}

@@ -36,6 +36,10 @@ seed's ``SCHEDULER_SCORE_*`` settings weigh the terms against their defaults:
 ``high_throughput`` the decode, ``short_queue`` the slowdown per stream (and the scarcity) and
 ``low_utilization`` the slowdown from others' use of the GPU; at their
 defaults each weighs 1x, and 0 leaves a term out of the choice.
+
+Invariant: ``estimate`` is pure (it reads a backend, its load and the rates
+known, and changes none of them), so the router may ask it for a route and for
+the price of a hold alike (``Router.estimate``).
 """
 
 from __future__ import annotations
@@ -43,9 +47,9 @@ from __future__ import annotations
 from collections.abc import Hashable
 from dataclasses import dataclass, field
 
+from ..settings import SchedulerSettings, ScoreWeights
 from .backend import Backend, BackendLoad, ModelSpeed
 from .constraints import fit
-from .settings import SchedulerSettings, ScoreWeights
 
 __all__ = ["Estimate", "Speeds", "estimate", "load_seconds"]
 
@@ -181,7 +185,7 @@ def estimate(
     time there divided by the jobs holding those slots. ``contested``: how many jobs with no other
     candidate it would hold up there (``Classes.contested``).
     """
-    resident = load.resident(backend, now)
+    resident = load.resident(backend, now, settings.load_confirm_seconds)
     evicts = fit(backend, load, model, resident)
     if isinstance(evicts, str):
         return None
@@ -210,7 +214,9 @@ def estimate(
     t_prefill = prompt_tokens * slowdown / prefill
     t_decode = answer_tokens * slowdown / decode
     finish = start + t_prefill + t_decode
-    eviction = settings.eviction_price * sum(load_seconds(backend, load, m, settings) for m in evicts)
+    eviction = settings.eviction_price * (
+        sum(load_seconds(backend, load, m, settings) for m in evicts) if evicts else 0
+    )
     # Each stream already there runs slower while this one runs: about stream_slowdown of this job's time alone.
     delay = load.in_flight * settings.stream_slowdown * (t_prefill + t_decode) / slowdown
     scarcity = contested * (t_prefill + t_decode)

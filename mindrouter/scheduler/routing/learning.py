@@ -7,11 +7,15 @@ the two stay consistent. Where the backend's streams slow each other less
 than that model says (not at all, in the simulator's default), the scaled
 rate is too high for a stream as it runs: 80 tokens/s learned where four
 streams each wrote 50. So the rate each stream got, unscaled, is kept beside
-it (``ModelSpeed.observed``) for charging whole answers as they run. The backend's own timings are used where it reports
-them (Ollama's ``prompt_eval_duration``, ``eval_duration`` and ``load_duration``);
-otherwise the shell's clock: a stream's prompt is read by its first byte and
-its answer written after it. Samples that are not finite, not positive or
-beyond any GPU's reach are dropped: a backend is not trusted to report sanely.
+it (``ModelSpeed.observed``) for charging whole answers as they run. The
+backend's own timings are used where it reports them (Ollama's
+``prompt_eval_duration``, ``eval_duration`` and ``load_duration``); otherwise
+the shell's clock: a stream's prompt is read by its first byte and its answer
+written after it.
+
+Invariant: samples that are not finite, not positive or beyond any GPU's
+reach are dropped, so every learned rate is finite and positive: a backend is
+not trusted to report sanely.
 """
 
 from __future__ import annotations
@@ -19,19 +23,18 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
+from ..jobs import Job, Timings
+from ..settings import SchedulerSettings
 from .backend import BackendLoad, ModelSpeed
 from .estimate import Speeds
-from .jobs import Job, Timings
-from .settings import SchedulerSettings
 
 __all__ = ["Sample", "learn"]
 
+# Limits of a valid reading, not settings: nothing to tune, only what no hardware reaches.
 #: Tokens per second no backend reaches: a rate above it is a bad reading.
 MAX_RATE = 1e6
 #: Bytes per second no load reaches (PCIe 6 x16 is about 1.2e11).
 MAX_LOAD_RATE = 1e12
-#: Prompts shorter than this say more about overhead than about prefill speed.
-MIN_PREFILL_TOKENS = 64
 
 
 @dataclass(frozen=True, slots=True)
@@ -82,13 +85,13 @@ def learn(load: BackendLoad, speeds: Speeds, job: Job, sample: Sample, settings:
         speed.observed = _ema(speed.observed, decode, alpha)
         speed.answers += 1
     prompt = sample.prompt_tokens
-    if prompt is not None and prompt >= MIN_PREFILL_TOKENS:
+    if prompt is not None and prompt >= settings.min_prefill_sample_tokens:
         prefill = _rate(prompt, prefill_s, MAX_RATE)
         if prefill is not None:
             speed.prefill = _ema(speed.prefill, prefill * slowdown, alpha)
     # Only the job that started a load times all of it: one that joined it later, or waited
     # behind the backend's queue, reports part of a load or a wait (Ollama's load_duration).
-    if t.load is not None and t.load >= 0.5 and job.id in load.loaders:
+    if t.load is not None and t.load >= settings.min_load_sample_seconds and job.id in load.loaders:
         bps = _rate(sample.model_size, t.load, MAX_LOAD_RATE)
         if bps is not None:
             load.load_bytes_per_second = _ema(load.load_bytes_per_second, bps, alpha)

@@ -28,7 +28,7 @@ Invariants (``Pool.check()`` asserts them in tests):
   jobs running, at most where it stood from V when its queue emptied; sending
   within ``anticipation`` of its last job's end, where that end placed it.
 - A charge takes a queued seat's settled lag (``lag`` without ``inflight``) at most
-  ``DEBT_BOUND`` of the pool's largest charges (per unit of weight) behind V, and
+  ``debt_bound`` of the pool's largest charges (per unit of weight) behind V, and
   never moves a seat already further behind: people in one pool who never meet
   on a backend drift apart, and this bounds what one pays back when they meet.
 - Lags leave their place in only three ways besides charges: that placement,
@@ -44,24 +44,11 @@ from collections import deque
 from collections.abc import Hashable
 from dataclasses import dataclass, field
 
+from ..pooling import PoolKey
+from ..settings import SchedulerSettings
 from .priority import apply_factor, heavy_factor
-from .settings import SchedulerSettings
 
-__all__ = ["Pool", "PoolKey", "Seat", "UserState"]
-
-#: A pool is named by the backend ids that can serve its jobs.
-PoolKey = frozenset
-
-#: Weight of the newest completed request in a pool's typical request cost.
-TYPICAL_ALPHA = 0.1
-#: A single request moves the typical cost at most as if it were this many times the typical.
-TYPICAL_CLIP = 4.0
-#: Typical requests (per unit of weight) a seat may use beyond the heavy threshold before it
-#: counts as heavy: within that, the excess is the scheduler's own granularity, not heavy use.
-HEAVY_SLACK = 2.0
-#: How many of the pool's largest requests (per unit of weight) a queued seat may stand behind V:
-#: VTC's bound on the service gap between backlogged people.
-DEBT_BOUND = 2.0
+__all__ = ["Pool", "Seat", "UserState"]
 
 
 @dataclass(slots=True)
@@ -268,7 +255,7 @@ class Pool:
         lag = seat.lag - cost / seat.weight
         if cost > 0 and seat.queued:
             held = seat.inflight / seat.weight  # charged ahead for jobs still running: not yet a debt
-            floor = self.reference() - DEBT_BOUND * self.largest / seat.weight - held
+            floor = self.reference() - self.settings.debt_bound * self.largest / seat.weight - held
             lag = max(lag, min(seat.lag, floor))
         seat.lag = lag
         self.touch(seat)
@@ -292,13 +279,14 @@ class Pool:
     def completed(self, seat: Seat, cost: float, prompt: float, completion: float, now: float) -> None:
         """A request here ended having cost ``cost``: count it as usage, in the typical cost and answer."""
         seat.served += cost
+        alpha, clip = self.settings.typical_ema_alpha, self.settings.typical_clip
         if cost > 0:
-            self.typical += TYPICAL_ALPHA * (min(cost, TYPICAL_CLIP * self.typical) - self.typical)
+            self.typical += alpha * (min(cost, clip * self.typical) - self.typical)
         if completion > 0:
-            self.answer += TYPICAL_ALPHA * (min(completion, TYPICAL_CLIP * self.answer) - self.answer)
-            clipped = min(completion, TYPICAL_CLIP * self.slot_answer)
-            self._answer_tokens += TYPICAL_ALPHA * (clipped - self._answer_tokens)
-            self._answer_squares += TYPICAL_ALPHA * (clipped * clipped - self._answer_squares)
+            self.answer += alpha * (min(completion, clip * self.answer) - self.answer)
+            clipped = min(completion, clip * self.slot_answer)
+            self._answer_tokens += alpha * (clipped - self._answer_tokens)
+            self._answer_squares += alpha * (clipped * clipped - self._answer_squares)
         self.add_usage(seat, prompt + completion, cost, now)
 
     def add_usage(self, seat: Seat, tokens: float, units: float, at: float) -> None:
@@ -351,7 +339,7 @@ class Pool:
         factors: dict[Hashable, float] = {}
         # Heavy means heavy next to others: a seat alone in the window is using an idle pool.
         # And heavy beyond noise: fair share itself lets a seat run up to two requests ahead.
-        slack = HEAVY_SLACK * self.credit()
+        slack = settings.heavy_slack * self.credit()
         if len(per_weight) > 1:
             for uid, used in per_weight.items():
                 if used - settings.deprioritize_threshold * total > slack:

@@ -28,19 +28,12 @@ from __future__ import annotations
 import math
 from collections.abc import Hashable, Iterator
 
-from .jobs import Job
-from .pools import Pool, PoolKey, Seat, UserState
-from .settings import SchedulerSettings
+from ..jobs import Job
+from ..pooling import PoolKey
+from ..settings import SchedulerSettings, check_weight
+from .pools import Pool, Seat, UserState
 
-__all__ = ["ANSWERS_AHEAD", "FairShare"]
-
-#: How many of its pool's slot answers a stream of a user with known answers is charged ahead
-#: of what it has produced: two keep VTC's bound (twice the largest request) in the answers-jump
-#: example, where one lets a user whose answers jump hold too many slots (gap 11,080 of 8,400).
-#: While a user's answers are unknown it is one, as far as its placement credit reaches: what is
-#: charged ahead is refunded when a short first answer ends, and more would lift it above users
-#: placed while it ran.
-ANSWERS_AHEAD = 2.0
+__all__ = ["FairShare"]
 
 
 class FairShare:
@@ -68,7 +61,13 @@ class FairShare:
         override: float | None = None,
         group_weight: float | None = None,
     ) -> tuple[UserState, list[Seat]]:
-        """Add or change a user; returns it and the seats whose priority needs a new key."""
+        """Add or change a user; returns it and the seats whose priority needs a new key.
+
+        Raises ValueError, changing nothing, when a weight is not a finite number above 0.
+        """
+        for value in (weight, override, group_weight):
+            if value is not None:
+                check_weight(value)
         user = self.users.get(uid)
         if user is None:
             user = self.users[uid] = UserState(uid, str(uid) if name is None else name, group, weight, override)
@@ -94,7 +93,7 @@ class FairShare:
 
     def set_group(self, name: str, weight: float) -> list[Seat]:
         """A group's weight changed: its members without an override follow, from now on."""
-        self.groups[name] = weight
+        self.groups[name] = weight = check_weight(weight)
         changed: list[Seat] = []
         for user in self.users.values():
             if user.group == name and user.override is None:
@@ -105,6 +104,17 @@ class FairShare:
             for pool in self.pools.values():
                 changed += self._reweigh_group(pool, name)
         return changed
+
+    def remove_user(self, uid: Hashable) -> None:
+        """Forget a user that has nothing queued or running, and its seats."""
+        user = self.users.get(uid)
+        if user is None:
+            return
+        if user.queued or user.running:
+            raise ValueError(f"user {user.name!r} still has jobs queued or running")
+        del self.users[uid]
+        for pool in self.pools.values():
+            pool.seats.pop(uid, None)
 
     def _group_weight(self, user: UserState) -> float:
         known = self.groups.get(user.group) if user.group is not None else None
@@ -223,7 +233,7 @@ class FairShare:
         (``Pool.slot_answer``: a short history is not trusted with a slot that long
         answers keep busy), at most ``max_tokens``; while the user has no completed
         answer it is unknown: ``max_tokens``, else unbounded, and a stream is charged
-        one typical answer ahead of what it has produced (``ANSWERS_AHEAD`` slot
+        one typical answer ahead of what it has produced (``answers_ahead`` slot
         answers once known), so a user taking several slots at once moves by each of
         them, and one whose answers are long is charged as they are produced, not
         all at the start. A job that
@@ -239,7 +249,7 @@ class FairShare:
         usual = user.completion_ema
         slot = pool.slot_answer
         total = max(self.settings.default_completion_tokens if usual is None else usual, slot)
-        ahead = ANSWERS_AHEAD * slot if usual is not None else pool.answer
+        ahead = self.settings.answers_ahead * slot if usual is not None else pool.answer
         if not job.stream:
             return (total if max_tokens is None else min(total, float(max_tokens))), ahead
         if usual is None:
@@ -249,7 +259,7 @@ class FairShare:
         return total, ahead
 
     def learn_completion(self, user: UserState, completion_tokens: float) -> None:
-        alpha = 0.2
+        alpha = self.settings.completion_ema_alpha
         ema = user.completion_ema
         user.completion_ema = completion_tokens if ema is None else ema + alpha * (completion_tokens - ema)
 

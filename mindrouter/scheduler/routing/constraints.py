@@ -4,27 +4,25 @@ Constraints that depend only on the backend and the kind of job (model, modality
 JSON mode) are *static*: they are evaluated once per job class and cached until a
 backend changes. The rest (health, drain, capacity, memory fit) are checked per
 decision. Which of the backends that pass is best is ``estimate.py``'s question.
+
+Invariant: every reason a backend is refused is one of ``REASONS``, in the
+words decision records show; busy models are never counted as free memory.
 """
 
 from __future__ import annotations
 
 from collections.abc import Hashable, Mapping
 
+from ..jobs import ClassKey
 from .backend import Backend, BackendLoad
-from .jobs import Modality
 
 __all__ = [
     "REASONS",
-    "RETRY_PENALTY",
-    "ClassKey",
     "fit",
     "live_rejections",
     "rejected_map",
     "static_rejections",
 ]
-
-#: (model, modality, json_mode): jobs of one class are interchangeable for routing.
-ClassKey = tuple[str, Modality, bool]
 
 #: Each rejection reason, as it appears in decision records.
 REASONS = {
@@ -59,7 +57,7 @@ def fit(backend: Backend, load: BackendLoad, model: str, resident: frozenset[str
 
     A resident or loading model fits. Otherwise the estimate must fit in free VRAM plus what
     idle resident models would free, and a place must be left under ``max_loaded``; busy models
-    are never counted as free. Unknown readings fit, as before. ``resident``: ``load.resident(backend, now)``.
+    are never counted as free. Unknown readings fit, as before. ``resident``: ``load.resident(...)`` now.
     """
     if model in resident:
         return ()
@@ -74,14 +72,16 @@ def fit(backend: Backend, load: BackendLoad, model: str, resident: frozenset[str
             free = min(free, backend.vram_total - held)
     room = backend.max_loaded
     evict: list[str] = []
-    # Ollama's findRunnerToUnload: idle runners by keep_alive (not reported: taken as equal), then model path
-    # (a digest; the name stands in), not the least recently used.
-    idle = sorted(m for m in resident if not load.model_in_flight.get(m) and m not in load.loading)
+    idle: list[str] | None = None  # sorted once a model must go: most calls evict nothing
     while True:
         short = need is not None and free is not None and need > free
         full = room is not None and len(resident) >= room
         if not (short or full):
             return tuple(evict)
+        if idle is None:
+            # Ollama's findRunnerToUnload: idle runners by keep_alive (not reported: taken as equal), then model
+            # path (a digest; the name stands in), not the least recently used.
+            idle = sorted(m for m in resident if not load.model_in_flight.get(m) and m not in load.loading)
         if not idle:
             return REASONS["memory"] if short else REASONS["loaded"]
         victim = idle.pop(0)
@@ -91,8 +91,8 @@ def fit(backend: Backend, load: BackendLoad, model: str, resident: frozenset[str
             free += backend.resident_vram.get(victim, 0)
 
 
-def live_rejections(backend: Backend, load: BackendLoad, model: str, now: float) -> tuple[str, ...]:
-    """Reasons ``backend`` cannot take a job for ``model`` right now."""
+def live_rejections(backend: Backend, load: BackendLoad, model: str, now: float, confirm: float) -> tuple[str, ...]:
+    """Reasons ``backend`` cannot take a job for ``model`` right now (``confirm``: ``BackendLoad.resident``'s)."""
     reasons = []
     if not backend.healthy:
         reasons.append(REASONS["unhealthy"])
@@ -106,14 +106,10 @@ def live_rejections(backend: Backend, load: BackendLoad, model: str, now: float)
         reasons.append(REASONS["capacity"])
         if load.held:
             reasons.append(REASONS["held"])
-    room = fit(backend, load, model, load.resident(backend, now))
+    room = fit(backend, load, model, load.resident(backend, now, confirm))
     if isinstance(room, str):
         reasons.append(room)
     return tuple(reasons)
-
-
-#: Seconds taken from a backend's score when it already failed this request, so a retry goes elsewhere if it can.
-RETRY_PENALTY = 1000.0
 
 
 def rejected_map(

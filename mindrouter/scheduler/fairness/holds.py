@@ -12,10 +12,13 @@ its pool, a learned think time shorter than ``anticipation``, and a better
 priority than every queued job that could take the slot, the core holds that
 slot for it for at most ``anticipation`` seconds.
 
-One owner: a held slot counts in its backend's ``in_flight`` and
-``model_in_flight`` (and ``held``), so every rule that reads them treats it as
-taken; it is given back only by ``Holds.release``, when the seat submits again,
-when the hold expires, or when the backend is disabled or removed.
+Invariants: a hold is ended once, by ``release``: when its seat submits again,
+when it expires, or when its backend is disabled or removed; every ``Hold``
+that ends is returned to the caller, which gives its slot back to routing
+(``Router.unhold``), where a held slot counts in the backend's ``in_flight``,
+``model_in_flight`` and ``held`` so every rule treats it as taken. A holder is
+charged for the time held only here (``hold_price``), and never for a hold
+whose backend went away.
 """
 
 from __future__ import annotations
@@ -23,19 +26,11 @@ from __future__ import annotations
 from collections.abc import Callable, Hashable
 from dataclasses import dataclass
 
-from .backend import BackendLoad
-from .classes import Classes
-from .pools import Pool, PoolKey, Seat
+from ..pooling import PoolKey
+from ..settings import SchedulerSettings
+from .pools import Pool, Seat
 
-__all__ = ["HOLD_PRICE", "THINK_ALPHA", "Hold", "Holds"]
-
-#: Weight of the newest gap in a seat's learned think time.
-THINK_ALPHA = 0.25
-#: The part of what a held slot would have delivered to the job it kept waiting that its holder is
-#: charged: the idle slot-time is a loss both bear, the holder by paying half, the other by waiting.
-#: Measured on ``think-time`` against the simulator's targets: 1 leaves the thinker 2.3 points under
-#: (3.8 over 90 minutes), 0 leaves it 5.5 points over (6.0); 0.5 is within 0.5 points at both lengths.
-HOLD_PRICE = 0.5
+__all__ = ["Hold", "Holds"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -49,18 +44,21 @@ class Hold:
     rate: float
     """Service units a second the slot would have delivered to the job it keeps waiting: the hold's price."""
 
+    def ended(self, now: float | None) -> float:
+        """When a hold given back at ``now`` (None: its backend went away) ended."""
+        return self.until if now is None else min(now, self.until)
+
 
 class Holds:
     """The slots held now: per seat, keyed by (user id, pool), one for each of its jobs that ended, oldest first."""
 
-    def __init__(self, loads: dict[Hashable, BackendLoad], classes: Classes, anticipation: float) -> None:
-        self._loads = loads
-        self._classes = classes
-        self.anticipation = anticipation
+    def __init__(self, settings: SchedulerSettings) -> None:
+        self.settings = settings
+        self.anticipation = settings.anticipation
         self.held: dict[tuple[Hashable, PoolKey], list[Hold]] = {}
 
-    def submitted(self, seat: Seat, pool: PoolKey, now: float, *, learn: bool) -> bool:
-        """A job of ``seat`` was queued: its oldest hold ends, so the job may take that slot; True if one did.
+    def submitted(self, seat: Seat, pool: PoolKey, now: float, *, learn: bool) -> Hold | None:
+        """A job of ``seat`` was queued: its oldest hold ends, so the job may take that slot; returns it if one did.
 
         With ``learn`` (its queue was empty, and the job is new, not one queued again after a
         failure), the gap since its last job ended teaches its think time. A gap counts as at most
@@ -69,16 +67,18 @@ class Holds:
         """
         if learn and seat.ended is not None and self.anticipation:
             gap = min(now - seat.ended, 2 * self.anticipation)
-            seat.think = gap if seat.think is None else seat.think + THINK_ALPHA * (gap - seat.think)
+            alpha = self.settings.think_ema_alpha
+            seat.think = gap if seat.think is None else seat.think + alpha * (gap - seat.think)
             seat.ended = None
         key = (seat.user.id, pool)
         holds = self.held.get(key)
         if not holds:
-            return False
-        self.release(holds.pop(0), now)
+            return None
+        hold = holds.pop(0)
+        self.release(hold, now)
         if not holds:
             del self.held[key]
-        return True
+        return hold
 
     def within(self, seat: Seat, now: float) -> bool:
         """Whether ``seat`` sends again within ``anticipation`` of its last job's end (``Pool.place``)."""
@@ -90,31 +90,19 @@ class Holds:
 
     def take(self, pool: Pool, seat: Seat, backend_id: Hashable, model: str, now: float, rate: float) -> None:
         """Hold one slot of ``backend_id`` for ``seat`` until ``now + anticipation``, at ``rate`` a second."""
-        load = self._loads[backend_id]
         hold = Hold(pool, seat, backend_id, model, now, now + self.anticipation, rate)
         self.held.setdefault((seat.user.id, pool.key), []).append(hold)
-        load.in_flight += 1
-        load.held += 1
-        load.model_in_flight[model] = load.model_in_flight.get(model, 0) + 1
-        self._classes.load_changed(backend_id)
 
     def release(self, hold: Hold, now: float | None) -> None:
-        """Give a held slot back, and charge its holder for the time held: the one place that does.
+        """End a hold, and charge its holder for the time held: the one place that does.
 
         Idling is not free (BFQ charges an idled queue for the time it kept the device): the holder
-        pays ``HOLD_PRICE`` of what the slot would have delivered meanwhile to the job it kept
+        pays ``hold_price`` of what the slot would have delivered meanwhile to the job it kept
         waiting. ``now`` None: the backend went away, and the slot with it.
         """
-        load = self._loads.get(hold.backend_id)
-        if load is not None:
-            load.hold_ended = hold.until if now is None else min(now, hold.until)
-            load.in_flight -= 1
-            load.held -= 1
-            load.model_in_flight[hold.model] -= 1
-            self._classes.load_changed(hold.backend_id)
-        held = 0.0 if now is None else min(now, hold.until) - hold.start
+        held = 0.0 if now is None else hold.ended(now) - hold.start
         if held > 0 and hold.rate > 0:
-            hold.pool.charge(hold.seat, HOLD_PRICE * held * hold.rate)
+            hold.pool.charge(hold.seat, self.settings.hold_price * held * hold.rate)
 
     def _end(self, ends: Callable[[Hold], bool], now: float | None) -> list[Hold]:
         ended = []
@@ -134,17 +122,16 @@ class Holds:
         """End the holds past their time; return them (their holders were charged)."""
         return self._end(lambda hold: hold.until <= now, now) if self.held else []
 
-    def backend_closed(self, backend_id: Hashable) -> None:
-        """``backend_id`` was disabled or removed: its holds end now, free of charge."""
-        self._end(lambda hold: hold.backend_id == backend_id, None)
+    def backend_closed(self, backend_id: Hashable) -> list[Hold]:
+        """``backend_id`` was disabled or removed: its holds end now, free of charge; returns them."""
+        return self._end(lambda hold: hold.backend_id == backend_id, None)
 
     def next_deadline(self) -> float | None:
         return min((holds[0].until for holds in self.held.values()), default=None)
 
-    def check(self) -> None:
-        """Assert that every backend's ``held`` counts its holds (for tests)."""
-        per_backend: dict[Hashable, int] = {}
+    def per_backend(self) -> dict[Hashable, int]:
+        """Slots held now, per backend (what routing's ``held`` must count)."""
+        counts: dict[Hashable, int] = {}
         for hold in (hold for holds in self.held.values() for hold in holds):
-            per_backend[hold.backend_id] = per_backend.get(hold.backend_id, 0) + 1
-        for bid, load in self._loads.items():
-            assert load.held == per_backend.get(bid, 0), (bid, load.held, per_backend.get(bid, 0))
+            counts[hold.backend_id] = counts.get(hold.backend_id, 0) + 1
+        return counts
