@@ -334,18 +334,28 @@ async def export_state(request: web.Request) -> web.Response:
     return web.json_response(request.app[STORE].export())
 
 
+async def import_dry_run(request: web.Request) -> web.Response:
+    """What an import would change, and nothing changed (a route of its own: a daemon without it answers 404)."""
+    return web.json_response(request.app[STORE].import_(await _body(request), dry_run=True))
+
+
 async def import_state(request: web.Request) -> web.Response:
     data = await _body(request)
     app = request.app
-    before = {row.id for row in app[STORE].list_backends()}
-    counts = app[STORE].import_(data)
+    before = {row.id: row for row in app[STORE].list_backends()}
+    answer = app[STORE].import_(data)
+    registry = app[REGISTRY]
     for row in app[STORE].list_backends():
-        if row.id in before:
-            app[REGISTRY].update_row(row)
+        old = before.get(row.id)
+        if old is not None and (old.url, old.engine) != (row.url, row.engine):
+            await registry.remove(row.id)  # another server, or another engine: a client of its own
+            old = None
+        if old is None:
+            registry.add(row)
         else:
-            app[REGISTRY].add(row)
+            registry.update_row(row)
     _sync_users(app)
-    return web.json_response(counts)
+    return web.json_response(answer)
 
 
 def setup_admin_routes(app: web.Application) -> None:
@@ -369,4 +379,5 @@ def setup_admin_routes(app: web.Application) -> None:
     r.add_get("/admin/models", list_models)
     r.add_get("/admin/export", export_state)
     r.add_post("/admin/import", import_state)
+    r.add_post("/admin/import/dry-run", import_dry_run)
     setup_watch_routes(app)
