@@ -19,7 +19,7 @@ Invariants:
       transaction: bad input changes nothing.
 """
 
-from .changes import Change, describe, pool_changes
+from .changes import Change, describe, describe_field, pool_changes
 from .db import Store
 from .errors import AlreadyExists, InUse, InvalidValue, NotFound, StoreError
 from .rows import QUOTA_FIELDS, ApiKeyInfo, BackendRow, Group, Quota, UsageReport, UsageRow, UsageTotal, User
@@ -52,6 +52,7 @@ __all__ = [
     "User",
     "decision_row",
     "describe",
+    "describe_field",
     "encode_record",
     "migrate",
     "pool_changes",

@@ -10,7 +10,7 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-__all__ = ["Change", "describe", "pool_changes"]
+__all__ = ["Change", "describe", "describe_field", "pool_changes"]
 
 Change = dict[str, Any]
 """``{"kind", "name", "field", "before", "after"}``: ``field`` None for a new entry (``after`` its settings)."""
@@ -52,10 +52,15 @@ def _value(value: Any) -> str:
     return str(value)
 
 
+def describe_field(field: str, before: Any, after: Any) -> str:
+    """One setting's change: ``max_concurrent 6 → 8``, ``tokens_per_day 500000 → not set``."""
+    return f"{field} {_value(before)} → {_value(after)}"
+
+
 def describe(change: Mapping[str, Any]) -> str:
     """One change as a line: ``backend ws2: max_concurrent 6 → 8``, ``group phd: new (scheduler_weight 2.5)``."""
     head = f"{change['kind']} {change['name']}"
     if change.get("field") is None:
         settings = change.get("after") or {}
         return f"{head}: new ({', '.join(f'{k} {_value(v)}' for k, v in settings.items())})"
-    return f"{head}: {change['field']} {_value(change.get('before'))} → {_value(change.get('after'))}"
+    return f"{head}: {describe_field(change['field'], change.get('before'), change.get('after'))}"
