@@ -45,10 +45,11 @@ def _errors(rows: list[dict[str, Any]]) -> list[str]:
     ]
 
 
+#: A narrow terminal hides the id first and the URL last: the URL says which server it is.
 COLUMNS = [
-    Column("id", "id", justify="right", style="dim", drop=8),
+    Column("id", "id", justify="right", style="dim", drop=1),
     Column("name", "backend", style="bold"),
-    Column("engine", "engine", drop=7),
+    Column("engine", "engine", drop=5),
     Column("status", "status", getter=lambda r: r, fmt=_status),
     Column("in_flight", "in flight", getter=lambda r: r, fmt=_load, justify="right"),
     Column("loaded_models", "loaded", fmt=fmt_list),
@@ -57,13 +58,13 @@ COLUMNS = [
         "models",
         fmt=lambda v: fmt_num(len(v)) if isinstance(v, list) else fmt_list(v),
         justify="right",
-        drop=4,
+        drop=6,
     ),
-    Column("latency_ema", "latency", fmt=fmt_duration, justify="right", drop=3),
-    Column("tokens_per_second", "tok/s", fmt=lambda v: fmt_num(v, 1), justify="right", drop=2),
-    Column("model_speeds", "tok/s by model", fmt=fmt_speeds, drop=1),
-    Column("utilization", "gpu", fmt=fmt_pct, justify="right", drop=5),
-    Column("url", "url", style="dim", drop=6),
+    Column("latency_ema", "latency", fmt=fmt_duration, justify="right", drop=4),
+    Column("tokens_per_second", "tok/s", fmt=lambda v: fmt_num(v, 1), justify="right", drop=3),
+    Column("model_speeds", "tok/s by model", fmt=fmt_speeds, drop=2),
+    Column("utilization", "gpu", fmt=fmt_pct, justify="right", drop=7),
+    Column("url", "url", style="dim", drop=8),
 ]
 
 BackendName = Annotated[

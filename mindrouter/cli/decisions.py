@@ -10,6 +10,8 @@ from collections.abc import Iterable, Mapping
 from typing import Annotated, Any
 
 import typer
+from rich.console import RenderableType
+from rich.table import Table
 from rich.text import Text
 
 from ..errors import DaemonUnreachable
@@ -72,19 +74,41 @@ COLUMNS = [
 ]
 
 
-def decision_line(record: Mapping[str, Any]) -> Text:
-    """One decision on one line, for ``--follow`` where a table cannot grow."""
-    text = Text()
-    text.append(f"{fmt_time(record.get('wall_time')):>8}  ", style="dim")
-    text.append(f"{record.get('request_id', 'n/a')!s:<20} ", style="bold")
-    text.append(f"{_user(record):<22} ")
-    text.append(f"{record.get('model', 'n/a')!s:<18} ")
-    text.append(f"→ {_backend(record):<14}", style="cyan")
-    text.append(" ")
-    text.append(_outcome(record))
-    text.append(f" waited {fmt_duration(record.get('queue_wait')):>7}")
-    text.append(f"  priority {fmt_num(_priority(record), 1)}  score {fmt_num(_score(record), 1)}", style="dim")
-    return text
+def decision_line(record: Mapping[str, Any], width: int = 200) -> RenderableType:
+    """One decision for ``--follow``, where a table cannot grow: on one line of ``width`` when it fits, its
+    columns aligned where there is room and its priority and score left out where there is not; else its
+    values wrapped between them (never inside one) under the time."""
+    parts = [
+        (f"{record.get('request_id', 'n/a')!s}", "bold", 12),
+        (_user(record), "", 16),
+        (f"{record.get('model', 'n/a')!s}", "", 12),
+        (f"→ {_backend(record)}", "cyan", 10),
+    ]
+    tail = [(_outcome(record), f"waited {fmt_duration(record.get('queue_wait'))}")]
+    extra = f"priority {fmt_num(_priority(record), 1)}  score {fmt_num(_score(record), 1)}"
+    when = fmt_time(record.get("wall_time"))
+
+    def body(padded: bool, with_extra: bool) -> Text:
+        text = Text()
+        for value, style, pad in parts:
+            text.append(value.ljust(pad) if padded else value, style=style)
+            text.append(" ")
+        outcome, waited = tail[0]
+        text.append(outcome)
+        text.append(f" {waited}")
+        if with_extra:
+            text.append(f"  {extra}", style="dim")
+        return text
+
+    for padded, with_extra in ((True, True), (True, False), (False, False)):
+        line = body(padded, with_extra)
+        if len(when) + 2 + line.cell_len <= width:
+            return Text.assemble((when, "dim"), "  ", line)
+    grid = Table.grid(padding=(0, 2))
+    grid.add_column(style="dim", no_wrap=True)
+    grid.add_column()
+    grid.add_row(when, body(False, False))
+    return grid
 
 
 def _key(record: Mapping[str, Any]) -> tuple[Any, Any]:
@@ -158,7 +182,7 @@ def _show(records: Iterable[Mapping[str, Any]], as_json: bool, out: Any) -> None
         print_json_lines(records)
         return
     for record in records:
-        out.print(decision_line(record), soft_wrap=True)
+        out.print(decision_line(record, out.width))
         out.file.flush()
 
 
