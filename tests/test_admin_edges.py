@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import socket
 import subprocess
 from pathlib import Path
 
@@ -11,8 +12,13 @@ import pytest
 from mindrouter.config import load_config
 from mindrouter.errors import ConfigError
 
-from .test_cli_fake import mr
+from . import test_cli_fake
+from .conftest import Daemon
+from .test_cli_fake import FakeDaemon, decision, mr
 from .test_serve import MR, free_port
+
+fake = test_cli_fake.fake
+fake_server = test_cli_fake.fake_server
 
 
 def test_mr_config_naming_a_missing_file_is_refused_as_config_is(
@@ -53,3 +59,56 @@ def test_a_bad_toml_file_says_what_to_fix_not_to_overwrite_every_setting(tmp_pat
     assert "--force" not in message and "init" not in message, message
     assert message.startswith(f"config file {config} is not valid TOML at line 3, column 11 (expected newline"), message
     assert message.endswith("; fix that line (the other settings stay as they are)"), message
+
+
+async def test_a_key_without_bearer_is_told_to_add_bearer(daemon: Daemon) -> None:
+    """``Authorization: <key>`` was answered "missing API key", though the key was there."""
+    key = await daemon.user("kim")
+    body = {"model": "m", "messages": [{"role": "user", "content": "hi"}]}
+    for path, header in (("/v1/chat/completions", key), ("/api/chat", key), ("/v1/chat/completions", f"Token {key}")):
+        resp = await daemon.client.post(path, json=body, headers={"Authorization": header})
+        text = await resp.text()
+        assert resp.status == 401 and key not in text, text
+        assert "put `Bearer ` before the key: `Authorization: Bearer <key>`" in text, text
+        assert "missing API key" not in text
+    resp = await daemon.client.post("/v1/chat/completions", json=body)
+    assert "missing API key" in await resp.text()
+
+
+async def test_the_root_page_points_a_browser_to_the_web_ui(daemon: Daemon) -> None:
+    """Ollama clients still read "Ollama is running"; a person at the endpoint in a browser learns of /ui/."""
+    plain = await daemon.client.get("/")
+    assert (plain.status, await plain.text()) == (200, "Ollama is running")
+    assert (await daemon.client.get("/", headers={"Accept": "*/*"})).content_type == "text/plain"
+    browser = "text/html,application/xhtml+xml,application/xml;q=0.9,*/*;q=0.8"
+    page = await daemon.client.get("/", headers={"Accept": browser})
+    html = await page.text()
+    assert page.status == 200 and page.content_type == "text/html", html
+    assert "Ollama is running" in html and 'href="/ui/"' in html, html
+    assert (await daemon.client.head("/", headers={"Accept": browser})).status == 200
+
+
+def test_mr_serve_on_a_busy_port_says_so_before_it_creates_anything(tmp_path: Path) -> None:
+    with socket.socket() as busy:
+        busy.bind(("127.0.0.1", 0))
+        busy.listen()
+        port = busy.getsockname()[1]
+        state, sock = tmp_path / "state", tmp_path / "mr.sock"
+        args = ["--port", str(port), "--state-dir", str(state), "--socket", str(sock), "--no-discover"]
+        env = {**os.environ, "MR_CONFIG": ""}
+        r = subprocess.run([*MR, "serve", *args], capture_output=True, text=True, timeout=30, env=env)
+    assert r.returncode == 1 and r.stderr == (
+        f"mr: port {port} on 127.0.0.1 is already in use; stop the other server or pass --port\n"
+    ), r.stderr
+    assert not state.exists() and not sock.exists()
+
+
+def test_mr_top_and_mr_decisions_say_why_a_request_reached_no_backend(fake: FakeDaemon) -> None:
+    refused = decision("mr-0refused", selected_backend=None, backend=None, outcome="rejected", status=503)  # type: ignore[arg-type]
+    timed_out = decision("mr-0waited", selected_backend=None, backend=None, outcome="timeout", status=504)  # type: ignore[arg-type]
+    fake.decisions = [refused, timed_out]
+    for args in (("top", "--once"), ("decisions",)):
+        out = mr(*args, env={"COLUMNS": "120"}).stdout
+        assert "None" not in out, (args, out)
+        rows = {rid: next(line for line in out.splitlines() if rid in line) for rid in ("mr-0refused", "mr-0waited")}
+        assert "refused" in rows["mr-0refused"] and "timed out" in rows["mr-0waited"], (args, out)

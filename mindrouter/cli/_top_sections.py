@@ -13,6 +13,7 @@ from typing import Any
 
 from rich.text import Text
 
+from ..explain import backend_label
 from ..formats import fmt_duration, fmt_list, fmt_num, fmt_pct, fmt_speeds, fmt_tokens
 from ._output import bar, factor_text, status_text
 from ._pictures import share_bar, sparkline
@@ -281,7 +282,7 @@ def _decisions(data: Mapping[str, Any]) -> Section:
         Col("model", lambda r: str(r.get("model")), 6, drop=2),
         Col(
             "backend",
-            lambda r: Text(str(r.get("selected_backend") or r.get("selected_backend_id")), style="cyan"),
+            lambda r: Text(backend_label(r), style="cyan"),
             7,
         ),
         Col("waited", lambda r: fmt_duration(r.get("queue_wait")), 6, "right", drop=1),

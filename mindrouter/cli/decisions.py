@@ -15,17 +15,13 @@ from rich.table import Table
 from rich.text import Text
 
 from ..errors import DaemonUnreachable
+from ..explain import backend_label
 from ..formats import fmt_duration, fmt_num, fmt_time
 from . import _validate
 from ._app import ConfigOption, complete_from, get_app
 from ._output import Column, console, fit_hints, print_json_lines, print_table, table
 
 __all__ = ["COLUMNS", "decision_line", "register"]
-
-
-def _backend(record: Mapping[str, Any]) -> str:
-    name = record.get("selected_backend")
-    return str(name if name is not None else record.get("selected_backend_id", "n/a"))
 
 
 def _score(record: Mapping[str, Any]) -> Any:
@@ -65,7 +61,7 @@ COLUMNS = [
     Column("request_id", "request", style="bold"),
     Column("user", "user", getter=_user),
     Column("model", "model"),
-    Column("selected_backend", "backend", getter=_backend, style="cyan"),
+    Column("selected_backend", "backend", getter=backend_label, style="cyan"),
     Column("queue_wait", "waited", fmt=fmt_duration, justify="right", drop=4),
     Column("priority", "priority", getter=_priority, fmt=lambda v: fmt_num(v, 1), justify="right", drop=3),
     Column("scores", "score", getter=_score, fmt=lambda v: fmt_num(v, 1), justify="right", drop=2),
@@ -82,7 +78,7 @@ def decision_line(record: Mapping[str, Any], width: int = 200) -> RenderableType
         (f"{record.get('request_id', 'n/a')!s}", "bold", 12),
         (_user(record), "", 16),
         (f"{record.get('model', 'n/a')!s}", "", 12),
-        (f"→ {_backend(record)}", "cyan", 10),
+        (f"→ {backend_label(record)}", "cyan", 10),
     ]
     tail = [(_outcome(record), f"waited {fmt_duration(record.get('queue_wait'))}")]
     extra = f"priority {fmt_num(_priority(record), 1)}  score {fmt_num(_score(record), 1)}"
