@@ -24,7 +24,11 @@ fake_server = test_cli_fake.fake_server
 def test_why_keeps_every_score_whole_and_the_tick_beside_the_winner(fake: FakeDaemon, width: int) -> None:
     lab(fake)
     out = mr("why", "mr-3fa9c2e1", env={"COLUMNS": str(width)}).stdout
-    whole(out, [PERSON, f"({GROUP})", MODEL, "local-ollama", "gpu-node-18-llamacpp", "-4.5", "-20.2", "12.5", "36.5"], width)
+    whole(
+        out,
+        [PERSON, f"({GROUP})", MODEL, "local-ollama", "gpu-node-18-llamacpp", "-4.5", "-20.2", "12.5", "36.5"],
+        width,
+    )
     winner = next(line for line in out.splitlines() if line.startswith("local-ollama"))
     assert "✓" in winner and "-4.5" in winner, out
     assert not any(line.strip() == "✓" for line in out.splitlines()), out

@@ -66,6 +66,8 @@ def pair(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[ThreadDaemo
 def pool(daemon: ThreadDaemon) -> dict[str, Any]:
     """What `mr export` says of a daemon's pool, without the backends' ids (the store's, not a setting)."""
     data = tomllib.loads(run(daemon, "export").stdout)
+    for kind in ("groups", "users", "backends"):
+        data.setdefault(kind, [])
     for row in data["backends"]:
         row.pop("id")
     return data
@@ -146,3 +148,20 @@ async def test_an_import_that_moves_a_backend_sends_its_requests_to_the_new_url(
         )
         assert resp.status == 200, await resp.text()
         assert (old.requests, new.requests) == (0, 1)
+
+
+def test_an_exported_file_takes_entries_appended_by_hand(
+    pair: tuple[ThreadDaemon, ThreadDaemon], tmp_path: Path
+) -> None:
+    """Groups were written as one inline array, so a `[[groups]]` block added below was not valid TOML."""
+    one, _ = pair
+    file = tmp_path / "lab.toml"
+    assert run(one, "export", "-o", str(file)).exit_code == 0
+    with file.open("a") as out:
+        out.write(
+            '\n[[groups]]\nname = "visitors"\nscheduler_weight = 0.5\n\n[[users]]\nname = "vic"\ngroup = "visitors"\n'
+        )
+    dry = run(one, "import", "--dry-run", str(file))
+    assert dry.exit_code == 0, dry
+    assert "  group visitors: new (scheduler_weight 0.5)" in dry.stdout.splitlines(), dry.stdout
+    assert "  user vic: new (group visitors)" in dry.stdout.splitlines(), dry.stdout

@@ -161,14 +161,18 @@ def _drop_none(value: Any) -> Any:
 
 
 def to_toml(data: dict[str, Any]) -> str:
-    """An export as TOML (nulls, which TOML cannot hold, are left out)."""
+    """An export as TOML: each entry a ``[[groups]]``, ``[[users]]`` or ``[[backends]]`` table, so one can be
+    added by hand below the others (tomli-w writes small tables as one inline array, which a ``[[groups]]``
+    further down cannot extend); nulls, which TOML cannot hold, are left out."""
     header = (
         f"# mindrouter pool exported {time.strftime('%Y-%m-%d %H:%M:%S %z')} by mindrouter {VERSION}.\n"
         "# Groups, users (without their API keys) and backends; load it with `mr import FILE.toml`.\n\n"
     )
-    body: dict[str, Any] = {"version": data.get("version", 1)}
-    body.update({kind: _drop_none(data.get(kind) or []) for kind in ("groups", "users", "backends")})
-    return header + tomli_w.dumps(body)
+    text = header + tomli_w.dumps({"version": data.get("version", 1)})
+    for kind in ("groups", "users", "backends"):
+        for entry in data.get(kind) or []:
+            text += f"\n[[{kind}]]\n" + tomli_w.dumps(_drop_none(entry))
+    return text
 
 
 def _read(file: Path) -> Any:
