@@ -72,3 +72,22 @@ def test_backend_list_hides_the_id_and_engine_before_the_url(fake: FakeDaemon) -
     whole(out, [URL, "local-ollama", MODEL], 125)
     hidden = " ".join(out.split()).split("not shown at 125 columns: ")[1]
     assert hidden.startswith("id,") and "url" not in hidden.split("(")[0], out
+
+
+@pytest.mark.parametrize(("width", "height"), [(80, 24), (120, 40)])
+def test_top_never_cuts_a_number(fake: FakeDaemon, width: int, height: int) -> None:
+    """`mr top` cuts long names with an ellipsis to keep one line a row; its numbers were cut too ("1,94…")."""
+    lab(fake)
+    data = fake.top()
+    for row in data["backends"]:
+        row["tokens_per_second"] = 1943.25
+        row["latency_ema"] = 12.5
+    data["share"]["users"][0].update(deficit=-2_345_678.0, factor=0.13)
+    from .test_cli_top import frame
+
+    lines = frame(data, width, height, socket="/run/mr.sock", now=1_767_000_000.0)
+    text = "\n".join(lines)
+    numbers = re.findall(r"\d[\d,.]*…", text)
+    assert not numbers, text
+    if width == 120:
+        assert "1,943.2" in text and "-2,345,678" in text and "0.13" in text, text

@@ -35,6 +35,8 @@ class Col:
     """Names longer than this are cut with an ellipsis."""
     drop: int = 0
     """Higher is dropped sooner on a narrow terminal; 0 is never dropped."""
+    whole: bool = False
+    """Never cut (numbers, right-justified, are never cut either): a request id people copy into `mr why`."""
 
 
 @dataclass
@@ -277,7 +279,7 @@ def _decisions(data: Mapping[str, Any]) -> Section:
     rows = list(reversed(data.get("decisions") or []))  # newest first
     cols = [
         Col("time", lambda r: clock(r.get("wall_time")), 8, drop=3),
-        Col("request", lambda r: str(r.get("request_id")), 8),
+        Col("request", lambda r: str(r.get("request_id")), 8, whole=True),
         Col("user", lambda r: str(r.get("user") or r.get("user_id")), 6),
         Col("model", lambda r: str(r.get("model")), 6, drop=2),
         Col(

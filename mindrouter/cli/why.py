@@ -124,6 +124,7 @@ def why_view(record: Mapping[str, Any], names: Mapping[str, str]) -> Group:
     silent = [
         _header(h) for key, h, _ in SCORE_TERMS if not any(_says((components.get(b) or {}).get(key)) for b in ids)
     ]
+    silent.sort(key=lambda h: _DROP.index(h) if h in _DROP else len(_DROP))  # the least telling of them first
     parts: list[Any] = [head, Text(), Fitted(prio), Text(), Fitted(cand, drop=[*silent, *_DROP])]
     if lost:
         parts.append(Text("\n".join(lost)))
