@@ -108,7 +108,7 @@ def test_mr_top_and_mr_decisions_say_why_a_request_reached_no_backend(fake: Fake
     timed_out = decision("mr-0waited", selected_backend=None, backend=None, outcome="timeout", status=504)  # type: ignore[arg-type]
     fake.decisions = [refused, timed_out]
     for args in (("top", "--once"), ("decisions",)):
-        out = mr(*args, env={"COLUMNS": "120"}).stdout
+        out = mr(*args, env={"COLUMNS": "120", "LINES": "60"}).stdout
         assert "None" not in out, (args, out)
         rows = {rid: next(line for line in out.splitlines() if rid in line) for rid in ("mr-0refused", "mr-0waited")}
         assert "refused" in rows["mr-0refused"] and "timed out" in rows["mr-0waited"], (args, out)
