@@ -11,6 +11,7 @@ from __future__ import annotations
 import dataclasses
 import math
 import os
+import re
 import tomllib
 import warnings
 from collections.abc import Mapping
@@ -241,6 +242,19 @@ _ENV_SCHEDULER = {
 }
 
 
+_AT = re.compile(r"\s*\(at line (\d+), column (\d+)\)$")
+
+
+def _toml_error(file: Path, exc: tomllib.TOMLDecodeError) -> str:
+    """Where the file breaks TOML and how: fixing that line keeps every other setting (``init --force`` would not)."""
+    message = str(exc)
+    at = _AT.search(message)
+    where = f" at line {at[1]}, column {at[2]}" if at else ""
+    what = message[: at.start()] if at else message
+    what = what[:1].lower() + what[1:]
+    return f"config file {file} is not valid TOML{where} ({what}); fix that line (the other settings stay as they are)"
+
+
 def load_config(
     path: str | os.PathLike[str] | None = None,
     *,
@@ -268,10 +282,12 @@ def load_config(
         except (OSError, UnicodeDecodeError) as exc:
             raise ConfigError(f"cannot read config file {file}: {exc}") from exc
         except tomllib.TOMLDecodeError as exc:
-            raise ConfigError(
-                f"config file {file} is not valid TOML ({exc}); fix it or run `mr config init --force`"
-            ) from exc
-    elif (must_exist or path is not None) and path is not None and must_exist:
+            raise ConfigError(_toml_error(file, exc)) from exc
+    elif path is None and os.environ.get("MR_CONFIG"):  # as config_path() found it
+        raise ConfigError(
+            f"MR_CONFIG names {file}, which does not exist; correct MR_CONFIG, or create the file with `mr config init`"
+        )
+    elif must_exist:
         raise ConfigError(f"config file {file} does not exist; create it with `mr config init`")
 
     for section in data:

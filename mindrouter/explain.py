@@ -12,7 +12,7 @@ from typing import Any
 
 from .formats import fmt_num, fmt_pct, fmt_tokens
 
-__all__ = ["ENDINGS", "PRIORITY_TERMS", "RECENT_TERMS", "SCORE_TERMS", "ended", "lost_by"]
+__all__ = ["ENDINGS", "PRIORITY_TERMS", "RECENT_TERMS", "SCORE_TERMS", "backend_label", "ended", "lost_by"]
 
 #: (record key, header, meaning) of each term of a candidate's estimate (docs/routing.md), in seconds from the decision.
 SCORE_TERMS = [
@@ -103,3 +103,18 @@ def ended(record: Mapping[str, Any]) -> str:
         text += f" (HTTP {status})"
     reason = record.get("reason")
     return text + (f"; {reason}." if reason and outcome != "ok" else ".")
+
+
+#: What a request that reached no backend shows where its backend would be, by how it ended.
+_NO_BACKEND = {"rejected": "refused", "timeout": "timed out", "client_gone": "left queue"}
+
+
+def backend_label(record: Mapping[str, Any]) -> str:
+    """The backend a decision record went to, by name (``#id`` once removed); for one that reached none,
+    why: refused, timed out, left queue."""
+    name = record.get("selected_backend")
+    if name is not None:
+        return str(name)
+    if record.get("selected_backend_id") is not None:
+        return f"#{record['selected_backend_id']}"
+    return _NO_BACKEND.get(str(record.get("outcome")), "none")

@@ -167,7 +167,7 @@ def test_every_command_against_a_running_daemon(live: ThreadDaemon) -> None:
             assert word in r.stdout, (args, word, r.stdout)
 
     # Changes, then clean-up.
-    assert run(live, "backend", "drain", "ws1", "--json").json()["status"] in ("draining", "drained")
+    assert run(live, "backend", "drain", "ws1", "--force", "--json").json()["status"] in ("draining", "drained")
     assert run(live, "backend", "enable", "ws1", "--json").json()["status"] == "healthy"
     assert run(live, "user", "rm", "bob").exit_code == 0
     assert run(live, "group", "rm", "phd").exit_code == 0

@@ -574,7 +574,7 @@ class FakeDaemon:
                         ],
                     }
                 )
-            case "POST", ["import"]:
+            case "POST", ["import"] | ["import", "dry-run"]:
                 return j({k: len(body.get(k, [])) for k in ("groups", "users", "backends")})
             case "GET", ["boom"]:
                 return web.Response(status=500, text="Internal Server Error")

@@ -31,7 +31,7 @@ async def probed(daemon: Any, n: int) -> None:
 
 async def off(daemon: Any, name: str) -> None:
     """Take a backend out of service (drain; it is idle, so it is disabled at once)."""
-    await daemon.admin("POST", f"/admin/backends/{name}/drain")
+    await daemon.admin("POST", f"/admin/backends/{name}/drain", {"force": True})
     await until(lambda: daemon.registry.by_name(name).row.state == "disabled")
 
 

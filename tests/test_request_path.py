@@ -266,7 +266,7 @@ async def test_every_answer_has_a_request_id_and_every_request_a_decision_with_i
             await resp.content.readline()
             resp.close()
         await until(lambda: daemon.scheduler.running_count == 0)
-        await daemon.admin("POST", "/admin/backends/b1/drain")
+        await daemon.admin("POST", "/admin/backends/b1/drain", {"force": True})
         await until(lambda: daemon.registry.by_name("b1").row.state == "disabled")
         off = await daemon.client.post(CHAT, json=body(), headers=auth(key))
         assert off.status == 503 and off.headers["X-Request-Id"]

@@ -26,6 +26,7 @@ from mindrouter.store import (
     Store,
     StoreError,
     UsageRow,
+    describe,
 )
 from mindrouter.store import db as db_module
 from mindrouter.store import schema as schema_module
@@ -597,7 +598,12 @@ def test_export_shape_and_round_trip(st: Store, tmp_path: Path) -> None:
 
     text = tomli_w.dumps(data)  # TOML can hold it: no nulls
     with Store(tmp_path / "other.db") as other:
-        assert other.import_(tomllib.loads(text)) == {"groups": 4, "users": 2, "backends": 1}
+        assert other.import_(tomllib.loads(text)) | {"changes": []} == {
+            "groups": 4,
+            "users": 2,
+            "backends": 1,
+            "changes": [],
+        }
         assert other.export() == data
         assert other.list_keys() == []
 
@@ -613,14 +619,41 @@ def test_import_upserts_by_name(st: Store) -> None:
             "backends": [{"id": 77, "name": "gpu1", "url": "http://h:2", "engine": "vllm"}],
         }
     )
-    assert result == {"groups": 2, "users": 2, "backends": 1}
+    assert {k: result[k] for k in ("groups", "users", "backends")} == {"groups": 2, "users": 2, "backends": 1}
+    assert [describe(c) for c in result["changes"]] == [
+        "group phd: new (scheduler_weight 1.5)",
+        "group staff: scheduler_weight 2 → 2.5",
+        "user alice: group staff → phd",
+        "user alice: weight_override 4 → not set",
+        "user bob: new (group faculty)",
+        "backend gpu1: engine ollama → vllm",
+        "backend gpu1: priority 3 → 0",
+        "backend gpu1: url http://h:1 → http://h:2",
+    ]
     alice = st.get_user("alice")
     assert (alice.group, alice.weight_override, alice.weight) == ("phd", None, 1.5)  # a left-out field is its default
     assert st.get_user("bob").weight == 3.0  # derived `weight` ignored
     assert st.get_user("carol").weight == 2.5  # untouched, follows its group
     b = st.get_backend("gpu1")
     assert (b.url, b.engine, b.priority) == ("http://h:2", "vllm", 0.0) and b.id != 77
-    assert st.import_({}) == {"groups": 0, "users": 0, "backends": 0}
+    assert st.import_({}) == {"groups": 0, "users": 0, "backends": 0, "changes": []}
+
+
+def test_a_dry_run_import_lists_its_changes_and_changes_nothing(st: Store) -> None:
+    st.add_backend("gpu1", "http://h:1", "ollama", max_concurrent=6)
+    st.set_group_quota("staff", {"tokens_per_day": 1000})
+    before = st.export()
+    doc = {
+        "groups": [{"name": "staff", "scheduler_weight": 2}],  # its quota left out: removed
+        "backends": [{"name": "gpu1", "url": "http://h:1", "engine": "ollama", "max_concurrent": 8}],
+    }
+    dry = st.import_(doc, dry_run=True)
+    assert dry["changes"] == [
+        {"kind": "group", "name": "staff", "field": "tokens_per_day", "before": 1000, "after": None},
+        {"kind": "backend", "name": "gpu1", "field": "max_concurrent", "before": 6, "after": 8},
+    ]
+    assert st.export() == before
+    assert st.import_(doc)["changes"] == dry["changes"] and st.get_backend("gpu1").max_concurrent == 8
 
 
 GOOD = {

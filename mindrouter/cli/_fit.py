@@ -11,29 +11,38 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from rich.console import Console, Group, RenderableType
+from rich.console import Console, ConsoleOptions, Group, RenderableType, RenderResult
 from rich.measure import Measurement
 from rich.table import Table
 from rich.text import Text
 
-__all__ = ["fit", "fitted"]
+__all__ = ["Fitted", "fit", "fitted"]
 
 _UNBOUNDED = 100_000
 
 
-def fit(t: Table, out: Console, *, short: Mapping[str, str] | None = None, drop: Sequence[str] = ()) -> list[str]:
-    """Make ``t`` fit ``out``'s width with every value whole: a narrow terminal first gets the ``short``
-    headers, then loses the ``drop`` columns in that order. Returns the lines that say so, for under the table.
+def fit(
+    t: Table,
+    out: Console,
+    *,
+    short: Mapping[str, str] | None = None,
+    drop: Sequence[str] = (),
+    width: int | None = None,
+) -> list[str]:
+    """Make ``t`` fit ``width`` (default: ``out``'s) with every value whole: a narrow terminal first gets the
+    ``short`` headers, then loses the ``drop`` columns in that order. Returns the lines that say so, for under
+    the table.
 
     A value is never cut or split: each column is at least as wide as its longest word (rich wraps only
     between words), and when even that does not fit a column goes rather than a value.
     """
+    width = out.width if width is None else width
 
     def fits() -> bool:
-        return _least_width(t, out) <= out.width
+        return _least_width(t, out) <= width
 
     notes: list[str] = []
-    if Measurement.get(out, out.options.update_width(_UNBOUNDED), t).maximum <= out.width:
+    if Measurement.get(out, out.options.update_width(_UNBOUNDED), t).maximum <= width:
         return notes
     by_header = {str(c.header): c for c in t.columns}
     legend: dict[str, str] = {}
@@ -53,14 +62,38 @@ def fit(t: Table, out: Console, *, short: Mapping[str, str] | None = None, drop:
     if legend.keys() - set(hidden):
         notes.append(", ".join(f"{a}: {h}" for h, a in legend.items() if h not in hidden))
     if hidden:
-        notes.append(f"not shown at {out.width} columns: {', '.join(hidden)} (a wider terminal or --json shows them)")
-    _set_widths(t, out)
+        notes.append(f"not shown at {width} columns: {', '.join(hidden)} (a wider terminal or --json shows them)")
+    _set_widths(t, out, width)
     return notes
 
 
 def _least_width(t: Table, out: Console) -> int:
-    """The narrowest ``t`` can be with no word split, measured unbounded (a measure is clamped to the width)."""
-    return Measurement.get(out, out.options.update_width(_UNBOUNDED), t).minimum
+    """The narrowest ``t`` can be with no word split, and no ``no_wrap`` value cut (rich's own measure of a table
+    takes a ``no_wrap`` column's longest word, not its longest value)."""
+    return _overhead(t, out) + sum(_bounds(t, out)[0])
+
+
+def _bounds(t: Table, out: Console) -> tuple[list[int], list[int]]:
+    """Each column's least width that keeps its values whole (its longest word, or longest value when
+    ``no_wrap``) and its natural width (its longest value), measured unbounded."""
+    unbounded = out.options.update_width(_UNBOUNDED)
+    ranges = [[Measurement.get(out, unbounded, cell) for cell in (c.header, *c.cells)] for c in t.columns]
+    highs = [max(m.maximum for m in r) for r in ranges]
+    lows = [
+        high if c.no_wrap else max(m.minimum for m in r) for c, r, high in zip(t.columns, ranges, highs, strict=True)
+    ]
+    return lows, highs
+
+
+def _overhead(t: Table, out: Console) -> int:
+    """What padding and rules add to the columns' widths."""
+    saved = [column.width for column in t.columns]
+    for column in t.columns:
+        column.width = 1
+    overhead = Measurement.get(out, out.options.update_width(_UNBOUNDED), t).minimum - len(t.columns)
+    for column, width in zip(t.columns, saved, strict=True):
+        column.width = width
+    return overhead
 
 
 def _records(t: Table, headers: Sequence[tuple[Any, Any]]) -> RenderableType:
@@ -80,21 +113,13 @@ def _records(t: Table, headers: Sequence[tuple[Any, Any]]) -> RenderableType:
     return Group(title, grid) if title else grid
 
 
-def _set_widths(t: Table, out: Console) -> None:
+def _set_widths(t: Table, out: Console, width: int) -> None:
     """Fix each column's width: its longest word, and what is left to the columns that need least to be whole.
 
     rich would instead narrow the widest columns first, below their longest word, and split it.
     """
-    unbounded = out.options.update_width(_UNBOUNDED)
-    ranges = [[Measurement.get(out, unbounded, cell) for cell in (c.header, *c.cells)] for c in t.columns]
-    highs = [max(m.maximum for m in r) for r in ranges]
-    lows = [
-        high if c.no_wrap else max(m.minimum for m in r) for c, r, high in zip(t.columns, ranges, highs, strict=True)
-    ]
-    for column in t.columns:  # padding and rules: the width of the table when each column is 1 wide, less those
-        column.width = 1
-    overhead = _least_width(t, out) - len(t.columns)
-    spare = out.width - overhead - sum(lows)
+    lows, highs = _bounds(t, out)
+    spare = width - _overhead(t, out) - sum(lows)
     wants = [high - low for low, high in zip(lows, highs, strict=True)]
     if spare < 0:
         for column in t.columns:
@@ -109,12 +134,32 @@ def _set_widths(t: Table, out: Console) -> None:
 
 
 def fitted(
-    t: Table, out: Console, *, short: Mapping[str, str] | None = None, drop: Sequence[str] = ()
+    t: Table,
+    out: Console,
+    *,
+    short: Mapping[str, str] | None = None,
+    drop: Sequence[str] = (),
+    width: int | None = None,
 ) -> tuple[RenderableType, list[str]]:
-    """``t`` fitted to ``out`` and the lines for under it, or, when even its fewest columns cannot show each
-    value whole, its rows as blocks of lines (every column, so nothing is hidden)."""
+    """``t`` fitted to ``width`` (default: ``out``'s) and the lines for under it, or, when even its fewest columns
+    cannot show each value whole, its rows as blocks of lines (every column, so nothing is hidden)."""
+    width = out.width if width is None else width
     headers = [(column, column.header) for column in t.columns]
-    lines = fit(t, out, short=short, drop=drop)
-    if _least_width(t, out) > out.width:
+    lines = fit(t, out, short=short, drop=drop, width=width)
+    if _least_width(t, out) > width:
         return _records(t, headers), []
     return t, lines
+
+
+class Fitted:
+    """A table that fits itself to the width it is drawn at (``fitted``), its notes under it in dim: for a
+    table among other parts of a view (``mr why``, ``mr simulate``). Drawn once: fitting changes the table."""
+
+    def __init__(self, t: Table, *, short: Mapping[str, str] | None = None, drop: Sequence[str] = ()) -> None:
+        self.table, self.short, self.drop = t, short, drop
+
+    def __rich_console__(self, console: Console, options: ConsoleOptions) -> RenderResult:
+        shown, notes = fitted(self.table, console, short=self.short, drop=self.drop, width=options.max_width)
+        yield shown
+        for note in notes:
+            yield Text(note, style="dim")

@@ -13,6 +13,7 @@ from typing import Any
 
 from rich.text import Text
 
+from ..explain import backend_label
 from ..formats import fmt_duration, fmt_list, fmt_num, fmt_pct, fmt_speeds, fmt_tokens
 from ._output import bar, factor_text, status_text
 from ._pictures import share_bar, sparkline
@@ -34,6 +35,8 @@ class Col:
     """Names longer than this are cut with an ellipsis."""
     drop: int = 0
     """Higher is dropped sooner on a narrow terminal; 0 is never dropped."""
+    whole: bool = False
+    """Never cut (numbers, right-justified, are never cut either): a request id people copy into `mr why`."""
 
 
 @dataclass
@@ -276,12 +279,12 @@ def _decisions(data: Mapping[str, Any]) -> Section:
     rows = list(reversed(data.get("decisions") or []))  # newest first
     cols = [
         Col("time", lambda r: clock(r.get("wall_time")), 8, drop=3),
-        Col("request", lambda r: str(r.get("request_id")), 8),
+        Col("request", lambda r: str(r.get("request_id")), 8, whole=True),
         Col("user", lambda r: str(r.get("user") or r.get("user_id")), 6),
         Col("model", lambda r: str(r.get("model")), 6, drop=2),
         Col(
             "backend",
-            lambda r: Text(str(r.get("selected_backend") or r.get("selected_backend_id")), style="cyan"),
+            lambda r: Text(backend_label(r), style="cyan"),
             7,
         ),
         Col("waited", lambda r: fmt_duration(r.get("queue_wait")), 6, "right", drop=1),

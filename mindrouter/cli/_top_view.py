@@ -57,25 +57,49 @@ def allocate(wanted: Sequence[int], space: int, order: Sequence[int] | None = No
 # -- assembly ---------------------------------------------------------------------------------
 
 
-def _fit_columns(columns: list[Col], width: int) -> list[Col]:
-    """Drop the least important columns until the minimum widths (and one space each) fit."""
-    cols = list(columns)
-    while sum(c.min_width + 1 for c in cols) > width + 1:
-        droppable = [c for c in cols if c.drop]
+def _widths(columns: list[Col], cells: list[list[Text]], width: int) -> tuple[list[Col], list[list[Text]], list[int]]:
+    """The columns that fit ``width`` and the width of each: a number or id (``Col.whole``) as wide as its widest
+    value, the rest at their minimum (then cut with an ellipsis) and what is left handed out from the left; the
+    least important columns are dropped until that fits (rich would shrink every column alike, numbers too)."""
+    cols, cells = list(columns), [list(row) for row in cells]
+
+    def natural(i: int) -> int:
+        wide = max([Text(cols[i].header).cell_len, *(r[i].cell_len for r in cells)])
+        cap = cols[i].max_width
+        return wide if cap is None else min(wide, cap)
+
+    def least(i: int) -> int:
+        whole = cols[i].whole or cols[i].justify == "right"
+        return natural(i) if whole else min(cols[i].min_width, natural(i))
+
+    while sum(least(i) + 1 for i in range(len(cols))) > width + 1:
+        droppable = [i for i, c in enumerate(cols) if c.drop]
         if not droppable:
             break
-        cols.remove(max(droppable, key=lambda c: (c.drop, cols.index(c))))
-    return cols
+        gone = max(droppable, key=lambda i: (cols[i].drop, i))
+        del cols[gone]
+        for row in cells:
+            del row[gone]
+    widths = [least(i) for i in range(len(cols))]
+    spare = width + 1 - sum(w + 1 for w in widths)
+    for i in range(len(cols)):  # left to right: a section names its most telling columns first
+        give = max(0, min(natural(i) - widths[i], spare))
+        widths[i] += give
+        spare -= give
+    return cols, cells, widths
 
 
 def _table(section: Section, width: int, rows: int) -> RenderableType:
-    cols = _fit_columns(section.columns, width)
     title = section.title.copy()
     title.truncate(width, overflow="ellipsis")
     if not section.rows:  # no header over nothing: the title and one sentence
         empty = Text(section.empty, style="dim")
         empty.truncate(width, overflow="ellipsis")
         return Group(title, empty)
+    items = section.rows
+    cut = 1 < rows < len(items)  # one line left: better the top row than only "… N more"
+    shown = [[safe_cell(col.cell(row)) for col in section.columns] for row in items[: rows - 1 if cut else rows]]
+    cols, cells, widths = _widths(section.columns, shown, width)
     t = Table(
         box=None,
         show_edge=False,
@@ -84,19 +108,10 @@ def _table(section: Section, width: int, rows: int) -> RenderableType:
         expand=False,
         header_style="bold dim",
     )
-    for col in cols:
-        t.add_column(
-            col.header,
-            justify=col.justify,  # type: ignore[arg-type]
-            no_wrap=True,
-            overflow="ellipsis",
-            min_width=col.min_width,
-            max_width=col.max_width,
-        )
-    items = section.rows
-    cut = 1 < rows < len(items)  # one line left: better the top row than only "… N more"
-    for row in items[: rows - 1 if cut else rows]:
-        t.add_row(*(safe_cell(col.cell(row)) for col in cols))
+    for col, fixed in zip(cols, widths, strict=True):
+        t.add_column(col.header, justify=col.justify, no_wrap=True, overflow="ellipsis", width=fixed)  # type: ignore[arg-type]
+    for row in cells:
+        t.add_row(*row)
     if cut:
         t.add_row(Text(f"… {len(items) - rows + 1} more", style="dim"), *[""] * (len(cols) - 1))
     return Group(title, t)

@@ -10,20 +10,18 @@ from collections.abc import Iterable, Mapping
 from typing import Annotated, Any
 
 import typer
+from rich.console import RenderableType
+from rich.table import Table
 from rich.text import Text
 
 from ..errors import DaemonUnreachable
+from ..explain import backend_label
 from ..formats import fmt_duration, fmt_num, fmt_time
 from . import _validate
 from ._app import ConfigOption, complete_from, get_app
 from ._output import Column, console, fit_hints, print_json_lines, print_table, table
 
 __all__ = ["COLUMNS", "decision_line", "register"]
-
-
-def _backend(record: Mapping[str, Any]) -> str:
-    name = record.get("selected_backend")
-    return str(name if name is not None else record.get("selected_backend_id", "n/a"))
 
 
 def _score(record: Mapping[str, Any]) -> Any:
@@ -63,7 +61,7 @@ COLUMNS = [
     Column("request_id", "request", style="bold"),
     Column("user", "user", getter=_user),
     Column("model", "model"),
-    Column("selected_backend", "backend", getter=_backend, style="cyan"),
+    Column("selected_backend", "backend", getter=backend_label, style="cyan"),
     Column("queue_wait", "waited", fmt=fmt_duration, justify="right", drop=4),
     Column("priority", "priority", getter=_priority, fmt=lambda v: fmt_num(v, 1), justify="right", drop=3),
     Column("scores", "score", getter=_score, fmt=lambda v: fmt_num(v, 1), justify="right", drop=2),
@@ -72,19 +70,41 @@ COLUMNS = [
 ]
 
 
-def decision_line(record: Mapping[str, Any]) -> Text:
-    """One decision on one line, for ``--follow`` where a table cannot grow."""
-    text = Text()
-    text.append(f"{fmt_time(record.get('wall_time')):>8}  ", style="dim")
-    text.append(f"{record.get('request_id', 'n/a')!s:<20} ", style="bold")
-    text.append(f"{_user(record):<22} ")
-    text.append(f"{record.get('model', 'n/a')!s:<18} ")
-    text.append(f"→ {_backend(record):<14}", style="cyan")
-    text.append(" ")
-    text.append(_outcome(record))
-    text.append(f" waited {fmt_duration(record.get('queue_wait')):>7}")
-    text.append(f"  priority {fmt_num(_priority(record), 1)}  score {fmt_num(_score(record), 1)}", style="dim")
-    return text
+def decision_line(record: Mapping[str, Any], width: int = 200) -> RenderableType:
+    """One decision for ``--follow``, where a table cannot grow: on one line of ``width`` when it fits, its
+    columns aligned where there is room and its priority and score left out where there is not; else its
+    values wrapped between them (never inside one) under the time."""
+    parts = [
+        (f"{record.get('request_id', 'n/a')!s}", "bold", 12),
+        (_user(record), "", 16),
+        (f"{record.get('model', 'n/a')!s}", "", 12),
+        (f"→ {backend_label(record)}", "cyan", 10),
+    ]
+    tail = [(_outcome(record), f"waited {fmt_duration(record.get('queue_wait'))}")]
+    extra = f"priority {fmt_num(_priority(record), 1)}  score {fmt_num(_score(record), 1)}"
+    when = fmt_time(record.get("wall_time"))
+
+    def body(padded: bool, with_extra: bool) -> Text:
+        text = Text()
+        for value, style, pad in parts:
+            text.append(value.ljust(pad) if padded else value, style=style)
+            text.append(" ")
+        outcome, waited = tail[0]
+        text.append(outcome)
+        text.append(f" {waited}")
+        if with_extra:
+            text.append(f"  {extra}", style="dim")
+        return text
+
+    for padded, with_extra in ((True, True), (True, False), (False, False)):
+        line = body(padded, with_extra)
+        if len(when) + 2 + line.cell_len <= width:
+            return Text.assemble((when, "dim"), "  ", line)
+    grid = Table.grid(padding=(0, 2))
+    grid.add_column(style="dim", no_wrap=True)
+    grid.add_column()
+    grid.add_row(when, body(False, False))
+    return grid
 
 
 def _key(record: Mapping[str, Any]) -> tuple[Any, Any]:
@@ -158,7 +178,7 @@ def _show(records: Iterable[Mapping[str, Any]], as_json: bool, out: Any) -> None
         print_json_lines(records)
         return
     for record in records:
-        out.print(decision_line(record), soft_wrap=True)
+        out.print(decision_line(record, out.width))
         out.file.flush()
 
 

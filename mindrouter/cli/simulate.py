@@ -14,9 +14,13 @@ from rich.progress import BarColumn, Progress, TaskID, TextColumn, TimeRemaining
 
 from ..errors import UsageError
 from ._app import ConfigOption
+from ._fit import Fitted
 from ._output import console, err_console
 
 __all__ = ["register"]
+
+#: The columns of the users' table a narrow terminal hides first (the summary under it says each in words).
+_DROP = ("passed", "p95", "max", "starved", "reqs", "timeouts")
 
 
 class _LazyProgress:
@@ -120,7 +124,7 @@ def simulate(
     if as_json:
         sys.stdout.write(json.dumps(result) + "\n")
         return
-    render(result, console(), wall_seconds=wall)
+    render(result, console(), wall_seconds=wall, fit=lambda table: Fitted(table, drop=_DROP))
 
 
 def register(app: typer.Typer) -> None:

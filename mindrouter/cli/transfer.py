@@ -6,7 +6,8 @@ before the daemon applies the whole file at once or nothing of it. Read-only
 columns that a listing would show (in-flight counts, health, ...) are
 accepted and dropped, so a file written by ``mr export`` of any version, or
 assembled from ``--json`` listings, imports cleanly; any other key is refused
-as a probable typo.
+as a probable typo. The keys an entry may set are the store's
+(``store.IMPORT_FIELDS``), so every key ``mr export`` writes imports.
 """
 
 from __future__ import annotations
@@ -21,10 +22,11 @@ from typing import Annotated, Any
 import tomli_w
 import typer
 from rich.markup import escape
+from rich.text import Text
 
 from .. import __version__ as VERSION
 from ..errors import MindRouterError, UsageError
-from ..store import QUOTA_FIELDS
+from ..store import IMPORT_FIELDS, QUOTA_FIELDS, describe
 from . import _validate
 from ._app import ConfigOption, JsonOption, get_app
 from ._output import console, print_json
@@ -32,11 +34,7 @@ from ._output import console, print_json
 __all__ = ["normalize", "register", "to_toml"]
 
 #: Keys each kind of entry may set (the daemon's import shape, docs/admin-api.md).
-SETTABLE = {
-    "groups": {"name", "scheduler_weight", *QUOTA_FIELDS},
-    "users": {"name", "group", "weight_override", *QUOTA_FIELDS},
-    "backends": {"name", "url", "engine", "max_concurrent", "gpus", "node", "priority", "state"},
-}
+SETTABLE = {kind: allowed for kind, (_, allowed, _) in IMPORT_FIELDS.items()}
 #: Keys a listing shows that cannot be set; accepted and dropped. A user's
 #: ``weight`` is the effective one (from the group unless overridden), so it is
 #: never read as an override.
@@ -107,6 +105,9 @@ def _entry(kind: str, index: int, raw: Any) -> dict[str, Any]:
             for key, check in (("max_concurrent", _validate.max_concurrent), ("priority", _validate.priority)):
                 if entry.get(key) is not None:
                     entry[key] = check(str(entry[key]))
+            for key in ("parallel", "max_loaded"):
+                if entry.get(key) is not None:
+                    entry[key] = _validate.slots(str(entry[key]), key)
             gpus = entry.get("gpus")
             if isinstance(gpus, list):
                 entry["gpus"] = _validate.gpus(",".join(str(g) for g in gpus)) if gpus else []
@@ -160,14 +161,18 @@ def _drop_none(value: Any) -> Any:
 
 
 def to_toml(data: dict[str, Any]) -> str:
-    """An export as TOML (nulls, which TOML cannot hold, are left out)."""
+    """An export as TOML: each entry a ``[[groups]]``, ``[[users]]`` or ``[[backends]]`` table, so one can be
+    added by hand below the others (tomli-w writes small tables as one inline array, which a ``[[groups]]``
+    further down cannot extend); nulls, which TOML cannot hold, are left out."""
     header = (
         f"# mindrouter pool exported {time.strftime('%Y-%m-%d %H:%M:%S %z')} by mindrouter {VERSION}.\n"
         "# Groups, users (without their API keys) and backends; load it with `mr import FILE.toml`.\n\n"
     )
-    body: dict[str, Any] = {"version": data.get("version", 1)}
-    body.update({kind: _drop_none(data.get(kind) or []) for kind in ("groups", "users", "backends")})
-    return header + tomli_w.dumps(body)
+    text = header + tomli_w.dumps({"version": data.get("version", 1)})
+    for kind in ("groups", "users", "backends"):
+        for entry in data.get(kind) or []:
+            text += f"\n[[{kind}]]\n" + tomli_w.dumps(_drop_none(entry))
+    return text
 
 
 def _read(file: Path) -> Any:
@@ -195,31 +200,43 @@ def import_(
         ),
     ],
     dry_run: Annotated[
-        bool, typer.Option("--dry-run", help="Check the file and say what it holds, without sending it.")
+        bool,
+        typer.Option("--dry-run", help="List each change the file would make to the daemon's pool; change nothing."),
     ] = False,
     json: JsonOption = False,
     config: ConfigOption = None,
 ) -> None:
     """Load groups, users and backends from a file: all of it, or nothing if any entry is refused.
 
-    Users get no keys; create them with `mr user key NAME`.
+    Each entry is set whole, as the file has it: a quota or setting it leaves out is removed or takes
+    its default. Groups, users and backends the file does not name are left alone. The changes made
+    are listed (with --dry-run: the changes it would make). Users get no keys; create them with
+    `mr user key NAME`.
 
-    Example: mr import lab.toml
+    Example: mr import --dry-run lab.toml
     """
     body = normalize(_read(file))
     counts = {kind: len(body[kind]) for kind in SETTABLE}
-    if dry_run:
-        answer: dict[str, Any] = dict(counts)
-    else:
-        answer = get_app(ctx, config).client.post("/admin/import", body) or counts
+    client = get_app(ctx, config).client
+    answer: dict[str, Any] = client.post("/admin/import/dry-run" if dry_run else "/admin/import", body) or counts
     if json:
         print_json(answer)
         return
     verb = "would import" if dry_run else "imported"
-    console().print(
+    head = (
         f"{verb} {answer.get('groups', 0)} groups, {answer.get('users', 0)} users and "
-        f"{answer.get('backends', 0)} backends from {escape(str(file))}"
+        f"{answer.get('backends', 0)} backends from {file}"
     )
+    changes = answer.get("changes")
+    if changes is None:  # a daemon that does not list them
+        out = [head]
+    elif not changes:
+        out = [f"{head}; nothing {'would change' if dry_run else 'changed'}"]
+    else:
+        out = [f"{head}; {len(changes)} change{'s' if len(changes) != 1 else ''}:"]
+        out += [f"  {describe(change)}" for change in changes]
+    for line in out:
+        console().print(Text(line))
 
 
 def export(

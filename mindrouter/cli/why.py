@@ -21,6 +21,7 @@ from ..explain import PRIORITY_TERMS, RECENT_TERMS, SCORE_TERMS, ended, lost_by
 from ..formats import fmt_duration, fmt_num, fmt_time, fmt_tokens
 from ._app import ConfigOption, JsonOption, get_app
 from ._client import quote_name
+from ._fit import Fitted
 from ._output import console, print_json, titled_table
 
 __all__ = ["register", "why_view"]
@@ -28,6 +29,20 @@ __all__ = ["register", "why_view"]
 
 def _names(backends: list[Mapping[str, Any]]) -> dict[str, str]:
     return {str(b.get("id")): str(b.get("name")) for b in backends if b.get("id") is not None}
+
+
+#: The candidates' columns a narrow terminal hides first, after those that are 0 or n/a for every backend.
+_DROP = ("streams", "tok/s", "penalty", "priority", "scarce", "delay", "evict", "prefill", "decode")
+
+
+def _header(header: str) -> str:
+    """A term's column header without its unit: the title says the times are seconds."""
+    return header.removesuffix(" s")
+
+
+def _says(value: Any) -> bool:
+    """Whether a term's value tells something: not missing, not 0."""
+    return value is not None and value != 0
 
 
 def why_view(record: Mapping[str, Any], names: Mapping[str, str]) -> Group:
@@ -81,10 +96,10 @@ def why_view(record: Mapping[str, Any], names: Mapping[str, str]) -> Group:
     ids = [str(b) for b in record.get("candidate_backends") or []] or list(components) or list(scores)
     ids.sort(key=lambda b: -float((components.get(b) or {}).get("score", scores.get(b, 0)) or 0))
     cand = titled_table("backends that could serve it (the highest score wins: priority - expected seconds)")
-    cand.add_column("backend")
+    cand.add_column("backend", no_wrap=True)  # the winner's ✓ stays beside its name
     cand.add_column("score", justify="right")
     for _, header, _ in SCORE_TERMS:
-        cand.add_column(header, justify="right")
+        cand.add_column(_header(header), justify="right")
     best = components.get(str(chosen)) or {}
     lost: list[str] = []
     for bid in ids:
@@ -106,7 +121,11 @@ def why_view(record: Mapping[str, Any], names: Mapping[str, str]) -> Group:
     if not ids:
         cand.add_row(Text("none", style="dim"), *[""] * (len(SCORE_TERMS) + 1))
 
-    parts: list[Any] = [head, Text(), prio, Text(), cand]
+    silent = [
+        _header(h) for key, h, _ in SCORE_TERMS if not any(_says((components.get(b) or {}).get(key)) for b in ids)
+    ]
+    silent.sort(key=lambda h: _DROP.index(h) if h in _DROP else len(_DROP))  # the least telling of them first
+    parts: list[Any] = [head, Text(), Fitted(prio), Text(), Fitted(cand, drop=[*silent, *_DROP])]
     if lost:
         parts.append(Text("\n".join(lost)))
     rejected = record.get("rejected") or {}
@@ -118,8 +137,10 @@ def why_view(record: Mapping[str, Any], names: Mapping[str, str]) -> Group:
             refused.add_row(
                 label(str(bid)), "; ".join(map(str, reasons)) if isinstance(reasons, list) else str(reasons)
             )
-        parts += [Text(), refused]
-    legend = Text("estimate: " + "; ".join(f"{h} = {m}" for _, h, m in SCORE_TERMS), style="dim")
+        parts += [Text(), Fitted(refused)]
+    legend = Text(
+        "estimate (times in seconds): " + "; ".join(f"{_header(h)} = {m}" for _, h, m in SCORE_TERMS), style="dim"
+    )
     parts += [Text(), legend]
     return Group(*parts)
 

@@ -2,10 +2,11 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 from rich import box
-from rich.console import Console
+from rich.console import Console, RenderableType
 from rich.table import Table
 
 from .figures import render_pool
@@ -21,8 +22,18 @@ def _sec(value: float | None) -> str:
     return "-" if value is None else f"{value:.1f}s"
 
 
-def render(result: dict[str, Any], console: Console, *, wall_seconds: float | None = None) -> None:
-    """Print ``result`` as a rich table and a summary (what ``mr simulate`` shows without --json)."""
+def render(
+    result: dict[str, Any],
+    console: Console,
+    *,
+    wall_seconds: float | None = None,
+    fit: Callable[[Table], RenderableType] | None = None,
+) -> None:
+    """Print ``result`` as a rich table and a summary (what ``mr simulate`` shows without --json).
+
+    Args:
+        fit: wraps the table to fit the terminal (the CLI's ``Fitted``); defaults to printing it as it is.
+    """
     title = f"{result['scenario']}: {result['duration']:g} s simulated, seed {result['seed']}"
     table = Table(
         title=title,
@@ -53,7 +64,7 @@ def render(result: dict[str, Any], console: Console, *, wall_seconds: float | No
             _sec(row["max_passed_over_s"]),
             f"{row['timeouts']:,}",
         )
-    console.print(table)
+    console.print(table if fit is None else fit(table))
     gap = result["max_service_gap"]
     bound = result["gap_bound"]
     jain_index = result["jain_index"]

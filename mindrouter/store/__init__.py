@@ -19,22 +19,25 @@ Invariants:
       transaction: bad input changes nothing.
 """
 
+from .changes import Change, describe, describe_field, pool_changes
 from .db import Store
 from .errors import AlreadyExists, InUse, InvalidValue, NotFound, StoreError
 from .rows import QUOTA_FIELDS, ApiKeyInfo, BackendRow, Group, Quota, UsageReport, UsageRow, UsageTotal, User
 from .schema import SCHEMA_VERSION, migrate
 from .usage import DIMENSIONS
-from .validate import ENGINES, STATES, DecisionRow, decision_row, encode_record
+from .validate import ENGINES, IMPORT_FIELDS, STATES, DecisionRow, decision_row, encode_record
 
 __all__ = [
     "DIMENSIONS",
     "ENGINES",
+    "IMPORT_FIELDS",
     "QUOTA_FIELDS",
     "SCHEMA_VERSION",
     "STATES",
     "AlreadyExists",
     "ApiKeyInfo",
     "BackendRow",
+    "Change",
     "DecisionRow",
     "Group",
     "InUse",
@@ -48,6 +51,9 @@ __all__ = [
     "UsageTotal",
     "User",
     "decision_row",
+    "describe",
+    "describe_field",
     "encode_record",
     "migrate",
+    "pool_changes",
 ]

@@ -9,7 +9,7 @@ from typing import Any
 
 from ..names import same_server
 from .errors import AlreadyExists, NotFound
-from .rows import BackendRow
+from .rows import KEEP, BackendRow
 from .validate import _backend_fields, _name
 
 _BACKEND_COLUMNS = "url, engine, max_concurrent, gpus, node, priority, state, parallel, max_loaded"
@@ -73,10 +73,11 @@ class Backends:
         node: str | None = None,
         priority: float | None = None,
         state: str | None = None,
-        parallel: int | None = None,
-        max_loaded: int | None = None,
+        parallel: int | None = KEEP,
+        max_loaded: int | None = KEEP,
     ) -> BackendRow:
-        """Change the given fields (None leaves one as it is; ``node=""`` clears the node)."""
+        """Change the given fields (None leaves one as it is; ``node=""`` clears the node, ``gpus=[]`` the GPUs,
+        ``parallel=None`` and ``max_loaded=None`` those settings)."""
         old = _backend(self._backend_row(key))
         fields = _backend_fields(
             old.name,
@@ -87,8 +88,8 @@ class Backends:
             old.node if node is None else node,
             old.priority if priority is None else priority,
             old.state if state is None else state,
-            old.parallel if parallel is None else parallel,
-            old.max_loaded if max_loaded is None else max_loaded,
+            old.parallel if parallel is KEEP else parallel,
+            old.max_loaded if max_loaded is KEEP else max_loaded,
         )
         self._refuse_same_server(fields[0], but=old.id)
         self._db.execute(

@@ -15,6 +15,7 @@ from typing import Any
 
 from ..scheduler.settings import DEFAULT_GROUP_WEIGHTS
 from .backends import _BACKEND_COLUMNS, Backends
+from .changes import pool_changes
 from .checkpoint import Checkpointer
 from .decisions import Decisions
 from .errors import AlreadyExists, InUse, InvalidValue, NotFound, StoreError
@@ -35,6 +36,10 @@ _GROUP_SELECT = f"SELECT id, name, scheduler_weight, {_QUOTAS.format(t='groups')
 
 _QUOTA_COLUMNS = ", ".join(QUOTA_FIELDS)
 _QUOTA_SET = ", ".join(f"{f} = excluded.{f}" for f in QUOTA_FIELDS)
+
+
+class _RolledBack(Exception):
+    """Ends a dry run's transaction (``Store.import_``)."""
 
 
 def _no_nulls(row: dict[str, Any]) -> dict[str, Any]:
@@ -307,17 +312,33 @@ class Store(Backends, UsageLog, Decisions, People, ApiKeys):
             "backends": [_no_nulls(b.to_dict()) for b in self.list_backends()],
         }
 
-    def import_(self, data: Mapping[str, Any]) -> dict[str, int]:
+    def import_(self, data: Mapping[str, Any], *, dry_run: bool = False) -> dict[str, Any]:
         """Create or replace, by name, every group, user and backend in ``data``; nothing else is touched.
 
         Each entry describes the whole thing: a field it leaves out takes its default. Derived
         fields that ``export`` or ``to_dict`` write (a backend's ``id``, a user's ``weight``) are
         ignored. Everything is validated before anything is written, then written in one
-        transaction. Returns how many of each were imported.
+        transaction. Returns how many of each were imported, and under ``changes`` what changed
+        (``changes.pool_changes``).
+
+        Args:
+            dry_run: write in the transaction, then roll it back: the changes it would make.
 
         Raises:
             InvalidValue: naming the first bad entry; the database is unchanged.
         """
+        before = self.export()
+        try:
+            with transaction(self._db):
+                counts = self._import(data)
+                changes = pool_changes(before, self.export())
+                if dry_run:
+                    raise _RolledBack
+        except _RolledBack:
+            pass
+        return {**counts, "changes": changes}
+
+    def _import(self, data: Mapping[str, Any]) -> dict[str, int]:
         groups, users, backends = _validate_import(data, {g.name for g in self.list_groups()})
         for name, fields in backends:
             row = self.backend_at(fields[0])
@@ -326,34 +347,34 @@ class Store(Backends, UsageLog, Decisions, People, ApiKeys):
                     f"backend {name!r} ({fields[0]}) is already in the pool as {row.name!r}; "
                     f"name it {row.name!r} in the file or remove that one first"
                 )
-        with transaction(self._db) as db:
-            for name, weight, quotas in groups:
-                db.execute(
-                    f"INSERT INTO groups (name, scheduler_weight, {_QUOTA_COLUMNS}) VALUES (?, ?, ?, ?, ?)"
-                    f" ON CONFLICT (name) DO UPDATE SET scheduler_weight = excluded.scheduler_weight, {_QUOTA_SET}",
-                    (name, weight, *quotas),
-                )
-            for name, group, override, quotas, proxy_for, person_from, _ in users:
-                group_id = db.execute("SELECT id FROM groups WHERE name = ?", (group,)).fetchone()[0]
-                people = proxy_for and db.execute("SELECT id FROM groups WHERE name = ?", (proxy_for,)).fetchone()[0]
-                db.execute(
-                    f"INSERT INTO users (name, group_id, weight_override, created, {_QUOTA_COLUMNS}, proxy,"
-                    " proxy_group_id, person_from) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?) ON CONFLICT (name) DO UPDATE"
-                    f" SET group_id = excluded.group_id, weight_override = excluded.weight_override, {_QUOTA_SET},"
-                    " proxy = excluded.proxy, proxy_group_id = excluded.proxy_group_id,"
-                    " person_from = excluded.person_from, owner_id = NULL, identity = NULL",
-                    (name, group_id, override, self._clock(), *quotas, int(people is not None), people, person_from),
-                )
-            for name, *_, person in users:
-                if person is not None:
-                    self._import_person(name, *person)
-            for name, fields in backends:
-                db.execute(
-                    f"INSERT INTO backends (name, {_BACKEND_COLUMNS}) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)"
-                    " ON CONFLICT (name) DO UPDATE SET url = excluded.url,"
-                    " engine = excluded.engine, max_concurrent = excluded.max_concurrent,"
-                    " gpus = excluded.gpus, node = excluded.node, priority = excluded.priority,"
-                    " state = excluded.state, parallel = excluded.parallel, max_loaded = excluded.max_loaded",
-                    (name, *fields),
-                )
+        db = self._db
+        for name, weight, quotas in groups:
+            db.execute(
+                f"INSERT INTO groups (name, scheduler_weight, {_QUOTA_COLUMNS}) VALUES (?, ?, ?, ?, ?)"
+                f" ON CONFLICT (name) DO UPDATE SET scheduler_weight = excluded.scheduler_weight, {_QUOTA_SET}",
+                (name, weight, *quotas),
+            )
+        for name, group, override, quotas, proxy_for, person_from, _ in users:
+            group_id = db.execute("SELECT id FROM groups WHERE name = ?", (group,)).fetchone()[0]
+            people = proxy_for and db.execute("SELECT id FROM groups WHERE name = ?", (proxy_for,)).fetchone()[0]
+            db.execute(
+                f"INSERT INTO users (name, group_id, weight_override, created, {_QUOTA_COLUMNS}, proxy,"
+                " proxy_group_id, person_from) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?) ON CONFLICT (name) DO UPDATE"
+                f" SET group_id = excluded.group_id, weight_override = excluded.weight_override, {_QUOTA_SET},"
+                " proxy = excluded.proxy, proxy_group_id = excluded.proxy_group_id,"
+                " person_from = excluded.person_from, owner_id = NULL, identity = NULL",
+                (name, group_id, override, self._clock(), *quotas, int(people is not None), people, person_from),
+            )
+        for name, *_, person in users:
+            if person is not None:
+                self._import_person(name, *person)
+        for name, fields in backends:
+            db.execute(
+                f"INSERT INTO backends (name, {_BACKEND_COLUMNS}) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)"
+                " ON CONFLICT (name) DO UPDATE SET url = excluded.url,"
+                " engine = excluded.engine, max_concurrent = excluded.max_concurrent,"
+                " gpus = excluded.gpus, node = excluded.node, priority = excluded.priority,"
+                " state = excluded.state, parallel = excluded.parallel, max_loaded = excluded.max_loaded",
+                (name, *fields),
+            )
         return {"groups": len(groups), "users": len(users), "backends": len(backends)}

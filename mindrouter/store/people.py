@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING, Any
 
 from ..names import person_name
 from .errors import InvalidValue
-from .rows import QUOTA_FIELDS, Quota, User
+from .rows import KEEP, QUOTA_FIELDS, Quota, User
 from .validate import _person_from
 
 _QUOTAS = ", ".join(f"u.{f}" for f in QUOTA_FIELDS)
@@ -25,9 +25,6 @@ USER_SELECT = (
     " LEFT JOIN users o ON o.id = u.owner_id"
 )
 """Every column of a ``User``, in its order; append a WHERE clause."""
-
-KEEP: Any = object()
-"""For ``set_user_proxy``: leave this setting as it is."""
 
 
 def user_of_row(row: tuple[Any, ...]) -> User:

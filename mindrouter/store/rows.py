@@ -7,6 +7,9 @@ from typing import Any, NamedTuple
 
 QUOTA_FIELDS = ("tokens_per_day", "tokens_per_month", "requests_per_minute")
 
+KEEP: Any = object()
+"""For a setter whose None means "not set": leave this setting as it is."""
+
 
 @dataclass(frozen=True, slots=True)
 class Quota:

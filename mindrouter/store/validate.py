@@ -144,7 +144,8 @@ def decision_row(record: Mapping[str, Any], *, at: float | None = None) -> Decis
     )
 
 
-_IMPORT_FIELDS = {
+#: Per import section: the keys an entry must have, the keys it may set, and derived keys it may carry (ignored).
+IMPORT_FIELDS = {
     "groups": ({"name", "scheduler_weight"}, {"name", "scheduler_weight", *QUOTA_FIELDS}, set()),
     "users": (
         {"name", "group"},
@@ -171,7 +172,7 @@ def _validate_import(data: Mapping[str, Any], existing_groups: set[str]) -> tupl
     if data.get("version", 1) != 1:
         raise InvalidValue(f"the import data has version {data.get('version')!r}; this mindrouter reads version 1")
     sections: dict[str, list[Mapping[str, Any]]] = {}
-    for section, (required, allowed, ignored) in _IMPORT_FIELDS.items():
+    for section, (required, allowed, ignored) in IMPORT_FIELDS.items():
         entries = data.get(section, [])
         if not isinstance(entries, list):
             raise InvalidValue(f"the import data's {section} must be a list of tables")

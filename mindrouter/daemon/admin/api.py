@@ -20,6 +20,7 @@ from ...store.people import KEEP
 from ..edge.catalog import pool_models
 from ..process.appkeys import AUTH, CONFIG, DISPATCHER, GPUS, QUOTAS, REGISTRY, SCHEDULER, STORE
 from ..request.weights import apply_user
+from .backend_edits import backend_dict, models_left_without, refuse_orphaning, set_backend
 from .watch import quota_rows, setup_watch_routes
 
 __all__ = [
@@ -256,19 +257,9 @@ async def revoke_key(request: web.Request) -> web.Response:
 # -- backends ----------------------------------------------------------------------------
 
 
-def _backend_dict(app: web.Application, entry: Any) -> dict[str, Any]:
-    """A backend's row, with ``node_error`` when its ``mr agent`` does not answer (also in ``error`` if free)."""
-    row = app[REGISTRY].row_dict(entry)
-    node_error = app[GPUS].node_error(entry.row.node) if entry.row.node else None
-    row["node_error"] = node_error
-    if node_error and not row.get("error"):
-        row["error"] = node_error
-    return row
-
-
 async def list_backends(request: web.Request) -> web.Response:
     app = request.app
-    return web.json_response([_backend_dict(app, e) for e in app[REGISTRY].entries.values()])
+    return web.json_response([backend_dict(app, e) for e in app[REGISTRY].entries.values()])
 
 
 async def add_backend(request: web.Request) -> web.Response:
@@ -287,7 +278,7 @@ async def add_backend(request: web.Request) -> web.Response:
     if row.node:
         with contextlib.suppress(asyncio.TimeoutError):
             await asyncio.wait_for(app[GPUS].poll_node(row.node), wait)
-    return web.json_response(_backend_dict(app, entry), status=201)
+    return web.json_response(backend_dict(app, entry), status=201)
 
 
 def set_backend_state(app: web.Application, name: str, state: str) -> dict[str, Any]:
@@ -302,7 +293,14 @@ def set_backend_state(app: web.Application, name: str, state: str) -> dict[str, 
 
 
 async def drain_backend(request: web.Request) -> web.Response:
-    return web.json_response(set_backend_state(request.app, request.match_info["name"], "draining"))
+    """Refused while it is the last backend of a model, unless ``{"force": true}``; the row then names those models
+    (``models_left_without``)."""
+    data = await _body(request) if request.body_exists else {}
+    name = request.match_info["name"]
+    if data.get("force") is not True:
+        refuse_orphaning(request.app, name)
+    left = models_left_without(request.app, name)
+    return web.json_response({**set_backend_state(request.app, name, "draining"), "models_left_without": left})
 
 
 async def enable_backend(request: web.Request) -> web.Response:
@@ -334,18 +332,28 @@ async def export_state(request: web.Request) -> web.Response:
     return web.json_response(request.app[STORE].export())
 
 
+async def import_dry_run(request: web.Request) -> web.Response:
+    """What an import would change, and nothing changed (a route of its own: a daemon without it answers 404)."""
+    return web.json_response(request.app[STORE].import_(await _body(request), dry_run=True))
+
+
 async def import_state(request: web.Request) -> web.Response:
     data = await _body(request)
     app = request.app
-    before = {row.id for row in app[STORE].list_backends()}
-    counts = app[STORE].import_(data)
+    before = {row.id: row for row in app[STORE].list_backends()}
+    answer = app[STORE].import_(data)
+    registry = app[REGISTRY]
     for row in app[STORE].list_backends():
-        if row.id in before:
-            app[REGISTRY].update_row(row)
+        old = before.get(row.id)
+        if old is not None and (old.url, old.engine) != (row.url, row.engine):
+            await registry.remove(row.id)  # another server, or another engine: a client of its own
+            old = None
+        if old is None:
+            registry.add(row)
         else:
-            app[REGISTRY].add(row)
+            registry.update_row(row)
     _sync_users(app)
-    return web.json_response(counts)
+    return web.json_response(answer)
 
 
 def setup_admin_routes(app: web.Application) -> None:
@@ -363,10 +371,12 @@ def setup_admin_routes(app: web.Application) -> None:
     r.add_delete("/admin/users/{name}/keys/{key_id}", revoke_key)
     r.add_get("/admin/backends", list_backends)
     r.add_post("/admin/backends", add_backend)
+    r.add_put("/admin/backends/{name}", set_backend)
     r.add_post("/admin/backends/{name}/drain", drain_backend)
     r.add_post("/admin/backends/{name}/enable", enable_backend)
     r.add_delete("/admin/backends/{name}", remove_backend)
     r.add_get("/admin/models", list_models)
     r.add_get("/admin/export", export_state)
     r.add_post("/admin/import", import_state)
+    r.add_post("/admin/import/dry-run", import_dry_run)
     setup_watch_routes(app)

@@ -53,6 +53,7 @@ from ..process.appkeys import (
     STATS,
     STORE,
 )
+from ..process.listen import port_taken, refuse_a_busy_port
 from ..process.logsafe import OneLineFormatter
 from ..process.statelock import StateLock
 from ..request.accounting import setup_accounting_routes
@@ -271,6 +272,7 @@ async def _run(config: Config, *, discover: bool | None) -> None:
     server = config.server
     check_keys(server)  # as a typo is, before anything starts
     _socket_gid(server.socket_group)  # a typo is refused before anything starts
+    refuse_a_busy_port(server.host, server.port)  # before the state, its log lines and the socket are made
     lock = StateLock(server.state_path)
     lock.acquire(listen=f"http://{server.host}:{server.port}", socket=str(server.socket_path))
     try:
@@ -319,9 +321,7 @@ async def _serve_app(config: Config, *, discover: bool | None) -> None:
     except OSError as exc:
         await runner.cleanup()
         if exc.errno == errno.EADDRINUSE:
-            raise ConfigError(
-                f"port {server.port} on {server.host} is already in use; stop the other server or pass --port"
-            ) from None
+            raise port_taken(server.host, server.port) from None
         raise ConfigError(
             f"cannot listen on {server.host}:{server.port} or {socket_path}: {exc.strerror or exc}"
         ) from None

@@ -111,7 +111,15 @@ class Auth:
         Raises:
             RequestError: 401 when the header is missing or the key is unknown.
         """
-        if not authorization or not authorization[:7].lower() == "bearer ":
+        if authorization and authorization[:7].lower() != "bearer ":  # the key alone, or another scheme
+            raise RequestError(
+                "the Authorization header does not start with `Bearer `; put `Bearer ` before the key: "
+                "`Authorization: Bearer <key>`",
+                status=401,
+                type="authentication_error",
+                code="missing_api_key",
+            )
+        if not authorization:
             raise RequestError(
                 "missing API key; send `Authorization: Bearer <key>` (an admin creates one with `mr user key NAME`)",
                 status=401,

@@ -216,8 +216,18 @@ async def handle_ollama_version(request: web.Request) -> web.Response:
     return web.json_response({"version": OLLAMA_VERSION, "mindrouter": __version__})
 
 
+_ROOT_PAGE = (
+    '<!doctype html><html lang="en"><head><meta charset="utf-8"><title>mindrouter</title></head><body>'
+    "<p>Ollama is running: this is mindrouter, an OpenAI- and Ollama-compatible endpoint shared fairly.</p>"
+    '<p>Your share, queue and usage, and for admins the pool: <a href="/ui/">the web UI</a>.</p></body></html>'
+)
+
+
 async def handle_root(request: web.Request) -> web.Response:
-    """What Ollama answers on /, which health checks and the ``ollama`` CLI probe for."""
+    """What Ollama answers on /, which health checks and the ``ollama`` CLI probe for; a browser (which asks
+    for HTML) gets the same sentence with a link to the web UI."""
+    if "text/html" in request.headers.get("Accept", ""):
+        return web.Response(text=_ROOT_PAGE, content_type="text/html")
     return web.Response(text="Ollama is running")
 
 

@@ -117,7 +117,18 @@ class Classes:
             json_refused = job.json_mode and not any(b.supports_json for b in serving)
             what = "JSON mode" if json_refused else f"{job.modality.value} requests"
             return Rejection(job, 400, "unsupported", f"no backend serving {job.model!r} supports {what}")
-        if not any(self._backends[bid].takes_work for bid in info.candidates):
+        backends = [self._backends[bid] for bid in info.candidates]
+        if not any(b.takes_work for b in backends):
+            if all(b.draining or not b.enabled for b in backends):  # an admin's doing, not a fault to wait out
+                drained = sorted(b.name for b in backends)
+                return Rejection(
+                    job,
+                    503,
+                    "no_backend",
+                    f"every backend serving {job.model!r} ({', '.join(drained)}) was drained by an admin, so no "
+                    f"request for it can run; an admin brings one back with `mr backend enable {drained[0]}`",
+                    retry_after=5.0,
+                )
             return Rejection(
                 job,
                 503,
