@@ -13,6 +13,7 @@ hands instead of a clock's:
   long or the call's ``max_tokens`` when that is smaller; prompt tokens are the
   prompt's words, as the fakes count them;
 - ``tokens_per_second`` paces generation (None: at once);
+- ``tokens_allowed``: streams stop before that token until ``allow_tokens`` raises it (None: no stop);
 - ``fail_next(n)``: the next n calls fail as a 500 would, before any byte;
 - ``healthy = False``: probes report the backend down.
 
@@ -57,12 +58,15 @@ class InProcess:
         completion_tokens: int = 3,
         held: bool = False,
         tokens_per_second: float | None = None,
+        tokens_allowed: int | None = None,
     ) -> None:
         self.url = f"http://in-process-{next(_URLS)}:8000"
         """The row URL the harness routes to this object (no socket listens there)."""
         self.models = frozenset(models)
         self.completion_tokens = completion_tokens
         self.tokens_per_second = tokens_per_second
+        self.tokens_allowed = tokens_allowed
+        self._allowance: asyncio.Future[None] | None = None
         self.healthy = True
         self.requests = self.in_flight = self.max_seen_in_flight = 0
         self.completed = self.cancelled = self.failed = 0
@@ -91,6 +95,19 @@ class InProcess:
             if not held.done():
                 held.set_result(None)
                 return
+
+    def allow_tokens(self, n: int | None) -> None:
+        """Let streams run to token ``n`` (None: to their end)."""
+        self.tokens_allowed = n
+        allowance, self._allowance = self._allowance, None
+        if allowance is not None and not allowance.done():
+            allowance.set_result(None)
+
+    async def _may_send(self, i: int) -> None:
+        while self.tokens_allowed is not None and i >= self.tokens_allowed:
+            if self._allowance is None:
+                self._allowance = asyncio.get_running_loop().create_future()
+            await asyncio.shield(self._allowance)
 
     def fail_next(self, n: int = 1) -> None:
         """The next ``n`` calls fail before any byte, as an HTTP 500 does."""
@@ -190,6 +207,7 @@ class InProcess:
         started, ended = time.monotonic(), False
         try:
             for i in range(n):
+                await self._may_send(i)
                 await self._pace(started, i)
                 out = feed(event(token(i), None))
                 if out:
