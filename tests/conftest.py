@@ -35,6 +35,18 @@ SEED_RECORD_KEYS = (
 )
 """The decision record's keys that DESIGN section 7 says may never be removed or renamed."""
 
+SUITE_TIMEOUTS = {"soak": 600, "real": 900, "shares": 180, "timing": 180, "browser": 180}
+"""Seconds a test of each marked suite may take (pyproject's ``timeout`` is for the default run's tests)."""
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    for item in items:
+        if item.get_closest_marker("timeout") is None:
+            limits = [SUITE_TIMEOUTS[m.name] for m in item.iter_markers() if m.name in SUITE_TIMEOUTS]
+            if limits:
+                item.add_marker(pytest.mark.timeout(max(limits)))
+
+
 ServedDaemon = Daemon
 """What ``serve_daemon`` yields (the harness's Daemon, with ``key`` set)."""
 

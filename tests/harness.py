@@ -241,15 +241,19 @@ def daemon_in_thread(
         loop.close()
 
 
-async def until(predicate: Callable[[], object], what: str = "the condition never held", timeout: float = 10.0) -> None:
-    """Wait until ``predicate()`` (or what it returns, awaited) is true; fail with ``what`` after ``timeout`` s."""
+async def until(
+    predicate: Callable[[], object], what: str = "the condition never held", timeout: float = 10.0
+) -> float:
+    """Wait until ``predicate()`` (or what it returns, awaited) is true; fail with ``what`` after ``timeout`` s.
+
+    Returns the seconds it took."""
     loop = asyncio.get_running_loop()
-    deadline = loop.time() + timeout
+    began = loop.time()
     while True:
         result = predicate()
         if inspect.isawaitable(result):
             result = await result
         if result:
-            return
-        assert loop.time() < deadline, what
+            return loop.time() - began
+        assert loop.time() - began < timeout, f"{what} (waited {timeout:g} s)"
         await asyncio.sleep(0.02)
