@@ -7,8 +7,8 @@ the daemon's own translation, relay and whole-answer code turn its answers into 
 client's dialect, as they do for a real vLLM's bytes. Everything is in the test's
 hands instead of a clock's:
 
-- ``held=True`` holds every answer before its first byte until ``open_gate()``, or one
-  at a time with ``let_one()``;
+- ``held=True`` (or ``hold()``) holds every answer before its first byte until ``open_gate()``,
+  or one at a time with ``let_one()``;
 - a completion is the fakes' ``tok0 tok1 ...`` (tests/fakes.py), ``completion_tokens``
   long or the call's ``max_tokens`` when that is smaller; prompt tokens are the
   prompt's words, as the fakes count them;
@@ -81,6 +81,10 @@ class InProcess:
         return _Adapter(self, row.url)
 
     # ---- what a test controls ----
+
+    def hold(self) -> None:
+        """Hold every answer from now on (as ``held=True`` does from the start)."""
+        self._open = False
 
     def open_gate(self) -> None:
         """Stop holding answers, and let every held one go."""
