@@ -17,8 +17,8 @@ from pathlib import Path
 import aiohttp
 import pytest
 
-from .conftest import until
 from .fakes import FakeOpenAI
+from .harness import until
 
 MR = [sys.executable, "-m", "mindrouter.cli"]
 
@@ -78,10 +78,7 @@ async def test_cli_manages_a_running_daemon_and_sigterm_lets_requests_finish(ser
                     headers={"Authorization": f"Bearer {key}"},
                 )
             )
-            for _ in range(100):
-                if fake.in_flight:
-                    break
-                await asyncio.sleep(0.02)
+            await until(lambda: fake.in_flight == 1, "the request should reach the backend")
             proc.send_signal(signal.SIGTERM)
             resp = await request
             data = await resp.json()
@@ -218,8 +215,7 @@ async def test_sigkill_under_load_loses_no_record_and_the_restart_answers_within
 
         async with aiohttp.ClientSession() as session:
             load = [asyncio.create_task(one(session, keys[n])) for _ in range(40) for n in keys]
-            while len(done) < 30:
-                await asyncio.sleep(0.02)
+            await until(lambda: len(done) >= 30, "30 answers before the kill", timeout=30)
             killed_at = time.monotonic()
             proc.kill()
             await asyncio.gather(*load)
