@@ -219,7 +219,7 @@ async def test_a_stream_that_never_falls_silent_is_cut_at_the_total_limit(new_da
         resp = await d.client.post("/api/chat", json=chat(True, max_tokens=None), headers=auth(key))
         text = await resp.text()
         assert "0.5 s a stream may take" in text.splitlines()[-1]
-        assert time.monotonic() - started < 3
+        assert time.monotonic() - started < 15  # not the 1,000 s the stream would run
         [(_, completion)] = await usage_rows(d)
         assert 10 <= completion <= 200  # charged for what was delivered
 

@@ -109,7 +109,7 @@ async def test_a_hung_backend_is_timed_out_once_and_never_retried_on_itself(new_
         took = time.monotonic() - started
         assert resp.status == 503 and (await resp.json())["error"]["code"] == "backend_failed"
         assert resp.headers["X-Request-Id"].startswith("mr-")
-        assert hung.requests == 1 and 0.5 <= took < 3  # one first-byte timeout, not three
+        assert hung.requests == 1 and 0.5 <= took < 15  # one first-byte timeout, not the 30 s hang
         await until(lambda: hung.in_flight == 0)  # the hung generation was abandoned
         assert d.scheduler.running_count == 0
 
@@ -129,13 +129,13 @@ async def test_a_hung_backend_fails_over_to_another_after_one_timeout(new_daemon
 
 async def test_a_stream_that_goes_silent_is_ended_after_the_chunk_timeout(new_daemon):
     d = await new_daemon(backends={"chunk_timeout": 0.3})
-    async with FakeOllama(models=["llama3"], tokens_per_second=1, completion_tokens=5) as slow:
+    async with FakeOllama(models=["llama3"], tokens_per_second=1, completion_tokens=30) as slow:
         await d.backend("b1", slow.url, "ollama")
         key = await d.user("s")
         started = time.monotonic()
-        resp = await d.client.post("/api/chat", json=body(stream=True, max_tokens=5), headers=auth(key))
-        lines = (await asyncio.wait_for(resp.read(), 5)).decode().splitlines()
-        assert time.monotonic() - started < 2.5  # 0.3 s of silence, not 5 s of trickle
+        resp = await d.client.post("/api/chat", json=body(stream=True, max_tokens=30), headers=auth(key))
+        lines = (await asyncio.wait_for(resp.read(), 15)).decode().splitlines()
+        assert time.monotonic() - started < 15  # 0.3 s of silence, not 30 s of trickle
         assert "error" in json.loads(lines[-1]) and len(lines) == 2  # one token, then the error line
         await until(lambda: slow.in_flight == 0 and d.scheduler.running_count == 0)
 

@@ -72,7 +72,7 @@ async def test_a_backend_that_hangs_before_the_first_byte_is_cut_after_first_byt
         body = await resp.json()
         message = body["error"]["message"] if dialect == "openai" else body["error"]
         assert resp.status == 503 and "sent nothing for 0.4 s" in message, (resp.status, body)
-        assert 0.4 <= took < 3, took  # the model was resident: no load allowance
+        assert 0.4 <= took < 15, took  # the model was resident: no load allowance (30 s)
         assert resp.headers["X-Request-Id"].startswith("mr-") and resp.headers.get("Server") == "mindrouter"
         await until(lambda: hung.in_flight == 0 and d.scheduler.running_count == 0)
         assert await usage_rows(d) == []  # nothing delivered, nothing charged
@@ -99,8 +99,8 @@ async def test_a_stream_that_hangs_between_chunks_ends_in_its_dialect_charged_wh
         key = await d.user("s")
         started = time.monotonic()
         resp = await d.client.post(PATHS[dialect], json=chat(), headers=auth(key))
-        items = events(await asyncio.wait_for(resp.read(), 5), dialect)
-        assert resp.status == 200 and time.monotonic() - started < 3
+        items = events(await asyncio.wait_for(resp.read(), 15), dialect)
+        assert resp.status == 200 and time.monotonic() - started < 15  # the backend hangs for an hour
         assert "sent nothing for 0.4 s" in error_of(items, dialect)
         if dialect == "openai":
             tokens = [e for e in items[:-2] if e["choices"] and e["choices"][0]["delta"].get("content")]
