@@ -12,7 +12,7 @@ hands instead of a clock's:
 - a completion is the fakes' ``tok0 tok1 ...`` (tests/fakes.py), ``completion_tokens``
   long or the call's ``max_tokens`` when that is smaller; prompt tokens are the
   prompt's words, as the fakes count them;
-- ``tokens_per_second`` paces generation (None: at once);
+- ``tokens_per_second`` paces generation (None: at once); ``first_byte_delay``: seconds before it starts;
 - ``tokens_allowed``: streams stop before that token until ``allow_tokens`` raises it (None: no stop);
 - ``fail_next(n)``: the next n calls fail as a 500 would, before any byte;
 - ``healthy = False``: probes report the backend down.
@@ -59,6 +59,7 @@ class InProcess:
         held: bool = False,
         tokens_per_second: float | None = None,
         tokens_allowed: int | None = None,
+        first_byte_delay: float = 0.0,
     ) -> None:
         self.url = f"http://in-process-{next(_URLS)}:8000"
         """The row URL the harness routes to this object (no socket listens there)."""
@@ -66,6 +67,7 @@ class InProcess:
         self.completion_tokens = completion_tokens
         self.tokens_per_second = tokens_per_second
         self.tokens_allowed = tokens_allowed
+        self.first_byte_delay = first_byte_delay
         self._allowance: asyncio.Future[None] | None = None
         self.healthy = True
         self.requests = self.in_flight = self.max_seen_in_flight = 0
@@ -137,6 +139,8 @@ class InProcess:
                 held = asyncio.get_running_loop().create_future()
                 self._held.append(held)
                 await held
+            if self.first_byte_delay:
+                await asyncio.sleep(self.first_byte_delay)
             limit = body.get("max_completion_tokens", body.get("max_tokens"))
             n = min(self.completion_tokens, limit) if isinstance(limit, int) and limit >= 0 else self.completion_tokens
             finish = "length" if n < self.completion_tokens else "stop"

@@ -45,11 +45,16 @@ async def storm(daemon: Any, clients: int, seed: int) -> dict[str, Any]:
         return submit(job)
 
     dispatcher.submit = count_submit
-    vllm, ollama = (InProcess(models=("m",), tokens_per_second=20, completion_tokens=20) for _ in range(2))
+    # Half a second to the first token: a client that leaves sooner leaves before its answer began. Three
+    # seconds of tokens: one that reads 30 lines leaves mid-stream even when a busy machine slows the
+    # clients more than the daemon.
+    vllm, ollama = (
+        InProcess(models=("m",), tokens_per_second=20, completion_tokens=60, first_byte_delay=0.5) for _ in range(2)
+    )
     await daemon.backend("vllm", vllm, max_concurrent=100)
     await daemon.backend("ollama", ollama, max_concurrent=100)
     keys = [await daemon.user(f"u{i}") for i in range(10)]
-    body = {"model": "m", "messages": [{"role": "user", "content": "go"}], "stream": True, "max_tokens": 20}
+    body = {"model": "m", "messages": [{"role": "user", "content": "go"}], "stream": True, "max_tokens": 60}
     dropped = completed = 0
 
     async def client(session: aiohttp.ClientSession, i: int) -> None:
