@@ -4,13 +4,14 @@ from __future__ import annotations
 
 import asyncio
 import json
+from typing import Any
 
 import aiohttp
 import openai
 
 from .conftest import SEED_RECORD_KEYS
 from .fakes import FakeOllama, FakeOpenAI
-from .harness import until
+from .harness import Daemon, until
 from .inprocess import InProcess
 
 CHAT = "/v1/chat/completions"
@@ -54,13 +55,18 @@ async def test_50_streaming_clients_that_leave_after_the_first_chunk_leak_nothin
     daemon.scheduler.check()
 
 
+async def slot_taken(d: Daemon, user: str) -> tuple[InProcess, dict[str, str], asyncio.Task[Any]]:
+    """A one-slot backend that holds its answers, ``user``'s headers, and their first request, running."""
+    fake = InProcess(models=("llama3",), completion_tokens=30, held=True)
+    await d.backend("b1", fake, max_concurrent=1)
+    headers = {"Authorization": f"Bearer {await d.user(user)}"}
+    running = asyncio.create_task(d.client.post(CHAT, json=body(max_tokens=30), headers=headers))
+    await until(lambda: d.scheduler.running_count == 1, "the first request should run")
+    return fake, headers, running
+
+
 async def test_queued_client_that_leaves_leaves_the_queue(daemon):
-    fake = InProcess(models=("llama3",), completion_tokens=100, held=True)
-    await daemon.backend("b1", fake, max_concurrent=1)
-    key = await daemon.user("q")
-    headers = {"Authorization": f"Bearer {key}"}
-    running = asyncio.create_task(daemon.client.post(CHAT, json=body(max_tokens=100), headers=headers))
-    await until(lambda: daemon.scheduler.running_count == 1)
+    fake, headers, running = await slot_taken(daemon, "q")
     waiting = asyncio.create_task(daemon.client.post(CHAT, json=body(max_tokens=5), headers=headers))
     await until(lambda: daemon.scheduler.queued_count == 1)
     waiting.cancel()
@@ -109,12 +115,7 @@ async def test_a_backend_killed_mid_stream_ends_the_stream_cleanly(daemon):
 
 async def test_user_queue_full_is_429_and_waiting_too_long_is_504(new_daemon):
     d = await new_daemon(scheduler={"max_queued_per_user": 1, "queue_timeout": 0.5})
-    fake = InProcess(models=("llama3",), completion_tokens=30, held=True)
-    await d.backend("b1", fake, max_concurrent=1)
-    key = await d.user("full")
-    headers = {"Authorization": f"Bearer {key}"}
-    first = asyncio.create_task(d.client.post(CHAT, json=body(max_tokens=30), headers=headers))
-    await until(lambda: d.scheduler.running_count == 1)
+    _, headers, first = await slot_taken(d, "full")
     second = asyncio.create_task(d.client.post(CHAT, json=body(), headers=headers))
     await until(lambda: d.scheduler.queued_count == 1)
     third = await d.client.post(CHAT, json=body(), headers=headers)
