@@ -68,7 +68,7 @@ async def test_sigterm_ends_every_queued_and_running_stream_in_its_dialect(tmp_p
                 async with aiohttp.ClientSession() as session, session.get(f"{base}/metrics") as metrics:
                     return "mindrouter_queue_depth 6.0" in await metrics.text()
 
-            await until(all_six_wait, "six requests should wait for the one slot")
+            await until(all_six_wait, "six requests should wait for the one slot", timeout=30)
             began = time.monotonic()
             proc.send_signal(signal.SIGTERM)
             answers = await asyncio.wait_for(asyncio.gather(*queued), 10)
