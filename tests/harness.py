@@ -19,7 +19,16 @@ smuggling, client libraries, connections that fail or lie).
 - ``unix=True``: also serve the admin socket at ``[server] socket``, for ``mr`` commands.
 
 ``daemon_in_thread(...)`` runs the same daemon on an event loop of its own, for clients that
-block (the CLI, raw sockets). The ``daemon`` fixture (conftest.py) is ``daemon(tmp_path)``.
+block (the CLI, raw sockets). The fixtures in conftest.py wrap it: ``daemon`` is
+``daemon(tmp_path)``; ``await new_daemon(**kw)`` starts one with settings, stopped with the
+test (call it again on the same state to restart). Moving an older test onto it:
+
+- ``serve_daemon(tmp_path, url, engine, scheduler=S, **server)``: ``daemon(tmp_path, scheduler=S,
+  server=server)``, then ``d.backend("gpu", url, engine, max_concurrent=1)`` and
+  ``d.key = await d.user("ann")`` (``url`` an ``InProcess`` unless the wire is the subject);
+- ``create_app`` + ``aiohttp_client(ServeServer(...))``: ``await new_daemon(scheduler=..., server=...,
+  backends=...)``.
+
 Every wait in a test is bounded: ``until`` for conditions, ``asyncio.timeout`` for awaits,
 and pytest-timeout for the test as a whole (pyproject.toml).
 """
@@ -62,7 +71,8 @@ def daemon_config(tmp_path: Path, **scheduler: Any) -> Config:
             gpu_poll_interval=0.2,
         ),
         scheduler=SchedulerSettings(**scheduler),
-        backends=BackendSettings(poll_interval=0.2, circuit_cooldown=0.3, connect_timeout=1.0, circuit_failures=3),
+        # connect_timeout: a probe may take twice this; 1 s let a probe of a fake on a busy machine time out.
+        backends=BackendSettings(poll_interval=0.2, circuit_cooldown=0.3, connect_timeout=5.0, circuit_failures=3),
     )
 
 
@@ -162,12 +172,17 @@ class Daemon:
     async def backend(
         self, name: str, url: str | InProcess, engine: str = "vllm", max_concurrent: int = 4, **kw: Any
     ) -> dict[str, Any]:
-        """Add a backend row: an in-process backend, or the server at ``url`` (spoken to as ``engine``)."""
+        """Add a backend row: an in-process backend, or the server at ``url`` (spoken to as ``engine``).
+
+        Returns once the daemon has probed it: the admin API waits a little for that, a busy machine longer."""
         if isinstance(url, InProcess):
             self.adapters.inprocess[url.url] = url
             url, engine = url.url, "vllm"
         body = {"name": name, "url": url, "engine": engine, "max_concurrent": max_concurrent, **kw}
-        return dict(await self.admin("POST", "/admin/backends", body))
+        row = dict(await self.admin("POST", "/admin/backends", body))
+        entry = self.registry.entries[row["id"]]
+        await until(entry.probed.is_set, f"backend {name} should be probed")
+        return row
 
 
 @contextlib.asynccontextmanager
