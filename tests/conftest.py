@@ -1,27 +1,21 @@
-"""Shared fixtures: a real daemon app on 127.0.0.1 with fake backends (tests/fakes.py)."""
+"""Shared fixtures: the ``daemon`` fixture and ``until`` (both from tests/harness.py), fakes, GPUs, profiles."""
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
-import dataclasses
-import inspect
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
 from pathlib import Path
 from typing import Any
 
 import pytest
-from aiohttp import web
-from aiohttp.test_utils import TestClient, TestServer
 from hypothesis import settings as hypothesis_settings
-
-from mindrouter.config import BackendSettings, Config, ServerSettings
-from mindrouter.daemon.edge.app import create_app, make_runner
-from mindrouter.daemon.process.appkeys import REGISTRY, SCHEDULER
-from mindrouter.scheduler import SchedulerSettings
 
 from .fake_nvml import FakeNvml
 from .fakes import fake_llamacpp, fake_ollama, fake_openai, fake_vllm  # noqa: F401 (fixtures)
+from .harness import ADMIN_KEY, Daemon, ServeServer, daemon_config, until
+from .harness import daemon as start_daemon
+
+__all__ = ["ADMIN_KEY", "SEED_RECORD_KEYS", "Daemon", "ServeServer", "ServedDaemon", "daemon_config", "until"]
 
 hypothesis_settings.register_profile("mindrouter", max_examples=300)
 hypothesis_settings.register_profile("fuzz", max_examples=1500)
@@ -29,7 +23,6 @@ hypothesis_settings.load_profile("mindrouter")
 """The HTTP fuzz tests (tests/test_bad_input.py) take their example count from the profile: 300 in the
 default run, 1,500 with ``--hypothesis-profile=fuzz`` (CI runs that file so); tests that name a count keep it."""
 
-ADMIN_KEY = "test-admin-key"
 SEED_RECORD_KEYS = (
     "request_id",
     "selected_backend_id",
@@ -42,92 +35,20 @@ SEED_RECORD_KEYS = (
 )
 """The decision record's keys that DESIGN section 7 says may never be removed or renamed."""
 
-
-@dataclasses.dataclass
-class Daemon:
-    """A running daemon and helpers to drive its admin API over TCP (with the admin key)."""
-
-    client: Any
-    app: Any
-    config: Config
-
-    @property
-    def url(self) -> str:
-        return str(self.client.make_url("")).rstrip("/")
-
-    @property
-    def scheduler(self) -> Any:
-        return self.app[SCHEDULER]
-
-    @property
-    def registry(self) -> Any:
-        return self.app[REGISTRY]
-
-    async def admin(self, method: str, path: str, json: Any = None, status: int | None = None) -> Any:
-        resp = await self.client.request(method, path, json=json, headers={"Authorization": f"Bearer {ADMIN_KEY}"})
-        data = await resp.json()
-        if status is not None:
-            assert resp.status == status, (resp.status, data)
-        elif resp.status >= 400:
-            raise AssertionError(f"{method} {path} -> {resp.status} {data}")
-        return data
-
-    async def user(self, name: str, group: str = "student", weight: float | None = None) -> str:
-        """Create a user and return a new key for it."""
-        body: dict[str, Any] = {"name": name, "group": group}
-        if weight is not None:
-            body["weight"] = weight
-        await self.admin("POST", "/admin/users", body)
-        return (await self.admin("POST", f"/admin/users/{name}/keys"))["key"]
-
-    async def backend(self, name: str, url: str, engine: str, max_concurrent: int = 4, **kw: Any) -> dict[str, Any]:
-        return await self.admin(
-            "POST",
-            "/admin/backends",
-            {"name": name, "url": url, "engine": engine, "max_concurrent": max_concurrent, **kw},
-        )
+SUITE_TIMEOUTS = {"soak": 600, "real": 900, "shares": 180, "timing": 180, "browser": 180}
+"""Seconds a test of each marked suite may take (pyproject's ``timeout`` is for the default run's tests)."""
 
 
-def daemon_config(tmp_path: Path, **scheduler: Any) -> Config:
-    return Config(
-        server=ServerSettings(
-            state_dir=str(tmp_path / "state"),
-            socket=str(tmp_path / "mr.sock"),
-            admin_key=ADMIN_KEY,
-            discover=False,
-            gpu_poll_interval=0.2,
-        ),
-        scheduler=SchedulerSettings(**scheduler),
-        backends=BackendSettings(poll_interval=0.2, circuit_cooldown=0.3, connect_timeout=1.0, circuit_failures=3),
-    )
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    for item in items:
+        if item.get_closest_marker("timeout") is None:
+            limits = [SUITE_TIMEOUTS[m.name] for m in item.iter_markers() if m.name in SUITE_TIMEOUTS]
+            if limits:
+                item.add_marker(pytest.mark.timeout(max(limits)))
 
 
-class ServeServer(TestServer):
-    """The app served as ``mr serve`` serves it: with the runner ``make_runner`` sets up."""
-
-    def __init__(self, app: web.Application, config: Config) -> None:
-        super().__init__(app)
-        self.config = config
-
-    async def _make_runner(self, **kwargs: Any) -> web.AppRunner:
-        return make_runner(self.app, self.config)
-
-
-@dataclasses.dataclass
-class ServedDaemon:
-    """A daemon served on a TCP port as ``mr serve`` serves it, with backend "gpu" and user "ann" (key ``key``)."""
-
-    app: web.Application
-    server: TestServer
-    key: str
-
-    @property
-    def port(self) -> int:
-        return self.server.port or 0
-
-    @property
-    def url(self) -> str:
-        return f"http://127.0.0.1:{self.port}"
+ServedDaemon = Daemon
+"""What ``serve_daemon`` yields (the harness's Daemon, with ``key`` set)."""
 
 
 @contextlib.asynccontextmanager
@@ -138,41 +59,15 @@ async def serve_daemon(
     *,
     max_concurrent: int = 1,
     scheduler: dict[str, Any] | None = None,
-    adapters: Any = None,
     **server: Any,
-) -> AsyncIterator[ServedDaemon]:
-    """Serve a daemon whose one backend (``max_concurrent`` slots) is ``fake_url``; ``server`` overrides settings."""
-    config = daemon_config(tmp_path, **(scheduler or {}))
-    config = dataclasses.replace(config, server=dataclasses.replace(config.server, **server))
-    app = await create_app(config, nvml=FakeNvml(init_error=FakeNvml.NVML_ERROR_LIBRARY_NOT_FOUND), adapters=adapters)
-    served = ServeServer(app, config)
-    await served.start_server()
-    try:
-        async with TestClient(served) as client:
-            admin = {"Authorization": f"Bearer {ADMIN_KEY}"}
-            backend = {"name": "gpu", "url": fake_url, "engine": engine, "max_concurrent": max_concurrent}
-            for path, body in (("/admin/backends", backend), ("/admin/users", {"name": "ann", "group": "student"})):
-                async with client.post(path, json=body, headers=admin) as r:
-                    assert r.status < 300, await r.text()
-            async with client.post("/admin/users/ann/keys", json={}, headers=admin) as r:
-                key = (await r.json())["key"]
-            yield ServedDaemon(app, served, key)
-    finally:
-        await served.close()
+) -> AsyncIterator[Daemon]:
+    """A daemon whose one backend "gpu" (``max_concurrent`` slots) is ``fake_url``, with user "ann" (key ``key``).
 
-
-async def until(predicate: Callable[[], object], what: str = "the condition never held", timeout: float = 10.0) -> None:
-    """Wait until ``predicate()`` (or what it returns, awaited) is true; fail with ``what`` after ``timeout`` s."""
-    loop = asyncio.get_running_loop()
-    deadline = loop.time() + timeout
-    while True:
-        result = predicate()
-        if inspect.isawaitable(result):
-            result = await result
-        if result:
-            return
-        assert loop.time() < deadline, what
-        await asyncio.sleep(0.02)
+    Kept for tests written against it; new tests use ``harness.daemon`` and its helpers directly."""
+    async with start_daemon(tmp_path, scheduler=scheduler, server=server) as d:
+        await d.backend("gpu", fake_url, engine, max_concurrent=max_concurrent)
+        d.key = await d.user("ann")
+        yield d
 
 
 @pytest.fixture
@@ -182,8 +77,22 @@ def nvml() -> FakeNvml:
 
 
 @pytest.fixture
-async def daemon(tmp_path: Path, aiohttp_client: Any, nvml: FakeNvml) -> AsyncIterator[Daemon]:
-    config = daemon_config(tmp_path)
-    app = await create_app(config, nvml=nvml)
-    client = await aiohttp_client(ServeServer(app, config))
-    yield Daemon(client, app, config)
+async def daemon(tmp_path: Path, nvml: FakeNvml) -> AsyncIterator[Daemon]:
+    """``harness.daemon(tmp_path, nvml=nvml)``: a daemon with no backend and no user yet."""
+    async with start_daemon(tmp_path, nvml=nvml) as d:
+        yield d
+
+
+@pytest.fixture
+async def new_daemon(tmp_path: Path, nvml: FakeNvml) -> AsyncIterator[Callable[..., Awaitable[Daemon]]]:
+    """``await new_daemon(**kw)``: ``harness.daemon(tmp_path, nvml=nvml, **kw)``, stopped when the test ends.
+
+    Each call starts a daemon on the same state (``tmp_path``) unless ``tmp_path=`` says otherwise:
+    close one (``await d.client.close()``) and start another to restart it."""
+    async with contextlib.AsyncExitStack() as running:
+
+        async def start(**kw: Any) -> Daemon:
+            kw.setdefault("nvml", nvml)
+            return await running.enter_async_context(start_daemon(kw.pop("tmp_path", tmp_path), **kw))
+
+        yield start

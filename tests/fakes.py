@@ -94,14 +94,16 @@ def _words(text: Any) -> int:
     return len(text.split()) if isinstance(text, str) else 0
 
 
-def _content_words(content: Any) -> int:
+def content_words(content: Any) -> int:
+    """The prompt tokens a fake counts in one message's content: its whitespace-separated words."""
     if isinstance(content, list):
         kinds = ("text", "input_text", "output_text")
         return sum(_words(p.get("text")) for p in content if isinstance(p, dict) and p.get("type") in kinds)
     return _words(content)
 
 
-def _token(i: int) -> str:
+def token(i: int) -> str:
+    """Piece ``i`` of every fake's answer: ``tok0``, then `` tok1``, `` tok2``..."""
     return f"tok{i}" if i == 0 else f" tok{i}"
 
 
@@ -138,7 +140,7 @@ def _pieces(gen: _Generation, json_wanted: bool) -> list[str]:
     """The completion, one piece per token; in JSON mode one JSON object holding it, ending "stop"."""
     if json_wanted:
         return [json.dumps({"answer": gen.text})]
-    return [_token(i) for i in range(gen.n)]
+    return [token(i) for i in range(gen.n)]
 
 
 def logprobs_of(body: dict[str, Any], pieces: list[str], start: int = 0) -> list[dict[str, Any]] | None:
@@ -215,7 +217,7 @@ class _Generation:
 
     @property
     def text(self) -> str:
-        return "".join(_token(i) for i in range(self.n))
+        return "".join(token(i) for i in range(self.n))
 
 
 class _Gate:
@@ -613,7 +615,7 @@ class FakeOllama(_FakeServer):
         messages = body.get("messages")
         if messages is not None and not isinstance(messages, list):
             return self.error(400, "messages must be a list")
-        prompt = sum(_content_words(m.get("content")) for m in messages or ())
+        prompt = sum(content_words(m.get("content")) for m in messages or ())
         images = [i for m in messages or () if isinstance(m, dict) for i in m.get("images") or ()]
         return await self._answer(request, body, prompt, "message", drop_after, empty=not messages, images=images)
 
@@ -924,7 +926,7 @@ class FakeOpenAI(_FakeServer):
             return self.error(400, "messages must be a non-empty list")
         if (bad := self._check_messages(messages)) is not None:
             return bad
-        prompt = sum(_content_words(m.get("content")) for m in messages if isinstance(m, dict))
+        prompt = sum(content_words(m.get("content")) for m in messages if isinstance(m, dict))
         return await self._answer(request, body, prompt, True, drop_after)
 
     def _check_responses(self, body: dict[str, Any]) -> web.Response | None:
@@ -955,7 +957,7 @@ class FakeOpenAI(_FakeServer):
             prompt = _words(given)
         elif isinstance(given, list):
             items = [i for i in given if isinstance(i, dict)]
-            prompt = sum(_content_words(i.get("content")) + _words(i.get("output")) for i in items)
+            prompt = sum(content_words(i.get("content")) + _words(i.get("output")) for i in items)
         else:
             return self.error(400, "input must be a string or a list of items")
         prompt += _words(body.get("instructions"))
@@ -1029,7 +1031,7 @@ class FakeOpenAI(_FakeServer):
             at = {"item_id": mid, "output_index": 0, "content_index": 0}
             chunks.append(event("response.output_item.added", output_index=0, item=_message(mid, "in_progress", [])))
             chunks.append(event("response.content_part.added", part=dict(done, text=""), **at))
-            chunks += [event("response.output_text.delta", delta=_token(i), logprobs=[], **at) for i in range(gen.n)]
+            chunks += [event("response.output_text.delta", delta=token(i), logprobs=[], **at) for i in range(gen.n)]
             chunks.append(event("response.output_text.done", text=gen.text, logprobs=[], **at))
             chunks.append(event("response.content_part.done", part=done, **at))
         chunks.append(event("response.output_item.done", output_index=0, item=item))

@@ -15,30 +15,28 @@ import pytest
 from mindrouter.daemon.process.appkeys import SCHEDULER
 
 from .fakes import FakeOllama
-from .test_cli_daemon import ThreadDaemon, run
+from .test_cli_daemon import Live, live_daemon, run
 
 
 @pytest.fixture(scope="module")
-def lab(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ThreadDaemon]:
+def lab(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Live]:
     """A daemon with user ann (key in ``lab.key``) and backend ws1 (llama3, mistral) on its fake Ollama."""
-    daemon = ThreadDaemon(tmp_path_factory.mktemp("lab"))
-    daemon.start()
-    assert run(daemon, "user", "add", "ann", "--group", "student").exit_code == 0
-    daemon.key = run(daemon, "user", "key", "ann", "--json").json()["key"]  # type: ignore[attr-defined]
-    added = run(daemon, "backend", "add", "ws1", daemon.fake.url, "--engine", "ollama", "--parallel", "2")
-    assert added.exit_code == 0, added
-    yield daemon
-    daemon.stop()
+    with live_daemon(tmp_path_factory.mktemp("lab")) as daemon:
+        assert run(daemon, "user", "add", "ann", "--group", "student").exit_code == 0
+        daemon.key = run(daemon, "user", "key", "ann", "--json").json()["key"]
+        added = run(daemon, "backend", "add", "ws1", daemon.fake.url, "--engine", "ollama", "--parallel", "2")
+        assert added.exit_code == 0, added
+        yield daemon
 
 
-def chat(lab: ThreadDaemon, model: str) -> tuple[int, dict[str, Any], dict[str, str]]:
+def chat(lab: Live, model: str) -> tuple[int, dict[str, Any], dict[str, str]]:
     async def ask() -> tuple[int, dict[str, Any], dict[str, str]]:
         async with (
             aiohttp.ClientSession() as s,
             s.post(
                 f"http://127.0.0.1:{lab.port}/v1/chat/completions",
                 json={"model": model, "messages": [{"role": "user", "content": "a b c"}], "max_tokens": 2},
-                headers={"Authorization": f"Bearer {lab.key}"},  # type: ignore[attr-defined]
+                headers={"Authorization": f"Bearer {lab.key}"},
             ) as resp,
         ):
             return resp.status, await resp.json(), dict(resp.headers)
@@ -47,7 +45,7 @@ def chat(lab: ThreadDaemon, model: str) -> tuple[int, dict[str, Any], dict[str, 
     return result
 
 
-def core(lab: ThreadDaemon, name: str) -> Any:
+def core(lab: Live, name: str) -> Any:
     """The scheduler's snapshot of backend ``name``, read on the daemon's loop."""
 
     async def read() -> Any:
@@ -57,7 +55,7 @@ def core(lab: ThreadDaemon, name: str) -> Any:
     return lab.call(read())
 
 
-def test_backend_set_changes_it_in_place_and_keeps_its_usage_under_its_name(lab: ThreadDaemon) -> None:
+def test_backend_set_changes_it_in_place_and_keeps_its_usage_under_its_name(lab: Live) -> None:
     assert chat(lab, "llama3")[0] == 200
     before = {b["name"]: b for b in run(lab, "backend", "list", "--json").json()}["ws1"]
     assert (before["parallel"], before["max_concurrent"]) == (2, 6)
@@ -91,16 +89,18 @@ def test_backend_set_changes_it_in_place_and_keeps_its_usage_under_its_name(lab:
         (("ghost", "--priority", "1"), 1, "backend 'ghost' does not exist"),
     ],
 )
-def test_backend_set_refusals_are_one_sentence(lab: ThreadDaemon, args: tuple[str, ...], code: int, says: str) -> None:
+def test_backend_set_refusals_are_one_sentence(lab: Live, args: tuple[str, ...], code: int, says: str) -> None:
     result = run(lab, "backend", "set", *args)
     assert result.exit_code == code and says in result.stderr, result
     assert len(result.stderr.strip().splitlines()) == 1
 
 
-def test_the_admin_api_refuses_what_set_cannot_change(lab: ThreadDaemon) -> None:
+def test_the_admin_api_refuses_what_set_cannot_change(lab: Live) -> None:
     async def put(body: Any) -> tuple[int, Any]:
         async with (
-            aiohttp.ClientSession(connector=aiohttp.UnixConnector(path=str(lab.tmp / "mr.sock"))) as s,
+            aiohttp.ClientSession(
+                connector=aiohttp.UnixConnector(path=str(lab.daemon.daemon.config.server.socket_path))
+            ) as s,
             s.put("http://mr/admin/backends/ws1", json=body) as resp,
         ):
             return resp.status, await resp.json()
@@ -111,7 +111,7 @@ def test_the_admin_api_refuses_what_set_cannot_change(lab: ThreadDaemon) -> None
     assert status == 400 and "max_concurrent 0" in body["error"]["message"], body
 
 
-def test_draining_the_last_backend_of_a_model_asks_for_force(lab: ThreadDaemon) -> None:
+def test_draining_the_last_backend_of_a_model_asks_for_force(lab: Live) -> None:
     async def second() -> FakeOllama:
         fake = FakeOllama(models=["llama3"])
         await fake.start()

@@ -15,15 +15,17 @@ import pytest
 
 from .conftest import Daemon, until
 from .fakes import FakeOllama
-from .test_cli_daemon import ThreadDaemon, run
+from .test_cli_daemon import Live, live_daemon, run
 
 
 @pytest.fixture(scope="module")
-def pair(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[ThreadDaemon, ThreadDaemon]]:
+def pair(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Live, Live]]:
     """Two daemons: one set up by hand with every kind of setting, one fresh to import into."""
-    one, two = ThreadDaemon(tmp_path_factory.mktemp("one")), ThreadDaemon(tmp_path_factory.mktemp("two"))
-    one.start()
-    two.start()
+    with live_daemon(tmp_path_factory.mktemp("one")) as one, live_daemon(tmp_path_factory.mktemp("two")) as two:
+        yield from _set_up(one, two)
+
+
+def _set_up(one: Live, two: Live) -> Iterator[tuple[Live, Live]]:
     ok = lambda *args: run(one, *args)  # noqa: E731
     for args in (
         ("group", "add", "phd", "--weight", "2.5"),
@@ -59,11 +61,9 @@ def pair(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[ThreadDaemo
         result = ok(*args)
         assert result.exit_code == 0, (args, result)
     yield one, two
-    one.stop()
-    two.stop()
 
 
-def pool(daemon: ThreadDaemon) -> dict[str, Any]:
+def pool(daemon: Live) -> dict[str, Any]:
     """What `mr export` says of a daemon's pool, without the backends' ids (the store's, not a setting)."""
     data = tomllib.loads(run(daemon, "export").stdout)
     for kind in ("groups", "users", "backends"):
@@ -74,7 +74,7 @@ def pool(daemon: ThreadDaemon) -> dict[str, Any]:
 
 
 def test_export_then_import_into_a_fresh_daemon_reproduces_every_setting(
-    pair: tuple[ThreadDaemon, ThreadDaemon], tmp_path: Path
+    pair: tuple[Live, Live], tmp_path: Path
 ) -> None:
     one, two = pair
     file = tmp_path / "lab.toml"
@@ -99,9 +99,7 @@ def test_export_then_import_into_a_fresh_daemon_reproduces_every_setting(
     assert again.exit_code == 0 and "nothing would change" in again.stdout, again
 
 
-def test_dry_run_lists_each_change_the_import_would_make(
-    pair: tuple[ThreadDaemon, ThreadDaemon], tmp_path: Path
-) -> None:
+def test_dry_run_lists_each_change_the_import_would_make(pair: tuple[Live, Live], tmp_path: Path) -> None:
     one, _ = pair
     data = tomllib.loads(run(one, "export").stdout)
     for row in data["users"]:
@@ -150,9 +148,7 @@ async def test_an_import_that_moves_a_backend_sends_its_requests_to_the_new_url(
         assert (old.requests, new.requests) == (0, 1)
 
 
-def test_an_exported_file_takes_entries_appended_by_hand(
-    pair: tuple[ThreadDaemon, ThreadDaemon], tmp_path: Path
-) -> None:
+def test_an_exported_file_takes_entries_appended_by_hand(pair: tuple[Live, Live], tmp_path: Path) -> None:
     """Groups were written as one inline array, so a `[[groups]]` block added below was not valid TOML."""
     one, _ = pair
     file = tmp_path / "lab.toml"

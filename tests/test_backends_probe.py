@@ -16,6 +16,7 @@ from mindrouter.backends.probe import Reply
 from mindrouter.config import BackendSettings
 from mindrouter.errors import ConfigError
 from tests.fakes import FakeOllama, FakeOpenAI
+from tests.harness import until
 
 
 @pytest.fixture
@@ -68,8 +69,7 @@ async def test_vllm_probe_reads_metrics(session: aiohttp.ClientSession) -> None:
         a = adapter("vllm", fake.url, session)
         body = json.dumps({"model": "qwen", "prompt": "one two three", "max_tokens": 50}).encode()
         tasks = [asyncio.create_task(a.open(Call.from_request("/v1/completions", body), "qwen")) for _ in range(3)]
-        while fake.running + fake.waiting < 3:
-            await asyncio.sleep(0.01)
+        await until(lambda: fake.running + fake.waiting == 3, "two running and one waiting")
         p = await a.probe()
         assert p.healthy and p.version == "0.9.1" and p.loaded_models == {"qwen"}
         assert (p.running, p.waiting, p.kv_cache_usage) == (2, 1, 1.0)
@@ -102,8 +102,7 @@ async def test_llamacpp_probe_reads_slots_and_metrics(session: aiohttp.ClientSes
             {"model": "tiny", "messages": [{"role": "user", "content": "a b"}], "max_tokens": 50}
         ).encode()
         tasks = [asyncio.create_task(a.open(Call.from_request("/v1/chat/completions", body), "tiny")) for _ in range(4)]
-        while fake.running + fake.waiting < 4:
-            await asyncio.sleep(0.01)
+        await until(lambda: fake.running + fake.waiting == 4, "three running and one waiting")
         p = await a.probe()
         assert p.healthy and p.version == "b5000-fake"
         assert (p.slots_total, p.slots_busy, p.running, p.waiting) == (3, 3, 3, 1)

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import asyncio
 import base64
 import json
 import struct
@@ -16,6 +15,7 @@ from aiohttp import web
 from mindrouter.backends import Adapter, BackendError, Call, Upstream, make_adapter
 from mindrouter.config import BackendSettings
 from tests.fakes import FakeOllama, FakeOpenAI, embedding
+from tests.harness import until
 
 SETTINGS = BackendSettings(request_timeout=5, connect_timeout=1)
 
@@ -439,10 +439,7 @@ async def test_close_mid_stream_cancels_at_the_backend(session: aiohttp.ClientSe
             assert fake.in_flight == 1
             await up.__anext__()
             await up.__anext__()
-        for _ in range(100):
-            if fake.cancelled:
-                break
-            await asyncio.sleep(0.01)
+        await until(lambda: fake.cancelled == 1, "the backend should see the stream closed")
         assert (fake.cancelled, fake.in_flight, fake.completed) == (1, 0, 0)
         assert up.chunks >= 2 and not up.done  # events passed: one read may bring several
         with pytest.raises(StopAsyncIteration):

@@ -8,7 +8,6 @@ way (:func:`check`): below 500, and an error body in the dialect of its path.
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
 import dataclasses
 import gzip
@@ -24,15 +23,11 @@ from typing import Any, NamedTuple
 from urllib.parse import quote, urlencode
 
 import pytest
-from aiohttp import web
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from mindrouter.daemon.edge.app import create_app, make_runner
-
-from .conftest import ADMIN_KEY, daemon_config
-from .fake_nvml import FakeNvml
 from .fakes import FakeOllama
+from .harness import ADMIN_KEY, daemon_in_thread
 
 MAX_BODY = 64 * 1024
 TRIED = {"inputs": 0, "inference": 0, "ui forms": 0}
@@ -45,7 +40,6 @@ class Served:
     port: int
     key: str
     routes: list[tuple[str, str]]
-    loop: asyncio.AbstractEventLoop
     bob: str
     """Another user's key, for the requests that keep a slot busy."""
 
@@ -53,65 +47,33 @@ class Served:
 @pytest.fixture(scope="module")
 def served(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Served]:
     tmp: Path = tmp_path_factory.mktemp("bad-input")
-    config = daemon_config(tmp)
-    server = dataclasses.replace(config.server, max_body_bytes=MAX_BODY, header_timeout=1.0, body_timeout=1.0)
-    config = dataclasses.replace(config, server=server)
-    loop = asyncio.new_event_loop()
-    ready = threading.Event()
-    state: dict[str, Any] = {}
-
-    async def start() -> None:
-        fake = FakeOllama(models=["llama3"], completion_tokens=4)
-        await fake.start()
-        busy = FakeOllama(models=["busy"], completion_tokens=10, tokens_per_second=100)
-        await busy.start()
-        app = await create_app(config, nvml=FakeNvml(init_error=FakeNvml.NVML_ERROR_LIBRARY_NOT_FOUND))
-        runner = make_runner(app, config)
-        await runner.setup()
-        site = web.TCPSite(runner, "127.0.0.1", 0)
-        await site.start()
-        port = site.port
-        state.update(fake=fake, busy=busy, runner=runner, port=port, app=app)
-
-    def run() -> None:
-        asyncio.set_event_loop(loop)
-        loop.run_until_complete(start())
-        ready.set()
-        loop.run_forever()
-
-    thread = threading.Thread(target=run, daemon=True)
-    thread.start()
-    assert ready.wait(20)
-    port = state["port"]
-    admin = {"Authorization": f"Bearer {ADMIN_KEY}", "Content-Type": "application/json"}
-    post(port, "/admin/backends", json.dumps({"name": "b1", "url": state["fake"].url, "engine": "ollama"}), admin)
-    post(
-        port,
-        "/admin/backends",
-        json.dumps({"name": "one-slot", "url": state["busy"].url, "engine": "ollama", "max_concurrent": 1}),
-        admin,
-    )
-    post(port, "/admin/users", json.dumps({"name": "alice", "group": "student"}), admin)
-    post(port, "/admin/users", json.dumps({"name": "bob", "group": "student"}), admin)
-    key = json.loads(post(port, "/admin/users/alice/keys", b"", admin)[1])["key"]
-    bob = json.loads(post(port, "/admin/users/bob/keys", b"", admin)[1])["key"]
-    routes = sorted(
-        {
-            (route.method, route.resource.canonical)
-            for route in state["app"].router.routes()
-            if route.method not in ("HEAD", "*") and route.resource is not None
-        }
-    )
-    yield Served(port, key, routes, loop, bob)
-
-    async def stop() -> None:
-        await state["runner"].cleanup()
-        await state["fake"].stop()
-        await state["busy"].stop()
-
-    asyncio.run_coroutine_threadsafe(stop(), loop).result(20)
-    loop.call_soon_threadsafe(loop.stop)
-    thread.join(10)
+    server = {"max_body_bytes": MAX_BODY, "header_timeout": 1.0, "body_timeout": 1.0}
+    fake = FakeOllama(models=["llama3"], completion_tokens=4)
+    busy = FakeOllama(models=["busy"], completion_tokens=10, tokens_per_second=100)
+    with daemon_in_thread(tmp, server=server) as d:
+        d.call(fake.start())
+        d.call(busy.start())
+        try:
+            port = d.port
+            admin = {"Authorization": f"Bearer {ADMIN_KEY}", "Content-Type": "application/json"}
+            post(port, "/admin/backends", json.dumps({"name": "b1", "url": fake.url, "engine": "ollama"}), admin)
+            one_slot = {"name": "one-slot", "url": busy.url, "engine": "ollama", "max_concurrent": 1}
+            post(port, "/admin/backends", json.dumps(one_slot), admin)
+            post(port, "/admin/users", json.dumps({"name": "alice", "group": "student"}), admin)
+            post(port, "/admin/users", json.dumps({"name": "bob", "group": "student"}), admin)
+            key = json.loads(post(port, "/admin/users/alice/keys", b"", admin)[1])["key"]
+            bob = json.loads(post(port, "/admin/users/bob/keys", b"", admin)[1])["key"]
+            routes = sorted(
+                {
+                    (route.method, route.resource.canonical)
+                    for route in d.daemon.app.router.routes()
+                    if route.method not in ("HEAD", "*") and route.resource is not None
+                }
+            )
+            yield Served(port, key, routes, bob)
+        finally:
+            d.call(fake.stop())
+            d.call(busy.stop())
 
 
 class Answer(NamedTuple):

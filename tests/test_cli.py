@@ -658,8 +658,11 @@ def test_main_prints_one_line_and_exit_codes(fake: FakeDaemon, tmp_path: Path) -
 def test_follow_ends_on_sigint_with_exit_0(fake: FakeDaemon) -> None:
     fake.stream_records = [decision("live-9")]
     fake.stream_hold = 30
+    # Ctrl-C as from a terminal: a run started in the background (`pytest &`, some CI runners) passes
+    # on an ignored SIGINT, and Python then installs no handler of its own.
+    start = "import signal; signal.signal(signal.SIGINT, signal.default_int_handler); from mindrouter.cli import main"
     proc = subprocess.Popen(
-        [sys.executable, "-c", "from mindrouter.cli import main; main()", "decisions", "--follow", "--json"],
+        [sys.executable, "-c", f"{start}; main()", "decisions", "--follow", "--json"],
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         text=True,

@@ -2,86 +2,70 @@
 
 from __future__ import annotations
 
-import asyncio
+import contextlib
+import dataclasses
 import json
-import threading
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import aiohttp
 import pytest
-from aiohttp import web
 
-from mindrouter.daemon.edge.app import create_app
-
-from .conftest import daemon_config
-from .fake_nvml import FakeNvml
 from .fakes import FakeOllama
+from .harness import ThreadDaemon, daemon_in_thread
 from .test_cli_fake import mr
 
 
-class ThreadDaemon:
-    """A daemon on a Unix socket and TCP port, run by its own event loop in a thread."""
+@dataclasses.dataclass
+class Live:
+    """A daemon on its own loop (Unix socket and TCP port), a fake Ollama behind it, and a config file for ``mr``."""
 
-    def __init__(self, tmp: Path) -> None:
-        self.tmp = tmp
-        self.config_file = tmp / "config.toml"
-        self.loop = asyncio.new_event_loop()
-        self.ready = threading.Event()
-        self.thread = threading.Thread(target=self._run, daemon=True)
+    daemon: ThreadDaemon
+    fake: FakeOllama
+    config_file: Path
+    tmp: Path
+    key: str = ""
+    """A user's key, where a test makes one."""
 
-    def _run(self) -> None:
-        asyncio.set_event_loop(self.loop)
-        self.loop.run_until_complete(self._start())
-        self.ready.set()
-        self.loop.run_forever()
+    @property
+    def port(self) -> int:
+        return self.daemon.port
 
-    async def _start(self) -> None:
-        self.fake = FakeOllama(models=["llama3", "mistral"], loaded=["llama3"])
-        await self.fake.start()
-        config = daemon_config(self.tmp)
-        self.config_file.write_text(
-            f'[server]\nsocket = "{config.server.socket_path}"\nstate_dir = "{config.server.state_path}"\n'
-        )
-        self.app = await create_app(config, nvml=FakeNvml(init_error=FakeNvml.NVML_ERROR_LIBRARY_NOT_FOUND))
-        self.runner = web.AppRunner(self.app, handler_cancellation=True, handle_signals=False)
-        await self.runner.setup()
-        await web.UnixSite(self.runner, str(config.server.socket_path)).start()
-        tcp = web.TCPSite(self.runner, "127.0.0.1", 0)
-        await tcp.start()
-        self.port = tcp._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
+    @property
+    def app(self) -> Any:
+        return self.daemon.daemon.app
 
     def call(self, coro: Any, timeout: float = 10) -> Any:
-        return asyncio.run_coroutine_threadsafe(coro, self.loop).result(timeout)
+        return self.daemon.call(coro, timeout)
 
-    def start(self) -> None:
-        self.thread.start()
-        assert self.ready.wait(20)
 
-    def stop(self) -> None:
-        async def _stop() -> None:
-            await self.runner.cleanup()
-            await self.fake.stop()
-
-        self.call(_stop())
-        self.loop.call_soon_threadsafe(self.loop.stop)
-        self.thread.join(10)
+@contextlib.contextmanager
+def live_daemon(tmp: Path) -> Iterator[Live]:
+    """A daemon for ``mr`` (``run``) in a thread, with a fake Ollama serving llama3 (loaded) and mistral."""
+    with daemon_in_thread(tmp, unix=True) as d:
+        fake = FakeOllama(models=["llama3", "mistral"], loaded=["llama3"])
+        d.call(fake.start())
+        try:
+            server = d.daemon.config.server
+            config_file = tmp / "config.toml"
+            config_file.write_text(f'[server]\nsocket = "{server.socket_path}"\nstate_dir = "{server.state_path}"\n')
+            yield Live(d, fake, config_file, tmp)
+        finally:
+            d.call(fake.stop())
 
 
 @pytest.fixture(scope="module")
-def live(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ThreadDaemon]:
-    d = ThreadDaemon(tmp_path_factory.mktemp("live"))
-    d.start()
-    yield d
-    d.stop()
+def live(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Live]:
+    with live_daemon(tmp_path_factory.mktemp("live")) as d:
+        yield d
 
 
-def run(live: ThreadDaemon, *args: str) -> Any:
+def run(live: Live, *args: str) -> Any:
     return mr("--config", str(live.config_file), *args)
 
 
-def test_every_command_against_a_running_daemon(live: ThreadDaemon) -> None:
+def test_every_command_against_a_running_daemon(live: Live) -> None:
     # Set up the pool.
     assert run(live, "group", "add", "phd", "--weight", "2").exit_code == 0
     assert run(live, "group", "set-weight", "phd", "2.5").exit_code == 0
@@ -175,7 +159,7 @@ def test_every_command_against_a_running_daemon(live: ThreadDaemon) -> None:
     assert run(live, "backend", "list", "--json").json() == []
 
 
-def state(live: ThreadDaemon) -> list[str]:
+def state(live: Live) -> list[str]:
     """The exported pool, without its comment header (which carries the time)."""
     return [line for line in run(live, "export").stdout.splitlines() if not line.startswith("#")]
 
@@ -193,7 +177,7 @@ def state(live: ThreadDaemon) -> list[str]:
         (("why", "mr-unknown"), 1, "mr-unknown"),
     ],
 )
-def test_bad_input_against_a_running_daemon(live: ThreadDaemon, args, code, words) -> None:
+def test_bad_input_against_a_running_daemon(live: Live, args, code, words) -> None:
     before = state(live)
     r = run(live, *args)
     assert r.exit_code == code, r
@@ -201,7 +185,7 @@ def test_bad_input_against_a_running_daemon(live: ThreadDaemon, args, code, word
     assert state(live) == before  # nothing changed
 
 
-def test_a_proxys_settings_through_the_command_line(live: ThreadDaemon) -> None:
+def test_a_proxys_settings_through_the_command_line(live: Live) -> None:
     assert run(live, "user", "add", "gateway", "--group", "staff", "--proxy-group", "student").exit_code == 0
     changed = run(live, "user", "set-proxy", "gateway", "--person-from", "user-field")
     assert changed.exit_code == 0 and "OpenAI's user field" in changed.stdout and "group student" in changed.stdout
@@ -219,7 +203,7 @@ def test_a_proxys_settings_through_the_command_line(live: ThreadDaemon) -> None:
     assert "proxy_for" not in users["gateway"] and "person_from" not in users["gateway"]
 
 
-def test_user_add_person_of_makes_a_proxys_person_before_their_first_chat(live: ThreadDaemon) -> None:
+def test_user_add_person_of_makes_a_proxys_person_before_their_first_chat(live: Live) -> None:
     assert run(live, "user", "add", "webui", "--group", "student", "--proxy").exit_code == 0
     r = run(live, "user", "add", "Prof@Lab.edu", "--group", "faculty", "--person-of", "webui", "--json")
     assert r.exit_code == 0, r

@@ -12,7 +12,6 @@ fakes serve the whole module, so the 90 cells run in a few seconds.
 
 from __future__ import annotations
 
-import asyncio
 import base64
 import json
 from collections.abc import AsyncIterator
@@ -24,15 +23,12 @@ import ollama
 import openai
 import pytest
 import pytest_asyncio
-from aiohttp import web
 from langchain_core.messages import HumanMessage
 from langchain_openai import ChatOpenAI, OpenAIEmbeddings
 
-from mindrouter.daemon.edge.app import create_app
-
-from .conftest import ADMIN_KEY, daemon_config
-from .fake_nvml import FakeNvml
+from . import harness
 from .fakes import TOOL_ARGUMENTS, FakeOllama, FakeOpenAI
+from .harness import until
 
 pytestmark = pytest.mark.asyncio(loop_scope="module")
 
@@ -66,31 +62,18 @@ async def pool(tmp_path_factory: pytest.TempPathFactory) -> AsyncIterator[Pool]:
         FakeOllama(models=["o-chat:latest"], capabilities=caps) as oll,
         FakeOpenAI(flavor="vllm", models=["v-chat"], vision=True) as vllm,
         FakeOpenAI(flavor="llamacpp", models=["l-chat"], vision=True) as llama,
+        harness.daemon(Path(tmp_path_factory.mktemp("pool"))) as d,
     ):
-        app = await create_app(daemon_config(Path(tmp_path_factory.mktemp("pool"))), nvml=FakeNvml(init_error=1))
-        runner = web.AppRunner(app)
-        await runner.setup()
-        site = web.TCPSite(runner, "127.0.0.1", 0)
-        await site.start()
-        port = site.port
+        for name, fake, engine in (("o", oll, "ollama"), ("v", vllm, "vllm"), ("l", llama, "llamacpp")):
+            await d.backend(name, fake.url, engine, max_concurrent=8)
         pool = Pool()
-        pool.url = f"http://127.0.0.1:{port}"
-        admin = {"Authorization": f"Bearer {ADMIN_KEY}"}
-        async with aiohttp.ClientSession(pool.url, headers=admin) as s:
-            for name, fake, engine in (("o", oll, "ollama"), ("v", vllm, "vllm"), ("l", llama, "llamacpp")):
-                body = {"name": name, "url": fake.url, "engine": engine, "max_concurrent": 8}
-                assert (await s.post("/admin/backends", json=body)).status < 300
-            assert (await s.post("/admin/users", json={"name": "matrix", "group": "student"})).status < 300
-            pool.key = (await (await s.post("/admin/users/matrix/keys")).json())["key"]
-            for _ in range(250):  # until every backend has been probed, Ollama's /api/show included
-                models = await (await s.get("/admin/models")).json()
-                if len(models) == 3:
-                    break
-                await asyncio.sleep(0.02)
-        try:
-            yield pool
-        finally:
-            await runner.cleanup()
+        pool.url, pool.key = d.url, await d.user("matrix")
+
+        async def probed() -> bool:
+            return len(await d.admin("GET", "/admin/models")) == 3
+
+        await until(probed, "every backend should be probed, Ollama's /api/show included")
+        yield pool
 
 
 # ---- one driver per client: each returns what the client made of the answer -------------------------------

@@ -6,8 +6,9 @@ import ollama
 import openai
 import pytest
 
-from .conftest import until
 from .fakes import FakeOllama, FakeOpenAI
+from .harness import until
+from .inprocess import InProcess
 
 pytestmark = pytest.mark.asyncio
 
@@ -88,36 +89,34 @@ async def test_models_tags_ps_version_need_no_queue(daemon):
 
 
 async def test_error_statuses_in_each_dialect(daemon):
-    async with FakeOllama(models=["llama3"]) as fake:
-        await daemon.backend("b1", fake.url, "ollama")
-        key = await daemon.user("dave")
-        auth = {"Authorization": f"Bearer {key}"}
-        c = daemon.client
-        r = await c.post("/v1/chat/completions", json={"model": "llama3", "messages": []})
-        assert r.status == 401 and (await r.json())["error"]["type"] == "authentication_error"
-        r = await c.post(
-            "/api/chat", json={"model": "llama3", "messages": []}, headers={"Authorization": "Bearer nope"}
-        )
-        assert r.status == 401 and isinstance((await r.json())["error"], str)
-        r = await c.post("/v1/chat/completions", data=b"{not json", headers=auth)
-        assert r.status == 400 and "JSON" in (await r.json())["error"]["message"]
-        r = await c.post(
-            "/v1/chat/completions",
-            json={"model": "gpt-99", "messages": [{"role": "user", "content": "x"}]},
-            headers=auth,
-        )
-        said = (await r.json())["error"]["message"]
-        assert r.status == 404 and "gpt-99" in said
-        assert "`GET /v1/models`" in said and "mr models" not in said  # people cannot run admin commands
-        r = await c.post(
-            "/api/chat", json={"model": "gpt-99", "messages": [{"role": "user", "content": "x"}]}, headers=auth
-        )
-        said = (await r.json())["error"]
-        assert r.status == 404 and "gpt-99" in said and "`GET /api/tags`" in said and "mr models" not in said
-        big = "x" * (daemon.config.server.max_body_bytes + 10)
-        r = await c.post("/v1/chat/completions", data=big.encode(), headers=auth)
-        assert r.status == 413
-        assert fake.requests == 0
+    fake = InProcess(models=("llama3",))
+    await daemon.backend("b1", fake)
+    key = await daemon.user("dave")
+    auth = {"Authorization": f"Bearer {key}"}
+    c = daemon.client
+    r = await c.post("/v1/chat/completions", json={"model": "llama3", "messages": []})
+    assert r.status == 401 and (await r.json())["error"]["type"] == "authentication_error"
+    r = await c.post("/api/chat", json={"model": "llama3", "messages": []}, headers={"Authorization": "Bearer nope"})
+    assert r.status == 401 and isinstance((await r.json())["error"], str)
+    r = await c.post("/v1/chat/completions", data=b"{not json", headers=auth)
+    assert r.status == 400 and "JSON" in (await r.json())["error"]["message"]
+    r = await c.post(
+        "/v1/chat/completions",
+        json={"model": "gpt-99", "messages": [{"role": "user", "content": "x"}]},
+        headers=auth,
+    )
+    said = (await r.json())["error"]["message"]
+    assert r.status == 404 and "gpt-99" in said
+    assert "`GET /v1/models`" in said and "mr models" not in said  # people cannot run admin commands
+    r = await c.post(
+        "/api/chat", json={"model": "gpt-99", "messages": [{"role": "user", "content": "x"}]}, headers=auth
+    )
+    said = (await r.json())["error"]
+    assert r.status == 404 and "gpt-99" in said and "`GET /api/tags`" in said and "mr models" not in said
+    big = "x" * (daemon.config.server.max_body_bytes + 10)
+    r = await c.post("/v1/chat/completions", data=big.encode(), headers=auth)
+    assert r.status == 413
+    assert fake.requests == 0
 
 
 async def test_503_when_every_backend_is_down(daemon):

@@ -42,7 +42,7 @@ async def test_failures_open_the_circuit_and_a_probe_closes_it(daemon):
         assert flaky.requests == before  # an open circuit takes no traffic
         # After the cool-down, the next successful probe closes it again.
         now[0] += 1.0  # past the 0.3 s cool-down
-        await until(lambda: daemon.scheduler.backend(row["id"]).healthy, timeout=5)
+        await until(lambda: daemon.scheduler.backend(row["id"]).healthy)
         assert not entry.circuit_open
         await client.chat.completions.create(model="llama3", messages=[{"role": "user", "content": "x"}], max_tokens=1)
         assert flaky.requests == before + 1

@@ -36,15 +36,15 @@ from __future__ import annotations
 
 import asyncio
 import time
+from pathlib import Path
 
 import aiohttp
 import openai
 import pytest
 
-from mindrouter.daemon.edge.app import create_app
 from mindrouter.scheduler import SchedulerSettings
 
-from .conftest import Daemon, ServeServer, daemon_config
+from . import harness
 from .fakes import FakeOllama, FakeOpenAI
 
 SPEEDUP = 30
@@ -90,19 +90,20 @@ async def test_the_fakes_spend_prefill_time_holding_the_slot_as_servers_do():
             assert (await resp.json())["prompt_eval_duration"] == 1000
 
 
-async def big_share(tmp_path, aiohttp_client, nvml, anticipation: float | None, think: float = 0.0) -> float:
+async def big_share(tmp_path: Path, anticipation: float | None, think: float = 0.0) -> float:
     """Big's share of the service units the clients received; ``think``: small's pause after each reply."""
-    config = daemon_config(tmp_path, **({} if anticipation is None else {"anticipation": anticipation}))
-    daemon = Daemon(await aiohttp_client(ServeServer(await create_app(config, nvml=nvml), config)), None, config)
-    daemon.app = daemon.client.server.app
-    async with FakeOpenAI(
-        flavor="vllm",
-        models=["llama3"],
-        max_concurrent=SLOTS,
-        tokens_per_second=DECODE,
-        prefill_tokens_per_second=PREFILL,
-        completion_tokens=max(BIG[1], SMALL[1]),
-    ) as fake:
+    scheduler = {} if anticipation is None else {"anticipation": anticipation}
+    async with (
+        harness.daemon(tmp_path, scheduler=scheduler) as daemon,
+        FakeOpenAI(
+            flavor="vllm",
+            models=["llama3"],
+            max_concurrent=SLOTS,
+            tokens_per_second=DECODE,
+            prefill_tokens_per_second=PREFILL,
+            completion_tokens=max(BIG[1], SMALL[1]),
+        ) as fake,
+    ):
         await daemon.backend("b1", fake.url, "vllm", max_concurrent=SLOTS)
         keys = {name: await daemon.user(name, "student") for name in ("small", "big")}
         cost = SchedulerSettings().cost
@@ -147,10 +148,8 @@ async def big_share(tmp_path, aiohttp_client, nvml, anticipation: float | None, 
         return share
 
 
-@pytest.mark.slow
-async def test_big_prompt_loops_get_half_and_a_client_that_thinks_briefly_keeps_its_share(
-    tmp_path, aiohttp_client, nvml
-):
+@pytest.mark.shares
+async def test_big_prompt_loops_get_half_and_a_client_that_thinks_briefly_keeps_its_share(tmp_path):
     """Three daemons side by side, each with its own fake server (a third of a core each).
 
     - Case 1 with the default ``anticipation``: small's freed slot waits for its next request, so
@@ -162,9 +161,9 @@ async def test_big_prompt_loops_get_half_and_a_client_that_thinks_briefly_keeps_
       71.7-72.3%); with it, 49.6-51.1%.
     """
     default, without, thinking = await asyncio.gather(
-        big_share(tmp_path / "default", aiohttp_client, nvml, None),
-        big_share(tmp_path / "without", aiohttp_client, nvml, 0.0),
-        big_share(tmp_path / "thinking", aiohttp_client, nvml, None, think=0.03),
+        big_share(tmp_path / "default", None),
+        big_share(tmp_path / "without", 0.0),
+        big_share(tmp_path / "thinking", None, think=0.03),
     )
     assert default == pytest.approx(0.5, abs=0.07)
     assert without == pytest.approx(0.5, abs=0.07)

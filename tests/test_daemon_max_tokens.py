@@ -22,7 +22,7 @@ import pytest
 
 from .fakes import FakeOpenAI
 
-pytestmark = pytest.mark.slow
+pytestmark = pytest.mark.shares
 
 ANSWER = 200
 DURATION = 4.0

@@ -9,15 +9,10 @@ measures the same.
 from __future__ import annotations
 
 import asyncio
-from pathlib import Path
-from typing import Any
 
 import openai
 
-from mindrouter.daemon.edge.app import create_app
-
-from .conftest import Daemon, ServeServer, daemon_config, until
-from .fake_nvml import FakeNvml
+from .harness import Daemon, until
 from .inprocess import InProcess
 
 BEFORE = 24
@@ -30,14 +25,9 @@ WINDOW = 8
 """Any run of this many measured answers holds one of each group's: at 3 : 1 a stall would leave one out."""
 
 
-async def test_group_set_weight_during_saturation_moves_shares_and_starves_nobody(
-    tmp_path: Path, aiohttp_client: Any, nvml: FakeNvml
-) -> None:
+async def test_group_set_weight_during_saturation_moves_shares_and_starves_nobody(daemon: Daemon) -> None:
     backends = InProcess(models=("llama3",), completion_tokens=20, held=True)
-    config = daemon_config(tmp_path)
-    app = await create_app(config, nvml=nvml, adapters=backends)
-    daemon = Daemon(await aiohttp_client(ServeServer(app, config)), app, config)
-    await daemon.backend("b1", "http://in-process:1", "vllm", max_concurrent=2)
+    await daemon.backend("b1", backends, max_concurrent=2)
     await daemon.admin("PUT", "/admin/groups/staff", {"weight": 1})
     keys = {"stu": await daemon.user("stu", "student"), "stf": await daemon.user("stf", "staff")}
     order: list[tuple[str, int]] = []  # (who, tokens) in the order the answers came back

@@ -18,6 +18,7 @@ from mindrouter.gpu.agent import AGENT_STATE, create_agent_app, run_agent
 from mindrouter.gpu.client import AgentClient, AgentError, agent_base_url, fetch_agent
 
 from .fake_nvml import GIB, NVML_ERROR_LIBRARY_NOT_FOUND, FakeNvml, gpu
+from .harness import until
 
 KEY = "s3cret-agent-key"
 
@@ -72,11 +73,7 @@ async def test_polls_in_the_background_not_per_request(aiohttp_client) -> None:
     app = agent(fast, poll_interval=0.01)
     client = await aiohttp_client(app)
     fast.gpus[0].used = 30 * GIB
-    for _ in range(200):
-        if app[AGENT_STATE].polls >= 3:
-            break
-        await asyncio.sleep(0.01)
-    assert app[AGENT_STATE].polls >= 3
+    await until(lambda: app[AGENT_STATE].polls >= 3, "the agent should poll in the background")
     rows = await (await client.get("/gpus")).json()
     assert rows[0]["memory_used"] == 30 * GIB
     await client.close()

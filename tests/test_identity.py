@@ -8,7 +8,6 @@ nobody unless the proxy is set to take it. New people per proxy per hour are cap
 
 from __future__ import annotations
 
-import dataclasses
 import logging
 import sqlite3
 from pathlib import Path
@@ -17,15 +16,13 @@ from typing import Any
 import openai
 import pytest
 
-from mindrouter.daemon.edge.app import create_app
 from mindrouter.daemon.process.appkeys import STORE
 from mindrouter.names import hash_key, person_name
 from mindrouter.store import Store
 from mindrouter.store.schema import _MIGRATIONS
 
-from .conftest import Daemon, ServeServer, daemon_config
-from .fake_nvml import FakeNvml
-from .fakes import FakeOpenAI
+from .harness import daemon_config
+from .inprocess import InProcess
 from .test_daemon_proxy import USER, as_person, proxy_user
 
 
@@ -48,97 +45,94 @@ def charged(daemon: Any) -> dict[str, int]:
 
 
 async def test_a_proxy_cannot_act_as_a_regular_user_an_admin_or_another_proxys_person(daemon, caplog):
-    async with FakeOpenAI(flavor="vllm", models=["m"]) as fake:
-        await daemon.backend("b", fake.url, "vllm")
-        prof = await daemon.user("prof", group="admin")
-        await ask(daemon, prof)
-        webui = await proxy_user(daemon)
-        gate = await proxy_user(daemon, "gate")
-        await ask(daemon, gate, **{"X-OpenWebUI-User-Email": "alice@lab.edu"})  # gate's own person
-        caplog.set_level(logging.WARNING, logger="mindrouter.daemon")
-        rids = []
-        for name in ("prof", "PROF", "prof", "gate", "alice@lab.edu", "ALICE@lab.edu"):
-            rids.append(await ask(daemon, webui, **{"X-Forwarded-User": name}))
-        await ask(daemon, webui, **{"X-Forwarded-User": "..prof"})
-        users = {u["name"]: u for u in await daemon.admin("GET", "/admin/users")}
-        counts = charged(daemon)
-        assert counts["prof"] == 1, "prof is charged for its own request only"
-        assert "gate" not in counts
-        assert counts["alice@lab.edu"] == 1, "gate's alice is charged for gate's request only"
-        assert counts["webui"] == 6, "every name that is not webui's own person is charged to webui"
-        for rid in rids:
-            record = await daemon.admin("GET", f"/admin/decisions/{rid}")
-            assert record["user"] == "webui" and record["user_weight"] == 1  # the student proxy's weight, not 10
-        dotted = [u for u in users.values() if u.get("identity") == "..prof"]
-        assert len(dotted) == 1 and dotted[0]["name"] != "prof" and dotted[0]["person_of"] == "webui"
-        assert users["alice@lab.edu"]["person_of"] == "gate"
-        warned = [r.getMessage() for r in caplog.records if "not its own" in r.getMessage()]
-        assert len(warned) == 4, warned  # once per name (prof, PROF, gate, alice@lab.edu), not per request
+    fake = InProcess(models=("m",), completion_tokens=8)
+    await daemon.backend("b", fake)
+    prof = await daemon.user("prof", group="admin")
+    await ask(daemon, prof)
+    webui = await proxy_user(daemon)
+    gate = await proxy_user(daemon, "gate")
+    await ask(daemon, gate, **{"X-OpenWebUI-User-Email": "alice@lab.edu"})  # gate's own person
+    caplog.set_level(logging.WARNING, logger="mindrouter.daemon")
+    rids = []
+    for name in ("prof", "PROF", "prof", "gate", "alice@lab.edu", "ALICE@lab.edu"):
+        rids.append(await ask(daemon, webui, **{"X-Forwarded-User": name}))
+    await ask(daemon, webui, **{"X-Forwarded-User": "..prof"})
+    users = {u["name"]: u for u in await daemon.admin("GET", "/admin/users")}
+    counts = charged(daemon)
+    assert counts["prof"] == 1, "prof is charged for its own request only"
+    assert "gate" not in counts
+    assert counts["alice@lab.edu"] == 1, "gate's alice is charged for gate's request only"
+    assert counts["webui"] == 6, "every name that is not webui's own person is charged to webui"
+    for rid in rids:
+        record = await daemon.admin("GET", f"/admin/decisions/{rid}")
+        assert record["user"] == "webui" and record["user_weight"] == 1  # the student proxy's weight, not 10
+    dotted = [u for u in users.values() if u.get("identity") == "..prof"]
+    assert len(dotted) == 1 and dotted[0]["name"] != "prof" and dotted[0]["person_of"] == "webui"
+    assert users["alice@lab.edu"]["person_of"] == "gate"
+    warned = [r.getMessage() for r in caplog.records if "not its own" in r.getMessage()]
+    assert len(warned) == 4, warned  # once per name (prof, PROF, gate, alice@lab.edu), not per request
 
 
 async def test_two_identities_are_never_one_person(daemon):
-    async with FakeOpenAI(flavor="vllm", models=["m"]) as fake:
-        await daemon.backend("b", fake.url, "vllm")
-        key = await proxy_user(daemon)
-        for email in ("_prof@lab.edu", "-prof@lab.edu", "prof@lab.edu", "Prof@Lab.EDU"):
-            await ask(daemon, key, **{"X-OpenWebUI-User-Email": email})
-        await ask(daemon, key, **{"X-OpenWebUI-User-Id": "Dan Smith"})
-        await ask(daemon, key, **{"X-OpenWebUI-User-Id": "dan-smith"})
-        await ask(daemon, key, **{"X-Forwarded-User": "Carol"})
-        await ask(daemon, key, **{"X-Forwarded-User": "carol"})
-        shown = person_name("Dan Smith")  # the name shown for "Dan Smith", sent as an identity of its own
-        await ask(daemon, key, **{"X-Forwarded-User": shown})
-        people = {u["identity"]: u for u in await daemon.admin("GET", "/admin/users") if u.get("identity")}
-        assert set(people) == {
-            *("_prof@lab.edu", "-prof@lab.edu", "prof@lab.edu", "Dan Smith", "dan-smith", "Carol", "carol", shown)
-        }
-        assert people["prof@lab.edu"]["name"] == "prof@lab.edu"  # an address is case-folded, nothing else
-        assert len({p["name"].lower() for p in people.values()}) == 8
-        assert people[shown]["name"] == f"{shown}-2" and people["carol"]["name"] == "carol-2"
-        counts = charged(daemon)
-        assert counts[people["prof@lab.edu"]["name"]] == 2
-        assert counts[people["_prof@lab.edu"]["name"]] == counts[people["-prof@lab.edu"]["name"]] == 1
+    fake = InProcess(models=("m",), completion_tokens=8)
+    await daemon.backend("b", fake)
+    key = await proxy_user(daemon)
+    for email in ("_prof@lab.edu", "-prof@lab.edu", "prof@lab.edu", "Prof@Lab.EDU"):
+        await ask(daemon, key, **{"X-OpenWebUI-User-Email": email})
+    await ask(daemon, key, **{"X-OpenWebUI-User-Id": "Dan Smith"})
+    await ask(daemon, key, **{"X-OpenWebUI-User-Id": "dan-smith"})
+    await ask(daemon, key, **{"X-Forwarded-User": "Carol"})
+    await ask(daemon, key, **{"X-Forwarded-User": "carol"})
+    shown = person_name("Dan Smith")  # the name shown for "Dan Smith", sent as an identity of its own
+    await ask(daemon, key, **{"X-Forwarded-User": shown})
+    people = {u["identity"]: u for u in await daemon.admin("GET", "/admin/users") if u.get("identity")}
+    assert set(people) == {
+        *("_prof@lab.edu", "-prof@lab.edu", "prof@lab.edu", "Dan Smith", "dan-smith", "Carol", "carol", shown)
+    }
+    assert people["prof@lab.edu"]["name"] == "prof@lab.edu"  # an address is case-folded, nothing else
+    assert len({p["name"].lower() for p in people.values()}) == 8
+    assert people[shown]["name"] == f"{shown}-2" and people["carol"]["name"] == "carol-2"
+    counts = charged(daemon)
+    assert counts[people["prof@lab.edu"]["name"]] == 2
+    assert counts[people["_prof@lab.edu"]["name"]] == counts[people["-prof@lab.edu"]["name"]] == 1
 
 
 async def test_the_user_field_names_nobody_unless_the_proxy_takes_it(daemon):
-    async with FakeOpenAI(flavor="vllm", models=["m"]) as fake:
-        await daemon.backend("b", fake.url, "vllm")
-        key = await proxy_user(daemon)
-        await ask(daemon, key, user="eve@lab.edu")
-        assert "eve@lab.edu" not in charged(daemon) and charged(daemon)["webui"] == 1
-        row = await daemon.admin("PUT", "/admin/users/webui", {"person_from": "user-field"})
-        assert row["person_from"] == "user-field" and row["proxy_for"] == "student"
-        await ask(daemon, key, user="eve@lab.edu", **{"X-Forwarded-User": "mallory"})
-        counts = charged(daemon)
-        assert counts["eve@lab.edu"] == 1 and "mallory" not in counts, "user-field: the headers name nobody"
-        refused = await daemon.admin("PUT", "/admin/users/webui", {"person_from": "cookie"}, status=400)
-        assert "header or user-field" in refused["error"]["message"]
-        listed = {u["name"]: u for u in await daemon.admin("GET", "/admin/users")}
-        assert listed["webui"]["person_from"] == "user-field"
-        assert daemon.app[STORE].get_user("webui").person_from == "user-field"
+    fake = InProcess(models=("m",), completion_tokens=8)
+    await daemon.backend("b", fake)
+    key = await proxy_user(daemon)
+    await ask(daemon, key, user="eve@lab.edu")
+    assert "eve@lab.edu" not in charged(daemon) and charged(daemon)["webui"] == 1
+    row = await daemon.admin("PUT", "/admin/users/webui", {"person_from": "user-field"})
+    assert row["person_from"] == "user-field" and row["proxy_for"] == "student"
+    await ask(daemon, key, user="eve@lab.edu", **{"X-Forwarded-User": "mallory"})
+    counts = charged(daemon)
+    assert counts["eve@lab.edu"] == 1 and "mallory" not in counts, "user-field: the headers name nobody"
+    refused = await daemon.admin("PUT", "/admin/users/webui", {"person_from": "cookie"}, status=400)
+    assert "header or user-field" in refused["error"]["message"]
+    listed = {u["name"]: u for u in await daemon.admin("GET", "/admin/users")}
+    assert listed["webui"]["person_from"] == "user-field"
+    assert daemon.app[STORE].get_user("webui").person_from == "user-field"
 
 
-async def test_new_people_per_proxy_per_hour_are_capped(tmp_path: Path, aiohttp_client: Any):
-    config = daemon_config(tmp_path)
-    config = dataclasses.replace(config, server=dataclasses.replace(config.server, new_people_per_hour=2))
-    app = await create_app(config, nvml=FakeNvml(init_error=1))
-    daemon = Daemon(await aiohttp_client(ServeServer(app, config)), app, config)
-    async with FakeOpenAI(flavor="vllm", models=["m"]) as fake:
-        await daemon.backend("b", fake.url, "vllm")
-        key = await proxy_user(daemon)
-        other = await proxy_user(daemon, "gate")
-        await ask(daemon, key, **{"X-Forwarded-User": "p1"})
-        await ask(daemon, key, **{"X-Forwarded-User": "p2"})
-        with pytest.raises(openai.RateLimitError) as refused:
-            await ask(daemon, key, **{"X-Forwarded-User": "p3"})
-        answer = refused.value.response
-        assert answer.status_code == 429 and 3000 < int(answer.headers["Retry-After"]) <= 3600
-        message = refused.value.body["message"]  # type: ignore[index]
-        assert "new_people_per_hour" in message and message.count(". ") == 0
-        await ask(daemon, key, **{"X-Forwarded-User": "p1"})  # known people still pass
-        await ask(daemon, key)  # and the proxy itself
-        await ask(daemon, other, **{"X-Forwarded-User": "p3"})  # the cap is per proxy
-        assert charged(daemon) == {"p1": 2, "p2": 1, "webui": 1, "p3": 1}
+async def test_new_people_per_proxy_per_hour_are_capped(new_daemon):
+    daemon = await new_daemon(server={"new_people_per_hour": 2})
+    fake = InProcess(models=("m",), completion_tokens=8)
+    await daemon.backend("b", fake)
+    key = await proxy_user(daemon)
+    other = await proxy_user(daemon, "gate")
+    await ask(daemon, key, **{"X-Forwarded-User": "p1"})
+    await ask(daemon, key, **{"X-Forwarded-User": "p2"})
+    with pytest.raises(openai.RateLimitError) as refused:
+        await ask(daemon, key, **{"X-Forwarded-User": "p3"})
+    answer = refused.value.response
+    assert answer.status_code == 429 and 3000 < int(answer.headers["Retry-After"]) <= 3600
+    message = refused.value.body["message"]  # type: ignore[index]
+    assert "new_people_per_hour" in message and message.count(". ") == 0
+    await ask(daemon, key, **{"X-Forwarded-User": "p1"})  # known people still pass
+    await ask(daemon, key)  # and the proxy itself
+    await ask(daemon, other, **{"X-Forwarded-User": "p3"})  # the cap is per proxy
+    assert charged(daemon) == {"p1": 2, "p2": 1, "webui": 1, "p3": 1}
 
 
 def _old_state(path: Path) -> None:
@@ -169,7 +163,7 @@ def _old_state(path: Path) -> None:
     db.close()
 
 
-async def test_people_stored_before_the_upgrade_stay_their_proxys(tmp_path: Path, aiohttp_client: Any):
+async def test_people_stored_before_the_upgrade_stay_their_proxys(tmp_path: Path, new_daemon):
     config = daemon_config(tmp_path)
     config.server.state_path.mkdir(parents=True)
     _old_state(config.server.state_path / "mindrouter.db")
@@ -178,13 +172,12 @@ async def test_people_stored_before_the_upgrade_stay_their_proxys(tmp_path: Path
     assert (people["Alice@Lab.edu"].person_of, people["Alice@Lab.edu"].identity) == ("webui", "alice@lab.edu")
     assert (people["dan-smith"].person_of, people["dan-smith"].identity) == ("webui", "dan-smith")
     assert people["keyless"].person_of is None and people["prof"].person_of is None
-    app = await create_app(config, nvml=FakeNvml(init_error=1))
-    daemon = Daemon(await aiohttp_client(ServeServer(app, config)), app, config)
-    async with FakeOpenAI(flavor="vllm", models=["m"]) as fake:
-        await daemon.backend("b", fake.url, "vllm")
-        await ask(daemon, "mr-webui-key", **{"X-OpenWebUI-User-Email": "alice@lab.edu"})
-        await ask(daemon, "mr-webui-key", **{"X-Forwarded-User": "keyless"})
-        await ask(daemon, "mr-webui-key", **{"X-Forwarded-User": "prof"})
+    daemon = await new_daemon()
+    fake = InProcess(models=("m",), completion_tokens=8)
+    await daemon.backend("b", fake)
+    await ask(daemon, "mr-webui-key", **{"X-OpenWebUI-User-Email": "alice@lab.edu"})
+    await ask(daemon, "mr-webui-key", **{"X-Forwarded-User": "keyless"})
+    await ask(daemon, "mr-webui-key", **{"X-Forwarded-User": "prof"})
     assert charged(daemon) == {"Alice@Lab.edu": 1, "webui": 2}
 
 
@@ -209,27 +202,27 @@ def test_proxy_settings_and_people_survive_export_and_import(tmp_path: Path) -> 
 
 async def test_an_admin_makes_a_proxys_person_before_their_first_chat(daemon):
     """`mr user add IDENTITY --person-of webui --group faculty` (issue 21): their first chat is faculty's."""
-    async with FakeOpenAI(flavor="vllm", models=["m"]) as fake:
-        await daemon.backend("b", fake.url, "vllm")
-        webui = await proxy_user(daemon)
-        made = await daemon.admin(
-            "POST", "/admin/users", {"name": "Prof@Lab.edu", "group": "faculty", "person_of": "webui"}, status=201
-        )
-        assert (made["name"], made["group"], made["person_of"], made["identity"]) == (
-            "prof@lab.edu",
-            "faculty",
-            "webui",
-            "prof@lab.edu",
-        )
-        rid = await ask(daemon, webui, **{"X-OpenWebUI-User-Email": "prof@lab.edu"})
-        record = await daemon.admin("GET", f"/admin/decisions/{rid}")
-        assert (record["user"], record["user_group"]) == ("prof@lab.edu", "faculty")
-        again = await daemon.admin(
-            "POST", "/admin/users", {"name": "prof@lab.edu", "group": "staff", "person_of": "webui"}, status=409
-        )
-        assert "already" in again["error"]["message"]
-        await daemon.user("plain", "student")
-        refused = await daemon.admin(
-            "POST", "/admin/users", {"name": "x@lab.edu", "group": "staff", "person_of": "plain"}, status=400
-        )
-        assert "not a proxy" in refused["error"]["message"]
+    fake = InProcess(models=("m",), completion_tokens=8)
+    await daemon.backend("b", fake)
+    webui = await proxy_user(daemon)
+    made = await daemon.admin(
+        "POST", "/admin/users", {"name": "Prof@Lab.edu", "group": "faculty", "person_of": "webui"}, status=201
+    )
+    assert (made["name"], made["group"], made["person_of"], made["identity"]) == (
+        "prof@lab.edu",
+        "faculty",
+        "webui",
+        "prof@lab.edu",
+    )
+    rid = await ask(daemon, webui, **{"X-OpenWebUI-User-Email": "prof@lab.edu"})
+    record = await daemon.admin("GET", f"/admin/decisions/{rid}")
+    assert (record["user"], record["user_group"]) == ("prof@lab.edu", "faculty")
+    again = await daemon.admin(
+        "POST", "/admin/users", {"name": "prof@lab.edu", "group": "staff", "person_of": "webui"}, status=409
+    )
+    assert "already" in again["error"]["message"]
+    await daemon.user("plain", "student")
+    refused = await daemon.admin(
+        "POST", "/admin/users", {"name": "x@lab.edu", "group": "staff", "person_of": "plain"}, status=400
+    )
+    assert "not a proxy" in refused["error"]["message"]

@@ -22,9 +22,15 @@ from mindrouter.daemon.request.settlement import Outcome, Settlement
 from mindrouter.errors import RequestError
 from mindrouter.scheduler import Backend, Job, Scheduler, SchedulerSettings
 
-from .conftest import until
+from .harness import until
 
 CHAT = "/v1/chat/completions"
+
+
+async def turns(n: int = 20) -> None:
+    """Let the loop run ``n`` rounds of what is ready: ordering by the loop's turns, never by the clock."""
+    for _ in range(n):
+        await asyncio.sleep(0)
 
 
 def call(stream: bool = False, model: str = "m") -> Call:
@@ -39,6 +45,8 @@ class FakeAdapter:
         self.script = list(script)
         self.opened = 0
         self.closed_streams = 0
+        self.paused = 0
+        """Streams now waiting at their ``pause`` event."""
 
     async def open(self, call: Call, model: str) -> Upstream:
         self.opened += 1
@@ -65,7 +73,9 @@ def stream(chunks: int, *, break_after: int | None = None, pause: asyncio.Event 
                     if i == break_after:
                         raise StreamFailed("the backend ended the stream early")
                     if pause is not None and i == chunks // 2:
+                        adapter.paused += 1
                         await pause.wait()
+                        adapter.paused -= 1
                     yield f"data: {i}\n\n".encode()
                 usage.prompt_tokens, usage.completion_tokens = 7, chunks
                 yield b"data: [DONE]\n\n"
@@ -192,11 +202,9 @@ async def test_client_gone_while_queued_leaves_the_queue_and_settles_once():
     hold = asyncio.Event()
     world = World(FakeAdapter(stream(10, pause=hold)))
     first = asyncio.create_task(serve(world, call(stream=True)))
-    await asyncio.sleep(0.01)
-    assert world.core.running_count == 1
+    await until(lambda: world.core.running_count == 1, "the first should run")
     second = asyncio.create_task(serve(world))
-    await asyncio.sleep(0.01)
-    assert world.core.queued_count == 1
+    await until(lambda: world.core.queued_count == 1, "the second should wait")
     second.cancel()
     with pytest.raises(asyncio.CancelledError):
         await second
@@ -213,7 +221,7 @@ async def test_client_gone_while_streaming_closes_the_backend_and_charges_what_w
     adapter = FakeAdapter(stream(10, pause=hold))
     world = World(adapter)
     task = asyncio.create_task(serve(world, call(stream=True)))
-    await asyncio.sleep(0.01)
+    await until(lambda: adapter.paused == 1, "the stream should pause after five chunks")
     task.cancel()
     with pytest.raises(asyncio.CancelledError):
         await task
@@ -298,9 +306,9 @@ async def test_waiting_past_the_queue_timeout_is_504_with_a_timeout_record():
     hold = asyncio.Event()
     world = World(FakeAdapter(stream(10, pause=hold)), queue_timeout=30)
     first = asyncio.create_task(serve(world, call(stream=True)))
-    await asyncio.sleep(0.01)
+    await until(lambda: world.core.running_count == 1, "the first should run")
     second = asyncio.create_task(serve(world))
-    await asyncio.sleep(0.01)
+    await until(lambda: world.core.queued_count == 1, "the second should wait")
     world.clock.now += 31
     assert world.dispatcher.expire() == 1
     with pytest.raises(RequestError) as caught:
@@ -331,10 +339,11 @@ async def test_the_timer_wakes_for_a_queued_job_only_when_its_timeout_comes_befo
     world.dispatcher.expire = counted  # type: ignore[method-assign]
     timer = asyncio.create_task(world.dispatcher.run_timer())
     first = asyncio.create_task(serve(world, call(stream=True)))  # holds the one slot
-    await asyncio.sleep(0.05)
+    await until(lambda: world.core.running_count == 1, "the first should hold the slot")
+    await turns()
     rounds = 0
     waiting = [world.lease().enter() for _ in range(20)]
-    await asyncio.sleep(0.05)
+    await turns()  # a timer woken for them has run its round; its once-a-second round is far off
     assert (rounds > 0) is woken, rounds
     timer.cancel()
     for lease in waiting:
@@ -369,7 +378,7 @@ async def test_shutdown_while_the_backend_hangs_frees_the_slot():
     adapter = FakeAdapter("hang")
     world = World(adapter)
     task = asyncio.create_task(serve(world))
-    await asyncio.sleep(0.01)
+    await until(lambda: adapter.opened == 1, "the request should reach the backend")
     assert world.core.running_count == 1
     task.cancel()  # what aiohttp does to handlers when the grace period ends
     with pytest.raises(asyncio.CancelledError):

@@ -22,7 +22,6 @@ from mindrouter.scheduler import TOKEN_LIMIT
 from .conftest import Daemon
 from .fakes import FakeOllama, FakeOpenAI, Raw
 from .test_request_path import auth
-from .test_request_path import make_daemon as _make_daemon
 
 CHAT = "/v1/chat/completions"
 
@@ -36,9 +35,9 @@ def strict(text: str) -> Any:
     return json.loads(text, parse_constant=refuse)
 
 
-async def make_daemon(tmp_path: Any, aiohttp_client: Any, nvml: Any, **backends: Any) -> Daemon:
+async def make_daemon(new_daemon: Any, **backends: Any) -> Daemon:
     """A daemon that polls its backends only when told (so a lie is read by requests, not probes)."""
-    return await _make_daemon(tmp_path, aiohttp_client, nvml, poll_interval=60, **backends)
+    return await new_daemon(backends={"poll_interval": 60, **backends})
 
 
 def chat(stream: bool, max_tokens: int | None = 8, model: str = "llama3") -> dict[str, Any]:
@@ -82,10 +81,8 @@ LIES = [
 
 @pytest.mark.parametrize("stream", [True, False], ids=["stream", "whole"])
 @pytest.mark.parametrize(("field", "value"), LIES, ids=[f"{f}={v!r}" for f, v in LIES])
-async def test_an_ollama_count_that_is_not_believable_is_dropped(
-    tmp_path, aiohttp_client, nvml, stream, field, value, caplog
-):
-    d = await make_daemon(tmp_path, aiohttp_client, nvml)
+async def test_an_ollama_count_that_is_not_believable_is_dropped(new_daemon, stream, field, value, caplog):
+    d = await make_daemon(new_daemon)
     async with FakeOllama(models=["llama3"]) as liar:
         liar.usage_lies = {field: value}
         await d.backend("liar", liar.url, "ollama")
@@ -113,8 +110,8 @@ async def test_an_ollama_count_that_is_not_believable_is_dropped(
 
 @pytest.mark.parametrize("stream", [True, False], ids=["stream", "whole"])
 @pytest.mark.parametrize("value", [-1_000_000, "12", Raw("1e400"), 10**29, True], ids=repr)
-async def test_an_openai_count_that_is_not_believable_is_dropped(tmp_path, aiohttp_client, nvml, stream, value):
-    d = await make_daemon(tmp_path, aiohttp_client, nvml)
+async def test_an_openai_count_that_is_not_believable_is_dropped(new_daemon, stream, value):
+    d = await make_daemon(new_daemon)
     async with FakeOpenAI(flavor="vllm", models=["llama3"]) as liar:
         liar.usage_lies = {"completion_tokens": value}
         await d.backend("liar", liar.url, "vllm")
@@ -128,10 +125,10 @@ async def test_an_openai_count_that_is_not_believable_is_dropped(tmp_path, aioht
         await assert_books_sane(d)
 
 
-async def test_a_negative_count_credits_nobody_and_takes_no_other_backends_traffic(tmp_path, aiohttp_client, nvml):
+async def test_a_negative_count_credits_nobody_and_takes_no_other_backends_traffic(new_daemon):
     """The issue's case: a negative eval_count moved its user's deficit up by a million and made the liar's
     throughput term 596.7 (capped at 20), so it took another model's requests from the good backend."""
-    d = await make_daemon(tmp_path, aiohttp_client, nvml)
+    d = await make_daemon(new_daemon)
     async with FakeOllama(models=["llama3", "mistral"]) as liar, FakeOllama(models=["mistral"]) as good:
         liar.usage_lies = {"eval_count": -1_000_000}
         await d.backend("liar", liar.url, "ollama")
@@ -172,8 +169,8 @@ async def test_one_unbelievable_row_never_takes_its_batch_with_it(tmp_path):
 
 
 @pytest.mark.parametrize("after", [0, 3], ids=["before-the-first-byte", "mid-stream"])
-async def test_a_line_that_never_ends_is_cut_and_its_memory_stays_bounded(tmp_path, aiohttp_client, nvml, after):
-    d = await make_daemon(tmp_path, aiohttp_client, nvml, max_line_bytes=1 << 20)
+async def test_a_line_that_never_ends_is_cut_and_its_memory_stays_bounded(new_daemon, after):
+    d = await make_daemon(new_daemon, max_line_bytes=1 << 20)
     async with FakeOllama(models=["llama3"]) as liar:
         liar.endless_line = after
         await d.backend("liar", liar.url, "ollama")
@@ -197,10 +194,8 @@ async def test_a_line_that_never_ends_is_cut_and_its_memory_stays_bounded(tmp_pa
 
 
 @pytest.mark.parametrize("path", ["/api/chat", CHAT])
-async def test_an_answer_past_max_tokens_is_cut_and_charged_for_what_was_delivered(
-    tmp_path, aiohttp_client, nvml, path
-):
-    d = await make_daemon(tmp_path, aiohttp_client, nvml)
+async def test_an_answer_past_max_tokens_is_cut_and_charged_for_what_was_delivered(new_daemon, path):
+    d = await make_daemon(new_daemon)
     async with FakeOllama(models=["llama3"], completion_tokens=5000) as liar:
         liar.ignore_limits = True
         await d.backend("liar", liar.url, "ollama")
@@ -215,8 +210,8 @@ async def test_an_answer_past_max_tokens_is_cut_and_charged_for_what_was_deliver
         assert d.scheduler.running_count == 0
 
 
-async def test_a_stream_that_never_falls_silent_is_cut_at_the_total_limit(tmp_path, aiohttp_client, nvml):
-    d = await make_daemon(tmp_path, aiohttp_client, nvml, stream_timeout=0.5)
+async def test_a_stream_that_never_falls_silent_is_cut_at_the_total_limit(new_daemon):
+    d = await make_daemon(new_daemon, stream_timeout=0.5)
     async with FakeOllama(models=["llama3"], completion_tokens=100_000, tokens_per_second=100) as slow:
         await d.backend("slow", slow.url, "ollama")
         key = await d.user("alice")
@@ -224,7 +219,7 @@ async def test_a_stream_that_never_falls_silent_is_cut_at_the_total_limit(tmp_pa
         resp = await d.client.post("/api/chat", json=chat(True, max_tokens=None), headers=auth(key))
         text = await resp.text()
         assert "0.5 s a stream may take" in text.splitlines()[-1]
-        assert time.monotonic() - started < 3
+        assert time.monotonic() - started < 15  # not the 1,000 s the stream would run
         [(_, completion)] = await usage_rows(d)
         assert 10 <= completion <= 200  # charged for what was delivered
 

@@ -24,6 +24,9 @@ from mindrouter.backends.call import Call
 from mindrouter.errors import RequestError
 from mindrouter.scheduler import TOKEN_LIMIT, Backend, Job, Scheduler
 
+from .harness import until
+from .inprocess import InProcess
+
 HUGE = 10**400
 
 # (path, body without the number, where the number goes, the field the error must name)
@@ -183,39 +186,32 @@ def test_property_no_job_numbers_break_the_core(prompt, limit, context, stream):
 
 async def test_a_huge_number_behind_a_busy_slot_is_a_400_and_the_pool_keeps_serving(daemon):
     """The issue's run: bob's stream holds the only slot; alice's huge numbers must not touch it."""
-    from .fakes import FakeOllama
-
-    async with FakeOllama(models=["llama3"], tokens_per_second=40, completion_tokens=20) as fake:
-        await daemon.backend("b1", fake.url, "ollama", max_concurrent=1)
-        bob = {"Authorization": f"Bearer {await daemon.user('bob')}"}
-        alice = {"Authorization": f"Bearer {await daemon.user('alice')}"}
-        chat = {"model": "llama3", "messages": [{"role": "user", "content": "hi"}]}
-        async with aiohttp.ClientSession() as session:
-            running = asyncio.create_task(
-                session.post(daemon.url + "/api/chat", json={**chat, "stream": False}, headers=bob)
-            )
-            for _ in range(100):
-                if fake.in_flight:
-                    break
-                await asyncio.sleep(0.01)
-            assert fake.in_flight == 1
-            answers = []
-            for path, base, where, _field in FIELDS:
-                async with session.post(
-                    daemon.url + path, data=raw(with_number(base, where, HUGE)), headers=alice
-                ) as resp:
-                    answers.append((path, resp.status, await resp.json()))
-            assert [status for _, status, _ in answers] == [400] * len(FIELDS), answers
-            assert all(
-                isinstance(body.get("error"), str if path.startswith("/api/") else dict) for path, _, body in answers
-            )
-            resp = await running
-            assert resp.status == 200
-            assert (await resp.json())["eval_count"] == 20
-            async with session.post(daemon.url + "/v1/chat/completions", json=chat, headers=alice) as resp:
-                assert resp.status == 200, await resp.text()
-        assert daemon.scheduler.running_count == 0 and daemon.scheduler.queued_count == 0
-        daemon.scheduler.check()
+    fake = InProcess(models=("llama3",), completion_tokens=20, held=True)
+    await daemon.backend("b1", fake, max_concurrent=1)
+    bob = {"Authorization": f"Bearer {await daemon.user('bob')}"}
+    alice = {"Authorization": f"Bearer {await daemon.user('alice')}"}
+    chat = {"model": "llama3", "messages": [{"role": "user", "content": "hi"}]}
+    async with aiohttp.ClientSession() as session:
+        running = asyncio.create_task(
+            session.post(daemon.url + "/api/chat", json={**chat, "stream": False}, headers=bob)
+        )
+        await until(lambda: fake.in_flight == 1, "bob's request should hold the slot")
+        answers = []
+        for path, base, where, _field in FIELDS:
+            async with session.post(daemon.url + path, data=raw(with_number(base, where, HUGE)), headers=alice) as resp:
+                answers.append((path, resp.status, await resp.json()))
+        assert [status for _, status, _ in answers] == [400] * len(FIELDS), answers
+        assert all(
+            isinstance(body.get("error"), str if path.startswith("/api/") else dict) for path, _, body in answers
+        )
+        fake.open_gate()
+        resp = await running
+        assert resp.status == 200
+        assert (await resp.json())["eval_count"] == 20
+        async with session.post(daemon.url + "/v1/chat/completions", json=chat, headers=alice) as resp:
+            assert resp.status == 200, await resp.text()
+    assert daemon.scheduler.running_count == 0 and daemon.scheduler.queued_count == 0
+    daemon.scheduler.check()
 
 
 def test_a_job_whose_start_raises_fails_alone_in_the_core():
@@ -241,39 +237,32 @@ def test_a_job_whose_start_raises_fails_alone_in_the_core():
 
 async def test_a_job_whose_start_raises_is_a_500_for_its_sender_alone(daemon):
     """Issue 19: behind a busy slot, another user's answer came back a 500 and the slot leaked."""
-    from .fakes import FakeOllama
+    fake = InProcess(models=("llama3",), completion_tokens=20, held=True)
+    await daemon.backend("b1", fake, max_concurrent=1)
+    bob = {"Authorization": f"Bearer {await daemon.user('bob')}"}
+    alice = {"Authorization": f"Bearer {await daemon.user('alice')}"}
+    fair = daemon.scheduler.turns.fair
+    real = fair.provisional_answer
 
-    async with FakeOllama(models=["llama3"], tokens_per_second=40, completion_tokens=20) as fake:
-        await daemon.backend("b1", fake.url, "ollama", max_concurrent=1)
-        bob = {"Authorization": f"Bearer {await daemon.user('bob')}"}
-        alice = {"Authorization": f"Bearer {await daemon.user('alice')}"}
-        fair = daemon.scheduler.turns.fair
-        real = fair.provisional_answer
+    def broken(user, pool, job):
+        if user.name == "alice":
+            raise OverflowError("int too large to convert to float")
+        return real(user, pool, job)
 
-        def broken(user, pool, job):
-            if user.name == "alice":
-                raise OverflowError("int too large to convert to float")
-            return real(user, pool, job)
-
-        fair.provisional_answer = broken
-        chat = {"model": "llama3", "messages": [{"role": "user", "content": "hi"}], "stream": False}
-        async with aiohttp.ClientSession() as session:
-            running = asyncio.create_task(session.post(daemon.url + "/api/chat", json=chat, headers=bob))
-            for _ in range(100):
-                if fake.in_flight:
-                    break
-                await asyncio.sleep(0.01)
-            queued = asyncio.create_task(session.post(daemon.url + "/v1/chat/completions", json=chat, headers=alice))
-            for _ in range(100):
-                if daemon.scheduler.queued_count:
-                    break
-                await asyncio.sleep(0.01)
-            resp = await running
-            assert resp.status == 200 and (await resp.json())["eval_count"] == 20
-            resp = await queued
-            assert resp.status == 500 and (await resp.json())["error"]["type"] == "internal_error"
-            fair.provisional_answer = real
-            async with session.post(daemon.url + "/api/chat", json=chat, headers=bob) as resp:
-                assert resp.status == 200
-        assert daemon.scheduler.running_count == 0 and daemon.scheduler.queued_count == 0
-        daemon.scheduler.check()
+    fair.provisional_answer = broken
+    chat = {"model": "llama3", "messages": [{"role": "user", "content": "hi"}], "stream": False}
+    async with aiohttp.ClientSession() as session:
+        running = asyncio.create_task(session.post(daemon.url + "/api/chat", json=chat, headers=bob))
+        await until(lambda: fake.in_flight == 1, "bob's request should hold the slot")
+        queued = asyncio.create_task(session.post(daemon.url + "/v1/chat/completions", json=chat, headers=alice))
+        await until(lambda: daemon.scheduler.queued_count == 1, "alice's request should wait")
+        fake.open_gate()
+        resp = await running
+        assert resp.status == 200 and (await resp.json())["eval_count"] == 20
+        resp = await queued
+        assert resp.status == 500 and (await resp.json())["error"]["type"] == "internal_error"
+        fair.provisional_answer = real
+        async with session.post(daemon.url + "/api/chat", json=chat, headers=bob) as resp:
+            assert resp.status == 200
+    assert daemon.scheduler.running_count == 0 and daemon.scheduler.queued_count == 0
+    daemon.scheduler.check()

@@ -1,13 +1,14 @@
 """Requests that wait for a slot: answered when it frees, when the queue times out, the client leaves or the
 daemon shuts down; and refused at once when the queue is full.
 
-The daemon serves its TCP port as ``mr serve`` does. The fake backend's gate
-holds its one slot, so the requests after the first wait in the daemon's queue.
+The daemon serves its TCP port as ``mr serve`` does. The in-process backend holds its answers
+until the test lets them go, so the requests after the first wait in the daemon's queue for its one slot.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import socket
 from collections.abc import AsyncIterator
@@ -20,8 +21,7 @@ import pytest
 
 from mindrouter.daemon.process.appkeys import DECISIONS, SCHEDULER, STATS
 
-from .conftest import ServedDaemon, serve_daemon, until
-from .fakes import FakeOllama, FakeOpenAI
+from .harness import Daemon, daemon, until
 from .inprocess import InProcess
 
 CHAT = {"model": "m", "messages": [{"role": "user", "content": "hi"}]}
@@ -30,7 +30,7 @@ CHAT = {"model": "m", "messages": [{"role": "user", "content": "hi"}]}
 class Client:
     """A session against a served daemon, as user ann."""
 
-    def __init__(self, served: ServedDaemon, session: aiohttp.ClientSession) -> None:
+    def __init__(self, served: Daemon, session: aiohttp.ClientSession) -> None:
         self.served, self.session = served, session
         self.url, self.auth = served.url, {"Authorization": f"Bearer {served.key}"}
 
@@ -44,19 +44,27 @@ class Client:
 
 
 @pytest.fixture
-async def vllm() -> AsyncIterator[FakeOpenAI]:
-    async with FakeOpenAI(flavor="vllm", models=["m"], completion_tokens=3, max_concurrent=0) as fake:
-        yield fake
+def vllm() -> InProcess:
+    return InProcess(models=("m",), completion_tokens=3, held=True)
+
+
+@contextlib.asynccontextmanager
+async def served(tmp_path: Path, backend: InProcess, **scheduler: Any) -> AsyncIterator[Client]:
+    """A daemon whose one backend has one slot, and a session as user ann."""
+    async with daemon(tmp_path, scheduler=scheduler) as d, aiohttp.ClientSession() as session:
+        await d.backend("gpu", backend, max_concurrent=1)
+        d.key = await d.user("ann")
+        yield Client(d, session)
 
 
 @pytest.fixture
-async def front(tmp_path: Path, vllm: FakeOpenAI) -> AsyncIterator[Client]:
-    async with serve_daemon(tmp_path, vllm.url, "vllm") as served, aiohttp.ClientSession() as session:
-        yield Client(served, session)
+async def front(tmp_path: Path, vllm: InProcess) -> AsyncIterator[Client]:
+    async with served(tmp_path, vllm) as client:
+        yield client
 
 
-async def occupy_the_slot(front: Client, fake: Any, path: str = "/v1/chat/completions") -> asyncio.Task[Any]:
-    """A first request that holds the backend's only slot (at the fake's shut gate)."""
+async def occupy_the_slot(front: Client, fake: InProcess, path: str = "/v1/chat/completions") -> asyncio.Task[Any]:
+    """A first request that holds the backend's only slot (held by the backend)."""
     body = CHAT if path.startswith("/v1") else {"model": "m", "messages": CHAT["messages"], "stream": False}
     task = asyncio.create_task(front.post(path, body))
     await until(lambda: fake.in_flight == 1, "the first request did not reach the backend")
@@ -107,24 +115,18 @@ async def test_the_openai_client_reads_a_stream_that_waited(front, vllm):
     assert text and (await first)[0] == 200
 
 
-async def test_an_ollama_stream_waits_in_its_own_dialect(tmp_path):
-    async with (
-        FakeOllama(models=["m:latest"], completion_tokens=3, max_concurrent=0) as fake,
-        serve_daemon(tmp_path, fake.url, "ollama") as served,
-        aiohttp.ClientSession() as session,
-    ):
-        front = Client(served, session)
-        first = await occupy_the_slot(front, fake, "/api/chat")
-        body = {"model": "m", "messages": CHAT["messages"]}  # Ollama streams unless told not to
-        waiting = asyncio.create_task(session.post(front.url + "/api/chat", json=body, headers=front.auth))
-        await until(lambda: front.queued == 1, "the stream should wait")
-        assert not waiting.done()  # no headers until the slot: Ollama's clients read errors from the status
-        fake.open_gate()
-        async with await waiting as r:
-            assert r.status == 200 and r.headers["Content-Type"].startswith("application/x-ndjson")
-            lines = [json.loads(line) for line in (await r.content.read()).splitlines() if line]
-        assert lines[-1]["done"] is True and len(lines) == 4
-        assert (await first)[0] == 200
+async def test_an_ollama_stream_waits_in_its_own_dialect(front, vllm):
+    first = await occupy_the_slot(front, vllm, "/api/chat")
+    body = {"model": "m", "messages": CHAT["messages"]}  # Ollama streams unless told not to
+    waiting = asyncio.create_task(front.session.post(front.url + "/api/chat", json=body, headers=front.auth))
+    await until(lambda: front.queued == 1, "the stream should wait")
+    assert not waiting.done()  # no headers until the slot: Ollama's clients read errors from the status
+    vllm.open_gate()
+    async with await waiting as r:
+        assert r.status == 200 and r.headers["Content-Type"].startswith("application/x-ndjson")
+        lines = [json.loads(line) for line in (await r.content.read()).splitlines() if line]
+    assert lines[-1]["done"] is True and len(lines) == 4
+    assert (await first)[0] == 200
 
 
 async def test_a_client_that_leaves_while_waiting_leaves_the_queue(front, vllm):
@@ -149,11 +151,7 @@ async def test_a_client_that_leaves_while_waiting_leaves_the_queue(front, vllm):
 
 
 async def test_a_request_that_waits_too_long_gets_504_or_its_streams_error_tail(tmp_path, vllm):
-    async with (
-        serve_daemon(tmp_path, vllm.url, "vllm", scheduler={"queue_timeout": 0.3}) as served,
-        aiohttp.ClientSession() as session,
-    ):
-        front = Client(served, session)
+    async with served(tmp_path, vllm, queue_timeout=0.3) as front:
         first = await occupy_the_slot(front, vllm)
         plain, stream = await asyncio.gather(
             front.post("/v1/chat/completions", CHAT), front.post("/v1/chat/completions", {**CHAT, "stream": True})
@@ -182,13 +180,13 @@ async def test_shutting_down_answers_what_still_waits(front, vllm):
     stream = asyncio.create_task(front.post("/v1/chat/completions", {**CHAT, "stream": True}))
     await until(lambda: front.queued == 2, "two requests should wait")
     followed = front.served.app[DECISIONS].follow()
-    vllm.open_gate()  # the running request finishes within the grace
     closing = asyncio.create_task(front.served.server.close())
-    status, text, response = await plain
+    status, text, response = await plain  # answered while the running request still holds the slot
     assert status == 503 and "shutting down" in json.loads(text)["error"]["message"]
     assert response.headers["Retry-After"] == "5"
     status, text, stream_response = await stream
     assert status == 200 and "shutting down" in text and text.rstrip().endswith("data: [DONE]")
+    vllm.open_gate()  # the running request finishes within the grace
     assert (await first)[0] == 200
     await closing
     assert front.queued == 0
@@ -201,11 +199,7 @@ async def test_shutting_down_answers_what_still_waits(front, vllm):
 
 @pytest.mark.parametrize(("path", "body"), [("/v1/chat/completions", CHAT), ("/api/chat", {**CHAT, "stream": False})])
 async def test_a_full_queue_refuses_at_once_with_429_and_retry_after_in_the_dialect(tmp_path, vllm, path, body):
-    async with (
-        serve_daemon(tmp_path, vllm.url, "vllm", scheduler={"max_queued": 2}) as served,
-        aiohttp.ClientSession() as session,
-    ):
-        front = Client(served, session)
+    async with served(tmp_path, vllm, max_queued=2) as front:
         first = await occupy_the_slot(front, vllm)
         waiting = [asyncio.create_task(front.post("/v1/chat/completions", CHAT)) for _ in range(2)]
         await until(lambda: front.queued == 2, "two requests should wait")
@@ -220,11 +214,7 @@ async def test_a_full_queue_refuses_at_once_with_429_and_retry_after_in_the_dial
 
 async def test_an_in_process_backend_drives_the_queue_without_a_backend_socket(tmp_path):
     backends = InProcess(completion_tokens=4, held=True)
-    async with (
-        serve_daemon(tmp_path, "http://in-process:1", "vllm", adapters=backends) as served,
-        aiohttp.ClientSession() as session,
-    ):
-        front = Client(served, session)
+    async with served(tmp_path, backends) as front:
         answers = [asyncio.create_task(front.post("/v1/chat/completions", CHAT)) for _ in range(3)]
         await until(lambda: backends.in_flight == 1 and front.queued == 2, "one should run and two wait")
         backends.open_gate()

@@ -34,9 +34,8 @@ import ollama
 import openai
 import pytest
 
-from mindrouter.daemon.edge.app import create_app
-
-from .conftest import Daemon, ServeServer, daemon_config
+from . import harness
+from .harness import until
 from .real_server import EXACT, LlamaServer, binary, free_port
 
 BIN, WHY_NOT = binary()
@@ -83,11 +82,12 @@ def servers(request):
 
 
 @pytest.fixture
-async def daemon(tmp_path, aiohttp_client, nvml):
+async def daemon(tmp_path, nvml):
     """As conftest's, with fair share counting tokens (1:1): what the core charged reads as the servers' counts."""
-    config = daemon_config(tmp_path, prompt_token_cost=1.0, completion_token_cost=1.0)
-    app = await create_app(config, nvml=nvml)
-    yield Daemon(await aiohttp_client(ServeServer(app, config)), app, config)
+    async with harness.daemon(
+        tmp_path, nvml=nvml, scheduler={"prompt_token_cost": 1.0, "completion_token_cost": 1.0}
+    ) as d:
+        yield d
 
 
 @pytest.fixture
@@ -106,7 +106,7 @@ async def pool(daemon, servers):
             servers.started.append(server)
             await asyncio.to_thread(server.start)
     # A test that failed may have left generations running; start from idle servers.
-    await until(lambda: _all_idle(list(servers.values())), 15, "idle servers before the test")
+    await until(lambda: _all_idle(list(servers.values())), "idle servers before the test", timeout=15)
     for name in NAMES:
         row = await daemon.backend(name, servers[name].url, "llamacpp", max_concurrent=SLOTS)
         assert row["healthy"] and row["models"] == [MODEL], row
@@ -120,20 +120,6 @@ def oai(daemon: Any, key: str) -> openai.AsyncOpenAI:
 def served_cost(daemon: Any, name: str) -> float:
     """What the core charged ``name`` in all, settled against the backend's counts."""
     return next(u for u in daemon.scheduler.share(0).users if u.name == name).served
-
-
-async def until(predicate, timeout: float, what: str, interval: float = 0.02) -> float:
-    """Wait (bounded) for an async or plain predicate; return the seconds it took."""
-    start = time.monotonic()
-    while True:
-        value = predicate()
-        if asyncio.iscoroutine(value):
-            value = await value
-        if value:
-            return time.monotonic() - start
-        if time.monotonic() - start > timeout:
-            raise AssertionError(f"timed out after {timeout} s waiting for {what}")
-        await asyncio.sleep(interval)
 
 
 async def test_openai_client_stream_and_not_charged_by_the_servers_own_counts(pool):
@@ -230,12 +216,12 @@ async def test_queue_and_decisions_reflect_concurrent_traffic_on_both_servers(po
         queue = await d.admin("GET", "/admin/queue")
         return queue["queue"]["running"] == 2 * SLOTS and queue["queue"]["total"] == n - 2 * SLOTS
 
-    await until(saturated, 10, "4 running and 4 queued")
+    await until(saturated, "4 running and 4 queued", timeout=10)
     assert queue["queue"]["by_user_name"] == {"carol": n - 2 * SLOTS}
     assert queue["queue"]["by_model"] == {MODEL: n - 2 * SLOTS}
     # Both servers are generating at once, each on both of its slots (their own /slots says so).
     servers = list(pool.servers.values())
-    await until(lambda: _all_busy(servers), 10, "both servers busy on all slots")
+    await until(lambda: _all_busy(servers), "both servers busy on all slots", timeout=10)
     rows = {r["name"]: r for r in await d.admin("GET", "/admin/backends")}
     assert {name: rows[name]["in_flight"] for name in NAMES} == {name: SLOTS for name in NAMES}
 
@@ -292,11 +278,11 @@ async def test_a_client_leaving_mid_stream_frees_the_servers_slot(pool):
                     break
         assert sum([await s.busy_slots() for s in servers]) == 1  # still generating for us
     # leaving the block closes the connection mid-stream
-    took = await until(lambda: _all_idle(servers), 5, "no slot is_processing")
+    took = await until(lambda: _all_idle(servers), "no slot is_processing", timeout=5)
     predicted = sum([await s.metric("llamacpp:tokens_predicted_total") for s in servers]) - before
     print(f"slot freed {took:.3f} s after the client left; the server generated {predicted:.0f} of {tokens} tokens")
     assert predicted < tokens / 2, "the server kept generating after the client left"
-    await until(lambda: d.scheduler.running_count == 0, 5, "the daemon to free its slot")
+    await until(lambda: d.scheduler.running_count == 0, "the daemon to free its slot", timeout=5)
     d.scheduler.check()
     # The pool still serves.
     client = oai(d, key)
@@ -339,7 +325,7 @@ async def test_one_server_killed_and_traffic_continues_on_the_other(pool):
     assert not errors, errors
     assert all(r.usage.completion_tokens == tokens for r in replies)
 
-    await until(lambda: _status(d, NAMES[0], "unhealthy"), 5, f"{NAMES[0]} to be unhealthy")
+    await until(lambda: _status(d, NAMES[0], "unhealthy"), f"{NAMES[0]} to be unhealthy", timeout=5)
     rows = {r["name"]: r for r in await d.admin("GET", "/admin/backends")}
     assert rows[NAMES[0]]["healthy"] is False and rows[NAMES[0]]["error"]
     assert rows[NAMES[1]]["status"] == "healthy"
@@ -355,7 +341,7 @@ async def test_one_server_killed_and_traffic_continues_on_the_other(pool):
     # And still: one more, after the dust settled.
     reply = await client.chat.completions.create(model=MODEL, messages=MESSAGES, max_tokens=3, extra_body=EXACT)
     assert reply.usage.completion_tokens == 3
-    await until(lambda: _idle(survivor), 30, f"{NAMES[1]}'s slots to be free")
+    await until(lambda: _idle(survivor), f"{NAMES[1]}'s slots to be free", timeout=30)
     await client.close()
     d.scheduler.check()
 
@@ -373,7 +359,7 @@ async def test_requests_in_flight_on_a_killed_server_are_retried_on_the_other(po
         )
         for _ in range(2 * SLOTS)
     ]
-    await until(lambda: _all_busy(list(pool.servers.values())), 10, "both servers busy on all slots")
+    await until(lambda: _all_busy(list(pool.servers.values())), "both servers busy on all slots", timeout=10)
     victim.kill()  # two of the four die with it; the survivor stays full for about a second
     results = await asyncio.wait_for(asyncio.gather(*tasks, return_exceptions=True), 30)
     errors = [r for r in results if isinstance(r, BaseException)]

@@ -17,7 +17,7 @@ import pytest
 
 from .conftest import until
 from .fakes import FakeOllama
-from .test_request_path import auth, make_daemon
+from .test_request_path import auth
 
 PATHS = {"openai": "/v1/chat/completions", "ollama": "/api/chat"}
 
@@ -42,9 +42,9 @@ async def refused(resp: Any, dialect: str, status: int) -> str:
 
 
 @pytest.mark.parametrize("dialect", ["openai", "ollama"])
-async def test_every_refusal_is_json_in_its_dialect_with_an_id_and_no_banner(tmp_path, aiohttp_client, nvml, dialect):
+async def test_every_refusal_is_json_in_its_dialect_with_an_id_and_no_banner(new_daemon, dialect):
     scheduler = {"queue_timeout": 0.5, "max_queued_per_user": 1}
-    d = await make_daemon(tmp_path, aiohttp_client, nvml, scheduler, poll_interval=60)
+    d = await new_daemon(scheduler=scheduler, backends={"poll_interval": 60})
     path = PATHS[dialect]
     bad = {"options": {"temperature": -1}} if dialect == "ollama" else {"temperature": -1}
     root = "/api" if dialect == "ollama" else "/v1"

@@ -7,7 +7,6 @@ guards against (issues 10 and 12) and measures it with numbers.
 from __future__ import annotations
 
 import asyncio
-import dataclasses
 import json
 import time
 from typing import Any
@@ -16,11 +15,10 @@ import aiohttp
 import ollama
 import pytest
 
-from mindrouter.daemon.edge.app import create_app
 from mindrouter.daemon.process.appkeys import STORE
 
-from .conftest import Daemon, ServeServer, daemon_config, until
 from .fakes import FakeOllama, FakeOpenAI
+from .harness import until
 
 CHAT = "/v1/chat/completions"
 
@@ -35,15 +33,6 @@ def body(model: str = "llama3", stream: bool = False, max_tokens: int = 8, **kw:
     }
 
 
-async def make_daemon(
-    tmp_path: Any, aiohttp_client: Any, nvml: Any, scheduler: dict | None = None, **backends: Any
-) -> Daemon:
-    config = daemon_config(tmp_path, **(scheduler or {}))
-    config = dataclasses.replace(config, backends=dataclasses.replace(config.backends, **backends))
-    app = await create_app(config, nvml=nvml)
-    return Daemon(await aiohttp_client(ServeServer(app, config)), app, config)
-
-
 def auth(key: str) -> dict[str, str]:
     return {"Authorization": f"Bearer {key}"}
 
@@ -51,9 +40,9 @@ def auth(key: str) -> dict[str, str]:
 # ---- every stream whose headers went out gets an end ------------------------------------------
 
 
-async def one_slot_taken(tmp_path, aiohttp_client, nvml, url: str):
+async def one_slot_taken(new_daemon, url: str):
     """A daemon with a queue timeout of 0.5 s whose one-slot backend a 3 s answer holds."""
-    d = await make_daemon(tmp_path, aiohttp_client, nvml, {"queue_timeout": 0.5})
+    d = await new_daemon(scheduler={"queue_timeout": 0.5})
     await d.backend("b1", url, "ollama", max_concurrent=1)
     key = await d.user("q")
     busy = asyncio.create_task(d.client.post(CHAT, json=body(max_tokens=30), headers=auth(key)))
@@ -62,11 +51,9 @@ async def one_slot_taken(tmp_path, aiohttp_client, nvml, url: str):
 
 
 @pytest.mark.parametrize("dialect", ["openai", "ollama"])
-async def test_a_queued_stream_that_times_out_gets_the_dialects_error_tail_and_a_close(
-    tmp_path, aiohttp_client, nvml, dialect
-):
+async def test_a_queued_stream_that_times_out_gets_the_dialects_error_tail_and_a_close(new_daemon, dialect):
     async with FakeOllama(models=["llama3"], tokens_per_second=10, completion_tokens=30) as fake:
-        d, key, busy = await one_slot_taken(tmp_path, aiohttp_client, nvml, fake.url)
+        d, key, busy = await one_slot_taken(new_daemon, fake.url)
         path = CHAT if dialect == "openai" else "/api/chat"
         resp = await d.client.post(path, json=body(stream=True), headers=auth(key))
         assert resp.headers["X-Request-Id"].startswith("mr-")
@@ -82,10 +69,10 @@ async def test_a_queued_stream_that_times_out_gets_the_dialects_error_tail_and_a
         busy.cancel()
 
 
-async def test_the_ollama_client_sees_a_queue_timeout_as_an_error(tmp_path, aiohttp_client, nvml):
+async def test_the_ollama_client_sees_a_queue_timeout_as_an_error(new_daemon):
     """Open WebUI's Ollama connection dropped an error line sent after a 200; a 504 it shows."""
     async with FakeOllama(models=["llama3"], tokens_per_second=10, completion_tokens=30) as fake:
-        d, key, busy = await one_slot_taken(tmp_path, aiohttp_client, nvml, fake.url)
+        d, key, busy = await one_slot_taken(new_daemon, fake.url)
         client = ollama.AsyncClient(host=str(d.client.make_url("/")).rstrip("/"), headers=auth(key))
         with pytest.raises(ollama.ResponseError) as raised:
             async for _ in await client.chat(model="llama3", messages=[{"role": "user", "content": "hi"}], stream=True):
@@ -94,8 +81,8 @@ async def test_the_ollama_client_sees_a_queue_timeout_as_an_error(tmp_path, aioh
         busy.cancel()
 
 
-async def test_a_queued_stream_whose_only_backend_fails_gets_an_error_tail(tmp_path, aiohttp_client, nvml):
-    d = await make_daemon(tmp_path, aiohttp_client, nvml)
+async def test_a_queued_stream_whose_only_backend_fails_gets_an_error_tail(new_daemon):
+    d = await new_daemon()
     async with FakeOpenAI(flavor="vllm", models=["llama3"], tokens_per_second=20, completion_tokens=10) as fake:
         await d.backend("b1", fake.url, "vllm", max_concurrent=1)
         key = await d.user("q")
@@ -112,8 +99,8 @@ async def test_a_queued_stream_whose_only_backend_fails_gets_an_error_tail(tmp_p
 # ---- a hung or failing backend is timed out per phase and never retried on itself ---------
 
 
-async def test_a_hung_backend_is_timed_out_once_and_never_retried_on_itself(tmp_path, aiohttp_client, nvml):
-    d = await make_daemon(tmp_path, aiohttp_client, nvml, first_byte_timeout=0.5)
+async def test_a_hung_backend_is_timed_out_once_and_never_retried_on_itself(new_daemon):
+    d = await new_daemon(backends={"first_byte_timeout": 0.5})
     async with FakeOpenAI(flavor="vllm", models=["llama3"], first_byte_delay=30) as hung:
         await d.backend("b1", hung.url, "vllm")
         key = await d.user("h")
@@ -122,13 +109,13 @@ async def test_a_hung_backend_is_timed_out_once_and_never_retried_on_itself(tmp_
         took = time.monotonic() - started
         assert resp.status == 503 and (await resp.json())["error"]["code"] == "backend_failed"
         assert resp.headers["X-Request-Id"].startswith("mr-")
-        assert hung.requests == 1 and 0.5 <= took < 3  # one first-byte timeout, not three
+        assert hung.requests == 1 and 0.5 <= took < 15  # one first-byte timeout, not the 30 s hang
         await until(lambda: hung.in_flight == 0)  # the hung generation was abandoned
         assert d.scheduler.running_count == 0
 
 
-async def test_a_hung_backend_fails_over_to_another_after_one_timeout(tmp_path, aiohttp_client, nvml):
-    d = await make_daemon(tmp_path, aiohttp_client, nvml, request_timeout=0.5)  # a whole answer's phase
+async def test_a_hung_backend_fails_over_to_another_after_one_timeout(new_daemon):
+    d = await new_daemon(backends={"request_timeout": 0.5})  # a whole answer's phase
     async with (
         FakeOpenAI(flavor="vllm", models=["llama3"], first_byte_delay=30) as hung,
         FakeOpenAI(flavor="vllm", models=["llama3"]) as good,
@@ -140,15 +127,15 @@ async def test_a_hung_backend_fails_over_to_another_after_one_timeout(tmp_path, 
         assert resp.status == 200 and good.completed == 1 and hung.requests == 1
 
 
-async def test_a_stream_that_goes_silent_is_ended_after_the_chunk_timeout(tmp_path, aiohttp_client, nvml):
-    d = await make_daemon(tmp_path, aiohttp_client, nvml, chunk_timeout=0.3)
-    async with FakeOllama(models=["llama3"], tokens_per_second=1, completion_tokens=5) as slow:
+async def test_a_stream_that_goes_silent_is_ended_after_the_chunk_timeout(new_daemon):
+    d = await new_daemon(backends={"chunk_timeout": 0.3})
+    async with FakeOllama(models=["llama3"], tokens_per_second=1, completion_tokens=30) as slow:
         await d.backend("b1", slow.url, "ollama")
         key = await d.user("s")
         started = time.monotonic()
-        resp = await d.client.post("/api/chat", json=body(stream=True, max_tokens=5), headers=auth(key))
-        lines = (await asyncio.wait_for(resp.read(), 5)).decode().splitlines()
-        assert time.monotonic() - started < 2.5  # 0.3 s of silence, not 5 s of trickle
+        resp = await d.client.post("/api/chat", json=body(stream=True, max_tokens=30), headers=auth(key))
+        lines = (await asyncio.wait_for(resp.read(), 15)).decode().splitlines()
+        assert time.monotonic() - started < 15  # 0.3 s of silence, not 30 s of trickle
         assert "error" in json.loads(lines[-1]) and len(lines) == 2  # one token, then the error line
         await until(lambda: slow.in_flight == 0 and d.scheduler.running_count == 0)
 
@@ -156,8 +143,8 @@ async def test_a_stream_that_goes_silent_is_ended_after_the_chunk_timeout(tmp_pa
 # ---- health: one failed probe is not enough, a flapping backend is held out --------------
 
 
-async def test_one_failed_probe_does_not_take_a_backend_out_but_repeated_ones_do(tmp_path, aiohttp_client, nvml):
-    d = await make_daemon(tmp_path, aiohttp_client, nvml, poll_interval=60, probe_failures=2)
+async def test_one_failed_probe_does_not_take_a_backend_out_but_repeated_ones_do(new_daemon):
+    d = await new_daemon(backends={"poll_interval": 60, "probe_failures": 2})
     async with FakeOpenAI(flavor="vllm", models=["llama3"]) as fake:
         await d.backend("b1", fake.url, "vllm")
         entry = d.registry.by_name("b1")
@@ -174,9 +161,9 @@ async def test_one_failed_probe_does_not_take_a_backend_out_but_repeated_ones_do
         assert d.registry.healthy(entry)
 
 
-async def test_a_flapping_backend_is_held_out_by_the_breaker_and_readmitted_by_a_probe(tmp_path, aiohttp_client, nvml):
-    d = await make_daemon(
-        tmp_path, aiohttp_client, nvml, poll_interval=60, circuit_failures=3, circuit_cooldown=0.3, probe_failures=2
+async def test_a_flapping_backend_is_held_out_by_the_breaker_and_readmitted_by_a_probe(new_daemon):
+    d = await new_daemon(
+        backends={"poll_interval": 60, "circuit_failures": 3, "circuit_cooldown": 0.3, "probe_failures": 2}
     )
     async with FakeOpenAI(flavor="vllm", models=["llama3"]) as fake:
         await d.backend("b1", fake.url, "vllm")
@@ -201,8 +188,8 @@ async def test_a_flapping_backend_is_held_out_by_the_breaker_and_readmitted_by_a
 # ---- client errors are the client's, backend errors the backend's -------------------------
 
 
-async def test_a_body_that_cannot_be_translated_is_a_400_and_never_touches_the_breaker(tmp_path, aiohttp_client, nvml):
-    d = await make_daemon(tmp_path, aiohttp_client, nvml, poll_interval=60)
+async def test_a_body_that_cannot_be_translated_is_a_400_and_never_touches_the_breaker(new_daemon):
+    d = await new_daemon(backends={"poll_interval": 60})
     async with FakeOllama(models=["llama3"]) as fake:
         await d.backend("b1", fake.url, "ollama")
         key = await d.user("c")
@@ -215,8 +202,8 @@ async def test_a_body_that_cannot_be_translated_is_a_400_and_never_touches_the_b
         assert (await d.client.post(CHAT, json=body(max_tokens=1), headers=auth(key))).status == 200
 
 
-async def test_a_500_counts_toward_the_breaker_once_a_second_user_meets_one(tmp_path, aiohttp_client, nvml):
-    d = await make_daemon(tmp_path, aiohttp_client, nvml, poll_interval=60, circuit_failures=3, circuit_cooldown=60)
+async def test_a_500_counts_toward_the_breaker_once_a_second_user_meets_one(new_daemon):
+    d = await new_daemon(backends={"poll_interval": 60, "circuit_failures": 3, "circuit_cooldown": 60})
     async with FakeOllama(models=["llama3"]) as fake:
         await d.backend("b1", fake.url, "ollama")
         key, other = await d.user("c"), await d.user("d")
@@ -231,8 +218,8 @@ async def test_a_500_counts_toward_the_breaker_once_a_second_user_meets_one(tmp_
         assert entry.failures == 3 and entry.circuit_open  # two people met it: the backend's fault, each counted once
 
 
-async def test_a_backends_4xx_goes_to_the_client_in_its_dialect(tmp_path, aiohttp_client, nvml):
-    d = await make_daemon(tmp_path, aiohttp_client, nvml, poll_interval=60)
+async def test_a_backends_4xx_goes_to_the_client_in_its_dialect(new_daemon):
+    d = await new_daemon(backends={"poll_interval": 60})
     async with FakeOllama(models=["llama3"]) as fake:
         await d.backend("b1", fake.url, "ollama")
         key = await d.user("c")

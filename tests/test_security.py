@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import dataclasses
 import io
 import json
 import logging
@@ -13,12 +12,12 @@ import pytest
 from typer.testing import CliRunner
 
 from mindrouter.cli import app as mr_app
-from mindrouter.daemon.edge.app import create_app
 from mindrouter.daemon.process.logsafe import OneLineFormatter
 from mindrouter.errors import UsageError
 
-from .conftest import ADMIN_KEY, Daemon, ServeServer, daemon_config
 from .fakes import FakeOllama
+from .harness import ADMIN_KEY
+from .inprocess import InProcess
 
 pytestmark = pytest.mark.asyncio
 
@@ -30,25 +29,25 @@ def bearer(key: str) -> dict[str, str]:
 
 
 async def test_one_key_is_revoked_alone_and_keys_are_listed_without_the_key(daemon):
-    async with FakeOllama(models=["llama3"]) as fake:
-        await daemon.backend("b1", fake.url, "ollama")
-        k1 = await daemon.user("alice")
-        k2 = (await daemon.admin("POST", "/admin/users/alice/keys"))["key"]
-        assert (await daemon.client.post("/v1/chat/completions", json=CHAT, headers=bearer(k1))).status == 200
-        keys = await daemon.admin("GET", "/admin/users/alice/keys")
-        assert [set(k) for k in keys] == [{"id", "user", "prefix", "created", "last_used"}] * 2
-        assert keys[0]["last_used"] is not None and keys[1]["last_used"] is None
-        assert k1 not in str(keys) and k2 not in str(keys) and keys[0]["prefix"] == k1[:9]
+    fake = InProcess(models=("llama3",), completion_tokens=8)
+    await daemon.backend("b1", fake)
+    k1 = await daemon.user("alice")
+    k2 = (await daemon.admin("POST", "/admin/users/alice/keys"))["key"]
+    assert (await daemon.client.post("/v1/chat/completions", json=CHAT, headers=bearer(k1))).status == 200
+    keys = await daemon.admin("GET", "/admin/users/alice/keys")
+    assert [set(k) for k in keys] == [{"id", "user", "prefix", "created", "last_used"}] * 2
+    assert keys[0]["last_used"] is not None and keys[1]["last_used"] is None
+    assert k1 not in str(keys) and k2 not in str(keys) and keys[0]["prefix"] == k1[:9]
 
-        await daemon.admin("DELETE", f"/admin/users/alice/keys/{keys[0]['id']}")
-        assert (await daemon.client.post("/v1/chat/completions", json=CHAT, headers=bearer(k1))).status == 401
-        assert (await daemon.client.post("/v1/chat/completions", json=CHAT, headers=bearer(k2))).status == 200
-        assert [k["id"] for k in await daemon.admin("GET", "/admin/users/alice/keys")] == [keys[1]["id"]]
-        # Another user's key id is not this user's to revoke.
-        await daemon.user("bob")
-        bob_key = (await daemon.admin("GET", "/admin/users/bob/keys"))[0]["id"]
-        answer = await daemon.admin("DELETE", f"/admin/users/alice/keys/{bob_key}", status=404)
-        assert "mr user keys alice" in answer["error"]["message"]
+    await daemon.admin("DELETE", f"/admin/users/alice/keys/{keys[0]['id']}")
+    assert (await daemon.client.post("/v1/chat/completions", json=CHAT, headers=bearer(k1))).status == 401
+    assert (await daemon.client.post("/v1/chat/completions", json=CHAT, headers=bearer(k2))).status == 200
+    assert [k["id"] for k in await daemon.admin("GET", "/admin/users/alice/keys")] == [keys[1]["id"]]
+    # Another user's key id is not this user's to revoke.
+    await daemon.user("bob")
+    bob_key = (await daemon.admin("GET", "/admin/users/bob/keys"))[0]["id"]
+    answer = await daemon.admin("DELETE", f"/admin/users/alice/keys/{bob_key}", status=404)
+    assert "mr user keys alice" in answer["error"]["message"]
 
 
 @pytest.mark.parametrize(
@@ -59,10 +58,8 @@ async def test_admin_calls_on_tcp_need_the_exact_admin_key(daemon, header):
     assert resp.status == 401 and (await resp.json())["error"]["code"] == "admin_key_required"
 
 
-async def test_admin_api_on_tcp_is_closed_without_an_admin_key(tmp_path, aiohttp_client, nvml):
-    config = daemon_config(tmp_path)
-    config = dataclasses.replace(config, server=dataclasses.replace(config.server, admin_key=""))
-    client = await aiohttp_client(ServeServer(await create_app(config, nvml=nvml), config))
+async def test_admin_api_on_tcp_is_closed_without_an_admin_key(new_daemon):
+    client = (await new_daemon(server={"admin_key": ""})).client
     for header in ({}, bearer(""), bearer(ADMIN_KEY)):
         assert (await client.get("/admin/status", headers=header)).status == 401
 
@@ -73,16 +70,12 @@ async def test_health_answers_without_a_key_and_says_nothing_more(daemon):
 
 
 @pytest.mark.parametrize("host", ["127.0.0.1", "0.0.0.0"])
-async def test_metrics_show_who_uses_what_only_to_a_trusted_caller(tmp_path, aiohttp_client, nvml, host):
-    config = daemon_config(tmp_path)
-    server = dataclasses.replace(config.server, host=host, metrics_key="scrape-me")
-    config = dataclasses.replace(config, server=server)
-    app = await create_app(config, nvml=nvml)
-    d = Daemon(await aiohttp_client(ServeServer(app, config)), app, config)
-    async with FakeOllama(models=["llama3"]) as fake:
-        await d.backend("b1", fake.url, "ollama")
-        key = await d.user("alice")
-        assert (await d.client.post("/v1/chat/completions", json=CHAT, headers=bearer(key))).status == 200
+async def test_metrics_show_who_uses_what_only_to_a_trusted_caller(new_daemon, host):
+    d = await new_daemon(server={"host": host, "metrics_key": "scrape-me"})
+    fake = InProcess(models=("llama3",), completion_tokens=8)
+    await d.backend("b1", fake)
+    key = await d.user("alice")
+    assert (await d.client.post("/v1/chat/completions", json=CHAT, headers=bearer(key))).status == 200
     anonymous = await (await d.client.get("/metrics")).text()
     assert "mindrouter_requests_total 1.0" in anonymous  # counts for everyone
     assert 'user="alice"' not in anonymous  # on loopback too: a shared workstation has other accounts
@@ -116,15 +109,15 @@ async def test_one_server_is_one_backend(daemon, again):
 
 async def test_no_key_prompt_or_completion_in_logs_or_decision_records(daemon, caplog):
     caplog.set_level(logging.DEBUG)
-    async with FakeOllama(models=["llama3"]) as fake:
-        await daemon.backend("b1", fake.url, "ollama")
-        key = await daemon.user("alice")
-        secret = {"model": "llama3", "messages": [{"role": "user", "content": "my secret prompt"}], "max_tokens": 3}
-        for path, stream in (("/v1/chat/completions", False), ("/v1/chat/completions", True), ("/api/chat", True)):
-            resp = await daemon.client.post(path, json={**secret, "stream": stream}, headers=bearer(key))
-            assert resp.status == 200 and "tok2" in await resp.text()
-        await daemon.client.post("/v1/chat/completions", json=secret, headers=bearer(key + "x"))  # a wrong key
-        records = await daemon.admin("GET", "/admin/decisions?limit=50")
+    fake = InProcess(models=("llama3",), completion_tokens=8)
+    await daemon.backend("b1", fake)
+    key = await daemon.user("alice")
+    secret = {"model": "llama3", "messages": [{"role": "user", "content": "my secret prompt"}], "max_tokens": 3}
+    for path, stream in (("/v1/chat/completions", False), ("/v1/chat/completions", True), ("/api/chat", True)):
+        resp = await daemon.client.post(path, json={**secret, "stream": stream}, headers=bearer(key))
+        assert resp.status == 200 and "tok2" in await resp.text()
+    await daemon.client.post("/v1/chat/completions", json=secret, headers=bearer(key + "x"))  # a wrong key
+    records = await daemon.admin("GET", "/admin/decisions?limit=50")
     assert len(records) == 3
     for text in (caplog.text, json.dumps(records)):
         assert key not in text and key[3:] not in text and "secret prompt" not in text and "tok1" not in text
@@ -176,13 +169,13 @@ async def test_an_unreachable_gpu_agent_is_reported_in_the_answer_the_list_the_s
     with socket.socket() as s:  # a port nobody listens on
         s.bind(("127.0.0.1", 0))
         node = f"http://127.0.0.1:{s.getsockname()[1]}"
-    async with FakeOllama(models=["llama3"]) as fake:
-        added = await daemon.backend("ws3", fake.url, "ollama", node=node)
-        assert added["status"] == "healthy" and "cannot reach GPU agent" in added["node_error"]
-        assert added["error"] == added["node_error"]  # no longer null
-        (listed,) = await daemon.admin("GET", "/admin/backends")
-        assert listed["node_error"] == added["node_error"]
-        assert (await daemon.admin("GET", "/admin/status"))["nodes_unreachable"] == [node]
+    fake = InProcess(models=("llama3",), completion_tokens=8)
+    added = await daemon.backend("ws3", fake, node=node)
+    assert added["status"] == "healthy" and "cannot reach GPU agent" in added["node_error"]
+    assert added["error"] == added["node_error"]  # no longer null
+    (listed,) = await daemon.admin("GET", "/admin/backends")
+    assert listed["node_error"] == added["node_error"]
+    assert (await daemon.admin("GET", "/admin/status"))["nodes_unreachable"] == [node]
     warnings = [r for r in caplog.records if r.levelno == logging.WARNING and "GPU agent does not answer" in r.msg]
     assert len(warnings) == 1  # once when it stops answering, not every poll
 

@@ -17,8 +17,8 @@ from pathlib import Path
 import aiohttp
 import pytest
 
-from .conftest import until
 from .fakes import FakeOpenAI
+from .harness import until
 
 MR = [sys.executable, "-m", "mindrouter.cli"]
 
@@ -70,7 +70,9 @@ async def test_cli_manages_a_running_daemon_and_sigterm_lets_requests_finish(ser
         assert backends[0]["status"] == "healthy" and backends[0]["models"] == ["llama3"]
 
         async with aiohttp.ClientSession() as session:
-            # A 1 s generation is in flight when SIGTERM arrives: it must still complete.
+            # A 1 s generation is in flight when SIGTERM arrives (held at the fake's gate till then): it must
+            # still complete.
+            fake.max_concurrent = 0
             request = asyncio.create_task(
                 session.post(
                     f"http://127.0.0.1:{port}/v1/chat/completions",
@@ -78,11 +80,9 @@ async def test_cli_manages_a_running_daemon_and_sigterm_lets_requests_finish(ser
                     headers={"Authorization": f"Bearer {key}"},
                 )
             )
-            for _ in range(100):
-                if fake.in_flight:
-                    break
-                await asyncio.sleep(0.02)
+            await until(lambda: fake.in_flight == 1, "the request should reach the backend")
             proc.send_signal(signal.SIGTERM)
+            fake.open_gate()
             resp = await request
             data = await resp.json()
             assert resp.status == 200 and data["usage"]["completion_tokens"] == 20
@@ -96,7 +96,10 @@ async def test_cli_manages_a_running_daemon_and_sigterm_lets_requests_finish(ser
 async def test_sigterm_ends_what_waits_and_lets_the_running_stream_finish(served):
     """The running stream finishes, the queued requests are told why, the daemon exits."""
     proc, config, port, tmp = served
-    async with FakeOpenAI(flavor="vllm", models=["m"], tokens_per_second=10, completion_tokens=20) as fake:
+    # The fake holds the running stream at its gate until the daemon is told to stop: however slow the
+    # machine, the other two are still waiting then.
+    fake = FakeOpenAI(flavor="vllm", models=["m"], tokens_per_second=10, completion_tokens=20, max_concurrent=0)
+    async with fake:
         key = await pool_of_one(config, fake.url, "--max-concurrent", "1")
         url, headers = f"http://127.0.0.1:{port}/v1/chat/completions", {"Authorization": f"Bearer {key}"}
         body = {"model": "m", "messages": [{"role": "user", "content": "hi"}]}
@@ -106,16 +109,17 @@ async def test_sigterm_ends_what_waits_and_lets_the_running_stream_finish(served
                 return resp.status, await resp.text()
 
         async with aiohttp.ClientSession() as session:
-            running = asyncio.create_task(ask(session, True))  # 2 s of tokens
+            running = asyncio.create_task(ask(session, True))  # 2 s of tokens, once the gate opens
             await until(lambda: fake.in_flight, "the running stream did not reach the backend")
             queued = [asyncio.create_task(ask(session, stream)) for stream in (True, False)]
 
             async def both_queued() -> bool:
                 return json.loads((await amr(config, "status", "--json")).stdout)["queue_total"] == 2
 
-            await until(both_queued, "both requests should wait in the queue")
+            await until(both_queued, "both requests should wait in the queue", timeout=30)  # `mr` each time
             began = time.monotonic()
             proc.send_signal(signal.SIGTERM)
+            fake.open_gate()
             (stream_status, stream_text), (plain_status, plain_text) = await asyncio.gather(*queued)
             status, text = await running
         assert stream_status == 200 and "shutting down" in stream_text and stream_text.rstrip().endswith("[DONE]")
@@ -218,8 +222,7 @@ async def test_sigkill_under_load_loses_no_record_and_the_restart_answers_within
 
         async with aiohttp.ClientSession() as session:
             load = [asyncio.create_task(one(session, keys[n])) for _ in range(40) for n in keys]
-            while len(done) < 30:
-                await asyncio.sleep(0.02)
+            await until(lambda: len(done) >= 30, "30 answers before the kill", timeout=30)
             killed_at = time.monotonic()
             proc.kill()
             await asyncio.gather(*load)

@@ -10,8 +10,8 @@ from pathlib import Path
 
 import aiohttp
 
-from .conftest import until
 from .fakes import FakeOpenAI
+from .harness import until
 from .test_serve import free_port, pool_of_one, start_serve
 
 CHAT = {"model": "m", "messages": [{"role": "user", "content": "hi"}], "stream": True}
@@ -59,8 +59,7 @@ async def test_sigterm_ends_every_queued_and_running_stream_in_its_dialect(tmp_p
                         return resp.status, got.decode()
 
             running = asyncio.create_task(ask("/api/chat", False))  # 30 s of tokens: cut at the grace
-            while not fake.in_flight:  # the 30 s stream holds the one slot
-                await asyncio.sleep(0.02)
+            await until(lambda: fake.in_flight == 1, "the 30 s stream should hold the one slot")
             cases = [(p, reuse) for p in ("/api/chat", "/v1/chat/completions") for reuse in (False, True)]
             queued = [asyncio.create_task(ask(p, reuse)) for p, reuse in cases]
             plain = [asyncio.create_task(ask(p, True, stream=False)) for p in ("/api/chat", "/v1/chat/completions")]
@@ -69,7 +68,7 @@ async def test_sigterm_ends_every_queued_and_running_stream_in_its_dialect(tmp_p
                 async with aiohttp.ClientSession() as session, session.get(f"{base}/metrics") as metrics:
                     return "mindrouter_queue_depth 6.0" in await metrics.text()
 
-            await until(all_six_wait, "six requests should wait for the one slot")
+            await until(all_six_wait, "six requests should wait for the one slot", timeout=30)
             began = time.monotonic()
             proc.send_signal(signal.SIGTERM)
             answers = await asyncio.wait_for(asyncio.gather(*queued), 10)
@@ -122,8 +121,7 @@ async def test_sigkill_keeps_the_usage_streams_had_delivered(tmp_path: Path):
                         pass  # killed
 
             tasks = [asyncio.create_task(stream(i)) for i in range(3)]
-            while min(got) < 60:
-                await asyncio.sleep(0.05)
+            await until(lambda: min(got) >= 60, "60 tokens on each stream before the kill", timeout=30)
             proc.kill()
             await asyncio.gather(*tasks)
         await asyncio.to_thread(proc.wait, 10)

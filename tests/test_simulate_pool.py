@@ -375,6 +375,7 @@ def test_lab_pool_reports_the_pool_figures(lab):
     run.scheduler.check()
 
 
+@pytest.mark.timing
 def test_lab_pool_is_fast(lab):
     assert lab[2] < 10  # seconds, with the deprioritization baseline run
 

@@ -21,8 +21,8 @@ import pytest
 
 from mindrouter.daemon.process.appkeys import DECISIONS, SCHEDULER
 
-from .conftest import ServedDaemon, serve_daemon, until
 from .fakes import FakeOpenAI
+from .harness import Daemon, daemon, until
 
 CHAT = json.dumps({"model": "m", "messages": [{"role": "user", "content": "hi"}]}).encode()
 TIMEOUT = 1.0
@@ -37,12 +37,15 @@ async def vllm() -> AsyncIterator[FakeOpenAI]:
 
 
 @pytest.fixture
-async def served(tmp_path: Path, vllm: FakeOpenAI) -> AsyncIterator[ServedDaemon]:
-    async with serve_daemon(tmp_path, vllm.url, "vllm", header_timeout=TIMEOUT, body_timeout=TIMEOUT) as served:
-        yield served
+async def served(tmp_path: Path, vllm: FakeOpenAI) -> AsyncIterator[Daemon]:
+    """A daemon as ``mr serve`` serves it, short header and body deadlines, one backend (vllm), user ann."""
+    async with daemon(tmp_path, server={"header_timeout": TIMEOUT, "body_timeout": TIMEOUT}) as d:
+        await d.backend("gpu", vllm.url, "vllm", max_concurrent=1)
+        d.key = await d.user("ann")
+        yield d
 
 
-async def exchange(served: ServedDaemon, data: bytes, *, wait: float = 3 * TIMEOUT + 2) -> bytes:
+async def exchange(served: Daemon, data: bytes, *, wait: float = 3 * TIMEOUT + 2) -> bytes:
     """Send ``data`` and read until the daemon closes the connection or ``wait`` seconds pass."""
     reader, writer = await asyncio.open_connection("127.0.0.1", served.port)
     writer.write(data)
@@ -111,7 +114,7 @@ def assert_answered_as_ours(received: bytes) -> None:
     assert error["message"].endswith("fix the client or the proxy in front of the router") or error["code"]
 
 
-def assert_nothing_charged(served: ServedDaemon, vllm: FakeOpenAI) -> None:
+def assert_nothing_charged(served: Daemon, vllm: FakeOpenAI) -> None:
     scheduler = served.app[SCHEDULER]
     assert (scheduler.queued_count, scheduler.running_count) == (0, 0)
     assert vllm.requests == 0, "a refused request reached the backend"

@@ -22,7 +22,7 @@ from mindrouter.daemon.process.appkeys import STATS, STORE
 
 from .conftest import Daemon, until
 from .fakes import FakeOllama
-from .test_request_path import auth, make_daemon
+from .test_request_path import auth
 
 PATHS = {"openai": "/v1/chat/completions", "ollama": "/api/chat"}
 
@@ -60,10 +60,8 @@ def test_the_defaults_bound_a_hung_stream_within_minutes_and_allow_a_cold_70b_lo
 
 
 @pytest.mark.parametrize("dialect", ["openai", "ollama"])
-async def test_a_backend_that_hangs_before_the_first_byte_is_cut_after_first_byte_timeout(
-    tmp_path, aiohttp_client, nvml, dialect
-):
-    d = await make_daemon(tmp_path, aiohttp_client, nvml, poll_interval=60, first_byte_timeout=0.4, load_timeout=30)
+async def test_a_backend_that_hangs_before_the_first_byte_is_cut_after_first_byte_timeout(new_daemon, dialect):
+    d = await new_daemon(backends={"poll_interval": 60, "first_byte_timeout": 0.4, "load_timeout": 30})
     async with FakeOllama(models=["llama3"], first_byte_delay=3600) as hung:
         await d.backend("b1", hung.url, "ollama")
         await until(lambda: d.registry.healthy(d.registry.by_name("b1")))
@@ -74,14 +72,14 @@ async def test_a_backend_that_hangs_before_the_first_byte_is_cut_after_first_byt
         body = await resp.json()
         message = body["error"]["message"] if dialect == "openai" else body["error"]
         assert resp.status == 503 and "sent nothing for 0.4 s" in message, (resp.status, body)
-        assert 0.4 <= took < 3, took  # the model was resident: no load allowance
+        assert 0.4 <= took < 15, took  # the model was resident: no load allowance (30 s)
         assert resp.headers["X-Request-Id"].startswith("mr-") and resp.headers.get("Server") == "mindrouter"
         await until(lambda: hung.in_flight == 0 and d.scheduler.running_count == 0)
         assert await usage_rows(d) == []  # nothing delivered, nothing charged
 
 
-async def test_a_model_that_must_load_first_gets_the_load_allowance(tmp_path, aiohttp_client, nvml):
-    d = await make_daemon(tmp_path, aiohttp_client, nvml, poll_interval=60, first_byte_timeout=0.4, load_timeout=3)
+async def test_a_model_that_must_load_first_gets_the_load_allowance(new_daemon):
+    d = await new_daemon(backends={"poll_interval": 60, "first_byte_timeout": 0.4, "load_timeout": 3})
     async with FakeOllama(models=["llama3", "other"], loaded=["other"], load_seconds=1.0) as cold:
         await d.backend("b1", cold.url, "ollama")
         await until(lambda: d.registry.healthy(d.registry.by_name("b1")))
@@ -93,18 +91,16 @@ async def test_a_model_that_must_load_first_gets_the_load_allowance(tmp_path, ai
 
 
 @pytest.mark.parametrize("dialect", ["openai", "ollama"])
-async def test_a_stream_that_hangs_between_chunks_ends_in_its_dialect_charged_what_it_delivered(
-    tmp_path, aiohttp_client, nvml, dialect
-):
-    d = await make_daemon(tmp_path, aiohttp_client, nvml, poll_interval=60, chunk_timeout=0.4)
+async def test_a_stream_that_hangs_between_chunks_ends_in_its_dialect_charged_what_it_delivered(new_daemon, dialect):
+    d = await new_daemon(backends={"poll_interval": 60, "chunk_timeout": 0.4})
     async with FakeOllama(models=["llama3"], completion_tokens=20) as fake:
         fake.hang_after = 3
         await d.backend("b1", fake.url, "ollama")
         key = await d.user("s")
         started = time.monotonic()
         resp = await d.client.post(PATHS[dialect], json=chat(), headers=auth(key))
-        items = events(await asyncio.wait_for(resp.read(), 5), dialect)
-        assert resp.status == 200 and time.monotonic() - started < 3
+        items = events(await asyncio.wait_for(resp.read(), 15), dialect)
+        assert resp.status == 200 and time.monotonic() - started < 15  # the backend hangs for an hour
         assert "sent nothing for 0.4 s" in error_of(items, dialect)
         if dialect == "openai":
             tokens = [e for e in items[:-2] if e["choices"] and e["choices"][0]["delta"].get("content")]
@@ -115,8 +111,8 @@ async def test_a_stream_that_hangs_between_chunks_ends_in_its_dialect_charged_wh
         assert await usage_rows(d) == [(2, 3)]  # "hi there" and the 3 tokens the client got
 
 
-async def test_one_users_hung_streams_never_open_the_breaker_but_two_users_do(tmp_path, aiohttp_client, nvml):
-    d = await make_daemon(tmp_path, aiohttp_client, nvml, poll_interval=60, chunk_timeout=0.3)
+async def test_one_users_hung_streams_never_open_the_breaker_but_two_users_do(new_daemon):
+    d = await new_daemon(backends={"poll_interval": 60, "chunk_timeout": 0.3})
     async with FakeOllama(models=["llama3"], completion_tokens=20) as fake:
         fake.hang_after = 2
         await d.backend("b1", fake.url, "ollama")
@@ -132,10 +128,8 @@ async def test_one_users_hung_streams_never_open_the_breaker_but_two_users_do(tm
 
 
 @pytest.mark.parametrize("dialect", ["openai", "ollama"])
-async def test_a_stream_told_to_wait_ends_in_its_dialect_when_its_backend_then_hangs(
-    tmp_path, aiohttp_client, nvml, dialect
-):
-    d = await make_daemon(tmp_path, aiohttp_client, nvml, poll_interval=60, first_byte_timeout=0.4, load_timeout=30)
+async def test_a_stream_told_to_wait_ends_in_its_dialect_when_its_backend_then_hangs(new_daemon, dialect):
+    d = await new_daemon(backends={"poll_interval": 60, "first_byte_timeout": 0.4, "load_timeout": 30})
     async with FakeOllama(models=["llama3"], first_byte_delay=3600) as hung:
         await d.backend("b1", hung.url, "ollama", max_concurrent=1)
         await until(lambda: d.registry.healthy(d.registry.by_name("b1")))

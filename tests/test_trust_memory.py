@@ -23,7 +23,6 @@ from mindrouter.backends.budget import NoRoom
 from mindrouter.daemon.process.appkeys import STATS, STORE
 
 from .conftest import Daemon, until
-from .test_request_path import make_daemon
 from .test_serve import MR, free_port
 
 PIECE = 64 * 1024
@@ -82,11 +81,11 @@ async def pool(d: Daemon, server: Any) -> tuple[str, str]:
     return keys
 
 
-async def test_a_whole_answer_is_held_to_its_max_tokens(tmp_path: Path, aiohttp_client: Any, nvml: Any, aiohttp_server):
+async def test_a_whole_answer_is_held_to_its_max_tokens(new_daemon: Any, aiohttp_server: Any):
     """A request allowed 10 tokens whose backend answers 2 MB gets a 503 saying so, not the 2 MB (as a stream
     would be cut past its max_tokens); the same answer to a request without max_tokens is whole."""
     big = Big()
-    d = await make_daemon(tmp_path, aiohttp_client, nvml)
+    d = await new_daemon()
     ann, _ = await pool(d, await aiohttp_server(big.app()))
     resp = await d.client.post("/v1/chat/completions", json=ask(2_000_000, max_tokens=10), headers=_bearer(ann))
     answer = await resp.json()
@@ -98,13 +97,13 @@ async def test_a_whole_answer_is_held_to_its_max_tokens(tmp_path: Path, aiohttp_
 
 
 async def test_whole_answers_held_at_once_stay_within_the_budget_and_the_largest_gives_way(
-    tmp_path: Path, aiohttp_client: Any, nvml: Any, aiohttp_server: Any
+    new_daemon: Any, aiohttp_server: Any
 ) -> None:
     """Ann asks for 4 answers of 600 KB at once with a budget of 1 MiB: some are cut (503, nothing
     charged for them), at least one is whole, the budget never held more than 1 MiB, and Bob's small
     answers, sent meanwhile, are all whole."""
     big = Big(pause=0.01)
-    d = await make_daemon(tmp_path, aiohttp_client, nvml, max_held_answer_bytes=1 << 20)
+    d = await new_daemon(backends={"max_held_answer_bytes": 1 << 20})
     ann, bob = await pool(d, await aiohttp_server(big.app()))
     budget: Budget = d.registry.budget
 
@@ -133,13 +132,11 @@ async def test_whole_answers_held_at_once_stay_within_the_budget_and_the_largest
     assert resp.status == 200  # alone, it fits
 
 
-async def test_a_huge_answer_being_read_gives_way_to_a_smaller_one(
-    tmp_path: Path, aiohttp_client: Any, nvml: Any, aiohttp_server: Any
-) -> None:
+async def test_a_huge_answer_being_read_gives_way_to_a_smaller_one(new_daemon: Any, aiohttp_server: Any) -> None:
     """Ann's answer holds 800 KB of a 1 MiB budget when Bob's 300 KB one comes: Ann's is cut (its
     connection closed while another request reads), her client gets the 503, never a truncated 200."""
     big = Big(pause=0.02)
-    d = await make_daemon(tmp_path, aiohttp_client, nvml, max_held_answer_bytes=1 << 20)
+    d = await new_daemon(backends={"max_held_answer_bytes": 1 << 20})
     ann, bob = await pool(d, await aiohttp_server(big.app()))
     budget: Budget = d.registry.budget
     anns = asyncio.create_task(d.client.post("/v1/chat/completions", json=ask(2_000_000), headers=_bearer(ann)))

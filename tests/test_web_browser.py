@@ -19,7 +19,8 @@ import aiohttp
 import pytest
 
 from .conftest import ADMIN_KEY
-from .test_cli_daemon import ThreadDaemon, run
+from .test_cli_daemon import Live, run
+from .test_cli_daemon import live as live  # the module's own daemon, as test_cli_daemon's (a fixture)
 
 pytestmark = pytest.mark.browser
 
@@ -35,14 +36,6 @@ from selenium.webdriver.support import expected_conditions  # noqa: E402
 from selenium.webdriver.support.wait import WebDriverWait  # noqa: E402
 
 
-@pytest.fixture(scope="module")
-def live(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ThreadDaemon]:
-    d = ThreadDaemon(tmp_path_factory.mktemp("web"))  # its config has the admin key (conftest.daemon_config)
-    d.start()
-    yield d
-    d.stop()
-
-
 @pytest.fixture
 def browser() -> Iterator[Any]:
     options = webdriver.ChromeOptions()
@@ -55,7 +48,7 @@ def browser() -> Iterator[Any]:
     driver.quit()
 
 
-def base(live: ThreadDaemon) -> str:
+def base(live: Live) -> str:
     return f"http://127.0.0.1:{live.port}"
 
 
@@ -78,7 +71,7 @@ def submit(driver: Any, css: str) -> None:
     WebDriverWait(driver, 10).until(gone)
 
 
-def log_in(driver: Any, live: ThreadDaemon, key: str) -> None:
+def log_in(driver: Any, live: Live, key: str) -> None:
     driver.delete_all_cookies()
     driver.get(base(live) + "/ui/login")
     driver.find_element(By.ID, "key").send_keys(key)
@@ -98,7 +91,7 @@ def shoot(driver: Any, name: str) -> None:
     driver.set_window_size(1280, 800)
 
 
-def chat(live: ThreadDaemon, key: str, words: int = 3) -> str:
+def chat(live: Live, key: str, words: int = 3) -> str:
     async def go() -> str:
         async with (
             aiohttp.ClientSession() as s,
@@ -114,9 +107,7 @@ def chat(live: ThreadDaemon, key: str, words: int = 3) -> str:
     return str(live.call(go()))
 
 
-def test_admin_changes_a_weight_drains_a_backend_and_a_student_sees_only_their_own(
-    live: ThreadDaemon, browser: Any
-) -> None:
+def test_admin_changes_a_weight_drains_a_backend_and_a_student_sees_only_their_own(live: Live, browser: Any) -> None:
     assert run(live, "backend", "add", "ws1", live.fake.url, "--engine", "ollama").exit_code == 0
     assert run(live, "user", "add", "alice", "--group", "student").exit_code == 0
     assert run(live, "user", "add", "bob", "--group", "faculty").exit_code == 0

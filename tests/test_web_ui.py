@@ -10,13 +10,21 @@ import asyncio
 import re
 from typing import Any
 
+import pytest
 from aiohttp import web
 from aiohttp.test_utils import make_mocked_request
 
 from mindrouter.daemon.process.appkeys import STORE
 from mindrouter.daemon.ui.sessions import COOKIE, Sessions
 
-from .conftest import ADMIN_KEY, Daemon
+from .harness import ADMIN_KEY, Daemon, until
+from .inprocess import InProcess
+
+
+@pytest.fixture
+def box() -> InProcess:
+    """The one backend the pages show: an in-process server of llama3.2 and an embedding model."""
+    return InProcess(models=("llama3.2", "nomic-embed-text"))
 
 
 def csrf_of(html: str) -> str:
@@ -97,8 +105,8 @@ async def test_a_person_gets_no_admin_page_or_action(daemon: Daemon) -> None:
     assert (await student_weight(daemon)) == 1
 
 
-async def test_a_person_sees_only_their_own_data(daemon: Daemon, fake_ollama: Any) -> None:
-    await daemon.backend("box", fake_ollama.url, "ollama")
+async def test_a_person_sees_only_their_own_data(daemon: Daemon, box: InProcess) -> None:
+    await daemon.backend("box", box)
     ana = await daemon.user("ana-student")
     bo = await daemon.user("bo-faculty", group="faculty")
     await daemon.admin("PUT", "/admin/users/bo-faculty/quota", {"tokens_per_day": 777_000})
@@ -188,8 +196,8 @@ async def test_a_key_is_shown_once_and_revoked_one_at_a_time(daemon: Daemon) -> 
     assert [k["id"] for k in await daemon.admin("GET", "/admin/users/ana/keys")] == [keys[0]["id"]]
 
 
-async def test_drain_and_enable_a_backend(daemon: Daemon, fake_ollama: Any) -> None:
-    await daemon.backend("box", fake_ollama.url, "ollama")
+async def test_drain_and_enable_a_backend(daemon: Daemon, box: InProcess) -> None:
+    await daemon.backend("box", box)
     await login(daemon, ADMIN_KEY)
     page = await (await daemon.client.get("/ui/admin/backends")).text()
     assert "llama3.2" in page and "healthy" in page
@@ -204,8 +212,8 @@ async def test_drain_and_enable_a_backend(daemon: Daemon, fake_ollama: Any) -> N
     assert "backend &#39;nobox&#39; does not exist; see the configured ones with `mr backend list`" in page
 
 
-async def test_live_page_and_why_explain_a_request(daemon: Daemon, fake_ollama: Any) -> None:
-    await daemon.backend("box", fake_ollama.url, "ollama")
+async def test_live_page_and_why_explain_a_request(daemon: Daemon, box: InProcess) -> None:
+    await daemon.backend("box", box)
     key = await daemon.user("ana")
     resp = await daemon.client.post(
         "/v1/chat/completions",
@@ -241,12 +249,12 @@ async def test_logout_ends_the_session(daemon: Daemon) -> None:
 
 
 async def test_a_person_sees_their_own_requests_running_and_queued_with_their_place(
-    daemon: Daemon, fake_ollama: Any
+    daemon: Daemon, box: InProcess
 ) -> None:
-    await daemon.backend("box", fake_ollama.url, "ollama", max_concurrent=1)
+    await daemon.backend("box", box, max_concurrent=1)
     ana = await daemon.user("ana")
     bo = await daemon.user("bo")
-    fake_ollama.max_concurrent = 0  # the first request holds the one slot until the gate opens
+    box.hold()  # the first request holds the one slot until the gate opens
 
     async def chat(key: str) -> int:
         resp = await daemon.client.post(
@@ -258,18 +266,16 @@ async def test_a_person_sees_their_own_requests_running_and_queued_with_their_pl
         return resp.status
 
     tasks = [asyncio.create_task(chat(ana))]
-    while daemon.scheduler.running_count < 1:
-        await asyncio.sleep(0.01)
+    await until(lambda: daemon.scheduler.running_count == 1, "ana's first should run")
     tasks += [asyncio.create_task(chat(k)) for k in (ana, ana, bo)]
-    while daemon.scheduler.queued_count < 3:
-        await asyncio.sleep(0.01)
+    await until(lambda: daemon.scheduler.queued_count == 3, "three should wait")
     page = await login(daemon, ana)
     assert page.count("running on box") == 1
     assert page.count("of yours next, 3 waiting in all") == 2
     assert "1 of yours next" in page and "2 of yours next" in page
     bo_ids = [j.id for j in daemon.scheduler.queued_jobs() if j.user_id == _user_id(daemon, "bo")]
     assert len(bo_ids) == 1 and bo_ids[0] not in page
-    fake_ollama.open_gate()
+    box.open_gate()
     assert await asyncio.gather(*tasks) == [200, 200, 200, 200]
 
 

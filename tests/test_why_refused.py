@@ -13,7 +13,7 @@ import aiohttp
 
 from mindrouter.cli.why import why_view
 
-from .fakes import FakeOllama
+from .inprocess import InProcess
 from .test_cli_safe_names import rendered
 
 
@@ -36,27 +36,27 @@ def _explained(record: dict[str, Any], status: int, message: str) -> None:
 
 
 async def test_an_unknown_model_and_a_spent_quota_are_explained_by_their_request_id(daemon):
-    async with FakeOllama(models=["llama3"]) as fake:
-        await daemon.backend("b1", fake.url, "ollama")
-        key = await daemon.user("rita", "student")
-        status, rid, message = await _ask(daemon, key, "gpt-99")
-        assert status == 404
-        record = await daemon.admin("GET", f"/admin/decisions/{rid}")
-        _explained(record, 404, message)
-        assert record["user"] == "rita" and record["model"] == "gpt-99"
-        status, rid, message = await _ask(daemon, key, "gpt-99", "/api/chat")  # the Ollama dialect too
-        _explained(await daemon.admin("GET", f"/admin/decisions/{rid}"), 404, message)
+    fake = InProcess(models=("llama3",), completion_tokens=8)
+    await daemon.backend("b1", fake)
+    key = await daemon.user("rita", "student")
+    status, rid, message = await _ask(daemon, key, "gpt-99")
+    assert status == 404
+    record = await daemon.admin("GET", f"/admin/decisions/{rid}")
+    _explained(record, 404, message)
+    assert record["user"] == "rita" and record["model"] == "gpt-99"
+    status, rid, message = await _ask(daemon, key, "gpt-99", "/api/chat")  # the Ollama dialect too
+    _explained(await daemon.admin("GET", f"/admin/decisions/{rid}"), 404, message)
 
-        await daemon.admin("PUT", "/admin/users/rita/quota", {"tokens_per_day": 1})  # no answer fits
-        status, rid, message = await _ask(daemon, key, "llama3")
-        assert status == 429
-        record = await daemon.admin("GET", f"/admin/decisions/{rid}")
-        _explained(record, 429, message)
-        assert record["user"] == "rita" and record["model"] == "llama3" and record["user_group"] == "student"
+    await daemon.admin("PUT", "/admin/users/rita/quota", {"tokens_per_day": 1})  # no answer fits
+    status, rid, message = await _ask(daemon, key, "llama3")
+    assert status == 429
+    record = await daemon.admin("GET", f"/admin/decisions/{rid}")
+    _explained(record, 429, message)
+    assert record["user"] == "rita" and record["model"] == "llama3" and record["user_group"] == "student"
 
-        await daemon.admin("PUT", "/admin/users/rita/quota", {"clear": True})
-        await daemon.admin("PUT", "/admin/users/rita/quota", {"requests_per_minute": 1})
-        assert (await _ask(daemon, key, "llama3"))[0] == 200
-        status, rid, message = await _ask(daemon, key, "llama3")
-        assert status == 429
-        _explained(await daemon.admin("GET", f"/admin/decisions/{rid}"), 429, message)
+    await daemon.admin("PUT", "/admin/users/rita/quota", {"clear": True})
+    await daemon.admin("PUT", "/admin/users/rita/quota", {"requests_per_minute": 1})
+    assert (await _ask(daemon, key, "llama3"))[0] == 200
+    status, rid, message = await _ask(daemon, key, "llama3")
+    assert status == 429
+    _explained(await daemon.admin("GET", f"/admin/decisions/{rid}"), 429, message)
