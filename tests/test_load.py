@@ -94,7 +94,8 @@ async def test_queued_requests_are_held_bounded_and_all_answered_in_fair_order(t
     config.write_text(
         f'[server]\nport = {port}\nsocket = "{tmp_path / "mr.sock"}"\nstate_dir = "{tmp_path / "state"}"\n'
         'admin_key = "load-admin-key-16+"\nlog_level = "warning"\n'
-        f"[scheduler]\nmax_queued_per_user = {per_user}\nqueue_timeout = 600\n"
+        # The whole of max_queued (10,000) is filled on purpose: none of it kept back for newcomers.
+        f"[scheduler]\nmax_queued_per_user = {per_user}\nqueue_timeout = 600\nqueue_reserve = 0\n"
     )
     url = f"http://127.0.0.1:{port}"
     with open(tmp_path / "serve.log", "w") as log:  # noqa: ASYNC230 - once, before the loop's work
