@@ -69,6 +69,8 @@ FIRST = {
     "huge-request": 1800,
     "overlapping-pools": 600,
     "one-person-many-models": 600,
+    "chat-next-to-batch": 600,
+    "agent-loops": 300,
 }
 
 
@@ -149,6 +151,8 @@ ROWS = {
     "early-leavers": "issue 18, case 2: streams that leave after 10 tokens, readers and non-streamed requests",
     "think-time": "anticipation: closed-loop clients thinking 50 ms next to queued 30k-token prompts",
     "conversations": "issue 31: conversations behind shared system prompts on per-slot and prefix-block caches",
+    "chat-next-to-batch": "issue 30, case 1: a person chatting next to batch work on 2 slots",
+    "agent-loops": "issue 30, case 3: an agent's 4 loops of tiny requests next to batch work",
 }
 
 #: Examples that miss a target until the scheduler core does what issue 9 asks;
