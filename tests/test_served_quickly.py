@@ -37,18 +37,29 @@ def started(s: Scheduler, now: float) -> list[str]:
     return out
 
 
-def chat_reads_next_to_batch(s: Scheduler, questions: int) -> list[tuple[list[str], list[str]]]:
-    """chat asks ``questions`` more questions, reading 3 s after each 2 s answer, while batch (which used
-    2,000 units just before) keeps 4 long answers queued; returns, per answer, what started when it ended
-    and when chat's next question came."""
+def chat_learns_to_read(s: Scheduler) -> None:
+    """batch (which used 2,000 units just before) keeps 4 long answers queued; chat's first answer ends at 2 s
+    and its second question comes 3 s later: its think time is not known yet, so b1 took the slot, and chat
+    waits for b0's end at 10 s."""
     s.add_usage("batch", 1000, 1000, 0.0, "llama3")
     for i in range(4):
         assert s.submit(job("batch", f"b{i}", 0.0), 0.0) is None
     assert s.submit(job("chat", "c0", 0.0), 0.0) is None
     assert sorted(started(s, 0.0)) == ["b0", "c0"]
+    assert s.complete("c0", 2.0, prompt_tokens=100, completion_tokens=100)
+    assert started(s, 2.0) == ["b1"]
+    assert s.submit(job("chat", "c1", 5.0), 5.0) is None
+    assert started(s, 5.0) == []
+    assert s.complete("b0", 10.0, prompt_tokens=100, completion_tokens=1000)
+    assert started(s, 10.0) == ["c1"]
+
+
+def reads(s: Scheduler, questions: int) -> list[tuple[list[str], list[str]]]:
+    """chat asks ``questions`` more questions, reading 3 s after each 2 s answer; returns, per answer, what
+    started when it ended and when chat's next question came."""
     out = []
-    t = 0.0
-    for i in range(1, questions + 1):
+    t = 10.0
+    for i in range(2, questions + 2):
         t += 2.0
         assert s.complete(f"c{i - 1}", t, prompt_tokens=100, completion_tokens=100)
         freed = started(s, t)
@@ -59,9 +70,11 @@ def chat_reads_next_to_batch(s: Scheduler, questions: int) -> list[tuple[list[st
 
 
 def test_the_slot_a_reader_freed_is_kept_while_batch_runs_its_share():
-    """batch runs 1 of 2 slots, its share: the slot chat's answers free waits for chat's next question."""
+    """batch runs 1 of 2 slots, its share: once chat's think time is known (3 s), the slot its answers free
+    waits for its next question."""
     s = two_slots()
-    assert chat_reads_next_to_batch(s, 3) == [([], ["c1"]), ([], ["c2"]), ([], ["c3"])]
+    chat_learns_to_read(s)
+    assert reads(s, 3) == [([], ["c2"]), ([], ["c3"]), ([], ["c4"])]
     load = s.load("gpu")
     assert load is not None and (load.in_flight, load.held) == (2, 0)
     (pool,) = s.turns.fair.pools.values()
@@ -71,7 +84,9 @@ def test_the_slot_a_reader_freed_is_kept_while_batch_runs_its_share():
 def test_without_max_think_time_the_batch_user_takes_the_slot():
     """The same run with ``max_think_time = 0``: the slot goes to batch, and chat waits for a batch answer."""
     s = two_slots(dataclasses.replace(SETTINGS, max_think_time=0.0))
-    assert chat_reads_next_to_batch(s, 1) == [(["b1"], [])]
+    chat_learns_to_read(s)
+    assert s.complete("c1", 12.0, prompt_tokens=100, completion_tokens=100)
+    assert started(s, 12.0) == ["b2"]
 
 
 def test_a_slot_is_not_kept_from_a_user_below_its_share():

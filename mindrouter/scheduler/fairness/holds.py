@@ -109,8 +109,8 @@ class Holds:
         whenever that one ranks first by lag, which a batch user charged ahead for a long answer does
         for the minute it runs."""
         think = seat.think
-        if think is None:  # its first answer: whether it reads for a moment is not known yet
-            return (self.max_think, True) if self.max_think else None
+        if think is None:
+            return None
         if think < self.anticipation:
             return self.anticipation, False
         if think < self.max_think:

@@ -347,8 +347,10 @@ class Turns:
         thinking within ``max_think_time`` of their last job's end (``charge``'s seat among them)."""
         pool = self.order.pools[class_key(rival)]
         mine = pool.seats.get(rival.user_id)
-        if mine is None:
+        if mine is None or running < 1:
             return False
+        if running >= math.ceil(slots * mine.weight / (mine.weight + charge.seat.weight) - 1e-9):
+            return True  # its share beside the holder alone, the most it can be: no need to count the others
         bound = self.settings.max_think_time
         total = 0.0
         for seat in pool.seats.values():
