@@ -72,9 +72,9 @@ def admit(app: web.Application, path: str, headers: Mapping[str, str], body: byt
         try:
             admitted.quota_headers = quotas.admit(caller, job)  # 429 before the job queues
         except RequestError as refusal:  # a decision record, as the core's refusals get one
-            dispatcher.lease(job, call, user=caller.name, group=caller.group).refuse(refusal)
+            Lease(dispatcher, job, call, caller.name, caller.group).refuse(refusal)
             raise
-        admitted.lease = dispatcher.lease(job, call, user=caller.name, group=caller.group).enter()
+        admitted.lease = Lease(dispatcher, job, call, caller.name, caller.group).enter()
     except RequestError as exc:
         admitted.error = exc
     return admitted
