@@ -75,9 +75,10 @@ async def handle_inference(request: web.Request) -> web.StreamResponse:
                     response = web.StreamResponse(status=upstream.status, headers=upstream.headers)
                     await response.prepare(request)
                 await _pour(lease, upstream, response.write, dialect)
-                if upstream.error is not None:  # the stream ended with its error tail
-                    app[STATS].count_error(_BROKEN)
-                await response.write_eof()
+                if upstream.error is not None:  # the answer carried its error tail
+                    await _end_broken(app, response)
+                else:
+                    await response.write_eof()
                 lease.finish()
         return response
     except asyncio.CancelledError:  # the client left, or ``end_handlers`` stopped its lease at shutdown
@@ -87,20 +88,15 @@ async def handle_inference(request: web.Request) -> web.StreamResponse:
         if response is None or not response.prepared:
             _refused(rid, SHUTTING_DOWN)
             return error_response(SHUTTING_DOWN, dialect)
-        app[STATS].count_error(_BROKEN)
         with contextlib.suppress(Exception):  # best effort: the connection closes next in any case
-            await response.write(_shutdown_tail(rid, lease, dialect))
-            await response.write_eof()
+            await _end_broken(app, response, _shutdown_tail(rid, lease, dialect))
         return response
     except ConnectionError:  # the client hung up mid-write; its lease has settled, and no one is listening
         return response if response is not None else web.Response(status=499)
     except RequestError as exc:
         _refused(rid, exc)
         if response is not None and response.prepared:  # a stream whose headers went out ends in its dialect
-            app[STATS].count_error(_BROKEN)
-            await response.write(error_tail(dialect, exc.message))
-            await response.write_eof()
-            return response
+            return await _end_broken(app, response, error_tail(dialect, exc.message))
         return error_response(exc, dialect)
     finally:
         if task is not None:
@@ -131,6 +127,19 @@ def _shutdown_tail(rid: str, lease: Lease, dialect: Dialect) -> bytes:
     message = SHUTTING_DOWN.message if lease.upstream is None else _CUT_BY_SHUTDOWN
     _refused(rid, RequestError(message, status=503, type="service_unavailable", code="shutting_down"))
     return error_tail(dialect, message)
+
+
+async def _end_broken(app: web.Application, response: web.StreamResponse, tail: bytes = b"") -> web.StreamResponse:
+    """End a stream whose headers went out in an error: its tail (unless the answer carried it) and its end.
+
+    The one place such an answer is counted in ``mindrouter_errors_total`` (as ``stream``): every other
+    error answer is counted as it is prepared (``answers.stamp``), each once.
+    """
+    app[STATS].count_error(_BROKEN)
+    if tail:
+        await response.write(tail)
+    await response.write_eof()
+    return response
 
 
 def _refused(rid: str, exc: RequestError) -> None:

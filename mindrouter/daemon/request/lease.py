@@ -280,7 +280,7 @@ class Lease:
         if self.state is State.SETTLED:
             return
         if self.state is State.STOPPING:
-            outcome, reason, status = Outcome.SHUTDOWN, "the router shut down", 503
+            outcome, reason, status = Outcome.SHUTDOWN, "the router is shutting down", 503
         elif exc is None or isinstance(exc, (asyncio.CancelledError, ConnectionError)):
             outcome, reason, status = Outcome.CLIENT_GONE, "the client went away", 499
         else:
