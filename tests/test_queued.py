@@ -19,7 +19,7 @@ import aiohttp
 import openai
 import pytest
 
-from mindrouter.daemon.process.appkeys import DECISIONS, SCHEDULER, STATS
+from mindrouter.daemon.edge.services import DECISIONS, SCHEDULER, STATS
 
 from .harness import Daemon, daemon, until
 from .inprocess import InProcess

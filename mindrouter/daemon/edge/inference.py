@@ -1,6 +1,6 @@
 """The inference API: OpenAI and Ollama routes, translated into jobs for the core.
 
-This module only translates HTTP: admission (``request/admission.py``) authenticates, parses the body into a
+This module only translates HTTP: admission (``admission.py``) authenticates, parses the body into a
 ``Call`` and queues the job, and the request's :class:`~.lease.Lease` does everything with
 the slot, from waiting in the queue to failing over and settling the usage.
 The handler prepares the response, writes the chunks, and ends it; a streaming client that has to wait gets its
@@ -20,10 +20,10 @@ from aiohttp import web
 from ...backends import INFERENCE_PATHS, Upstream
 from ...backends._shapes import Dialect, error_tail
 from ...errors import RequestError
-from ..process.appkeys import CONFIG, HANDLERS, STATS
-from ..request.admission import admit
+from ..edge.admission import admit
+from ..edge.services import CONFIG, HANDLERS, STATS
 from ..request.lease import Lease
-from ..request.quotas import QUOTA_HEADERS
+from ..usage.quotas import QUOTA_HEADERS
 from .answers import REQUEST_ID
 from .errorbodies import error_response
 

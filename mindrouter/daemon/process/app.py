@@ -35,11 +35,16 @@ from ...scheduler import Scheduler
 from ...store import Store
 from ..admin.api import setup_admin_routes
 from ..admin.middleware import admin_middleware
-from ..pollers.discover import discover_local_backends
-from ..pollers.gpus import GpuState
-from ..pollers.registry import AdapterFactory, Registry
-from ..pollers.stats import Stats
-from ..process.appkeys import (
+from ..edge.accounting import setup_accounting_routes
+from ..edge.answers import Runner, stamp
+from ..edge.auth import Auth
+from ..edge.catalog import setup_catalog_routes
+from ..edge.cors import setup_cors
+from ..edge.guard import guard_middleware
+from ..edge.inference import end_handlers, setup_inference_routes
+from ..edge.logsafe import OneLineFormatter
+from ..edge.metrics import setup_metrics
+from ..edge.services import (
     AUTH,
     CONFIG,
     DECISIONS,
@@ -53,23 +58,18 @@ from ..process.appkeys import (
     STATS,
     STORE,
 )
+from ..pollers.discover import discover_local_backends
+from ..pollers.gpus import GpuState
+from ..pollers.registry import AdapterFactory, Registry
 from ..process.listen import port_taken, refuse_a_busy_port
-from ..process.logsafe import OneLineFormatter
 from ..process.statelock import StateLock
-from ..request.accounting import setup_accounting_routes
 from ..request.decisions import DecisionLog
 from ..request.dispatcher import Dispatcher
-from ..request.quotas import Quotas
 from ..request.settlement import Settlement
 from ..request.weights import apply_user
 from ..ui import setup_ui
-from .answers import Runner, stamp
-from .auth import Auth
-from .catalog import setup_catalog_routes
-from .cors import setup_cors
-from .guard import guard_middleware
-from .inference import end_handlers, setup_inference_routes
-from .metrics import setup_metrics
+from ..usage.quotas import Quotas
+from ..usage.stats import Stats
 
 __all__ = ["create_app", "make_runner", "serve"]
 

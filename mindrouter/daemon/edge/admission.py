@@ -18,9 +18,9 @@ from ...errors import RequestError
 from ...scheduler import Job, Modality
 from ..edge.answers import new_request_id
 from ..edge.errorbodies import dialect_of
-from ..process.appkeys import AUTH, DISPATCHER, QUOTAS, SCHEDULER
-from .lease import Lease
-from .weights import apply_user
+from ..edge.services import AUTH, DISPATCHER, QUOTAS, SCHEDULER
+from ..request.lease import Lease
+from ..request.weights import apply_user
 
 __all__ = ["Admitted", "admit"]
 
