@@ -18,7 +18,7 @@ from ...errors import RequestError
 from ...scheduler import Job, Modality
 from ..edge.answers import new_request_id
 from ..edge.errorbodies import dialect_of
-from ..edge.services import AUTH, DISPATCHER, QUOTAS, SCHEDULER
+from ..edge.services import SERVICES
 from ..request.lease import Lease
 from ..request.weights import apply_user
 
@@ -47,14 +47,14 @@ def admit(app: web.Application, path: str, headers: Mapping[str, str], body: byt
     """
     admitted = Admitted(new_request_id(), dialect_of(path))
     try:
-        caller = app[AUTH].caller(headers.get("Authorization"))
+        caller = app[SERVICES].auth.caller(headers.get("Authorization"))
         call = admitted.call = Call.from_request(path, body)
         via = caller.user_id if caller.forwards_to is not None else None  # a proxy's people queue under its cap
-        caller = app[AUTH].on_behalf(caller, headers, call.user)
-        scheduler = app[SCHEDULER]
+        caller = app[SERVICES].auth.on_behalf(caller, headers, call.user)
+        scheduler = app[SERVICES].scheduler
         if not scheduler.has_user(caller.user_id):
             apply_user(scheduler, caller.user_id, caller)
-        dispatcher = app[DISPATCHER]
+        dispatcher = app[SERVICES].dispatcher
         job = Job(
             id=admitted.rid,
             user_id=caller.user_id,
@@ -68,7 +68,7 @@ def admit(app: web.Application, path: str, headers: Mapping[str, str], body: byt
             stream=call.stream,
             via=via,
         )
-        quotas = app[QUOTAS]
+        quotas = app[SERVICES].quotas
         try:
             admitted.quota_headers = quotas.admit(caller, job)  # 429 before the job queues
         except RequestError as refusal:  # a decision record, as the core's refusals get one

@@ -24,7 +24,7 @@ from aiohttp import web
 from ...backends import Dialect
 from ...errors import RequestError
 from ..edge.logsafe import Occasional, safe
-from ..edge.services import STATS
+from ..edge.services import SERVICES
 from ..usage.quotas import QUOTA_HEADERS
 from .errorbodies import error_response
 
@@ -61,7 +61,7 @@ async def stamp(request: web.Request, response: web.StreamResponse) -> None:
     error ends after its first byte is counted where it ends (``inference.py``)."""
     _stamp(request, response)
     if response.status >= 400:
-        request.app[STATS].count_error(response.status)
+        request.app[SERVICES].stats.count_error(response.status)
 
 
 class _Handler(web.RequestHandler):
@@ -115,5 +115,5 @@ class Runner(web.AppRunner):
     async def _make_server(self) -> web.Server:
         server = await super()._make_server()
         server.__class__ = _Server  # only __call__ differs: which handler class serves a connection
-        cast(_Server, server).count_error = self.app[STATS].count_error
+        cast(_Server, server).count_error = self.app[SERVICES].stats.count_error
         return server

@@ -21,7 +21,7 @@ from ...backends import INFERENCE_PATHS, Upstream
 from ...backends._shapes import Dialect, error_tail
 from ...errors import RequestError
 from ..edge.admission import admit
-from ..edge.services import CONFIG, HANDLERS, STATS
+from ..edge.services import SERVICES
 from ..request.lease import Lease
 from ..usage.quotas import QUOTA_HEADERS
 from .answers import REQUEST_ID
@@ -54,7 +54,7 @@ async def handle_inference(request: web.Request) -> web.StreamResponse:
         request[QUOTA_HEADERS] = admitted.quota_headers
     rid, dialect, lease, call = admitted.rid, admitted.dialect, admitted.lease, admitted.call
     response: web.StreamResponse | None = None
-    task, handlers = asyncio.current_task(), app[HANDLERS]
+    task, handlers = asyncio.current_task(), app[SERVICES].handlers
     if lease is not None and task is not None:
         handlers[task] = lease
     try:
@@ -110,7 +110,7 @@ async def end_handlers(app: web.Application) -> None:
     open; aiohttp's own shutdown would cancel the handlers only after the same grace and then close
     the connections with nothing said.
     """
-    handlers, grace = app[HANDLERS], app[CONFIG].server.shutdown_grace_seconds
+    handlers, grace = app[SERVICES].handlers, app[SERVICES].config.server.shutdown_grace_seconds
     for task, lease in list(handlers.items()):
         if lease.queued and lease.stop():  # its job leaves the queue now; the lease ends as ``shutdown``
             task.cancel()
@@ -135,7 +135,7 @@ async def _end_broken(app: web.Application, response: web.StreamResponse, tail: 
     The one place such an answer is counted in ``mindrouter_errors_total`` (as ``stream``): every other
     error answer is counted as it is prepared (``answers.stamp``), each once.
     """
-    app[STATS].count_error(_BROKEN)
+    app[SERVICES].stats.count_error(_BROKEN)
     if tail:
         await response.write(tail)
     await response.write_eof()

@@ -19,7 +19,7 @@ from ..admin import api
 from ..admin.views import share_view
 from ..admin.watch import queue_dict, quota_rows, status_dict
 from ..edge.accounting import change_quota
-from ..edge.services import AUTH, DECISIONS, DISPATCHER, REGISTRY, SCHEDULER, STORE
+from ..edge.services import SERVICES
 from .render import action, admin_page, page
 from .sessions import Session
 
@@ -33,15 +33,15 @@ def _field(form: Any, name: str) -> str:
 
 def _shares(app: web.Application) -> dict[str, Any]:
     """``mr share``'s figures without each subject's quotas (which no page here shows), so 1,000 users stay cheap."""
-    store = app[STORE]
-    share = app[SCHEDULER].share(app[DISPATCHER].clock())
+    store = app[SERVICES].store
+    share = app[SERVICES].scheduler.share(app[SERVICES].dispatcher.clock())
     return share_view(share, store.list_users(), store.list_groups(), lambda _kind, _key: [])
 
 
 @admin_page
 async def groups(request: web.Request, session: Session) -> web.StreamResponse:
     app = request.app
-    rows = app[STORE].list_groups()
+    rows = app[SERVICES].store.list_groups()
     share = {g["name"]: g for g in _shares(app)["groups"]}
     return page(request, "groups.html", session, groups=rows, share=share)
 
@@ -56,7 +56,7 @@ async def set_group_weight(request: web.Request, session: Session) -> str:
 
 @admin_page
 async def users(request: web.Request, session: Session) -> web.StreamResponse:
-    store = request.app[STORE]
+    store = request.app[SERVICES].store
     return page(request, "users.html", session, users=store.list_users(), keys=api.key_counts(store))
 
 
@@ -67,8 +67,8 @@ async def user(request: web.Request, session: Session) -> web.StreamResponse:
 
 def _user_page(request: web.Request, session: Session, new_key: str | None = None) -> web.Response:
     app = request.app
-    store = app[STORE]
-    app[AUTH].flush()  # the keys' last-used times, as `mr user keys` shows them
+    store = app[SERVICES].store
+    app[SERVICES].auth.flush()  # the keys' last-used times, as `mr user keys` shows them
     try:
         row = store.get_user(request.match_info["name"])
     except NotFound as exc:
@@ -133,7 +133,7 @@ async def create_key(request: web.Request, session: Session) -> web.StreamRespon
 
 @admin_page
 async def backends(request: web.Request, session: Session) -> web.StreamResponse:
-    registry = request.app[REGISTRY]
+    registry = request.app[SERVICES].registry
     rows = [registry.row_dict(e) for e in registry.entries.values()]
     return page(request, "backends.html", session, backends=rows)
 
@@ -160,7 +160,7 @@ async def top(request: web.Request, session: Session) -> web.StreamResponse:
         queue=queue_dict(app)["queue"],
         active=active[:50],
         hidden=max(0, len(active) - 50),
-        decisions=app[DECISIONS].recent(10),
+        decisions=app[SERVICES].decisions.recent(10),
         refresh=True,
     )
 
@@ -168,7 +168,7 @@ async def top(request: web.Request, session: Session) -> web.StreamResponse:
 @admin_page
 async def decisions(request: web.Request, session: Session) -> web.StreamResponse:
     user_name = request.query.get("user") or None
-    rows = request.app[DECISIONS].recent(100, user=user_name)
+    rows = request.app[SERVICES].decisions.recent(100, user=user_name)
     return page(request, "decisions.html", session, decisions=rows, user=user_name or "")
 
 
@@ -223,10 +223,10 @@ def explain(record: Mapping[str, Any], names: Mapping[str, str]) -> dict[str, An
 async def why(request: web.Request, session: Session) -> web.StreamResponse:
     """``mr why``'s explanation of one decision."""
     rid = request.match_info["request_id"]
-    record = request.app[DECISIONS].get(rid)
+    record = request.app[SERVICES].decisions.get(rid)
     if record is None:
         return page(request, "error.html", session, 404, message=f"No decision record for request {rid!r}.")
-    names = {str(bid): e.row.name for bid, e in request.app[REGISTRY].entries.items()}
+    names = {str(bid): e.row.name for bid, e in request.app[SERVICES].registry.entries.items()}
     return page(request, "why.html", session, rid=rid, **explain(record, names))
 
 
