@@ -15,7 +15,7 @@ from aiohttp import web
 
 from ...names import person_identity
 from ...scheduler import check_weight
-from ...store import AlreadyExists, InvalidValue
+from ...store import AlreadyExists, InvalidValue, Store
 from ...store.people import KEEP
 from ..edge.catalog import pool_models
 from ..edge.services import SERVICES
@@ -113,7 +113,7 @@ def _user_dict(app: web.Application, user: Any, keys: dict[str, int]) -> dict[st
     }
 
 
-def key_counts(store: Any) -> dict[str, int]:
+def key_counts(store: Store) -> dict[str, int]:
     """How many keys each user has, by name (``mr user list``, the web UI's users page)."""
     counts: dict[str, int] = {}
     for key in store.list_keys():
@@ -198,7 +198,7 @@ def change_user(app: web.Application, name: str, data: dict[str, Any]) -> Any:
     return store.get_user(name)
 
 
-def _set_proxy(store: Any, name: str, data: dict[str, Any]) -> None:
+def _set_proxy(store: Store, name: str, data: dict[str, Any]) -> None:
     """``proxy``, ``proxy_group`` and ``person_from`` of a PUT; the settings a PUT leaves out stay."""
     proxy = _proxy_flag(data) if "proxy" in data else store.get_user(name).proxy
     if not proxy and {"proxy_group", "person_from"} & set(data):

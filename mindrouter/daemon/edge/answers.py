@@ -25,10 +25,9 @@ from ...backends import Dialect
 from ...errors import RequestError
 from ..edge.logsafe import Occasional, safe
 from ..edge.services import SERVICES
-from ..usage.quotas import QUOTA_HEADERS
 from .errorbodies import error_response
 
-__all__ = ["REQUEST_ID", "Runner", "new_request_id", "stamp"]
+__all__ = ["QUOTA_HEADERS", "REQUEST_ID", "Runner", "new_request_id", "stamp"]
 
 log = logging.getLogger(__name__)
 _malformed = Occasional(log)
@@ -37,6 +36,9 @@ SERVER = "mindrouter"
 
 REQUEST_ID = web.RequestKey("mindrouter_request_id", str)
 """The id admission gave the request; the answer, the log and the decision record carry it."""
+
+QUOTA_HEADERS = web.RequestKey("mindrouter_quota_headers", dict[str, str])
+"""The quota headers admission found for the request (``Quotas.admit``); every answer carries them."""
 
 _counter = itertools.count(1)
 _prefix = os.urandom(3).hex()

@@ -23,8 +23,7 @@ from ...errors import RequestError
 from ..edge.admission import admit
 from ..edge.services import SERVICES
 from ..request.lease import Lease
-from ..usage.quotas import QUOTA_HEADERS
-from .answers import REQUEST_ID
+from .answers import QUOTA_HEADERS, REQUEST_ID
 from .errorbodies import error_response
 
 __all__ = ["SHUTTING_DOWN", "end_handlers", "setup_inference_routes"]

@@ -17,13 +17,15 @@ import logging
 import math
 import time
 from collections.abc import Callable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from ...errors import RequestError
 from ...scheduler import Dispatch, Job, Scheduler, Timings
 from ...tasks import background
-from .ports import Backends, Reservations
 from .settlement import Settlement, Streaming
+
+if TYPE_CHECKING:  # protocols only: nothing of them runs
+    from .ports import Backends, Reservations
 
 __all__ = ["Dispatcher", "unsupported"]
 
