@@ -1,7 +1,7 @@
 """The admin pages: groups and weights, users and keys, backends, the live queue and shares, decisions.
 
 Every change goes through the admin API's own function (``daemon/admin/api.py``,
-``daemon/request/accounting.py``), so a form and ``mr`` validate alike and fail with
+``daemon/edge/accounting.py``), so a form and ``mr`` validate alike and fail with
 the same sentence.
 """
 
@@ -18,8 +18,8 @@ from ...store import QUOTA_FIELDS, NotFound
 from ..admin import api
 from ..admin.views import share_view
 from ..admin.watch import queue_dict, quota_rows, status_dict
-from ..process.appkeys import AUTH, DECISIONS, DISPATCHER, REGISTRY, SCHEDULER, STORE
-from ..request.accounting import change_quota
+from ..edge.accounting import change_quota
+from ..edge.services import AUTH, DECISIONS, DISPATCHER, REGISTRY, SCHEDULER, STORE
 from .render import action, admin_page, page
 from .sessions import Session
 
