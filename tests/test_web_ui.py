@@ -223,7 +223,7 @@ async def test_live_page_and_why_explain_a_request(daemon: Daemon, box: InProces
     rid = resp.headers["X-Request-Id"]
     await login(daemon, ADMIN_KEY)
     top = await (await daemon.client.get("/ui/admin/top")).text()
-    assert "ana" in top and rid in top and "<meter" in top
+    assert "ana" in top and rid in top and '<svg class="share"' in top
     listing = await (await daemon.client.get("/ui/admin/decisions?user=ana")).text()
     assert rid in listing
     why = await (await daemon.client.get(f"/ui/admin/decisions/{rid}")).text()

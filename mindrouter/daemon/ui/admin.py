@@ -17,7 +17,7 @@ from ...formats import fmt_duration, fmt_num, fmt_time
 from ...store import QUOTA_FIELDS, NotFound
 from ..admin import api
 from ..admin.views import share_view
-from ..admin.watch import queue_dict, quota_rows, status_dict
+from ..admin.watch import backend_names, queue_dict, quota_rows, status_dict
 from ..process.appkeys import AUTH, DECISIONS, DISPATCHER, REGISTRY, SCHEDULER, STORE
 from ..request.accounting import change_quota
 from .render import action, admin_page, page
@@ -35,15 +35,25 @@ def _shares(app: web.Application) -> dict[str, Any]:
     """``mr share``'s figures without each subject's quotas (which no page here shows), so 1,000 users stay cheap."""
     store = app[STORE]
     share = app[SCHEDULER].share(app[DISPATCHER].clock())
-    return share_view(share, store.list_users(), store.list_groups(), lambda _kind, _key: [])
+    return share_view(share, store.list_users(), store.list_groups(), lambda _kind, _key: [], backend_names(app))
 
 
 @admin_page
 async def groups(request: web.Request, session: Session) -> web.StreamResponse:
     app = request.app
     rows = app[STORE].list_groups()
-    share = {g["name"]: g for g in _shares(app)["groups"]}
-    return page(request, "groups.html", session, groups=rows, share=share)
+    shares = _shares(app)
+    share = {g["name"]: g for g in shares["groups"]}
+    people: dict[str, list[dict[str, Any]]] = {}
+    for u in _active(shares):
+        people.setdefault(u["group"], []).append(u)
+    return page(request, "groups.html", session, groups=rows, share=share, people=people)
+
+
+def _active(shares: Mapping[str, Any]) -> list[dict[str, Any]]:
+    """The people with demand now (a target) or work queued or running, heaviest first."""
+    active = [u for u in shares["users"] if u["target_share"] is not None or u["queued"] or u["running"]]
+    return sorted(active, key=lambda u: (-u["recent_units"], u["name"]))
 
 
 @admin_page
@@ -150,8 +160,7 @@ async def backend_state(request: web.Request, session: Session) -> str:
 async def top(request: web.Request, session: Session) -> web.StreamResponse:
     app = request.app
     share = _shares(app)
-    active = [u for u in share["users"] if u["queued"] or u["running"] or u["recent_tokens"]]
-    active.sort(key=lambda u: -u["recent_tokens"])
+    active = _active(share)
     return page(
         request,
         "top.html",
@@ -160,9 +169,23 @@ async def top(request: web.Request, session: Session) -> web.StreamResponse:
         queue=queue_dict(app)["queue"],
         active=active[:50],
         hidden=max(0, len(active) - 50),
+        pools=_pools(share) if len(share["pools"]) > 1 else [],
         decisions=app[DECISIONS].recent(10),
         refresh=True,
     )
+
+
+def _pools(shares: Mapping[str, Any]) -> list[dict[str, Any]]:
+    """Each pool of backends with the people who have a target in it, for Live where pools differ."""
+    rows: dict[tuple[str, ...], dict[str, Any]] = {}
+    for u in shares["users"]:
+        for seat in u["pools"]:
+            if seat["target_share"] is None:
+                continue
+            key = tuple(seat["backends"])
+            label = ", ".join(seat["names"])
+            rows.setdefault(key, {"label": label, "people": []})["people"].append({**seat, "name": u["name"]})
+    return sorted(rows.values(), key=lambda p: str(p["label"]))
 
 
 @admin_page
@@ -226,8 +249,7 @@ async def why(request: web.Request, session: Session) -> web.StreamResponse:
     record = request.app[DECISIONS].get(rid)
     if record is None:
         return page(request, "error.html", session, 404, message=f"No decision record for request {rid!r}.")
-    names = {str(bid): e.row.name for bid, e in request.app[REGISTRY].entries.items()}
-    return page(request, "why.html", session, rid=rid, **explain(record, names))
+    return page(request, "why.html", session, rid=rid, **explain(record, backend_names(request.app)))
 
 
 def setup_admin_pages(app: web.Application) -> None:
