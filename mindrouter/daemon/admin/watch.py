@@ -6,6 +6,7 @@ Each route builds its answer from the core's and the registry's snapshots
 
 from __future__ import annotations
 
+import functools
 import json
 import math
 from typing import Any
@@ -69,11 +70,18 @@ async def get_queue(request: web.Request) -> web.Response:
     return web.json_response(queue_dict(request.app))
 
 
+def backend_names(app: web.Application) -> dict[str, str]:
+    """Backend id (as pools and decision records name it) -> its name."""
+    return {str(bid): entry.row.name for bid, entry in app[SERVICES].registry.entries.items()}
+
+
 def share_dict(app: web.Application) -> dict[str, Any]:
     """``mr share``: per group and user what the weights entitle it to, what it used, and the terms that act."""
     store = app[SERVICES].store
     share = app[SERVICES].scheduler.share(app[SERVICES].dispatcher.clock())
-    return share_view(share, store.list_users(), store.list_groups(), lambda kind, key: quota_rows(app, kind, key))
+    return share_view(
+        share, store.list_users(), store.list_groups(), functools.partial(quota_rows, app), backend_names(app)
+    )
 
 
 async def get_share(request: web.Request) -> web.Response:

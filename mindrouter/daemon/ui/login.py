@@ -13,6 +13,7 @@ from typing import Any
 from aiohttp import web
 
 from ...names import hash_key
+from ..admin.watch import backend_names
 from ..edge.accounting import me_dict
 from ..edge.auth import Caller
 from ..edge.services import SERVICES
@@ -81,7 +82,14 @@ async def me(request: web.Request, session: Session) -> web.StreamResponse:
     user = app[SERVICES].store.get_user(session.user)
     caller = Caller(user.id, user.name, user.group, user.weight_override, user.group_weight)
     return page(
-        request, "me.html", session, me=me_dict(app, caller), weight=user.weight, jobs=_jobs(app, user.id), refresh=True
+        request,
+        "me.html",
+        session,
+        me=me_dict(app, caller),
+        weight=user.weight,
+        jobs=_jobs(app, user.id),
+        names=backend_names(app),
+        refresh=True,
     )
 
 
