@@ -318,7 +318,7 @@ class Lease:
         Raises:
             LeaseError: ``move`` is not one the lease's state allows (it has ended already, say).
         """
-        moved(self.state, move, self.job.id)  # an ending the state does not allow raises before anything changes
+        settled = moved(self.state, move, self.job.id)  # an ending the state does not allow raises here
         dispatcher, job_id = self.dispatcher, self.job.id
         prompt, completion = used
         again = False
@@ -350,8 +350,7 @@ class Lease:
             self._move(Move.REQUEUE)
             self._future = dispatcher.requeued(self.job)
             return True
-        self._move(move)
-        self.outcome = outcome
+        self.state, self.outcome = settled, outcome
         dispatcher.on_settled(
             Settlement(
                 job=self.job,
