@@ -258,8 +258,8 @@ class Lease:
 
     def stop(self) -> bool:
         """The daemon is shutting down: a queued job leaves the queue now, and the lease ends as ``shutdown``
-        at its exit. False for a lease that has settled (nothing to stop)."""
-        if self.state is State.SETTLED:
+        at its exit. False for a lease already stopped or settled (the shutdown's second pass meets both)."""
+        if self.state is State.SETTLED or self.state is State.STOPPING:
             return False
         queued = self.state is State.QUEUED
         self._move(Move.STOP)
