@@ -512,6 +512,7 @@ async def test_the_shutdown_is_told_from_a_client_gone_by_the_leases_state_not_a
     gone = asyncio.create_task(handler(call(stream=True)))
     await until(lambda: world.core.queued_count == 2, "the third should wait")
     assert leases["r2"].stop() and leases["r2"].state is State.STOPPING
+    assert not leases["r2"].stop()  # the shutdown's second pass, before the handler has run, stops nothing twice
     assert world.core.queued_count == 1  # a stopped job leaves the queue at once
     assert leases["r1"].stop()
     for task in (running, waiting, gone):
