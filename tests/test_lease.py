@@ -554,3 +554,18 @@ async def test_a_quota_cut_ends_the_lease_once_with_what_was_delivered():
     assert (settled.outcome, settled.status, settled.completion_tokens) == (Outcome.REJECTED, 429, 3)
     assert len(written) == 3 and world.backends.releases == [1]
     world.assert_idle()
+
+
+async def test_a_bug_in_the_handler_ends_the_lease_as_an_error_charging_what_streamed():
+    world = World(FakeAdapter(stream(10)))
+    with pytest.raises(RuntimeError, match="a bug"):
+        async with world.lease(call(stream=True)) as lease:
+            await lease.open()
+            async for chunk in lease.chunks():
+                if chunk.startswith(b"data: 2"):
+                    raise RuntimeError("a bug")
+    settled = world.outcome("r1")
+    assert (settled.outcome, settled.status, settled.reason) == (Outcome.ERROR, 500, "RuntimeError: a bug")
+    assert (settled.prompt_tokens, settled.completion_tokens) == (3, 3)  # three chunks had gone out
+    assert [a.outcome for a in settled.attempts] == [Outcome.ERROR] and world.backends.releases == [1]
+    world.assert_idle()
