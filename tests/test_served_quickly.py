@@ -151,3 +151,46 @@ def test_a_hold_costs_the_batch_user_only_what_is_above_its_share():
     batch = next(u for u in result["users"] if u["name"] == "batch")
     # 1 slot of 2 all along, less the 2.4 s it waits at the start: at least 1,750 s of slot time in 1,800 s
     assert batch["gpu_seconds"] >= 1750, batch
+
+
+def test_max_slot_share_leaves_a_slot_for_someone_who_could_arrive():
+    """Capped at 0.75 of 4 slots, a user with 8 requests queued takes 3 while another person has used the
+    backend, and all 4 when nobody else has."""
+    settings = dataclasses.replace(SETTINGS, max_slot_share=0.75)
+    alone = Scheduler(settings)
+    alone.set_user("hog", 1.0)
+    alone.set_backend(Backend(id="gpu", name="gpu", models=frozenset({"llama3"}), max_concurrent=4))
+    for i in range(8):
+        assert alone.submit(job("hog", f"h{i}", 0.0), 0.0) is None
+    assert len(started(alone, 0.0)) == 4
+    s = Scheduler(settings)
+    s.set_user("hog", 1.0)
+    s.set_user("reader", 1.0)
+    s.set_backend(Backend(id="gpu", name="gpu", models=frozenset({"llama3"}), max_concurrent=4))
+    assert s.submit(job("reader", "r0", 0.0), 0.0) is None
+    assert started(s, 0.0) == ["r0"]
+    assert s.complete("r0", 1.0, prompt_tokens=100, completion_tokens=100)
+    for i in range(8):
+        assert s.submit(job("hog", f"h{i}", 2.0), 2.0) is None
+    assert started(s, 2.0) == ["h0", "h1", "h2"]
+    assert s.submit(job("reader", "r1", 10.0), 10.0) is None
+    assert started(s, 10.0) == ["r1"]
+
+
+def test_max_slot_share_must_be_a_fraction():
+    for bad in (0.0, 1.5, float("nan")):
+        with pytest.raises(ValueError, match="max_slot_share"):
+            SchedulerSettings(max_slot_share=bad)
+
+
+def head_starts(share: float | None) -> dict[str, dict[str, float]]:
+    sc = load_example("head-starts")
+    result = build(simulate(sc.replace(settings=dataclasses.replace(sc.settings, max_slot_share=share))))
+    return {u["name"]: u for u in result["users"]}
+
+
+def test_max_slot_share_helps_a_person_whose_sessions_meet_head_starts():
+    """Case 2: reader 6.2% and a 59 s median wait without the cap; 23.2% and 6.4 s with 0.75."""
+    without, capped = head_starts(None)["reader"], head_starts(0.75)["reader"]
+    assert without["service_share"] < 0.07 and without["wait_p50"] > 59, without
+    assert capped["service_share"] > 0.22 and capped["wait_p50"] < 7, capped

@@ -152,6 +152,7 @@ ROWS = {
     "conversations": "issue 31: conversations behind shared system prompts on per-slot and prefix-block caches",
     "chat-next-to-batch": "issue 30, case 1: a person chatting next to batch work on 2 slots",
     "agent-loops": "issue 30, case 3: an agent's 4 loops of tiny requests next to batch work",
+    "head-starts": "issue 30, case 2: four 60 s requests sent 1 s before each of another person's sessions",
 }
 
 #: Examples that miss a target until the scheduler core does what issue 9 asks;
@@ -161,6 +162,8 @@ NEEDS_CORE: dict[str, str] = {
     "chat-next-to-batch": "charge a unit that follows GPU time (issue 30): a slot delivers chat's short requests"
     " 1.7x the units a second it delivers batch's long answers, so the slot kept for chat gives it 38.3% of the"
     " units where water-filling units owes it 35.1%",
+    "head-starts": "interrupt a running request: hog's four 60 s requests hold every slot each time reader comes"
+    " (6.2% against 51.7%); `max_slot_share = 0.75` brings reader to 23.2% (docs/fairness.md, head starts)",
 }
 
 

@@ -172,13 +172,25 @@ class Scheduler:
                 if routed is None or routed[0] is None:  # nothing open, or better to wait for a full one
                     blocked.add(key)
                     continue
+                if self._capped(key, job, routed[0].backend_id):
+                    turns.park(job.user_id)
+                    continue
                 out.append(self._start(key, job, routed, now))
             except Exception as exc:  # a value no check caught, or a bug: this job alone fails
                 self.turns.unqueue(job, now)
                 self._retries.forget(job.id)
                 self._unstartable.append((job, exc))
         self._claims.clear()
+        turns.unpark()
         return out
+
+    def _capped(self, key: ClassKey, job: Job, backend_id: Hashable) -> bool:
+        """Whether ``job``'s user holds the most of ``backend_id``'s slots ``max_slot_share`` allows."""
+        if self.settings.max_slot_share is None:
+            return False
+        backend = self.router.backend(backend_id)
+        running = self._per_backend.get((backend_id, job.user_id), 0)
+        return backend is not None and self.turns.capped(key, job, backend.max_concurrent, running)
 
     def _claimed(self, blocked: set[ClassKey]) -> tuple[ClassKey, Job] | None:
         """A queued job that ended a hold kept for it, whose class is open: it takes the slot first."""

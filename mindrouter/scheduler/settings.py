@@ -113,6 +113,12 @@ class SchedulerSettings:
     backlogged already runs its weighted share of that backend's slots (or more): a person chatting next to batch
     work then gets each answer in seconds instead of after a batch answer (docs/fairness.md). The slot is kept for
     at most twice the person's think time, within this bound; 0 turns it off (``anticipation`` stays)."""
+    max_slot_share: float | None = None
+    """The part of a backend's slots (at least one) one person's requests may hold while someone else has used
+    that backend's models and could send: a person who sends long requests just before another's sessions
+    otherwise takes every slot for their length (docs/fairness.md, head-starts). Unset (the default), a person
+    may take every free slot; 0.75 leaves one of 4 slots for whoever comes next, at the cost of that slot
+    idling while nobody does."""
     think_ema_alpha: float = 0.25
     """Weight of the newest gap in a user's learned think time (what ``anticipation`` compares with)."""
     hold_price: float = 0.5
@@ -184,6 +190,11 @@ Two keep VTC's bound (twice the largest request)
         if not (math.isfinite(self.max_think_time) and self.max_think_time >= 0):
             raise ValueError(
                 f"max_think_time must be a finite number of seconds, at least 0, not {self.max_think_time!r}"
+            )
+        if self.max_slot_share is not None and not 0 < self.max_slot_share <= 1:
+            raise ValueError(
+                "max_slot_share must be a fraction greater than 0 and at most 1, such as 0.75, "
+                f"not {self.max_slot_share!r}"
             )
         if not 0 <= self.queue_reserve < 1:
             raise ValueError(

@@ -248,6 +248,31 @@ class Turns:
         """The queued job to start next: the best head of a class not ``blocked`` that ``is_open``, if any."""
         return self.order.best(blocked, is_open) if self.queues.jobs else None
 
+    def capped(self, key: ClassKey, job: Job, slots: int, running: int) -> bool:
+        """Whether ``job``'s user, running ``running`` of a backend's ``slots``, holds the most of them
+        ``max_slot_share`` allows while someone else has a seat in the class's pool and could send."""
+        share = self.settings.max_slot_share
+        if share is None or running < max(1, int(share * slots + 1e-9)):
+            return False
+        return len(self.order.pools[key].seats) > 1
+
+    def park(self, user_id: Hashable) -> None:
+        """Pass over ``user_id``'s queued jobs until ``unpark`` (it holds its most of the slots it was routed to)."""
+        self.order.parked.add(user_id)
+
+    def unpark(self) -> None:
+        """Queue the parked users' heads again, where their priorities put them."""
+        parked = self.order.parked
+        if not parked:
+            return
+        users = list(parked)
+        parked.clear()
+        for uid in users:
+            for pool in self.fair.pools.values():
+                seat = pool.seats.get(uid)
+                if seat is not None and seat.queued:
+                    self.order.rekey(pool, seat)
+
     @property
     def queued_per_class(self) -> Mapping[ClassKey, int]:
         return self.queues.counts
