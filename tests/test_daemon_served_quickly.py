@@ -142,3 +142,59 @@ async def test_a_person_chatting_next_to_batch_gets_each_answer_in_seconds(tmp_p
     )
     assert share >= 0.25 and ttft <= 3 * SERVICE, (share, ttft, replies)
     assert before < 0.1 and slow > 3.0, (before, slow)
+
+
+FACULTY = (200, 300)
+"""The heavy user's requests in the seed's scenario 2: 0.6 s each at 10x."""
+STUDENT = (100, 200)
+STUDENT_SERVICE = (STUDENT[0] / 500 + STUDENT[1] / 50) / SPEEDUP
+"""Seconds one of the student's requests holds its slot: 0.42 s."""
+
+
+@pytest.mark.shares
+async def test_the_seed_s_scenario_2_student_is_served_at_the_next_free_slot(tmp_path):
+    """The seed's scenario 2 live: a faculty member (weight 3) keeps 16 requests outstanding on 8 slots, and
+    a student arriving later, one request at a time, gets each answer within twice its service time plus one
+    slot's remaining time (at most one faculty request, 0.6 s): 1.44 s."""
+    async with (
+        harness.daemon(tmp_path) as daemon,
+        FakeOpenAI(
+            flavor="vllm",
+            models=["llama3"],
+            max_concurrent=8,
+            tokens_per_second=50 * SPEEDUP,
+            prefill_tokens_per_second=500 * SPEEDUP,
+            completion_tokens=FACULTY[1],
+        ) as fake,
+    ):
+        await daemon.backend("b1", fake.url, "vllm", max_concurrent=8)
+        keys = {"prof": await daemon.user("prof", "faculty"), "student": await daemon.user("student", "student")}
+        stop = time.monotonic() + 12.0
+        answers: list[float] = []
+
+        async def prof() -> None:
+            api = openai.AsyncOpenAI(base_url=daemon.url + "/v1", api_key=keys["prof"], max_retries=0, timeout=60)
+            messages = [{"role": "user", "content": words(FACULTY[0])}]
+            try:
+                while time.monotonic() < stop:
+                    await api.chat.completions.create(model="llama3", messages=messages, max_tokens=FACULTY[1])
+            finally:
+                await api.close()
+
+        async def student() -> None:
+            await asyncio.sleep(2.0)
+            api = openai.AsyncOpenAI(base_url=daemon.url + "/v1", api_key=keys["student"], max_retries=0, timeout=60)
+            messages = [{"role": "user", "content": words(STUDENT[0])}]
+            try:
+                while time.monotonic() < stop - 1.0:
+                    sent = time.monotonic()
+                    await api.chat.completions.create(model="llama3", messages=messages, max_tokens=STUDENT[1])
+                    answers.append(time.monotonic() - sent)
+                    await asyncio.sleep(2.0)
+            finally:
+                await api.close()
+
+        await asyncio.gather(*(prof() for _ in range(16)), student())
+        bound = 2 * STUDENT_SERVICE + FACULTY[1] / 50 / SPEEDUP
+        print(f"student answers {[round(a, 2) for a in answers]} s, bound {bound:.2f} s")
+        assert len(answers) >= 3 and max(answers) <= bound, (answers, bound)
