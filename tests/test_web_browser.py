@@ -147,6 +147,11 @@ def test_admin_changes_a_weight_drains_a_backend_and_a_student_sees_only_their_o
 
     browser.get(base(live) + "/ui/admin/users/bob")
     shoot(browser, "user")
+    browser.get(base(live) + "/ui/admin/usage?by=user")
+    assert "bob" in browser.find_element(By.ID, "usage-rows").text
+    shoot(browser, "usage")
+    browser.get(base(live) + "/ui/admin/decisions?backend=ws1")
+    shoot(browser, "decisions")
     browser.get(base(live) + f"/ui/admin/decisions/{rid}")
     assert "went to ws1" in browser.find_element(By.TAG_NAME, "main").text
     shoot(browser, "why")

@@ -8,12 +8,14 @@ daemon starts: a router that nobody opens ``/ui/`` on never holds them
 from __future__ import annotations
 
 import functools
+import time
 from collections.abc import Awaitable, Callable
 from typing import TYPE_CHECKING, Any
 from urllib.parse import quote
 
 from aiohttp import web
 
+from ...formats import fmt_duration
 from ...localtime import iso_local
 from ...names import hash_key
 from ...store import StoreError
@@ -44,6 +46,7 @@ def templates() -> jinja2.Environment:
         lstrip_blocks=True,
     )
     env.filters["when"] = lambda at: iso_local(at)[:16].replace("T", " ")
+    env.filters["duration"] = fmt_duration
     return env
 
 
@@ -65,7 +68,12 @@ def page(
     flash = session.flash if session else None
     if session:
         session.flash = None
-    html = templates().get_template(template).render(session=session, path=request.path, flash=flash, **context)
+    updated = time.strftime("%H:%M:%S")
+    html = (
+        templates()
+        .get_template(template)
+        .render(session=session, path=request.path, flash=flash, updated=updated, **context)
+    )
     return web.Response(text=html, status=status, content_type="text/html", headers=HEADERS)
 
 
