@@ -12,7 +12,7 @@ from typing import Any
 import aiohttp
 import pytest
 
-from mindrouter.daemon.process.appkeys import SCHEDULER
+from mindrouter.daemon.edge.services import SCHEDULER
 
 from .fakes import FakeOllama
 from .test_cli_daemon import Live, live_daemon, run

@@ -12,7 +12,7 @@ import pytest
 from typer.testing import CliRunner
 
 from mindrouter.cli import app as mr_app
-from mindrouter.daemon.process.logsafe import OneLineFormatter
+from mindrouter.daemon.edge.logsafe import OneLineFormatter
 from mindrouter.errors import UsageError
 
 from .fakes import FakeOllama

@@ -10,7 +10,7 @@ import time
 
 import pytest
 
-from mindrouter.daemon.process.appkeys import STORE
+from mindrouter.daemon.edge.services import STORE
 from mindrouter.daemon.ui.charts import SERIES, burn, sparkline, stacked
 
 from .harness import ADMIN_KEY, Daemon, until

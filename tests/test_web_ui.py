@@ -14,7 +14,7 @@ import pytest
 from aiohttp import web
 from aiohttp.test_utils import make_mocked_request
 
-from mindrouter.daemon.process.appkeys import STORE
+from mindrouter.daemon.edge.services import STORE
 from mindrouter.daemon.ui.sessions import COOKIE, Sessions
 
 from .harness import ADMIN_KEY, Daemon, until

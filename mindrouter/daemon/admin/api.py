@@ -18,7 +18,7 @@ from ...scheduler import check_weight
 from ...store import AlreadyExists, InvalidValue
 from ...store.people import KEEP
 from ..edge.catalog import pool_models
-from ..process.appkeys import AUTH, CONFIG, DISPATCHER, GPUS, QUOTAS, REGISTRY, SCHEDULER, STORE
+from ..edge.services import AUTH, CONFIG, DISPATCHER, GPUS, QUOTAS, REGISTRY, SCHEDULER, STORE
 from ..request.weights import apply_user
 from .backend_edits import backend_dict, models_left_without, refuse_orphaning, set_backend
 from .watch import quota_rows, setup_watch_routes

@@ -15,8 +15,8 @@ from aiohttp import web
 
 from ... import __version__
 from ...store import InvalidValue, NotFound
-from ..process.appkeys import CONFIG, DECISIONS, DISPATCHER, GPUS, QUOTAS, REGISTRY, SCHEDULER, STATS, STORE
-from ..request.accounting import top_panels
+from ..edge.accounting import top_panels
+from ..edge.services import CONFIG, DECISIONS, DISPATCHER, GPUS, QUOTAS, REGISTRY, SCHEDULER, STATS, STORE
 from .views import Counters, share_view, status_view, top_view
 
 __all__ = ["quota_rows", "setup_watch_routes", "status_dict"]

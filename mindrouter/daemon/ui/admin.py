@@ -16,7 +16,7 @@ from ...explain import PRIORITY_TERMS, SCORE_TERMS, ended, lost_by
 from ...formats import fmt_duration, fmt_num, fmt_time
 from ..admin.views import share_view
 from ..admin.watch import backend_names, queue_dict, status_dict
-from ..process.appkeys import DECISIONS, DISPATCHER, REGISTRY, SCHEDULER, STATS, STORE
+from ..edge.services import DECISIONS, DISPATCHER, REGISTRY, SCHEDULER, STATS, STORE
 from .backend_forms import setup_backend_forms
 from .charts import sparkline
 from .people_forms import setup_people_forms

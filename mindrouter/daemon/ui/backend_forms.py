@@ -17,7 +17,7 @@ from ...store import StoreError
 from ..admin import api
 from ..admin.backend_edits import SETTABLE, change_backend, models_left_without
 from ..admin.watch import backend_names
-from ..process.appkeys import REGISTRY
+from ..edge.services import REGISTRY
 from .people_forms import confirm, field
 from .render import action, admin_page, page, redirect
 from .sessions import Session

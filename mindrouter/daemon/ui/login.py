@@ -14,9 +14,9 @@ from aiohttp import web
 
 from ...names import hash_key
 from ..admin.watch import backend_names
+from ..edge.accounting import me_dict
 from ..edge.auth import Caller
-from ..process.appkeys import AUTH, CONFIG, DISPATCHER, REGISTRY, SCHEDULER, STORE
-from ..request.accounting import me_dict
+from ..edge.services import AUTH, CONFIG, DISPATCHER, REGISTRY, SCHEDULER, STORE
 from .render import ADMIN_GROUP, SESSIONS, page, person_page, redirect
 from .sessions import LOGIN_COOKIE, Session, same, set_cookie
 

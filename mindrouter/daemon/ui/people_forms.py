@@ -2,7 +2,7 @@
 set quotas, remove) and their keys (create with a label, revoke after a confirmation).
 
 Every change goes through the admin API's own function (``daemon/admin/api.py``,
-``daemon/request/accounting.py``), so a form and ``mr`` validate alike and fail with
+``daemon/edge/accounting.py``), so a form and ``mr`` validate alike and fail with
 the same sentence. A new key is shown by a redirect after the POST (the session holds it
 for that one page), so reloading the page shows no key and makes none.
 """
@@ -17,8 +17,8 @@ from aiohttp import web
 from ...store import QUOTA_FIELDS, NotFound, StoreError
 from ..admin import api
 from ..admin.watch import quota_rows
-from ..process.appkeys import AUTH, STORE
-from ..request.accounting import change_quota
+from ..edge.accounting import change_quota
+from ..edge.services import AUTH, STORE
 from .render import action, admin_page, page, redirect
 from .sessions import Session
 

@@ -19,7 +19,7 @@ from ...formats import fmt_duration
 from ...localtime import iso_local
 from ...names import hash_key
 from ...store import StoreError
-from ..process.appkeys import CONFIG, STORE
+from ..edge.services import CONFIG, STORE
 from .sessions import Session, Sessions, same
 
 if TYPE_CHECKING:

@@ -13,7 +13,7 @@ from typing import Any
 from aiohttp import web
 
 from ...localtime import day_key, day_start, month_start
-from ..process.appkeys import QUOTAS, STORE
+from ..edge.services import QUOTAS, STORE
 from .charts import burn, stacked
 from .render import admin_page, page
 from .sessions import Session

@@ -15,8 +15,8 @@ from ...localtime import day_start, iso_local, month_start, parse_when, zone_lab
 from ...scheduler import SchedulerSettings
 from ...store import QUOTA_FIELDS, InvalidValue
 from ..edge.errorbodies import error_response
-from ..pollers.stats import BUCKET_SECONDS
-from ..process.appkeys import AUTH, CONFIG, DISPATCHER, QUOTAS, REGISTRY, SCHEDULER, STATS, STORE
+from ..edge.services import AUTH, CONFIG, DISPATCHER, QUOTAS, REGISTRY, SCHEDULER, STATS, STORE
+from ..usage.stats import BUCKET_SECONDS
 
 __all__ = ["change_quota", "me_dict", "setup_accounting_routes", "top_panels"]
 

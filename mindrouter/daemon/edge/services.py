@@ -11,10 +11,10 @@ from ...store import Store
 from ..edge.auth import Auth
 from ..pollers.gpus import GpuState
 from ..pollers.registry import Registry
-from ..pollers.stats import Stats
 from ..request.decisions import DecisionLog
 from ..request.dispatcher import Dispatcher
-from ..request.quotas import Quotas
+from ..usage.quotas import Quotas
+from ..usage.stats import Stats
 
 __all__ = [
     "AUTH",
