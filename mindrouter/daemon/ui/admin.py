@@ -119,7 +119,8 @@ def _pools(shares: Mapping[str, Any]) -> list[dict[str, Any]]:
 
 
 OUTCOMES = ("ok", "client_gone", "backend_failed", "timeout", "rejected", "error")
-SEARCHED = 1000
+_FIELDS = {"model": "model", "backend": "selected_backend", "outcome": "outcome"}
+SEARCHED = 5000
 """Decisions searched for a filter by model, backend or outcome: the newest this many (of the user, if named)."""
 
 
@@ -140,16 +141,8 @@ def decision_rows(records: list[dict[str, Any]]) -> list[dict[str, Any]]:
 async def decisions(request: web.Request, session: Session) -> web.StreamResponse:
     q = request.query
     wanted = {k: (q.get(k) or "").strip() for k in ("user", "model", "backend", "outcome")}
-    narrowed = wanted["model"] or wanted["backend"] or wanted["outcome"]
-    rows = request.app[DECISIONS].recent(SEARCHED if narrowed else 100, user=wanted["user"] or None)
-    if narrowed:
-        rows = [
-            r
-            for r in rows
-            if (not wanted["model"] or r.get("model") == wanted["model"])
-            and (not wanted["backend"] or (r.get("selected_backend") or "") == wanted["backend"])
-            and (not wanted["outcome"] or r.get("outcome") == wanted["outcome"])
-        ][-100:]
+    fields = {key: wanted[name] for name, key in _FIELDS.items() if wanted[name]}
+    rows = request.app[DECISIONS].recent(100, user=wanted["user"] or None, fields=fields, searched=SEARCHED)
     names = sorted(backend_names(request.app).values())
     context: dict[str, Any] = {"filters": wanted, "outcomes": OUTCOMES, "backend_choices": names, "searched": SEARCHED}
     return page(request, "decisions.html", session, decisions=decision_rows(rows), **context)
