@@ -31,17 +31,15 @@ class Col:
     min_width: int
     """Columns are dropped, least important first, until the minimum widths fit."""
     justify: str = "left"
-    max_width: int | None = None
-    """Names longer than this are cut with an ellipsis."""
     drop: int = 0
-    """Higher is dropped sooner on a narrow terminal; 0 is never dropped."""
-    whole: bool = False
-    """Never cut (numbers, right-justified, are never cut either): a request id people copy into `mr why`."""
+    """Higher is dropped sooner on a narrow terminal; 0 is never dropped. No value is ever cut: a column is as
+    wide as its widest value (``_top_view``), or the section's rows become blocks."""
 
 
 @dataclass
 class Section:
-    """One block of the screen: a title line, a header line, then one line per row."""
+    """One block of the screen: a title line, a header line, then one line per row (or a block of lines per row,
+    ``_top_view._blocks``, where a row cannot fit whole)."""
 
     title: Text
     columns: list[Col]
@@ -50,10 +48,6 @@ class Section:
     rank: int
     """Which section goes first when the terminal is too short (lower stays longer)."""
     shown: int = field(default=0)
-
-    @property
-    def wanted(self) -> int:
-        return max(1, len(self.rows))
 
 
 # -- cells --------------------------------------------------------------------------------
@@ -118,7 +112,7 @@ def _backends(data: Mapping[str, Any], bars: int) -> Section:
     spark = 30 if bars >= 10 else 12
     minutes = spark * float((data.get("throughput") or {}).get("bucket_seconds") or 10) / 60
     cols = [
-        Col("backend", lambda r: Text(str(r.get("name")), style="bold"), 7, max_width=24),
+        Col("backend", lambda r: Text(str(r.get("name")), style="bold"), 7),
         Col("status", lambda r: status_text(r.get("status")), 9),
         Col("load", _load, 4, "right"),
         Col("gpu", lambda r: bar(r.get("utilization"), bars), bars + 5, drop=3),
@@ -130,14 +124,13 @@ def _backends(data: Mapping[str, Any], bars: int) -> Section:
             drop=5,
         ),
         Col("latency", lambda r: fmt_duration(r.get("latency_ema")), 7, "right", drop=6),
-        Col("tok/s", lambda r: fmt_num(r.get("tokens_per_second"), 1), 5, "right", drop=7),
-        Col("tok/s by model", lambda r: fmt_speeds(r.get("model_speeds")), 14, max_width=30, drop=8),
+        Col("tok/s", lambda r: fmt_num(r.get("tokens_per_second"), 1), 5, "right", drop=2),
+        Col("tok/s by model", lambda r: fmt_speeds(r.get("model_speeds")), 14, drop=8),
         Col(
             "loaded models",
             lambda r: Text(fmt_list(one_name_per_model(r.get("loaded_models"))), style="green"),
             13,
-            max_width=40,
-            drop=2,
+            drop=7,  # a list of names, never cut: it goes before the numbers
         ),
     ]
     healthy = sum(1 for r in rows if r.get("status") == "healthy")
@@ -224,7 +217,7 @@ _KINDS = {"tokens_per_day": "tokens/day", "tokens_per_month": "tokens/month", "r
 def _quota_warnings(data: Mapping[str, Any]) -> Section:
     rows = sorted(data.get("quota_warnings") or [], key=lambda q: -float(q["used"]) / max(1, float(q["limit"])))
     cols = [
-        Col("user", lambda r: Text(str(r.get("name")), style="bold"), 4, max_width=24),
+        Col("user", lambda r: Text(str(r.get("name")), style="bold"), 4),
         Col("quota", lambda r: _KINDS.get(str(r.get("kind")), str(r.get("kind"))), 10),
         Col("used", lambda r: f"{fmt_tokens(r.get('used'))} of {fmt_tokens(r.get('limit'))}", 9, "right"),
         Col("", lambda r: bar(float(r["used"]) / max(1, float(r["limit"])), 10), 15, drop=2),
@@ -262,10 +255,10 @@ def _today(data: Mapping[str, Any]) -> Section:
         return lambda r: "" if r[side] is None else fmt(r[side].get(key))
 
     cols = [
-        Col("user", cell("u", "user", lambda v: Text(str(v), style="bold")), 4, max_width=24),
+        Col("user", cell("u", "user", lambda v: Text(str(v), style="bold")), 4),
         Col("tokens", cell("u", "tokens", fmt_tokens), 6, "right"),
         Col("requests", cell("u", "requests", fmt_num), 8, "right", drop=2),
-        Col("model", cell("m", "model"), 5, max_width=32),
+        Col("model", cell("m", "model"), 5),
         Col("tokens", cell("m", "tokens", fmt_tokens), 6, "right"),
         Col("requests", cell("m", "requests", fmt_num), 8, "right", drop=1),
     ]
@@ -279,7 +272,7 @@ def _decisions(data: Mapping[str, Any]) -> Section:
     rows = list(reversed(data.get("decisions") or []))  # newest first
     cols = [
         Col("time", lambda r: clock(r.get("wall_time")), 8, drop=3),
-        Col("request", lambda r: str(r.get("request_id")), 8, whole=True),
+        Col("request", lambda r: str(r.get("request_id")), 8),
         Col("user", lambda r: str(r.get("user") or r.get("user_id")), 6),
         Col("model", lambda r: str(r.get("model")), 6, drop=2),
         Col(
