@@ -11,7 +11,7 @@ import time
 import pytest
 
 from mindrouter.daemon.edge.services import STORE
-from mindrouter.daemon.ui.charts import SERIES, burn, sparkline, stacked
+from mindrouter.daemon.ui.charts import SERIES, burn, sparkline, stacked, top_series
 
 from .harness import ADMIN_KEY, Daemon, until
 from .inprocess import InProcess
@@ -22,13 +22,16 @@ DAY = 86400.0
 
 def test_a_stacked_chart_keeps_the_largest_subjects_and_sums_the_rest() -> None:
     values = {(f"u{i}", "d1"): float(10 + i) for i in range(9)} | {("u8", "d2"): 100.0}
-    chart = stacked(["d1", "d2"], values, "tokens")
-    assert len(chart.names) == SERIES + 1 and chart.names[0] == "u8" and chart.names[-1] == "others"
-    assert chart.peak == sum(10 + i for i in range(9))  # d1: every subject
+    totals = {f"u{i}": float(10 + i) for i in range(9)} | {"u8": 118.0}
+    days = {"d1": sum(10.0 + i for i in range(9)), "d2": 100.0}
+    series = top_series(totals, lambda n, d: values.get((n, d), 0.0), days, ["d1", "d2"])
+    assert [n for n, _ in series] == ["u8", "u7", "u6", "u5", "u4", "u3", "u2", "others"]
+    assert series[-1][1] == {"d1": 10.0 + 11.0, "d2": 0.0}  # u0 and u1 together
+    chart = stacked(["d1", "d2"], series, "tokens")
+    assert len(chart.names) == SERIES + 1 and chart.peak == days["d1"]
     d2 = [b for b in chart.bars if b.title.startswith("d2")]
     assert len(d2) == 1 and d2[0].height == pytest.approx(100 / chart.peak * 38)
-    assert "others" in {chart.names[b.series] for b in chart.bars}  # u0 and u1 drawn together
-    assert stacked(["d1"], {}, "tokens").peak == 0
+    assert stacked(["d1"], [], "tokens").peak == 0
 
 
 def test_a_burn_down_says_when_a_quota_runs_out_at_its_pace() -> None:

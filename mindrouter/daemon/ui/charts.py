@@ -7,10 +7,10 @@ functions of plain values, so each is tested without a daemon.
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 
-__all__ = ["Bar", "Stacked", "burn", "sparkline", "stacked"]
+__all__ = ["Bar", "Stacked", "burn", "sparkline", "stacked", "top_series"]
 
 SERIES = 7
 """Subjects drawn in a colour of their own; the rest are summed as "others"."""
@@ -38,38 +38,44 @@ class Stacked:
     """The tallest day's total: the top of the chart."""
 
 
-def stacked(days: Sequence[str], values: Mapping[tuple[str, str], float], label: str) -> Stacked:
-    """A bar per day, stacked by subject: the ``SERIES`` largest subjects over all days, then the others together.
+def stacked(days: Sequence[str], series: Sequence[tuple[str, Mapping[str, float]]], label: str) -> Stacked:
+    """A bar per day, stacked by series (in legend order, drawn from the bottom).
 
     Args:
         days: the days along the axis, oldest first.
-        values: (subject, day) -> amount.
+        series: (name, day -> amount) of each series; ``top_series`` makes them from per-subject sums.
         label: the unit in each bar's title ("tokens").
     """
-    totals: dict[str, float] = {}
-    for (name, _), v in values.items():
-        totals[name] = totals.get(name, 0.0) + v
-    ranked = sorted(totals, key=lambda n: (-totals[n], n))
-    names = ranked[:SERIES]
-    series = {n: i for i, n in enumerate(names)}
-    if len(ranked) > SERIES:
-        names.append("others")
-    per_day: dict[str, list[float]] = {d: [0.0] * len(names) for d in days}
-    for (name, day), v in values.items():
-        if day in per_day:
-            per_day[day][series.get(name, len(names) - 1)] += v
+    per_day = {d: [s.get(d, 0.0) for _, s in series] for d in days}
     peak = max((sum(v) for v in per_day.values()), default=0.0)
     width = 100 / max(1, len(days))
     bars = []
     for i, day in enumerate(days):
         y = 40.0
-        for s, v in enumerate(per_day[day]):
+        for n, v in enumerate(per_day[day]):
             if v <= 0 or peak <= 0:
                 continue
             h = v / peak * 38
             y -= h
-            bars.append(Bar(i * width + width * 0.1, y, width * 0.8, h, s, f"{day} {names[s]}: {v:,.0f} {label}"))
-    return Stacked(list(days), names, bars, peak)
+            bars.append(Bar(i * width + width * 0.1, y, width * 0.8, h, n, f"{day} {series[n][0]}: {v:,.0f} {label}"))
+    return Stacked(list(days), [name for name, _ in series], bars, peak)
+
+
+def top_series(
+    totals: Mapping[str, float],
+    amount: Callable[[str, str], float],
+    day_totals: Mapping[str, float],
+    days: Sequence[str],
+) -> list[tuple[str, dict[str, float]]]:
+    """The ``SERIES`` subjects with the largest ``totals``, each day's ``amount(subject, day)``, then "others":
+    each day's total less theirs (so only those few subjects are looked up, not every one of 1,000)."""
+    top = sorted((n for n in totals if totals[n] > 0), key=lambda n: (-totals[n], n))[:SERIES]
+    series = [(name, {d: amount(name, d) for d in days}) for name in top]
+    if len(totals) > len(top):
+        rest = {d: max(0.0, day_totals.get(d, 0.0) - sum(s[d] for _, s in series)) for d in days}
+        if any(v > 0 for v in rest.values()):
+            series.append(("others", rest))
+    return series
 
 
 def sparkline(values: Sequence[float]) -> str:

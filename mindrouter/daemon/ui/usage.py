@@ -16,7 +16,7 @@ from aiohttp import web
 
 from ...localtime import day_key, day_start, month_start
 from ..edge.services import QUOTAS, STORE
-from .charts import burn, stacked
+from .charts import burn, stacked, top_series
 from .render import admin_page, page
 from .sessions import Session
 
@@ -40,24 +40,35 @@ def _choice(request: web.Request, key: str, allowed: Any, default: Any) -> Any:
     return default
 
 
-Sums = tuple[dict[tuple[str, str], list[float]], dict[str, list[float]]]
-"""((subject, day) -> [requests, tokens, GPU seconds], subject -> the same over the span)."""
+Cells = dict[tuple[str, str], list[float]]
+"""(subject, day) -> [requests, tokens, GPU seconds]."""
+Sums = tuple[Cells, dict[str, list[float]], dict[str, list[float]]]
+"""(cells, subject -> the same over the span, day -> the same over every subject)."""
 
 
 def _add(sums: Sums, rows: list[tuple[str, str, int, int, float]]) -> Sums:
-    values, totals = sums
+    cells, totals, days = sums
     for name, day, *amounts in rows:
-        cell = values.setdefault((name, day), [0.0, 0.0, 0.0])
+        cell = cells.setdefault((name, day), [0.0, 0.0, 0.0])
         total = totals.setdefault(name, [0.0, 0.0, 0.0])
+        daily = days.setdefault(day, [0.0, 0.0, 0.0])
         for i, amount in enumerate(amounts):
             cell[i] += amount
             total[i] += amount
+            daily[i] += amount
     return sums
 
 
-def _sums(app: web.Application, by: str, since: float, now: float) -> Sums:
-    """Usage per subject and day from ``since`` to now: the days before today as summed when last read
-    (at most ``PAST_TTL`` ago), today's read now and added to a copy."""
+def _merged(a: dict[str, list[float]], b: dict[str, list[float]]) -> dict[str, list[float]]:
+    out = {k: list(v) for k, v in a.items()}
+    for k, v in b.items():
+        out[k] = [x + y for x, y in zip(out.get(k, [0.0, 0.0, 0.0]), v, strict=True)]
+    return out
+
+
+def _sums(app: web.Application, by: str, since: float, now: float) -> tuple[Sums, Sums]:
+    """Usage per subject and day from ``since`` to now: (the days before today as summed when last read,
+    at most ``PAST_TTL`` ago; today's, read now). Today's day is none of the past's, so their cells never meet."""
     store, today = app[STORE], day_start(now)
 
     def read(start: float, until: float) -> list[tuple[str, str, int, int, float]]:
@@ -72,10 +83,10 @@ def _sums(app: web.Application, by: str, since: float, now: float) -> Sums:
     key = (by, since)
     past = app[PAST].get(key)
     if past is None or past[0] != today or now - past[1] > PAST_TTL:
-        past = app[PAST][key] = (today, now, _add(({}, {}), read(since, today)))
-    values, totals = past[2]
-    copied: Sums = ({k: list(v) for k, v in values.items()}, {k: list(v) for k, v in totals.items()})
-    return _add(copied, read(today, now + 1e-3))
+        for stale in [k for k, v in app[PAST].items() if v[0] != today]:  # yesterday's spans are never asked again
+            del app[PAST][stale]
+        past = app[PAST][key] = (today, now, _add(({}, {}, {}), read(since, today)))
+    return past[2], _add(({}, {}, {}), read(today, now + 1e-3))
 
 
 def burn_downs(app: web.Application, now: float) -> list[dict[str, Any]]:
@@ -99,11 +110,23 @@ async def usage(request: web.Request, session: Session) -> web.StreamResponse:
     now = app[QUOTAS].wall()
     since = day_start(now - (span - 1) * DAY)
     column = {"requests": 0, "tokens": 1, "gpu_seconds": 2}[metric]
-    values, sums = _sums(app, by, since, now)
+    (cells, past_totals, past_days), (fresh, today_totals, today_days) = _sums(app, by, since, now)
+    sums = _merged(past_totals, today_totals)
     totals = {name: dict(zip(("requests", "tokens", "gpu_seconds"), t, strict=True)) for name, t in sums.items()}
     days = [day_key(since + (i + 0.5) * DAY) for i in range(span)]
     days = list(dict.fromkeys(days))  # a day of 23 or 25 hours may repeat or skip a key: keep each once
     ranked = sorted(totals.items(), key=lambda kv: -kv[1][metric])
+
+    def amount(name: str, day: str) -> float:
+        cell = cells.get((name, day)) or fresh.get((name, day))
+        return cell[column] if cell else 0.0
+
+    series = top_series(
+        {n: t[column] for n, t in sums.items()},
+        amount,
+        {d: v[column] for d, v in _merged(past_days, today_days).items()},
+        days,
+    )
     return page(
         request,
         "usage.html",
@@ -112,7 +135,7 @@ async def usage(request: web.Request, session: Session) -> web.StreamResponse:
         metric=metric,
         span=span,
         choices={"by": BY, "metric": METRICS, "days": SPANS},
-        chart=stacked(days, {k: v[column] for k, v in values.items()}, METRICS[metric]),
+        chart=stacked(days, series, METRICS[metric]),
         rows=ranked[:50],
         hidden=max(0, len(ranked) - 50),
         total={k: sum(t[k] for t in totals.values()) for k in ("requests", "tokens", "gpu_seconds")},
