@@ -15,7 +15,7 @@ from aiohttp import web
 from ...explain import PRIORITY_TERMS, SCORE_TERMS, ended, lost_by
 from ...formats import fmt_duration, fmt_num, fmt_time
 from ..admin.views import share_view
-from ..admin.watch import backend_names, queue_dict, status_dict
+from ..admin.watch import backend_names, status_dict
 from ..edge.services import DECISIONS, DISPATCHER, REGISTRY, SCHEDULER, STATS, STORE
 from .backend_forms import setup_backend_forms
 from .charts import sparkline
@@ -57,7 +57,7 @@ async def top(request: web.Request, session: Session) -> web.StreamResponse:
     app = request.app
     share = _shares(app)
     active = _active(share)
-    queue = queue_dict(app)["queue"]
+    queue = app[SCHEDULER].queue_stats(app[DISPATCHER].clock()).to_dict()  # not `mr queue`'s: it adds every share
     return page(
         request,
         "top.html",
