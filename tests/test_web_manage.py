@@ -104,3 +104,20 @@ async def test_draining_a_models_last_backend_asks_first_naming_the_models(daemo
     page = await post(daemon, "/ui/admin/backends", "/ui/admin/backends/a/drain")
     assert "Draining a leaves llama3.2, qwen without a backend" in page
     assert {r["name"]: r["status"] for r in await daemon.admin("GET", "/admin/backends")}["a"] == "healthy"
+
+
+async def test_a_user_is_made_a_proxy_and_a_person_is_added_behind_it(daemon: Daemon) -> None:
+    await daemon.user("webui")
+    await login(daemon, ADMIN_KEY)
+    form = {"proxy": "yes", "proxy_group": "staff", "person_from": "user-field"}
+    page = await post(daemon, "/ui/admin/users/webui", "/ui/admin/users/webui/proxy", form)
+    assert "user webui is a proxy: the people its requests name go in group staff" in page
+    users = {u["name"]: u for u in await daemon.admin("GET", "/admin/users")}
+    assert (users["webui"]["proxy_for"], users["webui"]["person_from"]) == ("staff", "user-field")
+    form = {"name": "eve@lab.edu", "group": "student", "person_of": "webui"}
+    page = await post(daemon, "/ui/admin/users", "/ui/admin/users", form)
+    assert "user eve@lab.edu added" in page
+    users = {u["name"]: u for u in await daemon.admin("GET", "/admin/users")}
+    assert users["eve@lab.edu"]["person_of"] == "webui"
+    page = await post(daemon, "/ui/admin/users/webui", "/ui/admin/users/webui/proxy", {})
+    assert "user webui is no longer a proxy" in page

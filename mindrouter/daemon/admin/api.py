@@ -144,13 +144,14 @@ async def list_users(request: web.Request) -> web.Response:
 
 async def add_user(request: web.Request) -> web.Response:
     data = await _body(request)
-    if data.get("person_of") is not None:
-        return _add_person(request.app, data)
     return web.json_response(_user_dict(request.app, create_user(request.app, data), {}), status=201)
 
 
 def create_user(app: web.Application, data: dict[str, Any]) -> Any:
-    """Add a user (the admin API and the web UI): ``{"name", "group", "weight", "proxy", ...}``; the new row."""
+    """Add a user (the admin API and the web UI): ``{"name", "group", "weight", "proxy", ...}``, or a proxy's
+    person with ``"person_of"``; the new row."""
+    if data.get("person_of") is not None:
+        return _add_person(app, data)
     weight = data.get("weight")
     proxy = _proxy_flag(data) or data.get("proxy_group") is not None
     if not proxy and "person_from" in data:
@@ -165,7 +166,7 @@ def create_user(app: web.Application, data: dict[str, Any]) -> Any:
     )
 
 
-def _add_person(app: web.Application, data: dict[str, Any]) -> web.Response:
+def _add_person(app: web.Application, data: dict[str, Any]) -> Any:
     """A proxy's person made ahead of their first request (``{"name": IDENTITY, "person_of": PROXY}``), so an
     admin can give them a group first; the proxy then finds them as if it had made them (``edge/people.py``)."""
     store = app[STORE]
@@ -180,8 +181,7 @@ def _add_person(app: web.Application, data: dict[str, Any]) -> web.Response:
         raise InvalidValue("give the identity the proxy forwards, such as an e-mail address, as the name")
     if store.person_of(proxy.id, identity) is not None:
         raise AlreadyExists(f"{proxy.name!r} already has a person {identity!r}; move them with `mr user set-group`")
-    person = store.add_person(proxy.id, str(data.get("group") or proxy.forwards_to), identity)
-    return web.json_response(_user_dict(app, person, {}), status=201)
+    return store.add_person(proxy.id, str(data.get("group") or proxy.forwards_to), identity)
 
 
 def _proxy_flag(data: dict[str, Any]) -> bool:
