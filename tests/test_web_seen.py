@@ -121,3 +121,10 @@ async def test_decisions_newest_first_with_times_units_and_filters(daemon: Daemo
 async def test_the_login_page_says_how_an_admin_logs_in(daemon: Daemon) -> None:
     page = await (await daemon.client.get("/ui/login")).text()
     assert "--group admin" in page and "admin_key" in page
+
+
+def test_a_sentence_shows_its_commands_as_code_and_escapes_the_rest() -> None:
+    from mindrouter.daemon.ui.render import sentence
+
+    assert str(sentence("no <b>x</b>; run `mr user list`")) == "no &lt;b&gt;x&lt;/b&gt;; run <code>mr user list</code>"
+    assert str(sentence("`<script>`")) == "<code>&lt;script&gt;</code>"

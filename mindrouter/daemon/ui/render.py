@@ -8,6 +8,7 @@ daemon starts: a router that nobody opens ``/ui/`` on never holds them
 from __future__ import annotations
 
 import functools
+import re
 import time
 from collections.abc import Awaitable, Callable
 from typing import TYPE_CHECKING, Any
@@ -24,6 +25,7 @@ from .sessions import Session, Sessions, same
 
 if TYPE_CHECKING:
     import jinja2
+    from markupsafe import Markup
 
 __all__ = ["ADMIN_GROUP", "SESSIONS", "action", "admin_page", "page", "person_page", "redirect"]
 
@@ -47,7 +49,16 @@ def templates() -> jinja2.Environment:
     )
     env.filters["when"] = lambda at: iso_local(at)[:16].replace("T", " ")
     env.filters["duration"] = fmt_duration
+    env.filters["sentence"] = sentence
     return env
+
+
+def sentence(text: object) -> Markup:
+    """A sentence for a person, escaped, its `mr ...` commands in ``<code>`` (the CLI's sentences are Markdown-ish;
+    the UI printed their backticks)."""
+    from markupsafe import Markup, escape
+
+    return Markup(re.sub(r"`([^`]+)`", r"<code>\1</code>", str(escape(str(text)))))
 
 
 HEADERS = {
