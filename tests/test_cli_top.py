@@ -276,3 +276,14 @@ def test_top_as_a_person_sees_it_under_tmux(tmp_path: Path, width: int, height: 
         subprocess.run(["tmux", "-S", tmux_sock, "kill-server"], capture_output=True, timeout=10)
         server.stop()
         shutil.rmtree(folder, ignore_errors=True)
+
+
+def test_a_kv_cache_fill_is_labelled_so_where_no_gpu_is_named(top_data: dict[str, Any]) -> None:
+    """A vLLM or llama-server backend without --gpus reports its KV cache's fill; it was shown as a bare gpu bar."""
+    rows = {r["name"]: r for r in top_data["backends"]}
+    assert any(r["engine"] in ("vllm", "llamacpp") for r in rows.values())
+    text = "\n".join(frame(top_data, 160, 40))
+    for name, row in rows.items():
+        line = next(line for line in text.splitlines() if line.startswith(name + " "))
+        cache = row["engine"] in ("vllm", "llamacpp") and not row["gpus"] and not row["node"]
+        assert (" kv " in line) == cache, (name, line)

@@ -13,7 +13,7 @@ from typing import Any
 
 from rich.text import Text
 
-from ..explain import backend_label
+from ..explain import backend_label, busy_is_cache
 from ..formats import fmt_duration, fmt_list, fmt_num, fmt_pct, fmt_speeds, fmt_tokens
 from ._output import bar, factor_text, status_text
 from ._pictures import share_bar, sparkline
@@ -51,6 +51,12 @@ class Section:
 
 
 # -- cells --------------------------------------------------------------------------------
+
+
+def _busy(row: Mapping[str, Any], bars: int) -> Text:
+    """The gpu column: a GPU's utilization, or "kv" and the engine's KV-cache fill where no GPU is named."""
+    shown = bar(row.get("utilization"), bars)
+    return Text.assemble(("kv ", "dim"), shown) if busy_is_cache(row) else shown
 
 
 def _vram_fraction(free: Any, total: Any) -> float | None:
@@ -115,7 +121,7 @@ def _backends(data: Mapping[str, Any], bars: int) -> Section:
         Col("backend", lambda r: Text(str(r.get("name")), style="bold"), 7),
         Col("status", lambda r: status_text(r.get("status")), 9),
         Col("load", _load, 4, "right"),
-        Col("gpu", lambda r: bar(r.get("utilization"), bars), bars + 5, drop=3),
+        Col("gpu", lambda r: _busy(r, bars), bars + 5, drop=3),
         Col("vram", lambda r: bar(_vram_fraction(r.get("vram_free"), r.get("vram_total")), bars), bars + 5, drop=4),
         Col(
             f"tok/s, last {minutes:g} min",

@@ -12,7 +12,7 @@ from typing import Any
 
 from aiohttp import web
 
-from ...explain import PRIORITY_TERMS, SCORE_TERMS, ended, lost_by
+from ...explain import PRIORITY_TERMS, SCORE_TERMS, busy_is_cache, ended, lost_by
 from ...formats import fmt_duration, fmt_num, fmt_time
 from ..admin.views import share_view
 from ..admin.watch import backend_names, status_dict
@@ -90,7 +90,6 @@ def _backends(app: web.Application) -> list[dict[str, Any]]:
     for bid, entry in registry.entries.items():
         row = registry.row_dict(entry)
         series = rates.get(bid, [])
-        kv = not row["gpus"] and not row["node"] and row["engine"] in ("vllm", "llamacpp")
         vram = row["vram_total"] and row["vram_free"] is not None
         used = 1 - row["vram_free"] / row["vram_total"] if vram else None
         rows.append(
@@ -98,7 +97,7 @@ def _backends(app: web.Application) -> list[dict[str, Any]]:
                 **row,
                 "spark": sparkline(series),
                 "tps_now": series[-1] if series else 0.0,
-                "busy_label": "KV cache" if kv else "GPU",
+                "busy_label": "KV cache" if busy_is_cache(row) else "GPU",
                 "vram_used": used,
             }
         )
