@@ -223,3 +223,12 @@ def test_admin_adds_a_group_a_user_with_a_named_key_and_a_backend_and_removes_th
     browser.get(base(live) + "/ui/admin/users/carol/remove")
     submit(browser, "#confirm")
     assert "carol" not in {u["name"] for u in run(live, "user", "list", "--json").json()}
+
+    # Loads users from a file as `mr import` does: the changes first, then the import.
+    browser.get(base(live) + "/ui/admin/import")
+    browser.find_element(By.ID, "file").send_keys('version = 1\n[[users]]\nname = "dora"\ngroup = "lab-b"\n')
+    submit(browser, "#import button[value=preview]")
+    assert "user dora: new" in browser.find_element(By.ID, "changes").text
+    shoot(browser, "import")
+    submit(browser, "#do-import")
+    assert "dora" in {u["name"] for u in run(live, "user", "list", "--json").json()}

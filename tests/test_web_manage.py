@@ -121,3 +121,36 @@ async def test_a_user_is_made_a_proxy_and_a_person_is_added_behind_it(daemon: Da
     assert users["eve@lab.edu"]["person_of"] == "webui"
     page = await post(daemon, "/ui/admin/users/webui", "/ui/admin/users/webui/proxy", {})
     assert "user webui is no longer a proxy" in page
+
+
+FILE = """
+version = 1
+
+[[groups]]
+name = "lab-c"
+scheduler_weight = 4
+tokens_per_day = 5000
+
+[[users]]
+name = "zoe"
+group = "lab-c"
+"""
+
+
+async def test_a_pool_file_is_previewed_then_imported_all_or_nothing(daemon: Daemon) -> None:
+    await login(daemon, ADMIN_KEY)
+    page = await post(daemon, "/ui/admin/import", "/ui/admin/import", {"file": FILE, "do": "preview"})
+    assert "would import 1 groups, 1 users, 0 backends; 2 changes" in page
+    assert "group lab-c: new" in page and "user zoe: new" in page and 'id="do-import"' in page
+    assert "zoe" not in {u["name"] for u in await daemon.admin("GET", "/admin/users")}  # a preview changes nothing
+    page = await post(daemon, "/ui/admin/import", "/ui/admin/import", {"file": FILE, "do": "import"})
+    assert "imported 1 groups, 1 users, 0 backends; 2 changes" in page
+    users = {u["name"]: u for u in await daemon.admin("GET", "/admin/users")}
+    assert users["zoe"]["group"] == "lab-c"
+    bad = FILE + '\n[[users]]\nname = "yan"\ngroup = "nowhere"\n'
+    token = csrf_of(await (await daemon.client.get("/ui/admin/import")).text())
+    resp = await daemon.client.post("/ui/admin/import", data={"csrf": token, "file": bad, "do": "import"})
+    assert resp.status == 400 and "nowhere" in await resp.text()
+    assert "yan" not in {u["name"] for u in await daemon.admin("GET", "/admin/users")}
+    resp = await daemon.client.post("/ui/admin/import", data={"csrf": token, "file": "[[groups", "do": "preview"})
+    assert resp.status == 400 and "not valid TOML" in await resp.text()

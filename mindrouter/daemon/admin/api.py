@@ -24,6 +24,7 @@ from .backend_edits import backend_dict, models_left_without, refuse_orphaning, 
 from .watch import quota_rows, setup_watch_routes
 
 __all__ = [
+    "apply_import",
     "change_group_weight",
     "change_user",
     "create_backend",
@@ -371,12 +372,18 @@ async def export_state(request: web.Request) -> web.Response:
 
 async def import_dry_run(request: web.Request) -> web.Response:
     """What an import would change, and nothing changed (a route of its own: a daemon without it answers 404)."""
-    return web.json_response(request.app[STORE].import_(await _body(request), dry_run=True))
+    return web.json_response(await apply_import(request.app, await _body(request), dry_run=True))
 
 
 async def import_state(request: web.Request) -> web.Response:
-    data = await _body(request)
-    app = request.app
+    return web.json_response(await apply_import(request.app, await _body(request)))
+
+
+async def apply_import(app: web.Application, data: dict[str, Any], *, dry_run: bool = False) -> dict[str, Any]:
+    """Import groups, users and backends (the admin API and the web UI), all or nothing; what changed (with
+    ``dry_run``: what would, and nothing changes)."""
+    if dry_run:
+        return dict(app[STORE].import_(data, dry_run=True))
     before = {row.id: row for row in app[STORE].list_backends()}
     answer = app[STORE].import_(data)
     registry = app[REGISTRY]
@@ -390,7 +397,7 @@ async def import_state(request: web.Request) -> web.Response:
         else:
             registry.update_row(row)
     _sync_users(app)
-    return web.json_response(answer)
+    return dict(answer)
 
 
 def setup_admin_routes(app: web.Application) -> None:

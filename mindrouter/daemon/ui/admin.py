@@ -19,6 +19,7 @@ from ..admin.watch import backend_names, status_dict
 from ..edge.services import DECISIONS, DISPATCHER, REGISTRY, SCHEDULER, STATS, STORE
 from .backend_forms import setup_backend_forms
 from .charts import sparkline
+from .import_form import setup_import_form
 from .people_forms import setup_people_forms
 from .render import admin_page, page
 from .sessions import Session
@@ -214,3 +215,4 @@ def setup_admin_pages(app: web.Application) -> None:
     setup_people_forms(app)
     setup_backend_forms(app)
     setup_usage_page(app)
+    setup_import_form(app)
