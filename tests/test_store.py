@@ -758,3 +758,13 @@ def test_proxies_survive_export_and_import(st: Store, tmp_path: Path) -> None:
         assert other.get_user("alice@lab.edu").person_of == "webui"
     with pytest.raises(InvalidValue, match="proxy_for 'nope'"):
         st.import_({"users": [{"name": "x", "group": "staff", "proxy_for": "nope"}]})
+
+
+def test_a_revoked_keys_id_is_never_given_again(st: Store) -> None:
+    st.add_user("kim", "staff")
+    st.create_key("kim")
+    st.create_key("kim")
+    last = st.list_keys("kim")[-1].id
+    st.revoke_key("kim", last)
+    st.create_key("kim")
+    assert st.list_keys("kim")[-1].id == last + 1  # was `last` again
