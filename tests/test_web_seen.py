@@ -10,7 +10,7 @@ import time
 
 import pytest
 
-from mindrouter.daemon.edge.services import STORE
+from mindrouter.daemon.edge.services import SERVICES
 from mindrouter.daemon.ui.charts import SERIES, burn, sparkline, stacked, top_series
 
 from .harness import ADMIN_KEY, Daemon, until
@@ -46,7 +46,7 @@ def test_a_burn_down_says_when_a_quota_runs_out_at_its_pace() -> None:
 async def test_usage_over_days_per_person_and_model_with_a_quota_burn_down(daemon: Daemon) -> None:
     await daemon.user("ana")
     await daemon.user("bo", group="faculty")
-    store = daemon.app[STORE]
+    store = daemon.app[SERVICES].store
     now = time.time()
     ana, bo = store.get_user("ana").id, store.get_user("bo").id
     for day in range(3):

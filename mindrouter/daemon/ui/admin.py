@@ -16,7 +16,7 @@ from ...explain import PRIORITY_TERMS, SCORE_TERMS, busy_is_cache, ended, lost_b
 from ...formats import fmt_duration, fmt_num, fmt_time
 from ..admin.views import share_view
 from ..admin.watch import backend_names, status_dict
-from ..edge.services import DECISIONS, DISPATCHER, REGISTRY, SCHEDULER, STATS, STORE
+from ..edge.services import SERVICES
 from .backend_forms import setup_backend_forms
 from .charts import sparkline
 from .import_form import setup_import_form
@@ -30,15 +30,15 @@ __all__ = ["setup_admin_pages"]
 
 def _shares(app: web.Application) -> dict[str, Any]:
     """``mr share``'s figures without each subject's quotas (which no page here shows), so 1,000 users stay cheap."""
-    store = app[STORE]
-    share = app[SCHEDULER].share(app[DISPATCHER].clock())
+    store = app[SERVICES].store
+    share = app[SERVICES].scheduler.share(app[SERVICES].dispatcher.clock())
     return share_view(share, store.list_users(), store.list_groups(), lambda _kind, _key: [], backend_names(app))
 
 
 @admin_page
 async def groups(request: web.Request, session: Session) -> web.StreamResponse:
     app = request.app
-    rows = app[STORE].list_groups()
+    rows = app[SERVICES].store.list_groups()
     shares = _shares(app)
     share = {g["name"]: g for g in shares["groups"]}
     people: dict[str, list[dict[str, Any]]] = {}
@@ -58,7 +58,9 @@ async def top(request: web.Request, session: Session) -> web.StreamResponse:
     app = request.app
     share = _shares(app)
     active = _active(share)
-    queue = app[SCHEDULER].queue_stats(app[DISPATCHER].clock()).to_dict()  # not `mr queue`'s: it adds every share
+    queue = (
+        app[SERVICES].scheduler.queue_stats(app[SERVICES].dispatcher.clock()).to_dict()
+    )  # not `mr queue`'s: it adds every share
     return page(
         request,
         "top.html",
@@ -70,7 +72,7 @@ async def top(request: web.Request, session: Session) -> web.StreamResponse:
         active=active[:50],
         hidden=max(0, len(active) - 50),
         pools=_pools(share) if len(share["pools"]) > 1 else [],
-        decisions=decision_rows(app[DECISIONS].recent(10)),
+        decisions=decision_rows(app[SERVICES].decisions.recent(10)),
         refresh=True,
     )
 
@@ -85,8 +87,8 @@ def _waiting(queue: Mapping[str, Any]) -> list[tuple[str, int, float]]:
 def _backends(app: web.Application) -> list[dict[str, Any]]:
     """Each backend as Live shows it: its row, its tokens/s over the last minutes as a sparkline, and what
     its busy figure measures (a GPU's utilization, or an engine's KV-cache fill where it has no GPU named)."""
-    registry = app[REGISTRY]
-    rates = app[STATS].throughput()
+    registry = app[SERVICES].registry
+    rates = app[SERVICES].stats.throughput()
     rows = []
     for bid, entry in registry.entries.items():
         row = registry.row_dict(entry)
@@ -142,7 +144,7 @@ async def decisions(request: web.Request, session: Session) -> web.StreamRespons
     q = request.query
     wanted = {k: (q.get(k) or "").strip() for k in ("user", "model", "backend", "outcome")}
     fields = {key: wanted[name] for name, key in _FIELDS.items() if wanted[name]}
-    rows = request.app[DECISIONS].recent(100, user=wanted["user"] or None, fields=fields, searched=SEARCHED)
+    rows = request.app[SERVICES].decisions.recent(100, user=wanted["user"] or None, fields=fields, searched=SEARCHED)
     names = sorted(backend_names(request.app).values())
     context: dict[str, Any] = {"filters": wanted, "outcomes": OUTCOMES, "backend_choices": names, "searched": SEARCHED}
     return page(request, "decisions.html", session, decisions=decision_rows(rows), **context)
@@ -199,7 +201,7 @@ def explain(record: Mapping[str, Any], names: Mapping[str, str]) -> dict[str, An
 async def why(request: web.Request, session: Session) -> web.StreamResponse:
     """``mr why``'s explanation of one decision."""
     rid = request.match_info["request_id"]
-    record = request.app[DECISIONS].get(rid)
+    record = request.app[SERVICES].decisions.get(rid)
     if record is None:
         return page(request, "error.html", session, 404, message=f"No decision record for request {rid!r}.")
     return page(request, "why.html", session, rid=rid, **explain(record, backend_names(request.app)))

@@ -15,7 +15,7 @@ from typing import Any
 from aiohttp import web
 
 from ...localtime import day_key, day_start, month_start
-from ..edge.services import QUOTAS, STORE
+from ..edge.services import SERVICES
 from .charts import burn, stacked, top_series
 from .render import admin_page, page
 from .sessions import Session
@@ -69,7 +69,7 @@ def _merged(a: dict[str, list[float]], b: dict[str, list[float]]) -> dict[str, l
 def _sums(app: web.Application, by: str, since: float, now: float) -> tuple[Sums, Sums]:
     """Usage per subject and day from ``since`` to now: (the days before today as summed when last read,
     at most ``PAST_TTL`` ago; today's, read now). Today's day is none of the past's, so their cells never meet."""
-    store, today = app[STORE], day_start(now)
+    store, today = app[SERVICES].store, day_start(now)
 
     def read(start: float, until: float) -> list[tuple[str, str, int, int, float]]:
         if until <= start:
@@ -92,7 +92,7 @@ def _sums(app: web.Application, by: str, since: float, now: float) -> tuple[Sums
 def burn_downs(app: web.Application, now: float) -> list[dict[str, Any]]:
     """Every token quota with its burn-down, the nearest to its limit first."""
     rows = []
-    for limit in app[QUOTAS].overview():
+    for limit in app[SERVICES].quotas.overview():
         if limit.kind == "requests_per_minute":
             continue
         start = day_start(now) if limit.kind == "tokens_per_day" else month_start(now)
@@ -107,7 +107,7 @@ async def usage(request: web.Request, session: Session) -> web.StreamResponse:
     by = _choice(request, "by", BY, "user")
     metric = _choice(request, "metric", METRICS, "tokens")
     span = _choice(request, "days", SPANS, 30)
-    now = app[QUOTAS].wall()
+    now = app[SERVICES].quotas.wall()
     since = day_start(now - (span - 1) * DAY)
     column = {"requests": 0, "tokens": 1, "gpu_seconds": 2}[metric]
     (cells, past_totals, past_days), (fresh, today_totals, today_days) = _sums(app, by, since, now)
