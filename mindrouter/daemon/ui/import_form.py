@@ -1,7 +1,7 @@
 """The admin page that loads a pool from a file, as ``mr import`` does: paste what ``mr export`` wrote, see each
 change it would make, then import it, all of it or nothing.
 
-The file goes through the admin API's own import (``api.apply_import``), which checks every entry before it
+The file goes through the admin API's own import (``admin/transfer.py``), which checks every entry before it
 writes anything, so the page and ``mr import`` refuse a file with the same sentence.
 """
 
@@ -12,7 +12,7 @@ import tomllib
 from aiohttp import web
 
 from ...store import StoreError, describe
-from ..admin import api
+from ..admin.transfer import apply_import
 from .people_forms import field
 from .render import admin_page, page
 from .sessions import Session
@@ -30,7 +30,7 @@ async def import_page(request: web.Request, session: Session) -> web.StreamRespo
     done = field(form, "do") == "import"
     try:
         data = tomllib.loads(text)
-        answer = await api.apply_import(request.app, data, dry_run=not done)
+        answer = await apply_import(request.app, data, dry_run=not done)
     except tomllib.TOMLDecodeError as exc:
         session.flash = ("error", f"that is not valid TOML ({exc}); paste a file written by `mr export`")
         return page(request, "import.html", session, 400, text=text, changes=None, done=False)
