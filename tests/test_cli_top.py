@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import io
 import os
+import re
 import shlex
 import shutil
 import subprocess
@@ -287,3 +288,13 @@ def test_a_kv_cache_fill_is_labelled_so_where_no_gpu_is_named(top_data: dict[str
         line = next(line for line in text.splitlines() if line.startswith(name + " "))
         cache = row["engine"] in ("vllm", "llamacpp") and not row["gpus"] and not row["node"]
         assert (" kv " in line) == cache, (name, line)
+
+
+def test_fair_share_names_each_persons_pool_where_pools_differ(top_data: dict[str, Any]) -> None:
+    users = top_data["share"]["users"]
+    assert "pool" not in "\n".join(frame(top_data, 160, 40)).split("Fair share")[1].splitlines()[1]
+    users[0]["pools"] = [{"backends": ["1"], "names": ["ws1"], "target_share": 1.0}]
+    users[1]["pools"] = [{"backends": ["2", "3"], "names": ["ws2", "old"], "target_share": 0.4}]
+    share = "\n".join(frame(top_data, 160, 40)).split("Fair share")[1].splitlines()
+    assert " pool " in share[1]
+    assert re.search(rf"^{users[0]['name']} .* ws1 ", share[2]) and "ws2, old" in share[3], share

@@ -189,6 +189,12 @@ def _queue(data: Mapping[str, Any]) -> Section:
     return Section(title, cols, rows, "nothing queued", rank=3)
 
 
+def _pools_of(user: Mapping[str, Any]) -> str:
+    """The backends of the pools a user has a target in, named; pools apart with "; "."""
+    pools = [p for p in user.get("pools") or [] if p.get("target_share") is not None]
+    return "; ".join(", ".join(map(str, p.get("names") or p.get("backends") or [])) for p in pools)
+
+
 def _share(data: Mapping[str, Any], bars: int) -> Section:
     share = data.get("share") or {}
     rows = sorted(share.get("users") or [], key=lambda u: (-float(u.get("actual_share") or 0), str(u.get("name"))))
@@ -209,6 +215,8 @@ def _share(data: Mapping[str, Any], bars: int) -> Section:
         Col("deficit", lambda r: fmt_num(r.get("deficit"), 0), 8, "right", drop=2),
         Col("factor", lambda r: factor_text(r.get("factor")), 6, "right", drop=1),
     ]
+    if len({_pools_of(r) for r in rows} - {""}) > 1:  # each target is of its own pool: say which
+        cols.insert(5, Col("pool", _pools_of, 4, drop=6))
     title = Text("Fair share", style="bold")
     title.append(
         f"  last {fmt_duration(share.get('window_seconds'))} · {fmt_tokens(share.get('global_recent_tokens'))} tokens",
