@@ -101,6 +101,7 @@ async def create_app(
         server.state_path / "mindrouter.db",
         max_decisions=server.decision_retention,
         usage_retention=server.usage_retention_days * 86400.0,
+        url=config.store.url,
     )
     store.checkpoint_in_background()  # a checkpoint's fsyncs never stall the loop (store/checkpoint.py)
     recovered = store.recover_open_usage()
