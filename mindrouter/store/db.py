@@ -127,6 +127,10 @@ class Store(Backends, UsageLog, Decisions, People, ApiKeys):
             self._checkpointer = Checkpointer(self.path, interval=interval)
             self._checkpointer.start()
 
+    def fence(self, epoch: int) -> None:
+        """Lead in ``epoch`` from now on: each transaction first checks that no later leader took over (PostgreSQL)."""
+        self._db.epoch = epoch  # type: ignore[attr-defined]
+
     def close(self) -> None:
         """Close the connection (idempotent); WAL content is checkpointed into the main file."""
         if self._db is None:

@@ -130,15 +130,30 @@ class PgConnection:
 
     def __init__(self, conn: Any) -> None:
         self._conn = conn
+        self.epoch: int | None = None
+        """Set on the leader: each of its transactions first checks that no later leader has taken over."""
 
     def execute(self, sql: str, params: Sequence[Any] = ()) -> _Cursor:
         query = translate(sql)
         if not query:
             return _Cursor(self, None)
         try:
-            return _Cursor(self, self._conn.execute(query, tuple(params) or None))
+            cursor = _Cursor(self, self._conn.execute(query, tuple(params) or None))
+            if query == "BEGIN" and self.epoch is not None:
+                self._fence()
+            return cursor
         except Exception as exc:
             raise self._mapped(exc) from exc
+
+    def _fence(self) -> None:
+        """Hold the epoch (FOR SHARE: a new leader's raise waits for this transaction) and check it is ours."""
+        row = self._conn.execute(_FENCE).fetchone()
+        if row is None or row[0] != self.epoch:
+            self._conn.execute("ROLLBACK")
+            raise sqlite3.OperationalError(
+                f"this router's leadership (epoch {self.epoch}) has passed to another (epoch {row and row[0]}); "
+                "it writes nothing more"
+            )
 
     def executemany(self, sql: str, rows: Iterable[Sequence[Any]]) -> _Cursor:
         query = translate(sql)
@@ -170,6 +185,25 @@ _SETUP = (
     "DO $$ BEGIN CREATE COLLATION nocase (provider = icu, locale = 'und-u-ks-level2', deterministic = false);"
     " EXCEPTION WHEN duplicate_object THEN NULL; END $$",
 )
+_NOTIFY = (
+    "CREATE OR REPLACE FUNCTION mindrouter_notify() RETURNS trigger LANGUAGE plpgsql AS"
+    " $$ BEGIN PERFORM pg_notify('mindrouter_changes', TG_TABLE_NAME); RETURN NULL; END $$",
+    *(
+        f"CREATE OR REPLACE TRIGGER mindrouter_notify AFTER {events} ON {table}"
+        " FOR EACH STATEMENT EXECUTE FUNCTION mindrouter_notify()"
+        for table, events in (
+            ("groups", "INSERT OR UPDATE OR DELETE"),
+            ("users", "INSERT OR UPDATE OR DELETE"),
+            ("backends", "INSERT OR UPDATE OR DELETE"),
+            ("api_keys", "INSERT OR DELETE"),  # not a key's last use
+        )
+    ),
+    "CREATE TABLE IF NOT EXISTS mindrouter_leader (one BOOLEAN PRIMARY KEY DEFAULT true CHECK (one),"
+    " epoch BIGINT NOT NULL)",
+    "INSERT INTO mindrouter_leader (epoch) VALUES (0) ON CONFLICT DO NOTHING",
+)
+"""After the migrations: change notices for the routers' memory, and the leader epoch (daemon/process/leader.py)."""
+_FENCE = "SELECT epoch FROM mindrouter_leader FOR SHARE"
 _SETUP_LOCK = 0x6D72_0001
 """The advisory lock two routers starting at once take around the schema's setup and migrations."""
 
@@ -209,12 +243,16 @@ def connect(url: str, *, application: str = "mindrouter") -> sqlite3.Connection:
         ) from None
     _numeric_as_number(raw)
     raw.execute("SELECT set_config('TimeZone', %s, false)", (local_zone(),))
+    # A leader frozen inside a transaction would hold the epoch's row, and a new leader with it.
+    raw.execute("SET idle_in_transaction_session_timeout = '3s'")
     conn = cast(sqlite3.Connection, PgConnection(raw))
     raw.execute("SELECT pg_advisory_lock(%s)", (_SETUP_LOCK,))
     try:
         for statement in _SETUP:
             raw.execute(statement)
         migrate(conn)
+        for statement in _NOTIFY:
+            raw.execute(statement)
     finally:
         raw.execute("SELECT pg_advisory_unlock(%s)", (_SETUP_LOCK,))
     return conn

@@ -15,6 +15,7 @@ from aiohttp import web
 from ... import __version__
 from ...store import InvalidValue, NotFound
 from ..process.appkeys import CONFIG, DECISIONS, DISPATCHER, GPUS, QUOTAS, REGISTRY, SCHEDULER, STATS, STORE
+from ..process.roles import role
 from ..request.accounting import top_panels
 from .views import Counters, share_view, status_view, top_view
 
@@ -41,6 +42,7 @@ def status_dict(app: web.Application) -> dict[str, Any]:
         users=len(app[STORE].list_users()),
         listen=f"http://{config.server.host}:{config.server.port}",
         socket=str(config.server.socket_path),
+        role=role(app),
     )
 
 

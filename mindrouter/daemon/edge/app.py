@@ -55,6 +55,7 @@ from ..process.appkeys import (
 )
 from ..process.listen import port_taken, refuse_a_busy_port
 from ..process.logsafe import OneLineFormatter
+from ..process.roles import setup_leadership
 from ..process.statelock import StateLock
 from ..request.accounting import setup_accounting_routes
 from ..request.decisions import DecisionLog
@@ -104,7 +105,8 @@ async def create_app(
         url=config.store.url,
     )
     store.checkpoint_in_background()  # a checkpoint's fsyncs never stall the loop (store/checkpoint.py)
-    recovered = store.recover_open_usage()
+    shared = bool(config.store.url)  # routers share the store; the leader recovers and restores (process/roles.py)
+    recovered = 0 if shared else store.recover_open_usage()
     if recovered:
         log.info("recorded the usage of %d streams that were cut when the daemon last stopped", recovered)
     created = store.ensure_default_groups(config.scheduler.group_weights)
@@ -115,7 +117,8 @@ async def create_app(
         scheduler.set_group(group.name, group.scheduler_weight)
     for user in store.list_users():
         apply_user(scheduler, user.id, user)
-    _restore_usage(store, scheduler, config)
+    if not shared:
+        _restore_usage(store, scheduler, config)
     # Idle keep-alive connections are closed after 2 s: servers such as llama-server hold an
     # HTTP thread per open connection (4 threads with -np 2), so a pool that kept them for
     # long would lock out everyone else talking to that server. Under load they are reused
@@ -183,6 +186,9 @@ async def create_app(
 
     async def resources(_app: web.Application) -> AsyncIterator[None]:
         try:
+            if shared:  # the leader alone probes, once it leads
+                yield
+                return
             if want_discovery and not store.list_backends():
                 for row in await discover_local_backends(session, store):
                     log.info(
@@ -206,6 +212,8 @@ async def create_app(
     app.cleanup_ctx.append(decisions.flush_ctx)
     app.cleanup_ctx.append(dispatcher.timer_ctx)
     app.cleanup_ctx.append(gpus.poll_ctx)
+    if shared:
+        setup_leadership(app, lambda: _restore_usage(store, scheduler, config))
     app[HANDLERS] = {}
     app.on_shutdown.append(end_handlers)  # runs before the cleanup contexts close the resources
     setup_inference_routes(app)

@@ -21,11 +21,12 @@ from ...backends import INFERENCE_PATHS, Upstream
 from ...backends._shapes import Dialect, error_tail
 from ...errors import RequestError
 from ..process.appkeys import CONFIG, HANDLERS, STATS
+from ..process.roles import STANDBY, leading
 from ..request.admission import admit
 from ..request.lease import Lease
 from ..request.quotas import QUOTA_HEADERS
 from .answers import REQUEST_ID
-from .errorbodies import error_response
+from .errorbodies import dialect_of, error_response
 
 __all__ = ["SHUTTING_DOWN", "end_handlers", "setup_inference_routes"]
 
@@ -50,6 +51,8 @@ _BROKEN = "stream"
 
 async def handle_inference(request: web.Request) -> web.StreamResponse:
     app = request.app
+    if not leading(app):
+        return error_response(STANDBY, dialect_of(request.path))
     admitted = admit(app, request.path, request.headers, await request.read())
     request[REQUEST_ID] = admitted.rid
     if admitted.quota_headers:

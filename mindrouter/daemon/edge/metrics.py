@@ -15,6 +15,7 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.registry import Collector
 
 from ..process.appkeys import AUTH, CONFIG, DISPATCHER, REGISTRY, SCHEDULER, STATS
+from ..process.roles import leading
 from .auth import bearer_is
 
 __all__ = ["setup_metrics"]
@@ -107,8 +108,10 @@ def setup_metrics(app: web.Application) -> None:
         body = generate_latest(full if trusted(request) else counts)
         return web.Response(body=body, headers={"Content-Type": CONTENT_TYPE_LATEST})
 
-    async def health(_request: web.Request) -> web.Response:
-        """For load balancers and systemd: 200 while serving, and nothing about the pool."""
+    async def health(request: web.Request) -> web.Response:
+        """For load balancers and systemd: 200 while serving (a standby: 503), and nothing about the pool."""
+        if not leading(request.app):
+            return web.Response(status=503, text="standby: another router leads this pool\n")
         return web.Response(text="ok\n")
 
     app.router.add_get("/metrics", handle)

@@ -15,6 +15,7 @@ from ..pollers.stats import Stats
 from ..request.decisions import DecisionLog
 from ..request.dispatcher import Dispatcher
 from ..request.quotas import Quotas
+from .leader import Leadership
 
 __all__ = [
     "AUTH",
@@ -23,6 +24,7 @@ __all__ = [
     "DISPATCHER",
     "GPUS",
     "HANDLERS",
+    "LEADERSHIP",
     "QUOTAS",
     "REGISTRY",
     "SCHEDULER",
@@ -43,4 +45,6 @@ STATS = web.AppKey("stats", Stats)
 DECISIONS = web.AppKey("decisions", DecisionLog)
 GPUS = web.AppKey("gpus", GpuState)
 QUOTAS = web.AppKey("quotas", Quotas)
+LEADERSHIP = web.AppKey("leadership", Leadership)
+"""Only on a PostgreSQL store: whether this router leads its pool (process/roles.py)."""
 SESSION = web.AppKey("session", aiohttp.ClientSession)

@@ -1,0 +1,148 @@
+"""One leader among the routers that share a PostgreSQL store; the others stand by and take over in seconds.
+
+Leadership is a PostgreSQL advisory lock held by a session of its own. That session
+sends a heartbeat every second and is set to be ended by the server after 3 s of
+silence (``idle_session_timeout``) and to notice a dead client while it works
+(``client_connection_check_interval``): the lock is released 3-10 ms after the
+leader's process dies, and about 3 s after its host or process freezes. Every
+router tries for the lock each second; whoever gets it raises the leader epoch
+(``mindrouter_leader``) and fences its store with it, so a leader that was frozen
+and resumes finds its epoch overtaken and can commit nothing (store/postgres.py).
+
+A leader counts itself leading only while its last heartbeat is fresh (monotonic
+time, which runs on while a process is stopped): a resumed leader answers 503 at
+once, finds its session gone at the next heartbeat, and stands down by stopping the
+process (a supervisor starts it again, as a standby), the way Kubernetes
+controllers end on a lost lease.
+
+The same session LISTENs for the store's change notices (a trigger on groups,
+users, keys and backends), so an admin change made through any router reaches
+every router's memory within milliseconds.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+__all__ = ["LEADER_LOCK", "Leadership"]
+
+log = logging.getLogger(__name__)
+
+LEADER_LOCK = 0x6D72_0002
+"""The advisory lock whose holder leads (``mr`` in its high bytes)."""
+CHANNEL = "mindrouter_changes"
+"""Where the store's triggers announce a changed table (store/postgres.py)."""
+
+
+class Leadership:
+    """Holds or waits for the leader lock on ``url`` until cancelled.
+
+    Args:
+        url: the store's PostgreSQL url.
+        on_lead: awaited with the new epoch once the lock is won, before the router counts as leading.
+        on_change: called with a table's name when another write changed it (any router's).
+        on_lost: called once if leadership is lost (the daemon stops the process).
+        heartbeat: seconds between heartbeats and between tries for the lock. Defaults to 1.
+        idle_timeout: seconds of silence after which the server ends the session. Defaults to 3.
+    """
+
+    def __init__(
+        self,
+        url: str,
+        *,
+        on_lead: Callable[[int], Awaitable[None]],
+        on_change: Callable[[str], None],
+        on_lost: Callable[[], None],
+        heartbeat: float = 1.0,
+        idle_timeout: float = 3.0,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self.url = url
+        self.on_lead = on_lead
+        self.on_change = on_change
+        self.on_lost = on_lost
+        self.heartbeat = heartbeat
+        self.idle_timeout = idle_timeout
+        self.clock = clock
+        self.epoch: int | None = None
+        """The epoch this router leads in; None while it stands by."""
+        self._confirmed = -float("inf")
+        self._conn: Any = None
+
+    @property
+    def leading(self) -> bool:
+        """Leading, with a heartbeat confirmed within the last two intervals (never after a freeze)."""
+        return self.epoch is not None and self.clock() - self._confirmed < 2 * self.heartbeat
+
+    @property
+    def role(self) -> str:
+        return "leader" if self.leading else "standby"
+
+    async def run(self) -> None:
+        """Try for the lock each heartbeat while standing by; confirm it each heartbeat while leading."""
+        import psycopg
+
+        try:
+            while True:
+                try:
+                    if self._conn is None:
+                        self._conn = await self._connect()
+                    won = await asyncio.wait_for(self._beat(), self.heartbeat * 2)
+                    if won is not None:  # quick (the session must beat again within idle_timeout)
+                        await self.on_lead(won)
+                        self.epoch, self._confirmed = won, self.clock()
+                    async for _ in self._conn.notifies(timeout=self.heartbeat):
+                        pass  # the handler has taken each notice
+                except (psycopg.Error, OSError, TimeoutError) as exc:
+                    await self._drop(exc)
+                    await asyncio.sleep(self.heartbeat)
+        finally:
+            if self._conn is not None:
+                with contextlib.suppress(Exception):
+                    await self._conn.close()
+
+    async def _connect(self) -> Any:
+        import psycopg
+
+        conn = await psycopg.AsyncConnection.connect(self.url, autocommit=True, application_name="mindrouter-leader")
+        await conn.execute(f"SET idle_session_timeout = '{int(self.idle_timeout * 1000)}ms'")
+        await conn.execute(f"SET client_connection_check_interval = '{int(self.heartbeat * 1000)}ms'")
+        conn.add_notify_handler(lambda notice: self.on_change(notice.payload))
+        await conn.execute(f"LISTEN {CHANNEL}")
+        return conn
+
+    async def _beat(self) -> int | None:
+        """One heartbeat; the new epoch when this beat won the lock."""
+        if self.epoch is not None:
+            await self._conn.execute("SELECT 1")
+            self._confirmed = self.clock()
+            return None
+        row = await (await self._conn.execute("SELECT pg_try_advisory_lock(%s)", (LEADER_LOCK,))).fetchone()
+        if not row[0]:
+            return None
+        cur = await self._conn.execute("UPDATE mindrouter_leader SET epoch = epoch + 1 RETURNING epoch")
+        epoch: int = (await cur.fetchone())[0]
+        log.info("this router leads now (epoch %d); it schedules and dispatches", epoch)
+        return epoch
+
+    async def _drop(self, exc: BaseException) -> None:
+        """The session failed: a standby reconnects; a leader has lost the lock and stands down."""
+        conn, self._conn = self._conn, None
+        if conn is not None:
+            with contextlib.suppress(Exception):
+                await conn.close()
+        if self.epoch is None:
+            log.warning("the store's leader session failed (%s); trying again in %.0f s", exc, self.heartbeat)
+            return
+        log.error(
+            "this router lost the leadership of epoch %d (%s); it stops, and a supervisor starts it again as a standby",
+            self.epoch,
+            exc,
+        )
+        self.epoch = None
+        self.on_lost()

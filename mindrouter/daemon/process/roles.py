@@ -1,0 +1,118 @@
+"""Leader or standby: what a router on a shared PostgreSQL store does in each role (docs/scale.md).
+
+A router on SQLite always leads. On PostgreSQL (``[store] url``) each router starts
+as a standby: it answers ``GET /health`` with 503 "standby", inference with 503 and
+``Retry-After`` in the request's dialect, and serves the admin API and web UI (their
+writes go to the database, and every router hears of them). The one that wins the
+leader lock (``leader.py``) rebuilds what a restart rebuilds (the streams a dead
+leader left open become usage, fair share replays the fairness window's usage rows,
+quotas recount from the totals), starts probing the backends, and from then on
+schedules and dispatches.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+import signal
+from collections.abc import AsyncIterator, Callable
+
+from aiohttp import web
+
+from ...errors import RequestError
+from ..request.weights import apply_user
+from .appkeys import AUTH, CONFIG, LEADERSHIP, QUOTAS, REGISTRY, SCHEDULER, STORE
+from .leader import Leadership
+
+__all__ = ["STANDBY", "leading", "role", "setup_leadership", "sync_pool"]
+
+log = logging.getLogger(__name__)
+
+STANDBY = RequestError(
+    "this router is a standby and another one leads; send requests to the leader (a load balancer that checks "
+    "GET /health does) or again in a few seconds",
+    status=503,
+    type="service_unavailable",
+    code="standby",
+    retry_after=2,
+)
+
+
+def leading(app: web.Application) -> bool:
+    """Whether this router may schedule and dispatch now (always, on SQLite)."""
+    leadership = app.get(LEADERSHIP)
+    return leadership is None or leadership.leading
+
+
+def role(app: web.Application) -> str:
+    return "leader" if leading(app) else "standby"
+
+
+def sync_pool(app: web.Application) -> None:
+    """Bring groups, users, keys and quotas in memory in line with the store (after a write anywhere)."""
+    store, scheduler = app[STORE], app[SCHEDULER]
+    app[AUTH].clear()
+    app[QUOTAS].reload()
+    for group in store.list_groups():
+        scheduler.set_group(group.name, group.scheduler_weight)
+    for user in store.list_users():
+        apply_user(scheduler, user.id, user)
+
+
+async def _sync_backends(app: web.Application) -> None:
+    """Start, update or stop probing backends as the store now lists them (the leader's registry)."""
+    registry = app[REGISTRY]
+    rows = {row.id: row for row in app[STORE].list_backends()}
+    for backend_id in set(registry.entries) - set(rows):
+        await registry.remove(backend_id)
+    for backend_id, row in rows.items():
+        if backend_id in registry.entries:
+            registry.update_row(row)
+        else:
+            registry.add(row)
+
+
+def setup_leadership(app: web.Application, restore_usage: Callable[[], None]) -> None:
+    """Contend for leadership of ``[store] url``'s pool for as long as the app runs.
+
+    Args:
+        restore_usage: replays the fairness window's usage into the scheduler (as a restart does).
+    """
+    config = app[CONFIG]
+    tasks: set[asyncio.Task[None]] = set()
+
+    async def on_lead(epoch: int) -> None:
+        store = app[STORE]
+        store.fence(epoch)
+        recovered = store.recover_open_usage()
+        if recovered:
+            log.info("recorded the usage of %d streams the last leader was cut in", recovered)
+        sync_pool(app)
+        app[QUOTAS].restore()
+        restore_usage()
+        await _sync_backends(app)
+
+    def on_change(table: str) -> None:
+        if table in ("groups", "users"):
+            sync_pool(app)
+        elif table == "api_keys":
+            app[AUTH].clear()
+        elif table == "backends" and leadership.epoch is not None:
+            task = asyncio.create_task(_sync_backends(app))
+            tasks.add(task)
+            task.add_done_callback(tasks.discard)
+
+    def on_lost() -> None:
+        os.kill(os.getpid(), signal.SIGTERM)
+
+    leadership = Leadership(config.store.url, on_lead=on_lead, on_change=on_change, on_lost=on_lost)
+    app[LEADERSHIP] = leadership
+
+    async def contend(_app: web.Application) -> AsyncIterator[None]:
+        task = asyncio.create_task(leadership.run(), name="leadership")
+        yield
+        task.cancel()
+        await asyncio.gather(task, *tasks, return_exceptions=True)
+
+    app.cleanup_ctx.append(contend)
