@@ -118,6 +118,9 @@ class _Cursor:
     def fetchone(self) -> Any:
         return None if self._cursor is None or self._cursor.description is None else self._cursor.fetchone()
 
+    def fetchmany(self, size: int) -> list[Any]:
+        return [] if self._cursor is None or self._cursor.description is None else self._cursor.fetchmany(size)
+
     def fetchall(self) -> list[Any]:
         return [] if self._cursor is None or self._cursor.description is None else self._cursor.fetchall()
 
