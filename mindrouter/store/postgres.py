@@ -51,7 +51,7 @@ _RULES: tuple[tuple[re.Pattern[str], str], ...] = tuple(
         (r"date\(([\w.]+), 'unixepoch', 'localtime'\)", r"to_char(to_timestamp(\1), 'YYYY-MM-DD')"),
         (r"date\(([\w.]+), '-6 days', 'weekday 1'\)", r"to_char(date_trunc('week', CAST(\1 AS date)), 'YYYY-MM-DD')"),
         (r"last_insert_rowid\(\)", "lastval()"),
-        (r"(?<![\w.'\"-])user(?![\w.'\"-])", '"user"'),
+        (r"(?<![\w'\"-])user(?![\w.'\"-])", '"user"'),
         (r"^BEGIN IMMEDIATE$", "BEGIN"),
     )
 )
