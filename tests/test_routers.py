@@ -87,6 +87,11 @@ async def chat(session: aiohttp.ClientSession, router: Router, key: str, path: s
         return r.status, r.headers.get("Retry-After"), await r.json(content_type=None)
 
 
+def recent_tokens(router: Router) -> dict[str, float]:
+    """Each user's tokens in the fairness window, as the router's fair share counts them."""
+    return {u["name"]: u["recent_tokens"] for u in json.loads(mr(router.config, "share", "--json").stdout)["users"]}
+
+
 def usage_rows(url: str) -> int:
     with psycopg.connect(url) as conn:
         return conn.execute("SELECT count(*) FROM usage").fetchone()[0]
@@ -115,6 +120,8 @@ async def test_one_leads_the_standby_refuses_and_takes_over_after_a_sigkill(tmp_
         began = time.monotonic()
         await until(lambda: serves(session, first, key), "the leader serves ann on gpu1")
         print(f"an admin write through the standby served by the leader after {time.monotonic() - began:.2f} s")
+        listed = json.loads((await amr(second.config, "backend", "list", "--json")).stdout)
+        assert [b["name"] for b in listed] == ["gpu1"]  # the standby knows it, and does not probe it
 
         # The standby answers inference with 503 and Retry-After, in each dialect.
         status, retry, body = await chat(session, second, key)
@@ -128,10 +135,14 @@ async def test_one_leads_the_standby_refuses_and_takes_over_after_a_sigkill(tmp_
             answered += 1
         await until(lambda: usage_rows(pg_url) >= answered, "the answered requests' rows")
         await asyncio.sleep(0.2)
+        used = recent_tokens(first)
+        assert used["ann"] > 0
         killed = time.monotonic()
         first.proc.kill()
         await until(lambda: leads(session, second), "the standby leads", timeout=15)
         took = time.monotonic() - killed
+        replayed = recent_tokens(second)  # fair share rebuilt from the usage rows, before it serves anything
+        assert replayed["ann"] == pytest.approx(used["ann"], rel=0.05)
         await until(lambda: serves(session, second, key), "the new leader serves")
         served = time.monotonic() - killed
         print(f"SIGKILL of the leader: the standby led after {took:.2f} s and served after {served:.2f} s")

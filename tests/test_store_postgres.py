@@ -12,7 +12,7 @@ import pytest
 from mindrouter.config import StoreSettings
 from mindrouter.errors import ConfigError
 from mindrouter.store import SCHEMA_VERSION, Store
-from mindrouter.store.postgres import translate
+from mindrouter.store.postgres import connect, translate
 
 
 @pytest.mark.parametrize(
@@ -92,3 +92,29 @@ def test_routers_starting_at_once_set_the_schema_up_once(tmp_path: Path, pg_url:
     for t in threads:
         t.join(30)
     assert errors == [] and versions == [SCHEMA_VERSION] * 4
+
+
+@pytest.mark.postgres
+def test_held_writes_commit_together_or_not_at_all(pg_url: str) -> None:
+    """A transaction's writes are sent at COMMIT (or when a read or a rowcount needs them): still all or nothing."""
+    db = connect(pg_url)
+    db.execute("CREATE TABLE t (id INTEGER PRIMARY KEY, name TEXT UNIQUE)")
+    db.execute("BEGIN IMMEDIATE")
+    db.execute("INSERT INTO t (name) VALUES (?)", ("a",))
+    db.execute("INSERT INTO t (name) VALUES (?)", ("a",))  # breaks the unique name: the whole commit fails
+    with pytest.raises(sqlite3.IntegrityError):
+        db.execute("COMMIT")
+    assert db.execute("SELECT count(*) FROM t").fetchone() == (0,)
+
+    db.execute("BEGIN IMMEDIATE")
+    assert db.execute("INSERT INTO t (name) VALUES (?)", ("b",)).rowcount == 1  # sent now, in the transaction
+    db.execute("ROLLBACK")
+    assert db.execute("SELECT count(*) FROM t").fetchone() == (0,)
+
+    db.execute("BEGIN IMMEDIATE")
+    db.executemany("INSERT INTO t (name) VALUES (?)", [("c",), ("d",)])
+    last = db.execute("SELECT last_insert_rowid()").fetchone()[0]  # one statement, WITH ... RETURNING
+    db.execute("DELETE FROM t WHERE id < ?", (last,))
+    db.execute("COMMIT")
+    assert db.execute("SELECT id, name FROM t").fetchall() == [(last, "d")]
+    db.close()

@@ -55,19 +55,19 @@ def copy_store(
         InvalidValue: ``target`` is not empty.
     """
     src, dst = source._db, target._db
-    for table in ("groups", "users", "backends", "usage"):
-        if dst.execute(f"SELECT 1 FROM {table} LIMIT 1").fetchone():
-            raise InvalidValue(
-                f"the target database already has {table}; copy into an empty database (create a new one) "
-                "so that nothing in it is overwritten"
-            )
     counts: dict[str, int] = {}
     tables = _tables(src, bool(source.url))
-    missing = set(tables) - set(_tables(dst, bool(target.url)))
-    if missing:
-        raise InvalidValue(f"the target database lacks the table {sorted(missing)[0]!r}; upgrade mindrouter there")
     dst.execute("BEGIN IMMEDIATE")
     try:
+        for table in ("groups", "users", "backends", "usage"):  # checked in the transaction that writes
+            if dst.execute(f"SELECT 1 FROM {table} LIMIT 1").fetchone():
+                raise InvalidValue(
+                    f"the target database already has {table}; copy into an empty database (create a new one) "
+                    "so that nothing in it is overwritten"
+                )
+        missing = set(tables) - set(_tables(dst, bool(target.url)))
+        if missing:
+            raise InvalidValue(f"the target database lacks the table {sorted(missing)[0]!r}; upgrade mindrouter there")
         for table in tables:
             columns = _columns(src, table, bool(source.url))
             counts[table] = _copy_table(src, dst, table, columns)

@@ -128,8 +128,10 @@ class Store(Backends, UsageLog, Decisions, People, ApiKeys):
             self._checkpointer.start()
 
     def fence(self, epoch: int) -> None:
-        """Lead in ``epoch`` from now on: each transaction first checks that no later leader took over (PostgreSQL)."""
-        self._db.epoch = epoch  # type: ignore[attr-defined]
+        """Lead in ``epoch`` from now on: the database refuses this store's writes once a later leader took over.
+
+        Only on PostgreSQL (a router on SQLite has the state to itself)."""
+        postgres.fence(self._db, epoch)
 
     def close(self) -> None:
         """Close the connection (idempotent); WAL content is checkpointed into the main file."""

@@ -20,6 +20,7 @@ psycopg's errors surface as ``sqlite3``'s (``IntegrityError`` for a broken const
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import logging
 import os
@@ -32,7 +33,7 @@ from typing import Any, cast
 from .errors import StoreError
 from .schema import migrate
 
-__all__ = ["PgConnection", "connect", "is_postgres_url", "local_zone", "translate"]
+__all__ = ["PgConnection", "connect", "fence", "is_postgres_url", "local_zone", "translate"]
 
 log = logging.getLogger(__name__)
 
@@ -75,6 +76,11 @@ def translate(sql: str) -> str:
     return sql
 
 
+def fence(conn: sqlite3.Connection, epoch: int) -> None:
+    """``PgConnection.fence`` on a connection typed as sqlite3's (see ``connect``)."""
+    cast(PgConnection, conn).fence(epoch)
+
+
 def is_postgres_url(url: str) -> bool:
     return url.startswith(("postgresql://", "postgres://"))
 
@@ -101,14 +107,20 @@ def _sqlite_error(exc: Exception) -> sqlite3.Error:
 
 
 class _Cursor:
-    """What ``execute`` returns: rows to fetch or iterate, ``rowcount``, and ``lastrowid`` on demand."""
+    """What ``execute`` returns: rows to fetch or iterate, ``rowcount``, and ``lastrowid`` on demand.
 
-    def __init__(self, conn: PgConnection, cursor: Any) -> None:
+    A write inside a transaction is sent later (``PgConnection``): its cursor gets its result then,
+    or at once when its ``rowcount`` is asked for."""
+
+    def __init__(self, conn: PgConnection, cursor: Any, *, pending: bool = False) -> None:
         self._conn = conn
         self._cursor = cursor
+        self._pending = pending
 
     @property
     def rowcount(self) -> int:
+        if self._pending:
+            self._conn._send_pending()
         return -1 if self._cursor is None else int(self._cursor.rowcount)
 
     @property
@@ -128,44 +140,124 @@ class _Cursor:
         return iter(self.fetchall())
 
 
+_WRITES = ("INSERT", "UPDATE", "DELETE")
+_ROWS = re.compile(r"(INSERT INTO .*? VALUES )(\([^()]*\))", re.DOTALL)
+_MAX_PARAMS = 30_000
+"""Parameters one fused INSERT may carry (PostgreSQL's limit is 65,535)."""
+_Write = tuple[str, Any, bool, _Cursor]
+"""A write held back: statement, parameters (a list of rows when ``many``), many, its cursor."""
+
+
 class PgConnection:
-    """One psycopg connection in autocommit mode (the store BEGINs its own transactions), as sqlite3's."""
+    """One psycopg connection in autocommit mode, as sqlite3's; the store BEGINs its own transactions.
+
+    Each statement costs a round trip and about 25 µs of Python in psycopg, so a transaction's
+    writes are held until something needs them: at COMMIT a lone write is sent alone (one statement
+    is atomic by itself: no BEGIN or COMMIT), several between one BEGIN and COMMIT; a read, or a
+    write's ``rowcount``, sends BEGIN and what is held first. An INSERT of many rows followed by
+    ``last_insert_rowid()`` (the decision records) is one statement, ``WITH ... RETURNING``. A
+    request's usage and decision commits thus cost two statements rather than seven.
+    """
 
     def __init__(self, conn: Any) -> None:
         self._conn = conn
-        self.epoch: int | None = None
-        """Set on the leader: each of its transactions first checks that no later leader has taken over."""
+        self._held: list[_Write] | None = None
+        """Writes of the open transaction not yet sent; None outside a transaction or once BEGIN went out."""
 
     def execute(self, sql: str, params: Sequence[Any] = ()) -> _Cursor:
         query = translate(sql)
         if not query:
             return _Cursor(self, None)
+        if query == "BEGIN":
+            self._held = []
+            return _Cursor(self, None)
         try:
-            cursor = _Cursor(self, self._conn.execute(query, tuple(params) or None))
-            if query == "BEGIN" and self.epoch is not None:
-                self._fence()
-            return cursor
+            if self._held is not None:
+                if query == "COMMIT":
+                    self._commit_held()
+                    return _Cursor(self, None)
+                if query == "ROLLBACK":
+                    self._held = None
+                    return _Cursor(self, None)
+                if query.startswith(_WRITES):
+                    cursor = _Cursor(self, None, pending=True)
+                    self._held.append((query, tuple(params), False, cursor))
+                    return cursor
+                if query == "SELECT lastval()" and self._fusible():
+                    return self._insert_returning()
+                self._send_pending()
+            return _Cursor(self, self._conn.execute(query, tuple(params) or None))
         except Exception as exc:
             raise self._mapped(exc) from exc
-
-    def _fence(self) -> None:
-        """Hold the epoch (FOR SHARE: a new leader's raise waits for this transaction) and check it is ours."""
-        row = self._conn.execute(_FENCE).fetchone()
-        if row is None or row[0] != self.epoch:
-            self._conn.execute("ROLLBACK")
-            raise sqlite3.OperationalError(
-                f"this router's leadership (epoch {self.epoch}) has passed to another (epoch {row and row[0]}); "
-                "it writes nothing more"
-            )
 
     def executemany(self, sql: str, rows: Iterable[Sequence[Any]]) -> _Cursor:
         query = translate(sql)
+        rows = [tuple(r) for r in rows]
+        if self._held is not None:
+            cursor = _Cursor(self, None, pending=True)
+            self._held.append((query, rows, True, cursor))
+            return cursor
         try:
-            with self._conn.cursor() as cursor:
-                cursor.executemany(query, [tuple(r) for r in rows])
-                return _Cursor(self, cursor)
+            return self._send(query, rows, True)
         except Exception as exc:
             raise self._mapped(exc) from exc
+
+    def _send(self, query: str, params: Any, many: bool) -> _Cursor:
+        if not many:
+            return _Cursor(self, self._conn.execute(query, params or None))
+        with self._conn.cursor() as cursor:
+            cursor.executemany(query, params)
+            return _Cursor(self, cursor)
+
+    def _send_pending(self) -> None:
+        """Open the transaction for real: BEGIN, then the writes held so far (their cursors get results)."""
+        held, self._held = self._held, None
+        if held is None:
+            return
+        self._conn.execute("BEGIN")
+        for query, params, many, cursor in held:
+            cursor._cursor, cursor._pending = self._send(query, params, many)._cursor, False
+
+    def _commit_held(self) -> None:
+        held, self._held = self._held or [], None
+        if len(held) == 1 and not held[0][2]:
+            query, params, _, cursor = held[0]
+            cursor._cursor, cursor._pending = self._send(query, params, False)._cursor, False
+            return
+        if not held:
+            return
+        self._held = held
+        try:
+            self._send_pending()
+            self._conn.execute("COMMIT")
+        except Exception:
+            with contextlib.suppress(Exception):
+                self._conn.execute("ROLLBACK")
+            raise
+
+    def _fusible(self) -> bool:
+        if self._held is None or len(self._held) != 1:
+            return False
+        query, params, many, _ = self._held[0]
+        rows = params if many else [params]
+        return bool(rows) and _ROWS.match(query) is not None and len(rows) * len(rows[0]) <= _MAX_PARAMS
+
+    def _insert_returning(self) -> _Cursor:
+        """The one held INSERT as one statement that answers its last id (``last_insert_rowid()``)."""
+        assert self._held is not None
+        query, params, many, cursor = self._held[0]
+        self._held = []
+        rows = params if many else [params]
+        match = _ROWS.match(query)
+        assert match is not None
+        values = ", ".join([match[2]] * len(rows))
+        fused = f"WITH added AS ({match[1]}{values}{query[match.end() :]} RETURNING id) SELECT max(id) FROM added"
+        cursor._pending = False
+        return _Cursor(self, self._conn.execute(fused, [p for row in rows for p in row]))
+
+    def fence(self, epoch: int) -> None:
+        """Lead in ``epoch``: from now on the server refuses this session's writes once a later epoch exists."""
+        self._conn.execute("SELECT set_config('mindrouter.epoch', %s, false)", (str(epoch),))
 
     def _mapped(self, exc: Exception) -> Exception:
         import psycopg
@@ -206,7 +298,20 @@ _NOTIFY = (
     "INSERT INTO mindrouter_leader (epoch) VALUES (0) ON CONFLICT DO NOTHING",
 )
 """After the migrations: change notices for the routers' memory, and the leader epoch (daemon/process/leader.py)."""
-_FENCE = "SELECT epoch FROM mindrouter_leader FOR SHARE"
+_FENCE = (
+    # A statement trigger on every table: a session that leads (mindrouter.epoch set) may write only while
+    # its epoch is the latest. A new leader raises the epoch before it writes, and a leader that resumes
+    # after a freeze does so after that raise, so each of its statements sees it and fails.
+    "CREATE OR REPLACE FUNCTION mindrouter_fence() RETURNS trigger LANGUAGE plpgsql AS $$"
+    " DECLARE mine text := current_setting('mindrouter.epoch', true); latest bigint; BEGIN"
+    " IF coalesce(mine, '') <> '' THEN SELECT epoch INTO latest FROM mindrouter_leader;"
+    " IF latest <> mine::bigint THEN RAISE EXCEPTION 'this router''s leadership (epoch %) has passed to another"
+    " (epoch %); it writes nothing more', mine, latest; END IF; END IF; RETURN NULL; END $$"
+)
+_STATE_TABLES = (
+    "SELECT table_name FROM information_schema.tables WHERE table_schema = current_schema()"
+    " AND table_type = 'BASE TABLE' AND table_name NOT LIKE 'mindrouter%'"
+)
 _SETUP_LOCK = 0x6D72_0001
 """The advisory lock two routers starting at once take around the schema's setup and migrations."""
 
@@ -256,6 +361,12 @@ def connect(url: str, *, application: str = "mindrouter") -> sqlite3.Connection:
         migrate(conn)
         for statement in _NOTIFY:
             raw.execute(statement)
+        raw.execute(_FENCE)
+        for (table,) in raw.execute(_STATE_TABLES).fetchall():
+            raw.execute(
+                f"CREATE OR REPLACE TRIGGER mindrouter_fence BEFORE INSERT OR UPDATE OR DELETE ON {table}"
+                " FOR EACH STATEMENT EXECUTE FUNCTION mindrouter_fence()"
+            )
     finally:
         raw.execute("SELECT pg_advisory_unlock(%s)", (_SETUP_LOCK,))
     return conn

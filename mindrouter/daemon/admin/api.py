@@ -273,8 +273,9 @@ async def add_backend(request: web.Request) -> web.Response:
     row = app[STORE].add_backend(data.get("name"), data.get("url"), data.get("engine"), **fields)
     entry = app[REGISTRY].add(row)
     wait = app[CONFIG].backends.connect_timeout + 1
-    with contextlib.suppress(asyncio.TimeoutError):
-        await asyncio.wait_for(entry.probed.wait(), wait)
+    if entry.task is not None:  # a standby router does not probe (process/roles.py)
+        with contextlib.suppress(asyncio.TimeoutError):
+            await asyncio.wait_for(entry.probed.wait(), wait)
     if row.node:
         with contextlib.suppress(asyncio.TimeoutError):
             await asyncio.wait_for(app[GPUS].poll_node(row.node), wait)

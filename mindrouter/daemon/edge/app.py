@@ -186,10 +186,8 @@ async def create_app(
 
     async def resources(_app: web.Application) -> AsyncIterator[None]:
         try:
-            if shared:  # the leader alone probes, once it leads
-                yield
-                return
-            if want_discovery and not store.list_backends():
+            registry.probing = not shared  # on a shared store, the leader alone probes, once it leads
+            if want_discovery and not shared and not store.list_backends():
                 for row in await discover_local_backends(session, store):
                     log.info(
                         "found %s at %s (%s) and added it as backend %r; `mr backend rm %s` removes it",

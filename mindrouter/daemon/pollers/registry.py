@@ -109,13 +109,16 @@ class Registry:
         self.clock = clock
         self.adapters = adapters or self._engine_adapter
         self.entries: dict[int, Entry] = {}
+        self.probing = True
+        """False on a standby router (process/roles.py): its entries mirror the store, and nothing is probed,
+        drained or disabled until ``probe_all``."""
 
     # -- lifecycle ---------------------------------------------------------
 
     async def start(self, first_probe_timeout: float = 5.0) -> None:
         for row in self.store.list_backends():
             self.add(row)
-        if self.entries:
+        if self.entries and self.probing:
             with contextlib.suppress(asyncio.TimeoutError):
                 await asyncio.wait_for(
                     asyncio.gather(*(e.probed.wait() for e in self.entries.values())), first_probe_timeout
@@ -130,12 +133,24 @@ class Registry:
         return make_adapter(row.engine, row.url, self.session, self.settings, budget=self.budget)
 
     def add(self, row: Any) -> Entry:
+        """Start tracking (and probing) a backend; one already tracked only takes the new row."""
+        if row.id in self.entries:
+            self.update_row(row)
+            return self.entries[row.id]
         adapter = self.adapters(row)
         entry = Entry(row, adapter, Breaker(self.settings), lambda: self.clock())
         self.entries[row.id] = entry
         self._publish(entry)
-        entry.task = asyncio.create_task(self._poll(entry), name=f"probe-{row.name}")
+        if self.probing:
+            entry.task = asyncio.create_task(self._poll(entry), name=f"probe-{row.name}")
         return entry
+
+    def probe_all(self) -> None:
+        """Start probing every backend (a standby that now leads)."""
+        self.probing = True
+        for entry in self.entries.values():
+            if entry.task is None:
+                entry.task = asyncio.create_task(self._poll(entry), name=f"probe-{entry.row.name}")
 
     async def remove(self, backend_id: int) -> None:
         entry = self.entries.pop(backend_id, None)
@@ -292,7 +307,7 @@ class Registry:
 
     def _disable_if_drained(self, entry: Entry) -> bool:
         load = self.scheduler.load(entry.row.id)
-        if entry.row.state == "draining" and (load is None or load.in_flight == 0):
+        if self.probing and entry.row.state == "draining" and (load is None or load.in_flight == 0):
             entry.row = self.store.set_backend_state(entry.row.name, "disabled")
             log.info("backend=%s is drained: idle, and takes no new requests until `mr backend enable`", entry.row.name)
             return True

@@ -7,7 +7,8 @@ writes go to the database, and every router hears of them). The one that wins th
 leader lock (``leader.py``) rebuilds what a restart rebuilds (the streams a dead
 leader left open become usage, fair share replays the fairness window's usage rows,
 quotas recount from the totals), starts probing the backends, and from then on
-schedules and dispatches.
+schedules and dispatches. A standby's registry mirrors the store's backends without
+probing them: only the leader polls, drains and disables.
 """
 
 from __future__ import annotations
@@ -92,13 +93,14 @@ def setup_leadership(app: web.Application, restore_usage: Callable[[], None]) ->
         app[QUOTAS].restore()
         restore_usage()
         await _sync_backends(app)
+        app[REGISTRY].probe_all()
 
     def on_change(table: str) -> None:
         if table in ("groups", "users"):
             sync_pool(app)
         elif table == "api_keys":
             app[AUTH].clear()
-        elif table == "backends" and leadership.epoch is not None:
+        elif table == "backends":
             task = asyncio.create_task(_sync_backends(app))
             tasks.add(task)
             task.add_done_callback(tasks.discard)
