@@ -118,3 +118,20 @@ def test_held_writes_commit_together_or_not_at_all(pg_url: str) -> None:
     db.execute("COMMIT")
     assert db.execute("SELECT id, name FROM t").fetchall() == [(last, "d")]
     db.close()
+
+
+@pytest.mark.postgres
+def test_a_session_the_server_ended_is_replaced_and_keeps_its_fence(tmp_path: Path, pg_url: str) -> None:
+    with Store(tmp_path / "a", url=pg_url) as s, psycopg.connect(pg_url, autocommit=True) as admin:
+        s.ensure_default_groups()
+        admin.execute("UPDATE mindrouter_leader SET epoch = 7")
+        s.fence(7)
+        pid = s._db.raw.info.backend_pid
+        admin.execute("SELECT pg_terminate_backend(%s)", (pid,))
+        with pytest.raises(sqlite3.OperationalError):
+            s.list_groups()  # the call that finds the session gone fails in one sentence
+        assert [g.name for g in s.list_groups()] == ["admin", "faculty", "staff", "student"]
+        assert s._db.raw.info.backend_pid != pid
+        admin.execute("UPDATE mindrouter_leader SET epoch = 8")
+        with pytest.raises(sqlite3.OperationalError, match=r"epoch 7\) has passed"):
+            s.add_decisions([{"request_id": "r", "user": "ann"}])  # the new session is fenced as the old was

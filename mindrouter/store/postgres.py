@@ -26,7 +26,7 @@ import logging
 import os
 import re
 import sqlite3
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from pathlib import Path
 from typing import Any, cast
 
@@ -159,8 +159,11 @@ class PgConnection:
     request's usage and decision commits thus cost two statements rather than seven.
     """
 
-    def __init__(self, conn: Any) -> None:
+    def __init__(self, conn: Any, reopen: Callable[[], Any]) -> None:
         self._conn = conn
+        self._reopen = reopen
+        """A new session, for when the server ended this one (a restart, a failover of the database)."""
+        self._epoch: str | None = None
         self._held: list[_Write] | None = None
         """Writes of the open transaction not yet sent; None outside a transaction or once BEGIN went out."""
 
@@ -257,11 +260,19 @@ class PgConnection:
 
     def fence(self, epoch: int) -> None:
         """Lead in ``epoch``: from now on the server refuses this session's writes once a later epoch exists."""
-        self._conn.execute("SELECT set_config('mindrouter.epoch', %s, false)", (str(epoch),))
+        self._epoch = str(epoch)
+        self._conn.execute("SELECT set_config('mindrouter.epoch', %s, false)", (self._epoch,))
 
     def _mapped(self, exc: Exception) -> Exception:
+        """The error as sqlite3's; a session the server ended is replaced for the next call (this one fails)."""
         import psycopg
 
+        if self._conn.broken:
+            self._held = None
+            with contextlib.suppress(StoreError, psycopg.Error):
+                self._conn = self._reopen()
+                if self._epoch is not None:
+                    self.fence(int(self._epoch))
         return _sqlite_error(exc) if isinstance(exc, psycopg.Error) else exc
 
     @property
@@ -342,18 +353,24 @@ def connect(url: str, *, application: str = "mindrouter") -> sqlite3.Connection:
         raise StoreError(
             "[store] url names PostgreSQL but psycopg is not installed; install mindrouter[postgres]"
         ) from None
-    try:
-        raw = psycopg.connect(url, autocommit=True, application_name=application)
-    except psycopg.Error as exc:
-        first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
-        raise StoreError(
-            f"cannot reach the PostgreSQL database of [store] url ({first}); check that it runs and the url is right"
-        ) from None
-    _numeric_as_number(raw)
-    raw.execute("SELECT set_config('TimeZone', %s, false)", (local_zone(),))
-    # A leader frozen inside a transaction would hold the epoch's row, and a new leader with it.
-    raw.execute("SET idle_in_transaction_session_timeout = '3s'")
-    conn = cast(sqlite3.Connection, PgConnection(raw))
+
+    def session() -> Any:
+        try:
+            raw = psycopg.connect(url, autocommit=True, application_name=application)
+        except psycopg.Error as exc:
+            first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+            raise StoreError(
+                f"cannot reach the PostgreSQL database of [store] url ({first}); "
+                "check that it runs and the url is right"
+            ) from None
+        _numeric_as_number(raw)
+        raw.execute("SELECT set_config('TimeZone', %s, false)", (local_zone(),))
+        # A leader frozen inside a transaction would hold its row locks, and a new leader's writes with them.
+        raw.execute("SET idle_in_transaction_session_timeout = '3s'")
+        return raw
+
+    raw = session()
+    conn = cast(sqlite3.Connection, PgConnection(raw, session))
     raw.execute("SELECT pg_advisory_lock(%s)", (_SETUP_LOCK,))
     try:
         for statement in _SETUP:
