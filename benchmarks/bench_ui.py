@@ -27,8 +27,8 @@ from aiohttp import web
 from aiohttp.test_utils import TestServer
 
 from mindrouter.config import BackendSettings, Config, ServerSettings
-from mindrouter.daemon.edge.app import create_app
-from mindrouter.daemon.process.appkeys import SCHEDULER, STORE
+from mindrouter.daemon.edge.services import SCHEDULER, STORE
+from mindrouter.daemon.process.app import create_app
 
 ADMIN_KEY = "bench-admin-key"
 MODELS = ["llama3.2", "qwen2.5:7b", "mistral"]

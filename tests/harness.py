@@ -49,8 +49,9 @@ from aiohttp.test_utils import TestClient, TestServer
 
 from mindrouter.backends import Adapter
 from mindrouter.config import BackendSettings, Config, ServerSettings
-from mindrouter.daemon.edge.app import create_app, make_runner
-from mindrouter.daemon.process.appkeys import REGISTRY, SCHEDULER, STORE
+from mindrouter.daemon.edge.services import REGISTRY, SCHEDULER, STORE
+from mindrouter.daemon.process.app import create_app
+from mindrouter.daemon.process.serve import make_runner
 from mindrouter.scheduler import SchedulerSettings
 
 from .fake_nvml import FakeNvml

@@ -12,7 +12,7 @@ from typing import Any
 import aiohttp
 import pytest
 
-from mindrouter.daemon.process.appkeys import SCHEDULER
+from mindrouter.daemon.edge.services import SCHEDULER
 
 from .fakes import FakeOllama
 from .test_cli_daemon import Live, live_daemon, run
@@ -141,3 +141,12 @@ def test_draining_the_last_backend_of_a_model_asks_for_force(lab: Live) -> None:
         assert run(lab, "backend", "enable", "ws1").exit_code == 0
         run(lab, "backend", "rm", "ws2")
         lab.call(other.stop())
+
+
+def test_a_key_gets_a_label_that_mr_user_keys_lists(lab: Live) -> None:
+    assert run(lab, "user", "key", "ann", "--label", "open-webui", "--json").exit_code == 0
+    keys = run(lab, "user", "keys", "ann", "--json").json()
+    assert [k["label"] for k in keys][-1] == "open-webui"
+    assert "open-webui" in run(lab, "user", "keys", "ann").stdout
+    bad = run(lab, "user", "key", "ann", "--label", "x" * 65)
+    assert bad.exit_code != 0 and "up to 64 printable characters" in bad.stdout + bad.stderr

@@ -358,7 +358,7 @@ def test_share_like_sshare(fake: FakeDaemon) -> None:
     assert re.search(r"alice\s+3\s+60.0%\s+30.0k\s+71.4%\s+52.0k\s+74.3%\s+-1,000\s+0.57\s+2\s+1", run.stdout)
     assert "(42.0k tokens, 70.0k service units)" in run.stdout
     assert "burst" not in run.stdout  # the same for everyone: it never reorders anyone
-    for header in ("weight", "norm share", "recent tokens", "actual share", "recent units", "unit share", "deficit"):
+    for header in ("weight", "target", "recent tokens", "actual", "recent units", "unit share", "deficit"):
         assert header in run.stdout
     data = mr("share", "--json").json()
     assert {"groups", "users", "window_seconds"} <= set(data)

@@ -8,7 +8,7 @@ import time
 
 import pytest
 
-from mindrouter.daemon.process.appkeys import QUOTAS, STATS
+from mindrouter.daemon.edge.services import QUOTAS, STATS
 from mindrouter.localtime import next_day
 
 from .harness import Daemon, until

@@ -5,7 +5,7 @@ from __future__ import annotations
 import openai
 import pytest
 
-from mindrouter.daemon.process.appkeys import GPUS
+from mindrouter.daemon.edge.services import GPUS
 
 from .conftest import until
 from .fake_nvml import GIB, FakeNvml, gpu

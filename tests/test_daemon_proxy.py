@@ -7,7 +7,7 @@ from typing import Any
 
 import openai
 
-from mindrouter.daemon.process.appkeys import STORE
+from mindrouter.daemon.edge.services import STORE
 
 from .harness import until
 from .inprocess import InProcess

@@ -16,7 +16,7 @@ from typing import Any
 import openai
 import pytest
 
-from mindrouter.daemon.process.appkeys import STORE
+from mindrouter.daemon.edge.services import STORE
 from mindrouter.names import hash_key, person_name
 from mindrouter.store import Store
 from mindrouter.store.schema import _MIGRATIONS

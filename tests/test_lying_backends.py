@@ -16,7 +16,7 @@ from typing import Any
 
 import pytest
 
-from mindrouter.daemon.process.appkeys import STATS, STORE
+from mindrouter.daemon.edge.services import STATS, STORE
 from mindrouter.scheduler import TOKEN_LIMIT
 
 from .conftest import Daemon

@@ -19,7 +19,7 @@ import aiohttp
 import openai
 import pytest
 
-from mindrouter.daemon.process.appkeys import DECISIONS, SCHEDULER, STATS
+from mindrouter.daemon.edge.services import DECISIONS, SCHEDULER, STATS
 
 from .harness import Daemon, daemon, until
 from .inprocess import InProcess
@@ -194,7 +194,7 @@ async def test_shutting_down_answers_what_still_waits(front, vllm):
     by_id = {record["request_id"]: record for record in records}
     for answer in (response, stream_response):  # the decision records say why, not "the client went away"
         record = by_id[answer.headers["X-Request-Id"]]
-        assert (record["outcome"], record["status"]) == ("rejected", 503) and "shutting down" in record["reason"]
+        assert (record["outcome"], record["status"]) == ("shutdown", 503) and "shutting down" in record["reason"]
 
 
 @pytest.mark.parametrize(("path", "body"), [("/v1/chat/completions", CHAT), ("/api/chat", {**CHAT, "stream": False})])

@@ -12,7 +12,7 @@ import time
 import openai
 import pytest
 
-from mindrouter.daemon.process.appkeys import QUOTAS
+from mindrouter.daemon.edge.services import QUOTAS
 
 from .harness import Daemon, until
 from .inprocess import InProcess

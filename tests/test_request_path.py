@@ -15,7 +15,7 @@ import aiohttp
 import ollama
 import pytest
 
-from mindrouter.daemon.process.appkeys import STORE
+from mindrouter.daemon.edge.services import STORE
 
 from .fakes import FakeOllama, FakeOpenAI
 from .harness import until

@@ -19,7 +19,7 @@ from pathlib import Path
 
 import pytest
 
-from mindrouter.daemon.process.appkeys import DECISIONS, SCHEDULER
+from mindrouter.daemon.edge.services import DECISIONS, SCHEDULER
 
 from .fakes import FakeOpenAI
 from .harness import Daemon, daemon, until

@@ -19,7 +19,7 @@ from typing import Any
 import aiohttp
 import pytest
 
-from mindrouter.daemon.process.appkeys import DISPATCHER, STATS
+from mindrouter.daemon.edge.services import DISPATCHER, STATS
 from mindrouter.daemon.request.settlement import Outcome, Settlement
 
 from .harness import Daemon, until

@@ -18,7 +18,7 @@ from typing import Any
 import pytest
 
 from mindrouter.config import BackendSettings
-from mindrouter.daemon.process.appkeys import STATS, STORE
+from mindrouter.daemon.edge.services import STATS, STORE
 
 from .conftest import Daemon, until
 from .fakes import FakeOllama

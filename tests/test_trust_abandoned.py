@@ -12,7 +12,7 @@ from typing import Any
 
 import aiohttp
 
-from mindrouter.daemon.process.appkeys import STATS, STORE
+from mindrouter.daemon.edge.services import STATS, STORE
 
 from .conftest import Daemon, until
 from .fakes import FakeOllama

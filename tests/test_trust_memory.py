@@ -20,7 +20,7 @@ from aiohttp import web
 
 from mindrouter.backends import Budget
 from mindrouter.backends.budget import NoRoom
-from mindrouter.daemon.process.appkeys import STATS, STORE
+from mindrouter.daemon.edge.services import STATS, STORE
 
 from .conftest import Daemon, until
 from .test_serve import MR, free_port

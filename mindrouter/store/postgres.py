@@ -308,7 +308,7 @@ _NOTIFY = (
     " epoch BIGINT NOT NULL)",
     "INSERT INTO mindrouter_leader (epoch) VALUES (0) ON CONFLICT DO NOTHING",
 )
-"""After the migrations: change notices for the routers' memory, and the leader epoch (daemon/process/leader.py)."""
+"""After the migrations: change notices for the routers' memory, and the leader epoch (daemon/pollers/leader.py)."""
 _FENCE = (
     # A statement trigger on every table: a session that leads (mindrouter.epoch set) may write only while
     # its epoch is the latest. A new leader raises the epoch before it writes, and a leader that resumes

@@ -13,12 +13,12 @@ from typing import Any
 
 from aiohttp import web
 
-from ...names import person_identity
+from ...names import key_label, person_identity
 from ...scheduler import check_weight
 from ...store import AlreadyExists, InvalidValue
 from ...store.people import KEEP
 from ..edge.catalog import pool_models
-from ..process.appkeys import AUTH, CONFIG, DISPATCHER, GPUS, QUOTAS, REGISTRY, SCHEDULER, STORE
+from ..edge.services import AUTH, CONFIG, DISPATCHER, GPUS, QUOTAS, REGISTRY, SCHEDULER, STORE
 from ..request.weights import apply_user
 from .backend_edits import backend_dict, models_left_without, refuse_orphaning, set_backend
 from .watch import quota_rows, setup_watch_routes
@@ -26,6 +26,12 @@ from .watch import quota_rows, setup_watch_routes
 __all__ = [
     "change_group_weight",
     "change_user",
+    "create_backend",
+    "create_group",
+    "create_user",
+    "delete_backend",
+    "delete_group",
+    "delete_user",
     "key_counts",
     "new_key",
     "revoke_user_key",
@@ -73,9 +79,13 @@ async def list_groups(request: web.Request) -> web.Response:
 
 
 async def add_group(request: web.Request) -> web.Response:
-    data = await _body(request)
-    group = request.app[STORE].add_group(data.get("name"), check_weight(data.get("weight")))
+    group = create_group(request.app, await _body(request))
     return web.json_response({**group.to_dict(), "users": 0}, status=201)
+
+
+def create_group(app: web.Application, data: dict[str, Any]) -> Any:
+    """Add a group (the admin API and the web UI): ``{"name", "weight"}``."""
+    return app[STORE].add_group(data.get("name"), check_weight(data.get("weight")))
 
 
 def change_group_weight(app: web.Application, name: str, weight: object) -> Any:
@@ -94,8 +104,13 @@ async def set_group(request: web.Request) -> web.Response:
 
 async def remove_group(request: web.Request) -> web.Response:
     name = request.match_info["name"]
-    request.app[STORE].remove_group(name)
+    delete_group(request.app, name)
     return web.json_response({"removed": name})
+
+
+def delete_group(app: web.Application, name: str) -> None:
+    """Remove an empty group (the store refuses one with users, saying to move them first)."""
+    app[STORE].remove_group(name)
 
 
 # -- users -----------------------------------------------------------------------------
@@ -131,11 +146,16 @@ async def add_user(request: web.Request) -> web.Response:
     data = await _body(request)
     if data.get("person_of") is not None:
         return _add_person(request.app, data)
+    return web.json_response(_user_dict(request.app, create_user(request.app, data), {}), status=201)
+
+
+def create_user(app: web.Application, data: dict[str, Any]) -> Any:
+    """Add a user (the admin API and the web UI): ``{"name", "group", "weight", "proxy", ...}``; the new row."""
     weight = data.get("weight")
     proxy = _proxy_flag(data) or data.get("proxy_group") is not None
     if not proxy and "person_from" in data:
         raise InvalidValue('"person_from" goes with "proxy": true, for a user whose requests name a person')
-    user = request.app[STORE].add_user(
+    return app[STORE].add_user(
         data.get("name"),
         data.get("group"),
         None if weight is None else check_weight(weight),
@@ -143,7 +163,6 @@ async def add_user(request: web.Request) -> web.Response:
         proxy_group=data.get("proxy_group"),
         person_from=data.get("person_from", "header"),
     )
-    return web.json_response(_user_dict(request.app, user, {}), status=201)
 
 
 def _add_person(app: web.Application, data: dict[str, Any]) -> web.Response:
@@ -211,26 +230,37 @@ def _set_proxy(store: Any, name: str, data: dict[str, Any]) -> None:
 
 async def remove_user(request: web.Request) -> web.Response:
     name = request.match_info["name"]
-    store = request.app[STORE]
-    user = store.get_user(name)
-    store.remove_user(name)
-    request.app[AUTH].clear()
-    request.app[QUOTAS].reload()
-    with contextlib.suppress(ValueError):
-        request.app[SCHEDULER].remove_user(user.id)
+    delete_user(request.app, name)
     return web.json_response({"removed": name})
 
 
-def new_key(app: web.Application, name: str) -> str:
-    """A new API key for ``name``; the caller shows it once (only its hash is kept)."""
-    key: str = app[STORE].create_key(name)
+def delete_user(app: web.Application, name: str) -> None:
+    """Remove a user and its keys (the admin API and the web UI); its usage rows stay."""
+    store = app[STORE]
+    user = store.get_user(name)
+    store.remove_user(name)
+    app[AUTH].clear()
+    app[QUOTAS].reload()
+    with contextlib.suppress(ValueError):
+        app[SCHEDULER].remove_user(user.id)
+
+
+def new_key(app: web.Application, name: str, label: object = None) -> str:
+    """A new API key for ``name``, named ``label``; the caller shows it once (only its hash is kept)."""
+    try:
+        checked = key_label(label)
+    except ValueError as exc:
+        raise InvalidValue(str(exc)) from None
+    key: str = app[STORE].create_key(name, checked)
     app[AUTH].clear()
     return key
 
 
 async def create_key(request: web.Request) -> web.Response:
     name = request.match_info["name"]
-    return web.json_response({"user": name, "key": new_key(request.app, name)}, status=201)
+    data = await _body(request) if request.body_exists else {}
+    key = new_key(request.app, name, data.get("label"))
+    return web.json_response({"user": name, "key": key}, status=201)
 
 
 async def list_keys(request: web.Request) -> web.Response:
@@ -263,8 +293,11 @@ async def list_backends(request: web.Request) -> web.Response:
 
 
 async def add_backend(request: web.Request) -> web.Response:
-    data = await _body(request)
-    app = request.app
+    return web.json_response(await create_backend(request.app, await _body(request)), status=201)
+
+
+async def create_backend(app: web.Application, data: dict[str, Any]) -> dict[str, Any]:
+    """Add a backend (the admin API and the web UI) and wait a little for its first probe; its row."""
     fields = {
         k: data[k]
         for k in ("max_concurrent", "gpus", "node", "priority", "parallel", "max_loaded")
@@ -279,7 +312,7 @@ async def add_backend(request: web.Request) -> web.Response:
     if row.node:
         with contextlib.suppress(asyncio.TimeoutError):
             await asyncio.wait_for(app[GPUS].poll_node(row.node), wait)
-    return web.json_response(backend_dict(app, entry), status=201)
+    return backend_dict(app, entry)
 
 
 def set_backend_state(app: web.Application, name: str, state: str) -> dict[str, Any]:
@@ -309,12 +342,16 @@ async def enable_backend(request: web.Request) -> web.Response:
 
 
 async def remove_backend(request: web.Request) -> web.Response:
-    app = request.app
     name = request.match_info["name"]
+    await delete_backend(request.app, name)
+    return web.json_response({"removed": name})
+
+
+async def delete_backend(app: web.Application, name: str) -> None:
+    """Remove a backend (the admin API and the web UI); its usage rows stay under its id."""
     row = app[STORE].get_backend(name)
     app[STORE].remove_backend(name)
     await app[REGISTRY].remove(row.id)
-    return web.json_response({"removed": name})
 
 
 async def list_models(request: web.Request) -> web.Response:

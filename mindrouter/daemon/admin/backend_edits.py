@@ -15,7 +15,7 @@ from aiohttp import web
 
 from ...backends import model_key
 from ...store import InUse, InvalidValue
-from ..process.appkeys import CONFIG, DISPATCHER, GPUS, REGISTRY, SCHEDULER, STORE
+from ..edge.services import CONFIG, DISPATCHER, GPUS, REGISTRY, SCHEDULER, STORE
 
 __all__ = ["SETTABLE", "backend_dict", "change_backend", "models_left_without", "refuse_orphaning", "set_backend"]
 

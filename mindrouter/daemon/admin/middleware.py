@@ -17,7 +17,7 @@ from aiohttp import web
 from ...store import AlreadyExists, InUse, InvalidValue, NotFound, StoreError
 from ..edge.auth import bearer_is
 from ..edge.errorbodies import error_response, json_error
-from ..process.appkeys import AUTH, CONFIG
+from ..edge.services import AUTH, CONFIG
 
 __all__ = ["admin_middleware"]
 

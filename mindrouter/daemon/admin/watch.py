@@ -6,6 +6,7 @@ Each route builds its answer from the core's and the registry's snapshots
 
 from __future__ import annotations
 
+import functools
 import json
 import math
 from typing import Any
@@ -14,9 +15,8 @@ from aiohttp import web
 
 from ... import __version__
 from ...store import InvalidValue, NotFound
-from ..process.appkeys import CONFIG, DECISIONS, DISPATCHER, GPUS, QUOTAS, REGISTRY, SCHEDULER, STATS, STORE
-from ..process.roles import role
-from ..request.accounting import top_panels
+from ..edge.accounting import top_panels
+from ..edge.services import CONFIG, DECISIONS, DISPATCHER, GPUS, QUOTAS, REGISTRY, SCHEDULER, STATS, STORE, role
 from .views import Counters, share_view, status_view, top_view
 
 __all__ = ["quota_rows", "setup_watch_routes", "status_dict"]
@@ -66,11 +66,18 @@ async def get_queue(request: web.Request) -> web.Response:
     return web.json_response(queue_dict(request.app))
 
 
+def backend_names(app: web.Application) -> dict[str, str]:
+    """Backend id (as pools and decision records name it) -> its name."""
+    return {str(bid): entry.row.name for bid, entry in app[REGISTRY].entries.items()}
+
+
 def share_dict(app: web.Application) -> dict[str, Any]:
     """``mr share``: per group and user what the weights entitle it to, what it used, and the terms that act."""
     store = app[STORE]
     share = app[SCHEDULER].share(app[DISPATCHER].clock())
-    return share_view(share, store.list_users(), store.list_groups(), lambda kind, key: quota_rows(app, kind, key))
+    return share_view(
+        share, store.list_users(), store.list_groups(), functools.partial(quota_rows, app), backend_names(app)
+    )
 
 
 async def get_share(request: web.Request) -> web.Response:

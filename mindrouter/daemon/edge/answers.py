@@ -23,9 +23,9 @@ from aiohttp import web
 
 from ...backends import Dialect
 from ...errors import RequestError
-from ..process.appkeys import STATS
-from ..process.logsafe import Occasional, safe
-from ..request.quotas import QUOTA_HEADERS
+from ..edge.logsafe import Occasional, safe
+from ..edge.services import STATS
+from ..usage.quotas import QUOTA_HEADERS
 from .errorbodies import error_response
 
 __all__ = ["REQUEST_ID", "Runner", "new_request_id", "stamp"]

@@ -19,8 +19,8 @@ from aiohttp import web
 from ... import __version__
 from ...backends import model_key
 from ...errors import RequestError
+from ..edge.services import AUTH, REGISTRY
 from ..pollers.registry import Entry
-from ..process.appkeys import AUTH, REGISTRY
 from .errorbodies import dialect_of, error_response
 
 __all__ = ["OLLAMA_VERSION", "PoolModel", "pool_models", "setup_catalog_routes"]

@@ -19,8 +19,8 @@ from collections.abc import Awaitable, Callable
 from aiohttp import http_exceptions, web
 
 from ...errors import RequestError
-from ..process.appkeys import CONFIG
-from ..process.logsafe import Occasional, safe
+from ..edge.logsafe import Occasional, safe
+from ..edge.services import CONFIG
 from .errorbodies import dialect_of, error_response
 
 __all__ = ["guard_middleware"]

@@ -14,8 +14,7 @@ from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_l
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.registry import Collector
 
-from ..process.appkeys import AUTH, CONFIG, DISPATCHER, REGISTRY, SCHEDULER, STATS
-from ..process.roles import leading
+from ..edge.services import AUTH, CONFIG, DISPATCHER, REGISTRY, SCHEDULER, STATS, leading
 from .auth import bearer_is
 
 __all__ = ["setup_metrics"]

@@ -18,7 +18,7 @@ from typing import Any, Protocol
 
 from ...errors import RequestError
 from ...store import NotFound, StoreError, User
-from ..process.logsafe import safe
+from ..edge.logsafe import safe
 
 __all__ = ["HOUR", "People", "Proxy"]
 

@@ -1,10 +1,10 @@
 """Leader or standby: what a router on a shared PostgreSQL store does in each role (docs/scale.md).
 
-A router on SQLite always leads. On PostgreSQL (``[store] url``) each router starts
-as a standby: it answers ``GET /health`` with 503 "standby", inference with 503 and
+A router on SQLite always leads (``edge/services.py``'s ``leading``). On PostgreSQL
+(``[store] url``) each router starts as a standby: it answers ``GET /health`` with 503 "standby", inference with 503 and
 ``Retry-After`` in the request's dialect, and serves the admin API and web UI (their
 writes go to the database, and every router hears of them). The one that wins the
-leader lock (``leader.py``) rebuilds what a restart rebuilds (the streams a dead
+leader lock (``pollers/leader.py``) rebuilds what a restart rebuilds (the streams a dead
 leader left open become usage, fair share replays the fairness window's usage rows,
 quotas recount from the totals), starts probing the backends, and from then on
 schedules and dispatches. A standby's registry mirrors the store's backends without
@@ -21,33 +21,13 @@ from collections.abc import AsyncIterator, Callable
 
 from aiohttp import web
 
-from ...errors import RequestError
+from ..edge.services import AUTH, CONFIG, LEADERSHIP, QUOTAS, REGISTRY, SCHEDULER, STORE
+from ..pollers.leader import Leadership
 from ..request.weights import apply_user
-from .appkeys import AUTH, CONFIG, LEADERSHIP, QUOTAS, REGISTRY, SCHEDULER, STORE
-from .leader import Leadership
 
-__all__ = ["STANDBY", "leading", "role", "setup_leadership", "sync_pool"]
+__all__ = ["setup_leadership", "sync_pool"]
 
 log = logging.getLogger(__name__)
-
-STANDBY = RequestError(
-    "this router is a standby and another one leads; send requests to the leader (a load balancer that checks "
-    "GET /health does) or again in a few seconds",
-    status=503,
-    type="service_unavailable",
-    code="standby",
-    retry_after=2,
-)
-
-
-def leading(app: web.Application) -> bool:
-    """Whether this router may schedule and dispatch now (always, on SQLite)."""
-    leadership = app.get(LEADERSHIP)
-    return leadership is None or leadership.leading
-
-
-def role(app: web.Application) -> str:
-    return "leader" if leading(app) else "standby"
 
 
 def sync_pool(app: web.Application) -> None:

@@ -13,9 +13,10 @@ from typing import Any
 from aiohttp import web
 
 from ...names import hash_key
+from ..admin.watch import backend_names
+from ..edge.accounting import me_dict
 from ..edge.auth import Caller
-from ..process.appkeys import AUTH, CONFIG, DISPATCHER, REGISTRY, SCHEDULER, STORE
-from ..request.accounting import me_dict
+from ..edge.services import AUTH, CONFIG, DISPATCHER, REGISTRY, SCHEDULER, STORE
 from .render import ADMIN_GROUP, SESSIONS, page, person_page, redirect
 from .sessions import LOGIN_COOKIE, Session, same, set_cookie
 
@@ -81,7 +82,14 @@ async def me(request: web.Request, session: Session) -> web.StreamResponse:
     user = app[STORE].get_user(session.user)
     caller = Caller(user.id, user.name, user.group, user.weight_override, user.group_weight)
     return page(
-        request, "me.html", session, me=me_dict(app, caller), weight=user.weight, jobs=_jobs(app, user.id), refresh=True
+        request,
+        "me.html",
+        session,
+        me=me_dict(app, caller),
+        weight=user.weight,
+        jobs=_jobs(app, user.id),
+        names=backend_names(app),
+        refresh=True,
     )
 
 

@@ -17,7 +17,7 @@ from aiohttp import web
 from ...localtime import iso_local
 from ...names import hash_key
 from ...store import StoreError
-from ..process.appkeys import CONFIG, STORE
+from ..edge.services import CONFIG, STORE
 from .sessions import Session, Sessions, same
 
 if TYPE_CHECKING:

@@ -10,12 +10,12 @@ from ...scheduler import Scheduler
 from ...store import Store
 from ..edge.auth import Auth
 from ..pollers.gpus import GpuState
+from ..pollers.leader import Leadership
 from ..pollers.registry import Registry
-from ..pollers.stats import Stats
 from ..request.decisions import DecisionLog
 from ..request.dispatcher import Dispatcher
-from ..request.quotas import Quotas
-from .leader import Leadership
+from ..usage.quotas import Quotas
+from ..usage.stats import Stats
 
 __all__ = [
     "AUTH",
@@ -31,6 +31,8 @@ __all__ = [
     "SESSION",
     "STATS",
     "STORE",
+    "leading",
+    "role",
 ]
 
 CONFIG = web.AppKey("config", Config)
@@ -48,3 +50,14 @@ QUOTAS = web.AppKey("quotas", Quotas)
 LEADERSHIP = web.AppKey("leadership", Leadership)
 """Only on a PostgreSQL store: whether this router leads its pool (process/roles.py)."""
 SESSION = web.AppKey("session", aiohttp.ClientSession)
+
+
+def leading(app: web.Application) -> bool:
+    """Whether this router may schedule and dispatch now: always on SQLite, on PostgreSQL while it leads."""
+    leadership = app.get(LEADERSHIP)
+    return leadership is None or leadership.leading
+
+
+def role(app: web.Application) -> str:
+    """``"leader"`` or ``"standby"`` (``mr status``; docs/scale.md)."""
+    return "leader" if leading(app) else "standby"

@@ -20,8 +20,7 @@ from collections import Counter, deque
 from collections.abc import Callable
 from typing import Any
 
-from ..request.lease import Lease
-from ..request.settlement import Outcome, Settlement
+from ..request.settlement import Outcome, Settlement, Streaming
 
 __all__ = ["Stats"]
 
@@ -83,7 +82,7 @@ class Stats:
         self._stream_timer = None
         self.write_usage()
 
-    def streamed(self, lease: Lease, completion: int) -> None:
+    def streamed(self, lease: Streaming, completion: int) -> None:
         """A running stream's answer so far: kept for the next write, so a kill loses at most that second."""
         job = lease.job
         self._streaming[job.id] = (

@@ -12,11 +12,11 @@ from aiohttp import web
 
 from ...errors import RequestError
 from ...localtime import day_start, iso_local, month_start, parse_when, zone_label
-from ...scheduler import SchedulerSettings, normalized_shares
+from ...scheduler import SchedulerSettings
 from ...store import QUOTA_FIELDS, InvalidValue
 from ..edge.errorbodies import error_response
-from ..pollers.stats import BUCKET_SECONDS
-from ..process.appkeys import AUTH, CONFIG, DISPATCHER, QUOTAS, REGISTRY, SCHEDULER, STATS, STORE
+from ..edge.services import AUTH, CONFIG, DISPATCHER, QUOTAS, REGISTRY, SCHEDULER, STATS, STORE
+from ..usage.stats import BUCKET_SECONDS
 
 __all__ = ["change_quota", "me_dict", "setup_accounting_routes", "top_panels"]
 
@@ -131,13 +131,10 @@ def _standing(app: web.Application, user_id: int) -> dict[str, Any]:
     if mine is None:
         return {}
     active = [u for u in share.users if u.queued or u.running or u.recent_tokens]
-    by_user, _ = normalized_shares(
-        ((u.name, u.group, u.weight, u.weight_override) for u in share.users), {}, share.shares
-    )
     position = None
     if mine in active:
         position = 1 + sum(1 for u in active if u.deficit / u.weight > mine.deficit / mine.weight)
-    total = share.global_recent_tokens
+    row = mine.to_dict()
     return {
         "weight": mine.weight,
         "recent_tokens": mine.recent_tokens,
@@ -145,8 +142,9 @@ def _standing(app: web.Application, user_id: int) -> dict[str, Any]:
         "factor": mine.factor,
         "queued": mine.queued,
         "running": mine.running,
-        "normalized_share": round(by_user[mine.name], 4),
-        "actual_share": round(mine.recent_tokens / total, 4) if total else 0.0,
+        "target_share": row["target_share"],
+        "actual_share": row["actual_share"],
+        "pools": row["pools"],
         "deprioritized": mine.factor < 1,
         "position": position,
         "active_users": len(active),

@@ -18,9 +18,9 @@ from ...errors import RequestError
 from ...scheduler import Job, Modality
 from ..edge.answers import new_request_id
 from ..edge.errorbodies import dialect_of
-from ..process.appkeys import AUTH, DISPATCHER, QUOTAS, SCHEDULER
-from .lease import Lease
-from .weights import apply_user
+from ..edge.services import AUTH, DISPATCHER, QUOTAS, SCHEDULER
+from ..request.lease import Lease
+from ..request.weights import apply_user
 
 __all__ = ["Admitted", "admit"]
 
@@ -72,9 +72,9 @@ def admit(app: web.Application, path: str, headers: Mapping[str, str], body: byt
         try:
             admitted.quota_headers = quotas.admit(caller, job)  # 429 before the job queues
         except RequestError as refusal:  # a decision record, as the core's refusals get one
-            dispatcher.lease(job, call, user=caller.name, group=caller.group).refuse(refusal)
+            Lease(dispatcher, job, call, caller.name, caller.group).refuse(refusal)
             raise
-        admitted.lease = dispatcher.lease(job, call, user=caller.name, group=caller.group).enter()
+        admitted.lease = Lease(dispatcher, job, call, caller.name, caller.group).enter()
     except RequestError as exc:
         admitted.error = exc
     return admitted
