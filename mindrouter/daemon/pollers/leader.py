@@ -5,7 +5,7 @@ sends a heartbeat every second and is set to be ended by the server after 3 s of
 silence (``idle_session_timeout``) and to notice a dead client while it works
 (``client_connection_check_interval``): the lock is released 3-10 ms after the
 leader's process dies, and about 3 s after its host or process freezes. Every
-router tries for the lock each second; whoever gets it raises the leader epoch
+router tries for the lock five times a second; whoever gets it raises the leader epoch
 (``mindrouter_leader``) and fences its store with it, so a leader that was frozen
 and resumes finds its epoch overtaken and can commit nothing (store/postgres.py).
 
@@ -47,7 +47,8 @@ class Leadership:
         on_lead: awaited with the new epoch once the lock is won, before the router counts as leading.
         on_change: called with a table's name when another write changed it (any router's).
         on_lost: called once if leadership is lost (the daemon stops the process).
-        heartbeat: seconds between heartbeats and between tries for the lock. Defaults to 1.
+        heartbeat: seconds between a leader's heartbeats. Defaults to 1; a standby tries for the lock five
+            times as often (a cheap query), so it takes over about 0.1 s after the lock is free.
         idle_timeout: seconds of silence after which the server ends the session. Defaults to 3.
     """
 
@@ -96,7 +97,8 @@ class Leadership:
                     if won is not None:  # quick (the session must beat again within idle_timeout)
                         await self.on_lead(won)
                         self.epoch, self._confirmed = won, self.clock()
-                    async for _ in self._conn.notifies(timeout=self.heartbeat):
+                    wait = self.heartbeat if self.epoch is not None else self.heartbeat / 5
+                    async for _ in self._conn.notifies(timeout=wait):
                         pass  # the handler has taken each notice
                 except (psycopg.Error, OSError, TimeoutError) as exc:
                     await self._drop(exc)
