@@ -11,7 +11,7 @@ import pytest
 
 from mindrouter.config import StoreSettings
 from mindrouter.errors import ConfigError
-from mindrouter.store import SCHEMA_VERSION, Store
+from mindrouter.store import SCHEMA_VERSION, Store, StoreError
 from mindrouter.store.postgres import connect, translate
 
 
@@ -135,3 +135,11 @@ def test_a_session_the_server_ended_is_replaced_and_keeps_its_fence(tmp_path: Pa
         admin.execute("UPDATE mindrouter_leader SET epoch = 8")
         with pytest.raises(sqlite3.OperationalError, match=r"epoch 7\) has passed"):
             s.add_decisions([{"request_id": "r", "user": "ann"}])  # the new session is fenced as the old was
+
+
+def test_a_database_that_does_not_answer_is_one_sentence(tmp_path: Path) -> None:
+    with pytest.raises(StoreError) as caught:
+        Store(tmp_path / "x", url=f"postgresql://mr@/none?host={tmp_path}&port=1&connect_timeout=2")
+    message = str(caught.value)
+    assert message.startswith("cannot reach the PostgreSQL database of [store] url (")
+    assert message.endswith("check that it runs and the url is right") and "\n" not in message

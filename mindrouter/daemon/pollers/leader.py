@@ -95,11 +95,10 @@ class Leadership:
                         self._conn = await self._connect()
                     won = await asyncio.wait_for(self._beat(), self.heartbeat * 2)
                     if won is not None:  # quick (the session must beat again within idle_timeout)
-                        await self.on_lead(won)
-                        self.epoch, self._confirmed = won, self.clock()
+                        await self._lead(won)
                     wait = self.heartbeat if self.epoch is not None else self.heartbeat / 5
-                    async for _ in self._conn.notifies(timeout=wait):
-                        pass  # the handler has taken each notice
+                    async for notice in self._conn.notifies(timeout=wait):  # with those that came meanwhile
+                        self._notice(notice.payload)
                 except (psycopg.Error, OSError, TimeoutError) as exc:
                     await self._drop(exc)
                     await asyncio.sleep(self.heartbeat)
@@ -108,13 +107,27 @@ class Leadership:
                 with contextlib.suppress(Exception):
                     await self._conn.close()
 
+    async def _lead(self, epoch: int) -> None:
+        """Take over; if that fails, give the lock back (by ending the session) and try again later."""
+        try:
+            await self.on_lead(epoch)
+        except Exception as exc:  # the store failed us: another router may do better
+            log.exception("could not take over as leader (epoch %d); giving the lock back", epoch)
+            raise OSError(f"taking over failed: {exc}") from exc
+        self.epoch, self._confirmed = epoch, self.clock()
+
+    def _notice(self, table: str) -> None:
+        try:
+            self.on_change(table)
+        except Exception:  # the next notice, or the next takeover, reads the store again
+            log.exception("could not follow a change to %s made through another router", table)
+
     async def _connect(self) -> Any:
         import psycopg
 
         conn = await psycopg.AsyncConnection.connect(self.url, autocommit=True, application_name="mindrouter-leader")
         await conn.execute(f"SET idle_session_timeout = '{int(self.idle_timeout * 1000)}ms'")
         await conn.execute(f"SET client_connection_check_interval = '{int(self.heartbeat * 1000)}ms'")
-        conn.add_notify_handler(lambda notice: self.on_change(notice.payload))
         await conn.execute(f"LISTEN {CHANNEL}")
         return conn
 
