@@ -378,18 +378,8 @@ async def import_dry_run(request: web.Request) -> web.Response:
 async def import_state(request: web.Request) -> web.Response:
     data = await _body(request)
     app = request.app
-    before = {row.id: row for row in app[STORE].list_backends()}
     answer = app[STORE].import_(data)
-    registry = app[REGISTRY]
-    for row in app[STORE].list_backends():
-        old = before.get(row.id)
-        if old is not None and (old.url, old.engine) != (row.url, row.engine):
-            await registry.remove(row.id)  # another server, or another engine: a client of its own
-            old = None
-        if old is None:
-            registry.add(row)
-        else:
-            registry.update_row(row)
+    await app[REGISTRY].sync(app[STORE].list_backends())
     _sync_users(app)
     return web.json_response(answer)
 

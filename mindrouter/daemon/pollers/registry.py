@@ -21,7 +21,7 @@ import asyncio
 import contextlib
 import logging
 import time
-from collections.abc import Callable, Hashable
+from collections.abc import Callable, Hashable, Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -144,6 +144,18 @@ class Registry:
         if self.probing:
             entry.task = asyncio.create_task(self._poll(entry), name=f"probe-{row.name}")
         return entry
+
+    async def sync(self, rows: Iterable[Any]) -> None:
+        """Follow the store's backends: drop the removed, add the new, and give the others their new rows
+        (another server or another engine gets a client of its own)."""
+        latest = {row.id: row for row in rows}
+        for backend_id in set(self.entries) - set(latest):
+            await self.remove(backend_id)
+        for row in latest.values():
+            entry = self.entries.get(row.id)
+            if entry is not None and (entry.row.url, entry.row.engine) != (row.url, row.engine):
+                await self.remove(row.id)
+            self.add(row)
 
     def probe_all(self) -> None:
         """Start probing every backend (a standby that now leads)."""

@@ -1,9 +1,10 @@
 """Leader or standby: what a router on a shared PostgreSQL store does in each role (docs/scale.md).
 
 A router on SQLite always leads (``edge/services.py``'s ``leading``). On PostgreSQL
-(``[store] url``) each router starts as a standby: it answers ``GET /health`` with 503 "standby", inference with 503 and
-``Retry-After`` in the request's dialect, and serves the admin API and web UI (their
-writes go to the database, and every router hears of them). The one that wins the
+(``[store] url``) each router starts as a standby: it answers ``GET /health`` with 503
+"standby", inference with 503 and ``Retry-After`` in the request's dialect, and serves
+the admin API and web UI (their writes go to the database, and every router hears of
+them). The one that wins the
 leader lock (``pollers/leader.py``) rebuilds what a restart rebuilds (the streams a dead
 leader left open become usage, fair share replays the fairness window's usage rows,
 quotas recount from the totals), starts probing the backends, and from then on
@@ -41,19 +42,6 @@ def sync_pool(app: web.Application) -> None:
         apply_user(scheduler, user.id, user)
 
 
-async def _sync_backends(app: web.Application) -> None:
-    """Start, update or stop probing backends as the store now lists them (the leader's registry)."""
-    registry = app[REGISTRY]
-    rows = {row.id: row for row in app[STORE].list_backends()}
-    for backend_id in set(registry.entries) - set(rows):
-        await registry.remove(backend_id)
-    for backend_id, row in rows.items():
-        if backend_id in registry.entries:
-            registry.update_row(row)
-        else:
-            registry.add(row)
-
-
 def setup_leadership(app: web.Application, restore_usage: Callable[[], None]) -> None:
     """Contend for leadership of ``[store] url``'s pool for as long as the app runs.
 
@@ -72,7 +60,7 @@ def setup_leadership(app: web.Application, restore_usage: Callable[[], None]) ->
         sync_pool(app)
         app[QUOTAS].restore()
         restore_usage()
-        await _sync_backends(app)
+        await app[REGISTRY].sync(store.list_backends())
         app[REGISTRY].probe_all()
 
     def on_change(table: str) -> None:
@@ -81,7 +69,7 @@ def setup_leadership(app: web.Application, restore_usage: Callable[[], None]) ->
         elif table == "api_keys":
             app[AUTH].clear()
         elif table == "backends":
-            task = asyncio.create_task(_sync_backends(app))
+            task = asyncio.create_task(app[REGISTRY].sync(app[STORE].list_backends()))
             tasks.add(task)
             task.add_done_callback(tasks.discard)
 
