@@ -176,7 +176,9 @@ async def test_a_frozen_leader_is_replaced_and_never_answers_200_again(tmp_path,
         assert (await health(session, second))[0] == 200
 
 
-async def test_a_key_revoked_through_the_standby_is_refused_by_the_leader_at_once(tmp_path, pg_url, routers):
+async def test_changes_through_the_standby_reach_the_leader_and_a_revoked_key_is_refused_at_once(
+    tmp_path, pg_url, routers
+):
     async with (
         FakeOpenAI(flavor="vllm", models=["llama3"], completion_tokens=10) as fake,
         aiohttp.ClientSession() as session,
@@ -190,6 +192,16 @@ async def test_a_key_revoked_through_the_standby_is_refused_by_the_leader_at_onc
         assert (await amr(first.config, "user", "add", "ann", "--group", "staff")).returncode == 0
         key = json.loads((await amr(first.config, "user", "key", "ann", "--json")).stdout)["key"]
         await until(lambda: serves(session, first, key), "the leader serves ann")
+        # A backend moved to another server through the standby: the leader talks to the new one.
+        async with FakeOpenAI(flavor="vllm", models=["llama3"], completion_tokens=10) as moved:
+            lab = tmp_path / "lab.toml"
+            assert (await amr(second.config, "export", "-o", str(lab))).returncode == 0
+            lab.write_text(lab.read_text().replace(fake.url, moved.url))
+            assert (await amr(second.config, "import", str(lab))).returncode == 0
+            await until(lambda: serves(session, first, key), "the leader serves ann")
+            assert len(moved.received) == 1 and (await chat(session, first, key))[0] == 200
+            assert len(moved.received) == 2
+
         keys = json.loads((await amr(second.config, "user", "keys", "ann", "--json")).stdout)
         assert (await amr(second.config, "user", "key", "ann", "--revoke", str(keys[0]["id"]))).returncode == 0
         assert (await chat(session, first, key))[0] == 401
