@@ -12,7 +12,8 @@ import pytest
 from mindrouter.config import StoreSettings
 from mindrouter.errors import ConfigError
 from mindrouter.store import SCHEMA_VERSION, Store, StoreError
-from mindrouter.store.postgres import connect, translate
+from mindrouter.store.dialect import translate
+from mindrouter.store.postgres import connect
 
 
 @pytest.mark.parametrize(

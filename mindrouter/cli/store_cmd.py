@@ -11,7 +11,7 @@ from ..daemon.process.statelock import StateLock
 from ..errors import ConfigError
 from ..store import Store
 from ..store.copy import copy_store
-from ..store.postgres import is_postgres_url
+from ..store.dialect import is_postgres_url
 from ._app import ConfigOption, get_app
 
 __all__ = ["register"]
