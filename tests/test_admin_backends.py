@@ -12,7 +12,7 @@ from typing import Any
 import aiohttp
 import pytest
 
-from mindrouter.daemon.edge.services import SCHEDULER
+from mindrouter.daemon.edge.services import SERVICES
 
 from .fakes import FakeOllama
 from .test_cli_daemon import Live, live_daemon, run
@@ -49,7 +49,7 @@ def core(lab: Live, name: str) -> Any:
     """The scheduler's snapshot of backend ``name``, read on the daemon's loop."""
 
     async def read() -> Any:
-        scheduler = lab.app[SCHEDULER]
+        scheduler = lab.app[SERVICES].scheduler
         return next(b for b in (scheduler.backend(i) for i in range(1, 50)) if b is not None and b.name == name)
 
     return lab.call(read())

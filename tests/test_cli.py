@@ -441,6 +441,19 @@ def test_why_says_how_a_failed_request_ended(fake: FakeDaemon) -> None:
     assert re.search(r"req-1.*\sbackend_failed", mr("decisions").stdout)
 
 
+def test_why_says_a_request_the_shutdown_ended_was_shut_down_not_refused(fake: FakeDaemon) -> None:
+    fake.decisions[0].update(
+        outcome="shutdown",
+        status=503,
+        reason="the router is shutting down",
+        selected_backend=None,
+        selected_backend_id=None,
+    )
+    run = mr("why", "req-1")
+    assert "Ended: shutdown: the router shut down before it was answered (HTTP 503)" in run.stdout, run.stdout
+    assert re.search(r"req-1.*\sshut down", mr("decisions").stdout)  # where its backend would be
+
+
 def test_why_survives_a_removed_backend(fake: FakeDaemon) -> None:
     del fake.backends["old"]
     run = mr("why", "req-1")

@@ -512,6 +512,7 @@ async def test_the_shutdown_is_told_from_a_client_gone_by_the_leases_state_not_a
     gone = asyncio.create_task(handler(call(stream=True)))
     await until(lambda: world.core.queued_count == 2, "the third should wait")
     assert leases["r2"].stop() and leases["r2"].state is State.STOPPING
+    assert not leases["r2"].stop()  # the shutdown's second pass, before the handler has run, stops nothing twice
     assert world.core.queued_count == 1  # a stopped job leaves the queue at once
     assert leases["r1"].stop()
     for task in (running, waiting, gone):
@@ -552,4 +553,19 @@ async def test_a_quota_cut_ends_the_lease_once_with_what_was_delivered():
     settled = world.outcome("r1")
     assert (settled.outcome, settled.status, settled.completion_tokens) == (Outcome.REJECTED, 429, 3)
     assert len(written) == 3 and world.backends.releases == [1]
+    world.assert_idle()
+
+
+async def test_a_bug_in_the_handler_ends_the_lease_as_an_error_charging_what_streamed():
+    world = World(FakeAdapter(stream(10)))
+    with pytest.raises(RuntimeError, match="a bug"):
+        async with world.lease(call(stream=True)) as lease:
+            await lease.open()
+            async for chunk in lease.chunks():
+                if chunk.startswith(b"data: 2"):
+                    raise RuntimeError("a bug")
+    settled = world.outcome("r1")
+    assert (settled.outcome, settled.status, settled.reason) == (Outcome.ERROR, 500, "RuntimeError: a bug")
+    assert (settled.prompt_tokens, settled.completion_tokens) == (3, 3)  # three chunks had gone out
+    assert [a.outcome for a in settled.attempts] == [Outcome.ERROR] and world.backends.releases == [1]
     world.assert_idle()

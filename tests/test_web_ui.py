@@ -14,7 +14,7 @@ import pytest
 from aiohttp import web
 from aiohttp.test_utils import make_mocked_request
 
-from mindrouter.daemon.edge.services import STORE
+from mindrouter.daemon.edge.services import SERVICES
 from mindrouter.daemon.ui.sessions import COOKIE, Sessions
 
 from .harness import ADMIN_KEY, Daemon, until
@@ -284,7 +284,7 @@ async def test_a_person_sees_their_own_requests_running_and_queued_with_their_pl
 
 
 def _user_id(daemon: Daemon, name: str) -> int:
-    return int(daemon.app[STORE].get_user(name).id)
+    return int(daemon.app[SERVICES].store.get_user(name).id)
 
 
 def test_a_session_ends_when_it_expires_and_the_oldest_goes_when_the_table_is_full() -> None:

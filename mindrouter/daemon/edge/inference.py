@@ -21,11 +21,10 @@ from ...backends import INFERENCE_PATHS, Upstream
 from ...backends._shapes import Dialect, error_tail
 from ...errors import RequestError
 from ..edge.admission import admit
-from ..edge.services import CONFIG, HANDLERS, STATS, leading
 from ..request.lease import Lease
-from ..usage.quotas import QUOTA_HEADERS
-from .answers import REQUEST_ID
+from .answers import QUOTA_HEADERS, REQUEST_ID
 from .errorbodies import dialect_of, error_response
+from .services import SERVICES, Services
 
 __all__ = ["SHUTTING_DOWN", "end_handlers", "setup_inference_routes"]
 
@@ -56,16 +55,16 @@ _BROKEN = "stream"
 
 
 async def handle_inference(request: web.Request) -> web.StreamResponse:
-    app = request.app
-    if not leading(app):
+    services = request.app[SERVICES]
+    if not services.leading:
         return error_response(STANDBY, dialect_of(request.path))
-    admitted = admit(app, request.path, request.headers, await request.read())
+    admitted = admit(services, request.path, request.headers, await request.read())
     request[REQUEST_ID] = admitted.rid
     if admitted.quota_headers:
         request[QUOTA_HEADERS] = admitted.quota_headers
     rid, dialect, lease, call = admitted.rid, admitted.dialect, admitted.lease, admitted.call
     response: web.StreamResponse | None = None
-    task, handlers = asyncio.current_task(), app[HANDLERS]
+    task, handlers = asyncio.current_task(), services.handlers
     if lease is not None and task is not None:
         handlers[task] = lease
     try:
@@ -87,7 +86,7 @@ async def handle_inference(request: web.Request) -> web.StreamResponse:
                     await response.prepare(request)
                 await _pour(lease, upstream, response.write, dialect)
                 if upstream.error is not None:  # the answer carried its error tail
-                    await _end_broken(app, response)
+                    await _end_broken(services, response)
                 else:
                     await response.write_eof()
                 lease.finish()
@@ -100,14 +99,14 @@ async def handle_inference(request: web.Request) -> web.StreamResponse:
             _refused(rid, SHUTTING_DOWN)
             return error_response(SHUTTING_DOWN, dialect)
         with contextlib.suppress(Exception):  # best effort: the connection closes next in any case
-            await _end_broken(app, response, _shutdown_tail(rid, lease, dialect))
+            await _end_broken(services, response, _shutdown_tail(rid, lease, dialect))
         return response
     except ConnectionError:  # the client hung up mid-write; its lease has settled, and no one is listening
         return response if response is not None else web.Response(status=499)
     except RequestError as exc:
         _refused(rid, exc)
         if response is not None and response.prepared:  # a stream whose headers went out ends in its dialect
-            return await _end_broken(app, response, error_tail(dialect, exc.message))
+            return await _end_broken(services, response, error_tail(dialect, exc.message))
         return error_response(exc, dialect)
     finally:
         if task is not None:
@@ -121,7 +120,8 @@ async def end_handlers(app: web.Application) -> None:
     open; aiohttp's own shutdown would cancel the handlers only after the same grace and then close
     the connections with nothing said.
     """
-    handlers, grace = app[HANDLERS], app[CONFIG].server.shutdown_grace_seconds
+    services = app[SERVICES]
+    handlers, grace = services.handlers, services.config.server.shutdown_grace_seconds
     for task, lease in list(handlers.items()):
         if lease.queued and lease.stop():  # its job leaves the queue now; the lease ends as ``shutdown``
             task.cancel()
@@ -140,13 +140,13 @@ def _shutdown_tail(rid: str, lease: Lease, dialect: Dialect) -> bytes:
     return error_tail(dialect, message)
 
 
-async def _end_broken(app: web.Application, response: web.StreamResponse, tail: bytes = b"") -> web.StreamResponse:
+async def _end_broken(services: Services, response: web.StreamResponse, tail: bytes = b"") -> web.StreamResponse:
     """End a stream whose headers went out in an error: its tail (unless the answer carried it) and its end.
 
     The one place such an answer is counted in ``mindrouter_errors_total`` (as ``stream``): every other
     error answer is counted as it is prepared (``answers.stamp``), each once.
     """
-    app[STATS].count_error(_BROKEN)
+    services.stats.count_error(_BROKEN)
     if tail:
         await response.write(tail)
     await response.write_eof()

@@ -1,63 +1,67 @@
-"""Typed application keys: every piece of state the daemon's handlers share."""
+"""The daemon's services as one typed bundle: ``create_app`` builds it once, every handler reads it.
+
+A handler takes what it needs from ``request.app[SERVICES]`` (``.store``, ``.dispatcher``, ...), so
+the types of the services are checked where they are used, and one place lists what the daemon is
+made of. The services' classes are named here for the type checker only: at run time this module
+imports none of them, so the request path does not drag in every layer with the bundle.
+"""
 
 from __future__ import annotations
 
-import aiohttp
+import asyncio
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
+
 from aiohttp import web
 
-from ...config import Config
-from ...scheduler import Scheduler
-from ...store import Store
-from ..edge.auth import Auth
-from ..pollers.gpus import GpuState
-from ..pollers.leader import Leadership
-from ..pollers.registry import Registry
-from ..request.decisions import DecisionLog
-from ..request.dispatcher import Dispatcher
-from ..usage.quotas import Quotas
-from ..usage.stats import Stats
+if TYPE_CHECKING:
+    import aiohttp
 
-__all__ = [
-    "AUTH",
-    "CONFIG",
-    "DECISIONS",
-    "DISPATCHER",
-    "GPUS",
-    "HANDLERS",
-    "LEADERSHIP",
-    "QUOTAS",
-    "REGISTRY",
-    "SCHEDULER",
-    "SESSION",
-    "STATS",
-    "STORE",
-    "leading",
-    "role",
-]
+    from ...config import Config
+    from ...scheduler import Scheduler
+    from ...store import Store
+    from ..pollers.gpus import GpuState
+    from ..pollers.leader import Leadership
+    from ..pollers.registry import Registry
+    from ..request.decisions import DecisionLog
+    from ..request.dispatcher import Dispatcher
+    from ..request.lease import Lease
+    from ..usage.quotas import Quotas
+    from ..usage.stats import Stats
+    from .auth import Auth
 
-CONFIG = web.AppKey("config", Config)
-HANDLERS = web.AppKey("handlers", dict)
-"""Inference handlers waiting or streaming, task -> lease, for the shutdown to end (``end_handlers``)."""
-STORE = web.AppKey("store", Store)
-SCHEDULER = web.AppKey("scheduler", Scheduler)
-DISPATCHER = web.AppKey("dispatcher", Dispatcher)
-REGISTRY = web.AppKey("registry", Registry)
-AUTH = web.AppKey("auth", Auth)
-STATS = web.AppKey("stats", Stats)
-DECISIONS = web.AppKey("decisions", DecisionLog)
-GPUS = web.AppKey("gpus", GpuState)
-QUOTAS = web.AppKey("quotas", Quotas)
-LEADERSHIP = web.AppKey("leadership", Leadership)
-"""Only on a PostgreSQL store: whether this router leads its pool (process/roles.py)."""
-SESSION = web.AppKey("session", aiohttp.ClientSession)
+__all__ = ["SERVICES", "Services"]
 
 
-def leading(app: web.Application) -> bool:
-    """Whether this router may schedule and dispatch now: always on SQLite, on PostgreSQL while it leads."""
-    leadership = app.get(LEADERSHIP)
-    return leadership is None or leadership.leading
+@dataclass(slots=True)
+class Services:
+    """Every service the daemon's handlers share."""
+
+    config: Config
+    store: Store
+    scheduler: Scheduler
+    dispatcher: Dispatcher
+    registry: Registry
+    auth: Auth
+    quotas: Quotas
+    stats: Stats
+    decisions: DecisionLog
+    gpus: GpuState
+    session: aiohttp.ClientSession
+    handlers: dict[asyncio.Task[object], Lease] = field(default_factory=dict)
+    """Inference handlers waiting or streaming, task -> lease, for the shutdown to end (``end_handlers``)."""
+    leadership: Leadership | None = None
+    """Only on a PostgreSQL store: whether this router leads its pool (process/roles.py)."""
+
+    @property
+    def leading(self) -> bool:
+        """Whether this router may schedule and dispatch now: always on SQLite, on PostgreSQL while it leads."""
+        return self.leadership is None or self.leadership.leading
+
+    @property
+    def role(self) -> str:
+        """``"leader"`` or ``"standby"`` (``mr status``; docs/scale.md)."""
+        return "leader" if self.leading else "standby"
 
 
-def role(app: web.Application) -> str:
-    """``"leader"`` or ``"standby"`` (``mr status``; docs/scale.md)."""
-    return "leader" if leading(app) else "standby"
+SERVICES = web.AppKey("services", Services)

@@ -30,20 +30,7 @@ from ..edge.cors import setup_cors
 from ..edge.guard import guard_middleware
 from ..edge.inference import end_handlers, setup_inference_routes
 from ..edge.metrics import setup_metrics
-from ..edge.services import (
-    AUTH,
-    CONFIG,
-    DECISIONS,
-    DISPATCHER,
-    GPUS,
-    HANDLERS,
-    QUOTAS,
-    REGISTRY,
-    SCHEDULER,
-    SESSION,
-    STATS,
-    STORE,
-)
+from ..edge.services import SERVICES, Services
 from ..pollers.discover import discover_local_backends
 from ..pollers.gpus import GpuState
 from ..pollers.registry import AdapterFactory, Registry
@@ -148,17 +135,19 @@ async def create_app(
         max_retries=config.backends.max_retries,
     )
 
-    app[CONFIG] = config
-    app[STORE] = store
-    app[SCHEDULER] = scheduler
-    app[DISPATCHER] = dispatcher
-    app[REGISTRY] = registry
-    app[AUTH] = Auth(store, new_people_per_hour=server.new_people_per_hour)
-    app[QUOTAS] = quotas
-    app[STATS] = stats
-    app[DECISIONS] = decisions
-    app[GPUS] = gpus
-    app[SESSION] = session
+    app[SERVICES] = Services(
+        config=config,
+        store=store,
+        scheduler=scheduler,
+        dispatcher=dispatcher,
+        registry=registry,
+        auth=Auth(store, new_people_per_hour=server.new_people_per_hour),
+        quotas=quotas,
+        stats=stats,
+        decisions=decisions,
+        gpus=gpus,
+        session=session,
+    )
 
     want_discovery = server.discover if discover is None else discover
 
@@ -190,7 +179,6 @@ async def create_app(
     app.cleanup_ctx.append(gpus.poll_ctx)
     if shared:
         setup_leadership(app, lambda: _restore_usage(store, scheduler, config))
-    app[HANDLERS] = {}
     app.on_shutdown.append(end_handlers)  # runs before the cleanup contexts close the resources
     setup_inference_routes(app)
     setup_catalog_routes(app)

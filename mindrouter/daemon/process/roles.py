@@ -1,6 +1,6 @@
 """Leader or standby: what a router on a shared PostgreSQL store does in each role (docs/scale.md).
 
-A router on SQLite always leads (``edge/services.py``'s ``leading``). On PostgreSQL
+A router on SQLite always leads (``Services.leading``). On PostgreSQL
 (``[store] url``) each router starts as a standby: it answers ``GET /health`` with 503
 "standby", inference with 503 and ``Retry-After`` in the request's dialect, and serves
 the admin API and web UI (their writes go to the database, and every router hears of
@@ -22,7 +22,7 @@ from collections.abc import AsyncIterator, Callable
 
 from aiohttp import web
 
-from ..edge.services import AUTH, CONFIG, LEADERSHIP, QUOTAS, REGISTRY, SCHEDULER, STORE
+from ..edge.services import SERVICES
 from ..pollers.leader import Leadership
 from ..request.weights import apply_user
 
@@ -33,9 +33,10 @@ log = logging.getLogger(__name__)
 
 def sync_pool(app: web.Application) -> None:
     """Bring groups, users, keys and quotas in memory in line with the store (after a write anywhere)."""
-    store, scheduler = app[STORE], app[SCHEDULER]
-    app[AUTH].clear()
-    app[QUOTAS].reload()
+    services = app[SERVICES]
+    store, scheduler = services.store, services.scheduler
+    services.auth.clear()
+    services.quotas.reload()
     for group in store.list_groups():
         scheduler.set_group(group.name, group.scheduler_weight)
     for user in store.list_users():
@@ -48,36 +49,36 @@ def setup_leadership(app: web.Application, restore_usage: Callable[[], None]) ->
     Args:
         restore_usage: replays the fairness window's usage into the scheduler (as a restart does).
     """
-    config = app[CONFIG]
+    services = app[SERVICES]
     tasks: set[asyncio.Task[None]] = set()
 
     async def on_lead(epoch: int) -> None:
-        store = app[STORE]
+        store = services.store
         store.fence(epoch)
         recovered = store.recover_open_usage()
         if recovered:
             log.info("recorded the usage of %d streams the last leader was cut in", recovered)
         sync_pool(app)
-        app[QUOTAS].restore()
+        services.quotas.restore()
         restore_usage()
-        await app[REGISTRY].sync(store.list_backends())
-        app[REGISTRY].probe_all()
+        await services.registry.sync(store.list_backends())
+        services.registry.probe_all()
 
     def on_change(table: str) -> None:
         if table in ("groups", "users"):
             sync_pool(app)
         elif table == "api_keys":
-            app[AUTH].clear()
+            services.auth.clear()
         elif table == "backends":
-            task = asyncio.create_task(app[REGISTRY].sync(app[STORE].list_backends()))
+            task = asyncio.create_task(services.registry.sync(services.store.list_backends()))
             tasks.add(task)
             task.add_done_callback(tasks.discard)
 
     def on_lost() -> None:
         os.kill(os.getpid(), signal.SIGTERM)
 
-    leadership = Leadership(config.store.url, on_lead=on_lead, on_change=on_change, on_lost=on_lost)
-    app[LEADERSHIP] = leadership
+    leadership = Leadership(services.config.store.url, on_lead=on_lead, on_change=on_change, on_lost=on_lost)
+    services.leadership = leadership
 
     async def contend(_app: web.Application) -> AsyncIterator[None]:
         task = asyncio.create_task(leadership.run(), name="leadership")

@@ -27,7 +27,7 @@ from ...config import Config, check_keys
 from ...errors import ConfigError
 from ..edge.answers import Runner
 from ..edge.logsafe import OneLineFormatter
-from ..edge.services import SCHEDULER
+from ..edge.services import SERVICES
 from .app import create_app
 from .listen import port_taken, refuse_a_busy_port
 from .statelock import StateLock
@@ -160,7 +160,7 @@ async def _serve_app(config: Config, *, discover: bool | None) -> None:
         log.info(
             "shutting down: no new requests; waiting up to %.0f s for %d in flight",
             server.shutdown_grace_seconds,
-            app[SCHEDULER].running_count,
+            app[SERVICES].scheduler.running_count,
         )
     finally:
         await runner.cleanup()  # on_shutdown ends the handlers within the grace; then the resources close

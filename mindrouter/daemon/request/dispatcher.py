@@ -13,19 +13,22 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import logging
 import math
 import time
 from collections.abc import Callable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from ...errors import RequestError
 from ...scheduler import Dispatch, Job, Scheduler, Timings
 from ...tasks import background
-from .ports import Backends, Reservations
 from .settlement import Settlement, Streaming
 
-__all__ = ["Dispatcher", "unsupported"]
+if TYPE_CHECKING:  # protocols only: nothing of them runs
+    from .ports import Backends, Reservations
+
+__all__ = ["Dispatcher", "done_or_after", "unsupported"]
 
 log = logging.getLogger(__name__)
 
@@ -234,6 +237,29 @@ def unsupported(model: str, modality: Any, said: str) -> RequestError:
         "with them, or ask an admin to enable them on that backend"
     )
     return RequestError(message, status=400, type="invalid_request_error", code="unsupported")
+
+
+def _wake(waiter: asyncio.Future[None], *_: object) -> None:
+    if not waiter.done():
+        waiter.set_result(None)
+
+
+async def done_or_after(future: asyncio.Future[Any], seconds: float) -> None:
+    """Return once ``future`` is done or ``seconds`` have passed, leaving it as it is.
+
+    ``asyncio.wait({future}, timeout=seconds)`` for one future, without its two sets, its
+    closure and its second coroutine: a waiting stream sits in this between heartbeats.
+    """
+    loop = future.get_loop()
+    waiter: asyncio.Future[None] = loop.create_future()
+    wake = functools.partial(_wake, waiter)
+    timer = loop.call_later(seconds, wake)
+    future.add_done_callback(wake)
+    try:
+        await waiter
+    finally:
+        timer.cancel()
+        future.remove_done_callback(wake)
 
 
 _TYPES = {

@@ -28,7 +28,6 @@ The lease reads one clock, the dispatcher's. The stream's chunks pass through th
 from __future__ import annotations
 
 import asyncio
-import functools
 from collections.abc import AsyncIterator, Awaitable, Callable, Hashable
 from typing import Any
 
@@ -36,7 +35,7 @@ from ...backends import Fault
 from ...backends.base import BackendError, Call, Upstream
 from ...errors import RequestError
 from ...scheduler import DecisionRecord, Dispatch, Job, Timings
-from .dispatcher import Dispatcher, unsupported
+from .dispatcher import Dispatcher, done_or_after, unsupported
 from .moves import LeaseError, Move, State, moved
 from .relay import Relay
 from .settlement import Attempt, Outcome, Settlement
@@ -198,7 +197,7 @@ class Lease:
                 return await future
             while not future.done():
                 await heartbeat()
-                await _done_or_after(future, every)
+                await done_or_after(future, every)
             return future.result()
         except RequestError as exc:  # the dispatcher expired it (504)
             self._end(Move.ABANDON, Outcome.TIMEOUT, exc.message, exc.status)
@@ -259,8 +258,8 @@ class Lease:
 
     def stop(self) -> bool:
         """The daemon is shutting down: a queued job leaves the queue now, and the lease ends as ``shutdown``
-        at its exit. False for a lease that has settled (nothing to stop)."""
-        if self.state is State.SETTLED:
+        at its exit. False for a lease already stopped or settled (the shutdown's second pass meets both)."""
+        if self.state is State.SETTLED or self.state is State.STOPPING:
             return False
         queued = self.state is State.QUEUED
         self._move(Move.STOP)
@@ -318,7 +317,7 @@ class Lease:
         Raises:
             LeaseError: ``move`` is not one the lease's state allows (it has ended already, say).
         """
-        moved(self.state, move, self.job.id)  # an ending the state does not allow raises before anything changes
+        settled = moved(self.state, move, self.job.id)  # an ending the state does not allow raises here
         dispatcher, job_id = self.dispatcher, self.job.id
         prompt, completion = used
         again = False
@@ -350,8 +349,7 @@ class Lease:
             self._move(Move.REQUEUE)
             self._future = dispatcher.requeued(self.job)
             return True
-        self._move(move)
-        self.outcome = outcome
+        self.state, self.outcome = settled, outcome
         dispatcher.on_settled(
             Settlement(
                 job=self.job,
@@ -425,26 +423,3 @@ class Lease:
         """No backend left offers what the request needs: say what the backend lacks, not "try again"."""
         job = self.job
         return unsupported(job.model, job.modality, self.dispatcher.backends.lacking(job.model, job.modality))
-
-
-def _wake(waiter: asyncio.Future[None], *_: object) -> None:
-    if not waiter.done():
-        waiter.set_result(None)
-
-
-async def _done_or_after(future: asyncio.Future[Any], seconds: float) -> None:
-    """Return once ``future`` is done or ``seconds`` have passed, leaving it as it is.
-
-    ``asyncio.wait({future}, timeout=seconds)`` for one future, without its two sets, its
-    closure and its second coroutine: a waiting stream sits in this between heartbeats.
-    """
-    loop = future.get_loop()
-    waiter: asyncio.Future[None] = loop.create_future()
-    wake = functools.partial(_wake, waiter)
-    timer = loop.call_later(seconds, wake)
-    future.add_done_callback(wake)
-    try:
-        await waiter
-    finally:
-        timer.cancel()
-        future.remove_done_callback(wake)

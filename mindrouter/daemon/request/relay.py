@@ -9,10 +9,13 @@ from __future__ import annotations
 
 import math
 from collections.abc import AsyncIterator, Awaitable, Callable
+from typing import TYPE_CHECKING
 
 from ...backends.base import Upstream
 from ...errors import RequestError
-from .ports import Reservations
+
+if TYPE_CHECKING:  # a protocol only: nothing of it runs
+    from .ports import Reservations
 
 __all__ = ["Relay"]
 

@@ -15,7 +15,7 @@ from ...explain import PRIORITY_TERMS, SCORE_TERMS, ended, lost_by
 from ...formats import fmt_duration, fmt_num, fmt_time
 from ..admin.views import share_view
 from ..admin.watch import backend_names, queue_dict, status_dict
-from ..edge.services import DECISIONS, DISPATCHER, SCHEDULER, STORE
+from ..edge.services import SERVICES
 from .backend_forms import setup_backend_forms
 from .people_forms import setup_people_forms
 from .render import admin_page, page
@@ -26,15 +26,15 @@ __all__ = ["setup_admin_pages"]
 
 def _shares(app: web.Application) -> dict[str, Any]:
     """``mr share``'s figures without each subject's quotas (which no page here shows), so 1,000 users stay cheap."""
-    store = app[STORE]
-    share = app[SCHEDULER].share(app[DISPATCHER].clock())
+    store = app[SERVICES].store
+    share = app[SERVICES].scheduler.share(app[SERVICES].dispatcher.clock())
     return share_view(share, store.list_users(), store.list_groups(), lambda _kind, _key: [], backend_names(app))
 
 
 @admin_page
 async def groups(request: web.Request, session: Session) -> web.StreamResponse:
     app = request.app
-    rows = app[STORE].list_groups()
+    rows = app[SERVICES].store.list_groups()
     shares = _shares(app)
     share = {g["name"]: g for g in shares["groups"]}
     people: dict[str, list[dict[str, Any]]] = {}
@@ -63,7 +63,7 @@ async def top(request: web.Request, session: Session) -> web.StreamResponse:
         active=active[:50],
         hidden=max(0, len(active) - 50),
         pools=_pools(share) if len(share["pools"]) > 1 else [],
-        decisions=app[DECISIONS].recent(10),
+        decisions=app[SERVICES].decisions.recent(10),
         refresh=True,
     )
 
@@ -84,7 +84,7 @@ def _pools(shares: Mapping[str, Any]) -> list[dict[str, Any]]:
 @admin_page
 async def decisions(request: web.Request, session: Session) -> web.StreamResponse:
     user_name = request.query.get("user") or None
-    rows = request.app[DECISIONS].recent(100, user=user_name)
+    rows = request.app[SERVICES].decisions.recent(100, user=user_name)
     return page(request, "decisions.html", session, decisions=rows, user=user_name or "")
 
 
@@ -139,7 +139,7 @@ def explain(record: Mapping[str, Any], names: Mapping[str, str]) -> dict[str, An
 async def why(request: web.Request, session: Session) -> web.StreamResponse:
     """``mr why``'s explanation of one decision."""
     rid = request.match_info["request_id"]
-    record = request.app[DECISIONS].get(rid)
+    record = request.app[SERVICES].decisions.get(rid)
     if record is None:
         return page(request, "error.html", session, 404, message=f"No decision record for request {rid!r}.")
     return page(request, "why.html", session, rid=rid, **explain(record, backend_names(request.app)))

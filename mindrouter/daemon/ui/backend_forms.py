@@ -17,7 +17,7 @@ from ...store import StoreError
 from ..admin import api
 from ..admin.backend_edits import SETTABLE, change_backend, models_left_without
 from ..admin.watch import backend_names
-from ..edge.services import REGISTRY
+from ..edge.services import SERVICES
 from .people_forms import confirm, field
 from .render import action, admin_page, page, redirect
 from .sessions import Session
@@ -55,7 +55,7 @@ def _settings(form: Any, *, clear: bool) -> dict[str, Any]:
 
 
 def _rows(request: web.Request) -> list[dict[str, Any]]:
-    registry = request.app[REGISTRY]
+    registry = request.app[SERVICES].registry
     return [registry.row_dict(e) for e in registry.entries.values()]
 
 

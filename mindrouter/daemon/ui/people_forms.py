@@ -18,7 +18,7 @@ from ...store import QUOTA_FIELDS, NotFound, StoreError
 from ..admin import api
 from ..admin.watch import quota_rows
 from ..edge.accounting import change_quota
-from ..edge.services import AUTH, STORE
+from ..edge.services import SERVICES
 from .render import action, admin_page, page, redirect
 from .sessions import Session
 
@@ -73,7 +73,7 @@ async def set_group_weight(request: web.Request, session: Session) -> str:
 
 @admin_page
 async def group(request: web.Request, session: Session) -> web.StreamResponse:
-    store = request.app[STORE]
+    store = request.app[SERVICES].store
     try:
         row = next(g for g in store.list_groups() if g.name.lower() == _name(request).lower())
     except StopIteration:
@@ -109,7 +109,7 @@ async def remove_group(request: web.Request, session: Session) -> web.StreamResp
 
 @admin_page
 async def users(request: web.Request, session: Session) -> web.StreamResponse:
-    store = request.app[STORE]
+    store = request.app[SERVICES].store
     return page(
         request,
         "users.html",
@@ -140,8 +140,8 @@ async def add_user(request: web.Request, session: Session) -> web.StreamResponse
 @admin_page
 async def user(request: web.Request, session: Session) -> web.StreamResponse:
     app = request.app
-    store = app[STORE]
-    app[AUTH].flush()  # the keys' last-used times, as `mr user keys` shows them
+    store = app[SERVICES].store
+    app[SERVICES].auth.flush()  # the keys' last-used times, as `mr user keys` shows them
     try:
         row = store.get_user(_name(request))
     except NotFound as exc:
@@ -209,7 +209,7 @@ async def create_key(request: web.Request, session: Session) -> web.StreamRespon
     except (StoreError, ValueError) as exc:
         session.flash = ("error", str(exc))
     else:
-        session.new_key = (request.app[STORE].get_user(name).name, key)
+        session.new_key = (request.app[SERVICES].store.get_user(name).name, key)
     return redirect(f"/ui/admin/users/{quote(name, safe='')}")
 
 
@@ -218,7 +218,9 @@ async def revoke_key(request: web.Request, session: Session) -> web.StreamRespon
     name, key_id = _name(request), request.match_info["key_id"]
     back = f"/ui/admin/users/{quote(name, safe='')}"
     if request.method == "GET":
-        found = [k for k in request.app[STORE].list_keys(name) if str(k.id) == key_id] if key_id.isdigit() else []
+        found = (
+            [k for k in request.app[SERVICES].store.list_keys(name) if str(k.id) == key_id] if key_id.isdigit() else []
+        )
         label = f" ({found[0].label})" if found and found[0].label else ""
         starts = f", starting {found[0].prefix}…" if found else ""
         question = f"Revoke key {key_id}{label}{starts} of {name}? Whoever uses it is refused from then on."

@@ -20,6 +20,7 @@ from collections import Counter, deque
 from collections.abc import Callable
 from typing import Any
 
+from ...store import Store
 from ..request.settlement import Outcome, Settlement, Streaming
 
 __all__ = ["Stats"]
@@ -36,7 +37,7 @@ BUCKETS = 30
 class Stats:
     def __init__(
         self,
-        store: Any,
+        store: Store,
         *,
         clock: Callable[[], float] = time.monotonic,
         wall: Callable[[], float] = time.time,
