@@ -172,6 +172,7 @@ async def test_a_frozen_leader_is_replaced_and_never_answers_200_again(tmp_path,
             await asyncio.sleep(0.02)
         assert 200 not in seen, seen
         await until(lambda: first.proc.poll() is not None, "the old leader stands down (exits)", timeout=15)
+        assert first.proc.returncode == 1  # a failure: systemd's Restart=on-failure starts it again
         assert "lost the leadership" in first.log.read_text()
         assert (await health(session, second))[0] == 200
 

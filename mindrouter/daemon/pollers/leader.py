@@ -11,9 +11,9 @@ and resumes finds its epoch overtaken and can commit nothing (store/postgres.py)
 
 A leader counts itself leading only while its last heartbeat is fresh (monotonic
 time, which runs on while a process is stopped): a resumed leader answers 503 at
-once, finds its session gone at the next heartbeat, and stands down by stopping the
-process (a supervisor starts it again, as a standby), the way Kubernetes
-controllers end on a lost lease.
+once, finds its session gone at the next heartbeat, and stands down by ending the
+process with status 1 (a supervisor starts it again, as a standby), the way
+Kubernetes controllers end on a lost lease.
 
 The same session LISTENs for the store's change notices (a trigger on groups,
 users, keys and backends), so an admin change made through any router reaches

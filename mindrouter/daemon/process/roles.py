@@ -17,7 +17,6 @@ from __future__ import annotations
 import asyncio
 import logging
 import os
-import signal
 from collections.abc import AsyncIterator, Callable
 
 from aiohttp import web
@@ -75,7 +74,10 @@ def setup_leadership(app: web.Application, restore_usage: Callable[[], None]) ->
             task.add_done_callback(tasks.discard)
 
     def on_lost() -> None:
-        os.kill(os.getpid(), signal.SIGTERM)
+        # At once, status 1: nothing it holds may be written any more (it is fenced), closing its
+        # connections ends its generations at the backends for the new leader, and systemd's
+        # Restart=on-failure (docs/systemd) starts it again, as a standby.
+        os._exit(1)
 
     leadership = Leadership(services.config.store.url, on_lead=on_lead, on_change=on_change, on_lost=on_lost)
     services.leadership = leadership
