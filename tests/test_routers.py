@@ -206,3 +206,36 @@ async def test_changes_through_the_standby_reach_the_leader_and_a_revoked_key_is
         keys = json.loads((await amr(second.config, "user", "keys", "ann", "--json")).stdout)
         assert (await amr(second.config, "user", "key", "ann", "--revoke", str(keys[0]["id"]))).returncode == 0
         assert (await chat(session, first, key))[0] == 401
+
+
+async def test_a_new_leader_holds_the_slots_a_frozen_leaders_generations_still_use(tmp_path, pg_url, routers):
+    """Until the engine's gauges say the old leader's generations ended, the new leader sends nothing there."""
+    async with (
+        FakeOpenAI(flavor="vllm", models=["llama3"], completion_tokens=80, tokens_per_second=10) as fake,
+        aiohttp.ClientSession() as session,
+    ):
+        first = start_router(tmp_path, "a", pg_url)
+        routers.append(first)
+        await until(lambda: leads(session, first), "the first router leads")
+        second = start_router(tmp_path, "b", pg_url)
+        routers.append(second)
+        add = ("backend", "add", "gpu1", fake.url, "--engine", "vllm", "--max-concurrent", "1")
+        assert (await amr(first.config, *add)).returncode == 0
+        assert (await amr(first.config, "user", "add", "ann", "--group", "staff")).returncode == 0
+        key = json.loads((await amr(first.config, "user", "key", "ann", "--json")).stdout)["key"]
+        body = {"model": "llama3", "messages": [{"role": "user", "content": "hi"}], "stream": True}
+        headers = {"Authorization": f"Bearer {key}"}
+
+        async def long_stream() -> None:
+            async with session.post(f"{first.url}/v1/chat/completions", json=body, headers=headers) as r:
+                await r.read()
+
+        streaming = asyncio.create_task(long_stream())
+        await until(lambda: fake.running == 1, "the leader's 8 s generation runs")
+        first.proc.send_signal(signal.SIGSTOP)
+        await until(lambda: leads(session, second), "the standby leads", timeout=20)
+        assert fake.running == 1  # the frozen leader's generation still runs at the engine
+        status, _, answer = await chat(session, second, key)
+        assert status == 200 and answer["usage"]["completion_tokens"] == 10
+        assert fake.max_seen_in_flight == 1  # it waited for the gauge to say the slot was free
+        streaming.cancel()

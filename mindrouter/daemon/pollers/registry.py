@@ -67,6 +67,8 @@ class Entry:
     """Set to probe again at once (a request met the backend failing)."""
     probed_at: float = float("-inf")
     """When the last probe ended."""
+    inherited: int = 0
+    """Slots a leader before this router may still hold with generations it started (``Registry.inherit``)."""
 
     @property
     def circuit_open(self) -> bool:
@@ -119,11 +121,13 @@ class Registry:
     async def start(self, first_probe_timeout: float = 5.0) -> None:
         for row in self.store.list_backends():
             self.add(row)
+        await self.first_probes(first_probe_timeout)
+
+    async def first_probes(self, timeout: float) -> None:
+        """Wait, ``timeout`` seconds at most, until every backend has been probed once (none while not probing)."""
         if self.entries and self.probing:
             with contextlib.suppress(asyncio.TimeoutError):
-                await asyncio.wait_for(
-                    asyncio.gather(*(e.probed.wait() for e in self.entries.values())), first_probe_timeout
-                )
+                await asyncio.wait_for(asyncio.gather(*(e.probed.wait() for e in self.entries.values())), timeout)
 
     async def stop(self) -> None:
         for entry in self.entries.values():
@@ -157,6 +161,21 @@ class Registry:
             if entry is not None and (entry.row.url, entry.row.engine) != (row.url, row.engine):
                 await self.remove(row.id)
             self.add(row)
+
+    def inherit(self) -> None:
+        """A new leader: hold every slot busy until the backend's gauges say how many the old one's
+        generations still hold (engines without gauges, such as Ollama, are taken as free)."""
+        for entry in self.entries.values():
+            entry.inherited = entry.row.max_concurrent
+            self._publish(entry)
+
+    def _count_inherited(self, entry: Entry, probe: Probe) -> None:
+        """What the engine runs beyond this router's own requests is the old leader's, and can only end."""
+        if not entry.inherited or not probe.healthy:
+            return
+        load = self.scheduler.load(entry.row.id)
+        others = None if probe.running is None else probe.running - (load.in_flight if load else 0)
+        entry.inherited = 0 if others is None else max(0, min(entry.inherited, others))
 
     def probe_all(self) -> None:
         """Start probing every backend (a standby that now leads)."""
@@ -239,6 +258,7 @@ class Registry:
                 "healthy" if self.healthy(entry) else "unhealthy",
                 "" if self.healthy(entry) else f" ({entry.error})",
             )
+        self._count_inherited(entry, probe)
         self._disable_if_drained(entry)
         self._publish(entry)
         entry.probed.set()
@@ -337,7 +357,9 @@ class Registry:
         probe = entry.probe if entry.probe is None or entry.probe.healthy or entry.known is None else entry.known
         gpu = self.gpu_lookup(row) if self.gpu_lookup is not None else None
         self.scheduler.set_backend(
-            backend_snapshot(row, probe, entry.lacks, gpu, self.vram_estimate, healthy=self.healthy(entry))
+            backend_snapshot(
+                row, probe, entry.lacks, gpu, self.vram_estimate, healthy=self.healthy(entry), inherited=entry.inherited
+            )
         )
         self.on_change()
 

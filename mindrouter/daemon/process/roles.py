@@ -7,7 +7,8 @@ the admin API and web UI (their writes go to the database, and every router hear
 them). The one that wins the
 leader lock (``pollers/leader.py``) rebuilds what a restart rebuilds (the streams a dead
 leader left open become usage, fair share replays the fairness window's usage rows,
-quotas recount from the totals), starts probing the backends, and from then on
+quotas recount from the totals), holds the backends' slots busy until their gauges
+say the old leader's generations ended, starts probing the backends, and from then on
 schedules and dispatches. A standby's registry mirrors the store's backends without
 probing them: only the leader polls, drains and disables.
 """
@@ -61,7 +62,11 @@ def setup_leadership(app: web.Application, restore_usage: Callable[[], None]) ->
         services.quotas.restore()
         restore_usage()
         await services.registry.sync(store.list_backends())
+        services.registry.inherit()
         services.registry.probe_all()
+        # Serving before a backend's first probe would answer 404 for its models. Bounded: the lock's
+        # session is silent meanwhile, and the server ends it after 3 s of silence.
+        await services.registry.first_probes(1.0)
 
     def on_change(table: str) -> None:
         if table in ("groups", "users"):
