@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import sqlite3
+import subprocess
+import sys
 import threading
 from pathlib import Path
 
@@ -144,3 +146,40 @@ def test_a_database_that_does_not_answer_is_one_sentence(tmp_path: Path) -> None
     message = str(caught.value)
     assert message.startswith("cannot reach the PostgreSQL database of [store] url (")
     assert message.endswith("check that it runs and the url is right") and "\n" not in message
+
+
+def test_migrate_refuses_while_mr_serve_holds_the_state(tmp_path: Path) -> None:
+    from mindrouter.daemon.process.statelock import StateLock
+
+    config = tmp_path / "config.toml"
+    config.write_text(f'[server]\nstate_dir = "{tmp_path / "state"}"\nsocket = "{tmp_path / "mr.sock"}"\n')
+    lock = StateLock(tmp_path / "state")
+    lock.acquire(listen="http://127.0.0.1:8484")
+    try:
+        run = subprocess.run(
+            [
+                sys.executable,
+                "-m",
+                "mindrouter.cli",
+                "--config",
+                str(config),
+                "store",
+                "migrate",
+                "--to",
+                "postgresql://x@/y",
+            ],
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
+    finally:
+        lock.release()
+    assert run.returncode == 1 and "another mr serve" in run.stderr and "stop it first" in run.stderr
+
+
+def test_the_store_url_password_is_masked_in_the_settings_shown() -> None:
+    from mindrouter.cli.config_cmd import effective_settings
+    from mindrouter.config import Config
+
+    shown = effective_settings(Config(store=StoreSettings("postgresql://mr:s3cret@db:5432/pool")))["store"]
+    assert shown == {"url": "postgresql://mr:********@db:5432/pool"}

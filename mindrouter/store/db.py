@@ -1,4 +1,4 @@
-"""The Store: groups, users, API keys and backends on the daemon's one SQLite connection.
+"""The Store: groups, users, API keys and backends on the daemon's one connection (SQLite, or PostgreSQL).
 
 Backends are in ``backends.py``, API keys in ``keys.py``, usage in ``usage.py``, decision records in
 ``decisions.py``, the schema in ``schema.py``.
