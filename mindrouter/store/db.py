@@ -173,7 +173,8 @@ class Store(Backends, UsageLog, Decisions, People, ApiKeys):
                     "INSERT INTO groups (name, scheduler_weight) VALUES (?, ?) ON CONFLICT DO NOTHING", (name, weight)
                 ).rowcount:
                     created.append(name)
-            db.execute("INSERT INTO meta (key, value) VALUES ('default_groups', '1')")
+            # ON CONFLICT: routers starting at once on one PostgreSQL all get here; the groups are made once.
+            db.execute("INSERT INTO meta (key, value) VALUES ('default_groups', '1') ON CONFLICT DO NOTHING")
         return created
 
     def _group_id(self, name: object) -> int:
