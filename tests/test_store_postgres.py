@@ -188,3 +188,35 @@ def test_the_store_url_password_is_masked_in_the_settings_shown() -> None:
 
     shown = effective_settings(Config(store=StoreSettings("postgresql://mr:s3cret@db:5432/pool")))["store"]
     assert shown == {"url": "postgresql://mr:********@db:5432/pool"}
+
+
+@pytest.mark.postgres
+def test_two_routers_rolling_the_usage_totals_at_once_count_each_row_once(tmp_path: Path, pg_url: str) -> None:
+    """A standby's `mr usage` rolls the totals up too: its roll-up and the leader's take turns, as on SQLite."""
+    stores = [Store(tmp_path / str(i), url=pg_url) for i in range(2)]
+    try:
+        stores[0].ensure_default_groups()
+        ann = stores[0].add_user("ann", "staff").id
+        rows = [(ann, f"r{i}", "m", None, 10, 5, 1_700_000_000.0 + i, 0.1, "staff") for i in range(200)]
+        stores[0].record_usages(rows)  # fewer than a roll-up's batch: nothing rolled yet
+        together = threading.Barrier(2)
+        errors: list[BaseException] = []
+
+        def roll(store: Store) -> None:
+            try:
+                together.wait(30)
+                store.roll_usage()
+            except BaseException as exc:
+                errors.append(exc)
+
+        threads = [threading.Thread(target=roll, args=(s,)) for s in stores]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(30)
+        assert errors == []
+        daily = stores[1]._db.execute("SELECT sum(requests), sum(prompt_tokens) FROM usage_daily").fetchone()
+        assert daily == (200, 2000)
+    finally:
+        for s in stores:
+            s.close()

@@ -72,6 +72,10 @@ _WRITES = ("INSERT", "UPDATE", "DELETE")
 _ROWS = re.compile(r"(INSERT INTO .*? VALUES )(\([^()]*\))", re.DOTALL)
 _MAX_PARAMS = 30_000
 """Parameters one fused INSERT may carry (PostgreSQL's limit is 65,535)."""
+_WRITE_LOCK = 0x6D72_0003
+_BEGIN = f"BEGIN; SELECT pg_advisory_xact_lock({_WRITE_LOCK})"
+"""A transaction of more than one statement, as SQLite's BEGIN IMMEDIATE: one writer at a time, across
+routers too (a standby's report rolls the usage totals up as the leader does). One round trip."""
 _Write = tuple[str, Any, bool, _Cursor]
 """A write held back: statement, parameters (a list of rows when ``many``), many, its cursor."""
 
@@ -121,7 +125,7 @@ class PgConnection:
 
     Each statement costs a round trip and about 25 µs of Python in psycopg, so a transaction's
     writes are held until something needs them: at COMMIT a lone write is sent alone (one statement
-    is atomic by itself: no BEGIN or COMMIT), several between one BEGIN and COMMIT; a read, or a
+    is atomic by itself: no BEGIN or COMMIT), several in one transaction; a read, or a
     write's ``rowcount``, sends BEGIN and what is held first. An INSERT of many rows followed by
     ``last_insert_rowid()`` (the decision records) is one statement, ``WITH ... RETURNING``. A
     request's usage and decision commits thus cost two statements rather than seven.
@@ -185,7 +189,7 @@ class PgConnection:
         held, self._held = self._held, None
         if held is None:
             return
-        self._conn.execute("BEGIN")
+        self._conn.execute(_BEGIN)
         self._send_all(_merged(held))
 
     def _send_all(self, statements: list[tuple[str, Any, bool, list[_Cursor]]]) -> None:
@@ -203,7 +207,7 @@ class PgConnection:
         if not statements:
             return
         try:
-            self._conn.execute("BEGIN")
+            self._conn.execute(_BEGIN)
             self._send_all(statements)
             self._conn.execute("COMMIT")
         except Exception:
