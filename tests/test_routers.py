@@ -239,3 +239,56 @@ async def test_a_new_leader_holds_the_slots_a_frozen_leaders_generations_still_u
         assert status == 200 and answer["usage"]["completion_tokens"] == 10
         assert fake.max_seen_in_flight == 1  # it waited for the gauge to say the slot was free
         streaming.cancel()
+
+
+@pytest.mark.shares
+async def test_fair_shares_1_to_3_hold_across_a_takeover(tmp_path, pg_url, routers):
+    """Weights 1 and 3 on one busy slot: 25% and 75% of the tokens before a SIGKILL of the leader and after."""
+    async with (
+        FakeOpenAI(flavor="vllm", models=["llama3"], tokens_per_second=200, completion_tokens=20) as fake,
+        aiohttp.ClientSession() as session,
+    ):
+        first = start_router(tmp_path, "a", pg_url)
+        routers.append(first)
+        await until(lambda: leads(session, first), "the first router leads")
+        second = start_router(tmp_path, "b", pg_url)
+        routers.append(second)
+        add = ("backend", "add", "gpu1", fake.url, "--engine", "vllm", "--max-concurrent", "1")
+        assert (await amr(first.config, *add)).returncode == 0
+        keys = {}
+        for name, weight in (("ann", "1"), ("bob", "3")):
+            assert (
+                await amr(first.config, "user", "add", name, "--group", "staff", "--weight", weight)
+            ).returncode == 0
+            keys[name] = json.loads((await amr(first.config, "user", "key", name, "--json")).stdout)["key"]
+        tokens = {phase: {"ann": 0, "bob": 0} for phase in ("before", "after")}
+        phase = {"now": "warmup", "leader": first}
+
+        async def worker(name: str) -> None:
+            while phase["now"] != "done":
+                router = phase["leader"]
+                try:
+                    status, _, answer = await chat(session, router, keys[name])
+                except aiohttp.ClientError:
+                    status = 0
+                if status == 200 and phase["now"] in tokens:
+                    tokens[phase["now"]][name] += answer["usage"]["total_tokens"]
+                elif status != 200:
+                    await asyncio.sleep(0.05)
+
+        workers = [asyncio.create_task(worker(name)) for name in ("ann", "bob") for _ in range(3)]
+        await asyncio.sleep(2)
+        phase["now"] = "before"
+        await asyncio.sleep(6)
+        phase["now"] = "takeover"
+        first.proc.kill()
+        phase["leader"] = second
+        await until(lambda: leads(session, second), "the standby leads", timeout=15)
+        phase["now"] = "after"
+        await asyncio.sleep(6)
+        phase["now"] = "done"
+        await asyncio.gather(*workers)
+        for when, used in tokens.items():
+            share = used["bob"] / (used["ann"] + used["bob"])
+            print(f"{when} the takeover: bob (weight 3) had {share:.0%} of {used['ann'] + used['bob']} tokens")
+            assert 0.68 <= share <= 0.82, (when, used)
