@@ -308,8 +308,9 @@ async def create_backend(app: web.Application, data: dict[str, Any]) -> dict[str
     row = app[SERVICES].store.add_backend(data.get("name"), data.get("url"), data.get("engine"), **fields)
     entry = app[SERVICES].registry.add(row)
     wait = app[SERVICES].config.backends.connect_timeout + 1
-    with contextlib.suppress(asyncio.TimeoutError):
-        await asyncio.wait_for(entry.probed.wait(), wait)
+    if entry.task is not None:  # a standby router does not probe (process/roles.py)
+        with contextlib.suppress(asyncio.TimeoutError):
+            await asyncio.wait_for(entry.probed.wait(), wait)
     if row.node:
         with contextlib.suppress(asyncio.TimeoutError):
             await asyncio.wait_for(app[SERVICES].gpus.poll_node(row.node), wait)

@@ -41,6 +41,7 @@ def backend_snapshot(
     vram_estimate: VramEstimate | None,
     *,
     healthy: bool,
+    inherited: int = 0,
 ) -> Backend:
     """The core's snapshot of the backend in ``row``.
 
@@ -50,6 +51,7 @@ def backend_snapshot(
         gpu: its GPUs' readings, if known.
         vram_estimate: what each model not loaded would need, asked only when free VRAM is known.
         healthy: whether the registry counts it healthy now.
+        inherited: slots another router's requests may still hold (``Registry.inherit``).
     """
     vram_free, vram_total, gpu_util = gpu if gpu is not None else (None, None, None)
     utilization = probe.kv_cache_usage if probe is not None and probe.kv_cache_usage is not None else gpu_util
@@ -70,7 +72,7 @@ def backend_snapshot(
         models=frozenset(map(model_key, models)),
         loaded_models=frozenset(map(model_key, probe.loaded_models)) if probe is not None else frozenset(),
         model_modalities=modalities,
-        max_concurrent=row.max_concurrent,
+        max_concurrent=max(0, row.max_concurrent - inherited),
         priority=row.priority,
         healthy=healthy,
         draining=row.state == "draining",
