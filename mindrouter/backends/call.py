@@ -12,6 +12,7 @@ from dataclasses import dataclass, replace
 from typing import Any
 
 from ..errors import RequestError
+from ..scheduler.prefix import Prefix, message_chain
 from . import responses_api
 from ._shapes import Dialect, Kind, dumps
 from .numbers import check_numbers, loads
@@ -156,6 +157,7 @@ def inspect_body(dialect: Dialect, kind: Kind, path: str, body: dict[str, Any]) 
     chars, image = 0, False
     if kind == "chat":
         chars, image = _messages(body, required=dialect == "openai")
+        hints["prefix"] = message_chain(body.get("messages") or [])
     elif kind == "completion":
         prompt = body.get("prompt")
         if dialect == "openai":
@@ -208,6 +210,8 @@ class Call:
     """Ollama ``options.num_ctx``, for the VRAM estimate."""
     prompt_tokens: int = 0
     """Estimate: characters of prompt text / 4."""
+    prefix: Prefix = ()
+    """A chat's messages hashed in a chain, for routing it where its history is cached (``scheduler/prefix.py``)."""
     responses: bool = False
     """The client called the Responses API: ``body`` is its chat completions equivalent."""
     native: bytes | None = None

@@ -32,7 +32,7 @@ def _names(backends: list[Mapping[str, Any]]) -> dict[str, str]:
 
 
 #: The candidates' columns a narrow terminal hides first, after those that are 0 or n/a for every backend.
-_DROP = ("streams", "tok/s", "penalty", "priority", "scarce", "delay", "evict", "prefill", "decode")
+_DROP = ("streams", "tok/s", "penalty", "priority", "scarce", "delay", "evict", "cached tok", "prefill", "decode")
 
 
 def _header(header: str) -> str:

@@ -181,6 +181,7 @@ class Lifecycle:
             latency=latency,
             duration=duration,
             timings=timings,
+            cached_tokens=req.cached,  # vLLM's usage says it; Ollama's prompt_eval_count counts the rest
         )
         self.next_request(self.phases[req.phase], now, req)
 

@@ -66,6 +66,7 @@ def admit(app: web.Application, path: str, headers: Mapping[str, str], body: byt
             max_tokens=call.max_tokens,
             context_tokens=call.context_tokens,
             stream=call.stream,
+            prefix=call.prefix,
             via=via,
         )
         quotas = app[QUOTAS]

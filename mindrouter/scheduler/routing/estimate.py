@@ -7,7 +7,7 @@ load scored like a 0.1 s embedding load (issue 17). Routing now estimates, in
 seconds from now, for each candidate with a free slot:
 
     start   = the rest of a load under way, or a whole load (size / load speed) where the model is not resident
-    prefill = prompt tokens / (prefill rate / slowdown)
+    prefill = (prompt tokens - those expected in its prompt cache) / (prefill rate / slowdown)
     decode  = expected answer tokens / (decode rate / slowdown)
     finish  = start + prefill + decode
     slowdown = 1 + stream_slowdown * (streams already on that backend + its own queue),
@@ -85,6 +85,8 @@ class Estimate:
     priority: float = 0.0
     penalty: float = 0.0
     """Subtracted when this backend already failed this request."""
+    cached: int = 0
+    """Prompt tokens expected in its prompt cache already (``prefixes.py``): no prefill for them."""
 
     def to_dict(self) -> dict[str, object]:
         return {
@@ -102,6 +104,7 @@ class Estimate:
             "learned": self.learned,
             "priority": self.priority,
             "penalty": self.penalty,
+            "cached_tokens": self.cached,
         }
 
 
@@ -177,13 +180,15 @@ def estimate(
     penalty: float = 0.0,
     queued: int = 0,
     contested: float = 0,
+    cached: int = 0,
 ) -> Estimate | None:
     """When a job would start and finish on ``backend``; None when its model cannot be made resident.
 
     With ``queued`` jobs of its class waiting (itself included), every slot it could use there is
     taken: it would start once that many slots have freed, each expected after a typical job's
     time there divided by the jobs holding those slots. ``contested``: how many jobs with no other
-    candidate it would hold up there (``Classes.contested``).
+    candidate it would hold up there (``Classes.contested``). ``cached``: its prompt tokens expected in the
+    backend's prompt cache.
     """
     resident = load.resident(backend, now, settings.load_confirm_seconds)
     evicts = fit(backend, load, model, resident)
@@ -211,7 +216,7 @@ def estimate(
         typical = (prompt_tokens / prefill + answer_tokens / decode) * slowdown
         start = max(start, typical * queued / max(1, holding))
     loads = w.model_loaded / _SEED.model_loaded
-    t_prefill = prompt_tokens * slowdown / prefill
+    t_prefill = (prompt_tokens - cached) * slowdown / prefill
     t_decode = answer_tokens * slowdown / decode
     finish = start + t_prefill + t_decode
     eviction = settings.eviction_price * (
@@ -242,4 +247,5 @@ def estimate(
         own is not None and own.decode is not None,
         backend.priority,
         penalty,
+        cached,
     )
