@@ -64,6 +64,9 @@ def backend_snapshot(
     modalities = {model_key(m): _modalities(c) for m, c in capabilities.items()}
     for key, lacking in lacks.items():
         modalities[key] = modalities.get(key, ALL_MODALITIES) - lacking
+    # Ollama runs a model that cannot complete (an embedding model) with one slot whatever OLLAMA_NUM_PARALLEL
+    # says (server/sched.go).
+    one_slot = {model_key(m): 1 for m, c in capabilities.items() if "completion" not in c}
     return Backend(
         id=row.id,
         name=row.name,
@@ -81,6 +84,7 @@ def backend_snapshot(
         model_sizes={model_key(m): size for m, size in probe.model_sizes.items()} if probe else {},
         resident_vram={model_key(m): size for m, size in probe.loaded_vram.items()} if probe else {},
         parallel=row.parallel,
+        model_parallel=one_slot if row.engine == "ollama" and row.parallel is not None else {},
         max_loaded=row.max_loaded,
         utilization=utilization,
         backend_waiting=(probe.waiting or 0) if probe is not None else 0,

@@ -53,12 +53,19 @@ class Backend:
     """Bytes of GPU memory each loaded model holds (Ollama ``size_vram``): what evicting it frees."""
     parallel: int | None = None
     """Requests each loaded model serves at once (Ollama ``OLLAMA_NUM_PARALLEL``); None: per server only."""
+    model_parallel: Mapping[str, int] = field(default_factory=dict)
+    """Per model, where it serves fewer than ``parallel`` at once: Ollama runs embedding models (and a few
+    vision families) with one slot whatever ``OLLAMA_NUM_PARALLEL`` says."""
     max_loaded: int | None = None
     """Models resident at once (Ollama ``OLLAMA_MAX_LOADED_MODELS``); None: as many as fit."""
     utilization: float | None = None
     """0..1: GPU utilization, or vLLM's KV-cache usage, if known."""
     backend_waiting: int = 0
     """Requests waiting in the backend's own queue (from its metrics)."""
+
+    def slots(self, model: str) -> int | None:
+        """Requests ``model`` serves at once here; None where only the server's ``max_concurrent`` bounds it."""
+        return None if self.parallel is None else self.model_parallel.get(model, self.parallel)
 
     @property
     def takes_work(self) -> bool:

@@ -243,7 +243,9 @@ class Router:
             load.evicted[victim] = now
         self.prefixes.unloaded(backend_id, chosen.evicts)
         backend = self._backends[backend_id]
-        self.prefixes.sent(job.id, backend_id, model, job.prefix, backend.parallel, self.settings.prefix_cache_tokens)
+        self.prefixes.sent(
+            job.id, backend_id, model, job.prefix, backend.slots(model), self.settings.prefix_cache_tokens
+        )
         self.classes.load_changed(backend_id)
 
     def release(self, backend_id: Hashable, job: Job, *, failed: bool = False) -> None:
