@@ -3,15 +3,28 @@
 from __future__ import annotations
 
 import json
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-__all__ = ["Probe", "Reply", "model_key"]
+__all__ = ["Probe", "Reply", "model_key", "set_aliases"]
+
+_ALIASES: dict[str, str] = {}
+"""The daemon's model aliases (``mr model alias``): a name -> the model it is another name of."""
+
+
+def set_aliases(aliases: Mapping[str, str]) -> None:
+    """Make each name in ``aliases`` one model with its target (the daemon's, from its store)."""
+    _ALIASES.clear()
+    _ALIASES.update({name.removesuffix(":latest"): target.removesuffix(":latest") for name, target in aliases.items()})
 
 
 def model_key(name: str) -> str:
-    """The one name a model goes by in the pool: Ollama's ``llama3.2`` and ``llama3.2:latest`` are one model."""
-    return name.removesuffix(":latest")
+    """The one name a model goes by in the pool: Ollama's ``llama3.2`` and ``llama3.2:latest`` are one model, and
+    so are a vLLM server's ``meta-llama/Llama-3.1-8B-Instruct`` and ``llama3.1:8b`` once one is an alias of the
+    other (``mr model alias``)."""
+    key = name.removesuffix(":latest")
+    return _ALIASES.get(key, key)
 
 
 @dataclass(frozen=True, slots=True)

@@ -20,6 +20,7 @@ from ...store.people import KEEP
 from ..edge.catalog import pool_models
 from ..process.appkeys import AUTH, CONFIG, DISPATCHER, GPUS, QUOTAS, REGISTRY, SCHEDULER, STORE
 from ..request.weights import apply_user
+from .aliases import apply_aliases, setup_alias_routes
 from .backend_edits import backend_dict, models_left_without, refuse_orphaning, set_backend
 from .watch import quota_rows, setup_watch_routes
 
@@ -353,6 +354,7 @@ async def import_state(request: web.Request) -> web.Response:
         else:
             registry.update_row(row)
     _sync_users(app)
+    apply_aliases(app)
     return web.json_response(answer)
 
 
@@ -380,3 +382,4 @@ def setup_admin_routes(app: web.Application) -> None:
     r.add_post("/admin/import", import_state)
     r.add_post("/admin/import/dry-run", import_dry_run)
     setup_watch_routes(app)
+    setup_alias_routes(app)

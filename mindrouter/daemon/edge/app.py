@@ -28,6 +28,7 @@ import aiohttp
 from aiohttp import web
 
 from ... import __version__
+from ...backends import set_aliases
 from ...config import Config, check_keys
 from ...errors import ConfigError
 from ...gpu.probe import GpuProbe
@@ -109,6 +110,7 @@ async def create_app(
     created = store.ensure_default_groups(config.scheduler.group_weights)
     if created:
         log.info("created the default groups %s", ", ".join(created))
+    set_aliases(store.list_aliases())  # before any backend's models are keyed
     scheduler = Scheduler(config.scheduler)
     for group in store.list_groups():
         scheduler.set_group(group.name, group.scheduler_weight)
