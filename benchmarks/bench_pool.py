@@ -126,7 +126,12 @@ async def start_mr(tmp: Path, args: argparse.Namespace, urls: list[str], reading
     """`mr serve` with the workstations as backends (and, with ``readings``, as GPU nodes); one key per user.
 
     A vLLM-style replica is added as an OpenAI-compatible backend (the fake serves no ``/metrics``)."""
-    daemon, port, sock = await launch_daemon(tmp, args.loop, scaled_settings(args.compression))
+    settings = scaled_settings(args.compression)
+    for item in args.set or ():
+        key, _, value = item.partition("=")
+        section, _, name = key.partition(".")
+        settings.setdefault(section, {})[name] = json.loads(value)
+    daemon, port, sock = await launch_daemon(tmp, args.loop, settings)
     for spec, url in zip(pool(args.sharing, args.pool), urls, strict=True):
         backend = {"name": spec.name, "url": url, "max_concurrent": args.max_concurrent or spec.max_concurrent}
         if spec.engine == "ollama":
@@ -288,6 +293,12 @@ if __name__ == "__main__":
         "--only", nargs="*", choices=TARGETS, metavar="TARGET", help=f"targets to run, of: {', '.join(TARGETS)}"
     )
     parser.add_argument("--json", help="also write the figures to this file")
+    parser.add_argument(
+        "--set",
+        nargs="*",
+        metavar="SECTION.KEY=VALUE",
+        help="mr serve settings beside the scaled ones, e.g. scheduler.prefix_cache_tokens=0 (a JSON value)",
+    )
     parser.add_argument(
         "--trace",
         metavar="DIR",
