@@ -85,6 +85,9 @@ class ModelSpeed:
     """Completion tokens per second one stream got, under the load it ran with: not scaled to one
     stream alone by the slowdown model, so a running whole answer is charged by it (``ledger.py``)."""
     answers: int = 0
+    crowd: list[float] = field(default_factory=lambda: [0.0] * 5)
+    """Moving sums (weight, x, y, x², xy) of y = seconds per token against x = other streams beside it: the
+    line through them says how much each stream slows another here (``learning.py``)."""
 
 
 @dataclass(slots=True)
@@ -109,6 +112,9 @@ class BackendLoad:
     speeds: dict[str, ModelSpeed] = field(default_factory=dict)
     load_bytes_per_second: float | None = None
     """Measured from Ollama's ``load_duration``."""
+    slowdown: float | None = None
+    """How much each stream already here slows a new one, learned from its answers (``learning.py``): a vLLM
+    server's batch slows a stream far less than Ollama's; None until learned (``stream_slowdown``)."""
     loaders: set[str] = field(default_factory=set)
     """Jobs running here that the core sent while their model was not resident: only theirs time a whole load."""
 

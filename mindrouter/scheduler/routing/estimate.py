@@ -10,7 +10,8 @@ seconds from now, for each candidate with a free slot:
     prefill = (prompt tokens - those expected in its prompt cache) / (prefill rate / slowdown)
     decode  = expected answer tokens / (decode rate / slowdown)
     finish  = start + prefill + decode
-    slowdown = 1 + stream_slowdown * (streams already on that backend + its own queue),
+    slowdown = 1 + s * (streams already on that backend + its own queue), s its slowdown per stream
+               learned from its answers (``learning.py``; ``stream_slowdown`` until then),
                or 1 + utilization where none of ours run there (someone else's work)
 
 The delay is what the job costs the others: finishing first is not the
@@ -26,7 +27,7 @@ served (so a new backend gets tried, as what it is), else the settings' defaults
 Evicting an idle model to make room costs its reload time (``eviction_price``
 per second). The score, higher is better as in the seed's records, is
 
-    delay    = streams already running there x stream_slowdown x this job's time alone there
+    delay    = streams already running there x s x this job's time alone there
     scarcity = (jobs with no other home it holds up there) x (prefill + decode)
     score = priority - (start + eviction cost) - prefill - decode - delay - scarcity - retry penalty   (seconds)
 
@@ -201,7 +202,8 @@ def estimate(
     if not (decode and prefill):
         decode, prefill = _borrowed(load, model, prior, decode, prefill, settings)
     streams = load.in_flight + backend.backend_waiting
-    slowdown = 1.0 + settings.stream_slowdown * streams * w.short_queue / _SEED.short_queue
+    per_stream = settings.stream_slowdown if load.slowdown is None else load.slowdown
+    slowdown = 1.0 + per_stream * streams * w.short_queue / _SEED.short_queue
     if not streams and backend.utilization:  # the GPU is busy with work that is not ours
         slowdown += min(1.0, max(0.0, backend.utilization)) * w.low_utilization / _SEED.low_utilization
     ready = load.loading.get(model)
@@ -222,8 +224,8 @@ def estimate(
     eviction = settings.eviction_price * (
         sum(load_seconds(backend, load, m, settings) for m in evicts) if evicts else 0
     )
-    # Each stream already there runs slower while this one runs: about stream_slowdown of this job's time alone.
-    delay = load.in_flight * settings.stream_slowdown * (t_prefill + t_decode) / slowdown
+    # Each stream already there runs slower while this one runs: about per_stream of this job's time alone.
+    delay = load.in_flight * per_stream * (t_prefill + t_decode) / slowdown
     scarcity = contested * (t_prefill + t_decode)
     weighed = (
         loads * (start + eviction)
