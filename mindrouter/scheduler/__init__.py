@@ -19,7 +19,7 @@ from .routing.backend import ALL_MODALITIES, Backend, BackendLoad
 from .routing.constraints import REASONS
 from .routing.estimate import Estimate
 from .settings import DEFAULT_GROUP_WEIGHTS, SHARES, SchedulerSettings, ScoreWeights, check_weight
-from .views import PoolShare, QueueStats, SeatShare, ShareSnapshot, UserShare, normalized_shares
+from .views import PoolShare, QueueStats, SeatShare, ShareSnapshot, UserShare
 
 __all__ = [
     "ALL_MODALITIES",
@@ -56,6 +56,5 @@ __all__ = [
     "check_weight",
     "heavy_factor",
     "message_chain",
-    "normalized_shares",
     "seed_priority",
 ]

@@ -13,23 +13,23 @@ from aiohttp import web
 
 from ...backends import set_aliases
 from ...store import InvalidValue
-from ..process.appkeys import DISPATCHER, REGISTRY, STORE
+from ..edge.services import SERVICES
 
 __all__ = ["apply_aliases", "setup_alias_routes"]
 
 
 def apply_aliases(app: web.Application) -> None:
     """Make the stored aliases the pool's: key every backend's models again and tell the core."""
-    set_aliases(app[STORE].list_aliases())
-    registry = app[REGISTRY]
+    set_aliases(app[SERVICES].store.list_aliases())
+    registry = app[SERVICES].registry
     for entry in registry.entries.values():
         entry.adapter.respell()
     registry.republish_all()
-    app[DISPATCHER].pump()
+    app[SERVICES].dispatcher.pump()
 
 
 def _rows(app: web.Application) -> list[dict[str, str]]:
-    return [{"name": name, "target": target} for name, target in app[STORE].list_aliases().items()]
+    return [{"name": name, "target": target} for name, target in app[SERVICES].store.list_aliases().items()]
 
 
 async def list_aliases(request: web.Request) -> web.Response:
@@ -43,14 +43,14 @@ async def set_alias(request: web.Request) -> web.Response:
         raise InvalidValue("the request body is not valid JSON") from None
     if not isinstance(data, dict) or set(data) != {"target"}:
         raise InvalidValue('the request body must be {"target": MODEL}: the model the alias names')
-    name, target = request.app[STORE].set_alias(request.match_info["name"], data["target"])
+    name, target = request.app[SERVICES].store.set_alias(request.match_info["name"], data["target"])
     apply_aliases(request.app)
     return web.json_response({"name": name, "target": target})
 
 
 async def remove_alias(request: web.Request) -> web.Response:
     name = request.match_info["name"]
-    request.app[STORE].remove_alias(name)
+    request.app[SERVICES].store.remove_alias(name)
     apply_aliases(request.app)
     return web.json_response({"removed": name})
 

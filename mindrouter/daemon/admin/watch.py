@@ -6,6 +6,7 @@ Each route builds its answer from the core's and the registry's snapshots
 
 from __future__ import annotations
 
+import functools
 import json
 import math
 from typing import Any
@@ -14,8 +15,8 @@ from aiohttp import web
 
 from ... import __version__
 from ...store import InvalidValue, NotFound
-from ..process.appkeys import CONFIG, DECISIONS, DISPATCHER, GPUS, QUOTAS, REGISTRY, SCHEDULER, STATS, STORE
-from ..request.accounting import top_panels
+from ..edge.accounting import top_panels
+from ..edge.services import SERVICES
 from .views import Counters, share_view, status_view, top_view
 
 __all__ = ["quota_rows", "setup_watch_routes", "status_dict"]
@@ -25,7 +26,12 @@ __all__ = ["quota_rows", "setup_watch_routes", "status_dict"]
 
 
 def status_dict(app: web.Application) -> dict[str, Any]:
-    registry, scheduler, stats, config = app[REGISTRY], app[SCHEDULER], app[STATS], app[CONFIG]
+    registry, scheduler, stats, config = (
+        app[SERVICES].registry,
+        app[SERVICES].scheduler,
+        app[SERVICES].stats,
+        app[SERVICES].config,
+    )
     rps, tps = stats.rates()
     entries = list(registry.entries.values())
     counters = Counters(
@@ -35,10 +41,10 @@ def status_dict(app: web.Application) -> dict[str, Any]:
         counters,
         version=__version__,
         backend_states=[registry.status(e) for e in entries],
-        unreachable_nodes=[e.row.node for e in entries if e.row.node and app[GPUS].node_error(e.row.node)],
+        unreachable_nodes=[e.row.node for e in entries if e.row.node and app[SERVICES].gpus.node_error(e.row.node)],
         queued=scheduler.queued_count,
         running=scheduler.running_count,
-        users=len(app[STORE].list_users()),
+        users=len(app[SERVICES].store.list_users()),
         listen=f"http://{config.server.host}:{config.server.port}",
         socket=str(config.server.socket_path),
     )
@@ -50,25 +56,32 @@ async def get_status(request: web.Request) -> web.Response:
 
 def quota_rows(app: web.Application, subject: str, key: Any) -> list[dict[str, Any]]:
     """A user's (by id) or group's (by name) quotas with their use so far."""
-    return [limit.to_dict() for limit in app[QUOTAS].subject_limits(subject, key)]
+    return [limit.to_dict() for limit in app[SERVICES].quotas.subject_limits(subject, key)]
 
 
 # -- the pool's state -------------------------------------------------------------------
 
 
 def queue_dict(app: web.Application) -> dict[str, Any]:
-    return app[SCHEDULER].snapshot(app[DISPATCHER].clock())
+    return app[SERVICES].scheduler.snapshot(app[SERVICES].dispatcher.clock())
 
 
 async def get_queue(request: web.Request) -> web.Response:
     return web.json_response(queue_dict(request.app))
 
 
+def backend_names(app: web.Application) -> dict[str, str]:
+    """Backend id (as pools and decision records name it) -> its name."""
+    return {str(bid): entry.row.name for bid, entry in app[SERVICES].registry.entries.items()}
+
+
 def share_dict(app: web.Application) -> dict[str, Any]:
     """``mr share``: per group and user what the weights entitle it to, what it used, and the terms that act."""
-    store = app[STORE]
-    share = app[SCHEDULER].share(app[DISPATCHER].clock())
-    return share_view(share, store.list_users(), store.list_groups(), lambda kind, key: quota_rows(app, kind, key))
+    store = app[SERVICES].store
+    share = app[SERVICES].scheduler.share(app[SERVICES].dispatcher.clock())
+    return share_view(
+        share, store.list_users(), store.list_groups(), functools.partial(quota_rows, app), backend_names(app)
+    )
 
 
 async def get_share(request: web.Request) -> web.Response:
@@ -87,19 +100,21 @@ def _limit(request: web.Request, default: int = 50) -> int:
 
 
 async def list_decisions(request: web.Request) -> web.Response:
-    return web.json_response(request.app[DECISIONS].recent(_limit(request), user=request.query.get("user") or None))
+    return web.json_response(
+        request.app[SERVICES].decisions.recent(_limit(request), user=request.query.get("user") or None)
+    )
 
 
 async def get_decision(request: web.Request) -> web.Response:
     rid = request.match_info["request_id"]
-    record = request.app[DECISIONS].get(rid)
+    record = request.app[SERVICES].decisions.get(rid)
     if record is None:
         raise NotFound(f"no decision record for request {rid!r}; `mr decisions` lists recent ones")
     return web.json_response(record)
 
 
 async def follow_decisions(request: web.Request) -> web.StreamResponse:
-    log = request.app[DECISIONS]
+    log = request.app[SERVICES].decisions
     user = request.query.get("user") or None
     response = web.StreamResponse(headers={"Content-Type": "application/x-ndjson", "Cache-Control": "no-cache"})
     await response.prepare(request)
@@ -115,19 +130,19 @@ async def follow_decisions(request: web.Request) -> web.StreamResponse:
 
 
 async def get_gpus(request: web.Request) -> web.Response:
-    return web.json_response(request.app[GPUS].nodes())
+    return web.json_response(request.app[SERVICES].gpus.nodes())
 
 
 async def get_top(request: web.Request) -> web.Response:
     app = request.app
-    registry = app[REGISTRY]
+    registry = app[SERVICES].registry
     view = top_view(
         status=status_dict(app),
         backends=[registry.row_dict(e) for e in registry.entries.values()],
-        gpus=app[GPUS].nodes(),
+        gpus=app[SERVICES].gpus.nodes(),
         queue=queue_dict(app),
         share=share_dict(app),
-        decisions=app[DECISIONS].recent(10),
+        decisions=app[SERVICES].decisions.recent(10),
         panels=top_panels(app),
     )
     return web.json_response(view, dumps=lambda o: json.dumps(o, default=_finite))

@@ -10,17 +10,27 @@ from __future__ import annotations
 from collections.abc import Callable, Hashable, Iterable, Mapping
 
 from ..jobs import Job
+from ..targets import Part, combined, pool_targets
 from ..views import PoolShare, QueueStats, SeatShare, ShareSnapshot, UserShare
 from .pools import Pool, Seat, UserState
 
-__all__ = ["build_queue_stats", "build_share", "pending_usage"]
+__all__ = ["build_queue_stats", "build_share", "demand", "pending_usage"]
 
 
 def _backends(pool: Pool) -> tuple[str, ...]:
     return tuple(sorted(str(b) for b in pool.key))
 
 
-def _seat_share(pool: Pool, seat: Seat, reference: float) -> SeatShare:
+def demand(seat: Seat) -> bool:
+    """Whether ``seat`` counts in its pool's division: queued, running, or served within the window."""
+    return bool(seat.recent > 0 or seat.queued or seat.running)
+
+
+def _targets(pool: Pool) -> dict[Hashable, float]:
+    return pool_targets({uid: s.weight for uid, s in pool.seats.items() if demand(s)})
+
+
+def _seat_share(pool: Pool, seat: Seat, reference: float, targets: Mapping[Hashable, float]) -> SeatShare:
     return SeatShare(
         backends=_backends(pool),
         weight=seat.weight,
@@ -33,6 +43,8 @@ def _seat_share(pool: Pool, seat: Seat, reference: float) -> SeatShare:
         queued=seat.queued,
         running=seat.running,
         served=seat.served,
+        target_share=targets.get(seat.user.id),
+        actual_share=seat.recent / pool.recent_total if pool.recent_total > 0 else 0.0,
     )
 
 
@@ -89,16 +101,22 @@ def build_share(
     users = list(users)
     references = {pool.key: pool.reference() for pool in pools}
     seats: dict[Hashable, list[SeatShare]] = {}
+    parts: dict[Hashable, list[Part]] = {}
     pool_rows = []
     for pool in pools:
         ref = references[pool.key]
+        targets: dict[Hashable, float] | None = None  # made for the pools the users asked for sit in only
         for user in users:
             seat = pool.seats.get(user.id)
             if seat is not None:
-                seats.setdefault(user.id, []).append(_seat_share(pool, seat, ref))
+                targets = _targets(pool) if targets is None else targets
+                shown = _seat_share(pool, seat, ref, targets)
+                seats.setdefault(user.id, []).append(shown)
+                if shown.target_share is not None:
+                    parts.setdefault(user.id, []).append((shown.target_share, seat.recent, pool.recent_total))
         if not with_pools:
             continue
-        names = tuple(s.user.name for s in pool.seats.values() if s.recent > 0 or s.queued or s.running)
+        names = tuple(s.user.name for s in pool.seats.values() if demand(s))
         heavy = tuple(pool.seats[u].user.name for u in pool.heavy if u in pool.seats)
         tokens = sum(s.recent_tokens for s in pool.seats.values())
         pool_rows.append(PoolShare(_backends(pool), names, ref, pool.credit(), tokens, pool.recent_total, heavy))
@@ -111,6 +129,7 @@ def build_share(
         units = sum(s.recent_units for s in mine) + pending_units
         total_recent += recent
         total_units += units
+        target, actual = combined(parts.get(user.id, ()))
         rows.append(
             UserShare(
                 user_id=user.id,
@@ -128,9 +147,27 @@ def build_share(
                 running=user.running,
                 served=user.served,
                 seats=mine,
+                target_share=target,
+                actual_share=actual,
             )
         )
-    return ShareSnapshot(now, shares, window, total_recent, total_units, burst, tuple(rows), tuple(pool_rows))
+    groups = _group_shares(pools) if with_pools else {}
+    return ShareSnapshot(now, shares, window, total_recent, total_units, burst, tuple(rows), tuple(pool_rows), groups)
+
+
+def _group_shares(pools: Iterable[Pool]) -> dict[str | None, tuple[float | None, float | None]]:
+    """Each group's target and actual share: its members' seats summed per pool, then ``combined``."""
+    parts: dict[str | None, list[Part]] = {}
+    for pool in pools:
+        targets = _targets(pool)
+        per_group: dict[str | None, tuple[float, float]] = {}
+        for uid, target in targets.items():
+            seat = pool.seats[uid]
+            had = per_group.get(seat.user.group, (0.0, 0.0))
+            per_group[seat.user.group] = (had[0] + target, had[1] + seat.recent)
+        for group, (target, own) in per_group.items():
+            parts.setdefault(group, []).append((target, own, pool.recent_total))
+    return {group: combined(p) for group, p in parts.items()}
 
 
 def pending_usage(
