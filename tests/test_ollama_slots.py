@@ -3,10 +3,13 @@ OLLAMA_NUM_PARALLEL (``--parallel``) says, as Ollama's scheduler (server/sched.g
 
 from __future__ import annotations
 
+import dataclasses
 from types import SimpleNamespace
 
 from mindrouter.backends import Probe
+from mindrouter.daemon.pollers.gpus import GpuState
 from mindrouter.daemon.pollers.snapshot import backend_snapshot
+from mindrouter.gpu.vram import ModelShape
 from mindrouter.scheduler import Backend, Job, Modality, Scheduler
 
 EMBED, CHAT = "nomic-embed-text:v1.5", "llama3.1:8b"
@@ -59,3 +62,29 @@ def test_a_second_embedding_request_waits_for_the_one_slot_while_chats_share_fou
 
 def test_slots_default_to_parallel_for_a_model_the_backend_does_not_name():
     assert Backend(1, "ws", parallel=4, model_parallel={EMBED: 1}).slots("other") == 4
+
+
+def _llama_shape(arch: str = "llama") -> ModelShape:
+    return ModelShape(architecture=arch, n_layers=32, n_embd=4096, n_heads=32, n_kv_heads=8, head_dim=128)
+
+
+def test_a_family_ollama_runs_with_one_slot_counts_one():
+    vision = "llama3.2-vision:11b"
+    p = dataclasses.replace(
+        probe(),
+        models=frozenset({CHAT, vision}),
+        capabilities={CHAT: frozenset({"completion"}), vision: frozenset({"completion", "vision"})},
+        shapes={CHAT: _llama_shape(), vision: _llama_shape("mllama")},
+    )
+    backend = backend_snapshot(row(), p, {}, None, None, healthy=True)
+    assert (backend.slots(vision), backend.slots(CHAT)) == (1, 4)
+
+
+def test_the_vram_estimate_of_a_model_not_loaded_counts_the_kv_cache_of_every_slot_it_will_get():
+    """llama3.1:8b at 4,096 tokens: 32 layers x 8 KV heads x 128 x 2 (K and V) x 2 bytes = 512 MiB a slot."""
+    size = 4_920_000_000
+    p = dataclasses.replace(probe(), model_sizes={CHAT: size}, shapes={CHAT: _llama_shape()})
+    mib = 1024 * 1024
+    four = GpuState.vram_estimate(None, row(parallel=4), CHAT, p)  # type: ignore[arg-type]
+    one = GpuState.vram_estimate(None, row(parallel=1), CHAT, p)  # type: ignore[arg-type]
+    assert (four, one) == (size + 4 * 512 * mib + 512 * mib, size + 512 * mib + 512 * mib)

@@ -7,6 +7,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from ..gpu.vram import ModelShape
+
 __all__ = ["Probe", "Reply", "model_key", "set_aliases"]
 
 _ALIASES: dict[str, str] = {}
@@ -43,6 +45,9 @@ class Probe:
     capabilities: dict[str, frozenset[str]] = field(default_factory=dict)
     """Per model, where the backend says: {"completion", "vision", "embedding", "tools"} (Ollama
     /api/show; llama-server /props: "completion", plus "vision" with a multimodal projector)."""
+    shapes: dict[str, ModelShape] = field(default_factory=dict)
+    """Per model, its architecture from Ollama's /api/show: the KV cache each slot of it takes, and whether
+    Ollama runs it with one slot (``gpu.vram``)."""
     details: dict[str, dict[str, Any]] = field(default_factory=dict)
     """Per model, the backend's own entry for it: Ollama's /api/tags entry merged with its /api/ps one
     (digest, size, modified_at, details, expires_at, size_vram), or the /v1/models entry."""

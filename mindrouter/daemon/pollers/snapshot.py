@@ -12,6 +12,7 @@ from collections.abc import Callable, Mapping
 from typing import Any
 
 from ...backends import Probe, model_key
+from ...gpu.vram import ollama_slots
 from ...scheduler import ALL_MODALITIES, Backend, Modality
 
 __all__ = ["GpuReading", "VramEstimate", "backend_snapshot"]
@@ -64,9 +65,14 @@ def backend_snapshot(
     modalities = {model_key(m): _modalities(c) for m, c in capabilities.items()}
     for key, lacking in lacks.items():
         modalities[key] = modalities.get(key, ALL_MODALITIES) - lacking
-    # Ollama runs a model that cannot complete (an embedding model) with one slot whatever OLLAMA_NUM_PARALLEL
-    # says (server/sched.go).
-    one_slot = {model_key(m): 1 for m, c in capabilities.items() if "completion" not in c}
+    # Ollama runs a model that cannot complete (an embedding model), or of a few families, with one slot
+    # whatever OLLAMA_NUM_PARALLEL says (server/sched.go).
+    shapes = probe.shapes if probe is not None else {}
+    one_slot = {
+        model_key(m): 1
+        for m in models
+        if row.parallel is not None and ollama_slots(row.parallel, capabilities.get(m), shapes.get(m)) == 1
+    }
     return Backend(
         id=row.id,
         name=row.name,
