@@ -170,3 +170,24 @@ def test_why_shows_each_candidates_cached_tokens_and_says_the_loser_held_less_of
     text = console.export_text()
     assert "cached tok" in text and "4,000" in text, text
     assert f"{3 - home} lost: less of the prompt is in its prompt cache" in text, text
+
+
+def test_openai_usage_reads_the_cached_prompt_tokens():
+    from mindrouter.backends._shapes import Usage, openai_usage
+
+    usage = Usage()
+    openai_usage({"prompt_tokens": 900, "completion_tokens": 5, "prompt_tokens_details": {"cached_tokens": 640}}, usage)
+    assert (usage.prompt_tokens, usage.cached_tokens) == (900, 640)
+    openai_usage({"prompt_tokens": 900, "prompt_tokens_details": {"cached_tokens": -3}}, usage)
+    assert usage.cached_tokens is None  # not a count: unknown, and nothing is corrected
+
+
+def test_the_correction_compares_parts_of_the_prompt_not_tokens_counted_two_ways():
+    """The engine counts half the daemon's estimate: 240 of its 2,000 cached is about the 1/8 promised."""
+    s = core()
+    home = run(s, turn("u", "c", 0, 10.0), 10.0).backend_id
+    job = turn("v", "d", 0, 20.0)  # 500 of its 4,000 estimated tokens expected cached: the system prompt
+    d = dispatch(s, job, 20.0)
+    assert d.backend_id == home
+    s.complete(job.id, 21.0, prompt_tokens=2000, completion_tokens=100, cached_tokens=240)
+    assert cached_tokens(dispatch(s, turn("u", "c", 1, 30.0), 30.0))[str(home)] == 4000

@@ -94,7 +94,7 @@ class Prefixes:
 
     def __init__(self) -> None:
         self._shelves: dict[Hashable, dict[str, Shelf]] = {}
-        self._expected: dict[str, tuple[Shelf, int, int]] = {}
+        self._expected: dict[str, tuple[Shelf, Prefix, int]] = {}
 
     def cached(self, backend_id: Hashable, model: str, prefix: Prefix) -> int:
         """Prompt tokens of ``prefix`` expected in ``backend_id``'s cache for ``model``."""
@@ -115,20 +115,23 @@ class Prefixes:
         if shelf is None:
             shelf = shelves[model] = Shelf()
         found = shelf.found(prefix)
-        self._expected[job_id] = (shelf, prefix[-1][0], prefix[found - 1][1] if found else 0)
+        self._expected[job_id] = (shelf, prefix, prefix[found - 1][1] if found else 0)
         shelf.put(prefix, found, sequences, tokens)
 
-    def ended(self, job_id: str, cached: int | None) -> None:
-        """``job_id`` ended; ``cached``: prompt tokens its engine said it found cached, if it said.
+    def ended(self, job_id: str, cached: int | None, prompt: int | None = None) -> None:
+        """``job_id`` ended; ``cached``: prompt tokens its engine said it found cached, if it said, of ``prompt``
+        (its count of the prompt; None: as the shelf counted it).
 
-        Under half what the shelf promised means the engine kept less than the shelf thinks (a slot
-        reused by work the router did not send, a restart): the shelf keeps only what this job left.
+        Under half the part of the prompt the shelf promised means the engine kept less than the shelf
+        thinks (a slot reused by work the router did not send, a restart): the shelf keeps only what this
+        job left. Parts, not tokens: the engine counts tokens, the shelf the daemon's estimate of them.
         """
         expected = self._expected.pop(job_id, None)
         if expected is None or cached is None:
             return
-        shelf, leaf, hoped = expected
-        if cached * 2 < hoped:
+        shelf, prefix, hoped = expected
+        leaf, total = prefix[-1]
+        if cached * 2 * total < hoped * (prompt or total):
             for other in [other for other in shelf.seqs if other != leaf]:
                 shelf.drop(other)
 

@@ -308,7 +308,7 @@ class Router:
         """What ``job``'s answer teaches about its backend; call before ``release`` (its stream still counts).
 
         ``cached``: prompt tokens the engine said it found in its cache, which corrects what routing expects."""
-        self.prefixes.ended(job.id, cached)
+        self.prefixes.ended(job.id, cached, prompt_tokens)
         load = self._loads.get(backend_id)
         if load is None:
             return
