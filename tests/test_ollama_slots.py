@@ -88,3 +88,27 @@ def test_the_vram_estimate_of_a_model_not_loaded_counts_the_kv_cache_of_every_sl
     four = GpuState.vram_estimate(None, row(parallel=4), CHAT, p)  # type: ignore[arg-type]
     one = GpuState.vram_estimate(None, row(parallel=1), CHAT, p)  # type: ignore[arg-type]
     assert (four, one) == (size + 4 * 512 * mib + 512 * mib, size + 512 * mib + 512 * mib)
+
+
+def test_a_request_asking_another_context_than_the_runner_holds_is_priced_as_a_reload():
+    """Ollama reloads a runner for a request with other options (needsReload): not a free start."""
+    ollama = Backend(
+        1,
+        "ws",
+        models=frozenset({CHAT}),
+        loaded_models=frozenset({CHAT}),
+        resident_context={CHAT: 8192},
+        model_sizes={CHAT: 5 * 10**9},
+        parallel=4,
+    )
+    s = Scheduler()
+    s.set_backend(ollama)
+    s.set_user("u", 1.0)
+    starts = []
+    for i, ctx in enumerate((8192, None, 32768)):
+        job = Job(f"j{i}", "u", CHAT, 0.0, prompt_tokens=100, max_tokens=10, context_tokens=ctx)
+        assert s.submit(job, 0.0) is None
+        [d] = s.dispatch(0.0)
+        starts.append(d.record.to_dict()["score_components"]["1"]["start"])
+        s.cancel(job.id, 0.0)
+    assert starts == [0.0, 0.0, 2.5]  # 5 GB at the default 2 GB/s

@@ -245,6 +245,7 @@ class _Sim(Lifecycle):
             max_tokens=spec.max_tokens,
             stream=spec.stream,
             json_mode=spec.json_mode,
+            context_tokens=spec.num_ctx,
             prefix=chain((s.key, s.tokens) for s in segments),
         )
         user.submitted += 1

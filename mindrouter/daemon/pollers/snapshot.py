@@ -34,6 +34,16 @@ def _modalities(capabilities: frozenset[str]) -> frozenset[Modality]:
     return frozenset(out)
 
 
+def _contexts(probe: Probe) -> dict[str, int]:
+    """The context each loaded model's runner holds, where the backend says (Ollama /api/ps ``context_length``)."""
+    out = {}
+    for model in probe.loaded_models:
+        ctx = probe.details.get(model, {}).get("context_length")
+        if isinstance(ctx, int) and not isinstance(ctx, bool) and ctx > 0:
+            out[model_key(model)] = ctx
+    return out
+
+
 def backend_snapshot(
     row: Any,
     probe: Probe | None,
@@ -89,6 +99,7 @@ def backend_snapshot(
         model_vram=model_vram,
         model_sizes={model_key(m): size for m, size in probe.model_sizes.items()} if probe else {},
         resident_vram={model_key(m): size for m, size in probe.loaded_vram.items()} if probe else {},
+        resident_context=_contexts(probe) if probe is not None else {},
         parallel=row.parallel,
         model_parallel=one_slot if row.engine == "ollama" and row.parallel is not None else {},
         max_loaded=row.max_loaded,

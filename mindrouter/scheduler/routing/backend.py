@@ -51,6 +51,9 @@ class Backend:
     """Bytes on disk per model (Ollama /api/tags), for the time a load takes."""
     resident_vram: Mapping[str, int] = field(default_factory=dict)
     """Bytes of GPU memory each loaded model holds (Ollama ``size_vram``): what evicting it frees."""
+    resident_context: Mapping[str, int] = field(default_factory=dict)
+    """Context each loaded model's runner holds (Ollama ``/api/ps`` ``context_length``): a request asking
+    another ``num_ctx`` makes Ollama reload it (``needsReload``)."""
     parallel: int | None = None
     """Requests each loaded model serves at once (Ollama ``OLLAMA_NUM_PARALLEL``); None: per server only."""
     model_parallel: Mapping[str, int] = field(default_factory=dict)

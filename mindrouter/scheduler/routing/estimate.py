@@ -7,6 +7,7 @@ load scored like a 0.1 s embedding load (issue 17). Routing now estimates, in
 seconds from now, for each candidate with a free slot:
 
     start   = the rest of a load under way, or a whole load (size / load speed) where the model is not resident
+              or its runner holds another context than the job asks (Ollama reloads it)
     prefill = (prompt tokens - those expected in its prompt cache) / (prefill rate / slowdown)
     decode  = expected answer tokens / (decode rate / slowdown)
     finish  = start + prefill + decode
@@ -182,6 +183,7 @@ def estimate(
     queued: int = 0,
     contested: float = 0,
     cached: int = 0,
+    context: int | None = None,
 ) -> Estimate | None:
     """When a job would start and finish on ``backend``; None when its model cannot be made resident.
 
@@ -189,7 +191,7 @@ def estimate(
     taken: it would start once that many slots have freed, each expected after a typical job's
     time there divided by the jobs holding those slots. ``contested``: how many jobs with no other
     candidate it would hold up there (``Classes.contested``). ``cached``: its prompt tokens expected in the
-    backend's prompt cache.
+    backend's prompt cache. ``context``: the ``num_ctx`` the job asks, if any.
     """
     resident = load.resident(backend, now, settings.load_confirm_seconds)
     evicts = fit(backend, load, model, resident)
@@ -209,7 +211,7 @@ def estimate(
     ready = load.loading.get(model)
     if ready is not None:
         start = max(0.0, ready - now)
-    elif model in resident:
+    elif model in resident and (context is None or backend.resident_context.get(model, context) == context):
         start = 0.0
     else:
         start = load_seconds(backend, load, model, settings)

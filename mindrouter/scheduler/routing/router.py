@@ -132,6 +132,7 @@ class Router:
             queued,
             contested,
             cached,
+            job.context_tokens,
         )
 
     def route(

@@ -140,6 +140,7 @@ class Workstation(Generic[T]):
             model_vram={m: round(self._need(m, Options())[1] * GB) for m in spec.models},
             model_sizes={m: round(self.model(m).size * GB) for m in spec.models},
             resident_vram={m: round(r.vram * GB) for m, r in self.runners.items()},
+            resident_context={m: r.context.tokens for m, r in self.runners.items()},
             parallel=spec.parallel,
             model_parallel=one_slot,
             max_loaded=spec.max_loaded,
