@@ -112,3 +112,24 @@ def test_a_request_asking_another_context_than_the_runner_holds_is_priced_as_a_r
         starts.append(d.record.to_dict()["score_components"]["1"]["start"])
         s.cancel(job.id, 0.0)
     assert starts == [0.0, 0.0, 2.5]  # 5 GB at the default 2 GB/s
+
+
+def test_a_request_with_keep_alive_0_leaves_its_model_expected_unloaded_once_idle():
+    """Ollama honours a request's keep_alive: with 0 the model goes once idle, and its next request loads it."""
+    from mindrouter.backends import Call
+
+    body = b'{"model": "llama3.1:8b", "messages": [{"role": "user", "content": "hi"}], "keep_alive": "0s"}'
+    assert Call.from_request("/api/chat", body).unload_after
+    assert not Call.from_request("/api/chat", body.replace(b'"0s"', b'"5m"')).unload_after
+    backend = Backend(1, "ws", models=frozenset({CHAT}), loaded_models=frozenset({CHAT}), model_sizes={CHAT: 5 * 10**9})
+    s = Scheduler()
+    s.set_backend(backend)
+    s.set_user("u", 1.0)
+    starts = []
+    for i, unload in enumerate((True, False)):
+        job = Job(f"j{i}", "u", CHAT, 1.0, prompt_tokens=100, max_tokens=10, unload_after=unload)
+        assert s.submit(job, 1.0) is None
+        [d] = s.dispatch(1.0)
+        starts.append(d.record.to_dict()["score_components"]["1"]["start"])
+        s.complete(job.id, 2.0, prompt_tokens=100, completion_tokens=10)
+    assert starts == [0.0, 2.5]  # the second loads it again (5 GB at 2 GB/s)

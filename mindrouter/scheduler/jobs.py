@@ -66,6 +66,8 @@ class Job:
     """Context size the client asked for (Ollama ``num_ctx``), for the VRAM estimate."""
     stream: bool = False
     """The answer streams, so the caller reports its progress (``Scheduler.progress``)."""
+    unload_after: bool = False
+    """The client asked its model unloaded once idle (Ollama ``keep_alive`` 0): routing then expects it gone."""
     prefix: Prefix = ()
     """The prompt's blocks, hashed in a chain (``prefix.py``): where a backend holds some of them in its prompt
     cache, routing prices the prefill they save."""

@@ -246,6 +246,7 @@ class _Sim(Lifecycle):
             stream=spec.stream,
             json_mode=spec.json_mode,
             context_tokens=spec.num_ctx,
+            unload_after=spec.keep_alive == 0,
             prefix=chain((s.key, s.tokens) for s in segments),
         )
         user.submitted += 1

@@ -65,6 +65,7 @@ def admit(services: Services, path: str, headers: Mapping[str, str], body: bytes
             context_tokens=call.context_tokens,
             stream=call.stream,
             prefix=call.prefix,
+            unload_after=call.unload_after,
             via=via,
         )
         quotas = services.quotas

@@ -258,6 +258,9 @@ class Router:
         load.model_in_flight[job.model] -= 1
         load.loaders.discard(job.id)
         self.prefixes.ended(job.id, None)
+        if job.unload_after and not load.model_in_flight[job.model]:  # Ollama unloads it now (keep_alive 0)
+            load.evicted[job.model] = self.classes.now
+            self.prefixes.unloaded(backend_id, (job.model,))
         self.classes.load_changed(backend_id)
         if failed:
             load.failed += 1
