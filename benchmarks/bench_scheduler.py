@@ -26,9 +26,12 @@ def measure(
     queued: int, users: int = 1000, backends: int = 50, decisions: int = 20000, seed: int = 1, prefixes: bool = True
 ) -> tuple[float, float]:
     rng = random.Random(seed)
-    # No anticipation: its random users send 0.01 s after a job ends, so they would learn a short think
-    # time and hold slots, and a decision here must start exactly one job (holds: tests/test_anticipation.py).
-    settings = SchedulerSettings(max_queued_per_user=10**6, max_queued=10**6, queue_timeout=10**9, anticipation=0.0)
+    # No anticipation nor kept slots: its random users send 0.01 s after a job ends, so they would learn a short
+    # think time and hold slots, and a decision here must start exactly one job (holds: tests/test_anticipation.py,
+    # tests/test_served_quickly.py).
+    settings = SchedulerSettings(
+        max_queued_per_user=10**6, max_queued=10**6, queue_timeout=10**9, anticipation=0.0, max_think_time=0.0
+    )
     s = Scheduler(settings)
     models = frozenset({"llama3"})
     for b in range(backends):

@@ -12,7 +12,16 @@ from typing import Any
 
 from .formats import fmt_num, fmt_pct, fmt_tokens
 
-__all__ = ["ENDINGS", "PRIORITY_TERMS", "RECENT_TERMS", "SCORE_TERMS", "backend_label", "ended", "lost_by"]
+__all__ = [
+    "ENDINGS",
+    "PRIORITY_TERMS",
+    "RECENT_TERMS",
+    "SCORE_TERMS",
+    "backend_label",
+    "busy_is_cache",
+    "ended",
+    "lost_by",
+]
 
 #: (record key, header, meaning) of each term of a candidate's estimate (docs/routing.md), in seconds from the decision.
 SCORE_TERMS = [
@@ -125,3 +134,9 @@ def backend_label(record: Mapping[str, Any]) -> str:
     if record.get("selected_backend_id") is not None:
         return f"#{record['selected_backend_id']}"
     return _NO_BACKEND.get(str(record.get("outcome")), "none")
+
+
+def busy_is_cache(row: Mapping[str, Any]) -> bool:
+    """Whether a backend row's ``utilization`` is its engine's KV-cache fill, not a GPU's: a vLLM or llama-server
+    with no GPUs or node named reports only that (``mr top`` and the web UI's Live label it so)."""
+    return row.get("engine") in ("vllm", "llamacpp") and not row.get("gpus") and not row.get("node")

@@ -69,6 +69,7 @@ FIRST = {
     "huge-request": 1800,
     "overlapping-pools": 600,
     "one-person-many-models": 600,
+    "agent-loops": 300,
 }
 
 
@@ -149,12 +150,21 @@ ROWS = {
     "early-leavers": "issue 18, case 2: streams that leave after 10 tokens, readers and non-streamed requests",
     "think-time": "anticipation: closed-loop clients thinking 50 ms next to queued 30k-token prompts",
     "conversations": "issue 31: conversations behind shared system prompts on per-slot and prefix-block caches",
+    "chat-next-to-batch": "issue 30, case 1: a person chatting next to batch work on 2 slots",
+    "agent-loops": "issue 30, case 3: an agent's 4 loops of tiny requests next to batch work",
+    "head-starts": "issue 30, case 2: four 60 s requests sent 1 s before each of another person's sessions",
 }
 
 #: Examples that miss a target until the scheduler core does what issue 9 asks;
 #: each names the missing core behaviour. Remove an entry when its test passes
 #: (strict: an unexpected pass fails the suite, so none is left behind).
-NEEDS_CORE: dict[str, str] = {}
+NEEDS_CORE: dict[str, str] = {
+    "chat-next-to-batch": "charge a unit that follows GPU time (issue 30): a slot delivers chat's short requests"
+    " 1.7x the units a second it delivers batch's long answers, so the slot kept for chat gives it 38.3% of the"
+    " units where water-filling units owes it 35.1%",
+    "head-starts": "interrupt a running request: hog's four 60 s requests hold every slot each time reader comes"
+    " (6.2% against 51.7%); `max_slot_share = 0.75` brings reader to 23.2% (docs/fairness.md, head starts)",
+}
 
 
 def core(name: str, reason: str | None = None) -> Any:

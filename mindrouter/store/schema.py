@@ -182,6 +182,17 @@ _MIGRATIONS: list[Sequence[str] | Callable[[sqlite3.Connection], None]] = [
     _ROLLED_UP,
     # A key's label, so an admin tells a user's keys apart ("laptop", "open-webui") before revoking one.
     ("ALTER TABLE api_keys ADD COLUMN label TEXT NOT NULL DEFAULT ''",),
+    # Key ids never come back: a revoked key's id was given to the next key made (SQLite reuses the
+    # largest rowid without AUTOINCREMENT), so "key 3" in a log or an admin's note could be two keys.
+    (
+        "CREATE TABLE api_keys_new (id INTEGER PRIMARY KEY AUTOINCREMENT,"
+        " user_id INTEGER NOT NULL REFERENCES users(id) ON DELETE CASCADE, hash TEXT NOT NULL UNIQUE,"
+        " prefix TEXT NOT NULL, created REAL NOT NULL, last_used REAL, label TEXT NOT NULL DEFAULT '')",
+        "INSERT INTO api_keys_new SELECT id, user_id, hash, prefix, created, last_used, label FROM api_keys",
+        "DROP TABLE api_keys",
+        "ALTER TABLE api_keys_new RENAME TO api_keys",
+        "CREATE INDEX api_keys_user ON api_keys(user_id)",
+    ),
     # mr model alias: one model served under different names by different engines (issue 31).
     ("CREATE TABLE model_aliases (name TEXT PRIMARY KEY, target TEXT NOT NULL)",),
 ]

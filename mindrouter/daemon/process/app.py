@@ -23,6 +23,7 @@ from ...scheduler import Scheduler
 from ...store import Store
 from ..admin.api import setup_admin_routes
 from ..admin.middleware import admin_middleware
+from ..admin.transfer import setup_transfer_routes
 from ..edge.accounting import setup_accounting_routes
 from ..edge.answers import stamp
 from ..edge.auth import Auth
@@ -179,6 +180,7 @@ async def create_app(
     setup_catalog_routes(app)
     setup_cors(app, server.cors_origins)
     setup_admin_routes(app)
+    setup_transfer_routes(app)
     setup_accounting_routes(app)
     app.on_response_prepare.append(stamp)
     setup_metrics(app)

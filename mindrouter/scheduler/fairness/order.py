@@ -27,7 +27,7 @@ seat's version moves or its queue empties.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Container, Iterable, Mapping
+from collections.abc import Callable, Container, Hashable, Iterable, Mapping
 
 from ..jobs import ClassKey, Job, class_key
 from ..pooling import PoolKey
@@ -49,6 +49,8 @@ class Order:
         self.pools: Mapping[ClassKey, Pool] = self._class_pool
         """The pool each class contends in (every queued job's class is here); read-only."""
         self._heavy_keyed: dict[PoolKey, tuple[float, float]] = {}
+        self.parked: set[Hashable] = set()
+        """Users whose queue heads are passed over until the caller rekeys them (``Turns.unpark``)."""
 
     # -- classes and their pools -------------------------------------------
 
@@ -110,7 +112,12 @@ class Order:
 
     def valid(self, entry: Entry, key: ClassKey) -> bool:
         seat = self._class_pool[key].seats.get(entry[2])
-        return seat is not None and seat.version == entry[3] and self.queues.has_queue(entry[2], key)
+        return (
+            seat is not None
+            and seat.version == entry[3]
+            and self.queues.has_queue(entry[2], key)
+            and entry[2] not in self.parked
+        )
 
     # -- heads -------------------------------------------------------------
 

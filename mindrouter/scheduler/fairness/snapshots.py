@@ -30,9 +30,11 @@ def _targets(pool: Pool) -> dict[Hashable, float]:
     return pool_targets({uid: s.weight for uid, s in pool.seats.items() if demand(s)})
 
 
-def _seat_share(pool: Pool, seat: Seat, reference: float, targets: Mapping[Hashable, float]) -> SeatShare:
+def _seat_share(
+    pool: Pool, seat: Seat, reference: float, targets: Mapping[Hashable, float], backends: tuple[str, ...]
+) -> SeatShare:
     return SeatShare(
-        backends=_backends(pool),
+        backends=backends,
         weight=seat.weight,
         deficit=(seat.lag - reference) * seat.weight,
         inflight_charge=seat.inflight,
@@ -106,11 +108,12 @@ def build_share(
     for pool in pools:
         ref = references[pool.key]
         targets: dict[Hashable, float] | None = None  # made for the pools the users asked for sit in only
+        backends = _backends(pool)
         for user in users:
             seat = pool.seats.get(user.id)
             if seat is not None:
                 targets = _targets(pool) if targets is None else targets
-                shown = _seat_share(pool, seat, ref, targets)
+                shown = _seat_share(pool, seat, ref, targets, backends)
                 seats.setdefault(user.id, []).append(shown)
                 if shown.target_share is not None:
                     parts.setdefault(user.id, []).append((shown.target_share, seat.recent, pool.recent_total))

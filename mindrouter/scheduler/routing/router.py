@@ -272,6 +272,11 @@ class Router:
             return None
         return self.classes.served_by(backend_id)
 
+    def free(self, backend_id: Hashable) -> int:
+        """Slots of ``backend_id`` neither running a job nor held (0 for one not known)."""
+        backend, load = self._backends.get(backend_id), self._loads.get(backend_id)
+        return 0 if backend is None or load is None else max(0, backend.max_concurrent - load.in_flight)
+
     def busy_seconds(self, backend_id: Hashable, job: Job, answer_tokens: float, now: float) -> float:
         """Seconds ``job`` would hold a slot of ``backend_id`` once started (0 where it cannot run there)."""
         row = self.estimate(backend_id, job, answer_tokens, now)
