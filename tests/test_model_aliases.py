@@ -17,7 +17,14 @@ from .fakes import FakeOllama, FakeOpenAI
 HF, TAG = "meta-llama/Llama-3.1-8B-Instruct", "llama3.1:8b"
 
 
-async def test_an_alias_pools_a_vllm_server_with_ollama_and_each_is_asked_under_its_own_name(daemon):
+@pytest.fixture
+def no_aliases_after():
+    """The aliases are the process's (``model_key``): a test that fails midway leaves none to the next."""
+    yield
+    set_aliases({})
+
+
+async def test_an_alias_pools_a_vllm_server_with_ollama_and_each_is_asked_under_its_own_name(daemon, no_aliases_after):
     async with FakeOllama(models=[TAG]) as oll, FakeOpenAI(flavor="vllm", models=[HF]) as vllm:
         await daemon.backend("o", oll.url, "ollama")
         await daemon.backend("v", vllm.url, "vllm")
