@@ -181,7 +181,8 @@ class Lifecycle:
             latency=latency,
             duration=duration,
             timings=timings,
-            cached_tokens=req.cached,  # vLLM's usage says it; Ollama's prompt_eval_count counts the rest
+            # vLLM's and llama-server's usage say what their cache held; Ollama's does not
+            cached_tokens=req.cached if backend.spec.engine in ("vllm", "llamacpp") else None,
         )
         self.next_request(self.phases[req.phase], now, req)
 
