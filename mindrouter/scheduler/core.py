@@ -9,7 +9,9 @@ the jobs' lives: where each runs, their queue deadlines (``deadlines.py``) and r
 
 Invariants (``check()``): a job is in exactly one of queued / running / finished; a backend's in-flight
 count equals the running jobs routed to it plus the slots held there, and never exceeds its
-``max_concurrent``; every hold that fairness ends gives its slot back to routing (``_unhold``).
+``max_concurrent``; every hold that fairness ends gives its slot back to routing (``_unhold``); the
+running jobs per (backend, user) are counted once each (``_per_backend``, for kept slots and
+``max_slot_share``).
 """
 
 from __future__ import annotations
@@ -173,7 +175,7 @@ class Scheduler:
                     blocked.add(key)
                     continue
                 if self._capped(key, job, routed[0].backend_id):
-                    turns.park(job.user_id)
+                    turns.order.park(job.user_id)
                     continue
                 out.append(self._start(key, job, routed, now))
             except Exception as exc:  # a value no check caught, or a bug: this job alone fails
@@ -181,7 +183,7 @@ class Scheduler:
                 self._retries.forget(job.id)
                 self._unstartable.append((job, exc))
         self._claims.clear()
-        turns.unpark()
+        turns.order.unpark()
         return out
 
     def _capped(self, key: ClassKey, job: Job, backend_id: Hashable) -> bool:
@@ -346,8 +348,10 @@ class Scheduler:
         return True
 
     def _anticipate(self, running: Running, now: float) -> None:
-        """Hold the slot ``running`` freed for its seat's next job, when the seat has nothing queued,
-        thinks briefly, and would be served before every job queued that could take the slot (``holds.py``)."""
+        """Hold the slot ``running`` freed for its seat's next job, when the seat has nothing queued and
+        thinks briefly, and would be served before every job queued that could take the slot; or keep it for
+        a seat that reads for seconds (under ``max_think_time``) while the one who would take it already runs
+        its share of the backend's slots and used more of late (``holds.py``)."""
         charge, bid = running.charge, running.backend_id
         length = self.turns.hold_length(charge)
         if length is None:

@@ -274,6 +274,10 @@ class _Sim(Lifecycle):
             conversation=conv,
             turn=turn,
         )
+        if not user.queued:
+            gap, backlogged = phase.pool.gap, phase.pool.backlogged
+            others = [gap.counter(u, now) for u in backlogged if u != user.index]
+            req.owed = bool(others) and gap.counter(user.index, now) < min(others)
         self.queued_total += 1
         self.reqs[job_id] = req
         if self.trace is not None:
