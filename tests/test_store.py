@@ -39,9 +39,11 @@ def path(tmp_path: Path) -> Path:
     return tmp_path / "state" / "nested" / "mindrouter.db"
 
 
-@pytest.fixture
-def st(path: Path):
-    with Store(path, clock=lambda: 1000.0) as s:
+@pytest.fixture(params=["sqlite", pytest.param("postgres", marks=pytest.mark.postgres)])
+def st(request: pytest.FixtureRequest, path: Path):
+    """The store on SQLite, and (``-m postgres``) on a fresh PostgreSQL database."""
+    url = request.getfixturevalue("pg_url") if request.param == "postgres" else ""
+    with Store(path, clock=lambda: 1000.0, url=url) as s:
         s.ensure_default_groups()
         yield s
 

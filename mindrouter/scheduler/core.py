@@ -276,6 +276,7 @@ class Scheduler:
         latency: float | None = None,
         duration: float | None = None,
         timings: Timings | None = None,
+        cached_tokens: int | None = None,
     ) -> bool:
         """A running job finished. Token counts are the backend's; None means it reported none.
 
@@ -286,6 +287,8 @@ class Scheduler:
             duration: seconds from sending the request to its end, by the shell's clock.
             timings: what the backend says it spent loading, reading the prompt and answering;
                 with ``latency`` and ``duration`` they teach the estimate this (backend, model)'s rates.
+            cached_tokens: prompt tokens the backend found in its prompt cache, if it says (OpenAI usage's
+                ``cached_tokens``): corrects what routing expects that backend to hold.
 
         Returns False when the job was not running (already ended).
         """
@@ -294,7 +297,9 @@ class Scheduler:
             return False
         prompt_tokens, completion_tokens = token_count(prompt_tokens), token_count(completion_tokens)  # else unknown
         bid, job = running.backend_id, running.job
-        self.router.learn(bid, job, prompt_tokens, completion_tokens, latency, duration, timings)
+        self.router.learn(
+            bid, job, prompt_tokens, completion_tokens, latency, duration, timings, token_count(cached_tokens)
+        )
         self.router.release(bid, job)
         self.turns.complete(running.charge, now, prompt_tokens, completion_tokens)
         self._retries.forget(job_id)

@@ -184,6 +184,8 @@ class Lifecycle:
             latency=latency,
             duration=duration,
             timings=timings,
+            # vLLM's and llama-server's usage say what their cache held; Ollama's does not
+            cached_tokens=req.cached if backend.spec.engine in ("vllm", "llamacpp") else None,
         )
         self.next_request(self.phases[req.phase], now, req)
 

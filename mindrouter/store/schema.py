@@ -91,10 +91,11 @@ _MONTHLY = (
 )
 
 _ADD_SUMS = (
-    "requests = requests + excluded.requests, prompt_tokens = prompt_tokens + excluded.prompt_tokens,"
-    " completion_tokens = completion_tokens + excluded.completion_tokens,"
-    " gpu_seconds = gpu_seconds + excluded.gpu_seconds"
+    "requests = {t}.requests + excluded.requests, prompt_tokens = {t}.prompt_tokens + excluded.prompt_tokens,"
+    " completion_tokens = {t}.completion_tokens + excluded.completion_tokens,"
+    " gpu_seconds = {t}.gpu_seconds + excluded.gpu_seconds"
 )
+"""The totals' upsert, each sum named with its table ``{t}`` (PostgreSQL finds a bare name ambiguous)."""
 _ROWS_TO_ROLL = (
     "count(*), sum(prompt_tokens), sum(completion_tokens), sum(gpu_seconds) FROM usage WHERE id > ? AND id <= ?"
 )
@@ -104,10 +105,10 @@ ROLLED_KEY = "usage_rolled_through"
 
 ROLL_USAGE = (
     f"INSERT INTO usage_daily SELECT {_DAILY_OF_ROW.format(r='usage')}, {_ROWS_TO_ROLL} GROUP BY 1, 2, 3, 4, 5"
-    f" ON CONFLICT ({_DAILY_KEY}) DO UPDATE SET {_ADD_SUMS}",
+    f" ON CONFLICT ({_DAILY_KEY}) DO UPDATE SET {_ADD_SUMS.format(t='usage_daily')}",
     "INSERT INTO usage_monthly SELECT substr(date(at, 'unixepoch', 'localtime'), 1, 7), user_id, group_name, model,"
     f" coalesce(backend_id, 0), {_ROWS_TO_ROLL} GROUP BY 1, 2, 3, 4, 5"
-    f" ON CONFLICT ({_MONTHLY_KEY}) DO UPDATE SET {_ADD_SUMS}",
+    f" ON CONFLICT ({_MONTHLY_KEY}) DO UPDATE SET {_ADD_SUMS.format(t='usage_monthly')}",
 )
 """Add the usage rows with ids in ``(?, ?]`` to the daily and monthly totals (the local calendar)."""
 
@@ -193,6 +194,8 @@ _MIGRATIONS: list[Sequence[str] | Callable[[sqlite3.Connection], None]] = [
         "ALTER TABLE api_keys_new RENAME TO api_keys",
         "CREATE INDEX api_keys_user ON api_keys(user_id)",
     ),
+    # mr model alias: one model served under different names by different engines (issue 31).
+    ("CREATE TABLE model_aliases (name TEXT PRIMARY KEY, target TEXT NOT NULL)",),
 ]
 SCHEMA_VERSION = len(_MIGRATIONS)
 

@@ -20,6 +20,7 @@ from ...store.people import KEEP
 from ..edge.catalog import pool_models
 from ..edge.services import SERVICES
 from ..request.weights import apply_user
+from .aliases import setup_alias_routes
 from .backend_edits import backend_dict, models_left_without, refuse_orphaning, set_backend
 from .watch import quota_rows, setup_watch_routes
 
@@ -308,8 +309,9 @@ async def create_backend(app: web.Application, data: dict[str, Any]) -> dict[str
     row = app[SERVICES].store.add_backend(data.get("name"), data.get("url"), data.get("engine"), **fields)
     entry = app[SERVICES].registry.add(row)
     wait = app[SERVICES].config.backends.connect_timeout + 1
-    with contextlib.suppress(asyncio.TimeoutError):
-        await asyncio.wait_for(entry.probed.wait(), wait)
+    if entry.task is not None:  # a standby router does not probe (process/roles.py)
+        with contextlib.suppress(asyncio.TimeoutError):
+            await asyncio.wait_for(entry.probed.wait(), wait)
     if row.node:
         with contextlib.suppress(asyncio.TimeoutError):
             await asyncio.wait_for(app[SERVICES].gpus.poll_node(row.node), wait)
@@ -388,3 +390,4 @@ def setup_admin_routes(app: web.Application) -> None:
     r.add_delete("/admin/backends/{name}", remove_backend)
     r.add_get("/admin/models", list_models)
     setup_watch_routes(app)
+    setup_alias_routes(app)

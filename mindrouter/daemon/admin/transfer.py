@@ -10,6 +10,7 @@ from typing import Any
 from aiohttp import web
 
 from ..edge.services import SERVICES
+from .aliases import apply_aliases
 from .api import json_body, sync_users
 
 __all__ = ["apply_import", "setup_transfer_routes"]
@@ -33,19 +34,10 @@ async def apply_import(app: web.Application, data: dict[str, Any], *, dry_run: b
     ``dry_run``: what would, and nothing changes)."""
     if dry_run:
         return dict(app[SERVICES].store.import_(data, dry_run=True))
-    before = {row.id: row for row in app[SERVICES].store.list_backends()}
     answer = app[SERVICES].store.import_(data)
-    registry = app[SERVICES].registry
-    for row in app[SERVICES].store.list_backends():
-        old = before.get(row.id)
-        if old is not None and (old.url, old.engine) != (row.url, row.engine):
-            await registry.remove(row.id)  # another server, or another engine: a client of its own
-            old = None
-        if old is None:
-            registry.add(row)
-        else:
-            registry.update_row(row)
+    await app[SERVICES].registry.sync(app[SERVICES].store.list_backends())
     sync_users(app)
+    apply_aliases(app)
     return dict(answer)
 
 

@@ -42,6 +42,7 @@ def status_view(
     users: int,
     listen: str,
     socket: str,
+    role: str = "leader",
 ) -> dict[str, Any]:
     """`mr status`: one line per fact about the daemon."""
     return {
@@ -59,6 +60,7 @@ def status_view(
         "tokens_per_second": round(counters.tokens_per_second, 3),
         "listen": listen,
         "socket": socket,
+        "role": role,
     }
 
 

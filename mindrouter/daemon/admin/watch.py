@@ -47,6 +47,7 @@ def status_dict(app: web.Application) -> dict[str, Any]:
         users=len(app[SERVICES].store.list_users()),
         listen=f"http://{config.server.host}:{config.server.port}",
         socket=str(config.server.socket_path),
+        role=app[SERVICES].role,
     )
 
 
