@@ -250,3 +250,16 @@ def test_a_heavy_weight_reading_in_many_loops_keeps_only_the_slots_it_uses():
     assert abs(admin["service_share"] - admin["target_share"]) <= 0.02, admin
     assert admin["wait_p50"] <= 3 * 1.2, admin
     assert result["backends"][0]["utilization"] >= 0.97, result["backends"]
+
+
+def test_the_config_file_sets_max_slot_share_and_max_think_time(tmp_path):
+    from mindrouter.config import load_config
+    from mindrouter.errors import ConfigError
+
+    path = tmp_path / "mr.toml"
+    path.write_text("[scheduler]\nmax_slot_share = 0.75\nmax_think_time = 5\n")
+    settings = load_config(path).scheduler
+    assert (settings.max_slot_share, settings.max_think_time) == (0.75, 5.0)
+    path.write_text("[scheduler]\nmax_slot_share = 2\n")
+    with pytest.raises(ConfigError, match="max_slot_share"):
+        load_config(path)
