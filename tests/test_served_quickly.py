@@ -194,3 +194,17 @@ def test_max_slot_share_helps_a_person_whose_sessions_meet_head_starts():
     without, capped = head_starts(None)["reader"], head_starts(0.75)["reader"]
     assert without["service_share"] < 0.07 and without["wait_p50"] > 59, without
     assert capped["service_share"] > 0.22 and capped["wait_p50"] < 7, capped
+
+
+def test_the_simulator_fails_a_person_owed_more_who_waits_a_batch_answer():
+    """Without the kept slot (``max_think_time = 0``) chat waits a 72 s answer for each of its own: the
+    owed-wait check fails the run where passed-over time (0 s: no slot freed while it waited) did not."""
+    from .test_simulate_examples import misses
+
+    sc = load_example("chat-next-to-batch").replace(duration=600)
+    before = build(simulate(sc.replace(settings=dataclasses.replace(sc.settings, max_think_time=0.0))))
+    chat = next(u for u in before["users"] if u["name"] == "chat")
+    assert chat["max_passed_over_s"] == 0 and chat["owed_wait_p50"] > 60, chat
+    assert any("chat: owed more than all who waited" in m for m in misses(before))
+    now = build(simulate(sc))
+    assert not any("owed more" in m for m in misses(now))

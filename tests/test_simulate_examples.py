@@ -4,6 +4,12 @@ Targets (issues 9 and 18), per pool of contention; a target share is the
 user's weighted max-min share among the people with work in the pool
 (``mindrouter.simulate.maxmin``), from the workload alone:
 
+- a person owed more than everyone waiting (its counter below every other
+  backlogged user's when it sends, with nothing else queued) waits at the
+  median at most 3x its own median request's time (issue 30: before the kept
+  slots chat-next-to-batch's chat waited 67.0 s against 7.2 s, agent-loops'
+  agent 5.8 s against 0.2 s; no slot freed while they waited, so they were
+  never passed over);
 - no user is passed over for longer than 3x the time its longest request took
   (``max_passed_over_s`` against ``passed_over_allowed_s``): waiting while a
   slot it could use is free, or after such a slot went to someone whose turn
@@ -99,6 +105,11 @@ def misses(result: dict[str, Any]) -> list[str]:
     for user in result["users"]:
         if user["timeouts"] and user["service_share"] < user["target_share"] - 0.02:
             out.append(f"{user['name']}: {user['timeouts']} timeouts short of its share")
+        if user["owed_waits"] and user["owed_wait_p50"] > user["owed_wait_allowed_s"] + 1e-6:
+            out.append(
+                f"{user['name']}: owed more than all who waited, its median wait was {user['owed_wait_p50']:.2f} s"
+                f" > {user['owed_wait_allowed_s']:.2f} s (3 x its median request, over {user['owed_waits']} requests)"
+            )
         if user["max_passed_over_s"] > user["passed_over_allowed_s"] + 1e-6:
             out.append(
                 f"{user['name']}: passed over {user['max_passed_over_s']:.2f} s > {user['passed_over_allowed_s']:.2f} s"

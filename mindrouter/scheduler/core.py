@@ -9,7 +9,9 @@ the jobs' lives: where each runs, their queue deadlines (``deadlines.py``) and r
 
 Invariants (``check()``): a job is in exactly one of queued / running / finished; a backend's in-flight
 count equals the running jobs routed to it plus the slots held there, and never exceeds its
-``max_concurrent``; every hold that fairness ends gives its slot back to routing (``_unhold``).
+``max_concurrent``; every hold that fairness ends gives its slot back to routing (``_unhold``); the
+running jobs per (backend, user) are counted once each (``_per_backend``, for kept slots and
+``max_slot_share``).
 """
 
 from __future__ import annotations
@@ -173,7 +175,7 @@ class Scheduler:
                     blocked.add(key)
                     continue
                 if self._capped(key, job, routed[0].backend_id):
-                    turns.park(job.user_id)
+                    turns.order.park(job.user_id)
                     continue
                 out.append(self._start(key, job, routed, now))
             except Exception as exc:  # a value no check caught, or a bug: this job alone fails
@@ -181,7 +183,7 @@ class Scheduler:
                 self._retries.forget(job.id)
                 self._unstartable.append((job, exc))
         self._claims.clear()
-        turns.unpark()
+        turns.order.unpark()
         return out
 
     def _capped(self, key: ClassKey, job: Job, backend_id: Hashable) -> bool:
@@ -274,6 +276,7 @@ class Scheduler:
         latency: float | None = None,
         duration: float | None = None,
         timings: Timings | None = None,
+        cached_tokens: int | None = None,
     ) -> bool:
         """A running job finished. Token counts are the backend's; None means it reported none.
 
@@ -284,6 +287,8 @@ class Scheduler:
             duration: seconds from sending the request to its end, by the shell's clock.
             timings: what the backend says it spent loading, reading the prompt and answering;
                 with ``latency`` and ``duration`` they teach the estimate this (backend, model)'s rates.
+            cached_tokens: prompt tokens the backend found in its prompt cache, if it says (OpenAI usage's
+                ``cached_tokens``): corrects what routing expects that backend to hold.
 
         Returns False when the job was not running (already ended).
         """
@@ -292,7 +297,9 @@ class Scheduler:
             return False
         prompt_tokens, completion_tokens = token_count(prompt_tokens), token_count(completion_tokens)  # else unknown
         bid, job = running.backend_id, running.job
-        self.router.learn(bid, job, prompt_tokens, completion_tokens, latency, duration, timings)
+        self.router.learn(
+            bid, job, prompt_tokens, completion_tokens, latency, duration, timings, token_count(cached_tokens)
+        )
         self.router.release(bid, job)
         self.turns.complete(running.charge, now, prompt_tokens, completion_tokens)
         self._retries.forget(job_id)
@@ -341,8 +348,10 @@ class Scheduler:
         return True
 
     def _anticipate(self, running: Running, now: float) -> None:
-        """Hold the slot ``running`` freed for its seat's next job, when the seat has nothing queued,
-        thinks briefly, and would be served before every job queued that could take the slot (``holds.py``)."""
+        """Hold the slot ``running`` freed for its seat's next job, when the seat has nothing queued and
+        thinks briefly, and would be served before every job queued that could take the slot; or keep it for
+        a seat that reads for seconds (under ``max_think_time``) while the one who would take it already runs
+        its share of the backend's slots and used more of late (``holds.py``)."""
         charge, bid = running.charge, running.backend_id
         length = self.turns.hold_length(charge)
         if length is None:

@@ -166,6 +166,9 @@ Two keep VTC's bound (twice the largest request)
     """Seconds sooner a full backend must be expected to finish a job than any free one for the job to wait for it."""
     eviction_price: float = 1.0
     """Seconds of estimate charged per second of reload that evicting an idle model costs the pool."""
+    prefix_cache_tokens: int = 262_144
+    """Prompt tokens a backend without slots per model (vLLM) is expected to keep in its prefix cache per model,
+    for pricing a prompt sent where its prefix was sent before (``routing/prefixes.py``); 0 expects none."""
     load_confirm_seconds: float = 30.0
     """Seconds a load or an eviction the core triggered is taken as done before a poll confirms it."""
     retry_penalty: float = 1000.0

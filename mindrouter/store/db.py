@@ -15,6 +15,7 @@ from typing import Any
 
 from ..scheduler.settings import DEFAULT_GROUP_WEIGHTS
 from . import postgres
+from .aliases import Aliases
 from .backends import _BACKEND_COLUMNS, Backends
 from .changes import pool_changes
 from .checkpoint import Checkpointer
@@ -52,7 +53,7 @@ def _group(row: tuple[Any, ...]) -> Group:
     return Group(row[0], row[1], row[2], Quota(row[3], row[4], row[5]))
 
 
-class Store(Backends, UsageLog, Decisions, People, ApiKeys):
+class Store(Backends, UsageLog, Decisions, People, ApiKeys, Aliases):
     """The daemon's durable state, on one connection; not for use from several threads.
 
     Args:
@@ -324,12 +325,15 @@ class Store(Backends, UsageLog, Decisions, People, ApiKeys):
             if user.owner_id is not None:
                 row.update(person_of=user.person_of, identity=user.identity)
             users.append(_no_nulls(row | user.quota.to_dict()))
-        return {
+        out = {
             "version": 1,
             "groups": [_no_nulls(g.to_dict()) for g in self.list_groups()],
             "users": users,
             "backends": [_no_nulls(b.to_dict()) for b in self.list_backends()],
         }
+        if aliases := self.list_aliases():
+            out["aliases"] = [{"name": name, "target": target} for name, target in aliases.items()]
+        return out
 
     def import_(self, data: Mapping[str, Any], *, dry_run: bool = False) -> dict[str, Any]:
         """Create or replace, by name, every group, user and backend in ``data``; nothing else is touched.
@@ -358,7 +362,8 @@ class Store(Backends, UsageLog, Decisions, People, ApiKeys):
         return {**counts, "changes": changes}
 
     def _import(self, data: Mapping[str, Any]) -> dict[str, int]:
-        groups, users, backends = _validate_import(data, {g.name for g in self.list_groups()})
+        rest = {k: v for k, v in data.items() if k != "aliases"} if isinstance(data, Mapping) else data
+        groups, users, backends = _validate_import(rest, {g.name for g in self.list_groups()})
         for name, fields in backends:
             row = self.backend_at(fields[0])
             if row is not None and row.name.lower() != name.lower():
@@ -396,4 +401,7 @@ class Store(Backends, UsageLog, Decisions, People, ApiKeys):
                 " state = excluded.state, parallel = excluded.parallel, max_loaded = excluded.max_loaded",
                 (name, *fields),
             )
-        return {"groups": len(groups), "users": len(users), "backends": len(backends)}
+        counts = {"groups": len(groups), "users": len(users), "backends": len(backends)}
+        if "aliases" in data:
+            counts["aliases"] = self.import_aliases(data["aliases"])
+        return counts

@@ -194,6 +194,8 @@ _MIGRATIONS: list[Sequence[str] | Callable[[sqlite3.Connection], None]] = [
         "ALTER TABLE api_keys_new RENAME TO api_keys",
         "CREATE INDEX api_keys_user ON api_keys(user_id)",
     ),
+    # mr model alias: one model served under different names by different engines (issue 31).
+    ("CREATE TABLE model_aliases (name TEXT PRIMARY KEY, target TEXT NOT NULL)",),
 ]
 SCHEMA_VERSION = len(_MIGRATIONS)
 

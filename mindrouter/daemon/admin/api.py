@@ -20,6 +20,7 @@ from ...store.people import KEEP
 from ..edge.catalog import pool_models
 from ..edge.services import SERVICES
 from ..request.weights import apply_user
+from .aliases import setup_alias_routes
 from .backend_edits import backend_dict, models_left_without, refuse_orphaning, set_backend
 from .watch import quota_rows, setup_watch_routes
 
@@ -389,3 +390,4 @@ def setup_admin_routes(app: web.Application) -> None:
     r.add_delete("/admin/backends/{name}", remove_backend)
     r.add_get("/admin/models", list_models)
     setup_watch_routes(app)
+    setup_alias_routes(app)

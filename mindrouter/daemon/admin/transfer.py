@@ -10,6 +10,7 @@ from typing import Any
 from aiohttp import web
 
 from ..edge.services import SERVICES
+from .aliases import apply_aliases
 from .api import json_body, sync_users
 
 __all__ = ["apply_import", "setup_transfer_routes"]
@@ -36,6 +37,7 @@ async def apply_import(app: web.Application, data: dict[str, Any], *, dry_run: b
     answer = app[SERVICES].store.import_(data)
     await app[SERVICES].registry.sync(app[SERVICES].store.list_backends())
     sync_users(app)
+    apply_aliases(app)
     return dict(answer)
 
 

@@ -16,6 +16,7 @@ from typing import Any
 import aiohttp
 from aiohttp import web
 
+from ...backends import set_aliases
 from ...config import Config
 from ...gpu.probe import GpuProbe
 from ...scheduler import Scheduler
@@ -78,6 +79,7 @@ async def create_app(
     created = store.ensure_default_groups(config.scheduler.group_weights)
     if created:
         log.info("created the default groups %s", ", ".join(created))
+    set_aliases(store.list_aliases())  # before any backend's models are keyed
     scheduler = Scheduler(config.scheduler)
     for group in store.list_groups():
         scheduler.set_group(group.name, group.scheduler_weight)

@@ -32,6 +32,7 @@ whose backend went away.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable, Hashable
 from dataclasses import dataclass
 
@@ -116,6 +117,26 @@ class Holds:
         if think < self.max_think:
             return min(self.max_think, 2 * think), True
         return None
+
+    def over_share(self, pool: Pool, holder: Seat, rival: Seat, slots: int, running: int, now: float) -> bool:
+        """Whether ``rival``, running ``running`` of a backend's ``slots``, has its weighted share of them (at
+        least one) among the people active in ``pool``: those with work queued or running, and those thinking
+        within ``max_think_time`` of their last job's end (``holder`` among them)."""
+        if running < 1:
+            return False
+        if running >= math.ceil(slots * rival.weight / (rival.weight + holder.weight) - 1e-9):
+            return True  # its share beside the holder alone, the most it can be: no need to count the others
+        bound = self.max_think
+        total = 0.0
+        for seat in pool.seats.values():
+            if (
+                seat.queued
+                or seat.running
+                or seat is holder
+                or (seat.ended is not None and now - seat.ended < bound and (seat.think or bound) < bound)
+            ):
+                total += seat.weight
+        return running >= max(1.0, math.ceil(slots * rival.weight / total - 1e-9))
 
     def take(
         self,

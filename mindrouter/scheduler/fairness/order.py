@@ -106,6 +106,22 @@ class Order:
                     pool.touch(seat)
                     self.rekey(pool, seat)
 
+    def park(self, user_id: Hashable) -> None:
+        """Pass over ``user_id``'s queued jobs until ``unpark`` (``max_slot_share``)."""
+        self.parked.add(user_id)
+
+    def unpark(self) -> None:
+        """Queue the parked users' heads again, where their priorities put them."""
+        if not self.parked:
+            return
+        users = list(self.parked)
+        self.parked.clear()
+        for uid in users:
+            for pool in self._pools.values():
+                seat = pool.seats.get(uid)
+                if seat is not None and seat.queued:
+                    self.rekey(pool, seat)
+
     def rank(self, key: ClassKey, entry: Entry) -> tuple[float, int]:
         """Where a queue head stands among all heads: lowest is served first."""
         return entry[0] + self._class_pool[key].reference(), entry[1]

@@ -256,23 +256,6 @@ class Turns:
             return False
         return len(self.order.pools[key].seats) > 1
 
-    def park(self, user_id: Hashable) -> None:
-        """Pass over ``user_id``'s queued jobs until ``unpark`` (it holds its most of the slots it was routed to)."""
-        self.order.parked.add(user_id)
-
-    def unpark(self) -> None:
-        """Queue the parked users' heads again, where their priorities put them."""
-        parked = self.order.parked
-        if not parked:
-            return
-        users = list(parked)
-        parked.clear()
-        for uid in users:
-            for pool in self.fair.pools.values():
-                seat = pool.seats.get(uid)
-                if seat is not None and seat.queued:
-                    self.order.rekey(pool, seat)
-
     @property
     def queued_per_class(self) -> Mapping[ClassKey, int]:
         return self.queues.counts
@@ -367,26 +350,11 @@ class Turns:
         return self.fair.users[user_id].queued
 
     def over_share(self, charge: Charge, rival: Job, slots: int, running: int, now: float) -> bool:
-        """Whether ``rival``'s user, running ``running`` of a backend's ``slots``, has its weighted share of them
-        (at least one) among the people active in the pool: those with work queued or running, and those
-        thinking within ``max_think_time`` of their last job's end (``charge``'s seat among them)."""
+        """Whether ``rival``'s user, running ``running`` of a backend's ``slots``, has its share of them
+        (``Holds.over_share``)."""
         pool = self.order.pools[class_key(rival)]
         mine = pool.seats.get(rival.user_id)
-        if mine is None or running < 1:
-            return False
-        if running >= math.ceil(slots * mine.weight / (mine.weight + charge.seat.weight) - 1e-9):
-            return True  # its share beside the holder alone, the most it can be: no need to count the others
-        bound = self.settings.max_think_time
-        total = 0.0
-        for seat in pool.seats.values():
-            if (
-                seat.queued
-                or seat.running
-                or seat is charge.seat
-                or (seat.ended is not None and now - seat.ended < bound and (seat.think or bound) < bound)
-            ):
-                total += seat.weight
-        return running >= max(1.0, math.ceil(slots * mine.weight / total - 1e-9))
+        return mine is not None and self.holds.over_share(pool, charge.seat, mine, slots, running, now)
 
     def rival(
         self, charge: Charge, classes: Iterable[ClassKey], now: float, *, shared: bool
