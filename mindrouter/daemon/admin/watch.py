@@ -67,7 +67,7 @@ async def get_queue(request: web.Request) -> web.Response:
 def share_dict(app: web.Application) -> dict[str, Any]:
     """``mr share``: per group and user what the weights entitle it to, what it used, and the terms that act."""
     store = app[STORE]
-    share = app[SCHEDULER].share(app[DISPATCHER].clock())
+    share = app[SCHEDULER].share(app[DISPATCHER].clock(), active=True)
     return share_view(share, store.list_users(), store.list_groups(), lambda kind, key: quota_rows(app, kind, key))
 
 

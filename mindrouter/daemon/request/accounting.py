@@ -125,15 +125,21 @@ def me_dict(app: web.Application, caller: Any) -> dict[str, Any]:
 
 
 def _standing(app: web.Application, user_id: int) -> dict[str, Any]:
-    """The caller's fair-share figures, and its place among the users active now (1 = served next)."""
-    share = app[SCHEDULER].share(app[DISPATCHER].clock())
-    mine = share.user(user_id)
-    if mine is None:
+    """The caller's fair-share figures, and its place among the users active now (1 = served next).
+
+    Reads the active users alone (``share(active=True)``), so it costs what they number, not the registered.
+    """
+    scheduler, now = app[SCHEDULER], app[DISPATCHER].clock()
+    if not scheduler.has_user(user_id):
         return {}
+    share = scheduler.share(now, active=True)
+    mine = share.user(user_id)
+    users = share.users
+    if mine is None:  # idle: its figures, and its share as if it sent a request now
+        mine = scheduler.share(now, [user_id]).users[0]
+        users = (*users, mine)
     active = [u for u in share.users if u.queued or u.running or u.recent_tokens]
-    by_user, _ = normalized_shares(
-        ((u.name, u.group, u.weight, u.weight_override) for u in share.users), {}, share.shares
-    )
+    by_user, _ = normalized_shares(((u.name, u.group, u.weight, u.weight_override) for u in users), {}, share.shares)
     position = None
     if mine in active:
         position = 1 + sum(1 for u in active if u.deficit / u.weight > mine.deficit / mine.weight)

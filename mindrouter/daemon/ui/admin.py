@@ -34,7 +34,7 @@ def _field(form: Any, name: str) -> str:
 def _shares(app: web.Application) -> dict[str, Any]:
     """``mr share``'s figures without each subject's quotas (which no page here shows), so 1,000 users stay cheap."""
     store = app[STORE]
-    share = app[SCHEDULER].share(app[DISPATCHER].clock())
+    share = app[SCHEDULER].share(app[DISPATCHER].clock(), active=True)
     return share_view(share, store.list_users(), store.list_groups(), lambda _kind, _key: [])
 
 

@@ -81,7 +81,7 @@ def build_share(
     pending: Mapping[Hashable, tuple[float, float]],
     with_pools: bool = True,
 ) -> ShareSnapshot:
-    """Every user's standing, per pool and in sum, and (``with_pools``) every pool.
+    """Every user's standing, per pool and in sum, and (``with_pools``) every pool, as ``users`` use it.
 
     ``pending``: per user, restored (tokens, service units) whose model no backend serves yet.
     """
@@ -92,15 +92,14 @@ def build_share(
     pool_rows = []
     for pool in pools:
         ref = references[pool.key]
-        for user in users:
-            seat = pool.seats.get(user.id)
-            if seat is not None:
-                seats.setdefault(user.id, []).append(_seat_share(pool, seat, ref))
+        here = [seat for seat in (pool.seats.get(user.id) for user in users) if seat is not None]
+        for seat in here:
+            seats.setdefault(seat.user.id, []).append(_seat_share(pool, seat, ref))
         if not with_pools:
             continue
-        names = tuple(s.user.name for s in pool.seats.values() if s.recent > 0 or s.queued or s.running)
+        names = tuple(s.user.name for s in here if s.recent > 0 or s.queued or s.running)
         heavy = tuple(pool.seats[u].user.name for u in pool.heavy if u in pool.seats)
-        tokens = sum(s.recent_tokens for s in pool.seats.values())
+        tokens = sum(s.recent_tokens for s in here)
         pool_rows.append(PoolShare(_backends(pool), names, ref, pool.credit(), tokens, pool.recent_total, heavy))
     rows = []
     total_recent = total_units = 0.0
