@@ -6,17 +6,20 @@ Counts, not clocks: what a listing reads does not grow with registered idle user
 from __future__ import annotations
 
 import re
+import time
 
 import pytest
 
 from mindrouter.daemon.request.weights import apply_user
+from mindrouter.localtime import day_start
+from mindrouter.store import Store
+from mindrouter.store.worker import StoreWorker
 
 from .harness import ADMIN_KEY, Daemon
 from .inprocess import InProcess
 
-pytestmark = pytest.mark.asyncio
-
 IDLE = 500
+DAY = 86_400.0
 
 
 async def _pool(daemon: Daemon) -> tuple[str, str]:
@@ -35,6 +38,7 @@ async def _pool(daemon: Daemon) -> tuple[str, str]:
     return alice, bob
 
 
+@pytest.mark.asyncio
 async def test_per_user_metrics_list_the_active_people_only(daemon):
     await _pool(daemon)
     resp = await daemon.client.get("/metrics", headers={"Authorization": f"Bearer {ADMIN_KEY}"})
@@ -42,6 +46,7 @@ async def test_per_user_metrics_list_the_active_people_only(daemon):
     assert sorted(re.search(r'user="([^"]+)"', line)[1] for line in lines) == ["alice", "bob"]  # was: all 502
 
 
+@pytest.mark.asyncio
 async def test_me_reads_the_active_people_and_an_idle_person_still_sees_their_standing(daemon):
     alice, _ = await _pool(daemon)
     me = await (await daemon.client.get("/v1/me", headers={"Authorization": f"Bearer {alice}"})).json()
@@ -52,3 +57,37 @@ async def test_me_reads_the_active_people_and_an_idle_person_still_sees_their_st
     mine = await (await daemon.client.get("/v1/me", headers={"Authorization": f"Bearer {idle}"})).json()
     assert mine["fair_share"]["weight"] == 1 and mine["fair_share"]["position"] is None
     assert mine["fair_share"]["normalized_share"] == pytest.approx(1 / 4, abs=1e-3)  # were it to ask now
+
+
+def _decision(i: int, at: float) -> dict:
+    return {"request_id": f"req{i}", "user": "alice", "wall_time": at}
+
+
+def test_decisions_go_by_age_a_day_at_a_time_and_usage_by_retention_off_the_loop(tmp_path):
+    """The daemon's own Store deletes nothing as rows arrive; its worker deletes what is old, in short batches."""
+    now = time.time()
+    path = tmp_path / "state.db"
+    with Store(path, usage_retention=10 * DAY, prune_inline=False, max_decisions=0) as store:
+        for i in range(3000):  # 2,000 rows past retention, 1,000 within; 3,000 inserts once pruned 8,192 inline
+            at = now - 20 * DAY if i < 2000 else now - DAY
+            store.record_usage(1, f"r{i}", "m", 1, 1, 1, at=at)
+            store.add_decision(_decision(i, now - (9 - i // 500) * DAY))  # 500 a day, 9 to 4 days old
+        assert store._db.execute("SELECT count(*) FROM usage").fetchone()[0] == 3000
+        assert store._db.execute("SELECT count(*) FROM decisions").fetchone()[0] == 3000
+        worker = StoreWorker(path, usage_retention=10 * DAY, decision_days=7, batch_seconds=1e-9)
+        worker.batch = 100  # then as many rows as take batch_seconds (here: the least, 16)
+        sizes: list[int] = []
+        real = Store.prune_usage
+
+        def spy(self, when, *, limit=None):
+            sizes.append(limit)
+            return real(self, when, limit=limit)
+
+        with pytest.MonkeyPatch.context() as patch:
+            patch.setattr(Store, "prune_usage", spy)
+            assert worker.retain(now).result(30) == (2000, 1000)
+        worker.close()
+        assert sizes[0] == 100 and max(sizes[1:]) == 16 and len(sizes) > 100  # short transactions, never one big
+        assert store._db.execute("SELECT count(*) FROM usage").fetchone()[0] == 1000
+        kept = store._db.execute("SELECT min(at) FROM decisions").fetchone()[0]
+        assert kept >= day_start(now - 7 * DAY) and store.recent_decisions(1)[0]["request_id"] == "req2999"

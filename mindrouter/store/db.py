@@ -56,9 +56,12 @@ class Store(Backends, UsageLog, Decisions, People, ApiKeys):
 
     Args:
         path: the SQLite file; parent folders are created (mode 0700).
-        max_decisions: decision records kept (newest first). Defaults to 100,000.
+        max_decisions: decision records kept at most (newest first); 0: no cap (the daemon deletes them by
+            age, ``StoreWorker``). Defaults to 100,000.
         usage_retention: seconds of usage kept; older rows are pruned as new ones arrive.
             Defaults to 30 days.
+        prune_inline: prune old usage rows as new ones are added; the daemon leaves it to its
+            ``StoreWorker``, off the event loop.
         clock: wall-clock seconds for ``created`` times. Defaults to ``time.time``.
 
     Raises:
@@ -71,13 +74,15 @@ class Store(Backends, UsageLog, Decisions, People, ApiKeys):
         *,
         max_decisions: int = 100_000,
         usage_retention: float = 30 * DAY,
+        prune_inline: bool = True,
         clock: Callable[[], float] = time.time,
     ) -> None:
-        if max_decisions < 1:
-            raise InvalidValue(f"max_decisions {max_decisions!r} must be at least 1")
+        if max_decisions < 0:
+            raise InvalidValue(f"max_decisions {max_decisions!r} must be 0 (no cap) or more")
         self.path = Path(path)
         self.max_decisions = max_decisions
         self.usage_retention = usage_retention
+        self.prune_inline = prune_inline
         self._clock = clock
         try:
             self.path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)

@@ -33,11 +33,13 @@ from ...errors import ConfigError
 from ...gpu.probe import GpuProbe
 from ...scheduler import Scheduler
 from ...store import Store
+from ...store.worker import StoreWorker
 from ..admin.api import setup_admin_routes
 from ..admin.middleware import admin_middleware
 from ..pollers.discover import discover_local_backends
 from ..pollers.gpus import GpuState
 from ..pollers.registry import AdapterFactory, Registry
+from ..pollers.retention import retention_ctx
 from ..pollers.stats import Stats
 from ..process.appkeys import (
     AUTH,
@@ -52,6 +54,7 @@ from ..process.appkeys import (
     SESSION,
     STATS,
     STORE,
+    STORE_WORKER,
 )
 from ..process.listen import port_taken, refuse_a_busy_port
 from ..process.logsafe import OneLineFormatter
@@ -101,6 +104,10 @@ async def create_app(
         server.state_path / "mindrouter.db",
         max_decisions=server.decision_retention,
         usage_retention=server.usage_retention_days * 86400.0,
+        prune_inline=False,
+    )
+    worker = StoreWorker(
+        store.path, usage_retention=store.usage_retention, decision_days=server.decision_retention_days
     )
     store.checkpoint_in_background()  # a checkpoint's fsyncs never stall the loop (store/checkpoint.py)
     recovered = store.recover_open_usage()
@@ -168,6 +175,7 @@ async def create_app(
 
     app[CONFIG] = config
     app[STORE] = store
+    app[STORE_WORKER] = worker
     app[SCHEDULER] = scheduler
     app[DISPATCHER] = dispatcher
     app[REGISTRY] = registry
@@ -202,6 +210,7 @@ async def create_app(
             store.close()
 
     app.cleanup_ctx.append(resources)
+    app.cleanup_ctx.append(retention_ctx(worker))
     app.cleanup_ctx.append(decisions.flush_ctx)
     app.cleanup_ctx.append(dispatcher.timer_ctx)
     app.cleanup_ctx.append(gpus.poll_ctx)

@@ -8,6 +8,7 @@ from aiohttp import web
 from ...config import Config
 from ...scheduler import Scheduler
 from ...store import Store
+from ...store.worker import StoreWorker
 from ..edge.auth import Auth
 from ..pollers.gpus import GpuState
 from ..pollers.registry import Registry
@@ -29,12 +30,15 @@ __all__ = [
     "SESSION",
     "STATS",
     "STORE",
+    "STORE_WORKER",
 ]
 
 CONFIG = web.AppKey("config", Config)
 HANDLERS = web.AppKey("handlers", dict)
 """Inference handlers waiting or streaming, task -> lease, for the shutdown to end (``end_handlers``)."""
 STORE = web.AppKey("store", Store)
+STORE_WORKER = web.AppKey("store_worker", StoreWorker)
+"""A Store on a thread of its own: reports, listings and retention, off the event loop."""
 SCHEDULER = web.AppKey("scheduler", Scheduler)
 DISPATCHER = web.AppKey("dispatcher", Dispatcher)
 REGISTRY = web.AppKey("registry", Registry)

@@ -16,7 +16,7 @@ from ...scheduler import SchedulerSettings, normalized_shares
 from ...store import QUOTA_FIELDS, InvalidValue
 from ..edge.errorbodies import error_response
 from ..pollers.stats import BUCKET_SECONDS
-from ..process.appkeys import AUTH, CONFIG, DISPATCHER, QUOTAS, REGISTRY, SCHEDULER, STATS, STORE
+from ..process.appkeys import AUTH, CONFIG, DISPATCHER, QUOTAS, REGISTRY, SCHEDULER, STATS, STORE, STORE_WORKER
 
 __all__ = ["change_quota", "me_dict", "setup_accounting_routes", "top_panels"]
 
@@ -43,7 +43,7 @@ async def get_usage(request: web.Request) -> web.Response:
     by = [d.strip() for d in request.query.get("by", "user").split(",") if d.strip()]
     since = _when(request, "since", DEFAULT_SINCE, now)
     until = _when(request, "until", None, now)
-    report = app[STORE].usage_report(by, since, until)
+    report = await app[STORE_WORKER].run(lambda store: store.usage_report(by, since, until))
     settings = app[CONFIG].scheduler
     for row in (*report.rows, report.total):
         with_units(row, settings)
@@ -103,17 +103,23 @@ async def get_me(request: web.Request) -> web.Response:
         caller = app[AUTH].caller(request.headers.get("Authorization"))
     except RequestError as exc:
         return error_response(exc, "openai")
-    return web.json_response(me_dict(app, caller))
+    return web.json_response(await me_dict(app, caller))
 
 
-def me_dict(app: web.Application, caller: Any) -> dict[str, Any]:
-    """The caller's own usage today and this month, quotas and fair-share standing (``/v1/me``, the web UI)."""
-    store, quotas = app[STORE], app[QUOTAS]
+async def me_dict(app: web.Application, caller: Any) -> dict[str, Any]:
+    """The caller's own usage today and this month, quotas and fair-share standing (``/v1/me``, the web UI).
+
+    The usage is read on the store's worker thread: the loop serves others meanwhile.
+    """
+    quotas = app[QUOTAS]
     now = quotas.wall()
-    periods = {}
-    for period, start in (("today", day_start(now)), ("month", month_start(now))):
-        total = store.usage_report([], start, now + 1e-3, user_id=caller.user_id).total
-        periods[period] = {**with_units(total, app[CONFIG].scheduler), "since": start}
+    starts = {"today": day_start(now), "month": month_start(now)}
+    totals = await app[STORE_WORKER].run(
+        lambda store: {
+            p: store.usage_report([], t, now + 1e-3, user_id=caller.user_id).total for p, t in starts.items()
+        }
+    )
+    periods = {p: {**with_units(total, app[CONFIG].scheduler), "since": starts[p]} for p, total in totals.items()}
     return {
         "user": caller.name,
         "group": caller.group,
@@ -159,18 +165,19 @@ def _standing(app: web.Application, user_id: int) -> dict[str, Any]:
     }
 
 
-def top_panels(app: web.Application) -> dict[str, Any]:
+async def top_panels(app: web.Application) -> dict[str, Any]:
     """What `mr top` adds about accounting: today's heaviest users and models, quotas near their limit,
-    and each backend's recent tokens per second."""
-    store, quotas = app[STORE], app[QUOTAS]
+    and each backend's recent tokens per second (today's usage read on the store's worker thread)."""
+    quotas = app[QUOTAS]
     now = quotas.wall()
     since = day_start(now)
-    users = store.usage_report(["user"], since, now + 1e-3)
-    today = {
-        "users": users.rows[:10],
-        "models": store.usage_report(["model"], since, now + 1e-3).rows[:10],
-        "total": users.total,
-    }
+    users, models = await app[STORE_WORKER].run(
+        lambda store: (
+            store.usage_report(["user"], since, now + 1e-3),
+            store.usage_report(["model"], since, now + 1e-3),
+        )
+    )
+    today = {"users": users.rows[:10], "models": models.rows[:10], "total": users.total}
     names = {bid: entry.row.name for bid, entry in app[REGISTRY].entries.items()}
     return {
         "usage_today": today,

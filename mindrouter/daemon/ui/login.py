@@ -81,7 +81,13 @@ async def me(request: web.Request, session: Session) -> web.StreamResponse:
     user = app[STORE].get_user(session.user)
     caller = Caller(user.id, user.name, user.group, user.weight_override, user.group_weight)
     return page(
-        request, "me.html", session, me=me_dict(app, caller), weight=user.weight, jobs=_jobs(app, user.id), refresh=True
+        request,
+        "me.html",
+        session,
+        me=await me_dict(app, caller),
+        weight=user.weight,
+        jobs=_jobs(app, user.id),
+        refresh=True,
     )
 
 
