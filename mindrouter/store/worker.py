@@ -3,8 +3,8 @@
 At 10 M usage rows a `mr usage` took about 0.5 s and retention's 8,192-row deletes 140-280 ms, on the
 loop, and every request waited (issue 33). Here they run on a second connection to the same database
 (WAL: readers never block the loop's writes). Deletes run in short transactions, each sized to take
-about ``batch_seconds``, with a pause between them, so a commit of the loop waits at most about one of
-them for the write lock. The sqlite3 module lets go of the GIL while SQLite works.
+about ``batch_seconds``, with a pause (``PAUSE``) between them, so a commit of the loop waits at most
+about one of them for the write lock. The sqlite3 module lets go of the GIL while SQLite works.
 """
 
 from __future__ import annotations
@@ -26,6 +26,9 @@ log = logging.getLogger(__name__)
 
 T = TypeVar("T")
 DAY = 86_400.0
+PAUSE = 0.005
+"""Seconds between two deletes: longer than SQLite's first busy waits (1 + 2 ms), so a commit of the loop
+that found the lock taken gets it at its next try rather than meeting the next delete."""
 
 
 class StoreWorker:
@@ -86,7 +89,7 @@ class StoreWorker:
             if deleted < limit:
                 return total
             self.batch = max(16, min(4096, int(limit * min(2.0, self.batch_seconds / max(took, 1e-5)))))
-            time.sleep(max(0.001, took))  # the loop's commits go in between
+            time.sleep(max(PAUSE, 2 * took))  # the loop's commits go in between
 
     def close(self) -> None:
         """Finish what was handed in, then close the connection."""
