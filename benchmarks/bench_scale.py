@@ -176,6 +176,7 @@ async def measure(users: int, active: int, rows: int, days: float, loads: int) -
                     "/metrics": await _loop_ms(client, f"{base}/metrics", admin, loads) - idle,
                     "mr share": await _loop_ms(client, f"{base}/admin/share", admin, max(3, loads // 5)) - idle,
                     "/ui/me": await _loop_ms(person, f"{base}/ui/me", {}, loads) - idle,
+                    "mr status": await _loop_ms(client, f"{base}/admin/status", admin, loads) - idle,
                 }
                 await person.close()
                 with _Stalls() as quiet:

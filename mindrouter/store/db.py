@@ -291,6 +291,10 @@ class Store(Backends, UsageLog, Decisions, People, ApiKeys):
         self._set_quota("users", name, f"user {name!r}", changes, self._user_id)
         return self.get_user(name)
 
+    def count_users(self) -> int:
+        """How many users there are (`mr status`), without reading them."""
+        return int(self._db.execute("SELECT count(*) FROM users").fetchone()[0])
+
     def list_users(self, group: str | None = None) -> list[User]:
         if group is None:
             return [_user(r) for r in self._db.execute(_USER_SELECT + " ORDER BY u.name")]

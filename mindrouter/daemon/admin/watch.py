@@ -50,7 +50,7 @@ def status_dict(app: web.Application) -> dict[str, Any]:
         unreachable_nodes=[e.row.node for e in entries if e.row.node and app[GPUS].node_error(e.row.node)],
         queued=scheduler.queued_count,
         running=scheduler.running_count,
-        users=len(app[STORE].list_users()),
+        users=app[STORE].count_users(),
         listen=f"http://{config.server.host}:{config.server.port}",
         socket=str(config.server.socket_path),
     )
@@ -98,8 +98,8 @@ async def share_dict(app: web.Application) -> dict[str, Any]:
 
 async def get_share(request: web.Request) -> web.Response:
     build = _share_of(request.app)
-    body = await request.app[STORE_WORKER].run(lambda store: json.dumps(build(store)))  # 10,000 rows: off the loop
-    return web.Response(text=body, content_type="application/json")
+    body = await request.app[STORE_WORKER].run(lambda store: json.dumps(build(store)).encode())  # 10,000 rows
+    return web.Response(body=body, content_type="application/json")
 
 
 def _limit(request: web.Request, default: int = 50) -> int:
@@ -159,8 +159,10 @@ async def get_top(request: web.Request) -> web.Response:
         "decisions": app[DECISIONS].recent(10),
         "panels": await top_panels(app),
     }
-    body = await app[STORE_WORKER].run(lambda store: json.dumps(top_view(**live, share=share(store)), default=_finite))
-    return web.Response(text=body, content_type="application/json")
+    body = await app[STORE_WORKER].run(
+        lambda store: json.dumps(top_view(**live, share=share(store)), default=_finite).encode()
+    )
+    return web.Response(body=body, content_type="application/json")
 
 
 def _finite(value: Any) -> Any:
