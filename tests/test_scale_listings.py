@@ -15,7 +15,7 @@ from mindrouter.localtime import day_start
 from mindrouter.store import Store
 from mindrouter.store.worker import StoreWorker
 
-from .harness import ADMIN_KEY, Daemon
+from .harness import ADMIN_KEY, Daemon, until
 from .inprocess import InProcess
 
 IDLE = 500
@@ -91,3 +91,19 @@ def test_decisions_go_by_age_a_day_at_a_time_and_usage_by_retention_off_the_loop
         assert store._db.execute("SELECT count(*) FROM usage").fetchone()[0] == 1000
         kept = store._db.execute("SELECT min(at) FROM decisions").fetchone()[0]
         assert kept >= day_start(now - 7 * DAY) and store.recent_decisions(1)[0]["request_id"] == "req2999"
+
+
+@pytest.mark.asyncio
+async def test_the_daemon_deletes_old_usage_and_decisions_at_start_on_its_worker(new_daemon, tmp_path):
+    now = time.time()
+    with Store(tmp_path / "state" / "mindrouter.db") as store:
+        for i in range(50):
+            store.record_usage(1, f"old{i}", "m", 1, 1, 1, at=now - 3 * DAY)
+            store.add_decision(_decision(i, now - 3 * DAY))
+        store.record_usage(1, "new", "m", 1, 1, 1, at=now - 600)
+        store.add_decision(_decision(99, now - 600))
+    daemon = await new_daemon(server={"usage_retention_days": 2.0, "decision_retention_days": 2.0})
+    db = daemon.store._db
+    await until(lambda: db.execute("SELECT count(*) FROM decisions").fetchone()[0] == 1, "old decisions stayed")
+    assert [r[0] for r in db.execute("SELECT request_id FROM usage")] == ["new"]
+    assert daemon.store.recent_decisions(5)[0]["request_id"] == "req99"
