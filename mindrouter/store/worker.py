@@ -4,7 +4,9 @@ At 10 M usage rows a `mr usage` took about 0.5 s and retention's 8,192-row delet
 loop, and every request waited (issue 33). Here they run on a second connection to the same database
 (WAL: readers never block the loop's writes). Deletes run in short transactions, each sized to take
 about ``batch_seconds``, with a pause (``PAUSE``) between them, so a commit of the loop waits at most
-about one of them for the write lock. The sqlite3 module lets go of the GIL while SQLite works.
+about one of them for the write lock (``schema.transaction``'s lock hands it over at once). The sqlite3
+module lets go of the GIL while SQLite works; between its statements the worker needs the GIL back,
+so while the loop is busy with Python a 1 ms delete can take 5-15 ms (the interpreter's switch interval).
 """
 
 from __future__ import annotations
@@ -27,8 +29,7 @@ log = logging.getLogger(__name__)
 T = TypeVar("T")
 DAY = 86_400.0
 PAUSE = 0.005
-"""Seconds between two deletes: longer than SQLite's first busy waits (1 + 2 ms), so a commit of the loop
-that found the lock taken gets it at its next try rather than meeting the next delete."""
+"""Seconds at least between two deletes, so the loop's commits (``schema.transaction``) go in between."""
 
 
 class StoreWorker:
@@ -42,7 +43,7 @@ class StoreWorker:
     """
 
     def __init__(
-        self, path: Path, *, usage_retention: float, decision_days: float, batch_seconds: float = 0.002
+        self, path: Path, *, usage_retention: float, decision_days: float, batch_seconds: float = 0.001
     ) -> None:
         self.path = path
         self.usage_retention = usage_retention
@@ -89,7 +90,7 @@ class StoreWorker:
             if deleted < limit:
                 return total
             self.batch = max(16, min(4096, int(limit * min(2.0, self.batch_seconds / max(took, 1e-5)))))
-            time.sleep(max(PAUSE, 2 * took))  # the loop's commits go in between
+            time.sleep(max(PAUSE, 4 * took))  # the loop's commits go in between: at most a fifth of the time is ours
 
     def close(self) -> None:
         """Finish what was handed in, then close the connection."""
