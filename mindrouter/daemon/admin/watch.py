@@ -114,7 +114,12 @@ def _limit(request: web.Request, default: int = 50) -> int:
 
 
 async def list_decisions(request: web.Request) -> web.Response:
-    return web.json_response(request.app[DECISIONS].recent(_limit(request), user=request.query.get("user") or None))
+    """`mr decisions`: up to 10,000 records of about 1 KB, read and encoded on the store's worker thread."""
+    app = request.app
+    limit, user = _limit(request), request.query.get("user") or None
+    app[DECISIONS].flush()  # what has ended is in the store before the worker reads it
+    body = await app[STORE_WORKER].run(lambda store: json.dumps(store.recent_decisions(limit, user=user)).encode())
+    return web.Response(body=body, content_type="application/json")
 
 
 async def get_decision(request: web.Request) -> web.Response:
