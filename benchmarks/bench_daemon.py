@@ -14,7 +14,11 @@ targets (issue 11):
 - requests/s at 16 and 64 clients >= 0.75x the bare proxy's;
 - added p50 at one client <= 0.3 ms over the bare proxy's.
 
-    python benchmarks/bench_daemon.py [--seconds 4] [--loop uvloop|asyncio] [--pin] [--rounds 1]
+    python benchmarks/bench_daemon.py [--seconds 4] [--loop uvloop|asyncio] [--pin] [--rounds 1] [--against TREE]
+
+``--against TREE`` also runs the `mr serve` of another source tree (a checkout of main, say), as
+"mr serve (TREE)", in the same run, beside this tree's, and prints its CPU per request beside this
+tree's: a change measured against what it changes, on the same machine at the same time.
 
 ``--rounds N`` measures every cell N times and then prints, at 16 and 64
 clients, the median and range over the rounds of mr serve's CPU per request,
@@ -251,6 +255,20 @@ def against_proxy(results: Results, litellm: bool) -> None:
             print(f"  {mode:<6} LiteLLM at 16 clients: {lite[0]:,.0f} req/s, CPU {lite[3]:.3f} ms/request")
 
 
+def against_tree(rounds: list[Results], other: str) -> None:
+    """This tree's CPU per request over the other tree's, each cell's median over the rounds (and range)."""
+    print(f"\nmr serve (this tree) against {other}: CPU ms per request, median of {len(rounds)} round(s)")
+    for mode in MODES:
+        cells = []
+        for c in CLIENTS:
+            ratios = sorted(r[mode, "mr serve", c][3] / r[mode, other, c][3] for r in rounds)  # type: ignore[operator]
+            mine = statistics.median(r[mode, "mr serve", c][3] for r in rounds)  # type: ignore[type-var]
+            theirs = statistics.median(r[mode, other, c][3] for r in rounds)  # type: ignore[type-var]
+            spread = f" [{ratios[0]:.2f}-{ratios[-1]:.2f}]" if len(ratios) > 1 else ""
+            cells.append(f"{c} clients {mine:.3f} vs {theirs:.3f} = {statistics.median(ratios):.2f}x{spread}")
+        print(f"  {mode:<6} " + "; ".join(cells))
+
+
 def across_rounds(rounds: list[Results]) -> None:
     """Medians over the rounds, ranges in brackets; the tail factor is mr serve's p99/p50 over the proxy's.
 
@@ -274,7 +292,7 @@ def across_rounds(rounds: list[Results]) -> None:
             print(f"  {mode:<6} {c:>7}  {cell(cpu):<18} {cell(p50):<18} {cell(p99):<18} {cell(tail):<18}")
 
 
-async def main(seconds: float, loop: str, pinned: bool, rounds: int) -> None:
+async def main(seconds: float, loop: str, pinned: bool, rounds: int, against: Path | None = None) -> None:
     tmp = Path(tempfile.mkdtemp(prefix="mr-bench-"))
     bport, pport = free_port(), free_port()
     backend_url = f"http://127.0.0.1:{bport}"
@@ -292,6 +310,14 @@ async def main(seconds: float, loop: str, pinned: bool, rounds: int) -> None:
             "bare proxy": (f"http://127.0.0.1:{pport}/v1/chat/completions", {}, procs[1].pid),
             "mr serve": (daemon_url, auth, daemon.pid),
         }
+        other = None
+        if against is not None:  # its own state folder, and its own tree first on the path
+            other = f"mr serve ({against.name})"
+            (tmp / "against").mkdir()
+            command = ["env", f"PYTHONPATH={against}", sys.executable, "-m", "mindrouter.cli", "serve"]
+            theirs, theirs_url, theirs_auth = await start_daemon(tmp / "against", backend_url, loop, command)
+            procs.append(theirs)
+            targets[other] = (theirs_url, theirs_auth, theirs.pid)
         if os.environ.get("MR_BENCH_LITELLM"):
             litellm, litellm_url = await start_litellm(os.environ["MR_BENCH_LITELLM"], tmp, backend_url)
             procs.append(litellm)
@@ -312,6 +338,8 @@ async def main(seconds: float, loop: str, pinned: bool, rounds: int) -> None:
             against_proxy(rounds_seen[-1], "litellm" in targets)
         if rounds > 1:
             across_rounds(rounds_seen)
+        if other is not None:
+            against_tree(rounds_seen, other)
     finally:
         stop_all(procs)
 
@@ -331,5 +359,8 @@ if __name__ == "__main__":
     parser.add_argument(
         "--rounds", type=int, default=1, help="measure every cell this many times; print medians over the rounds"
     )
+    parser.add_argument(
+        "--against", type=Path, help="also run the mr serve of this source tree (a checkout), in the same run"
+    )
     args = parser.parse_args()
-    asyncio.run(main(args.seconds, args.loop, args.pin, args.rounds))
+    asyncio.run(main(args.seconds, args.loop, args.pin, args.rounds, args.against and args.against.resolve()))

@@ -23,7 +23,7 @@ from aiohttp.test_utils import TestClient
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from mindrouter.daemon.edge.app import create_app
+from mindrouter.daemon.process.app import create_app
 from tests.conftest import ADMIN_KEY, ServeServer, daemon_config
 from tests.fake_nvml import FakeNvml
 from tests.fakes import FakeOllama

@@ -30,6 +30,8 @@ import asyncio
 import json
 import os
 import random
+import shutil
+import sqlite3
 import subprocess
 import sys
 import tempfile
@@ -103,11 +105,15 @@ class _Stalls:
         self._task.cancel()
 
 
-async def _daemon(tmp: Path, retention_days: float) -> tuple[Any, Any, str]:
+async def _daemon(tmp: Path, retention_days: float) -> tuple[Any, str]:
     from aiohttp.test_utils import TestServer
 
     from mindrouter.config import BackendSettings, Config, ServerSettings
-    from mindrouter.daemon.edge.app import create_app
+
+    try:
+        from mindrouter.daemon.process.app import create_app
+    except ImportError:  # before issue 29's layers
+        from mindrouter.daemon.edge.app import create_app  # type: ignore[no-redef]
 
     config = Config(
         server=ServerSettings(
@@ -122,7 +128,7 @@ async def _daemon(tmp: Path, retention_days: float) -> tuple[Any, Any, str]:
     app = await create_app(config)
     server = TestServer(app, host="127.0.0.1")
     await server.start_server()
-    return app, server, str(server.make_url("")).rstrip("/")
+    return server, str(server.make_url("")).rstrip("/")
 
 
 async def _loop_ms(client: Any, url: str, headers: dict[str, str], loads: int) -> float:
@@ -141,7 +147,6 @@ async def measure(
     import aiohttp
     from bench_ui import _fake_ollama, _login
 
-    from mindrouter.daemon.process.appkeys import STORE
     from mindrouter.store import Store
 
     out: dict[str, Any] = {}
@@ -159,7 +164,7 @@ async def measure(
         out["setup_s"] = time.perf_counter() - started
         store.close()
 
-        app, server, base = await _daemon(tmp, retention_days=days + 10)
+        server, base = await _daemon(tmp, retention_days=days + 10)
         try:
             async with aiohttp.ClientSession() as client:
 
@@ -199,8 +204,8 @@ async def measure(
         finally:
             await server.close()
         # Retention: half the rows are now past a shorter retention; requests go on meanwhile.
-        app, server, base = await _daemon(tmp, retention_days=days / 2)
-        db = app[STORE]._db
+        server, base = await _daemon(tmp, retention_days=days / 2)
+        db = sqlite3.connect(tmp / "state" / "mindrouter.db")  # the same with every commit's app
         try:
             async with aiohttp.ClientSession() as client:
                 with _Stalls() as stalls:
@@ -216,18 +221,22 @@ async def measure(
                 left = db.execute("SELECT count(*) FROM usage WHERE at < ?", (time.time() - days / 2 * DAY,))
                 out["retention_rows_left"] = left.fetchone()[0]
         finally:
+            db.close()
             await server.close()
     await fake.cleanup()
     return out
 
 
 def _run(tree: Path, args: argparse.Namespace) -> dict[str, Any]:
-    """Measure with the ``mindrouter`` package of ``tree`` in a process of its own."""
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(tree), str(HERE)])}
+    """Measure with the ``mindrouter`` package of ``tree`` in a process of its own (and its bench_ui.py)."""
+    script = tree / "benchmarks" / Path(__file__).name
+    if not script.exists():
+        shutil.copy(__file__, script)
+    env = {**os.environ, "PYTHONPATH": str(tree)}
     flags = ["--users", str(args.users), "--active", str(args.active), "--rows", str(args.rows)]
     flags += ["--days", str(args.days), "--loads", str(args.loads), "--measure"]
     flags += ["--rate", str(args.rate), "--seconds", str(args.seconds)]
-    done = subprocess.run([sys.executable, __file__, *flags], env=env, capture_output=True, text=True, check=False)
+    done = subprocess.run([sys.executable, script, *flags], env=env, capture_output=True, text=True, check=False)
     if done.returncode:
         raise SystemExit(f"the run in {tree} failed:\n{done.stderr[-3000:]}")
     return json.loads(done.stdout.strip().splitlines()[-1])

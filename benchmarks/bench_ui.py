@@ -27,8 +27,8 @@ from aiohttp import web
 from aiohttp.test_utils import TestServer
 
 from mindrouter.config import BackendSettings, Config, ServerSettings
-from mindrouter.daemon.edge.app import create_app
-from mindrouter.daemon.process.appkeys import SCHEDULER, STORE
+from mindrouter.daemon.edge.services import SERVICES
+from mindrouter.daemon.process.app import create_app
 
 ADMIN_KEY = "bench-admin-key"
 MODELS = ["llama3.2", "qwen2.5:7b", "mistral"]
@@ -98,7 +98,7 @@ async def main(users: int, backends: int, loads: int) -> None:
             backends=BackendSettings(poll_interval=5.0),
         )
         app = await create_app(config)
-        store = app[STORE]
+        store = app[SERVICES].store
         for i in range(backends):
             store.add_backend(f"ws{i:02d}", f"http://127.0.0.1:{ports[i]}", "ollama", max_concurrent=4)
         groups = ["student", "staff", "faculty"]
@@ -123,7 +123,7 @@ async def main(users: int, backends: int, loads: int) -> None:
                         assert resp.status == 200, await resp.text()
             now = time.monotonic()
             for user in store.list_users():  # everyone active in the fairness window
-                app[SCHEDULER].add_usage(user.id, rng.randint(100, 5000), now - rng.uniform(0, 200), MODELS[0])
+                app[SERVICES].scheduler.add_usage(user.id, rng.randint(100, 5000), now - rng.uniform(0, 200), MODELS[0])
             admin = await _login(base, ADMIN_KEY)
             person = await _login(base, keys[0])
             listing = await (await admin.get(f"{base}/ui/admin/decisions")).text()

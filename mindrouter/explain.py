@@ -89,6 +89,7 @@ ENDINGS = {
     "timeout": "it timed out",
     "rejected": "it was refused",
     "error": "the daemon failed while serving it (see its log)",
+    "shutdown": "the router shut down before it was answered",
 }
 
 
@@ -106,7 +107,7 @@ def ended(record: Mapping[str, Any]) -> str:
 
 
 #: What a request that reached no backend shows where its backend would be, by how it ended.
-_NO_BACKEND = {"rejected": "refused", "timeout": "timed out", "client_gone": "left queue"}
+_NO_BACKEND = {"rejected": "refused", "timeout": "timed out", "client_gone": "left queue", "shutdown": "shut down"}
 
 
 def backend_label(record: Mapping[str, Any]) -> str:

@@ -25,6 +25,7 @@ __all__ = [
     "hash_key",
     "is_loopback",
     "is_this_machine",
+    "key_label",
     "new_key",
     "person_identity",
     "person_name",
@@ -157,6 +158,15 @@ def server_identity(url: str) -> tuple[str, int, str]:
 
 def same_server(a: str, b: str) -> bool:
     return server_identity(a) == server_identity(b)
+
+
+def key_label(value: object) -> str:
+    """A key's label ("laptop", "open-webui"): up to 64 printable characters; empty for none."""
+    if value is None:
+        return ""
+    if not isinstance(value, str) or len(value.strip()) > 64 or not value.strip().isprintable():
+        raise ValueError("a key's label is up to 64 printable characters, such as laptop or open-webui")
+    return value.strip()
 
 
 def new_key() -> str:

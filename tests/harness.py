@@ -49,8 +49,9 @@ from aiohttp.test_utils import TestClient, TestServer
 
 from mindrouter.backends import Adapter
 from mindrouter.config import BackendSettings, Config, ServerSettings
-from mindrouter.daemon.edge.app import create_app, make_runner
-from mindrouter.daemon.process.appkeys import REGISTRY, SCHEDULER, STORE
+from mindrouter.daemon.edge.services import SERVICES
+from mindrouter.daemon.process.app import create_app
+from mindrouter.daemon.process.serve import make_runner
 from mindrouter.scheduler import SchedulerSettings
 
 from .fake_nvml import FakeNvml
@@ -142,15 +143,15 @@ class Daemon:
 
     @property
     def scheduler(self) -> Any:
-        return self.app[SCHEDULER]
+        return self.app[SERVICES].scheduler
 
     @property
     def registry(self) -> Any:
-        return self.app[REGISTRY]
+        return self.app[SERVICES].registry
 
     @property
     def store(self) -> Any:
-        return self.app[STORE]
+        return self.app[SERVICES].store
 
     async def admin(self, method: str, path: str, json: Any = None, status: int | None = None) -> Any:
         resp = await self.client.request(method, path, json=json, headers={"Authorization": f"Bearer {ADMIN_KEY}"})
@@ -202,7 +203,7 @@ async def daemon(
     adapters = Adapters(inprocess)
     nvml = nvml if nvml is not None else FakeNvml(init_error=FakeNvml.NVML_ERROR_LIBRARY_NOT_FOUND)
     app = await create_app(config, nvml=nvml, adapters=adapters)
-    adapters.engine = app[REGISTRY]._engine_adapter
+    adapters.engine = app[SERVICES].registry._engine_adapter
     async with TestClient(ServeServer(app, config)) as client:
         if unix:
             await web.UnixSite(client.server.runner, str(config.server.socket_path)).start()

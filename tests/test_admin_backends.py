@@ -12,7 +12,7 @@ from typing import Any
 import aiohttp
 import pytest
 
-from mindrouter.daemon.process.appkeys import SCHEDULER
+from mindrouter.daemon.edge.services import SERVICES
 
 from .fakes import FakeOllama
 from .test_cli_daemon import Live, live_daemon, run
@@ -49,7 +49,7 @@ def core(lab: Live, name: str) -> Any:
     """The scheduler's snapshot of backend ``name``, read on the daemon's loop."""
 
     async def read() -> Any:
-        scheduler = lab.app[SCHEDULER]
+        scheduler = lab.app[SERVICES].scheduler
         return next(b for b in (scheduler.backend(i) for i in range(1, 50)) if b is not None and b.name == name)
 
     return lab.call(read())
@@ -141,3 +141,12 @@ def test_draining_the_last_backend_of_a_model_asks_for_force(lab: Live) -> None:
         assert run(lab, "backend", "enable", "ws1").exit_code == 0
         run(lab, "backend", "rm", "ws2")
         lab.call(other.stop())
+
+
+def test_a_key_gets_a_label_that_mr_user_keys_lists(lab: Live) -> None:
+    assert run(lab, "user", "key", "ann", "--label", "open-webui", "--json").exit_code == 0
+    keys = run(lab, "user", "keys", "ann", "--json").json()
+    assert [k["label"] for k in keys][-1] == "open-webui"
+    assert "open-webui" in run(lab, "user", "keys", "ann").stdout
+    bad = run(lab, "user", "key", "ann", "--label", "x" * 65)
+    assert bad.exit_code != 0 and "up to 64 printable characters" in bad.stdout + bad.stderr

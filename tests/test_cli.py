@@ -358,7 +358,7 @@ def test_share_like_sshare(fake: FakeDaemon) -> None:
     assert re.search(r"alice\s+3\s+60.0%\s+30.0k\s+71.4%\s+52.0k\s+74.3%\s+-1,000\s+0.57\s+2\s+1", run.stdout)
     assert "(42.0k tokens, 70.0k service units)" in run.stdout
     assert "burst" not in run.stdout  # the same for everyone: it never reorders anyone
-    for header in ("weight", "norm share", "recent tokens", "actual share", "recent units", "unit share", "deficit"):
+    for header in ("weight", "target", "recent tokens", "actual", "recent units", "unit share", "deficit"):
         assert header in run.stdout
     data = mr("share", "--json").json()
     assert {"groups", "users", "window_seconds"} <= set(data)
@@ -439,6 +439,19 @@ def test_why_says_how_a_failed_request_ended(fake: FakeDaemon) -> None:
     run = mr("why", "req-1")
     assert "Ended: backend_failed: the backend failed (HTTP 503); the backend did not answer in time." in run.stdout
     assert re.search(r"req-1.*\sbackend_failed", mr("decisions").stdout)
+
+
+def test_why_says_a_request_the_shutdown_ended_was_shut_down_not_refused(fake: FakeDaemon) -> None:
+    fake.decisions[0].update(
+        outcome="shutdown",
+        status=503,
+        reason="the router is shutting down",
+        selected_backend=None,
+        selected_backend_id=None,
+    )
+    run = mr("why", "req-1")
+    assert "Ended: shutdown: the router shut down before it was answered (HTTP 503)" in run.stdout, run.stdout
+    assert re.search(r"req-1.*\sshut down", mr("decisions").stdout)  # where its backend would be
 
 
 def test_why_survives_a_removed_backend(fake: FakeDaemon) -> None:

@@ -115,7 +115,7 @@ def test_every_admin_table_keeps_its_values_and_headers_whole(fake: FakeDaemon, 
         assert f"gpu-node-18-llamacpp is unhealthy: {ERROR}" in " ".join(run.stdout.split())
     if command == "share" and width == 120:  # headers were cut to d…, f… even at 120 columns
         header = " ".join(run.stdout.splitlines()[1:3])
-        for word in ("weight", "norm", "share", "recent", "tokens", "actual", "deficit", "factor"):
+        for word in ("weight", "target", "share", "recent", "tokens", "actual", "deficit", "factor"):
             assert re.search(rf"\b{word}\b", header), header
 
 

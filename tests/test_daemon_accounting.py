@@ -8,7 +8,7 @@ import time
 
 import pytest
 
-from mindrouter.daemon.process.appkeys import QUOTAS, STATS
+from mindrouter.daemon.edge.services import SERVICES
 from mindrouter.localtime import next_day
 
 from .harness import Daemon, until
@@ -86,7 +86,7 @@ async def test_group_quota_refuses_in_each_dialect_until_the_day_turns(daemon):
     refused = await daemon.client.post("/api/chat", json=chat(), headers={"Authorization": f"Bearer {alice}"})
     assert refused.status == 429 and "tokens a day its quota allows" in (await refused.json())["error"]
     assert fake.requests == 3  # refused before they queued
-    quotas = daemon.app[QUOTAS]
+    quotas = daemon.app[SERVICES].quotas
     quotas.wall = lambda: next_day(time.time()) + 1  # the day turns over
     again = await ask(daemon, bob, max_tokens=5)
     assert again.status == 200 and again.headers["X-Quota-Remaining-Tokens"] == "21"
@@ -206,6 +206,6 @@ async def test_top_shows_todays_usage_quota_warnings_and_throughput(daemon):
     assert top["throughput"]["bucket_seconds"] == 10
     rates = top["throughput"]["backends"]["b1"]
     assert len(rates) == 30 and all(r == 0 for r in rates)  # the bucket still filling is left out
-    stats = daemon.app[STATS]
+    stats = daemon.app[SERVICES].stats
     stats.clock = lambda: time.monotonic() + 10  # ten seconds on: that bucket is complete
-    assert daemon.app[STATS].throughput()[1][-1] == 10 / 10
+    assert daemon.app[SERVICES].stats.throughput()[1][-1] == 10 / 10

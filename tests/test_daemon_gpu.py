@@ -5,7 +5,7 @@ from __future__ import annotations
 import openai
 import pytest
 
-from mindrouter.daemon.process.appkeys import GPUS
+from mindrouter.daemon.edge.services import SERVICES
 
 from .conftest import until
 from .fake_nvml import GIB, FakeNvml, gpu
@@ -66,7 +66,7 @@ async def ask_id(client: openai.AsyncOpenAI) -> str:
 
 
 async def test_admin_gpus_lists_the_local_readings(daemon):
-    await until(lambda: bool(daemon.app[GPUS].local.readings))
+    await until(lambda: bool(daemon.app[SERVICES].gpus.local.readings))
     nodes = await daemon.admin("GET", "/admin/gpus")
     assert nodes[0]["node"] == "local" and not nodes[0]["stale"]
     assert [g["index"] for g in nodes[0]["gpus"]] == [0, 1]

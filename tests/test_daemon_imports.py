@@ -21,7 +21,7 @@ from aiohttp.test_utils import TestClient, TestServer
 
 import mindrouter.daemon.__main__  # what `mr serve` execs into
 from mindrouter.config import load_config
-from mindrouter.daemon.edge.app import create_app
+from mindrouter.daemon.process.app import create_app
 
 WATCHED = ("rich", "typer", "click", "jinja2", "mindrouter.cli")
 

@@ -7,7 +7,7 @@ from typing import Any
 
 import openai
 
-from mindrouter.daemon.process.appkeys import STORE
+from mindrouter.daemon.edge.services import SERVICES
 
 from .harness import until
 from .inprocess import InProcess
@@ -46,9 +46,9 @@ async def test_a_proxys_request_is_queued_charged_and_recorded_as_the_person_it_
         ("alice@lab.edu", "3f1c-77", "carol"), "people"
     )
     assert users["webui"]["proxy_for"] == "people" and "proxy_for" not in users["carol"]
-    ids = {u.id: u.name for u in daemon.app[STORE].list_users()}
+    ids = {u.id: u.name for u in daemon.app[SERVICES].store.list_users()}
     charged: dict[str, int] = {}
-    for row in daemon.app[STORE].recent_usage(0):
+    for row in daemon.app[SERVICES].store.recent_usage(0):
         charged[ids[row.user_id]] = charged.get(ids[row.user_id], 0) + row.tokens
     assert charged == {  # 2 prompt words and the completion, each charged to the person named
         "alice@lab.edu": 4,

@@ -16,7 +16,7 @@ from typing import Any
 import openai
 import pytest
 
-from mindrouter.daemon.process.appkeys import STORE
+from mindrouter.daemon.edge.services import SERVICES
 from mindrouter.names import hash_key, person_name
 from mindrouter.store import Store
 from mindrouter.store.schema import _MIGRATIONS
@@ -37,9 +37,9 @@ async def ask(daemon: Any, key: str, user: str | None = None, **headers: str) ->
 
 def charged(daemon: Any) -> dict[str, int]:
     """Requests charged per user name, from the usage rows."""
-    ids = {u.id: u.name for u in daemon.app[STORE].list_users()}
+    ids = {u.id: u.name for u in daemon.app[SERVICES].store.list_users()}
     out: dict[str, int] = {}
-    for row in daemon.app[STORE].recent_usage(0):
+    for row in daemon.app[SERVICES].store.recent_usage(0):
         out[ids[row.user_id]] = out.get(ids[row.user_id], 0) + 1
     return out
 
@@ -112,7 +112,7 @@ async def test_the_user_field_names_nobody_unless_the_proxy_takes_it(daemon):
     assert "header or user-field" in refused["error"]["message"]
     listed = {u["name"]: u for u in await daemon.admin("GET", "/admin/users")}
     assert listed["webui"]["person_from"] == "user-field"
-    assert daemon.app[STORE].get_user("webui").person_from == "user-field"
+    assert daemon.app[SERVICES].store.get_user("webui").person_from == "user-field"
 
 
 async def test_new_people_per_proxy_per_hour_are_capped(new_daemon):

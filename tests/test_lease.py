@@ -18,6 +18,8 @@ import pytest
 from mindrouter.backends._shapes import StreamFailed, Usage
 from mindrouter.backends.base import BackendError, Call, Upstream
 from mindrouter.daemon.request.dispatcher import Dispatcher
+from mindrouter.daemon.request.lease import Lease
+from mindrouter.daemon.request.moves import MOVES, LeaseError, Move, State, moved
 from mindrouter.daemon.request.settlement import Outcome, Settlement
 from mindrouter.errors import RequestError
 from mindrouter.scheduler import Backend, Job, Scheduler, SchedulerSettings
@@ -147,7 +149,7 @@ class World:
         c = c or call()
         self.ids += 1
         job = Job(id=f"r{self.ids}", user_id="u", model=c.model, submitted_at=self.clock(), prompt_tokens=3)
-        return self.dispatcher.lease(job, c, user="alice")
+        return Lease(self.dispatcher, job, c, "alice")
 
     def assert_idle(self) -> None:
         assert self.core.queued_count == 0 and self.core.running_count == 0
@@ -440,4 +442,130 @@ async def test_a_waiting_stream_is_told_again_until_its_slot_frees_and_then_goes
     await first
     assert (await asyncio.wait_for(second, 30)).outcome is Outcome.OK  # the dispatch woke it
     assert beats == ["tick"]
+    world.assert_idle()
+
+
+# -- the one exit: the transition table and every ending's books (issue 29) ------------------------------
+
+
+@pytest.mark.parametrize("state", list(State))
+def test_every_move_the_table_lacks_is_refused(state: State) -> None:
+    for move in Move:
+        if move in MOVES[state]:
+            assert moved(state, move, "r1") is MOVES[state][move]
+        else:
+            with pytest.raises(LeaseError, match=f"a {state.value} lease cannot {move.value}"):
+                moved(state, move, "r1")
+
+
+async def test_a_second_ending_is_refused_and_leaves_one_settlement_and_one_release():
+    world = World(FakeAdapter("ok"))
+    async with world.lease() as lease:
+        with pytest.raises(LeaseError, match="a queued lease cannot finish"):
+            lease.finish()  # no answer yet
+        assert lease.state is State.QUEUED
+        await lease.open()
+        lease.finish()
+        with pytest.raises(LeaseError, match="a settled lease cannot finish"):
+            lease.finish()
+        assert lease.state is State.SETTLED
+    with pytest.raises(LeaseError, match="a settled lease cannot abandon"):
+        lease.refuse(RequestError("late"))
+    assert world.outcome("r1").outcome is Outcome.OK  # exactly one settlement
+    assert world.backends.releases == [1]
+    world.assert_idle()
+
+
+async def test_a_failover_is_one_attempt_and_one_release_per_backend_and_one_settlement():
+    world = World(FakeAdapter(BackendError("down")), FakeAdapter(BackendError("down too")), FakeAdapter("ok"))
+    settled = await serve(world)
+    assert [(a.record.selected_backend_id, a.outcome, a.reason) for a in settled.attempts] == [
+        (1, Outcome.BACKEND_FAILED, "down"),
+        (2, Outcome.BACKEND_FAILED, "down too"),
+        (3, Outcome.OK, None),
+    ]
+    assert world.backends.releases == [1, 2, 3]
+    assert (settled.outcome, settled.prompt_tokens, settled.completion_tokens) == (Outcome.OK, 5, 3)
+    world.assert_idle()
+
+
+async def test_the_shutdown_is_told_from_a_client_gone_by_the_leases_state_not_a_message():
+    """A queued and a running lease stopped by the shutdown end as ``shutdown``; the same cancel
+    without ``stop`` is a client gone. The running one is charged what it streamed; each slot freed once."""
+    hold = asyncio.Event()
+    adapter = FakeAdapter(stream(10, pause=hold), stream(10, pause=hold))
+    world = World(adapter)
+    leases: dict[str, Lease] = {}
+
+    async def handler(c: Call) -> None:
+        async with world.lease(c) as lease:
+            leases[lease.job.id] = lease
+            await lease.open()
+            async for _ in lease.chunks():
+                pass
+            lease.finish()
+
+    running = asyncio.create_task(handler(call(stream=True)))
+    await until(lambda: adapter.paused == 1, "the first stream should pause after five chunks")
+    waiting = asyncio.create_task(handler(call(stream=True)))
+    await until(lambda: world.core.queued_count == 1, "the second should wait")
+    gone = asyncio.create_task(handler(call(stream=True)))
+    await until(lambda: world.core.queued_count == 2, "the third should wait")
+    assert leases["r2"].stop() and leases["r2"].state is State.STOPPING
+    assert not leases["r2"].stop()  # the shutdown's second pass, before the handler has run, stops nothing twice
+    assert world.core.queued_count == 1  # a stopped job leaves the queue at once
+    assert leases["r1"].stop()
+    for task in (running, waiting, gone):
+        task.cancel()  # the same cancel for all three: only the lease's state tells them apart
+    for task in (running, waiting, gone):
+        with pytest.raises(asyncio.CancelledError):
+            await task
+    cut, withdrawn, left = world.outcome("r1"), world.outcome("r2"), world.outcome("r3")
+    assert (cut.outcome, cut.status, cut.prompt_tokens, cut.completion_tokens) == (Outcome.SHUTDOWN, 503, 3, 5)
+    assert [a.outcome for a in cut.attempts] == [Outcome.SHUTDOWN]
+    assert (withdrawn.outcome, withdrawn.attempts, withdrawn.completion_tokens) == (Outcome.SHUTDOWN, (), 0)
+    assert (left.outcome, left.status) == (Outcome.CLIENT_GONE, 499)
+    assert leases["r1"].stopped and leases["r2"].stopped and not leases["r3"].stopped
+    assert not leases["r1"].stop()  # a settled lease has nothing to stop
+    assert world.backends.releases == [1] and adapter.closed_streams == 1
+    world.assert_idle()
+
+
+async def test_a_quota_cut_ends_the_lease_once_with_what_was_delivered():
+    class Allow:
+        def start(self, job_id: str) -> None:
+            return None
+
+        def allowance(self, job_id: str) -> float:
+            return 3
+
+        def outgrow(self, job_id: str, completion_tokens: int) -> RequestError:
+            return RequestError("your quota is spent", status=429, code="quota_exceeded")
+
+    world = World(FakeAdapter(stream(10)))
+    world.dispatcher.quotas = Allow()
+    written: list[bytes] = []
+    with pytest.raises(RequestError, match="quota is spent"):
+        async with world.lease(call(stream=True)) as lease:
+            await lease.open()
+            async for chunk in lease.chunks():
+                written.append(chunk)
+    settled = world.outcome("r1")
+    assert (settled.outcome, settled.status, settled.completion_tokens) == (Outcome.REJECTED, 429, 3)
+    assert len(written) == 3 and world.backends.releases == [1]
+    world.assert_idle()
+
+
+async def test_a_bug_in_the_handler_ends_the_lease_as_an_error_charging_what_streamed():
+    world = World(FakeAdapter(stream(10)))
+    with pytest.raises(RuntimeError, match="a bug"):
+        async with world.lease(call(stream=True)) as lease:
+            await lease.open()
+            async for chunk in lease.chunks():
+                if chunk.startswith(b"data: 2"):
+                    raise RuntimeError("a bug")
+    settled = world.outcome("r1")
+    assert (settled.outcome, settled.status, settled.reason) == (Outcome.ERROR, 500, "RuntimeError: a bug")
+    assert (settled.prompt_tokens, settled.completion_tokens) == (3, 3)  # three chunks had gone out
+    assert [a.outcome for a in settled.attempts] == [Outcome.ERROR] and world.backends.releases == [1]
     world.assert_idle()

@@ -16,7 +16,7 @@ from typing import Any
 
 import pytest
 
-from mindrouter.daemon.process.appkeys import STATS, STORE
+from mindrouter.daemon.edge.services import SERVICES
 from mindrouter.scheduler import TOKEN_LIMIT
 
 from .conftest import Daemon
@@ -49,8 +49,10 @@ def chat(stream: bool, max_tokens: int | None = 8, model: str = "llama3") -> dic
 
 async def usage_rows(d: Daemon) -> list[tuple[int, int]]:
     """(prompt, completion) of every usage row written, once the pending group commit is in."""
-    d.app[STATS].write_usage()
-    rows = d.app[STORE]._db.execute("SELECT prompt_tokens, completion_tokens FROM usage ORDER BY id").fetchall()
+    d.app[SERVICES].stats.write_usage()
+    rows = (
+        d.app[SERVICES].store._db.execute("SELECT prompt_tokens, completion_tokens FROM usage ORDER BY id").fetchall()
+    )
     return [tuple(r) for r in rows]
 
 

@@ -19,7 +19,7 @@ import aiohttp
 import openai
 import pytest
 
-from mindrouter.daemon.process.appkeys import DECISIONS, SCHEDULER, STATS
+from mindrouter.daemon.edge.services import SERVICES
 
 from .harness import Daemon, daemon, until
 from .inprocess import InProcess
@@ -36,7 +36,7 @@ class Client:
 
     @property
     def queued(self) -> int:
-        return int(self.served.app[SCHEDULER].queued_count)
+        return int(self.served.app[SERVICES].scheduler.queued_count)
 
     async def post(self, path: str, body: dict[str, Any]) -> tuple[int, str, aiohttp.ClientResponse]:
         async with self.session.post(self.url + path, json=body, headers=self.auth) as r:
@@ -98,7 +98,7 @@ async def test_a_waiting_stream_gets_its_headers_and_position_at_once_then_its_a
         rest = (await r.content.read()).decode()
     assert rest.rstrip().endswith("data: [DONE]") and rest.count('"content"') >= 3
     assert (await first)[0] == 200
-    await until(lambda: front.served.app[SCHEDULER].running_count == 0, "the stream's slot should be released")
+    await until(lambda: front.served.app[SERVICES].scheduler.running_count == 0, "the stream's slot should be released")
     assert front.queued == 0
 
 
@@ -147,7 +147,7 @@ async def test_a_client_that_leaves_while_waiting_leaves_the_queue(front, vllm):
     await until(lambda: front.queued == 0, "the queue should be empty")
     vllm.open_gate()
     assert (await first)[0] == 200
-    assert vllm.requests == 1 and front.served.app[SCHEDULER].running_count == 0
+    assert vllm.requests == 1 and front.served.app[SERVICES].scheduler.running_count == 0
 
 
 async def test_a_request_that_waits_too_long_gets_504_or_its_streams_error_tail(tmp_path, vllm):
@@ -164,7 +164,7 @@ async def test_a_request_that_waits_too_long_gets_504_or_its_streams_error_tail(
 
 
 async def test_refusals_come_once_in_the_dialect(front, vllm):
-    errors = front.served.app[STATS].errors
+    errors = front.served.app[SERVICES].stats.errors
     async with front.session.post(front.url + "/v1/chat/completions", json=CHAT) as r:
         assert r.status == 401 and (await r.json())["error"]["message"]
     async with front.session.post(front.url + "/api/chat", json={"model": 5}, headers=front.auth) as r:
@@ -179,7 +179,7 @@ async def test_shutting_down_answers_what_still_waits(front, vllm):
     plain = asyncio.create_task(front.post("/v1/chat/completions", CHAT))
     stream = asyncio.create_task(front.post("/v1/chat/completions", {**CHAT, "stream": True}))
     await until(lambda: front.queued == 2, "two requests should wait")
-    followed = front.served.app[DECISIONS].follow()
+    followed = front.served.app[SERVICES].decisions.follow()
     closing = asyncio.create_task(front.served.server.close())
     status, text, response = await plain  # answered while the running request still holds the slot
     assert status == 503 and "shutting down" in json.loads(text)["error"]["message"]
@@ -194,7 +194,7 @@ async def test_shutting_down_answers_what_still_waits(front, vllm):
     by_id = {record["request_id"]: record for record in records}
     for answer in (response, stream_response):  # the decision records say why, not "the client went away"
         record = by_id[answer.headers["X-Request-Id"]]
-        assert (record["outcome"], record["status"]) == ("rejected", 503) and "shutting down" in record["reason"]
+        assert (record["outcome"], record["status"]) == ("shutdown", 503) and "shutting down" in record["reason"]
 
 
 @pytest.mark.parametrize(("path", "body"), [("/v1/chat/completions", CHAT), ("/api/chat", {**CHAT, "stream": False})])

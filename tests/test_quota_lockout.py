@@ -147,7 +147,7 @@ async def test_one_person_behind_a_proxy_locks_out_none_of_the_proxys_other_peop
 async def test_a_proxy_that_fills_its_queue_cap_touches_only_its_own_people(tmp_path, aiohttp_client, nvml):
     """SECURITY.md: a lying proxy touches only its own people. Its people's queued requests count together
     against ``max_queued_per_proxy``; a regular user, and a model whose backend is idle, are still served."""
-    from mindrouter.daemon.edge.app import create_app
+    from mindrouter.daemon.process.app import create_app
 
     from .conftest import ServeServer, daemon_config
 

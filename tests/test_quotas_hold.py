@@ -12,7 +12,7 @@ import time
 import openai
 import pytest
 
-from mindrouter.daemon.process.appkeys import QUOTAS
+from mindrouter.daemon.edge.services import SERVICES
 
 from .harness import Daemon, until
 from .inprocess import InProcess
@@ -52,7 +52,7 @@ def said_why(refusal: str) -> bool:
 
 async def used_today(daemon: Daemon, subject: str, name: str) -> int:
     """What counts against the quota today: tokens used and those reserved by requests in flight."""
-    limits = daemon.app[QUOTAS].overview()
+    limits = daemon.app[SERVICES].quotas.overview()
     return next(q.used + q.reserved for q in limits if q.subject == subject and q.name == name)
 
 

@@ -15,7 +15,7 @@ import aiohttp
 import ollama
 import pytest
 
-from mindrouter.daemon.process.appkeys import STORE
+from mindrouter.daemon.edge.services import SERVICES
 
 from .fakes import FakeOllama, FakeOpenAI
 from .harness import until
@@ -300,5 +300,5 @@ async def test_a_client_that_closes_just_before_the_end_still_leaves_a_usage_row
                     for _ in range(5):  # every token, then leave before the final line
                         await resp.content.readline()
         await until(lambda: daemon.scheduler.running_count == 0)
-        rows = daemon.app[STORE].recent_usage(0)
+        rows = daemon.app[SERVICES].store.recent_usage(0)
         assert len(rows) == 20 and all(row.tokens >= 5 for row in rows)

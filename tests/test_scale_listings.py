@@ -52,11 +52,11 @@ async def test_me_reads_the_active_people_and_an_idle_person_still_sees_their_st
     me = await (await daemon.client.get("/v1/me", headers={"Authorization": f"Bearer {alice}"})).json()
     share = me["fair_share"]
     assert share["active_users"] == 2 and share["position"] in (1, 2) and share["recent_tokens"] > 0
-    assert share["normalized_share"] == pytest.approx(2 / 3, abs=1e-3)  # weight 2 next to bob's 1
+    assert share["target_share"] == pytest.approx(2 / 3, abs=1e-3)  # weight 2 next to bob's 1, not 502 users
     idle = daemon.store.create_key("idle0001")
     mine = await (await daemon.client.get("/v1/me", headers={"Authorization": f"Bearer {idle}"})).json()
     assert mine["fair_share"]["weight"] == 1 and mine["fair_share"]["position"] is None
-    assert mine["fair_share"]["normalized_share"] == pytest.approx(1 / 4, abs=1e-3)  # were it to ask now
+    assert mine["fair_share"]["target_share"] is None  # idle: no target
 
 
 def _decision(i: int, at: float) -> dict:

@@ -12,7 +12,7 @@ import pytest
 from typer.testing import CliRunner
 
 from mindrouter.cli import app as mr_app
-from mindrouter.daemon.process.logsafe import OneLineFormatter
+from mindrouter.daemon.edge.logsafe import OneLineFormatter
 from mindrouter.errors import UsageError
 
 from .fakes import FakeOllama
@@ -35,7 +35,7 @@ async def test_one_key_is_revoked_alone_and_keys_are_listed_without_the_key(daem
     k2 = (await daemon.admin("POST", "/admin/users/alice/keys"))["key"]
     assert (await daemon.client.post("/v1/chat/completions", json=CHAT, headers=bearer(k1))).status == 200
     keys = await daemon.admin("GET", "/admin/users/alice/keys")
-    assert [set(k) for k in keys] == [{"id", "user", "prefix", "created", "last_used"}] * 2
+    assert [set(k) for k in keys] == [{"id", "user", "label", "prefix", "created", "last_used"}] * 2
     assert keys[0]["last_used"] is not None and keys[1]["last_used"] is None
     assert k1 not in str(keys) and k2 not in str(keys) and keys[0]["prefix"] == k1[:9]
 

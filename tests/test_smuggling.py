@@ -19,7 +19,7 @@ from pathlib import Path
 
 import pytest
 
-from mindrouter.daemon.process.appkeys import DECISIONS, SCHEDULER
+from mindrouter.daemon.edge.services import SERVICES
 
 from .fakes import FakeOpenAI
 from .harness import Daemon, daemon, until
@@ -115,11 +115,11 @@ def assert_answered_as_ours(received: bytes) -> None:
 
 
 def assert_nothing_charged(served: Daemon, vllm: FakeOpenAI) -> None:
-    scheduler = served.app[SCHEDULER]
+    scheduler = served.app[SERVICES].scheduler
     assert (scheduler.queued_count, scheduler.running_count) == (0, 0)
     assert vllm.requests == 0, "a refused request reached the backend"
-    served.app[DECISIONS].flush()
-    assert served.app[DECISIONS].recent(10) == [], "a refused request was recorded as a decision"
+    served.app[SERVICES].decisions.flush()
+    assert served.app[SERVICES].decisions.recent(10) == [], "a refused request was recorded as a decision"
 
 
 @pytest.mark.parametrize("case", CASES)
@@ -143,7 +143,7 @@ async def test_a_head_without_its_body_gets_408_within_the_body_timeout(served, 
     assert statuses(received) == [408], received[:300]
     assert_answered_as_ours(received)
     assert loop.time() - started < TIMEOUT + 2  # the body's deadline, not the header's, with slack for a busy machine
-    assert vllm.requests == 0 and served.app[SCHEDULER].queued_count == 0
+    assert vllm.requests == 0 and served.app[SERVICES].scheduler.queued_count == 0
 
 
 async def test_pipelined_requests_are_answered_in_order_once_each(served, vllm):
@@ -173,6 +173,6 @@ async def test_a_half_closed_client_is_treated_as_gone(served, vllm):
     received = await asyncio.wait_for(reader.read(), 3 * TIMEOUT + 2)
     writer.close()
     assert received == b"", received[:300]
-    scheduler = served.app[SCHEDULER]
+    scheduler = served.app[SERVICES].scheduler
     await until(lambda: (scheduler.queued_count, scheduler.running_count) == (0, 0), "the request stayed")
-    assert {record["outcome"] for record in served.app[DECISIONS].recent(10)} <= {"client_gone"}
+    assert {record["outcome"] for record in served.app[SERVICES].decisions.recent(10)} <= {"client_gone"}

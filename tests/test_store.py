@@ -269,7 +269,7 @@ def test_keys(st: Store) -> None:
         assert st.user_for_key(bad) is None  # type: ignore[arg-type]
     infos = st.list_keys("alice")
     assert [i.prefix for i in infos] == [k1[:9], k2[:9]] and all(i.user == "alice" for i in infos)
-    assert set(infos[0].to_dict()) == {"id", "user", "prefix", "created", "last_used"}
+    assert set(infos[0].to_dict()) == {"id", "user", "label", "prefix", "created", "last_used"}
     assert len(st.list_keys()) == 3
     assert st.revoke_keys("alice") == 2
     assert st.user_for_key(k1) is None and st.user_for_key(kb).name == "bob"

@@ -19,7 +19,7 @@ from typing import Any
 import aiohttp
 import pytest
 
-from mindrouter.daemon.process.appkeys import DISPATCHER, STATS
+from mindrouter.daemon.edge.services import SERVICES
 from mindrouter.daemon.request.settlement import Outcome, Settlement
 
 from .harness import Daemon, until
@@ -29,7 +29,7 @@ from .inprocess import InProcess
 async def storm(daemon: Any, clients: int, seed: int) -> dict[str, Any]:
     rng = random.Random(seed)
     settled: list[Settlement] = []
-    dispatcher = daemon.app[DISPATCHER]
+    dispatcher = daemon.app[SERVICES].dispatcher
     original = dispatcher.on_settled
 
     def record(s: Settlement) -> None:
@@ -109,7 +109,7 @@ async def storm(daemon: Any, clients: int, seed: int) -> dict[str, Any]:
         "gone_streaming": sum(1 for s in settled if s.outcome is Outcome.CLIENT_GONE and s.answered),
         "dropped": dropped,
         "completed": completed,
-        "cancelled_metric": daemon.app[STATS].cancelled,
+        "cancelled_metric": daemon.app[SERVICES].stats.cancelled,
     }
 
 

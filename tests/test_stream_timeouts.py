@@ -18,7 +18,7 @@ from typing import Any
 import pytest
 
 from mindrouter.config import BackendSettings
-from mindrouter.daemon.process.appkeys import STATS, STORE
+from mindrouter.daemon.edge.services import SERVICES
 
 from .conftest import Daemon, until
 from .fakes import FakeOllama
@@ -47,8 +47,10 @@ def error_of(items: list[Any], dialect: str) -> str:
 
 
 async def usage_rows(d: Daemon) -> list[tuple[int, int]]:
-    d.app[STATS].write_usage()
-    rows = d.app[STORE]._db.execute("SELECT prompt_tokens, completion_tokens FROM usage ORDER BY id").fetchall()
+    d.app[SERVICES].stats.write_usage()
+    rows = (
+        d.app[SERVICES].store._db.execute("SELECT prompt_tokens, completion_tokens FROM usage ORDER BY id").fetchall()
+    )
     return [tuple(r) for r in rows]
 
 

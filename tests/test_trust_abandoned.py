@@ -12,7 +12,7 @@ from typing import Any
 
 import aiohttp
 
-from mindrouter.daemon.process.appkeys import STATS, STORE
+from mindrouter.daemon.edge.services import SERVICES
 
 from .conftest import Daemon, until
 from .fakes import FakeOllama
@@ -21,10 +21,10 @@ CHAT = {"model": "llama3", "messages": [{"role": "user", "content": "tell me a l
 
 
 def rows(d: Daemon, user: str) -> list[tuple[int, int, float]]:
-    d.app[STATS].write_usage()
+    d.app[SERVICES].stats.write_usage()
     return [
         tuple(r)
-        for r in d.app[STORE]._db.execute(
+        for r in d.app[SERVICES].store._db.execute(
             "SELECT prompt_tokens, completion_tokens, gpu_seconds FROM usage JOIN users u ON u.id = usage.user_id"
             " WHERE u.name = ? ORDER BY usage.id",
             (user,),

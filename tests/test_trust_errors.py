@@ -18,6 +18,8 @@ from aiohttp import ClientSession
 
 from .conftest import ADMIN_KEY, serve_daemon
 from .fakes import FakeOllama
+from .harness import daemon, until
+from .inprocess import InProcess
 
 
 async def errors_counted(client: ClientSession, url: str) -> Counter[str]:
@@ -79,3 +81,21 @@ async def test_every_kind_of_error_answer_is_counted_once(tmp_path: Path) -> Non
             async with s.post(d.url + "/api/chat", json=chat, headers=key) as resp:
                 assert resp.status == 200
             assert await errors_counted(s, d.url) == sent, sent
+
+
+async def test_a_waiting_stream_that_times_out_after_its_headers_is_one_error_answer(tmp_path: Path) -> None:
+    """An OpenAI stream gets its headers while it waits; its queue timeout is then an error tail after a
+    200, counted once as "stream" (the 504 it would have been is never prepared, so never counted)."""
+    chat = {"model": "llama3", "messages": [{"role": "user", "content": "hi"}]}
+    async with daemon(tmp_path, scheduler={"queue_timeout": 0.5}) as d:
+        backend = InProcess(models=("llama3",), held=True)
+        await d.backend("b1", backend, max_concurrent=1)
+        key = {"Authorization": f"Bearer {await d.user('ann')}"}
+        first = asyncio.create_task(d.client.post("/v1/chat/completions", json=chat, headers=key))
+        await until(lambda: backend.in_flight == 1, "the first request should hold the slot")
+        async with d.client.post("/v1/chat/completions", json={**chat, "stream": True}, headers=key) as resp:
+            text = await resp.text()
+        assert resp.status == 200 and "in the queue" in text and text.endswith("data: [DONE]\n\n"), text
+        backend.open_gate()
+        assert (await first).status == 200
+        assert await errors_counted(d.client.session, d.url) == Counter({"stream": 1})

@@ -132,9 +132,12 @@ def test_admin_changes_a_weight_drains_a_backend_and_a_student_sees_only_their_o
     assert groups["student"] == 1.5
     shoot(browser, "groups")
 
-    # Drains a backend: `mr backend list` shows it.
+    # Drains a backend, the only one of llama3: a confirmation names it first; `mr backend list` shows the drain.
     browser.get(base(live) + "/ui/admin/backends")
     submit(browser, "#backend-ws1 button")
+    assert "leaves llama3, mistral without a backend" in browser.find_element(By.ID, "question").text
+    shoot(browser, "drain-confirm")
+    submit(browser, "#confirm")
     assert "backend ws1 is" in browser.find_element(By.CSS_SELECTOR, ".flash.ok").text
     status = {b["name"]: b["status"] for b in run(live, "backend", "list", "--json").json()}
     assert status["ws1"] in ("draining", "drained")
@@ -161,3 +164,57 @@ def test_admin_changes_a_weight_drains_a_backend_and_a_student_sees_only_their_o
     browser.delete_all_cookies()
     browser.get(base(live) + "/ui/login")
     shoot(browser, "login")
+
+
+def test_admin_adds_a_group_a_user_with_a_named_key_and_a_backend_and_removes_them(live: Live, browser: Any) -> None:
+    log_in(browser, live, ADMIN_KEY)
+    browser.get(base(live) + "/ui/admin/groups")
+    browser.find_element(By.CSS_SELECTOR, "#add-group input[name=name]").send_keys("lab-b")
+    weight = browser.find_element(By.CSS_SELECTOR, "#add-group input[name=weight]")
+    weight.clear()
+    weight.send_keys("2")
+    submit(browser, "#add-group button")
+    assert {g["name"]: g["scheduler_weight"] for g in run(live, "group", "list", "--json").json()}["lab-b"] == 2
+
+    browser.get(base(live) + "/ui/admin/users")
+    browser.find_element(By.CSS_SELECTOR, "#add-user input[name=name]").send_keys("carol")
+    browser.find_element(By.CSS_SELECTOR, "#add-user select[name=group] option[value='lab-b']").click()
+    submit(browser, "#add-user button")
+    assert "user carol added to group lab-b" in browser.find_element(By.CSS_SELECTOR, ".flash.ok").text
+    browser.find_element(By.CSS_SELECTOR, "#create-key input[name=label]").send_keys("laptop")
+    submit(browser, "#create-key button")
+    key = browser.find_element(By.ID, "new-key").text
+    assert key.startswith("mr-") and browser.current_url.endswith("/ui/admin/users/carol")
+    shoot(browser, "user-keys")  # shoot() reloads the page: the key is gone from it
+    assert not browser.find_elements(By.ID, "new-key")
+    keys = run(live, "user", "keys", "carol", "--json").json()
+    assert [k["label"] for k in keys] == ["laptop"]  # the reloads made no other key
+
+    browser.get(base(live) + "/ui/admin/backends")
+    form = browser.find_element(By.ID, "add-backend")
+    form.find_element(By.NAME, "name").send_keys("ws2")
+    form.find_element(By.NAME, "url").send_keys("http://127.0.0.1:9")  # nothing listens: added, unhealthy
+    form.find_element(By.CSS_SELECTOR, "select[name=engine] option[value='ollama']").click()
+    form.find_element(By.NAME, "max_concurrent").send_keys("3")
+    submit(browser, "#add-backend button")
+    assert "backend ws2 added" in browser.find_element(By.CSS_SELECTOR, ".flash.ok").text
+    browser.get(base(live) + "/ui/admin/backends/ws2")
+    field = browser.find_element(By.NAME, "max_concurrent")
+    field.clear()
+    field.send_keys("5")
+    submit(browser, "form[action='/ui/admin/backends/ws2'] button")
+    shoot(browser, "backend")
+    rows = {b["name"]: b for b in run(live, "backend", "list", "--json").json()}
+    assert rows["ws2"]["max_concurrent"] == 5
+
+    browser.get(base(live) + f"/ui/admin/users/carol/keys/{keys[0]['id']}/revoke")
+    assert "(laptop)" in browser.find_element(By.ID, "question").text
+    shoot(browser, "revoke-confirm")
+    submit(browser, "#confirm")
+    assert run(live, "user", "keys", "carol", "--json").json() == []
+    browser.get(base(live) + "/ui/admin/backends/ws2/remove")
+    submit(browser, "#confirm")
+    assert "ws2" not in {b["name"] for b in run(live, "backend", "list", "--json").json()}
+    browser.get(base(live) + "/ui/admin/users/carol/remove")
+    submit(browser, "#confirm")
+    assert "carol" not in {u["name"] for u in run(live, "user", "list", "--json").json()}

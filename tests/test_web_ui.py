@@ -14,7 +14,7 @@ import pytest
 from aiohttp import web
 from aiohttp.test_utils import make_mocked_request
 
-from mindrouter.daemon.process.appkeys import STORE
+from mindrouter.daemon.edge.services import SERVICES
 from mindrouter.daemon.ui.sessions import COOKIE, Sessions
 
 from .harness import ADMIN_KEY, Daemon, until
@@ -202,6 +202,10 @@ async def test_drain_and_enable_a_backend(daemon: Daemon, box: InProcess) -> Non
     page = await (await daemon.client.get("/ui/admin/backends")).text()
     assert "llama3.2" in page and "healthy" in page
     page = await post(daemon, "/ui/admin/backends", "/ui/admin/backends/box/drain")
+    # the only backend of its models: a confirmation naming them, and nothing drained yet
+    assert "Draining box leaves llama3.2, nomic-embed-text without a backend" in page
+    assert (await daemon.admin("GET", "/admin/backends"))[0]["status"] == "healthy"
+    page = await post(daemon, "/ui/admin/backends", "/ui/admin/backends/box/drain", {"force": "yes"})
     assert "backend box is draining" in page or "backend box is drained" in page
     status = (await daemon.admin("GET", "/admin/backends"))[0]["status"]
     assert status in ("draining", "drained")
@@ -223,7 +227,7 @@ async def test_live_page_and_why_explain_a_request(daemon: Daemon, box: InProces
     rid = resp.headers["X-Request-Id"]
     await login(daemon, ADMIN_KEY)
     top = await (await daemon.client.get("/ui/admin/top")).text()
-    assert "ana" in top and rid in top and "<meter" in top
+    assert "ana" in top and rid in top and '<svg class="share"' in top
     listing = await (await daemon.client.get("/ui/admin/decisions?user=ana")).text()
     assert rid in listing
     why = await (await daemon.client.get(f"/ui/admin/decisions/{rid}")).text()
@@ -280,7 +284,7 @@ async def test_a_person_sees_their_own_requests_running_and_queued_with_their_pl
 
 
 def _user_id(daemon: Daemon, name: str) -> int:
-    return int(daemon.app[STORE].get_user(name).id)
+    return int(daemon.app[SERVICES].store.get_user(name).id)
 
 
 def test_a_session_ends_when_it_expires_and_the_oldest_goes_when_the_table_is_full() -> None:

@@ -193,17 +193,17 @@ def _queue(data: Mapping[str, Any]) -> Section:
 def _share(data: Mapping[str, Any], bars: int) -> Section:
     share = data.get("share") or {}
     rows = sorted(share.get("users") or [], key=lambda u: (-float(u.get("actual_share") or 0), str(u.get("name"))))
-    scale = max([0.05] + [float(u.get(k) or 0) for u in rows for k in ("actual_share", "normalized_share")])
+    scale = max([0.05] + [float(u.get(k) or 0) for u in rows for k in ("actual_share", "target_share")])
     width = 2 * bars
     cols = [
         Col("user", lambda r: Text(str(r.get("name")), style="bold"), 6),
         Col("group", lambda r: str(r.get("group")), 6, drop=4),
         Col("weight", lambda r: fmt_num(r.get("weight")), 6, "right"),
-        Col("target", lambda r: fmt_pct(r.get("normalized_share"), 1), 6, "right"),
+        Col("target", lambda r: fmt_pct(r.get("target_share"), 1), 6, "right"),
         Col("actual", lambda r: fmt_pct(r.get("actual_share"), 1), 6, "right"),
         Col(
             "actual vs │target",
-            lambda r: share_bar(r.get("actual_share"), r.get("normalized_share"), scale, width),
+            lambda r: share_bar(r.get("actual_share"), r.get("target_share"), scale, width),
             width,
             drop=5,
         ),

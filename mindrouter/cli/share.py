@@ -1,8 +1,8 @@
 """``mr share``: the fair-share picture, like Slurm's ``sshare``.
 
-Each group, then its users indented under it: the weight, the share it should
-get (normalized share), what it used in the fairness window (recent tokens and
-actual share), and the scheduler terms that act on its priority: its deficit
+Each group, then its users indented under it: the weight, its target share of
+the pools it has demand in (``scheduler/targets.py``; none while idle), its
+actual share of them in the fairness window, and the scheduler terms that act on its priority: its deficit
 and its deprioritization factor (below 1 for heavy recent use). Burst credits
 are the same per unit of weight for everyone, so they are not shown.
 """
@@ -26,9 +26,9 @@ __all__ = ["register", "share_rows", "share_table"]
 HEADERS = [
     "group / user",
     "weight",
-    "norm share",
+    "target",
     "recent tokens",
-    "actual share",
+    "actual",
     "recent units",
     "unit share",
     "deficit",
@@ -76,7 +76,7 @@ def share_table(data: dict[str, Any]) -> Table:
             t.add_row(
                 Text(str(row.get("name")), style="bold"),
                 fmt_num(row.get("weight")),
-                fmt_pct(row.get("normalized_share"), 1),
+                fmt_pct(row.get("target_share"), 1),
                 fmt_tokens(row.get("recent_tokens")),
                 fmt_pct(row.get("actual_share"), 1),
                 fmt_tokens(row.get("recent_units")),
@@ -91,7 +91,7 @@ def share_table(data: dict[str, Any]) -> Table:
             t.add_row(
                 f"  {row.get('name')}",
                 fmt_num(row.get("weight")),
-                fmt_pct(row.get("normalized_share"), 1),
+                fmt_pct(row.get("target_share"), 1),
                 fmt_tokens(row.get("recent_tokens")),
                 fmt_pct(row.get("actual_share"), 1),
                 fmt_tokens(row.get("recent_units")),
@@ -107,11 +107,37 @@ def share_table(data: dict[str, Any]) -> Table:
     return t
 
 
+def pool_table(data: dict[str, Any]) -> Table | None:
+    """Each pool of backends with the people who have a target in it; None where every target is of one pool."""
+    pools: dict[tuple[str, ...], list[tuple[str, dict[str, Any]]]] = {}
+    for user in data.get("users") or []:
+        for seat in user.get("pools") or []:
+            if seat.get("target_share") is not None:
+                names = tuple(seat.get("names") or seat.get("backends") or ())
+                pools.setdefault(names, []).append((str(user.get("name")), seat))
+    if len(pools) < 2:
+        return None
+    t = Table(box=box.SIMPLE_HEAD, show_edge=False, header_style="bold", pad_edge=False)
+    t.title, t.title_justify, t.title_style = "per pool of backends (each divided among its people)", "left", "bold"
+    for header in ("pool", "user", "target", "actual"):
+        t.add_column(header, justify="left" if header in ("pool", "user") else "right")
+    for names, seats in sorted(pools.items()):
+        for i, (name, seat) in enumerate(sorted(seats, key=lambda s: -float(s[1].get("target_share") or 0))):
+            t.add_row(
+                ", ".join(names) if i == 0 else "",
+                name,
+                fmt_pct(seat.get("target_share"), 1),
+                fmt_pct(seat.get("actual_share"), 1),
+            )
+    return t
+
+
 def share(ctx: typer.Context, json: JsonOption = False, config: ConfigOption = None) -> None:
     """Show fair share per group and user, like Slurm's sshare.
 
-    norm share is what the weights entitle one to; actual share is what they
-    used over the fairness window. A factor below 1 means deprioritized for
+    target is what the weights entitle one to among the people with demand in
+    the same pools of backends (none while idle); actual is what one used of
+    those pools over the fairness window. A factor below 1 means deprioritized for
     heavy recent use; deficit is service units owed next to the most-owed waiting
     user. Service units weigh prompt and answer tokens by [scheduler]
     prompt_token_cost and completion_token_cost; fair share counts them, quotas
@@ -130,6 +156,9 @@ def share(ctx: typer.Context, json: JsonOption = False, config: ConfigOption = N
         short={"quota (used/limit)": "quota"},
         drop=["queued", "running", "quota (used/limit)", "recent tokens"],
     )
+    pools = pool_table(data)
+    if pools is not None:
+        print_table(pools)
 
 
 def register(app: typer.Typer) -> None:

@@ -22,6 +22,7 @@ __all__ = ["KEY_COLUMNS", "key", "keys"]
 
 KEY_COLUMNS = [
     Column("id", "id", justify="right", style="bold"),
+    Column("label", "label"),
     Column("prefix", "starts with"),
     Column("created", "created", fmt=fmt_time),
     Column("last_used", "last used", fmt=fmt_time),
@@ -61,6 +62,15 @@ def key(
             show_default=False,
         ),
     ] = None,
+    label: Annotated[
+        str | None,
+        typer.Option(
+            "--label",
+            metavar="TEXT",
+            help="Name the new key (laptop, open-webui), so `mr user keys` tells it from the others.",
+            show_default=False,
+        ),
+    ] = None,
     json: JsonOption = False,
     config: ConfigOption = None,
 ) -> None:
@@ -71,17 +81,18 @@ def key(
     key goes into a new file only its owner can read. With --revoke ID,
     that key alone stops working; the user and its other keys stay.
 
-    Example: mr user key alice -o alice.key
+    Example: mr user key alice --label laptop -o alice.key
     """
+    body = {} if label is None else {"label": label}
     if revoke is not None:
         key_id = _validate.key_id(revoke)
         answer = get_app(ctx, config).client.delete(f"/admin/users/{quote_name(name)}/keys/{key_id}")
         print_changed(answer, json, f"revoked key {key_id} of user [bold]{escape(name)}[/]; its other keys still work")
         return
     if output is not None:
-        _key_to_file(get_app(ctx, config), name, output)
+        _key_to_file(get_app(ctx, config), name, output, body)
         return
-    answer = get_app(ctx, config).client.post(f"/admin/users/{quote_name(name)}/keys")
+    answer = get_app(ctx, config).client.post(f"/admin/users/{quote_name(name)}/keys", body)
     if json:
         print_json({"user": answer.get("user", name), "key": answer["key"]})
         return
@@ -90,7 +101,7 @@ def key(
     err_console().print(f"[dim]new key for {escape(name)}; store it now, it is shown only once[/]")
 
 
-def _key_to_file(app: Any, name: str, path: Path) -> None:
+def _key_to_file(app: Any, name: str, path: Path, body: dict[str, str]) -> None:
     """Create the file first (0600, exclusive), so a key is made only when it has somewhere safe to go."""
     try:
         fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
@@ -99,7 +110,7 @@ def _key_to_file(app: Any, name: str, path: Path) -> None:
     except OSError as exc:
         raise MindRouterError(f"cannot write {path}: {exc.strerror}; name a file in a folder you can write") from None
     try:
-        answer = app.client.post(f"/admin/users/{quote_name(name)}/keys")
+        answer = app.client.post(f"/admin/users/{quote_name(name)}/keys", body)
         os.write(fd, f"{answer['key']}\n".encode())
     except BaseException:
         os.close(fd)

@@ -13,7 +13,7 @@ import sys
 
 from ..config import load_config
 from ..errors import MindRouterError
-from .edge.app import serve
+from .process.serve import serve
 
 
 def main(argv: list[str] | None = None) -> None:

@@ -18,7 +18,7 @@ from .routing.backend import ALL_MODALITIES, Backend, BackendLoad
 from .routing.constraints import REASONS
 from .routing.estimate import Estimate
 from .settings import DEFAULT_GROUP_WEIGHTS, SHARES, SchedulerSettings, ScoreWeights, check_weight
-from .views import PoolShare, QueueStats, SeatShare, ShareSnapshot, UserShare, normalized_shares
+from .views import PoolShare, QueueStats, SeatShare, ShareSnapshot, UserShare
 
 __all__ = [
     "ALL_MODALITIES",
@@ -52,6 +52,5 @@ __all__ = [
     "apply_factor",
     "check_weight",
     "heavy_factor",
-    "normalized_shares",
     "seed_priority",
 ]

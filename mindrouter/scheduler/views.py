@@ -12,8 +12,8 @@ core may shift never shows.
 
 from __future__ import annotations
 
-from collections.abc import Hashable, Iterable, Mapping
-from dataclasses import dataclass
+from collections.abc import Hashable, Mapping
+from dataclasses import dataclass, field
 from typing import Any
 
 __all__ = [
@@ -22,7 +22,6 @@ __all__ = [
     "SeatShare",
     "ShareSnapshot",
     "UserShare",
-    "normalized_shares",
     "seed_snapshot",
 ]
 
@@ -48,6 +47,10 @@ class SeatShare:
     queued: int
     running: int
     served: float
+    target_share: float | None = None
+    """Its weight over the weights of the seats with demand in this pool (``targets.py``); None while idle here."""
+    actual_share: float = 0.0
+    """Its part of the service units this pool gave within the window."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -70,6 +73,10 @@ class UserShare:
     running: int
     served: float
     seats: tuple[SeatShare, ...]
+    target_share: float | None = None
+    """Over the pools it has demand in (``targets.combined``); None for an idle person."""
+    actual_share: float | None = None
+    """Its part of the service units of those pools, the same way."""
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -86,6 +93,8 @@ class UserShare:
             "factor": round(self.factor, 4),
             "queued": self.queued,
             "running": self.running,
+            "target_share": _pct(self.target_share),
+            "actual_share": _pct(self.actual_share),
             "pools": [
                 {
                     "backends": list(s.backends),
@@ -95,6 +104,8 @@ class UserShare:
                     "recent_units": round(s.recent_units, 3),
                     "usage_fraction": round(s.usage_fraction, 4),
                     "factor": round(s.factor, 4),
+                    "target_share": _pct(s.target_share),
+                    "actual_share": _pct(s.actual_share),
                 }
                 for s in self.seats
             ],
@@ -139,6 +150,8 @@ class ShareSnapshot:
     """The same for every user per unit of weight, so it never reorders anyone."""
     users: tuple[UserShare, ...]
     pools: tuple[PoolShare, ...]
+    groups: Mapping[str | None, tuple[float | None, float | None]] = field(default_factory=dict)
+    """Per group with demand, (target, actual) as ``targets.combined`` sums its members' seats (full snapshots only)."""
 
     def user(self, user_id: Hashable) -> UserShare | None:
         return next((u for u in self.users if u.user_id == user_id), None)
@@ -173,38 +186,8 @@ class QueueStats:
         }
 
 
-def normalized_shares(
-    users: Iterable[tuple[str, str | None, float, float | None]], groups: Mapping[str, float], shares: str
-) -> tuple[dict[str, float], dict[str, float]]:
-    """What the weights entitle each user and group to, as fractions of the whole.
-
-    Args:
-        users: (name, group, weight, weight_override) of every user.
-        groups: each group's weight.
-        shares: ``user`` (each user weighs its weight; a group gets its members' sum)
-            or ``group`` (a group's weight is its share, split among its members
-            by ``weight_override``, 1 without one).
-
-    Returns:
-        (share by user name, share by group name); groups without users get 0.
-    """
-    users = list(users)
-    if shares != "group":
-        total = sum(w for _, _, w, _ in users) or 1.0
-        by_user = {name: w / total for name, _, w, _ in users}
-        by_group: dict[str, float] = {}
-        for name, group, _, _ in users:
-            if group is not None:
-                by_group[group] = by_group.get(group, 0.0) + by_user[name]
-        return by_user, {g: by_group.get(g, 0.0) for g in groups}
-    inner: dict[str | None, float] = {}
-    for _, group, _, override in users:
-        inner[group] = inner.get(group, 0.0) + (override or 1.0)
-    weight_of = {g: groups.get(g, w) if g is not None else w for _, g, w, _ in users}
-    total = sum(weight_of[g] for g in inner) or 1.0
-    group_share = {g: weight_of[g] / total for g in inner}
-    by_user = {name: group_share[g] * (o or 1.0) / inner[g] for name, g, _, o in users}
-    return by_user, {g: group_share.get(g, 0.0) for g in groups}
+def _pct(share: float | None) -> float | None:
+    return None if share is None else round(share, 4)
 
 
 def seed_snapshot(queue: QueueStats, share: ShareSnapshot) -> dict[str, Any]:

@@ -27,13 +27,16 @@ class ApiKeys:
 
         def _user_id(self, name: str) -> int: ...
 
-    def create_key(self, user: str) -> str:
-        """Make a new key for ``user`` and return it: the only time it exists outside the client."""
+    def create_key(self, user: str, label: str = "") -> str:
+        """Make a new key for ``user`` and return it: the only time it exists outside the client.
+
+        ``label`` tells it from the user's other keys ("laptop"); the caller checks it (``names.key_label``).
+        """
         user_id = self._user_id(user)
         key = new_key()
         self._db.execute(
-            "INSERT INTO api_keys (user_id, hash, prefix, created) VALUES (?, ?, ?, ?)",
-            (user_id, hash_key(key), key[: len(KEY_PREFIX) + 6], self._clock()),
+            "INSERT INTO api_keys (user_id, hash, prefix, created, label) VALUES (?, ?, ?, ?, ?)",
+            (user_id, hash_key(key), key[: len(KEY_PREFIX) + 6], self._clock(), label),
         )
         return key
 
@@ -58,7 +61,10 @@ class ApiKeys:
         self._db.executemany("UPDATE api_keys SET last_used = ? WHERE id = ?", [(at, kid) for kid, at in used.items()])
 
     def list_keys(self, user: str | None = None) -> list[ApiKeyInfo]:
-        sql = "SELECT k.id, u.name, k.prefix, k.created, k.last_used FROM api_keys k JOIN users u ON u.id = k.user_id"
+        sql = (
+            "SELECT k.id, u.name, k.prefix, k.created, k.last_used, k.label"
+            " FROM api_keys k JOIN users u ON u.id = k.user_id"
+        )
         if user is None:
             return [ApiKeyInfo(*r) for r in self._db.execute(sql + " ORDER BY k.id")]
         user_id = self._user_id(user)

@@ -100,11 +100,14 @@ class ApiKeyInfo:
     created: float
     last_used: float | None = None
     """Wall-clock time of the key's last request, to within a minute; None if never used."""
+    label: str = ""
+    """What the admin named it for ("laptop"); empty if unnamed."""
 
     def to_dict(self) -> dict[str, Any]:
         return {
             "id": self.id,
             "user": self.user,
+            "label": self.label,
             "prefix": self.prefix,
             "created": self.created,
             "last_used": self.last_used,

@@ -181,6 +181,8 @@ _MIGRATIONS: list[Sequence[str] | Callable[[sqlite3.Connection], None]] = [
         " completion_tokens INTEGER NOT NULL, gpu_seconds REAL NOT NULL, group_name TEXT NOT NULL)",
     ),
     _ROLLED_UP,
+    # A key's label, so an admin tells a user's keys apart ("laptop", "open-webui") before revoking one.
+    ("ALTER TABLE api_keys ADD COLUMN label TEXT NOT NULL DEFAULT ''",),
 ]
 SCHEMA_VERSION = len(_MIGRATIONS)
 

@@ -13,12 +13,12 @@ from typing import Any
 
 from aiohttp import web
 
-from ...names import person_identity
+from ...names import key_label, person_identity
 from ...scheduler import check_weight
-from ...store import AlreadyExists, InvalidValue
+from ...store import AlreadyExists, InvalidValue, Store
 from ...store.people import KEEP
 from ..edge.catalog import pool_models
-from ..process.appkeys import AUTH, CONFIG, DISPATCHER, GPUS, QUOTAS, REGISTRY, SCHEDULER, STORE
+from ..edge.services import SERVICES
 from ..request.weights import apply_user
 from .backend_edits import backend_dict, models_left_without, refuse_orphaning, set_backend
 from .watch import quota_rows, setup_watch_routes
@@ -26,6 +26,12 @@ from .watch import quota_rows, setup_watch_routes
 __all__ = [
     "change_group_weight",
     "change_user",
+    "create_backend",
+    "create_group",
+    "create_user",
+    "delete_backend",
+    "delete_group",
+    "delete_user",
     "key_counts",
     "new_key",
     "revoke_user_key",
@@ -46,10 +52,10 @@ async def _body(request: web.Request) -> dict[str, Any]:
 
 def _sync_users(app: web.Application, group: str | None = None, name: str | None = None) -> None:
     """Bring the scheduler's weights and the quotas in line with the store after an admin change."""
-    app[AUTH].clear()
-    app[QUOTAS].reload()
-    scheduler = app[SCHEDULER]
-    store = app[STORE]
+    app[SERVICES].auth.clear()
+    app[SERVICES].quotas.reload()
+    scheduler = app[SERVICES].scheduler
+    store = app[SERVICES].store
     users = [store.get_user(name)] if name is not None else store.list_users(group)
     for user in users:
         if scheduler.has_user(user.id):
@@ -60,7 +66,7 @@ def _sync_users(app: web.Application, group: str | None = None, name: str | None
 
 
 async def list_groups(request: web.Request) -> web.Response:
-    store = request.app[STORE]
+    store = request.app[SERVICES].store
     counts: dict[str, int] = {}
     for user in store.list_users():
         counts[user.group] = counts.get(user.group, 0) + 1
@@ -73,15 +79,19 @@ async def list_groups(request: web.Request) -> web.Response:
 
 
 async def add_group(request: web.Request) -> web.Response:
-    data = await _body(request)
-    group = request.app[STORE].add_group(data.get("name"), check_weight(data.get("weight")))
+    group = create_group(request.app, await _body(request))
     return web.json_response({**group.to_dict(), "users": 0}, status=201)
+
+
+def create_group(app: web.Application, data: dict[str, Any]) -> Any:
+    """Add a group (the admin API and the web UI): ``{"name", "weight"}``."""
+    return app[SERVICES].store.add_group(data.get("name"), check_weight(data.get("weight")))
 
 
 def change_group_weight(app: web.Application, name: str, weight: object) -> Any:
     """Set a group's weight (the admin API and the web UI): validated, stored, applied from now on."""
-    group = app[STORE].set_group_weight(name, check_weight(weight))
-    app[SCHEDULER].set_group(name, group.scheduler_weight)
+    group = app[SERVICES].store.set_group_weight(name, check_weight(weight))
+    app[SERVICES].scheduler.set_group(name, group.scheduler_weight)
     _sync_users(app, group=name)
     return group
 
@@ -94,15 +104,20 @@ async def set_group(request: web.Request) -> web.Response:
 
 async def remove_group(request: web.Request) -> web.Response:
     name = request.match_info["name"]
-    request.app[STORE].remove_group(name)
+    delete_group(request.app, name)
     return web.json_response({"removed": name})
+
+
+def delete_group(app: web.Application, name: str) -> None:
+    """Remove an empty group (the store refuses one with users, saying to move them first)."""
+    app[SERVICES].store.remove_group(name)
 
 
 # -- users -----------------------------------------------------------------------------
 
 
 def _user_dict(app: web.Application, user: Any, keys: dict[str, int]) -> dict[str, Any]:
-    state = app[SCHEDULER].user(user.id)
+    state = app[SERVICES].scheduler.user(user.id)
     return {
         **user.to_dict(),
         "keys": keys.get(user.name, 0),
@@ -113,7 +128,7 @@ def _user_dict(app: web.Application, user: Any, keys: dict[str, int]) -> dict[st
     }
 
 
-def key_counts(store: Any) -> dict[str, int]:
+def key_counts(store: Store) -> dict[str, int]:
     """How many keys each user has, by name (``mr user list``, the web UI's users page)."""
     counts: dict[str, int] = {}
     for key in store.list_keys():
@@ -122,7 +137,7 @@ def key_counts(store: Any) -> dict[str, int]:
 
 
 async def list_users(request: web.Request) -> web.Response:
-    store = request.app[STORE]
+    store = request.app[SERVICES].store
     keys = key_counts(store)
     return web.json_response([_user_dict(request.app, u, keys) for u in store.list_users()])
 
@@ -131,11 +146,16 @@ async def add_user(request: web.Request) -> web.Response:
     data = await _body(request)
     if data.get("person_of") is not None:
         return _add_person(request.app, data)
+    return web.json_response(_user_dict(request.app, create_user(request.app, data), {}), status=201)
+
+
+def create_user(app: web.Application, data: dict[str, Any]) -> Any:
+    """Add a user (the admin API and the web UI): ``{"name", "group", "weight", "proxy", ...}``; the new row."""
     weight = data.get("weight")
     proxy = _proxy_flag(data) or data.get("proxy_group") is not None
     if not proxy and "person_from" in data:
         raise InvalidValue('"person_from" goes with "proxy": true, for a user whose requests name a person')
-    user = request.app[STORE].add_user(
+    return app[SERVICES].store.add_user(
         data.get("name"),
         data.get("group"),
         None if weight is None else check_weight(weight),
@@ -143,13 +163,12 @@ async def add_user(request: web.Request) -> web.Response:
         proxy_group=data.get("proxy_group"),
         person_from=data.get("person_from", "header"),
     )
-    return web.json_response(_user_dict(request.app, user, {}), status=201)
 
 
 def _add_person(app: web.Application, data: dict[str, Any]) -> web.Response:
     """A proxy's person made ahead of their first request (``{"name": IDENTITY, "person_of": PROXY}``), so an
     admin can give them a group first; the proxy then finds them as if it had made them (``edge/people.py``)."""
-    store = app[STORE]
+    store = app[SERVICES].store
     proxy = store.get_user(str(data["person_of"]))
     if not proxy.proxy:
         raise InvalidValue(
@@ -175,12 +194,12 @@ def _proxy_flag(data: dict[str, Any]) -> bool:
 async def set_user(request: web.Request) -> web.Response:
     data = await _body(request)
     user = change_user(request.app, request.match_info["name"], data)
-    return web.json_response(_user_dict(request.app, user, key_counts(request.app[STORE])))
+    return web.json_response(_user_dict(request.app, user, key_counts(request.app[SERVICES].store)))
 
 
 def change_user(app: web.Application, name: str, data: dict[str, Any]) -> Any:
     """Change a user's weight, group or proxy settings (the admin API and the web UI); returns the user."""
-    store = app[STORE]
+    store = app[SERVICES].store
     proxy_fields = {"proxy", "proxy_group", "person_from"} & set(data)
     if not ("weight" in data or "group" in data or proxy_fields):
         raise InvalidValue(
@@ -198,7 +217,7 @@ def change_user(app: web.Application, name: str, data: dict[str, Any]) -> Any:
     return store.get_user(name)
 
 
-def _set_proxy(store: Any, name: str, data: dict[str, Any]) -> None:
+def _set_proxy(store: Store, name: str, data: dict[str, Any]) -> None:
     """``proxy``, ``proxy_group`` and ``person_from`` of a PUT; the settings a PUT leaves out stay."""
     proxy = _proxy_flag(data) if "proxy" in data else store.get_user(name).proxy
     if not proxy and {"proxy_group", "person_from"} & set(data):
@@ -211,40 +230,51 @@ def _set_proxy(store: Any, name: str, data: dict[str, Any]) -> None:
 
 async def remove_user(request: web.Request) -> web.Response:
     name = request.match_info["name"]
-    store = request.app[STORE]
-    user = store.get_user(name)
-    store.remove_user(name)
-    request.app[AUTH].clear()
-    request.app[QUOTAS].reload()
-    with contextlib.suppress(ValueError):
-        request.app[SCHEDULER].remove_user(user.id)
+    delete_user(request.app, name)
     return web.json_response({"removed": name})
 
 
-def new_key(app: web.Application, name: str) -> str:
-    """A new API key for ``name``; the caller shows it once (only its hash is kept)."""
-    key: str = app[STORE].create_key(name)
-    app[AUTH].clear()
+def delete_user(app: web.Application, name: str) -> None:
+    """Remove a user and its keys (the admin API and the web UI); its usage rows stay."""
+    store = app[SERVICES].store
+    user = store.get_user(name)
+    store.remove_user(name)
+    app[SERVICES].auth.clear()
+    app[SERVICES].quotas.reload()
+    with contextlib.suppress(ValueError):
+        app[SERVICES].scheduler.remove_user(user.id)
+
+
+def new_key(app: web.Application, name: str, label: object = None) -> str:
+    """A new API key for ``name``, named ``label``; the caller shows it once (only its hash is kept)."""
+    try:
+        checked = key_label(label)
+    except ValueError as exc:
+        raise InvalidValue(str(exc)) from None
+    key: str = app[SERVICES].store.create_key(name, checked)
+    app[SERVICES].auth.clear()
     return key
 
 
 async def create_key(request: web.Request) -> web.Response:
     name = request.match_info["name"]
-    return web.json_response({"user": name, "key": new_key(request.app, name)}, status=201)
+    data = await _body(request) if request.body_exists else {}
+    key = new_key(request.app, name, data.get("label"))
+    return web.json_response({"user": name, "key": key}, status=201)
 
 
 async def list_keys(request: web.Request) -> web.Response:
     """A user's keys: id, prefix, created, last used; never the key (only its hash is stored)."""
-    request.app[AUTH].flush()
-    return web.json_response([k.to_dict() for k in request.app[STORE].list_keys(request.match_info["name"])])
+    request.app[SERVICES].auth.flush()
+    return web.json_response([k.to_dict() for k in request.app[SERVICES].store.list_keys(request.match_info["name"])])
 
 
 def revoke_user_key(app: web.Application, name: str, key_id: str) -> int:
     """Revoke one of ``name``'s keys by its id (a string, as a path or form gives it)."""
     if not key_id.isdigit():
         raise InvalidValue(f"key id {key_id!r} is not a number; see the ids with `mr user keys {name}`")
-    app[STORE].revoke_key(name, int(key_id))
-    app[AUTH].clear()
+    app[SERVICES].store.revoke_key(name, int(key_id))
+    app[SERVICES].auth.clear()
     return int(key_id)
 
 
@@ -259,36 +289,39 @@ async def revoke_key(request: web.Request) -> web.Response:
 
 async def list_backends(request: web.Request) -> web.Response:
     app = request.app
-    return web.json_response([backend_dict(app, e) for e in app[REGISTRY].entries.values()])
+    return web.json_response([backend_dict(app, e) for e in app[SERVICES].registry.entries.values()])
 
 
 async def add_backend(request: web.Request) -> web.Response:
-    data = await _body(request)
-    app = request.app
+    return web.json_response(await create_backend(request.app, await _body(request)), status=201)
+
+
+async def create_backend(app: web.Application, data: dict[str, Any]) -> dict[str, Any]:
+    """Add a backend (the admin API and the web UI) and wait a little for its first probe; its row."""
     fields = {
         k: data[k]
         for k in ("max_concurrent", "gpus", "node", "priority", "parallel", "max_loaded")
         if data.get(k) is not None
     }
-    row = app[STORE].add_backend(data.get("name"), data.get("url"), data.get("engine"), **fields)
-    entry = app[REGISTRY].add(row)
-    wait = app[CONFIG].backends.connect_timeout + 1
+    row = app[SERVICES].store.add_backend(data.get("name"), data.get("url"), data.get("engine"), **fields)
+    entry = app[SERVICES].registry.add(row)
+    wait = app[SERVICES].config.backends.connect_timeout + 1
     with contextlib.suppress(asyncio.TimeoutError):
         await asyncio.wait_for(entry.probed.wait(), wait)
     if row.node:
         with contextlib.suppress(asyncio.TimeoutError):
-            await asyncio.wait_for(app[GPUS].poll_node(row.node), wait)
-    return web.json_response(backend_dict(app, entry), status=201)
+            await asyncio.wait_for(app[SERVICES].gpus.poll_node(row.node), wait)
+    return backend_dict(app, entry)
 
 
 def set_backend_state(app: web.Application, name: str, state: str) -> dict[str, Any]:
     """Drain (``"draining"``) or enable (``"enabled"``) a backend (the admin API and the web UI); its row."""
-    row = app[STORE].set_backend_state(name, state)
-    registry = app[REGISTRY]
+    row = app[SERVICES].store.set_backend_state(name, state)
+    registry = app[SERVICES].registry
     registry.update_row(row)
     if state == "draining":
         registry.released(row.id)
-    app[DISPATCHER].pump()
+    app[SERVICES].dispatcher.pump()
     return registry.row_dict(registry.entries[row.id])
 
 
@@ -308,12 +341,16 @@ async def enable_backend(request: web.Request) -> web.Response:
 
 
 async def remove_backend(request: web.Request) -> web.Response:
-    app = request.app
     name = request.match_info["name"]
-    row = app[STORE].get_backend(name)
-    app[STORE].remove_backend(name)
-    await app[REGISTRY].remove(row.id)
+    await delete_backend(request.app, name)
     return web.json_response({"removed": name})
+
+
+async def delete_backend(app: web.Application, name: str) -> None:
+    """Remove a backend (the admin API and the web UI); its usage rows stay under its id."""
+    row = app[SERVICES].store.get_backend(name)
+    app[SERVICES].store.remove_backend(name)
+    await app[SERVICES].registry.remove(row.id)
 
 
 async def list_models(request: web.Request) -> web.Response:
@@ -329,21 +366,21 @@ async def list_models(request: web.Request) -> web.Response:
 
 
 async def export_state(request: web.Request) -> web.Response:
-    return web.json_response(request.app[STORE].export())
+    return web.json_response(request.app[SERVICES].store.export())
 
 
 async def import_dry_run(request: web.Request) -> web.Response:
     """What an import would change, and nothing changed (a route of its own: a daemon without it answers 404)."""
-    return web.json_response(request.app[STORE].import_(await _body(request), dry_run=True))
+    return web.json_response(request.app[SERVICES].store.import_(await _body(request), dry_run=True))
 
 
 async def import_state(request: web.Request) -> web.Response:
     data = await _body(request)
     app = request.app
-    before = {row.id: row for row in app[STORE].list_backends()}
-    answer = app[STORE].import_(data)
-    registry = app[REGISTRY]
-    for row in app[STORE].list_backends():
+    before = {row.id: row for row in app[SERVICES].store.list_backends()}
+    answer = app[SERVICES].store.import_(data)
+    registry = app[SERVICES].registry
+    for row in app[SERVICES].store.list_backends():
         old = before.get(row.id)
         if old is not None and (old.url, old.engine) != (row.url, row.engine):
             await registry.remove(row.id)  # another server, or another engine: a client of its own

@@ -15,7 +15,7 @@ from aiohttp import web
 
 from ...backends import model_key
 from ...store import InUse, InvalidValue
-from ..process.appkeys import CONFIG, DISPATCHER, GPUS, REGISTRY, SCHEDULER, STORE
+from ..edge.services import SERVICES
 
 __all__ = ["SETTABLE", "backend_dict", "change_backend", "models_left_without", "refuse_orphaning", "set_backend"]
 
@@ -26,8 +26,8 @@ _CLEARED: dict[str, Any] = {"parallel": None, "max_loaded": None, "gpus": [], "n
 
 def backend_dict(app: web.Application, entry: Any) -> dict[str, Any]:
     """A backend's row, with ``node_error`` when its ``mr agent`` does not answer (also in ``error`` if free)."""
-    row = app[REGISTRY].row_dict(entry)
-    node_error = app[GPUS].node_error(entry.row.node) if entry.row.node else None
+    row = app[SERVICES].registry.row_dict(entry)
+    node_error = app[SERVICES].gpus.node_error(entry.row.node) if entry.row.node else None
     row["node_error"] = node_error
     if node_error and not row.get("error"):
         row["error"] = node_error
@@ -56,14 +56,16 @@ async def change_backend(app: web.Application, name: str, data: dict[str, Any]) 
         if value is None and key not in _CLEARED:
             raise InvalidValue(f"{key} of backend {name!r} cannot be cleared; give a value")
         changes[key] = _CLEARED[key] if value is None else value
-    store, registry = app[STORE], app[REGISTRY]
+    store, registry = app[SERVICES].store, app[SERVICES].registry
     was = store.get_backend(name)
     row = store.update_backend(name, **changes)
     registry.update_row(row)
-    app[DISPATCHER].pump()  # more slots may take waiting work at once
+    app[SERVICES].dispatcher.pump()  # more slots may take waiting work at once
     if row.node and row.node != was.node:
         with contextlib.suppress(asyncio.TimeoutError):
-            await asyncio.wait_for(app[GPUS].poll_node(row.node), app[CONFIG].backends.connect_timeout + 1)
+            await asyncio.wait_for(
+                app[SERVICES].gpus.poll_node(row.node), app[SERVICES].config.backends.connect_timeout + 1
+            )
     return backend_dict(app, registry.entries[row.id])
 
 
@@ -79,11 +81,15 @@ async def set_backend(request: web.Request) -> web.Response:
 
 def models_left_without(app: web.Application, name: str) -> list[str]:
     """The models that no backend but ``name`` takes requests for now: draining it leaves them none."""
-    scheduler, store = app[SCHEDULER], app[STORE]
+    scheduler, store = app[SERVICES].scheduler, app[SERVICES].store
     this = scheduler.backend(store.get_backend(name).id)
     if this is None:
         return []
-    others = [b for b in (scheduler.backend(bid) for bid in app[REGISTRY].entries) if b is not None and b.id != this.id]
+    others = [
+        b
+        for b in (scheduler.backend(bid) for bid in app[SERVICES].registry.entries)
+        if b is not None and b.id != this.id
+    ]
     served = {model_key(m) for b in others if b.takes_work for m in b.models}
     return sorted(m for m in this.models if model_key(m) not in served)
 

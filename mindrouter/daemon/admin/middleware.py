@@ -17,7 +17,7 @@ from aiohttp import web
 from ...store import AlreadyExists, InUse, InvalidValue, NotFound, StoreError
 from ..edge.auth import bearer_is
 from ..edge.errorbodies import error_response, json_error
-from ..process.appkeys import AUTH, CONFIG
+from ..edge.services import SERVICES
 
 __all__ = ["admin_middleware"]
 
@@ -38,11 +38,11 @@ def admin_middleware(request: web.Request, handler: Handler) -> Awaitable[web.St
 
 async def _admin(request: web.Request, handler: Handler) -> web.StreamResponse:
     if not isinstance(request.transport.get_extra_info("sockname") if request.transport else None, str):
-        guesses = request.app[AUTH].guesses
+        guesses = request.app[SERVICES].auth.guesses
         refusal = guesses.refusal(request.remote)
         if refusal is not None:
             return error_response(refusal, "openai")
-        key = request.app[CONFIG].server.admin_key
+        key = request.app[SERVICES].config.server.admin_key
         if not key or not bearer_is(request, key):
             guesses.wrong(request.remote)
             return json_error(

@@ -12,8 +12,6 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from ...scheduler import normalized_shares
-
 __all__ = ["Counters", "share_view", "status_view", "top_view"]
 
 QuotaLookup = Callable[[str, Any], list[dict[str, Any]]]
@@ -62,42 +60,46 @@ def status_view(
     }
 
 
-def share_view(share: Any, users: Sequence[Any], groups: Sequence[Any], quotas: QuotaLookup) -> dict[str, Any]:
-    """`mr share`: per group and user what the weights entitle it to, what it used, and the terms that act.
+def share_view(
+    share: Any, users: Sequence[Any], groups: Sequence[Any], quotas: QuotaLookup, names: Mapping[str, str]
+) -> dict[str, Any]:
+    """`mr share`: per group and user its target and actual share (``scheduler/targets.py``), and the terms that act.
+
+    A target is a share of the pools one has demand in; idle people and groups have none (None).
 
     Args:
         share: the core's ``share(now)`` snapshot.
         users, groups: the store's rows.
         quotas: each subject's quotas with their use so far.
+        names: backend id -> name, to name each pool by its backends.
     """
     live = {u.user_id: u for u in share.users}
-    by_user, by_group = normalized_shares(
-        ((u.name, u.group, u.weight, u.weight_override) for u in users),
-        {g.name: g.scheduler_weight for g in groups},
-        share.shares,
-    )
     total = share.global_recent_tokens
     rows = []
     for user in users:
         state = live.get(user.id)
         recent = state.recent_tokens if state else 0.0
         units = state.recent_units if state else 0.0
+        row = state.to_dict() if state else {}
         rows.append(
             {
                 "name": user.name,
                 "group": user.group,
                 "weight": user.weight,
                 "weight_override": user.weight_override,
-                "normalized_share": round(by_user[user.name], 4),
+                "target_share": row.get("target_share"),
+                "actual_share": row.get("actual_share"),
                 "recent_tokens": recent,
                 "recent_units": round(units, 3),
-                "actual_share": round(recent / total, 4) if total else 0.0,
+                "token_share": round(recent / total, 4) if total else 0.0,
                 "unit_share": round(units / share.global_recent_units, 4) if share.global_recent_units else 0.0,
                 "deficit": round(state.deficit, 3) if state else 0.0,
                 "factor": round(state.factor, 4) if state else 1.0,
                 "queued": state.queued if state else 0,
                 "running": state.running if state else 0,
-                "pools": state.to_dict()["pools"] if state else [],
+                "pools": [{**p, "names": [names.get(b, f"#{b}") for b in p["backends"]]} for p in row.get("pools", [])],
+                "proxy": user.proxy,
+                "person_of": user.person_of,
                 "quotas": quotas("user", user.id),
             }
         )
@@ -106,14 +108,16 @@ def share_view(share: Any, users: Sequence[Any], groups: Sequence[Any], quotas: 
         members = [r for r in rows if r["group"] == group.name]
         recent = sum(r["recent_tokens"] for r in members)
         units = sum(r["recent_units"] for r in members)
+        target, actual = share.groups.get(group.name, (None, None))
         group_rows.append(
             {
                 "name": group.name,
                 "weight": group.scheduler_weight,
-                "normalized_share": round(by_group.get(group.name, 0.0), 4),
+                "target_share": None if target is None else round(target, 4),
+                "actual_share": None if actual is None else round(actual, 4),
                 "recent_tokens": recent,
                 "recent_units": round(units, 3),
-                "actual_share": round(recent / total, 4) if total else 0.0,
+                "token_share": round(recent / total, 4) if total else 0.0,
                 "unit_share": round(units / share.global_recent_units, 4) if share.global_recent_units else 0.0,
                 "users": len(members),
                 "quotas": quotas("group", group.name),

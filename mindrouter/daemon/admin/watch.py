@@ -15,19 +15,8 @@ from aiohttp import web
 
 from ... import __version__
 from ...store import InvalidValue, NotFound, Store
-from ..process.appkeys import (
-    CONFIG,
-    DECISIONS,
-    DISPATCHER,
-    GPUS,
-    QUOTAS,
-    REGISTRY,
-    SCHEDULER,
-    STATS,
-    STORE,
-    STORE_WORKER,
-)
-from ..request.accounting import top_panels
+from ..edge.accounting import top_panels
+from ..edge.services import SERVICES
 from .views import Counters, share_view, status_view, top_view
 
 __all__ = ["quota_rows", "setup_watch_routes", "status_dict"]
@@ -37,7 +26,12 @@ __all__ = ["quota_rows", "setup_watch_routes", "status_dict"]
 
 
 def status_dict(app: web.Application) -> dict[str, Any]:
-    registry, scheduler, stats, config = app[REGISTRY], app[SCHEDULER], app[STATS], app[CONFIG]
+    registry, scheduler, stats, config = (
+        app[SERVICES].registry,
+        app[SERVICES].scheduler,
+        app[SERVICES].stats,
+        app[SERVICES].config,
+    )
     rps, tps = stats.rates()
     entries = list(registry.entries.values())
     counters = Counters(
@@ -47,10 +41,10 @@ def status_dict(app: web.Application) -> dict[str, Any]:
         counters,
         version=__version__,
         backend_states=[registry.status(e) for e in entries],
-        unreachable_nodes=[e.row.node for e in entries if e.row.node and app[GPUS].node_error(e.row.node)],
+        unreachable_nodes=[e.row.node for e in entries if e.row.node and app[SERVICES].gpus.node_error(e.row.node)],
         queued=scheduler.queued_count,
         running=scheduler.running_count,
-        users=app[STORE].count_users(),
+        users=app[SERVICES].store.count_users(),
         listen=f"http://{config.server.host}:{config.server.port}",
         socket=str(config.server.socket_path),
     )
@@ -62,18 +56,23 @@ async def get_status(request: web.Request) -> web.Response:
 
 def quota_rows(app: web.Application, subject: str, key: Any) -> list[dict[str, Any]]:
     """A user's (by id) or group's (by name) quotas with their use so far."""
-    return [limit.to_dict() for limit in app[QUOTAS].subject_limits(subject, key)]
+    return [limit.to_dict() for limit in app[SERVICES].quotas.subject_limits(subject, key)]
 
 
 # -- the pool's state -------------------------------------------------------------------
 
 
 def queue_dict(app: web.Application) -> dict[str, Any]:
-    return app[SCHEDULER].snapshot(app[DISPATCHER].clock())
+    return app[SERVICES].scheduler.snapshot(app[SERVICES].dispatcher.clock())
 
 
 async def get_queue(request: web.Request) -> web.Response:
     return web.json_response(queue_dict(request.app))
+
+
+def backend_names(app: web.Application) -> dict[str, str]:
+    """Backend id (as pools and decision records name it) -> its name."""
+    return {str(bid): entry.row.name for bid, entry in app[SERVICES].registry.entries.items()}
 
 
 def _share_of(app: web.Application) -> Callable[[Store], dict[str, Any]]:
@@ -83,22 +82,24 @@ def _share_of(app: web.Application) -> Callable[[Store], dict[str, Any]]:
     the returned function, given a ``Store``, adds a row for every registered user: run it on the
     store's worker thread, where 10,000 rows cost the loop nothing.
     """
-    share = app[SCHEDULER].share(app[DISPATCHER].clock(), active=True)
-    limits = app[QUOTAS].by_subject()
+    services = app[SERVICES]
+    share = services.scheduler.share(services.dispatcher.clock(), active=True)
+    limits = services.quotas.by_subject()
+    names = backend_names(app)
 
     def quotas(kind: str, key: Any) -> list[dict[str, Any]]:
         return [limit.to_dict() for limit in limits.get((kind, key), ())]
 
-    return lambda store: share_view(share, store.list_users(), store.list_groups(), quotas)
+    return lambda store: share_view(share, store.list_users(), store.list_groups(), quotas, names)
 
 
 async def share_dict(app: web.Application) -> dict[str, Any]:
-    return await app[STORE_WORKER].run(_share_of(app))
+    return await app[SERVICES].store_worker.run(_share_of(app))
 
 
 async def get_share(request: web.Request) -> web.Response:
     build = _share_of(request.app)
-    body = await request.app[STORE_WORKER].run(lambda store: json.dumps(build(store)).encode())  # 10,000 rows
+    body = await request.app[SERVICES].store_worker.run(lambda store: json.dumps(build(store)).encode())  # 10,000 rows
     return web.Response(body=body, content_type="application/json")
 
 
@@ -115,23 +116,23 @@ def _limit(request: web.Request, default: int = 50) -> int:
 
 async def list_decisions(request: web.Request) -> web.Response:
     """`mr decisions`: up to 10,000 records of about 1 KB, read and encoded on the store's worker thread."""
-    app = request.app
+    services = request.app[SERVICES]
     limit, user = _limit(request), request.query.get("user") or None
-    app[DECISIONS].flush()  # what has ended is in the store before the worker reads it
-    body = await app[STORE_WORKER].run(lambda store: json.dumps(store.recent_decisions(limit, user=user)).encode())
+    services.decisions.flush()  # what has ended is in the store before the worker reads it
+    body = await services.store_worker.run(lambda store: json.dumps(store.recent_decisions(limit, user=user)).encode())
     return web.Response(body=body, content_type="application/json")
 
 
 async def get_decision(request: web.Request) -> web.Response:
     rid = request.match_info["request_id"]
-    record = request.app[DECISIONS].get(rid)
+    record = request.app[SERVICES].decisions.get(rid)
     if record is None:
         raise NotFound(f"no decision record for request {rid!r}; `mr decisions` lists recent ones")
     return web.json_response(record)
 
 
 async def follow_decisions(request: web.Request) -> web.StreamResponse:
-    log = request.app[DECISIONS]
+    log = request.app[SERVICES].decisions
     user = request.query.get("user") or None
     response = web.StreamResponse(headers={"Content-Type": "application/x-ndjson", "Cache-Control": "no-cache"})
     await response.prepare(request)
@@ -147,24 +148,25 @@ async def follow_decisions(request: web.Request) -> web.StreamResponse:
 
 
 async def get_gpus(request: web.Request) -> web.Response:
-    return web.json_response(request.app[GPUS].nodes())
+    return web.json_response(request.app[SERVICES].gpus.nodes())
 
 
 async def get_top(request: web.Request) -> web.Response:
     """`mr top`: the live state read on the loop; the share's row per registered user and the JSON on the
     store's worker thread."""
     app = request.app
-    registry = app[REGISTRY]
+    services = app[SERVICES]
+    registry = services.registry
     share = _share_of(app)
     live: dict[str, Any] = {
         "status": status_dict(app),
         "backends": [registry.row_dict(e) for e in registry.entries.values()],
-        "gpus": app[GPUS].nodes(),
+        "gpus": services.gpus.nodes(),
         "queue": queue_dict(app),
-        "decisions": app[DECISIONS].recent(10),
+        "decisions": services.decisions.recent(10),
         "panels": await top_panels(app),
     }
-    body = await app[STORE_WORKER].run(
+    body = await services.store_worker.run(
         lambda store: json.dumps(top_view(**live, share=share(store)), default=_finite).encode()
     )
     return web.Response(body=body, content_type="application/json")

@@ -1,1 +1,1 @@
-"""The HTTP edge: the aiohttp app, its middlewares and header hook, auth, and the routes clients call."""
+"""The HTTP edge: admission, the middlewares and header hook, auth, the routes clients call, and the services bundle."""

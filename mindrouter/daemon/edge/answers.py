@@ -23,12 +23,11 @@ from aiohttp import web
 
 from ...backends import Dialect
 from ...errors import RequestError
-from ..process.appkeys import STATS
-from ..process.logsafe import Occasional, safe
-from ..request.quotas import QUOTA_HEADERS
+from ..edge.logsafe import Occasional, safe
+from ..edge.services import SERVICES
 from .errorbodies import error_response
 
-__all__ = ["REQUEST_ID", "Runner", "new_request_id", "stamp"]
+__all__ = ["QUOTA_HEADERS", "REQUEST_ID", "Runner", "new_request_id", "stamp"]
 
 log = logging.getLogger(__name__)
 _malformed = Occasional(log)
@@ -37,6 +36,9 @@ SERVER = "mindrouter"
 
 REQUEST_ID = web.RequestKey("mindrouter_request_id", str)
 """The id admission gave the request; the answer, the log and the decision record carry it."""
+
+QUOTA_HEADERS = web.RequestKey("mindrouter_quota_headers", dict[str, str])
+"""The quota headers admission found for the request (``Quotas.admit``); every answer carries them."""
 
 _counter = itertools.count(1)
 _prefix = os.urandom(3).hex()
@@ -61,7 +63,7 @@ async def stamp(request: web.Request, response: web.StreamResponse) -> None:
     error ends after its first byte is counted where it ends (``inference.py``)."""
     _stamp(request, response)
     if response.status >= 400:
-        request.app[STATS].count_error(response.status)
+        request.app[SERVICES].stats.count_error(response.status)
 
 
 class _Handler(web.RequestHandler):
@@ -115,5 +117,5 @@ class Runner(web.AppRunner):
     async def _make_server(self) -> web.Server:
         server = await super()._make_server()
         server.__class__ = _Server  # only __call__ differs: which handler class serves a connection
-        cast(_Server, server).count_error = self.app[STATS].count_error
+        cast(_Server, server).count_error = self.app[SERVICES].stats.count_error
         return server

@@ -26,6 +26,7 @@ from typing import Any
 
 from ...errors import RequestError
 from ...names import hash_key, person_identity
+from ...store import Store
 from .guesses import Guesses
 from .people import People
 
@@ -83,7 +84,7 @@ class Auth:
     #: Seconds between writes of the keys' last-used times.
     TOUCH_EVERY = 60.0
 
-    def __init__(self, store: Any, clock: Callable[[], float] = time.time, *, new_people_per_hour: int = 100) -> None:
+    def __init__(self, store: Store, clock: Callable[[], float] = time.time, *, new_people_per_hour: int = 100) -> None:
         self.store = store
         self.clock = clock
         self.people = People(store, new_people_per_hour, clock)
@@ -132,8 +133,7 @@ class Auth:
             caller = self._cache[digest]
         except KeyError:
             found = self.store.key_owner(digest)
-            user = None if found is None else found[1]
-            caller = None if user is None else _caller(user, found[0])
+            caller = None if found is None else _caller(found[1], found[0])
             if len(self._cache) > 100_000:
                 self._cache.clear()
             self._cache[digest] = caller

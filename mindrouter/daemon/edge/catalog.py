@@ -19,8 +19,8 @@ from aiohttp import web
 from ... import __version__
 from ...backends import model_key
 from ...errors import RequestError
+from ..edge.services import SERVICES
 from ..pollers.registry import Entry
-from ..process.appkeys import AUTH, REGISTRY
 from .errorbodies import dialect_of, error_response
 
 __all__ = ["OLLAMA_VERSION", "PoolModel", "pool_models", "setup_catalog_routes"]
@@ -67,7 +67,7 @@ class PoolModel:
 def pool_models(app: web.Application) -> dict[str, PoolModel]:
     """Every model a backend that is not disabled has reported, by model key."""
     models: dict[str, PoolModel] = {}
-    for entry in app[REGISTRY].entries.values():
+    for entry in app[SERVICES].registry.entries.values():
         if entry.probe is None or entry.row.state == "disabled":
             continue
         for spelling in entry.probe.models:
@@ -137,24 +137,33 @@ def _openai_entry(model: PoolModel) -> dict[str, Any]:
     }
 
 
+def _authenticate(request: web.Request) -> None:
+    """The catalog answers the daemon's users only.
+
+    Raises:
+        RequestError: 401 when the caller's key is missing or unknown.
+    """
+    request.app[SERVICES].auth.caller(request.headers.get("Authorization"))
+
+
 async def handle_openai_models(request: web.Request) -> web.Response:
-    request.app[AUTH].caller(request.headers.get("Authorization"))
+    _authenticate(request)
     data = [_openai_entry(m) for m in pool_models(request.app).values()]
     return web.json_response({"object": "list", "data": data})
 
 
 async def handle_openai_model(request: web.Request) -> web.Response:
-    request.app[AUTH].caller(request.headers.get("Authorization"))
+    _authenticate(request)
     return web.json_response(_openai_entry(_find(request.app, request.match_info["model"], "openai")))
 
 
 async def handle_ollama_tags(request: web.Request) -> web.Response:
-    request.app[AUTH].caller(request.headers.get("Authorization"))
+    _authenticate(request)
     return web.json_response({"models": [_ollama_entry(m) for m in pool_models(request.app).values()]})
 
 
 async def handle_ollama_ps(request: web.Request) -> web.Response:
-    request.app[AUTH].caller(request.headers.get("Authorization"))
+    _authenticate(request)
     forever = _timestamp(int((datetime.now(UTC) + timedelta(days=3650)).timestamp()))
     out = []
     for model in pool_models(request.app).values():
@@ -177,7 +186,7 @@ async def handle_ollama_ps(request: web.Request) -> web.Response:
 
 async def handle_ollama_show(request: web.Request) -> web.Response:
     """Ask an Ollama backend that has the model, and add what mindrouter knows; otherwise say what it knows."""
-    request.app[AUTH].caller(request.headers.get("Authorization"))
+    _authenticate(request)
     try:
         body = await request.json()
     except ValueError:
@@ -212,7 +221,7 @@ async def handle_ollama_show(request: web.Request) -> web.Response:
 
 
 async def handle_ollama_version(request: web.Request) -> web.Response:
-    request.app[AUTH].caller(request.headers.get("Authorization"))
+    _authenticate(request)
     return web.json_response({"version": OLLAMA_VERSION, "mindrouter": __version__})
 
 
@@ -232,7 +241,7 @@ async def handle_root(request: web.Request) -> web.Response:
 
 
 async def handle_management(request: web.Request) -> web.Response:
-    request.app[AUTH].caller(request.headers.get("Authorization"))
+    _authenticate(request)
     raise RequestError(
         f"{request.method} {request.path} is not offered: mindrouter does not manage models; pull, create, copy "
         "and delete them on the backend servers (for example `ollama pull NAME` on the GPU host), and "

@@ -19,8 +19,8 @@ from collections.abc import Awaitable, Callable
 from aiohttp import http_exceptions, web
 
 from ...errors import RequestError
-from ..process.appkeys import CONFIG
-from ..process.logsafe import Occasional, safe
+from ..edge.logsafe import Occasional, safe
+from ..edge.services import SERVICES
 from .errorbodies import dialect_of, error_response
 
 __all__ = ["guard_middleware"]
@@ -67,7 +67,7 @@ async def _read_body(request: web.Request) -> None:
     if request.content.is_eof():
         await request.read()
         return
-    timeout = request.app[CONFIG].server.body_timeout
+    timeout = request.app[SERVICES].config.server.body_timeout
     try:
         async with asyncio.timeout(timeout):  # no second task per request, as wait_for would make on 3.11
             await request.read()

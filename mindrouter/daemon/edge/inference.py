@@ -1,6 +1,6 @@
 """The inference API: OpenAI and Ollama routes, translated into jobs for the core.
 
-This module only translates HTTP: admission (``request/admission.py``) authenticates, parses the body into a
+This module only translates HTTP: admission (``admission.py``) authenticates, parses the body into a
 ``Call`` and queues the job, and the request's :class:`~.lease.Lease` does everything with
 the slot, from waiting in the queue to failing over and settling the usage.
 The handler prepares the response, writes the chunks, and ends it; a streaming client that has to wait gets its
@@ -20,12 +20,11 @@ from aiohttp import web
 from ...backends import INFERENCE_PATHS, Upstream
 from ...backends._shapes import Dialect, error_tail
 from ...errors import RequestError
-from ..process.appkeys import CONFIG, HANDLERS, STATS
-from ..request.admission import admit
+from ..edge.admission import admit
 from ..request.lease import Lease
-from ..request.quotas import QUOTA_HEADERS
-from .answers import REQUEST_ID
+from .answers import QUOTA_HEADERS, REQUEST_ID
 from .errorbodies import error_response
+from .services import SERVICES, Services
 
 __all__ = ["SHUTTING_DOWN", "end_handlers", "setup_inference_routes"]
 
@@ -41,22 +40,20 @@ SHUTTING_DOWN = RequestError(
     code="shutting_down",
     retry_after=5,
 )
-_SHUTDOWN = "mindrouter is shutting down"
-"""The cancel message ``end_handlers`` sends, as the handler tells it from a client gone."""
 _CUT_BY_SHUTDOWN = "the router shut down before the answer was complete; send the request again in a few seconds"
 _BROKEN = "stream"
 """How ``mindrouter_errors_total`` labels a stream that an error ended after its first byte."""
 
 
 async def handle_inference(request: web.Request) -> web.StreamResponse:
-    app = request.app
-    admitted = admit(app, request.path, request.headers, await request.read())
+    services = request.app[SERVICES]
+    admitted = admit(services, request.path, request.headers, await request.read())
     request[REQUEST_ID] = admitted.rid
     if admitted.quota_headers:
         request[QUOTA_HEADERS] = admitted.quota_headers
     rid, dialect, lease, call = admitted.rid, admitted.dialect, admitted.lease, admitted.call
     response: web.StreamResponse | None = None
-    task, handlers = asyncio.current_task(), app[HANDLERS]
+    task, handlers = asyncio.current_task(), services.handlers
     if lease is not None and task is not None:
         handlers[task] = lease
     try:
@@ -77,32 +74,28 @@ async def handle_inference(request: web.Request) -> web.StreamResponse:
                     response = web.StreamResponse(status=upstream.status, headers=upstream.headers)
                     await response.prepare(request)
                 await _pour(lease, upstream, response.write, dialect)
-                if upstream.error is not None:  # the stream ended with its error tail
-                    app[STATS].count_error(_BROKEN)
-                await response.write_eof()
+                if upstream.error is not None:  # the answer carried its error tail
+                    await _end_broken(services, response)
+                else:
+                    await response.write_eof()
                 lease.finish()
         return response
-    except asyncio.CancelledError as exc:  # the client left, or ``end_handlers`` ends it at shutdown
-        if lease is None or task is None or exc.args != (_SHUTDOWN,):
+    except asyncio.CancelledError:  # the client left, or ``end_handlers`` stopped its lease at shutdown
+        if lease is None or task is None or not lease.stopped:
             raise
         task.uncancel()  # answered here: the connection's task goes on to write it and close
         if response is None or not response.prepared:
-            _refused(app, rid, SHUTTING_DOWN)
+            _refused(rid, SHUTTING_DOWN)
             return error_response(SHUTTING_DOWN, dialect)
-        app[STATS].count_error(_BROKEN)
         with contextlib.suppress(Exception):  # best effort: the connection closes next in any case
-            await response.write(_shutdown_tail(app, rid, lease, dialect))
-            await response.write_eof()
+            await _end_broken(services, response, _shutdown_tail(rid, lease, dialect))
         return response
     except ConnectionError:  # the client hung up mid-write; its lease has settled, and no one is listening
         return response if response is not None else web.Response(status=499)
     except RequestError as exc:
-        _refused(app, rid, exc)
+        _refused(rid, exc)
         if response is not None and response.prepared:  # a stream whose headers went out ends in its dialect
-            app[STATS].count_error(_BROKEN)
-            await response.write(error_tail(dialect, exc.message))
-            await response.write_eof()
-            return response
+            return await _end_broken(services, response, error_tail(dialect, exc.message))
         return error_response(exc, dialect)
     finally:
         if task is not None:
@@ -116,30 +109,40 @@ async def end_handlers(app: web.Application) -> None:
     open; aiohttp's own shutdown would cancel the handlers only after the same grace and then close
     the connections with nothing said.
     """
-    handlers, grace = app[HANDLERS], app[CONFIG].server.shutdown_grace_seconds
+    services = app[SERVICES]
+    handlers, grace = services.handlers, services.config.server.shutdown_grace_seconds
     for task, lease in list(handlers.items()):
-        if lease.queued:
-            lease.withdraw(SHUTTING_DOWN)  # recorded as refused by the shutdown, not as a client gone
-            task.cancel(_SHUTDOWN)
+        if lease.queued and lease.stop():  # its job leaves the queue now; the lease ends as ``shutdown``
+            task.cancel()
     deadline = asyncio.get_running_loop().time() + grace
     while handlers and asyncio.get_running_loop().time() < deadline:
         await asyncio.sleep(0.05)
-    for task in list(handlers):
-        task.cancel(_SHUTDOWN)
+    for task, lease in list(handlers.items()):
+        lease.stop()
+        task.cancel()
 
 
-def _shutdown_tail(app: web.Application, rid: str, lease: Lease, dialect: Dialect) -> bytes:
-    """The error ending of a stream the shutdown cuts: a queued job is withdrawn, a running one was cut."""
-    if lease.upstream is None:  # never answered: it waited (``end_handlers`` withdrew it already)
-        lease.withdraw(SHUTTING_DOWN)
-        message = SHUTTING_DOWN.message
-    else:
-        message = _CUT_BY_SHUTDOWN
-    _refused(app, rid, RequestError(message, status=503, type="service_unavailable", code="shutting_down"))
+def _shutdown_tail(rid: str, lease: Lease, dialect: Dialect) -> bytes:
+    """The error ending of a stream the shutdown stopped: one that waited, or one that was running."""
+    message = SHUTTING_DOWN.message if lease.upstream is None else _CUT_BY_SHUTDOWN
+    _refused(rid, RequestError(message, status=503, type="service_unavailable", code="shutting_down"))
     return error_tail(dialect, message)
 
 
-def _refused(app: web.Application, rid: str, exc: RequestError) -> None:
+async def _end_broken(services: Services, response: web.StreamResponse, tail: bytes = b"") -> web.StreamResponse:
+    """End a stream whose headers went out in an error: its tail (unless the answer carried it) and its end.
+
+    The one place such an answer is counted in ``mindrouter_errors_total`` (as ``stream``): every other
+    error answer is counted as it is prepared (``answers.stamp``), each once.
+    """
+    services.stats.count_error(_BROKEN)
+    if tail:
+        await response.write(tail)
+    await response.write_eof()
+    return response
+
+
+def _refused(rid: str, exc: RequestError) -> None:
     """Log a request that ends in an error (its answer is counted as it is prepared, or as its stream ends)."""
     log.info("request=%s status=%d %s", rid, exc.status, exc.message)
 

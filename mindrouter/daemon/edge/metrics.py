@@ -14,7 +14,7 @@ from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_l
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.registry import Collector
 
-from ..process.appkeys import AUTH, CONFIG, DISPATCHER, REGISTRY, SCHEDULER, STATS
+from ..edge.services import SERVICES
 from .auth import bearer_is
 
 __all__ = ["setup_metrics"]
@@ -27,7 +27,7 @@ class _Collector(Collector):
 
     def collect(self) -> Iterator[Any]:
         app = self.app
-        stats, scheduler, registry = app[STATS], app[SCHEDULER], app[REGISTRY]
+        stats, scheduler, registry = app[SERVICES].stats, app[SERVICES].scheduler, app[SERVICES].registry
         yield CounterMetricFamily("mindrouter_requests", "Requests answered by a backend.", value=stats.requests_total)
         tokens = CounterMetricFamily("mindrouter_tokens", "Tokens reported by backends.", labels=["kind"])
         tokens.add_metric(["prompt"], stats.prompt_tokens_total)
@@ -45,7 +45,7 @@ class _Collector(Collector):
         yield CounterMetricFamily(
             "mindrouter_queue_timeouts",
             "Requests that waited past the queue timeout.",
-            value=app[DISPATCHER].expired_total,
+            value=app[SERVICES].dispatcher.expired_total,
         )
         yield GaugeMetricFamily(
             "mindrouter_queue_depth", "Requests waiting in the scheduler's queue.", value=scheduler.queued_count
@@ -73,7 +73,7 @@ class _Collector(Collector):
         recent = GaugeMetricFamily(
             "mindrouter_user_recent_tokens", "Tokens per user in the fairness window.", labels=["user", "group"]
         )
-        for user in scheduler.share(self.app[DISPATCHER].clock(), active=True).users:
+        for user in scheduler.share(self.app[SERVICES].dispatcher.clock(), active=True).users:
             recent.add_metric([user.name, user.group or ""], user.recent_tokens)
         yield recent
 
@@ -88,14 +88,14 @@ def setup_metrics(app: web.Application) -> None:
     full, counts = CollectorRegistry(auto_describe=False), CollectorRegistry(auto_describe=False)
     full.register(_Collector(app, per_user=True))
     counts.register(_Collector(app, per_user=False))
-    server = app[CONFIG].server
+    server = app[SERVICES].config.server
 
     def trusted(request: web.Request) -> bool:
         if isinstance(request.transport.get_extra_info("sockname") if request.transport else None, str):
             return True
         if "Authorization" not in request.headers:
             return False
-        guesses = request.app[AUTH].guesses
+        guesses = request.app[SERVICES].auth.guesses
         if guesses.wait(request.remote) > 0:  # a key that may be a guess is not checked: counts only
             return False
         if any(key and bearer_is(request, key) for key in (server.metrics_key, server.admin_key)):

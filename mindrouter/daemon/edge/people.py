@@ -14,11 +14,11 @@ import logging
 import math
 import time
 from collections.abc import Callable
-from typing import Any, Protocol
+from typing import Protocol
 
 from ...errors import RequestError
-from ...store import NotFound, StoreError, User
-from ..process.logsafe import safe
+from ...store import NotFound, Store, StoreError, User
+from ..edge.logsafe import safe
 
 __all__ = ["HOUR", "People", "Proxy"]
 
@@ -47,7 +47,7 @@ class People:
         clock: wall-clock seconds, the store's ``created`` times. Defaults to ``time.time``.
     """
 
-    def __init__(self, store: Any, new_per_hour: int, clock: Callable[[], float] = time.time) -> None:
+    def __init__(self, store: Store, new_per_hour: int, clock: Callable[[], float] = time.time) -> None:
         self.store = store
         self.new_per_hour = new_per_hour
         self.clock = clock
@@ -83,8 +83,10 @@ class People:
             self.refused(proxy, identity, f"which is user {other.name!r}, not its own person")
             return None
         self._check_cap(proxy)
+        group = proxy.forwards_to
+        assert group is not None, "only a proxy (a user whose people go to a group) names people"
         try:
-            return self.store.add_person(proxy.user_id, proxy.forwards_to, identity)
+            return self.store.add_person(proxy.user_id, group, identity)
         except StoreError as exc:  # its people group is gone, say: charge the proxy rather than fail the request
             self.refused(proxy, identity, f"whom the store refuses ({exc})")
             return None

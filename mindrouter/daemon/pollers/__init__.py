@@ -1,1 +1,1 @@
-"""What the daemon learns in the background: backends' probes and breakers, GPU readings, counters."""
+"""What the daemon learns in the background: backends' probes and breakers, GPU readings."""

@@ -8,6 +8,8 @@ from typing import Any
 
 import aiohttp
 
+from ...store import Store
+
 __all__ = ["CANDIDATES", "discover_local_backends"]
 
 log = logging.getLogger(__name__)
@@ -29,7 +31,7 @@ async def _answers(session: aiohttp.ClientSession, url: str) -> bool:
 
 
 async def discover_local_backends(
-    session: aiohttp.ClientSession, store: Any, candidates: tuple[tuple[str, str, str, str], ...] = CANDIDATES
+    session: aiohttp.ClientSession, store: Store, candidates: tuple[tuple[str, str, str, str], ...] = CANDIDATES
 ) -> list[Any]:
     """Add each candidate that answers and is not in the pool already; returns the rows added."""
     fresh = [c for c in candidates if store.backend_at(c[1]) is None]

@@ -30,6 +30,7 @@ import aiohttp
 from ...backends import Adapter, Budget, Fault, Probe, make_adapter, model_key
 from ...config import BackendSettings
 from ...scheduler import Modality, Scheduler
+from ...store import Store
 from ...tasks import stop
 from .breaker import Breaker
 from .snapshot import GpuReading, VramEstimate, backend_snapshot
@@ -85,7 +86,7 @@ class Registry:
     def __init__(
         self,
         scheduler: Scheduler,
-        store: Any,
+        store: Store,
         session: aiohttp.ClientSession,
         settings: BackendSettings,
         *,

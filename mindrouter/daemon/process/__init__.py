@@ -1,1 +1,1 @@
-"""The daemon as a process: one per state directory, its shared app keys, safe log lines."""
+"""The daemon as a process: one per state directory, the app it builds and serves."""

@@ -1,1 +1,1 @@
-"""A request's lifecycle: admission, quotas, the wait for a slot (dispatcher, lease), its record and usage."""
+"""A request's lifecycle: the wait for a slot (dispatcher, lease), failover, its settlement and decision record."""

@@ -23,7 +23,7 @@ from collections.abc import Callable
 from typing import Any
 
 from ...scheduler import DecisionRecord
-from ...store import DecisionRow, decision_row, encode_record
+from ...store import DecisionRow, Store, decision_row, encode_record
 from ...tasks import background, repeat
 from .settlement import Settlement
 
@@ -36,7 +36,7 @@ SLICE = 16
 
 
 class DecisionLog:
-    def __init__(self, store: Any, backend_name: Callable[[Any], str | None], *, flush_interval: float = 0.1) -> None:
+    def __init__(self, store: Store, backend_name: Callable[[Any], str | None], *, flush_interval: float = 0.1) -> None:
         self.store = store
         self.backend_name = backend_name
         self.flush_interval = flush_interval

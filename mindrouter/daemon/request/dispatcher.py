@@ -4,28 +4,31 @@ The core decides; this class only keeps one future per queued job, reads the
 clock, and runs ``dispatch`` whenever something changed (a job arrived or
 ended, a backend changed). A timer task wakes at the core's next deadline to
 expire jobs that waited too long. Handlers never call the core themselves:
-``lease(job, call)`` gives each request one :class:`~.lease.Lease`, which
-takes the slot and gives it back through ``finish`` / ``fail`` / ``abandon``.
+each request's :class:`~.lease.Lease` (which knows the dispatcher; the
+dispatcher knows no lease) takes the slot and gives it back through
+``finish`` / ``fail`` / ``abandon``.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import logging
 import math
 import time
 from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
 
-from ...backends.base import Call
 from ...errors import RequestError
 from ...scheduler import Dispatch, Job, Scheduler, Timings
 from ...tasks import background
-from .lease import Lease, unsupported
-from .ports import Backends, Reservations
-from .settlement import Settlement
+from .settlement import Settlement, Streaming
 
-__all__ = ["Dispatcher"]
+if TYPE_CHECKING:  # protocols only: nothing of them runs
+    from .ports import Backends, Reservations
+
+__all__ = ["Dispatcher", "done_or_after", "unsupported"]
 
 log = logging.getLogger(__name__)
 
@@ -40,6 +43,8 @@ class Dispatcher:
         quotas: what each job may stream within its quota reservation (None: no quotas).
         on_streamed: told a stream's answer so far with each charge (the durable streaming usage).
         max_retries: other backends tried when one fails before its first byte.
+        clock: the one clock of the queue and of every lease (seconds, monotonic).
+        wall: the wall clock that stamps each settlement (its usage row and decision record).
     """
 
     def __init__(
@@ -49,9 +54,10 @@ class Dispatcher:
         *,
         on_settled: Callable[[Settlement], None],
         quotas: Reservations | None = None,
-        on_streamed: Callable[[Lease, int], None] | None = None,
+        on_streamed: Callable[[Streaming, int], None] | None = None,
         max_retries: int = 2,
         clock: Callable[[], float] = time.monotonic,
+        wall: Callable[[], float] = time.time,
     ) -> None:
         self.scheduler = scheduler
         self.backends = backends
@@ -60,6 +66,7 @@ class Dispatcher:
         self.on_streamed = on_streamed
         self.max_retries = max_retries
         self.clock = clock
+        self.wall = wall
         self._waiters: dict[str, asyncio.Future[Dispatch]] = {}
         self._loop: asyncio.AbstractEventLoop | None = None
         self._timer_wake = asyncio.Event()
@@ -68,10 +75,6 @@ class Dispatcher:
         self.expired_total = 0
         self.timer_ctx = background("mindrouter-dispatch-timer", self.run_timer)
         """aiohttp ``cleanup_ctx`` generator running the timer."""
-
-    def lease(self, job: Job, call: Call, *, user: str, group: str = "") -> Lease:
-        """The one owner of ``job``'s slot; enter it with ``async with`` to queue the job."""
-        return Lease(self, job, call, user, group)
 
     # -- the job's life (called by Lease) ------------------------------------
 
@@ -225,6 +228,38 @@ class Dispatcher:
     @property
     def waiting(self) -> int:
         return len(self._waiters)
+
+
+def unsupported(model: str, modality: Any, said: str) -> RequestError:
+    """The 400 for a request no backend can serve because each that has the model said it lacks ``modality``."""
+    message = (
+        f"no backend serving {model!r} can answer {modality.value} requests ({said}); use a model served "
+        "with them, or ask an admin to enable them on that backend"
+    )
+    return RequestError(message, status=400, type="invalid_request_error", code="unsupported")
+
+
+def _wake(waiter: asyncio.Future[None], *_: object) -> None:
+    if not waiter.done():
+        waiter.set_result(None)
+
+
+async def done_or_after(future: asyncio.Future[Any], seconds: float) -> None:
+    """Return once ``future`` is done or ``seconds`` have passed, leaving it as it is.
+
+    ``asyncio.wait({future}, timeout=seconds)`` for one future, without its two sets, its
+    closure and its second coroutine: a waiting stream sits in this between heartbeats.
+    """
+    loop = future.get_loop()
+    waiter: asyncio.Future[None] = loop.create_future()
+    wake = functools.partial(_wake, waiter)
+    timer = loop.call_later(seconds, wake)
+    future.add_done_callback(wake)
+    try:
+        await waiter
+    finally:
+        timer.cancel()
+        future.remove_done_callback(wake)
 
 
 _TYPES = {

@@ -7,7 +7,7 @@ backend that already failed this request), the backend's circuit breaker and
 drain bookkeeping, and how the request ended. The HTTP handler only
 translates HTTP::
 
-    async with dispatcher.lease(job, call, user="alice") as lease:   # RequestError: rejected
+    async with Lease(dispatcher, job, call, "alice") as lease:   # RequestError: rejected
         upstream = await lease.open()            # RequestError: 503 backend_failed, 504 timeout, 400
         async for chunk in lease.chunks():
             await response.write(chunk)
@@ -15,58 +15,36 @@ translates HTTP::
 
 Leaving the block without ``finish()`` (the client went away, a write
 failed, the daemon shuts down) cancels the job, closes the upstream so the
-backend stops generating, and charges what was used. Every lease ends in
-exactly one :class:`Settlement`, handed to the dispatcher's ``on_settled``. The per-chunk
-relay (``chunks``) is in ``relay.py``.
+backend stops generating, and charges what was used.
+
+Every change of ``state`` is a move of the table in ``moves.py``; a move the table lacks raises.
+Every ending -- finished, failed, abandoned, requeued after a failure, shut down -- goes through
+one method, ``_end``: it tells the core, closes the attempt, frees the slot (once), and either
+queues the job again or hands the one :class:`Settlement` to the dispatcher's ``on_settled``.
+The lease reads one clock, the dispatcher's. The stream's chunks pass through the
+:class:`~.relay.Relay` the lease owns.
 """
 
 from __future__ import annotations
 
 import asyncio
-import functools
-import time
-from collections.abc import Awaitable, Callable, Hashable
-from enum import Enum
-from typing import TYPE_CHECKING, Any
+from collections.abc import AsyncIterator, Awaitable, Callable, Hashable
+from typing import Any
 
 from ...backends import Fault
 from ...backends.base import BackendError, Call, Upstream
 from ...errors import RequestError
 from ...scheduler import DecisionRecord, Dispatch, Job, Timings
-from .relay import AnswerRelay
+from .dispatcher import Dispatcher, done_or_after, unsupported
+from .moves import LeaseError, Move, State, moved
+from .relay import Relay
 from .settlement import Attempt, Outcome, Settlement
 
-if TYPE_CHECKING:
-    from .dispatcher import Dispatcher
-
-__all__ = ["Lease", "State", "unsupported"]
+__all__ = ["Lease"]
 
 
-class State(Enum):
-    """Where a lease is in its life; each transition has one method (named in brackets)."""
-
-    NEW = "new"
-    QUEUED = "queued"
-    """The job waits for a slot [``enter``; again after a failover in ``open``]."""
-    DISPATCHED = "dispatched"
-    """A slot is ours; the answer is being opened there [``open``]."""
-    STREAMING = "streaming"
-    """The backend's answer is open [``open``]."""
-    SETTLED = "settled"
-    """The books are closed: one settlement went out [``_settle``: ``finish``, ``withdraw``, ``refuse``, the exit]."""
-
-
-def unsupported(model: str, modality: Any, said: str) -> RequestError:
-    """The 400 for a request no backend can serve because each that has the model said it lacks ``modality``."""
-    message = (
-        f"no backend serving {model!r} can answer {modality.value} requests ({said}); use a model served "
-        "with them, or ask an admin to enable them on that backend"
-    )
-    return RequestError(message, status=400, type="invalid_request_error", code="unsupported")
-
-
-class Lease(AnswerRelay):
-    """One request's slot: create with :meth:`Dispatcher.lease`, use as ``async with``.
+class Lease:
+    """One request's slot: use as ``async with``.
 
     Slotted, and its attempt list and failure map made only when a dispatch needs them: thousands
     of leases may wait at once (issue 20's memory target).
@@ -84,6 +62,7 @@ class Lease(AnswerRelay):
         "dispatcher",
         "group",
         "job",
+        "outcome",
         "state",
         "upstream",
         "user",
@@ -98,6 +77,8 @@ class Lease(AnswerRelay):
         self.upstream: Upstream | None = None
         self.backend_id: Hashable | None = None
         """The backend dispatched to last."""
+        self.outcome: Outcome | None = None
+        """How the lease ended, once it has settled."""
         self._holding = False
         """A slot on ``backend_id`` is ours until released."""
         self._held_since: float | None = None
@@ -107,6 +88,9 @@ class Lease(AnswerRelay):
         self._failed_on: dict[Hashable, str] | None = None
         """Backends that failed this request, with their error (made on the first failure)."""
         self.state = State.NEW
+
+    def _move(self, move: Move) -> None:
+        self.state = moved(self.state, move, self.job.id)
 
     # -- the request's life ------------------------------------------------
 
@@ -120,9 +104,9 @@ class Lease(AnswerRelay):
             try:
                 self._future = self.dispatcher.submit(self.job)
             except RequestError as exc:
-                self._settle(Outcome.REJECTED, exc.message, exc.status)
+                self._end(Move.ABANDON, Outcome.REJECTED, exc.message, exc.status)
                 raise
-            self.state = State.QUEUED
+            self._move(Move.QUEUE)
         return self
 
     async def __aenter__(self) -> Lease:
@@ -155,17 +139,16 @@ class Lease(AnswerRelay):
         dispatcher, job = self.dispatcher, self.job
         while True:
             dispatch = await self._dispatched(heartbeat, every)
-            self.state = State.DISPATCHED
+            self._move(Move.DISPATCH)
             bid = self.backend_id = dispatch.backend_id
             self._holding = True
             self._held_since = dispatcher.clock()
             self._record = dispatch.record
             failed_on = self._failed_on
             if failed_on is not None and bid in failed_on:  # the core had no other live backend: never twice
-                self._end_attempt(Outcome.BACKEND_FAILED, failed_on[bid])
-                dispatcher.fail(job.id, retry=False)
-                self._released()
-                raise self._backend_failed(failed_on[bid])
+                refusal = self._backend_failed(failed_on[bid])
+                self._end(Move.FAIL, Outcome.BACKEND_FAILED, refusal.message, 503, said=failed_on[bid])
+                raise refusal
             backends = dispatcher.backends
             adapter = backends.adapter(bid)
             try:
@@ -174,10 +157,7 @@ class Lease(AnswerRelay):
                     raise BackendError("the backend was removed")
                 upstream = await adapter.open(self.call, job.model)
             except RequestError as exc:  # the client's body or its quota, not the backend's fault
-                self._end_attempt(Outcome.REJECTED, exc.message)
-                dispatcher.abandon(job.id, prompt_tokens=0)
-                self._released()
-                self._settle(Outcome.REJECTED, exc.message, exc.status)
+                self._end(Move.ABANDON, Outcome.REJECTED, exc.message, exc.status)
                 raise
             except BackendError as exc:
                 if failed_on is None:
@@ -191,19 +171,15 @@ class Lease(AnswerRelay):
                 retry = len(failed_on) <= dispatcher.max_retries and backends.serves(
                     job.model, job.modality, besides=failed_on
                 )
-                self._end_attempt(Outcome.BACKEND_FAILED, exc.message)
-                again = dispatcher.fail(job.id, retry=retry)
-                self._released()
-                if not again and exc.fault is Fault.UNSUPPORTED:
-                    raise self._unsupported() from None
-                if not again:
-                    raise self._backend_failed(exc.message) from None
-                self._future = dispatcher.requeued(job)
-                self.state = State.QUEUED
-                continue
+                unfit = exc.fault is Fault.UNSUPPORTED
+                refusal = self._unsupported() if unfit else self._backend_failed(exc.message)
+                outcome = Outcome.REJECTED if unfit else Outcome.BACKEND_FAILED
+                if self._end(Move.FAIL, outcome, refusal.message, refusal.status, said=exc.message, retry=retry):
+                    continue
+                raise refusal from None
             if not upstream.stream:  # a stream is served once it ends whole (finish): it may yet hang
                 backends.request_succeeded(bid)
-            self.state = State.STREAMING
+            self._move(Move.ANSWER)
             self.upstream = upstream
             return upstream
 
@@ -212,7 +188,7 @@ class Lease(AnswerRelay):
 
         Without a heartbeat the future is awaited itself (the cheapest wait, for thousands waiting); a
         cancelled future is one the dispatcher skips, and the state, not the future, says the job still
-        waits, so a daemon shutting down can withdraw it and end its stream in its dialect.
+        waits, so a daemon shutting down can stop it and end its stream in its dialect.
         """
         future = self._future
         assert future is not None, "use the lease in `async with` first"
@@ -221,57 +197,80 @@ class Lease(AnswerRelay):
                 return await future
             while not future.done():
                 await heartbeat()
-                await _done_or_after(future, every)
+                await done_or_after(future, every)
             return future.result()
         except RequestError as exc:  # the dispatcher expired it (504)
-            self._settle(Outcome.TIMEOUT, exc.message, exc.status)
+            self._end(Move.ABANDON, Outcome.TIMEOUT, exc.message, exc.status)
             raise
 
-    def finish(self) -> None:
-        """The whole answer reached the client: charge the backend's counts and free the slot."""
+    def chunks(self) -> AsyncIterator[bytes | bytearray]:
+        """The open stream's chunks, through the lease's relay (``relay.py``): charged as they go.
+
+        Raises:
+            RequestError: a quota the stream outgrew is spent; the lease has ended, the handler writes
+                the error tail.
+        """
         upstream = self.upstream
-        assert upstream is not None and self.backend_id is not None, "open() first"
-        dispatcher, bid, usage = self.dispatcher, self.backend_id, upstream.usage
-        now = time.monotonic()
+        assert upstream is not None, "open() first"
+        dispatcher = self.dispatcher
+        relay = Relay(
+            upstream, self.job.id, dispatcher.quotas, charge=self._charge, cut=self._cut, clock=dispatcher.clock
+        )
+        return relay.chunks()
+
+    def _charge(self, sent: int) -> None:
+        """Charge a stream's chunks so far, and keep them for the durable streaming usage."""
+        dispatcher = self.dispatcher
+        dispatcher.progress(self.job.id, sent)
+        if dispatcher.on_streamed is not None:
+            dispatcher.on_streamed(self, sent)
+
+    async def _cut(self, refusal: RequestError, delivered: int) -> None:
+        """End a stream the daemon stops (a spent quota): the backend stops, what was delivered is charged."""
+        assert self.upstream is not None
+        await self.upstream.close()
+        self._end(Move.ABANDON, Outcome.REJECTED, refusal.message, refusal.status, used=(self._used()[0], delivered))
+
+    def finish(self) -> None:
+        """The whole answer reached the client: charge the backend's counts and free the slot.
+
+        Raises:
+            LeaseError: the lease has no open answer, or has ended already.
+        """
+        upstream = self.upstream
+        if upstream is None:
+            raise LeaseError(f"a {self.state.value} lease cannot finish (request {self.job.id}): open() first")
         if upstream.error is not None and upstream.status < 400:  # broke after the first byte
-            prompt, completion = self._used()
-            dispatcher.backends.request_failed(
-                bid, upstream.error, fault=upstream.fault or Fault.DOWN, user=self.job.user_id
+            self.dispatcher.backends.request_failed(
+                self.backend_id, upstream.error, fault=upstream.fault or Fault.DOWN, user=self.job.user_id
             )
-            dispatcher.fail(self.job.id, retry=False, prompt_tokens=prompt, completion_tokens=completion)
-            self._end_attempt(Outcome.BACKEND_FAILED, upstream.error)
-            self._released()
-            self._settle(Outcome.BACKEND_FAILED, upstream.error, upstream.status, prompt, completion)
+            self._end(Move.FAIL, Outcome.BACKEND_FAILED, upstream.error, upstream.status, used=self._used())
             return
         if upstream.stream:
-            dispatcher.backends.request_succeeded(bid)
-        first = upstream.first_byte_at if upstream.first_byte_at is not None else now
-        dispatcher.finish(
-            self.job.id,
-            prompt_tokens=usage.prompt_tokens,
-            completion_tokens=usage.completion_tokens,
-            latency=first - upstream.opened_at,
-            duration=now - upstream.opened_at,
-            timings=Timings(usage.load_seconds, usage.prefill_seconds, usage.decode_seconds),
-        )
-        self._released()
+            self.dispatcher.backends.request_succeeded(self.backend_id)
         outcome = Outcome.OK if upstream.status < 400 else Outcome.REJECTED
-        self._end_attempt(outcome, upstream.error)
-        prompt, completion = self._used()
-        self._settle(outcome, upstream.error, upstream.status, prompt, completion)
+        self._end(Move.FINISH, outcome, upstream.error, upstream.status, used=self._used())
 
     def refuse(self, refusal: RequestError) -> None:
         """Admission refused the job before it queued (a quota): settle it as rejected, so that ``mr why``
         explains the refusal's request id as it explains the core's."""
-        self._settle(Outcome.REJECTED, refusal.message, refusal.status)
+        self._end(Move.ABANDON, Outcome.REJECTED, refusal.message, refusal.status)
 
-    def withdraw(self, refusal: RequestError) -> None:
-        """The daemon ends a request that is still queued (it is shutting down); the client gets ``refusal``."""
-        if self.state is State.SETTLED:
-            return
-        assert self.upstream is None, "an opened lease ends in `async with`"
-        self.dispatcher.abandon(self.job.id, prompt_tokens=0)
-        self._settle(Outcome.REJECTED, refusal.message, refusal.status)
+    def stop(self) -> bool:
+        """The daemon is shutting down: a queued job leaves the queue now, and the lease ends as ``shutdown``
+        at its exit. False for a lease already stopped or settled (the shutdown's second pass meets both)."""
+        if self.state is State.SETTLED or self.state is State.STOPPING:
+            return False
+        queued = self.state is State.QUEUED
+        self._move(Move.STOP)
+        if queued:
+            self.dispatcher.abandon(self.job.id, prompt_tokens=0)
+        return True
+
+    @property
+    def stopped(self) -> bool:
+        """The shutdown stopped this lease (its handler answers so), as opposed to a client gone."""
+        return self.state is State.STOPPING or self.outcome is Outcome.SHUTDOWN
 
     async def __aexit__(self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: Any) -> None:
         upstream = self.upstream
@@ -279,20 +278,97 @@ class Lease(AnswerRelay):
             await upstream.close()  # an unfinished backend stops generating
         if self.state is State.SETTLED:
             return
-        gone = exc is None or isinstance(exc, (asyncio.CancelledError, ConnectionError))
-        outcome = Outcome.CLIENT_GONE if gone else Outcome.ERROR
-        reason = "the client went away" if gone else f"{type(exc).__name__}: {exc}"
-        prompt, completion = self._used() if upstream is not None else self._abandoned()
-        self.dispatcher.abandon(self.job.id, prompt_tokens=prompt, completion_tokens=completion)
-        if self._record is not None:
-            self._end_attempt(outcome, reason)
-        self._released()
-        self._settle(outcome, reason, 499 if gone else 500, prompt, completion)
+        if self.state is State.STOPPING:
+            outcome, reason, status = Outcome.SHUTDOWN, "the router is shutting down", 503
+        elif exc is None or isinstance(exc, (asyncio.CancelledError, ConnectionError)):
+            outcome, reason, status = Outcome.CLIENT_GONE, "the client went away", 499
+        else:
+            outcome, reason, status = Outcome.ERROR, f"{type(exc).__name__}: {exc}", 500
+        used = self._used() if upstream is not None else self._abandoned()
+        self._end(Move.ABANDON, outcome, reason, status, used=used)
 
     @property
     def held(self) -> float:
         """Seconds the slot has been held so far (0 before the dispatch)."""
         return 0.0 if self._held_since is None else self.dispatcher.clock() - self._held_since
+
+    # -- the one exit --------------------------------------------------------
+
+    def _end(
+        self,
+        move: Move,
+        outcome: Outcome,
+        reason: str | None,
+        status: int,
+        *,
+        used: tuple[int, int] = (0, 0),
+        said: str | None = None,
+        retry: bool = False,
+    ) -> bool:
+        """End the slot, however the request went: the core is told (``move``), the attempt closed, the slot
+        freed once; then the job is queued again (True: a ``FAIL`` with ``retry`` the core took) or the lease
+        settles with ``outcome``, ``reason`` and ``status``.
+
+        Args:
+            used: the prompt and completion tokens to charge.
+            said: the backend's own words for the attempt's record, where ``reason`` is the client's.
+            retry: a ``FAIL`` before the first byte that another backend may take.
+
+        Raises:
+            LeaseError: ``move`` is not one the lease's state allows (it has ended already, say).
+        """
+        settled = moved(self.state, move, self.job.id)  # an ending the state does not allow raises here
+        dispatcher, job_id = self.dispatcher, self.job.id
+        prompt, completion = used
+        again = False
+        if move is Move.FINISH:
+            upstream = self.upstream
+            assert upstream is not None
+            usage, first = upstream.usage, upstream.first_byte_at
+            dispatcher.finish(
+                job_id,
+                prompt_tokens=usage.prompt_tokens,
+                completion_tokens=usage.completion_tokens,
+                latency=self.held if first is None else first - upstream.opened_at,
+                duration=self.held,
+                timings=Timings(usage.load_seconds, usage.prefill_seconds, usage.decode_seconds),
+            )
+        elif move is Move.FAIL:
+            retry = retry and self.state is not State.STOPPING
+            again = dispatcher.fail(job_id, retry=retry, prompt_tokens=prompt, completion_tokens=completion)
+        else:
+            dispatcher.abandon(job_id, prompt_tokens=prompt, completion_tokens=completion)
+        if self._record is not None:
+            tried = Outcome.BACKEND_FAILED if move is Move.FAIL else outcome
+            self._attempts += (Attempt(self._record, tried, reason if said is None else said),)
+            self._record = None
+        if self._holding:
+            self._holding = False
+            dispatcher.backends.released(self.backend_id)
+        if again:
+            self._move(Move.REQUEUE)
+            self._future = dispatcher.requeued(self.job)
+            return True
+        self.state, self.outcome = settled, outcome
+        dispatcher.on_settled(
+            Settlement(
+                job=self.job,
+                user=self.user,
+                group=self.group,
+                outcome=outcome,
+                reason=reason,
+                status=status,
+                backend_id=self.backend_id,
+                answered=self.upstream is not None,
+                prompt_tokens=prompt,
+                completion_tokens=completion,
+                held=self.held,
+                attempts=self._attempts,
+                waited=dispatcher.clock() - self.job.submitted_at,
+                wall=dispatcher.wall(),
+            )
+        )
+        return False
 
     # -- bookkeeping -------------------------------------------------------
 
@@ -323,7 +399,7 @@ class Lease(AnswerRelay):
         and a whole answer is taken to have produced what one answer of that model on that backend was
         seen to produce a second (``ModelSpeed.observed``) for each second it was held, up to its
         ``max_tokens``: the clock the scheduler charges a running whole answer by (scheduler/ledger.py)."""
-        if self.state is not State.DISPATCHED:
+        if not self._holding:
             return 0, 0
         job = self.job
         if job.stream:
@@ -334,16 +410,6 @@ class Lease(AnswerRelay):
         produced = int(rate * self.held)
         return job.prompt_tokens, produced if job.max_tokens is None else min(produced, job.max_tokens)
 
-    def _released(self) -> None:
-        if self._holding:
-            self._holding = False
-            self.dispatcher.backends.released(self.backend_id)
-
-    def _end_attempt(self, outcome: Outcome, reason: str | None) -> None:
-        if self._record is not None:
-            self._attempts += (Attempt(self._record, outcome, reason),)
-            self._record = None
-
     def _backend_failed(self, error: str) -> RequestError:
         tried = len(self._failed_on or ())
         message = (
@@ -351,61 +417,9 @@ class Lease(AnswerRelay):
             if tried == 1
             else f"{tried} backends failed (last: {error}); try again shortly"
         )
-        self._settle(Outcome.BACKEND_FAILED, message, 503)
         return RequestError(message, status=503, type="service_unavailable", code="backend_failed", retry_after=5)
 
     def _unsupported(self) -> RequestError:
         """No backend left offers what the request needs: say what the backend lacks, not "try again"."""
         job = self.job
-        refusal = unsupported(job.model, job.modality, self.dispatcher.backends.lacking(job.model, job.modality))
-        self._settle(Outcome.REJECTED, refusal.message, 400)
-        return refusal
-
-    def _settle(
-        self, outcome: Outcome, reason: str | None, status: int, prompt_tokens: int = 0, completion_tokens: int = 0
-    ) -> None:
-        if self.state is State.SETTLED:
-            return
-        self.state = State.SETTLED
-        now = self.dispatcher.clock()
-        self.dispatcher.on_settled(
-            Settlement(
-                job=self.job,
-                user=self.user,
-                group=self.group,
-                outcome=outcome,
-                reason=reason,
-                status=status,
-                backend_id=self.backend_id,
-                answered=self.upstream is not None,
-                prompt_tokens=prompt_tokens,
-                completion_tokens=completion_tokens,
-                held=self.held,
-                attempts=self._attempts,
-                waited=now - self.job.submitted_at,
-                wall=time.time(),
-            )
-        )
-
-
-def _wake(waiter: asyncio.Future[None], *_: object) -> None:
-    if not waiter.done():
-        waiter.set_result(None)
-
-
-async def _done_or_after(future: asyncio.Future[Any], seconds: float) -> None:
-    """Return once ``future`` is done or ``seconds`` have passed, leaving it as it is.
-
-    ``asyncio.wait({future}, timeout=seconds)`` for one future, without its two sets, its
-    closure and its second coroutine: a waiting stream sits in this between heartbeats.
-    """
-    loop = future.get_loop()
-    waiter: asyncio.Future[None] = loop.create_future()
-    wake = functools.partial(_wake, waiter)
-    timer = loop.call_later(seconds, wake)
-    future.add_done_callback(wake)
-    try:
-        await waiter
-    finally:
-        timer.cancel()
-        future.remove_done_callback(wake)
+        return unsupported(job.model, job.modality, self.dispatcher.backends.lacking(job.model, job.modality))

@@ -5,10 +5,11 @@ from __future__ import annotations
 from collections.abc import Hashable
 from dataclasses import dataclass
 from enum import Enum
+from typing import Protocol
 
 from ...scheduler import DecisionRecord, Job
 
-__all__ = ["Attempt", "Outcome", "Settlement"]
+__all__ = ["Attempt", "Outcome", "Settlement", "Streaming"]
 
 
 class Outcome(str, Enum):
@@ -22,6 +23,8 @@ class Outcome(str, Enum):
     """Refused before any backend worked on it (queue full, unknown model), or the backend's 4xx."""
     ERROR = "error"
     """A bug in the daemon ended it; the log has the traceback."""
+    SHUTDOWN = "shutdown"
+    """The daemon shut down before the answer was complete (told apart from a client gone by the lease's state)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -57,3 +60,15 @@ class Settlement:
     waited: float
     """Seconds from submission to the end (for a request never dispatched: its time in the queue)."""
     wall: float
+
+
+class Streaming(Protocol):
+    """What the durable streaming usage reads of a running lease at each charge (``Stats.streamed``)."""
+
+    job: Job
+    group: str
+    backend_id: Hashable | None
+
+    @property
+    def held(self) -> float:
+        """Seconds the slot has been held so far."""

@@ -1,8 +1,7 @@
-"""The admin pages: groups and weights, users and keys, backends, the live queue and shares, decisions.
+"""The admin pages that show the pool: Live (queue and shares), Groups with their people's shares, decisions.
 
-Every change goes through the admin API's own function (``daemon/admin/api.py``,
-``daemon/request/accounting.py``), so a form and ``mr`` validate alike and fail with
-the same sentence.
+The forms that change the pool are in ``people_forms.py`` and ``backend_forms.py``; this
+module registers them with its own pages.
 """
 
 from __future__ import annotations
@@ -14,144 +13,47 @@ from aiohttp import web
 
 from ...explain import PRIORITY_TERMS, SCORE_TERMS, ended, lost_by
 from ...formats import fmt_duration, fmt_num, fmt_time
-from ...store import QUOTA_FIELDS, NotFound
-from ..admin import api
 from ..admin.views import share_view
-from ..admin.watch import queue_dict, quota_rows, status_dict
-from ..process.appkeys import AUTH, DECISIONS, DISPATCHER, REGISTRY, SCHEDULER, STORE
-from ..request.accounting import change_quota
-from .render import action, admin_page, page
+from ..admin.watch import backend_names, queue_dict, status_dict
+from ..edge.services import SERVICES
+from .backend_forms import setup_backend_forms
+from .people_forms import setup_people_forms
+from .render import admin_page, page
 from .sessions import Session
 
 __all__ = ["setup_admin_pages"]
 
 
-def _field(form: Any, name: str) -> str:
-    value = form.get(name, "")
-    return value.strip() if isinstance(value, str) else ""
-
-
 def _shares(app: web.Application) -> dict[str, Any]:
     """``mr share``'s figures without each subject's quotas (which no page here shows), so 1,000 users stay cheap."""
-    store = app[STORE]
-    share = app[SCHEDULER].share(app[DISPATCHER].clock(), active=True)
-    return share_view(share, store.list_users(), store.list_groups(), lambda _kind, _key: [])
+    store = app[SERVICES].store
+    share = app[SERVICES].scheduler.share(app[SERVICES].dispatcher.clock(), active=True)
+    return share_view(share, store.list_users(), store.list_groups(), lambda _kind, _key: [], backend_names(app))
 
 
 @admin_page
 async def groups(request: web.Request, session: Session) -> web.StreamResponse:
     app = request.app
-    rows = app[STORE].list_groups()
-    share = {g["name"]: g for g in _shares(app)["groups"]}
-    return page(request, "groups.html", session, groups=rows, share=share)
+    rows = app[SERVICES].store.list_groups()
+    shares = _shares(app)
+    share = {g["name"]: g for g in shares["groups"]}
+    people: dict[str, list[dict[str, Any]]] = {}
+    for u in _active(shares):
+        people.setdefault(u["group"], []).append(u)
+    return page(request, "groups.html", session, groups=rows, share=share, people=people)
 
 
-@admin_page
-@action("/ui/admin/groups")
-async def set_group_weight(request: web.Request, session: Session) -> str:
-    name = request.match_info["name"]
-    group = api.change_group_weight(request.app, name, _field(await request.post(), "weight"))
-    return f"group {name} now weighs {group.scheduler_weight:g}"
-
-
-@admin_page
-async def users(request: web.Request, session: Session) -> web.StreamResponse:
-    store = request.app[STORE]
-    return page(request, "users.html", session, users=store.list_users(), keys=api.key_counts(store))
-
-
-@admin_page
-async def user(request: web.Request, session: Session) -> web.StreamResponse:
-    return _user_page(request, session)
-
-
-def _user_page(request: web.Request, session: Session, new_key: str | None = None) -> web.Response:
-    app = request.app
-    store = app[STORE]
-    app[AUTH].flush()  # the keys' last-used times, as `mr user keys` shows them
-    try:
-        row = store.get_user(request.match_info["name"])
-    except NotFound as exc:
-        return page(request, "error.html", session, 404, message=str(exc))
-    return page(
-        request,
-        "user.html",
-        session,
-        user=row,
-        groups=store.list_groups(),
-        keys=store.list_keys(row.name),
-        quotas=quota_rows(app, "user", row.id),
-        quota_fields=QUOTA_FIELDS,
-        new_key=new_key,
-    )
-
-
-@admin_page
-@action("/ui/admin/users/{name}")
-async def set_user(request: web.Request, session: Session) -> str:
-    name = request.match_info["name"]
-    form = await request.post()
-    weight = _field(form, "weight_override")
-    changes: dict[str, Any] = {"group": _field(form, "group"), "weight": weight or None}
-    row = api.change_user(request.app, name, changes)
-    return f"user {name} is in group {row.group} with weight {row.weight:g}"
-
-
-def _quota_value(raw: str) -> int | str | None:
-    """A form's quota: blank removes it, a whole number sets it; anything else goes to the store, which refuses it."""
-    if not raw:
-        return None
-    return int(raw) if raw.isdigit() else raw
-
-
-@admin_page
-@action("/ui/admin/users/{name}")
-async def set_user_quota(request: web.Request, session: Session) -> str:
-    name = request.match_info["name"]
-    form = await request.post()
-    change_quota(request.app, "user", name, {f: _quota_value(_field(form, f)) for f in QUOTA_FIELDS})
-    return f"quotas of {name} saved"
-
-
-@admin_page
-@action("/ui/admin/users/{name}")
-async def revoke_key(request: web.Request, session: Session) -> str:
-    name = request.match_info["name"]
-    key_id = api.revoke_user_key(request.app, name, request.match_info["key_id"])
-    return f"key {key_id} of {name} revoked"
-
-
-@admin_page
-async def create_key(request: web.Request, session: Session) -> web.StreamResponse:
-    """A new key, shown on this one answer only (never stored in plain, never in a URL or a later page)."""
-    try:
-        key = api.new_key(request.app, request.match_info["name"])
-    except NotFound:
-        return _user_page(request, session)  # which says, with a 404, that there is no such user
-    return _user_page(request, session, new_key=key)
-
-
-@admin_page
-async def backends(request: web.Request, session: Session) -> web.StreamResponse:
-    registry = request.app[REGISTRY]
-    rows = [registry.row_dict(e) for e in registry.entries.values()]
-    return page(request, "backends.html", session, backends=rows)
-
-
-@admin_page
-@action("/ui/admin/backends")
-async def backend_state(request: web.Request, session: Session) -> str:
-    name, verb = request.match_info["name"], request.match_info["verb"]
-    row = api.set_backend_state(request.app, name, "draining" if verb == "drain" else "enabled")
-    return f"backend {name} is {row['status']}"
+def _active(shares: Mapping[str, Any]) -> list[dict[str, Any]]:
+    """The people with demand now (a target) or work queued or running, heaviest first."""
+    active = [u for u in shares["users"] if u["target_share"] is not None or u["queued"] or u["running"]]
+    return sorted(active, key=lambda u: (-u["recent_units"], u["name"]))
 
 
 @admin_page
 async def top(request: web.Request, session: Session) -> web.StreamResponse:
     app = request.app
     share = _shares(app)
-    active = [u for u in share["users"] if u["queued"] or u["running"] or u["recent_tokens"]]
-    active.sort(key=lambda u: -u["recent_tokens"])
+    active = _active(share)
     return page(
         request,
         "top.html",
@@ -160,15 +62,29 @@ async def top(request: web.Request, session: Session) -> web.StreamResponse:
         queue=queue_dict(app)["queue"],
         active=active[:50],
         hidden=max(0, len(active) - 50),
-        decisions=app[DECISIONS].recent(10),
+        pools=_pools(share) if len(share["pools"]) > 1 else [],
+        decisions=app[SERVICES].decisions.recent(10),
         refresh=True,
     )
+
+
+def _pools(shares: Mapping[str, Any]) -> list[dict[str, Any]]:
+    """Each pool of backends with the people who have a target in it, for Live where pools differ."""
+    rows: dict[tuple[str, ...], dict[str, Any]] = {}
+    for u in shares["users"]:
+        for seat in u["pools"]:
+            if seat["target_share"] is None:
+                continue
+            key = tuple(seat["backends"])
+            label = ", ".join(seat["names"])
+            rows.setdefault(key, {"label": label, "people": []})["people"].append({**seat, "name": u["name"]})
+    return sorted(rows.values(), key=lambda p: str(p["label"]))
 
 
 @admin_page
 async def decisions(request: web.Request, session: Session) -> web.StreamResponse:
     user_name = request.query.get("user") or None
-    rows = request.app[DECISIONS].recent(100, user=user_name)
+    rows = request.app[SERVICES].decisions.recent(100, user=user_name)
     return page(request, "decisions.html", session, decisions=rows, user=user_name or "")
 
 
@@ -223,11 +139,10 @@ def explain(record: Mapping[str, Any], names: Mapping[str, str]) -> dict[str, An
 async def why(request: web.Request, session: Session) -> web.StreamResponse:
     """``mr why``'s explanation of one decision."""
     rid = request.match_info["request_id"]
-    record = request.app[DECISIONS].get(rid)
+    record = request.app[SERVICES].decisions.get(rid)
     if record is None:
         return page(request, "error.html", session, 404, message=f"No decision record for request {rid!r}.")
-    names = {str(bid): e.row.name for bid, e in request.app[REGISTRY].entries.items()}
-    return page(request, "why.html", session, rid=rid, **explain(record, names))
+    return page(request, "why.html", session, rid=rid, **explain(record, backend_names(request.app)))
 
 
 def setup_admin_pages(app: web.Application) -> None:
@@ -235,14 +150,7 @@ def setup_admin_pages(app: web.Application) -> None:
     r.add_get("/ui/admin/", top)
     r.add_get("/ui/admin/top", top)
     r.add_get("/ui/admin/groups", groups)
-    r.add_post("/ui/admin/groups/{name}/weight", set_group_weight)
-    r.add_get("/ui/admin/users", users)
-    r.add_get("/ui/admin/users/{name}", user)
-    r.add_post("/ui/admin/users/{name}", set_user)
-    r.add_post("/ui/admin/users/{name}/quota", set_user_quota)
-    r.add_post("/ui/admin/users/{name}/keys", create_key)
-    r.add_post("/ui/admin/users/{name}/keys/{key_id}/revoke", revoke_key)
-    r.add_get("/ui/admin/backends", backends)
-    r.add_post("/ui/admin/backends/{name}/{verb:drain|enable}", backend_state)
     r.add_get("/ui/admin/decisions", decisions)
     r.add_get("/ui/admin/decisions/{request_id}", why)
+    setup_people_forms(app)
+    setup_backend_forms(app)

@@ -13,9 +13,10 @@ from typing import Any
 from aiohttp import web
 
 from ...names import hash_key
+from ..admin.watch import backend_names
+from ..edge.accounting import me_dict
 from ..edge.auth import Caller
-from ..process.appkeys import AUTH, CONFIG, DISPATCHER, REGISTRY, SCHEDULER, STORE
-from ..request.accounting import me_dict
+from ..edge.services import SERVICES
 from .render import ADMIN_GROUP, SESSIONS, page, person_page, redirect
 from .sessions import LOGIN_COOKIE, Session, same, set_cookie
 
@@ -44,18 +45,18 @@ async def login(request: web.Request) -> web.StreamResponse:
     if not (isinstance(csrf, str) and same(csrf, request.cookies.get(LOGIN_COOKIE, ""))):
         return await login_form(request, error="The form expired; try again.", status=403)
     key = key.strip() if isinstance(key, str) else ""
-    guesses = request.app[AUTH].guesses
+    guesses = request.app[SERVICES].auth.guesses
     refusal = guesses.refusal(request.remote)
     if refusal is not None:
         response = await login_form(request, error=refusal.message, status=429)
         response.headers["Retry-After"] = f"{refusal.retry_after:.0f}"
         return response
     user, admin = None, False
-    admin_key = request.app[CONFIG].server.admin_key
+    admin_key = request.app[SERVICES].config.server.admin_key
     if key and admin_key and same(key, admin_key):
         admin = True
     else:
-        found = request.app[STORE].key_owner(hash_key(key)) if key else None
+        found = request.app[SERVICES].store.key_owner(hash_key(key)) if key else None
         if found is None:
             guesses.wrong(request.remote)
             return await login_form(request, error=LOGIN_FAILED, status=401)
@@ -78,7 +79,7 @@ async def me(request: web.Request, session: Session) -> web.StreamResponse:
     if session.user is None:
         return redirect("/ui/admin/top")
     app = request.app
-    user = app[STORE].get_user(session.user)
+    user = app[SERVICES].store.get_user(session.user)
     caller = Caller(user.id, user.name, user.group, user.weight_override, user.group_weight)
     return page(
         request,
@@ -87,14 +88,15 @@ async def me(request: web.Request, session: Session) -> web.StreamResponse:
         me=await me_dict(app, caller),
         weight=user.weight,
         jobs=_jobs(app, user.id),
+        names=backend_names(app),
         refresh=True,
     )
 
 
 def _jobs(app: web.Application, user_id: int) -> list[dict[str, Any]]:
     """This person's requests now: running (where) and queued (their place among their own, the queue's length)."""
-    scheduler, registry = app[SCHEDULER], app[REGISTRY]
-    now = app[DISPATCHER].clock()
+    scheduler, registry = app[SERVICES].scheduler, app[SERVICES].registry
+    now = app[SERVICES].dispatcher.clock()
     rows = []
     for job, backend_id in scheduler.running_jobs():
         if job.user_id == user_id:

@@ -17,7 +17,7 @@ from aiohttp import web
 from ...localtime import iso_local
 from ...names import hash_key
 from ...store import StoreError
-from ..process.appkeys import CONFIG, STORE
+from ..edge.services import SERVICES
 from .sessions import Session, Sessions, same
 
 if TYPE_CHECKING:
@@ -123,9 +123,9 @@ def action(back: str) -> Callable[[Callable[[web.Request, Session], Awaitable[st
 def _still_valid(request: web.Request, session: Session) -> bool:
     """The session's key is still the admin key or a live key of its user (revoked keys end their sessions)."""
     if session.user is None:
-        admin_key = request.app[CONFIG].server.admin_key
+        admin_key = request.app[SERVICES].config.server.admin_key
         return bool(admin_key) and same(hash_key(admin_key), session.key_hash)
-    found = request.app[STORE].key_owner(session.key_hash)
+    found = request.app[SERVICES].store.key_owner(session.key_hash)
     if found is None or found[1].name != session.user:
         return False
     session.admin = found[1].group == ADMIN_GROUP  # moving someone out of the admin group ends their admin pages

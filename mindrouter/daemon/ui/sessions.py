@@ -33,6 +33,8 @@ class Session:
     csrf: str = field(default_factory=lambda: secrets.token_urlsafe(24))
     flash: tuple[str, str] | None = None
     """The outcome of the last form, ("ok" or "error", sentence), shown once."""
+    new_key: tuple[str, str] | None = None
+    """(user, key) just created: shown on the next page of that user only, then forgotten (never in a URL)."""
 
 
 class Sessions:

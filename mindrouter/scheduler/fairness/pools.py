@@ -335,7 +335,7 @@ class Pool:
                 seat.recent -= units
                 seat.recent_tokens -= tokens
                 seat.recent_per_weight -= weighed
-                if seat.recent < 1e-6:
+                if not left or seat.recent < 1e-6:  # its last request here left the window
                     seat.recent = seat.recent_tokens = seat.recent_per_weight = 0.0
         if not window:
             self.recent_total = 0.0

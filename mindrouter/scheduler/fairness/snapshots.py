@@ -10,17 +10,28 @@ from __future__ import annotations
 from collections.abc import Callable, Hashable, Iterable, Mapping
 
 from ..jobs import Job
+from ..pooling import PoolKey
+from ..targets import Part, combined, pool_targets
 from ..views import PoolShare, QueueStats, SeatShare, ShareSnapshot, UserShare
 from .pools import Pool, Seat, UserState
 
-__all__ = ["build_queue_stats", "build_share", "pending_usage"]
+__all__ = ["build_queue_stats", "build_share", "demand", "pending_usage"]
 
 
 def _backends(pool: Pool) -> tuple[str, ...]:
     return tuple(sorted(str(b) for b in pool.key))
 
 
-def _seat_share(pool: Pool, seat: Seat, reference: float) -> SeatShare:
+def demand(seat: Seat) -> bool:
+    """Whether ``seat`` counts in its pool's division: queued, running, or served within the window."""
+    return bool(seat.recent > 0 or seat.queued or seat.running)
+
+
+def _targets(pool: Pool) -> dict[Hashable, float]:
+    return pool_targets({uid: s.weight for uid, s in pool.seats.items() if demand(s)})
+
+
+def _seat_share(pool: Pool, seat: Seat, reference: float, targets: Mapping[Hashable, float]) -> SeatShare:
     return SeatShare(
         backends=_backends(pool),
         weight=seat.weight,
@@ -33,6 +44,8 @@ def _seat_share(pool: Pool, seat: Seat, reference: float) -> SeatShare:
         queued=seat.queued,
         running=seat.running,
         served=seat.served,
+        target_share=targets.get(seat.user.id),
+        actual_share=seat.recent / pool.recent_total if pool.recent_total > 0 else 0.0,
     )
 
 
@@ -80,24 +93,37 @@ def build_share(
     burst: float,
     pending: Mapping[Hashable, tuple[float, float]],
     with_pools: bool = True,
+    complete: bool = True,
 ) -> ShareSnapshot:
     """Every user's standing, per pool and in sum, and (``with_pools``) every pool, as ``users`` use it.
 
     ``pending``: per user, restored (tokens, service units) whose model no backend serves yet.
+    ``complete``: ``users`` hold everyone with demand (all users, or the active ones), so each pool's
+    targets come from their seats, not from a walk over every seat the pool ever gave.
     """
     pools = list(pools)
     users = list(users)
     references = {pool.key: pool.reference() for pool in pools}
     seats: dict[Hashable, list[SeatShare]] = {}
+    parts: dict[Hashable, list[Part]] = {}
     pool_rows = []
+    by_pool: dict[PoolKey, dict[Hashable, float]] = {}
     for pool in pools:
         ref = references[pool.key]
         here = [seat for seat in (pool.seats.get(user.id) for user in users) if seat is not None]
+        if not here and not with_pools:
+            continue  # made for the pools the users asked for sit in only
+        targets = by_pool[pool.key] = (
+            pool_targets({s.user.id: s.weight for s in here if demand(s)}) if complete else _targets(pool)
+        )
         for seat in here:
-            seats.setdefault(seat.user.id, []).append(_seat_share(pool, seat, ref))
+            shown = _seat_share(pool, seat, ref, targets)
+            seats.setdefault(seat.user.id, []).append(shown)
+            if shown.target_share is not None:
+                parts.setdefault(seat.user.id, []).append((shown.target_share, seat.recent, pool.recent_total))
         if not with_pools:
             continue
-        names = tuple(s.user.name for s in here if s.recent > 0 or s.queued or s.running)
+        names = tuple(s.user.name for s in here if demand(s))
         heavy = tuple(pool.seats[u].user.name for u in pool.heavy if u in pool.seats)
         tokens = sum(s.recent_tokens for s in here)
         pool_rows.append(PoolShare(_backends(pool), names, ref, pool.credit(), tokens, pool.recent_total, heavy))
@@ -110,6 +136,7 @@ def build_share(
         units = sum(s.recent_units for s in mine) + pending_units
         total_recent += recent
         total_units += units
+        target, actual = combined(parts.get(user.id, ()))
         rows.append(
             UserShare(
                 user_id=user.id,
@@ -127,9 +154,30 @@ def build_share(
                 running=user.running,
                 served=user.served,
                 seats=mine,
+                target_share=target,
+                actual_share=actual,
             )
         )
-    return ShareSnapshot(now, shares, window, total_recent, total_units, burst, tuple(rows), tuple(pool_rows))
+    groups = _group_shares(pools, by_pool) if with_pools else {}
+    return ShareSnapshot(now, shares, window, total_recent, total_units, burst, tuple(rows), tuple(pool_rows), groups)
+
+
+def _group_shares(
+    pools: Iterable[Pool], by_pool: Mapping[PoolKey, Mapping[Hashable, float]]
+) -> dict[str | None, tuple[float | None, float | None]]:
+    """Each group's target and actual share: its members' seats summed per pool (``by_pool``: each pool's
+    targets), then ``combined``."""
+    parts: dict[str | None, list[Part]] = {}
+    for pool in pools:
+        targets = by_pool[pool.key]
+        per_group: dict[str | None, tuple[float, float]] = {}
+        for uid, target in targets.items():
+            seat = pool.seats[uid]
+            had = per_group.get(seat.user.group, (0.0, 0.0))
+            per_group[seat.user.group] = (had[0] + target, had[1] + seat.recent)
+        for group, (target, own) in per_group.items():
+            parts.setdefault(group, []).append((target, own, pool.recent_total))
+    return {group: combined(p) for group, p in parts.items()}
 
 
 def pending_usage(

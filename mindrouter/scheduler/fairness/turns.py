@@ -405,7 +405,9 @@ class Turns:
             users = list(fair.users.values()) if user_ids is None else [fair.users[u] for u in user_ids]
         burst = fair.current_burst(now)
         pools = user_ids is None
-        return build_share(users, fair.pools.values(), now, settings.shares, window, burst, pending, pools)
+        return build_share(
+            users, fair.pools.values(), now, settings.shares, window, burst, pending, pools, complete=pools or active
+        )
 
     def queue_stats(self, now: float, running: int) -> QueueStats:
         return build_queue_stats(self.queues.jobs.values(), running, self.fair.users, now)

@@ -40,17 +40,12 @@ from collections.abc import Callable, Hashable
 from dataclasses import dataclass
 from typing import Any
 
-from aiohttp import web
-
 from ...errors import RequestError
 from ...localtime import Periods, iso_local, month_start, next_day, next_month, zone_label
 from ...scheduler import Modality
 from ...store import Quota, Store
 
-__all__ = ["QUOTA_HEADERS", "Limit", "Quotas"]
-
-QUOTA_HEADERS = web.RequestKey("mindrouter_quota_headers", dict[str, str])
-"""Headers ``admit`` leaves on the request for ``answers.stamp``."""
+__all__ = ["Limit", "Quotas"]
 
 _MINUTE = 60.0
 _PERIODS = {"tokens_per_day": "day", "tokens_per_month": "month"}

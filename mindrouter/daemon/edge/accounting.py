@@ -12,11 +12,11 @@ from aiohttp import web
 
 from ...errors import RequestError
 from ...localtime import day_start, iso_local, month_start, parse_when, zone_label
-from ...scheduler import SchedulerSettings, normalized_shares
+from ...scheduler import SchedulerSettings
 from ...store import QUOTA_FIELDS, InvalidValue
 from ..edge.errorbodies import error_response
-from ..pollers.stats import BUCKET_SECONDS
-from ..process.appkeys import AUTH, CONFIG, DISPATCHER, QUOTAS, REGISTRY, SCHEDULER, STATS, STORE, STORE_WORKER
+from ..edge.services import SERVICES
+from ..usage.stats import BUCKET_SECONDS
 
 __all__ = ["change_quota", "me_dict", "setup_accounting_routes", "top_panels"]
 
@@ -39,12 +39,12 @@ def _when(request: web.Request, name: str, default: str | None, now: float) -> f
 async def get_usage(request: web.Request) -> web.Response:
     """``GET /admin/usage?by=user,model&since=7d&until=2026-12-01``: totals in the server's local calendar."""
     app = request.app
-    now = app[QUOTAS].wall()
+    now = app[SERVICES].quotas.wall()
     by = [d.strip() for d in request.query.get("by", "user").split(",") if d.strip()]
     since = _when(request, "since", DEFAULT_SINCE, now)
     until = _when(request, "until", None, now)
-    report = await app[STORE_WORKER].run(lambda store: store.usage_report(by, since, until))
-    settings = app[CONFIG].scheduler
+    report = await app[SERVICES].store_worker.run(lambda store: store.usage_report(by, since, until))
+    settings = app[SERVICES].config.scheduler
     for row in (*report.rows, report.total):
         with_units(row, settings)
     stamps = {"since": report.since, "until": report.until, "day_resolution_before": report.day_resolution_before}
@@ -53,7 +53,7 @@ async def get_usage(request: web.Request) -> web.Response:
             **report.to_dict(),
             **{f"{name}_at": iso_local(ts) for name, ts in stamps.items() if ts is not None},
             "timezone": zone_label(now),
-            "quotas": [limit.to_dict() for limit in app[QUOTAS].overview()],
+            "quotas": [limit.to_dict() for limit in app[SERVICES].quotas.overview()],
         }
     )
 
@@ -80,9 +80,9 @@ def change_quota(app: web.Application, subject: str, name: str, data: dict[str, 
     """Set a user's or group's limits (the admin API and the web UI): the row with its quotas and their use."""
     changes = dict.fromkeys(QUOTA_FIELDS) if data.pop("clear", False) is True else {}
     changes.update(data)
-    store = app[STORE]
+    store = app[SERVICES].store
     row = store.set_user_quota(name, changes) if subject == "user" else store.set_group_quota(name, changes)
-    quotas = app[QUOTAS]
+    quotas = app[SERVICES].quotas
     quotas.reload()
     key = row.id if subject == "user" else row.name
     return {**row.to_dict(), "quotas": [limit.to_dict() for limit in quotas.subject_limits(subject, key)]}
@@ -100,7 +100,7 @@ async def get_me(request: web.Request) -> web.Response:
     """``GET /v1/me``: the caller's usage today and this month, quotas and fair-share standing."""
     app = request.app
     try:
-        caller = app[AUTH].caller(request.headers.get("Authorization"))
+        caller = app[SERVICES].auth.caller(request.headers.get("Authorization"))
     except RequestError as exc:
         return error_response(exc, "openai")
     return web.json_response(await me_dict(app, caller))
@@ -111,15 +111,16 @@ async def me_dict(app: web.Application, caller: Any) -> dict[str, Any]:
 
     The usage is read on the store's worker thread: the loop serves others meanwhile.
     """
-    quotas = app[QUOTAS]
+    quotas = app[SERVICES].quotas
     now = quotas.wall()
     starts = {"today": day_start(now), "month": month_start(now)}
-    totals = await app[STORE_WORKER].run(
+    totals = await app[SERVICES].store_worker.run(
         lambda store: {
             p: store.usage_report([], t, now + 1e-3, user_id=caller.user_id).total for p, t in starts.items()
         }
     )
-    periods = {p: {**with_units(total, app[CONFIG].scheduler), "since": starts[p]} for p, total in totals.items()}
+    units = app[SERVICES].config.scheduler
+    periods = {p: {**with_units(total, units), "since": starts[p]} for p, total in totals.items()}
     return {
         "user": caller.name,
         "group": caller.group,
@@ -135,21 +136,16 @@ def _standing(app: web.Application, user_id: int) -> dict[str, Any]:
 
     Reads the active users alone (``share(active=True)``), so it costs what they number, not the registered.
     """
-    scheduler, now = app[SCHEDULER], app[DISPATCHER].clock()
+    scheduler, now = app[SERVICES].scheduler, app[SERVICES].dispatcher.clock()
     if not scheduler.has_user(user_id):
         return {}
     share = scheduler.share(now, active=True)
-    mine = share.user(user_id)
-    users = share.users
-    if mine is None:  # idle: its figures, and its share as if it sent a request now
-        mine = scheduler.share(now, [user_id]).users[0]
-        users = (*users, mine)
+    mine = share.user(user_id) or scheduler.share(now, [user_id]).users[0]
     active = [u for u in share.users if u.queued or u.running or u.recent_tokens]
-    by_user, _ = normalized_shares(((u.name, u.group, u.weight, u.weight_override) for u in users), {}, share.shares)
     position = None
     if mine in active:
         position = 1 + sum(1 for u in active if u.deficit / u.weight > mine.deficit / mine.weight)
-    total = share.global_recent_tokens
+    row = mine.to_dict()
     return {
         "weight": mine.weight,
         "recent_tokens": mine.recent_tokens,
@@ -157,8 +153,9 @@ def _standing(app: web.Application, user_id: int) -> dict[str, Any]:
         "factor": mine.factor,
         "queued": mine.queued,
         "running": mine.running,
-        "normalized_share": round(by_user[mine.name], 4),
-        "actual_share": round(mine.recent_tokens / total, 4) if total else 0.0,
+        "target_share": row["target_share"],
+        "actual_share": row["actual_share"],
+        "pools": row["pools"],
         "deprioritized": mine.factor < 1,
         "position": position,
         "active_users": len(active),
@@ -168,17 +165,17 @@ def _standing(app: web.Application, user_id: int) -> dict[str, Any]:
 async def top_panels(app: web.Application) -> dict[str, Any]:
     """What `mr top` adds about accounting: today's heaviest users and models, quotas near their limit,
     and each backend's recent tokens per second (today's usage read on the store's worker thread)."""
-    quotas = app[QUOTAS]
+    quotas = app[SERVICES].quotas
     now = quotas.wall()
     since = day_start(now)
-    users, models = await app[STORE_WORKER].run(
+    users, models = await app[SERVICES].store_worker.run(
         lambda store: (
             store.usage_report(["user"], since, now + 1e-3),
             store.usage_report(["model"], since, now + 1e-3),
         )
     )
     today = {"users": users.rows[:10], "models": models.rows[:10], "total": users.total}
-    names = {bid: entry.row.name for bid, entry in app[REGISTRY].entries.items()}
+    names = {bid: entry.row.name for bid, entry in app[SERVICES].registry.entries.items()}
     return {
         "usage_today": today,
         "quota_warnings": [
@@ -188,7 +185,7 @@ async def top_panels(app: web.Application) -> dict[str, Any]:
         ],
         "throughput": {
             "bucket_seconds": BUCKET_SECONDS,
-            "backends": {names.get(bid, f"#{bid}"): rates for bid, rates in app[STATS].throughput().items()},
+            "backends": {names.get(bid, f"#{bid}"): rates for bid, rates in app[SERVICES].stats.throughput().items()},
         },
     }
 

@@ -20,8 +20,8 @@ from collections import Counter, deque
 from collections.abc import Callable
 from typing import Any
 
-from ..request.lease import Lease
-from ..request.settlement import Outcome, Settlement
+from ...store import Store
+from ..request.settlement import Outcome, Settlement, Streaming
 
 __all__ = ["Stats"]
 
@@ -37,7 +37,7 @@ BUCKETS = 30
 class Stats:
     def __init__(
         self,
-        store: Any,
+        store: Store,
         *,
         clock: Callable[[], float] = time.monotonic,
         wall: Callable[[], float] = time.time,
@@ -83,7 +83,7 @@ class Stats:
         self._stream_timer = None
         self.write_usage()
 
-    def streamed(self, lease: Lease, completion: int) -> None:
+    def streamed(self, lease: Streaming, completion: int) -> None:
         """A running stream's answer so far: kept for the next write, so a kill loses at most that second."""
         job = lease.job
         self._streaming[job.id] = (

@@ -10,17 +10,15 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass
 
-from aiohttp import web
-
 from ...backends import Call, model_key
 from ...backends._shapes import Dialect
 from ...errors import RequestError
 from ...scheduler import Job, Modality
 from ..edge.answers import new_request_id
 from ..edge.errorbodies import dialect_of
-from ..process.appkeys import AUTH, DISPATCHER, QUOTAS, SCHEDULER
-from .lease import Lease
-from .weights import apply_user
+from ..request.lease import Lease
+from ..request.weights import apply_user
+from .services import Services
 
 __all__ = ["Admitted", "admit"]
 
@@ -39,7 +37,7 @@ class Admitted:
     error: RequestError | None = None
 
 
-def admit(app: web.Application, path: str, headers: Mapping[str, str], body: bytes) -> Admitted:
+def admit(services: Services, path: str, headers: Mapping[str, str], body: bytes) -> Admitted:
     """Admit one inference request; a ``RequestError`` is kept in the result, not raised.
 
     Anything else (a body nested too deeply, a lone surrogate) propagates before
@@ -47,14 +45,14 @@ def admit(app: web.Application, path: str, headers: Mapping[str, str], body: byt
     """
     admitted = Admitted(new_request_id(), dialect_of(path))
     try:
-        caller = app[AUTH].caller(headers.get("Authorization"))
+        caller = services.auth.caller(headers.get("Authorization"))
         call = admitted.call = Call.from_request(path, body)
         via = caller.user_id if caller.forwards_to is not None else None  # a proxy's people queue under its cap
-        caller = app[AUTH].on_behalf(caller, headers, call.user)
-        scheduler = app[SCHEDULER]
+        caller = services.auth.on_behalf(caller, headers, call.user)
+        scheduler = services.scheduler
         if not scheduler.has_user(caller.user_id):
             apply_user(scheduler, caller.user_id, caller)
-        dispatcher = app[DISPATCHER]
+        dispatcher = services.dispatcher
         job = Job(
             id=admitted.rid,
             user_id=caller.user_id,
@@ -68,13 +66,13 @@ def admit(app: web.Application, path: str, headers: Mapping[str, str], body: byt
             stream=call.stream,
             via=via,
         )
-        quotas = app[QUOTAS]
+        quotas = services.quotas
         try:
             admitted.quota_headers = quotas.admit(caller, job)  # 429 before the job queues
         except RequestError as refusal:  # a decision record, as the core's refusals get one
-            dispatcher.lease(job, call, user=caller.name, group=caller.group).refuse(refusal)
+            Lease(dispatcher, job, call, caller.name, caller.group).refuse(refusal)
             raise
-        admitted.lease = dispatcher.lease(job, call, user=caller.name, group=caller.group).enter()
+        admitted.lease = Lease(dispatcher, job, call, caller.name, caller.group).enter()
     except RequestError as exc:
         admitted.error = exc
     return admitted

@@ -1,0 +1,57 @@
+"""The daemon's services as one typed bundle: ``create_app`` builds it once, every handler reads it.
+
+A handler takes what it needs from ``request.app[SERVICES]`` (``.store``, ``.dispatcher``, ...), so
+the types of the services are checked where they are used, and one place lists what the daemon is
+made of. The services' classes are named here for the type checker only: at run time this module
+imports none of them, so the request path does not drag in every layer with the bundle.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
+
+from aiohttp import web
+
+if TYPE_CHECKING:
+    import aiohttp
+
+    from ...config import Config
+    from ...scheduler import Scheduler
+    from ...store import Store
+    from ...store.worker import StoreWorker
+    from ..pollers.gpus import GpuState
+    from ..pollers.registry import Registry
+    from ..request.decisions import DecisionLog
+    from ..request.dispatcher import Dispatcher
+    from ..request.lease import Lease
+    from ..usage.quotas import Quotas
+    from ..usage.stats import Stats
+    from .auth import Auth
+
+__all__ = ["SERVICES", "Services"]
+
+
+@dataclass(slots=True)
+class Services:
+    """Every service the daemon's handlers share."""
+
+    config: Config
+    store: Store
+    scheduler: Scheduler
+    dispatcher: Dispatcher
+    registry: Registry
+    auth: Auth
+    quotas: Quotas
+    stats: Stats
+    decisions: DecisionLog
+    gpus: GpuState
+    session: aiohttp.ClientSession
+    store_worker: StoreWorker
+    """A Store on a thread of its own: reports, listings and retention, off the event loop."""
+    handlers: dict[asyncio.Task[object], Lease] = field(default_factory=dict)
+    """Inference handlers waiting or streaming, task -> lease, for the shutdown to end (``end_handlers``)."""
+
+
+SERVICES = web.AppKey("services", Services)
