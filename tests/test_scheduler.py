@@ -759,6 +759,9 @@ def test_an_active_share_lists_only_who_is_queued_running_or_used_the_window():
     assert share.user(7).recent_tokens == 500 and share.user(9).queued == 1 and share.user(8).running == 1
     assert [sorted(p.users) for p in share.pools] == [["u7", "u8", "u9"]]
     assert len(s.share(2.0).users) == 10_000  # everyone, as before, where asked
+    everyone = {u.user_id: u.target_share for u in s.share(2.0).users}
+    assert {u.user_id: u.target_share for u in share.users} == {7: pytest.approx(1 / 3), 8: 1 / 3, 9: 1 / 3}
+    assert all(everyone[u.user_id] == u.target_share for u in share.users) and everyone[5] is None
     later = TOKENS.fairness_window + 10.0
     s.complete(next(j.id for j, _ in s.running_jobs()), later, prompt_tokens=1, completion_tokens=0)
     for j in list(s.queued_jobs()):
