@@ -116,9 +116,13 @@ class Store(Backends, UsageLog, Decisions, People, ApiKeys):
     def checkpoint_in_background(self, *, interval: float = 1.0) -> None:
         """Leave WAL checkpoints to a thread of their own (the daemon: no commit on its loop waits for fsync)."""
         if self._checkpointer is None:
-            self._db.execute("PRAGMA wal_autocheckpoint = 0")
+            self.checkpoint_elsewhere()
             self._checkpointer = Checkpointer(self.path, interval=interval)
             self._checkpointer.start()
+
+    def checkpoint_elsewhere(self) -> None:
+        """No commit on this connection checkpoints the WAL (with its fsyncs): another thread does."""
+        self._db.execute("PRAGMA wal_autocheckpoint = 0")
 
     def close(self) -> None:
         """Close the connection (idempotent); WAL content is checkpointed into the main file."""

@@ -60,6 +60,7 @@ class StoreWorker:
             from .db import Store
 
             store = self._local.store = Store(self.path, usage_retention=self.usage_retention, prune_inline=False)
+            store.checkpoint_elsewhere()  # the daemon's Checkpointer: a delete's commit, lock held, never fsyncs
         return store
 
     def submit(self, fn: Callable[[Any], T]) -> concurrent.futures.Future[T]:
