@@ -6,6 +6,7 @@ usage, quotas and fair-share standing; nothing about anyone else.
 
 from __future__ import annotations
 
+import json
 from typing import Any
 
 from aiohttp import web
@@ -13,7 +14,7 @@ from aiohttp import web
 from ...errors import RequestError
 from ...localtime import day_start, iso_local, month_start, parse_when, zone_label
 from ...scheduler import SchedulerSettings
-from ...store import QUOTA_FIELDS, InvalidValue
+from ...store import QUOTA_FIELDS, InvalidValue, Store
 from ..edge.errorbodies import error_response
 from ..edge.services import SERVICES
 from ..usage.stats import BUCKET_SECONDS
@@ -43,19 +44,25 @@ async def get_usage(request: web.Request) -> web.Response:
     by = [d.strip() for d in request.query.get("by", "user").split(",") if d.strip()]
     since = _when(request, "since", DEFAULT_SINCE, now)
     until = _when(request, "until", None, now)
-    report = await app[SERVICES].store_worker.run(lambda store: store.usage_report(by, since, until))
     settings = app[SERVICES].config.scheduler
-    for row in (*report.rows, report.total):
-        with_units(row, settings)
-    stamps = {"since": report.since, "until": report.until, "day_resolution_before": report.day_resolution_before}
-    return web.json_response(
-        {
-            **report.to_dict(),
-            **{f"{name}_at": iso_local(ts) for name, ts in stamps.items() if ts is not None},
-            "timezone": zone_label(now),
-            "quotas": [limit.to_dict() for limit in app[SERVICES].quotas.overview()],
-        }
-    )
+    quotas = app[SERVICES].quotas.overview()
+
+    def answer(store: Store) -> bytes:
+        """The report, its rows priced and encoded: on the store's worker (30,000 rows took 30 ms on the loop)."""
+        report = store.usage_report(by, since, until)
+        for row in (*report.rows, report.total):
+            with_units(row, settings)
+        stamps = {"since": report.since, "until": report.until, "day_resolution_before": report.day_resolution_before}
+        return json.dumps(
+            {
+                **report.to_dict(),
+                **{f"{name}_at": iso_local(ts) for name, ts in stamps.items() if ts is not None},
+                "timezone": zone_label(now),
+                "quotas": [limit.to_dict() for limit in quotas],
+            }
+        ).encode()
+
+    return web.Response(body=await app[SERVICES].store_worker.run(answer), content_type="application/json")
 
 
 def with_units(row: dict[str, Any], settings: SchedulerSettings) -> dict[str, Any]:
