@@ -5,6 +5,7 @@ Counts, not clocks: what a listing reads does not grow with registered idle user
 
 from __future__ import annotations
 
+import json
 import re
 import time
 
@@ -13,7 +14,7 @@ import pytest
 from mindrouter.daemon.request.weights import apply_user
 from mindrouter.localtime import day_start
 from mindrouter.store import Store
-from mindrouter.store.worker import StoreWorker
+from mindrouter.store.worker import StoreWorker, json_bytes
 
 from .harness import ADMIN_KEY, Daemon, until
 from .inprocess import InProcess
@@ -107,3 +108,10 @@ async def test_the_daemon_deletes_old_usage_and_decisions_at_start_on_its_worker
     await until(lambda: db.execute("SELECT count(*) FROM decisions").fetchone()[0] == 1, "old decisions stayed")
     assert [r[0] for r in db.execute("SELECT request_id FROM usage")] == ["new"]
     assert daemon.store.recent_decisions(5)[0]["request_id"] == "req99"
+
+
+def test_json_bytes_encodes_long_lists_a_slice_at_a_time_and_reads_back_the_same():
+    value = {"rows": [{"user": f"u{i}", "tokens": i, "pools": []} for i in range(1234)], "total": {"n": 2}, "x": []}
+    sliced = json.loads(json_bytes(value))
+    assert sliced == value and json.loads(json_bytes((1, 2))) == [1, 2]
+    assert json.loads(json_bytes(list(range(1001)))) == list(range(1001))  # two full slices and one more

@@ -15,6 +15,7 @@ from aiohttp import web
 
 from ... import __version__
 from ...store import InvalidValue, NotFound, Store
+from ...store.worker import json_bytes
 from ..edge.accounting import top_panels
 from ..edge.services import SERVICES
 from .views import Counters, share_view, status_view, top_view
@@ -99,7 +100,7 @@ async def share_dict(app: web.Application) -> dict[str, Any]:
 
 async def get_share(request: web.Request) -> web.Response:
     build = _share_of(request.app)
-    body = await request.app[SERVICES].store_worker.run(lambda store: json.dumps(build(store)).encode())  # 10,000 rows
+    body = await request.app[SERVICES].store_worker.run(lambda store: json_bytes(build(store)))  # 10,000 rows
     return web.Response(body=body, content_type="application/json")
 
 
@@ -119,7 +120,7 @@ async def list_decisions(request: web.Request) -> web.Response:
     services = request.app[SERVICES]
     limit, user = _limit(request), request.query.get("user") or None
     services.decisions.flush()  # what has ended is in the store before the worker reads it
-    body = await services.store_worker.run(lambda store: json.dumps(store.recent_decisions(limit, user=user)).encode())
+    body = await services.store_worker.run(lambda store: json_bytes(store.recent_decisions(limit, user=user)))
     return web.Response(body=body, content_type="application/json")
 
 
@@ -167,7 +168,7 @@ async def get_top(request: web.Request) -> web.Response:
         "panels": await top_panels(app),
     }
     body = await services.store_worker.run(
-        lambda store: json.dumps(top_view(**live, share=share(store)), default=_finite).encode()
+        lambda store: json_bytes(top_view(**live, share=share(store)), default=_finite)
     )
     return web.Response(body=body, content_type="application/json")
 

@@ -6,7 +6,6 @@ usage, quotas and fair-share standing; nothing about anyone else.
 
 from __future__ import annotations
 
-import json
 from typing import Any
 
 from aiohttp import web
@@ -15,6 +14,7 @@ from ...errors import RequestError
 from ...localtime import day_start, iso_local, month_start, parse_when, zone_label
 from ...scheduler import SchedulerSettings
 from ...store import QUOTA_FIELDS, InvalidValue, Store
+from ...store.worker import json_bytes
 from ..edge.errorbodies import error_response
 from ..edge.services import SERVICES
 from ..usage.stats import BUCKET_SECONDS
@@ -53,14 +53,14 @@ async def get_usage(request: web.Request) -> web.Response:
         for row in (*report.rows, report.total):
             with_units(row, settings)
         stamps = {"since": report.since, "until": report.until, "day_resolution_before": report.day_resolution_before}
-        return json.dumps(
+        return json_bytes(
             {
                 **report.to_dict(),
                 **{f"{name}_at": iso_local(ts) for name, ts in stamps.items() if ts is not None},
                 "timezone": zone_label(now),
                 "quotas": [limit.to_dict() for limit in quotas],
             }
-        ).encode()
+        )
 
     return web.Response(body=await app[SERVICES].store_worker.run(answer), content_type="application/json")
 
