@@ -79,9 +79,34 @@ POOL = (
 )
 
 
-def pool(sharing: str = SHARING[0]) -> tuple[BackendSpec, ...]:
-    """The lab's workstations, their GPUs shared by ``sharing`` (``workstation/gpu.py``)."""
-    return tuple(dataclasses.replace(ws, sharing=sharing) for ws in POOL)
+REPLICAS = tuple(
+    BackendSpec(
+        name=f"vllm-{i + 1}",
+        models=(CHAT,),
+        max_concurrent=64,
+        tokens_per_second=1.0,
+        prefill_tokens_per_second=10.0,
+        loaded_models=(CHAT,),
+        engine="vllm",
+        kv_cache_tokens=200_000,
+        slowdown=0.05,
+        rates={CHAT: Rates(110, 8000)},
+    )
+    for i in range(4)
+)
+"""Issue 31's pool (a): the chat model on four vLLM-style replicas (A100-class, prefix blocks in a 200k-token
+KV cache, batching that slows a stream 5% per other stream), behind ``--pool replicas``. Each batches up to 64
+streams (vLLM's ``max_num_seqs`` is 256; mr serve's ``--max-concurrent`` is this), while the arrival rates take
+a replica at ``BATCH_STREAMS`` (with 16 the pool ran past mr serve's cap while the baselines, which have none,
+batched more)."""
+BATCH_STREAMS = 16
+"""Streams a server without slots per model is taken to batch when the pool's capacity is estimated."""
+POOLS = {"lab": POOL, "replicas": REPLICAS}
+
+
+def pool(sharing: str = SHARING[0], name: str = "lab") -> tuple[BackendSpec, ...]:
+    """The pool ``name``'s servers (the lab's workstations by default), their GPUs shared by ``sharing``."""
+    return tuple(dataclasses.replace(ws, sharing=sharing) for ws in POOLS[name])
 
 
 @dataclass(frozen=True, slots=True)
@@ -101,6 +126,8 @@ KINDS = (
     Kind(BIG, 0.07, prompt=800, out=350, users=2),
     Kind(EMBED, 0.18, prompt=3000, out=0, users=3),
 )
+POOL_KINDS = {"lab": KINDS, "replicas": (Kind(CHAT, 1.0, prompt=500, out=300, users=16),)}
+"""What each pool's users send."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -138,19 +165,22 @@ def capacity(stations: Sequence[BackendSpec] = POOL, kinds: Sequence[Kind] = KIN
     the rest of its time on the other models in their shares, as a balanced
     router would. A router that places models by speed can do somewhat better.
     """
-    big = next(k for k in kinds if k.model == BIG)
+    big = next((k for k in kinds if k.model == BIG), None)
     rest = [k for k in kinds if k is not big]
 
     def batch(ws: BackendSpec) -> float:
-        return PARALLEL / (1 + BATCH_COST * (PARALLEL - 1))
+        n = ws.parallel or min(ws.max_concurrent, BATCH_STREAMS)
+        return n / (1 + ws.slowdown * (n - 1))
 
     def work(ws: BackendSpec) -> float:
         here = [k for k in rest if k.model in ws.models]
         weight = sum(k.share for k in here)
         return sum(k.share / weight * mean_work(k, ws.rates[k.model]) for k in here)
 
-    host = next(ws for ws in stations if BIG in ws.models)
     others = sum(batch(ws) / work(ws) for ws in stations)
+    if big is None:
+        return others
+    host = next(ws for ws in stations if BIG in ws.models)
     return others / ((1 - big.share) + big.share * mean_work(big, host.rates[BIG]) / work(host))
 
 
@@ -197,6 +227,7 @@ def scenario(
     *,
     sharing: str = SHARING[0],
     conversations: bool = False,
+    pool_name: str = "lab",
 ) -> str:
     """This lab as an ``mr simulate`` scenario (TOML): the same pool, rates and arrival rates.
 
@@ -207,8 +238,10 @@ def scenario(
     uniform over [0.3, 2.1] x the median (the clipped lognormal's mean); ``bench_pool.py
     --workload scenario`` replays these very requests live. With ``conversations``, the chat and
     coder users hold conversations (``TALKS``) behind their app's system prompt, starting as many
-    a second as they sent requests over the turns a conversation has on average.
+    a second as they sent requests over the turns a conversation has on average. ``pool_name``: which
+    pool (``POOLS``) and its users (``POOL_KINDS``).
     """
+    kinds = POOL_KINDS[pool_name]
     lines = [f"duration = {steady_s + burst_s + drain_s:g}", f"seed = {seed}", ""]
     for m in MODELS.values():
         lines += [f'[models."{m.name}"]', f"size = {m.size}", f"vram = {m.vram}", f'family = "{m.family}"']
@@ -216,29 +249,34 @@ def scenario(
     if conversations:
         for app, system in APPS.items():
             lines += [f"[apps.{app}]", f"system_prompt = {system}", ""]
-    for ws in pool(sharing):
+    for ws in pool(sharing, pool_name):
         lines += [
             "[[backends]]",
             f'name = "{ws.name}"',
+            f'engine = "{ws.engine}"',
             "models = [" + ", ".join(f'"{m}"' for m in ws.models) + "]",
             "loaded_models = [" + ", ".join(f'"{m}"' for m in ws.loaded_models) + "]",
             f"max_concurrent = {ws.max_concurrent}",
             "tokens_per_second = 1",
-            f"vram = {ws.vram:g}",
-            f"load_seconds_per_gb = {ws.load_seconds_per_gb:g}",
-            f"load_start_seconds = {ws.load_start_seconds:g}",
-            f"parallel = {ws.parallel}",
-            f"max_loaded = {ws.max_loaded}",
-            f"keep_alive = {ws.keep_alive:g}",
             f"slowdown = {ws.slowdown:g}",
             f'sharing = "{ws.sharing}"',
+        ]
+        if ws.vram is not None:  # a server that loads models
+            lines += [
+                f"load_seconds_per_gb = {ws.load_seconds_per_gb:g}",
+                f"load_start_seconds = {ws.load_start_seconds:g}",
+            ]
+        for key in ("vram", "parallel", "max_loaded", "keep_alive", "kv_cache_tokens"):
+            if getattr(ws, key) is not None:
+                lines.append(f"{key} = {getattr(ws, key):g}")
+        lines += [
             "",
             "[backends.rates]",
             *(f'"{m}" = {{ decode = {r.decode:g}, prefill = {r.prefill:g} }}' for m, r in ws.rates.items()),
             "",
         ]
-    rate = capacity()
-    for name, kind in users():
+    rate = capacity(POOLS[pool_name], kinds)
+    for name, kind in users(kinds):
         per_user = rate * kind.share / kind.users
         talk = TALKS.get(kind.model) if conversations else None
         if talk is not None:

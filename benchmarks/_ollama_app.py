@@ -1,8 +1,8 @@
 """The HTTP face of a fake workstation (``_workstation.py``): Ollama's wire format, and an ``mr agent``.
 
-    python benchmarks/_ollama_app.py COMPRESSION SHARING PORT [PORT ...]
+    python benchmarks/_ollama_app.py COMPRESSION SHARING POOL PORT [PORT ...]
 
-serves the lab pool of ``_lab.py`` (one workstation per port, in order, its
+serves the pool POOL of ``_lab.py`` (lab or replicas; one server per port, in order, its
 GPU shared by SHARING: time-share or concurrent) on 127.0.0.1 until stopped.
 Routes, as Ollama answers them: ``GET /``,
 ``/api/version``, ``/api/tags``, ``/api/ps`` (``size_vram``, ``expires_at``,
@@ -382,13 +382,13 @@ def create_app(
     return app
 
 
-async def serve(compression: float, sharing: str, ports: list[int]) -> None:
-    """The lab pool of ``_lab.py`` on ``ports``, until cancelled."""
+async def serve(compression: float, sharing: str, name: str, ports: list[int]) -> None:
+    """The pool ``name`` of ``_lab.py`` on ``ports``, until cancelled."""
     from _lab import GPUS, MODELS, PARAMETERS, pool
 
     runners = []
-    for spec, port in zip(pool(sharing), ports, strict=False):
-        app = create_app(spec, MODELS, compression, GPUS[spec.name], PARAMETERS)
+    for spec, port in zip(pool(sharing, name), ports, strict=False):
+        app = create_app(spec, MODELS, compression, GPUS.get(spec.name, "NVIDIA A100 80GB PCIe"), PARAMETERS)
         runner = web.AppRunner(app, access_log=None)
         await runner.setup()
         await web.TCPSite(runner, "127.0.0.1", port, backlog=1024).start()
@@ -408,4 +408,4 @@ if __name__ == "__main__":
     except ImportError:
         run = asyncio.run
     with contextlib.suppress(KeyboardInterrupt):
-        run(serve(float(sys.argv[1]), sys.argv[2], [int(p) for p in sys.argv[3:]]))
+        run(serve(float(sys.argv[1]), sys.argv[2], sys.argv[3], [int(p) for p in sys.argv[4:]]))

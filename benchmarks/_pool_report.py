@@ -119,4 +119,17 @@ def table(figures: list[Figures], reference: str = "least-busy") -> str:
                 ratio = f"{mine / base:.2f}x" if mine is not None and base else "-"
                 cells.append(f"{label} {ratio} [{sense} {goal:g}]")
             lines.append(f"  {f.name:<{width}} " + "; ".join(cells) + f"; lost {f.rows['lost']:.0f} [0]")
+    aware = next((f for f in figures if f.name == "cache-aware"), None)
+    if aware is not None and aware.rows.get("later turns' TTFT p95"):
+        lines.append("\nagainst cache-aware (issue 31's targets in brackets):")
+        for f in figures:
+            if f is aware:
+                continue
+            mine, base = f.rows.get("later turns' TTFT p95"), aware.rows["later turns' TTFT p95"]
+            ratio = f"{mine / base:.2f}x" if mine is not None and base else "-"
+            sent, theirs = f.rows.get("prompt computed / sent"), aware.rows.get("prompt computed / sent")
+            gap = f"{sent - theirs:+.3f}" if sent is not None and theirs is not None else "-"
+            lines.append(
+                f"  {f.name:<{width}} later turns' TTFT p95 {ratio} [<= 0.8]; prompt computed / sent {gap} [<= +0.05]"
+            )
     return "\n".join(lines)

@@ -19,9 +19,17 @@ from mindrouter.simulate.perfect import perfect_placement
 
 
 def lab_scenario(
-    seed: int, steady_s: float, burst_s: float, drain_s: float, sharing: str, conversations: bool = False
+    seed: int,
+    steady_s: float,
+    burst_s: float,
+    drain_s: float,
+    sharing: str,
+    conversations: bool = False,
+    pool_name: str = "lab",
 ) -> Scenario:
-    return parse_scenario(scenario(seed, steady_s, burst_s, drain_s, sharing=sharing, conversations=conversations))
+    return parse_scenario(
+        scenario(seed, steady_s, burst_s, drain_s, sharing=sharing, conversations=conversations, pool_name=pool_name)
+    )
 
 
 def scenario_requests(sc: Scenario, steady_s: float) -> list[Request]:

@@ -7,7 +7,11 @@ answer before it, with the history as the client keeps it: the app's system
 prompt, every message and every answer as it was received. Every text
 starts with what makes it unique (its user and time, or its conversation and
 turn), so the fakes' prompt caches find exactly the prefixes the workload
-shares. Times are lab seconds.
+shares. A word is a token to the fakes and four characters with its space
+("wor ", "sys ", "tok "), as English text is to a tokenizer, so the daemon's
+estimate of a prompt (characters / 4) reads it whole (with one-letter words
+it read half of every prompt, and half of every prefix it expects cached).
+Times are lab seconds.
 """
 
 from __future__ import annotations
@@ -36,12 +40,12 @@ def messages(r: Request, answers: list[str]) -> list[dict[str, str]]:
     """
     conv = r.conversation
     if conv is None:  # its own text: no two requests share a prefix
-        return [{"role": "user", "content": " ".join([f"{r.user}@{r.at:.6f}"] + ["w"] * (r.prompt - 1))}]
+        return [{"role": "user", "content": " ".join([f"{r.user}@{r.at:.6f}"] + ["wor"] * (r.prompt - 1))}]
     out = []
     if conv.system:
-        out.append({"role": "system", "content": " ".join([f"{conv.app}-system"] + ["s"] * (conv.system - 1))})
+        out.append({"role": "system", "content": " ".join([f"{conv.app}-system"] + ["sys"] * (conv.system - 1))})
     for i, turn in enumerate(conv.turns[: r.turn + 1]):
-        out.append({"role": "user", "content": " ".join([f"{conv.key}/{i}"] + ["w"] * (turn.message - 1))})
+        out.append({"role": "user", "content": " ".join([f"{conv.key}/{i}"] + ["wor"] * (turn.message - 1))})
         if i < r.turn:
             out.append({"role": "assistant", "content": answers[i]})
     return out
@@ -61,7 +65,7 @@ async def one_request(
     r = o.req
     try:
         if MODELS[r.model].kind == "embedding":
-            texts = [" ".join([f"{r.user}@{r.at:.6f}/{i}"] + ["w"] * (max(1, r.prompt // 8) - 1)) for i in range(8)]
+            texts = [" ".join([f"{r.user}@{r.at:.6f}/{i}"] + ["wor"] * (max(1, r.prompt // 8) - 1)) for i in range(8)]
             async with session.post(
                 f"{url}/v1/embeddings",
                 json={"model": r.model, "input": texts},

@@ -1,4 +1,4 @@
-"""The baselines of bench_pool.py: round-robin and least-busy proxies, small and in-process.
+"""The baselines of bench_pool.py: round-robin, least-busy and cache-aware proxies, small and in-process.
 
 What a lab gets from a generic load balancer in front of its Ollamas: each
 proxy learns which workstation has which model (``/api/tags``, once), then
@@ -6,6 +6,15 @@ sends every request, bytes unchanged, to one of those: the next in turn
 (round-robin, per model), or the one with the fewest requests in flight from
 this proxy (least-busy, ties broken by a seeded coin, as LiteLLM's
 least-busy strategy does). Neither knows VRAM, loads or speeds.
+
+cache-aware is SGLang's router (``sgl-router --policy cache_aware``): per
+worker, the prefixes it was sent (SGLang's approximate radix tree, here a
+chat's messages hashed in a chain as mindrouter hashes them,
+``scheduler/prefix.py``, bounded least recently used first). Where the load
+is unbalanced (most in flight - least > ``BALANCE_ABS`` and most > least x
+``BALANCE_REL``) it sends to the least busy; else to the worker holding the
+largest part of the prompt if that part is over ``CACHE_THRESHOLD``, else to
+the worker whose tree is smallest (the most room). SGLang's defaults.
 """
 
 from __future__ import annotations
@@ -13,12 +22,19 @@ from __future__ import annotations
 import itertools
 import json
 import random
+from collections import OrderedDict
 from collections.abc import AsyncIterator, Iterator
 
 import aiohttp
 from aiohttp import web
 
-POLICIES = ("round-robin", "least-busy")
+from mindrouter.scheduler import Prefix, message_chain
+
+POLICIES = ("round-robin", "least-busy", "cache-aware")
+CACHE_THRESHOLD = 0.3
+BALANCE_ABS, BALANCE_REL = 32, 1.5
+TREE_BLOCKS = 1 << 16
+"""Blocks each worker's tree keeps (SGLang bounds its tree by characters; evicts least recently used)."""
 
 
 class Picker:
@@ -31,15 +47,46 @@ class Picker:
         self.in_flight = {url: 0 for urls in models.values() for url in urls}
         self._turns: dict[str, Iterator[str]] = {m: itertools.cycle(urls) for m, urls in models.items()}
         self._rng = random.Random(seed)
+        self.trees: dict[str, OrderedDict[int, None]] = {url: OrderedDict() for url in self.in_flight}
 
-    def pick(self, model: str) -> str | None:
+    def pick(self, model: str, prefix: Prefix = ()) -> str | None:
         urls = self.models.get(model) or self.models.get(f"{model}:latest")
         if not urls:
             return None
         if self.policy == "round-robin":
             return next(self._turns[model if model in self.models else f"{model}:latest"])
-        least = min(self.in_flight[u] for u in urls)
-        return self._rng.choice([u for u in urls if self.in_flight[u] == least])
+        loads = [self.in_flight[u] for u in urls]
+        least, most = min(loads), max(loads)
+        if self.policy == "cache-aware" and prefix:
+            balanced = not (most - least > BALANCE_ABS and most > least * BALANCE_REL)
+            url = self._cached(urls, prefix) if balanced else None
+            if url is None and balanced:
+                url = min(urls, key=lambda u: len(self.trees[u]))
+            if url is not None:
+                self._insert(url, prefix)
+                return url
+        url = self._rng.choice([u for u in urls if self.in_flight[u] == least])
+        if prefix:
+            self._insert(url, prefix)
+        return url
+
+    def _cached(self, urls: list[str], prefix: Prefix) -> str | None:
+        """The worker holding the largest part of ``prefix``, if over ``CACHE_THRESHOLD`` of it."""
+        best, rate = None, CACHE_THRESHOLD
+        for url in urls:
+            tree = self.trees[url]
+            held = next((tokens for h, tokens in reversed(prefix) if h in tree), 0)
+            if held / prefix[-1][1] > rate:
+                best, rate = url, held / prefix[-1][1]
+        return best
+
+    def _insert(self, url: str, prefix: Prefix) -> None:
+        tree = self.trees[url]
+        for h, _ in reversed(prefix):  # the first block last: the most recent, so a prefix outlives its tails
+            tree[h] = None
+            tree.move_to_end(h)
+        while len(tree) > TREE_BLOCKS:
+            tree.popitem(last=False)
 
 
 async def learn_models(session: aiohttp.ClientSession, backends: list[str]) -> dict[str, list[str]]:
@@ -64,7 +111,9 @@ def create_router(policy: str, models: dict[str, list[str]], seed: int = 0) -> w
 
     async def forward(request: web.Request) -> web.StreamResponse:
         body = await request.read()
-        url = picker.pick(str(json.loads(body).get("model", "")))
+        parsed = json.loads(body)
+        messages = parsed.get("messages")
+        url = picker.pick(str(parsed.get("model", "")), message_chain(messages) if isinstance(messages, list) else ())
         if url is None:
             return web.json_response({"error": {"message": "unknown model", "type": "not_found_error"}}, status=404)
         picker.in_flight[url] += 1

@@ -15,10 +15,16 @@ targets (issue 11):
 - added p50 at one client <= 0.3 ms over the bare proxy's.
 
     python benchmarks/bench_daemon.py [--seconds 4] [--loop uvloop|asyncio] [--pin] [--rounds 1] [--against TREE]
+        [--store-url URL]
 
 ``--against TREE`` also runs the `mr serve` of another source tree (a checkout of main, say), as
 "mr serve (TREE)", in the same run, beside this tree's, and prints its CPU per request beside this
 tree's: a change measured against what it changes, on the same machine at the same time.
+
+``--store-url postgresql://...`` (an empty database) adds a `mr serve` that keeps its state
+there ("mr serve pg"), and prints its CPU per request over the SQLite one's (issue 33:
+<= 1.3x). Its CPU counts its database sessions' server processes too (found in
+``pg_stat_activity``; the server must run on this machine), as SQLite's work is in the router.
 
 ``--rounds N`` measures every cell N times and then prints, at 16 and 64
 clients, the median and range over the rounds of mr serve's CPU per request,
@@ -79,13 +85,13 @@ def stop_all(procs: list[subprocess.Popen[bytes]]) -> None:
             p.kill()
 
 
-async def wait_http(url: str, timeout: float = 60.0) -> None:
+async def wait_http(url: str, timeout: float = 60.0, below: int = 500) -> None:
     deadline = time.monotonic() + timeout
     async with aiohttp.ClientSession() as s:
         while time.monotonic() < deadline:
             try:
                 async with s.get(url) as r:
-                    if r.status < 500:
+                    if r.status < below:
                         return
             except aiohttp.ClientError:
                 pass
@@ -146,6 +152,8 @@ async def launch_daemon(
         cwd=tmp,  # not the caller's folder: a mindrouter/ there would shadow PYTHONPATH=<tree> for `python -m`
     )
     await wait_http(f"http://127.0.0.1:{port}/api/version")
+    if config.get("store", {}).get("url"):  # a router on PostgreSQL serves once it leads
+        await wait_http(f"http://127.0.0.1:{port}/health", below=300)
     return daemon, port, sock
 
 
@@ -160,9 +168,10 @@ async def admin_call(sock: Path, method: str, path: str, body: dict[str, Any] | 
 
 
 async def start_daemon(
-    tmp: Path, backend_url: str, loop: str, command: list[str] | None = None
+    tmp: Path, backend_url: str, loop: str, command: list[str] | None = None, store_url: str = ""
 ) -> tuple[subprocess.Popen[bytes], str, dict[str, str]]:
-    daemon, port, sock = await launch_daemon(tmp, loop, command=command)
+    settings = {"store": {"url": store_url}} if store_url else None
+    daemon, port, sock = await launch_daemon(tmp, loop, settings, command=command)
     backend = {"name": "fast", "url": backend_url, "engine": "openai", "max_concurrent": 256}
     await admin_call(sock, "POST", "/admin/backends", backend)
     await admin_call(sock, "POST", "/admin/users", {"name": "bench", "group": "staff"})
@@ -214,23 +223,35 @@ def pin(routers: list[int], others: list[int]) -> str:
     return f"routers on core {cores[-1]}, load generator and backend on {len(cores) - 1} other core(s)"
 
 
+def store_sessions(store_url: str) -> tuple[int, ...]:
+    """The server processes of mindrouter's sessions on ``store_url``'s PostgreSQL (all on this machine)."""
+    import psycopg
+
+    with psycopg.connect(store_url) as conn:
+        rows = conn.execute("SELECT pid FROM pg_stat_activity WHERE application_name LIKE 'mindrouter%'").fetchall()
+    return tuple(r[0] for r in rows)
+
+
+Target = tuple[str, dict[str, str], tuple[int, ...]]
+"""A router's URL, headers and processes whose CPU it costs (the first is the router; none: the backend)."""
+
 Results = dict[tuple[str, str, int], tuple[float, float, float, float | None]]
 """(mode, router, clients) -> requests/s, p50 ms, p99 ms, CPU ms per request (None for the backend)."""
 
 
-async def measure(targets: dict[str, tuple[str, dict[str, str], int | None]], seconds: float) -> Results:
+async def measure(targets: dict[str, Target], seconds: float) -> Results:
     """Every cell once, each router right after the other, printed as it goes."""
     results: Results = {}
     for mode in MODES:
         print(f"\n{mode}: {'':<10} {'clients':>7} {'req/s':>8} {'p50 ms':>8} {'p99 ms':>8} {'CPU ms/req':>10}")
         for clients in CLIENTS:
-            for name, (url, headers, pid) in targets.items():
+            for name, (url, headers, pids) in targets.items():
                 await run(url, headers, mode, clients, 0.3)  # warm up
-                cpu0 = cpu_seconds(pid) if pid else 0.0
+                cpu0 = sum(map(cpu_seconds, pids))
                 t0 = time.monotonic()
                 n, lat = await run(url, headers, mode, clients, seconds)
                 rps = n / (time.monotonic() - t0)
-                cpu = (cpu_seconds(pid) - cpu0) / n * 1000 if pid else None
+                cpu = (sum(map(cpu_seconds, pids)) - cpu0) / n * 1000 if pids else None
                 results[mode, name, clients] = (rps, pct(lat, 0.5), pct(lat, 0.99), cpu)
                 cpu_text = f"{cpu:>10.3f}" if cpu is not None else f"{'':>10}"
                 print(
@@ -269,6 +290,14 @@ def against_tree(rounds: list[Results], other: str) -> None:
         print(f"  {mode:<6} " + "; ".join(cells))
 
 
+def against_sqlite(results: Results) -> None:
+    print("\nmr serve on PostgreSQL (router and its database sessions) against mr serve on SQLite:")
+    for mode in MODES:
+        cpu = [results[mode, "mr serve pg", c][3] / results[mode, "mr serve", c][3] for c in CLIENTS]  # type: ignore[operator]
+        cells = ", ".join(f"{c} clients {x:.2f}x" for c, x in zip(CLIENTS, cpu, strict=True))
+        print(f"  {mode:<6} CPU/request {cells} [<= 1.3]")
+
+
 def across_rounds(rounds: list[Results]) -> None:
     """Medians over the rounds, ranges in brackets; the tail factor is mr serve's p99/p50 over the proxy's.
 
@@ -292,7 +321,9 @@ def across_rounds(rounds: list[Results]) -> None:
             print(f"  {mode:<6} {c:>7}  {cell(cpu):<18} {cell(p50):<18} {cell(p99):<18} {cell(tail):<18}")
 
 
-async def main(seconds: float, loop: str, pinned: bool, rounds: int, against: Path | None = None) -> None:
+async def main(
+    seconds: float, loop: str, pinned: bool, rounds: int, against: Path | None = None, store_url: str = ""
+) -> None:
     tmp = Path(tempfile.mkdtemp(prefix="mr-bench-"))
     bport, pport = free_port(), free_port()
     backend_url = f"http://127.0.0.1:{bport}"
@@ -305,11 +336,16 @@ async def main(seconds: float, loop: str, pinned: bool, rounds: int, against: Pa
         await wait_http(f"http://127.0.0.1:{pport}/v1/chat/completions")
         daemon, daemon_url, auth = await start_daemon(tmp, backend_url, loop)
         procs.append(daemon)
-        targets: dict[str, tuple[str, dict[str, str], int | None]] = {
-            "backend": (backend_url + "/v1/chat/completions", {}, None),
-            "bare proxy": (f"http://127.0.0.1:{pport}/v1/chat/completions", {}, procs[1].pid),
-            "mr serve": (daemon_url, auth, daemon.pid),
+        targets: dict[str, Target] = {
+            "backend": (backend_url + "/v1/chat/completions", {}, ()),
+            "bare proxy": (f"http://127.0.0.1:{pport}/v1/chat/completions", {}, (procs[1].pid,)),
+            "mr serve": (daemon_url, auth, (daemon.pid,)),
         }
+        if store_url:
+            (tmp / "pg").mkdir()
+            pg, pg_url, pg_auth = await start_daemon(tmp / "pg", backend_url, loop, store_url=store_url)
+            procs.append(pg)
+            targets["mr serve pg"] = (pg_url, pg_auth, (pg.pid, *store_sessions(store_url)))
         other = None
         if against is not None:  # its own state folder, and its own tree first on the path
             other = f"mr serve ({against.name})"
@@ -317,17 +353,17 @@ async def main(seconds: float, loop: str, pinned: bool, rounds: int, against: Pa
             command = ["env", f"PYTHONPATH={against}", sys.executable, "-m", "mindrouter.cli", "serve"]
             theirs, theirs_url, theirs_auth = await start_daemon(tmp / "against", backend_url, loop, command)
             procs.append(theirs)
-            targets[other] = (theirs_url, theirs_auth, theirs.pid)
+            targets[other] = (theirs_url, theirs_auth, (theirs.pid,))
         if os.environ.get("MR_BENCH_LITELLM"):
             litellm, litellm_url = await start_litellm(os.environ["MR_BENCH_LITELLM"], tmp, backend_url)
             procs.append(litellm)
-            targets["litellm"] = (litellm_url, LITELLM_AUTH, litellm.pid)
+            targets["litellm"] = (litellm_url, LITELLM_AUTH, (litellm.pid,))
         for url, headers, _ in targets.values():  # first-use costs (connections, caches) stay out of the cells
             for mode in MODES:
                 await run(url, headers, mode, 16, 0.5)
         where = "every core shared with the load generator and backend"
         if pinned:
-            routers = [pid for _, _, pid in targets.values() if pid is not None]
+            routers = [pids[0] for _, _, pids in targets.values() if pids]
             where = pin(routers, [os.getpid(), procs[0].pid])
         print(f"mr serve event loop: {loop}; {seconds:g} s per cell; {where}")
         rounds_seen: list[Results] = []
@@ -336,6 +372,8 @@ async def main(seconds: float, loop: str, pinned: bool, rounds: int, against: Pa
                 print(f"\nround {i + 1} of {rounds}")
             rounds_seen.append(await measure(targets, seconds))
             against_proxy(rounds_seen[-1], "litellm" in targets)
+            if store_url:
+                against_sqlite(rounds_seen[-1])
         if rounds > 1:
             across_rounds(rounds_seen)
         if other is not None:
@@ -362,5 +400,10 @@ if __name__ == "__main__":
     parser.add_argument(
         "--against", type=Path, help="also run the mr serve of this source tree (a checkout), in the same run"
     )
+    parser.add_argument(
+        "--store-url", default="", help="also measure mr serve with its state in this (empty) PostgreSQL database"
+    )
     args = parser.parse_args()
-    asyncio.run(main(args.seconds, args.loop, args.pin, args.rounds, args.against and args.against.resolve()))
+    asyncio.run(
+        main(args.seconds, args.loop, args.pin, args.rounds, args.against and args.against.resolve(), args.store_url)
+    )

@@ -1,4 +1,4 @@
-"""A pool of fake Ollama workstations behind `mr serve`, round-robin, least-busy (and LiteLLM), in one run.
+"""A pool of fake Ollama workstations behind `mr serve`, round-robin, least-busy, cache-aware (and LiteLLM), in one run.
 
 Issue 17's lab, replayed on 127.0.0.1: four workstations (H100 80 GB, RTX
 4090 24 GB, RTX 4080 16 GB, RTX 3060 12 GB) that schedule as Ollama does
@@ -22,6 +22,7 @@ daemon's settings included, scaled alike). Figures are in lab seconds.
     python benchmarks/bench_pool.py --workload scenario --only "mr serve" "mr simulate"   # simulator against live
     python benchmarks/bench_pool.py --workload scenario --only "mr serve" "mr simulate, perfect placement"
     python benchmarks/bench_pool.py --workload conversations --only "mr serve" "mr simulate" least-busy
+    python benchmarks/bench_pool.py --workload conversations --only "mr serve" least-busy cache-aware   # issue 31
     python benchmarks/bench_pool.py --sharing concurrent --only "mr serve" least-busy   # the other GPU law
     python benchmarks/bench_pool.py --only "mr serve" --trace /tmp/t && python benchmarks/pool_ttft.py /tmp/t/mr-serve
 
@@ -53,7 +54,7 @@ from pathlib import Path
 from typing import Any
 
 import aiohttp
-from _lab import POOL, Request, capacity, scenario, users, workload
+from _lab import POOL_KINDS, Request, capacity, pool, scenario, users, workload
 from _pool_report import Figures, Outcome, compute, table
 from _pool_sim import lab_scenario, scenario_requests, simulated
 from _replay import TIMEOUT, replay
@@ -121,25 +122,31 @@ def scaled_settings(compression: float) -> dict[str, dict[str, Any]]:
     return out
 
 
-async def start_mr(
-    tmp: Path, urls: list[str], compression: float, max_concurrent: int | None, loop: str, readings: bool = True
-) -> Any:
-    """`mr serve` with the workstations as backends (and, with ``readings``, as GPU nodes); one key per user."""
-    daemon, port, sock = await launch_daemon(tmp, loop, scaled_settings(compression))
-    for spec, url in zip(POOL, urls, strict=True):
-        backend = {
-            "name": spec.name,
-            "url": url,
-            "engine": "ollama",
-            "max_concurrent": max_concurrent or spec.max_concurrent,
-            "parallel": spec.parallel,  # what the lab set OLLAMA_NUM_PARALLEL and
-            "max_loaded": spec.max_loaded,  # OLLAMA_MAX_LOADED_MODELS to (a daemon without these ignores them)
-        }
-        if readings:
-            backend.update(node=url, gpus=[0])
+async def start_mr(tmp: Path, args: argparse.Namespace, urls: list[str], readings: bool = True) -> Any:
+    """`mr serve` with the workstations as backends (and, with ``readings``, as GPU nodes); one key per user.
+
+    A vLLM-style replica is added as an OpenAI-compatible backend (the fake serves no ``/metrics``)."""
+    settings = scaled_settings(args.compression)
+    for item in args.set or ():
+        key, _, value = item.partition("=")
+        section, _, name = key.partition(".")
+        settings.setdefault(section, {})[name] = json.loads(value)
+    daemon, port, sock = await launch_daemon(tmp, args.loop, settings)
+    for spec, url in zip(pool(args.sharing, args.pool), urls, strict=True):
+        backend = {"name": spec.name, "url": url, "max_concurrent": args.max_concurrent or spec.max_concurrent}
+        if spec.engine == "ollama":
+            backend.update(
+                engine="ollama",
+                parallel=spec.parallel,  # what the lab set OLLAMA_NUM_PARALLEL and
+                max_loaded=spec.max_loaded,  # OLLAMA_MAX_LOADED_MODELS to (a daemon without these ignores them)
+            )
+            if readings:
+                backend.update(node=url, gpus=[0])
+        else:
+            backend["engine"] = "openai"
         await admin_call(sock, "POST", "/admin/backends", backend)
     keys = {}
-    for name, _ in users():
+    for name, _ in users(POOL_KINDS[args.pool]):
         await admin_call(sock, "POST", "/admin/users", {"name": name, "group": "staff"})
         keys[name] = (await admin_call(sock, "POST", f"/admin/users/{name}/keys"))["key"]
     for row in await admin_call(sock, "GET", "/admin/backends"):
@@ -147,9 +154,9 @@ async def start_mr(
     return daemon, f"http://127.0.0.1:{port}", lambda user: {"Authorization": f"Bearer {keys[user]}"}
 
 
-def litellm_yaml(urls: list[str], strategy: str, compression: float) -> str:
+def litellm_yaml(urls: list[str], strategy: str, compression: float, pool_name: str) -> str:
     lines = ["model_list:"]
-    for spec, url in zip(POOL, urls, strict=True):
+    for spec, url in zip(pool(name=pool_name), urls, strict=True):
         for model in spec.models:
             lines += [
                 f"  - model_name: {model}",
@@ -171,9 +178,11 @@ def litellm_yaml(urls: list[str], strategy: str, compression: float) -> str:
 async def run_target(name: str, args: argparse.Namespace, requests: list[Request]) -> Figures:
     """``name`` against fresh workstations: start everything, replay, read the workstations' stats, stop."""
     tmp = Path(tempfile.mkdtemp(prefix="mr-bench-pool-"))
-    ports = [free_port() for _ in POOL]
+    stations = pool(args.sharing, args.pool)
+    ports = [free_port() for _ in stations]
     urls = [f"http://127.0.0.1:{p}" for p in ports]
-    app = [sys.executable, str(HERE / "_ollama_app.py"), str(args.compression), args.sharing, *map(str, ports)]
+    app = [sys.executable, str(HERE / "_ollama_app.py"), str(args.compression), args.sharing, args.pool]
+    app += map(str, ports)
     procs = [subprocess.Popen(app)]
     runner: web.AppRunner | None = None
     try:
@@ -181,9 +190,7 @@ async def run_target(name: str, args: argparse.Namespace, requests: list[Request
             await wait_http(f"{url}/api/version")
         headers: Callable[[str], dict[str, str]] = lambda _user: {}  # noqa: E731
         if name.startswith("mr serve"):
-            daemon, target, headers = await start_mr(
-                tmp, urls, args.compression, args.max_concurrent, args.loop, readings=name == "mr serve"
-            )
+            daemon, target, headers = await start_mr(tmp, args, urls, readings=name == "mr serve")
             procs.append(daemon)
         elif name in POLICIES:
             async with aiohttp.ClientSession() as s:
@@ -195,7 +202,9 @@ async def run_target(name: str, args: argparse.Namespace, requests: list[Request
             target = f"http://127.0.0.1:{port}"
         else:
             strategy = name.removeprefix("litellm ")
-            proc, target = await start_litellm_config(args.litellm, tmp, litellm_yaml(urls, strategy, args.compression))
+            proc, target = await start_litellm_config(
+                args.litellm, tmp, litellm_yaml(urls, strategy, args.compression, args.pool)
+            )
             procs.append(proc)
             headers = lambda _user: LITELLM_AUTH  # noqa: E731
         outcomes, arrivals, span = await replay(target, headers, requests, args.compression, args.steady)
@@ -206,7 +215,7 @@ async def run_target(name: str, args: argparse.Namespace, requests: list[Request
                     stats.append(await r.json())
             if args.trace:
                 traces = {}
-                for spec, url in zip(POOL, urls, strict=True):
+                for spec, url in zip(stations, urls, strict=True):
                     async with s.get(f"{url}/bench/trace") as r:
                         traces[spec.name] = await r.json()
                 save_trace(Path(args.trace) / name.replace(" ", "-"), outcomes, traces)
@@ -233,7 +242,9 @@ def save_trace(folder: Path, outcomes: list[Outcome], traces: dict[str, list[dic
 
 
 async def main(args: argparse.Namespace) -> list[Figures]:
-    sc = lab_scenario(args.seed, args.steady, args.burst, TIMEOUT, args.sharing, args.workload == "conversations")
+    sc = lab_scenario(
+        args.seed, args.steady, args.burst, TIMEOUT, args.sharing, args.workload == "conversations", args.pool
+    )
     if args.workload != "lab":
         requests = scenario_requests(sc, args.steady)
     else:
@@ -241,11 +252,13 @@ async def main(args: argparse.Namespace) -> list[Figures]:
     targets = [t for t in TARGETS if t in args.only] if args.only else ["mr serve", *POLICIES]
     if args.litellm and not args.only:
         targets += LITELLM
-    rate = capacity()
+    kinds = POOL_KINDS[args.pool]
+    rate = capacity(pool(name=args.pool), kinds)
     print(
-        f"seed {args.seed}: {len(requests)} requests from {len(users())} users over {args.steady:g} + {args.burst:g}"
+        f"seed {args.seed}: {len(requests)} requests from {len(users(kinds))} users"
+        f" over {args.steady:g} + {args.burst:g}"
         f" lab s (steady 0.6x, burst 1.3x of an estimated {rate:.2f} requests/s); compression {args.compression:g}x;"
-        f" GPUs {args.sharing};"
+        f" pool {args.pool}, GPUs {args.sharing};"
         f" mr serve: --max-concurrent {args.max_concurrent or 'parallel x max loaded'}, {args.loop} loop;"
         " figures in lab seconds",
         flush=True,
@@ -281,6 +294,12 @@ if __name__ == "__main__":
     )
     parser.add_argument("--json", help="also write the figures to this file")
     parser.add_argument(
+        "--set",
+        nargs="*",
+        metavar="SECTION.KEY=VALUE",
+        help="mr serve settings beside the scaled ones, e.g. scheduler.prefix_cache_tokens=0 (a JSON value)",
+    )
+    parser.add_argument(
         "--trace",
         metavar="DIR",
         help="keep, per target, each request's outcome, the workstations' traces and mr serve's state (decisions)",
@@ -306,15 +325,30 @@ if __name__ == "__main__":
         help="how runners of two models share a GPU (workstations and simulator alike; docs/simulate.md)",
     )
     parser.add_argument(
+        "--pool",
+        choices=("lab", "replicas"),
+        default="lab",
+        help="lab: the four Ollama workstations; replicas: the chat model on four vLLM-style replicas (issue 31's"
+        " pool (a); with --workload scenario or conversations)",
+    )
+    parser.add_argument(
         "--scenario", action="store_true", help="print this lab as an `mr simulate` scenario (TOML) and exit"
     )
     ns = parser.parse_args()
+    if ns.pool != "lab" and ns.workload == "lab":
+        parser.error("--pool replicas replays a scenario's requests: add --workload conversations (or scenario)")
     if ns.quick:
         ns.steady, ns.burst, ns.compression = 120.0, 90.0, 30.0
     if ns.scenario:
         print(
             scenario(
-                ns.seed, ns.steady, ns.burst, TIMEOUT, sharing=ns.sharing, conversations=ns.workload == "conversations"
+                ns.seed,
+                ns.steady,
+                ns.burst,
+                TIMEOUT,
+                sharing=ns.sharing,
+                conversations=ns.workload == "conversations",
+                pool_name=ns.pool,
             )
         )
         sys.exit(0)

@@ -1,12 +1,13 @@
 """How long each web UI page takes to render with 1,000 users and 50 backends in the pool (target: <= 100 ms).
 
-    python benchmarks/bench_ui.py               # 1,000 users, 50 backends, 30 loads a page
-    python benchmarks/bench_ui.py --users 5000 --backends 100 --loads 50
+    python benchmarks/bench_ui.py               # 1,000 users, 50 backends, 30 days, 30 loads a page
+    python benchmarks/bench_ui.py --users 5000 --backends 100 --days 90 --loads 50
 
 An in-process daemon on 127.0.0.1 over a minimal fake Ollama (one server
 answering for all 50 backends); every user has a key, a quota and recent usage
-in the fairness window, and 300 requests went through, so the live page,
-the decisions and every user's row have something to show. Each page is
+in the fairness window, three requests a day over the last ``--days`` days in
+the usage table (90,000 rows by default), and 300 requests went through, so the
+live page, the usage page, the decisions and every user's row have something to show. Each page is
 fetched over HTTP with an admin session (``/ui/me`` with a person's); the
 figure is the time to the whole answer, client and server on this machine.
 """
@@ -85,7 +86,33 @@ async def _login(base: str, key: str) -> aiohttp.ClientSession:
     return session
 
 
-async def main(users: int, backends: int, loads: int) -> None:
+def _history(store: object, users: int, backends: int, days: int, rng: random.Random) -> int:
+    """Three requests a day per user over the last ``days`` days, on random models and backends; the rows made."""
+    now = time.time()
+    rows = []
+    for user in store.list_users():  # type: ignore[attr-defined]
+        for day in range(days):
+            for _ in range(3):
+                at = now - day * 86400 - rng.uniform(0, 86400)
+                rows.append(
+                    (
+                        user.id,
+                        f"h{len(rows)}",
+                        rng.choice(MODELS),
+                        rng.randint(1, backends),
+                        rng.randint(10, 900),
+                        rng.randint(10, 2000),
+                        at,
+                        rng.uniform(0.1, 20.0),
+                        user.group,
+                    )
+                )
+    for i in range(0, len(rows), 10_000):
+        store.record_usages(rows[i : i + 10_000])  # type: ignore[attr-defined]
+    return len(rows)
+
+
+async def main(users: int, backends: int, days: int, loads: int) -> None:
     fake, ports = await _fake_ollama(backends)
     with tempfile.TemporaryDirectory() as tmp:
         config = Config(
@@ -107,6 +134,7 @@ async def main(users: int, backends: int, loads: int) -> None:
             store.add_user(f"user{i:04d}", groups[i % 3])
             keys.append(store.create_key(f"user{i:04d}"))
             store.set_user_quota(f"user{i:04d}", {"tokens_per_day": 100_000})
+        made = _history(store, users, backends, days, random.Random(7))
         server = TestServer(app, host="127.0.0.1")
         await server.start_server()
         base = str(server.make_url("")).rstrip("/")
@@ -123,7 +151,9 @@ async def main(users: int, backends: int, loads: int) -> None:
                         assert resp.status == 200, await resp.text()
             now = time.monotonic()
             for user in store.list_users():  # everyone active in the fairness window
-                app[SERVICES].scheduler.add_usage(user.id, rng.randint(100, 5000), now - rng.uniform(0, 200), MODELS[0])
+                app[SERVICES].scheduler.add_usage(
+                    user.id, 0, rng.randint(100, 5000), now - rng.uniform(0, 200), MODELS[0]
+                )
             admin = await _login(base, ADMIN_KEY)
             person = await _login(base, keys[0])
             listing = await (await admin.get(f"{base}/ui/admin/decisions")).text()
@@ -136,12 +166,19 @@ async def main(users: int, backends: int, loads: int) -> None:
                     "/ui/admin/users",
                     "/ui/admin/users/user0001",
                     "/ui/admin/backends",
+                    "/ui/admin/backends/ws01",
+                    "/ui/admin/groups/student",
+                    "/ui/admin/usage?by=user",
+                    "/ui/admin/usage?by=group",
+                    "/ui/admin/usage?by=model&metric=gpu_seconds",
+                    "/ui/admin/usage?by=backend&days=90",
                     "/ui/admin/decisions",
+                    "/ui/admin/decisions?outcome=ok&model=mistral",
                     f"/ui/admin/decisions/{rid}",
                 )
             ] + [("/ui/me", person, "/ui/me")]
-            print(f"{users} users, {backends} backends, {loads} loads a page (ms to the whole answer)")
-            print(f"{'page':34} {'median':>8} {'p95':>8} {'max':>8} {'KB':>6}")
+            print(f"{users} users, {backends} backends, {made:,} usage rows over {days} days, {loads} loads a page")
+            print(f"{'page (ms to the whole answer)':46} {'median':>8} {'p95':>8} {'max':>8} {'KB':>6}")
             for label, session, path in pages:
                 times = []
                 size = 0
@@ -155,7 +192,7 @@ async def main(users: int, backends: int, loads: int) -> None:
                 times.sort()
                 p95 = times[min(len(times) - 1, int(0.95 * len(times)))]
                 shown = "/ui/admin/decisions/{id}" if rid in label else label
-                print(f"{shown:34} {statistics.median(times):8.1f} {p95:8.1f} {times[-1]:8.1f} {size / 1024:6.0f}")
+                print(f"{shown:46} {statistics.median(times):8.1f} {p95:8.1f} {times[-1]:8.1f} {size / 1024:6.0f}")
             await admin.close()
             await person.close()
         finally:
@@ -167,6 +204,7 @@ if __name__ == "__main__":
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--users", type=int, default=1000)
     parser.add_argument("--backends", type=int, default=50)
+    parser.add_argument("--days", type=int, default=30)
     parser.add_argument("--loads", type=int, default=30)
     args = parser.parse_args()
-    asyncio.run(main(args.users, args.backends, args.loads))
+    asyncio.run(main(args.users, args.backends, args.days, args.loads))

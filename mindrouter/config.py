@@ -28,6 +28,7 @@ __all__ = [
     "BackendSettings",
     "Config",
     "ServerSettings",
+    "StoreSettings",
     "check_keys",
     "config_path",
     "default_socket_path",
@@ -171,10 +172,26 @@ def check_keys(server: ServerSettings) -> None:
 
 
 @dataclass(frozen=True, slots=True)
+class StoreSettings:
+    url: str = ""
+    """Where durable state lives: empty for SQLite in state_dir; postgresql://USER@HOST:PORT/DB (or
+    ?host=/socket/dir) for a PostgreSQL database that several `mr serve` share, one leading and the
+    others standing by (docs/scale.md; needs mindrouter[postgres])."""
+
+    def __post_init__(self) -> None:
+        if self.url and not self.url.startswith(("postgresql://", "postgres://")):
+            raise ConfigError(
+                f"[store] url {self.url!r} is not a PostgreSQL url; write postgresql://USER@HOST:PORT/DB, "
+                "or leave it empty for SQLite in state_dir"
+            )
+
+
+@dataclass(frozen=True, slots=True)
 class Config:
     server: ServerSettings = field(default_factory=ServerSettings)
     scheduler: SchedulerSettings = field(default_factory=SchedulerSettings)
     backends: BackendSettings = field(default_factory=BackendSettings)
+    store: StoreSettings = field(default_factory=StoreSettings)
     path: Path | None = None
     """The file these settings were read from, if any."""
 
@@ -293,9 +310,9 @@ def load_config(
         raise ConfigError(f"config file {file} does not exist; create it with `mr config init`")
 
     for section in data:
-        if section not in {"server", "scheduler", "backends"}:
+        if section not in {"server", "scheduler", "backends", "store"}:
             raise ConfigError(
-                f"unknown section [{section}] in {file}; the sections are [server], [scheduler] and [backends]"
+                f"unknown section [{section}] in {file}; the sections are [server], [scheduler], [backends] and [store]"
             )
         if not isinstance(data[section], dict):
             raise ConfigError(f"[{section}] in {file} must be a table")
@@ -310,6 +327,7 @@ def load_config(
     scheduler = _merge("scheduler", SchedulerSettings(), sched_data, skip=frozenset({"scores", "group_weights"}))
     scores = _merge("scheduler.scores", ScoreWeights(), score_data)
     backends = _merge("backends", BackendSettings(), data.get("backends", {}))
+    store = _merge("store", StoreSettings(), data.get("store", {}))
 
     # Environment (the seed's names) over the file.
     env_sched = {attr: environ[name] for name, attr in _ENV_SCHEDULER.items() if name in environ}
@@ -329,4 +347,6 @@ def load_config(
 
     if overrides:
         server = _merge("server", server, {k: v for k, v in overrides.items() if v is not None})
-    return Config(server=server, scheduler=scheduler, backends=backends, path=file if file.exists() else None)
+    return Config(
+        server=server, scheduler=scheduler, backends=backends, store=store, path=file if file.exists() else None
+    )

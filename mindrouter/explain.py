@@ -12,12 +12,22 @@ from typing import Any
 
 from .formats import fmt_num, fmt_pct, fmt_tokens
 
-__all__ = ["ENDINGS", "PRIORITY_TERMS", "RECENT_TERMS", "SCORE_TERMS", "backend_label", "ended", "lost_by"]
+__all__ = [
+    "ENDINGS",
+    "PRIORITY_TERMS",
+    "RECENT_TERMS",
+    "SCORE_TERMS",
+    "backend_label",
+    "busy_is_cache",
+    "ended",
+    "lost_by",
+]
 
 #: (record key, header, meaning) of each term of a candidate's estimate (docs/routing.md), in seconds from the decision.
 SCORE_TERMS = [
     ("start", "start s", "until it could start: the rest of a load, a whole load, or a slot to free"),
-    ("prefill", "prefill s", "reading the prompt"),
+    ("prefill", "prefill s", "reading the prompt, but for what its prompt cache holds"),
+    ("cached_tokens", "cached tok", "prompt tokens expected in its prompt cache (sent there before): not read again"),
     ("decode", "decode s", "writing the expected answer"),
     ("finish", "finish s", "start + prefill + decode"),
     ("eviction", "evict s", "reload time of the idle models it would evict"),
@@ -38,11 +48,16 @@ _LOST_BY = [
     ("decode", "it writes answers more slowly"),
     ("penalty", "it already failed this request"),
 ]
+_LESS_CACHED = "less of the prompt is in its prompt cache"
 
 
 def lost_by(row: Mapping[str, Any], best: Mapping[str, Any]) -> str:
     """The term that cost this candidate the most seconds against the chosen one."""
-    gaps = [(float(row.get(k) or 0) - float(best.get(k) or 0), why) for k, why in _LOST_BY]
+    cache = float(best.get("cached_tokens") or 0) > float(row.get("cached_tokens") or 0)
+    gaps = [
+        (float(row.get(k) or 0) - float(best.get(k) or 0), _LESS_CACHED if cache and k == "prefill" else why)
+        for k, why in _LOST_BY
+    ]
     gap, reason = max(gaps)
     return f"{reason} (+{gap:.1f} s)" if gap > 0.05 else ""
 
@@ -119,3 +134,9 @@ def backend_label(record: Mapping[str, Any]) -> str:
     if record.get("selected_backend_id") is not None:
         return f"#{record['selected_backend_id']}"
     return _NO_BACKEND.get(str(record.get("outcome")), "none")
+
+
+def busy_is_cache(row: Mapping[str, Any]) -> bool:
+    """Whether a backend row's ``utilization`` is its engine's KV-cache fill, not a GPU's: a vLLM or llama-server
+    with no GPUs or node named reports only that (``mr top`` and the web UI's Live label it so)."""
+    return row.get("engine") in ("vllm", "llamacpp") and not row.get("gpus") and not row.get("node")

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import contextlib
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -14,6 +14,8 @@ from .fake_nvml import FakeNvml
 from .fakes import fake_llamacpp, fake_ollama, fake_openai, fake_vllm  # noqa: F401 (fixtures)
 from .harness import ADMIN_KEY, Daemon, ServeServer, daemon_config, until
 from .harness import daemon as start_daemon
+from .pg import PgCluster
+from .pg import pg_cluster as start_pg_cluster
 
 __all__ = ["ADMIN_KEY", "SEED_RECORD_KEYS", "Daemon", "ServeServer", "ServedDaemon", "daemon_config", "until"]
 
@@ -35,7 +37,7 @@ SEED_RECORD_KEYS = (
 )
 """The decision record's keys that DESIGN section 7 says may never be removed or renamed."""
 
-SUITE_TIMEOUTS = {"soak": 600, "real": 900, "shares": 180, "timing": 180, "browser": 180}
+SUITE_TIMEOUTS = {"postgres": 120, "soak": 600, "real": 900, "shares": 180, "timing": 180, "browser": 180}
 """Seconds a test of each marked suite may take (pyproject's ``timeout`` is for the default run's tests)."""
 
 
@@ -96,3 +98,16 @@ async def new_daemon(tmp_path: Path, nvml: FakeNvml) -> AsyncIterator[Callable[.
             return await running.enter_async_context(start_daemon(kw.pop("tmp_path", tmp_path), **kw))
 
         yield start
+
+
+@pytest.fixture(scope="session")
+def pg_cluster() -> Iterator[PgCluster]:
+    """One throwaway PostgreSQL for the session's ``postgres`` tests (tests/pg.py); skips without one."""
+    with start_pg_cluster() as cluster:
+        yield cluster
+
+
+@pytest.fixture
+def pg_url(pg_cluster: PgCluster) -> str:
+    """The url of a fresh, empty database on the session's PostgreSQL."""
+    return pg_cluster.new_database()

@@ -91,3 +91,29 @@ def test_top_never_cuts_a_number(fake: FakeDaemon, width: int, height: int) -> N
     assert not numbers, text
     if width == 120:
         assert "1,943.2" in text and "-2,345,678" in text and "0.13" in text, text
+
+
+LONG_USER = "a.very.long.person.name@university.example.edu"
+LONG_MODEL = "hf.co/bartowski/Qwen2.5-Coder-32B-Instruct-GGUF:Q4_K_M"
+LONG_BACKEND = "gpu-node-18-llamacpp-second-card"
+
+
+@pytest.mark.parametrize(("width", "height"), [(80, 24), (80, 60), (120, 40)])
+def test_top_never_cuts_a_name(fake: FakeDaemon, width: int, height: int) -> None:
+    """`mr top` cut names longer than their column with "…" (issue 32); a row that cannot fit whole is a block."""
+    lab(fake)
+    data = fake.top()
+    data["backends"][0]["name"] = LONG_BACKEND
+    data["share"]["users"][0]["name"] = LONG_USER
+    data["queue"]["queue"]["by_user_model"] = {LONG_USER: {LONG_MODEL: 3}}
+    data["queue"]["queue"]["oldest_wait_by_user_model"] = {LONG_USER: {LONG_MODEL: 4.5}}
+    from .test_cli_top import frame
+
+    lines = frame(data, width, height, socket="/run/mr.sock", now=1_767_000_000.0)
+    text = "\n".join(lines)
+    cut = [line for line in lines if re.search(r"\S…", line) and "more" not in line]
+    assert not cut, text
+    assert all(len(line) <= width for line in lines), text
+    assert LONG_USER in text and LONG_BACKEND in text, text
+    if height >= 40:
+        assert LONG_MODEL in text, text

@@ -127,8 +127,9 @@ def test_a_hold_ends_when_its_backend_is_drained():
     assert started(s, 3.0) == ["b2"]
 
 
-def test_a_user_with_a_long_think_time_never_holds_a_slot():
-    """A person reading each answer for 5 s: every slot it frees goes at once to the queue."""
+def test_a_reader_never_holds_the_only_slot_of_a_backend():
+    """A person reading each answer for 5 s on one slot: b's share of it is the slot, so every slot a's
+    requests free goes at once to the queue."""
     s = core()
     assert s.submit(job("a", "a0", 0.0, 100, 100), 0.0) is None
     for i in range(20):
@@ -154,7 +155,7 @@ def test_a_user_with_a_long_think_time_never_holds_a_slot():
         assert load is not None and load.held == 0
     assert not any(r.slot_held for r in records)
     (pool,) = s.turns.fair.pools.values()
-    assert pool.seats["a"].think == pytest.approx(0.2)  # 5 s gaps count as twice the hold at most
+    assert pool.seats["a"].think == pytest.approx(5.0)  # gaps count up to twice max_think_time
 
 
 def test_anticipation_must_be_a_finite_number_of_seconds():
@@ -200,10 +201,10 @@ def test_the_simulator_ends_every_hold_at_its_time(monkeypatch):
 
 
 def test_a_human_in_the_simulator_never_holds_a_slot(monkeypatch):
-    """small reads each answer for 5 s: no slot ever idles for it."""
+    """small reads each answer for 20 s, past ``max_think_time``: no slot ever idles for it."""
     taken = []
     monkeypatch.setattr(Holds, "take", lambda self, *args: taken.append(args))
-    simulate(think_time(think_time=(5.0, 5.0)).replace(duration=600))
+    simulate(think_time(think_time=(20.0, 20.0)).replace(duration=600))
     assert taken == []
 
 

@@ -95,7 +95,12 @@ async def test_vllm_unhealthy_when_health_fails(session: aiohttp.ClientSession) 
 
 async def test_llamacpp_probe_reads_slots_and_metrics(session: aiohttp.ClientSession) -> None:
     async with FakeOpenAI(
-        flavor="llamacpp", models=["tiny"], max_concurrent=3, tokens_per_second=500, completion_tokens=50
+        # 2 s answers: the probe must see three running and one waiting however busy the machine is.
+        flavor="llamacpp",
+        models=["tiny"],
+        max_concurrent=3,
+        tokens_per_second=25,
+        completion_tokens=50,
     ) as fake:
         a = adapter("llamacpp", fake.url, session)
         body = json.dumps(
@@ -107,7 +112,9 @@ async def test_llamacpp_probe_reads_slots_and_metrics(session: aiohttp.ClientSes
         assert p.healthy and p.version == "b5000-fake"
         assert (p.slots_total, p.slots_busy, p.running, p.waiting) == (3, 3, 3, 1)
         for t in tasks:
-            await (await t).close()
+            async with await t as upstream:
+                async for _ in upstream:  # each answer read whole, so the server counts all its tokens
+                    pass
         p = await a.probe()
         assert (p.slots_busy, p.prompt_tokens_total, p.completion_tokens_total) == (0, 8, 200)
 

@@ -474,7 +474,7 @@ def test_config_init_show_path(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) 
     text = target.read_text()
     assert "# Seconds of recent usage that decide who is a heavy user." in text
     assert "# fairness_window = 300.0" in text and "[scheduler.scores]" in text
-    assert tomllib.loads(text) == {"server": {}, "scheduler": {"scores": {}}, "backends": {}}
+    assert tomllib.loads(text) == {"server": {}, "scheduler": {"scores": {}}, "backends": {}, "store": {}}
     run = mr("config", "init")
     assert run.exit_code == 1 and "already exists" in run.stderr and "--force" in run.stderr
     assert mr("config", "init", "--force").exit_code == 0

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import io
 import os
+import re
 import shlex
 import shutil
 import subprocess
@@ -85,7 +86,7 @@ def test_narrow_terminal_drops_columns_not_rows(top_data: dict[str, Any]) -> Non
     lines = frame(top_data, 50, 40)
     header = next(line for line in lines if line.startswith("backend"))
     assert "status" in header and "load" in header
-    assert "tok/s" not in header and "latency" not in header
+    assert "latency" not in header and "last" not in header and "loaded" not in header  # tok/s, a number, stays
     assert sum(line.startswith(("ws1", "ws2", "old")) for line in lines) == 3
 
 
@@ -276,3 +277,24 @@ def test_top_as_a_person_sees_it_under_tmux(tmp_path: Path, width: int, height: 
         subprocess.run(["tmux", "-S", tmux_sock, "kill-server"], capture_output=True, timeout=10)
         server.stop()
         shutil.rmtree(folder, ignore_errors=True)
+
+
+def test_a_kv_cache_fill_is_labelled_so_where_no_gpu_is_named(top_data: dict[str, Any]) -> None:
+    """A vLLM or llama-server backend without --gpus reports its KV cache's fill; it was shown as a bare gpu bar."""
+    rows = {r["name"]: r for r in top_data["backends"]}
+    assert any(r["engine"] in ("vllm", "llamacpp") for r in rows.values())
+    text = "\n".join(frame(top_data, 160, 40))
+    for name, row in rows.items():
+        line = next(line for line in text.splitlines() if line.startswith(name + " "))
+        cache = row["engine"] in ("vllm", "llamacpp") and not row["gpus"] and not row["node"]
+        assert (" kv " in line) == cache, (name, line)
+
+
+def test_fair_share_names_each_persons_pool_where_pools_differ(top_data: dict[str, Any]) -> None:
+    users = top_data["share"]["users"]
+    assert "pool" not in "\n".join(frame(top_data, 160, 40)).split("Fair share")[1].splitlines()[1]
+    users[0]["pools"] = [{"backends": ["1"], "names": ["ws1"], "target_share": 1.0}]
+    users[1]["pools"] = [{"backends": ["2", "3"], "names": ["ws2", "old"], "target_share": 0.4}]
+    share = "\n".join(frame(top_data, 160, 40)).split("Fair share")[1].splitlines()
+    assert " pool " in share[1]
+    assert re.search(rf"^{users[0]['name']} .* ws1 ", share[2]) and "ws2, old" in share[3], share

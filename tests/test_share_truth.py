@@ -8,6 +8,7 @@ on Groups and in `mr share`, which divided by every registered account's weight)
 
 from __future__ import annotations
 
+import io
 import re
 from typing import Any
 
@@ -96,3 +97,30 @@ async def test_mr_share_json_reads_the_same_targets(daemon: Daemon) -> None:
     assert rows["ana"]["target_share"] == 1.0 and rows["ana"]["actual_share"] == 1.0
     assert rows["idle"]["target_share"] is None
     assert rows["ana"]["pools"][0]["target_share"] == 1.0
+
+
+def test_mr_share_adds_a_table_per_pool_where_pools_differ() -> None:
+    from rich.console import Console
+
+    from mindrouter.cli.share import pool_table
+
+    def seat(names: list[str], target: float, actual: float) -> dict[str, Any]:
+        return {"backends": ["1"], "names": names, "target_share": target, "actual_share": actual}
+
+    one = {"users": [{"name": "ana", "pools": [seat(["shared"], 0.6, 0.5)]}]}
+    assert pool_table(one) is None  # one pool: the main table says it all
+    two = {
+        "users": [
+            {"name": "ana", "pools": [seat(["shared"], 0.6, 0.5)]},
+            {"name": "dan", "pools": [seat(["shared"], 0.4, 0.5)]},
+            {"name": "bo", "pools": [seat(["own"], 1.0, 1.0)]},
+            {"name": "carl", "pools": []},
+        ]
+    }
+    table = pool_table(two)
+    assert table is not None
+    console = Console(width=80, record=True, file=io.StringIO())
+    console.print(table)
+    text = console.export_text()
+    assert re.search(r"own\s+bo\s+100\.0%\s+100\.0%", text) and re.search(r"shared\s+ana\s+60\.0%\s+50\.0%", text)
+    assert re.search(r"^\s+dan\s+40\.0%", text, re.M) and "carl" not in text

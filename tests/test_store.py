@@ -39,9 +39,11 @@ def path(tmp_path: Path) -> Path:
     return tmp_path / "state" / "nested" / "mindrouter.db"
 
 
-@pytest.fixture
-def st(path: Path):
-    with Store(path, clock=lambda: 1000.0) as s:
+@pytest.fixture(params=["sqlite", pytest.param("postgres", marks=pytest.mark.postgres)])
+def st(request: pytest.FixtureRequest, path: Path):
+    """The store on SQLite, and (``-m postgres``) on a fresh PostgreSQL database."""
+    url = request.getfixturevalue("pg_url") if request.param == "postgres" else ""
+    with Store(path, clock=lambda: 1000.0, url=url) as s:
         s.ensure_default_groups()
         yield s
 
@@ -490,6 +492,21 @@ def test_decisions(st: Store) -> None:
         st.add_decision({"selected_backend_id": 1})
 
 
+def test_decisions_filtered_by_their_fields_among_the_newest(st: Store) -> None:
+    for i in range(6):
+        st.add_decision({**decision(i, "alice" if i % 2 == 0 else "bob"), "model": "qwen" if i < 3 else "llama3"})
+
+    def ids(rows: list[dict[str, object]]) -> list[str]:
+        return [str(d["request_id"]) for d in rows]
+
+    assert ids(st.recent_decisions(10, fields={"model": "qwen"}, searched=100)) == ["req0", "req1", "req2"]
+    assert ids(st.recent_decisions(10, user="alice", fields={"model": "qwen"}, searched=100)) == ["req0", "req2"]
+    assert ids(st.recent_decisions(10, fields={"model": "qwen"}, searched=4)) == ["req2"]  # among req2..req5
+    assert ids(st.recent_decisions(10, user="bob", fields={"model": "llama3"}, searched=1)) == ["req5"]
+    with pytest.raises(ValueError):
+        st.recent_decisions(10, fields={"record": "x"})
+
+
 def test_add_decisions_in_one_commit(path: Path) -> None:
     with Store(path, max_decisions=20) as s:
         s.add_decisions(decision(i) for i in range(50))
@@ -743,3 +760,13 @@ def test_proxies_survive_export_and_import(st: Store, tmp_path: Path) -> None:
         assert other.get_user("alice@lab.edu").person_of == "webui"
     with pytest.raises(InvalidValue, match="proxy_for 'nope'"):
         st.import_({"users": [{"name": "x", "group": "staff", "proxy_for": "nope"}]})
+
+
+def test_a_revoked_keys_id_is_never_given_again(st: Store) -> None:
+    st.add_user("kim", "staff")
+    st.create_key("kim")
+    st.create_key("kim")
+    last = st.list_keys("kim")[-1].id
+    st.revoke_key("kim", last)
+    st.create_key("kim")
+    assert st.list_keys("kim")[-1].id == last + 1  # was `last` again

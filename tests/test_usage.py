@@ -32,12 +32,16 @@ from mindrouter.store import schema as schema_module
 
 
 @pytest.fixture
-def tz(monkeypatch: pytest.MonkeyPatch):
-    """Set the local zone: ``tz("Europe/Berlin")``; the old one is back after the test."""
+def tz(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch):
+    """Set the local zone: ``tz("Europe/Berlin")``; the old one is back after the test.
+
+    A store on PostgreSQL set its session's zone when it connected: it is told the new one too."""
 
     def use(name: str) -> ZoneInfo:
         monkeypatch.setenv("TZ", name)
         time.tzset()
+        if "st" in request.fixturenames and request.getfixturevalue("st").url:
+            request.getfixturevalue("st")._db.execute("SELECT set_config('TimeZone', ?, false)", (name,))
         return ZoneInfo(name)
 
     yield use
@@ -49,9 +53,11 @@ def at(zone: ZoneInfo, text: str) -> float:
     return datetime.fromisoformat(text).replace(tzinfo=zone).timestamp()
 
 
-@pytest.fixture
-def st(tmp_path: Path):
-    with Store(tmp_path / "m.db", usage_retention=1e12) as s:
+@pytest.fixture(params=["sqlite", pytest.param("postgres", marks=pytest.mark.postgres)])
+def st(request: pytest.FixtureRequest, tmp_path: Path):
+    """The store on SQLite, and (``-m postgres``) on a fresh PostgreSQL database."""
+    url = request.getfixturevalue("pg_url") if request.param == "postgres" else ""
+    with Store(tmp_path / "m.db", usage_retention=1e12, url=url) as s:
         s.ensure_default_groups()
         s.add_user("alice", "staff")
         s.add_user("bob", "student")

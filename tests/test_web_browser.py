@@ -147,6 +147,11 @@ def test_admin_changes_a_weight_drains_a_backend_and_a_student_sees_only_their_o
 
     browser.get(base(live) + "/ui/admin/users/bob")
     shoot(browser, "user")
+    browser.get(base(live) + "/ui/admin/usage?by=user")
+    assert "bob" in browser.find_element(By.ID, "usage-rows").text
+    shoot(browser, "usage")
+    browser.get(base(live) + "/ui/admin/decisions?backend=ws1")
+    shoot(browser, "decisions")
     browser.get(base(live) + f"/ui/admin/decisions/{rid}")
     assert "went to ws1" in browser.find_element(By.TAG_NAME, "main").text
     shoot(browser, "why")
@@ -185,8 +190,9 @@ def test_admin_adds_a_group_a_user_with_a_named_key_and_a_backend_and_removes_th
     submit(browser, "#create-key button")
     key = browser.find_element(By.ID, "new-key").text
     assert key.startswith("mr-") and browser.current_url.endswith("/ui/admin/users/carol")
-    shoot(browser, "user-keys")  # shoot() reloads the page: the key is gone from it
+    browser.refresh()  # a reload shows the key no more, and makes no other
     assert not browser.find_elements(By.ID, "new-key")
+    shoot(browser, "user-keys")
     keys = run(live, "user", "keys", "carol", "--json").json()
     assert [k["label"] for k in keys] == ["laptop"]  # the reloads made no other key
 
@@ -218,3 +224,12 @@ def test_admin_adds_a_group_a_user_with_a_named_key_and_a_backend_and_removes_th
     browser.get(base(live) + "/ui/admin/users/carol/remove")
     submit(browser, "#confirm")
     assert "carol" not in {u["name"] for u in run(live, "user", "list", "--json").json()}
+
+    # Loads users from a file as `mr import` does: the changes first, then the import.
+    browser.get(base(live) + "/ui/admin/import")
+    browser.find_element(By.ID, "file").send_keys('version = 1\n[[users]]\nname = "dora"\ngroup = "lab-b"\n')
+    submit(browser, "#import button[value=preview]")
+    assert "user dora: new" in browser.find_element(By.ID, "changes").text
+    shoot(browser, "import")
+    submit(browser, "#do-import")
+    assert "dora" in {u["name"] for u in run(live, "user", "list", "--json").json()}

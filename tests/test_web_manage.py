@@ -104,3 +104,53 @@ async def test_draining_a_models_last_backend_asks_first_naming_the_models(daemo
     page = await post(daemon, "/ui/admin/backends", "/ui/admin/backends/a/drain")
     assert "Draining a leaves llama3.2, qwen without a backend" in page
     assert {r["name"]: r["status"] for r in await daemon.admin("GET", "/admin/backends")}["a"] == "healthy"
+
+
+async def test_a_user_is_made_a_proxy_and_a_person_is_added_behind_it(daemon: Daemon) -> None:
+    await daemon.user("webui")
+    await login(daemon, ADMIN_KEY)
+    form = {"proxy": "yes", "proxy_group": "staff", "person_from": "user-field"}
+    page = await post(daemon, "/ui/admin/users/webui", "/ui/admin/users/webui/proxy", form)
+    assert "user webui is a proxy: the people its requests name go in group staff" in page
+    users = {u["name"]: u for u in await daemon.admin("GET", "/admin/users")}
+    assert (users["webui"]["proxy_for"], users["webui"]["person_from"]) == ("staff", "user-field")
+    form = {"name": "eve@lab.edu", "group": "student", "person_of": "webui"}
+    page = await post(daemon, "/ui/admin/users", "/ui/admin/users", form)
+    assert "user eve@lab.edu added" in page
+    users = {u["name"]: u for u in await daemon.admin("GET", "/admin/users")}
+    assert users["eve@lab.edu"]["person_of"] == "webui"
+    page = await post(daemon, "/ui/admin/users/webui", "/ui/admin/users/webui/proxy", {})
+    assert "user webui is no longer a proxy" in page
+
+
+FILE = """
+version = 1
+
+[[groups]]
+name = "lab-c"
+scheduler_weight = 4
+tokens_per_day = 5000
+
+[[users]]
+name = "zoe"
+group = "lab-c"
+"""
+
+
+async def test_a_pool_file_is_previewed_then_imported_all_or_nothing(daemon: Daemon) -> None:
+    await login(daemon, ADMIN_KEY)
+    page = await post(daemon, "/ui/admin/import", "/ui/admin/import", {"file": FILE, "do": "preview"})
+    assert "would import 1 groups, 1 users, 0 backends; 2 changes" in page
+    assert "group lab-c: new" in page and "user zoe: new" in page and 'id="do-import"' in page
+    assert "zoe" not in {u["name"] for u in await daemon.admin("GET", "/admin/users")}  # a preview changes nothing
+    page = await post(daemon, "/ui/admin/import", "/ui/admin/import", {"file": FILE, "do": "import"})
+    assert "imported 1 groups, 1 users, 0 backends; 2 changes" in page
+    users = {u["name"]: u for u in await daemon.admin("GET", "/admin/users")}
+    assert users["zoe"]["group"] == "lab-c"
+    bad = FILE + '\n[[users]]\nname = "yan"\ngroup = "nowhere"\n'
+    token = csrf_of(await (await daemon.client.get("/ui/admin/import")).text())
+    resp = await daemon.client.post("/ui/admin/import", data={"csrf": token, "file": bad, "do": "import"})
+    assert resp.status == 400 and "nowhere" in await resp.text()
+    assert "yan" not in {u["name"] for u in await daemon.admin("GET", "/admin/users")}
+    resp = await daemon.client.post("/ui/admin/import", data={"csrf": token, "file": "[[groups", "do": "preview"})
+    assert resp.status == 400 and "not valid TOML" in await resp.text()

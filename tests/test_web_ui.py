@@ -213,7 +213,8 @@ async def test_drain_and_enable_a_backend(daemon: Daemon, box: InProcess) -> Non
     page = await post(daemon, "/ui/admin/backends", "/ui/admin/backends/box/enable")
     assert "backend box is healthy" in page
     page = await post(daemon, "/ui/admin/backends", "/ui/admin/backends/nobox/drain")
-    assert "backend &#39;nobox&#39; does not exist; see the configured ones with `mr backend list`" in page
+    # the sentence as `mr` prints it, its command as code rather than Markdown backticks (issue 32)
+    assert "backend &#39;nobox&#39; does not exist; see the configured ones with <code>mr backend list</code>" in page
 
 
 async def test_live_page_and_why_explain_a_request(daemon: Daemon, box: InProcess) -> None:

@@ -11,7 +11,7 @@ from .engines import ENGINES, make_adapter
 from .llamacpp import LlamaCppAdapter
 from .ollama import OllamaAdapter
 from .openai import OpenAIAdapter
-from .probe import Probe, model_key
+from .probe import Probe, model_key, set_aliases
 from .upstream import Upstream
 from .vllm import VllmAdapter
 
@@ -36,4 +36,5 @@ __all__ = [
     "error_body",
     "make_adapter",
     "model_key",
+    "set_aliases",
 ]

@@ -69,6 +69,9 @@ class Usage:
     """Ollama's ``load_duration``, ``prompt_eval_duration`` and ``eval_duration``: what routing learns rates from."""
     prefill_seconds: float | None = None
     decode_seconds: float | None = None
+    cached_tokens: int | None = None
+    """OpenAI usage's ``prompt_tokens_details.cached_tokens``: prompt tokens the engine's prompt cache held, which
+    corrects what routing expects it to hold (``scheduler/routing/prefixes.py``)."""
     dropped: list[tuple[str, Any]] = field(default_factory=list)
     """(field, value) the backend reported that failed its check; logged once per backend by :meth:`vet`."""
 
@@ -257,6 +260,9 @@ def openai_usage(usage: Any, into: Usage) -> None:
     """OpenAI's ``usage`` object into ``into``, each count checked (a usage that is not an object is noted)."""
     if isinstance(usage, dict):
         into.read(usage, *OPENAI_USAGE)
+        details = usage.get("prompt_tokens_details")
+        if isinstance(details, dict):
+            into.cached_tokens = count(details.get("cached_tokens"))
     else:
         into.dropped.append(("usage", usage))
 

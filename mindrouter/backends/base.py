@@ -171,6 +171,8 @@ class Adapter(ABC):
         """model_key -> the name this backend lists, learnt by :meth:`poll`."""
         self._resident: frozenset[str] = frozenset()
         """model_keys loaded at the last :meth:`poll`: a stream for any other may first wait for a load."""
+        self._listed: tuple[frozenset[str], frozenset[str]] = (frozenset(), frozenset())
+        """The models and the loaded ones the last healthy :meth:`poll` listed, as this backend spells them."""
 
     @staticmethod
     def normalize_url(url: str) -> str:
@@ -187,9 +189,15 @@ class Adapter(ABC):
         """:meth:`probe`, remembering how this backend spells its models for :meth:`open`."""
         probe = await self.probe()
         if probe.healthy:
-            self._spellings = {model_key(m): m for m in probe.models}
-            self._resident = frozenset(map(model_key, probe.loaded_models))
+            self._listed = (probe.models, probe.loaded_models)
+            self.respell()
         return probe
+
+    def respell(self) -> None:
+        """Key the models the last poll listed by ``model_key`` again (the model aliases changed)."""
+        models, loaded = self._listed
+        self._spellings = {model_key(m): m for m in models}
+        self._resident = frozenset(map(model_key, loaded))
 
     async def get(self, path: str, *, method: str = "GET", json_body: Any = None) -> Reply:
         """One probe request; failures come back as a Reply, never as an exception."""

@@ -8,10 +8,12 @@ is checked here, and every number is held to a range a backend can use
 from __future__ import annotations
 
 import json
+import re
 from dataclasses import dataclass, replace
 from typing import Any
 
 from ..errors import RequestError
+from ..scheduler.prefix import Prefix, message_chain
 from . import responses_api
 from ._shapes import Dialect, Kind, dumps
 from .numbers import check_numbers, loads
@@ -101,6 +103,16 @@ def _strings(value: Any, key: str, *, tokens_ok: bool) -> int:
     raise _fail(f'"{key}" must be a string or a non-empty list of strings.')
 
 
+_ZERO_DURATION = re.compile(r"0+(\.0*)?(ns|us|µs|ms|s|m|h)?")
+
+
+def _unloads(keep_alive: Any) -> bool:
+    """Whether an Ollama ``keep_alive`` asks the model unloaded once idle: 0, or a zero duration ("0", "0s", "0m")."""
+    if isinstance(keep_alive, (int, float)) and not isinstance(keep_alive, bool):
+        return keep_alive == 0
+    return isinstance(keep_alive, str) and _ZERO_DURATION.fullmatch(keep_alive.strip()) is not None
+
+
 def inspect_body(dialect: Dialect, kind: Kind, path: str, body: dict[str, Any]) -> dict[str, Any]:
     """Check ``body`` and return the remaining :class:`~mindrouter.backends.base.Call` fields.
 
@@ -141,6 +153,7 @@ def inspect_body(dialect: Dialect, kind: Kind, path: str, body: dict[str, Any]) 
         if fmt is not None and not isinstance(fmt, (str, dict)):
             raise _fail('"format" must be "json" or a JSON schema object.')
         hints["json_mode"] = bool(fmt)
+        hints["unload_after"] = _unloads(body.get("keep_alive"))
     hints["max_tokens"] = max_tokens
     for key in ("temperature", "top_p"):
         _optional(options, key, (int, float), "a number")
@@ -156,6 +169,7 @@ def inspect_body(dialect: Dialect, kind: Kind, path: str, body: dict[str, Any]) 
     chars, image = 0, False
     if kind == "chat":
         chars, image = _messages(body, required=dialect == "openai")
+        hints["prefix"] = message_chain(body.get("messages") or [])
     elif kind == "completion":
         prompt = body.get("prompt")
         if dialect == "openai":
@@ -208,6 +222,10 @@ class Call:
     """Ollama ``options.num_ctx``, for the VRAM estimate."""
     prompt_tokens: int = 0
     """Estimate: characters of prompt text / 4."""
+    unload_after: bool = False
+    """Ollama's ``keep_alive`` 0: the model is unloaded once this request ends (and nothing else runs on it)."""
+    prefix: Prefix = ()
+    """A chat's messages hashed in a chain, for routing it where its history is cached (``scheduler/prefix.py``)."""
     responses: bool = False
     """The client called the Responses API: ``body`` is its chat completions equivalent."""
     native: bytes | None = None

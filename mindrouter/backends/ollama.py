@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 from typing import Any
 
+from ..gpu.vram import ModelShape, parse_ollama_show
 from ..reported import distrust, nbytes
 from .base import Adapter
 from .probe import Probe
@@ -36,6 +37,8 @@ class OllamaAdapter(Adapter):
         super().__init__(*args, **kwargs)
         self._capabilities: dict[str, frozenset[str]] = {}
         """By model digest (or name when there is none)."""
+        self._shapes: dict[str, ModelShape] = {}
+        """By model digest, from the same /api/show answers."""
 
     @staticmethod
     def normalize_url(url: str) -> str:
@@ -77,7 +80,8 @@ class OllamaAdapter(Adapter):
             loaded_models=frozenset(loaded),
             loaded_vram=vram,
             model_sizes=sizes,
-            capabilities=await self._learn_capabilities(listed),
+            capabilities=(learnt := await self._learn_capabilities(listed))[0],
+            shapes=learnt[1],
             details=details,
             version=ver.get("version") if isinstance(ver, dict) else None,
         )
@@ -90,7 +94,8 @@ class OllamaAdapter(Adapter):
             distrust(self.base_url, key, value)
         return size
 
-    async def _learn_capabilities(self, listed: list[Any]) -> dict[str, frozenset[str]]:
+    async def _learn_capabilities(self, listed: list[Any]) -> tuple[dict[str, frozenset[str]], dict[str, ModelShape]]:
+        """Each model's capabilities and shape, by name, from /api/show (a few models a poll, each asked once)."""
         key_of: dict[str, str] = {}  # every name -> its digest
         ask: dict[str, str] = {}  # digest -> one name to ask /api/show about
         for entry in listed:
@@ -107,4 +112,9 @@ class OllamaAdapter(Adapter):
             caps = info.get("capabilities") if isinstance(info, dict) else None
             if isinstance(caps, list) and caps:  # before Ollama 0.6 /api/show had none: unknown
                 self._capabilities[key] = frozenset(c for c in caps if isinstance(c, str))
-        return {n: self._capabilities[k] for n, k in key_of.items() if k in self._capabilities}
+            if isinstance(info, dict):
+                self._shapes[key] = parse_ollama_show(info)
+        return (
+            {n: self._capabilities[k] for n, k in key_of.items() if k in self._capabilities},
+            {n: self._shapes[k] for n, k in key_of.items() if k in self._shapes},
+        )

@@ -3,15 +3,30 @@
 from __future__ import annotations
 
 import json
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-__all__ = ["Probe", "Reply", "model_key"]
+from ..gpu.vram import ModelShape
+
+__all__ = ["Probe", "Reply", "model_key", "set_aliases"]
+
+_ALIASES: dict[str, str] = {}
+"""The daemon's model aliases (``mr model alias``): a name -> the model it is another name of."""
+
+
+def set_aliases(aliases: Mapping[str, str]) -> None:
+    """Make each name in ``aliases`` one model with its target (the daemon's, from its store)."""
+    _ALIASES.clear()
+    _ALIASES.update({name.removesuffix(":latest"): target.removesuffix(":latest") for name, target in aliases.items()})
 
 
 def model_key(name: str) -> str:
-    """The one name a model goes by in the pool: Ollama's ``llama3.2`` and ``llama3.2:latest`` are one model."""
-    return name.removesuffix(":latest")
+    """The one name a model goes by in the pool: Ollama's ``llama3.2`` and ``llama3.2:latest`` are one model, and
+    so are a vLLM server's ``meta-llama/Llama-3.1-8B-Instruct`` and ``llama3.1:8b`` once one is an alias of the
+    other (``mr model alias``)."""
+    key = name.removesuffix(":latest")
+    return _ALIASES.get(key, key)
 
 
 @dataclass(frozen=True, slots=True)
@@ -30,6 +45,9 @@ class Probe:
     capabilities: dict[str, frozenset[str]] = field(default_factory=dict)
     """Per model, where the backend says: {"completion", "vision", "embedding", "tools"} (Ollama
     /api/show; llama-server /props: "completion", plus "vision" with a multimodal projector)."""
+    shapes: dict[str, ModelShape] = field(default_factory=dict)
+    """Per model, its architecture from Ollama's /api/show: the KV cache each slot of it takes, and whether
+    Ollama runs it with one slot (``gpu.vram``)."""
     details: dict[str, dict[str, Any]] = field(default_factory=dict)
     """Per model, the backend's own entry for it: Ollama's /api/tags entry merged with its /api/ps one
     (digest, size, modified_at, details, expires_at, size_vram), or the /v1/models entry."""

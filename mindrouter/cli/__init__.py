@@ -56,6 +56,7 @@ _COMMAND_MODULES = [
     "agent",
     "config_cmd",
     "transfer",
+    "store_cmd",
 ]
 
 _register_all()

@@ -13,7 +13,7 @@ from typing import Any
 
 from rich.text import Text
 
-from ..explain import backend_label
+from ..explain import backend_label, busy_is_cache
 from ..formats import fmt_duration, fmt_list, fmt_num, fmt_pct, fmt_speeds, fmt_tokens
 from ._output import bar, factor_text, status_text
 from ._pictures import share_bar, sparkline
@@ -31,17 +31,15 @@ class Col:
     min_width: int
     """Columns are dropped, least important first, until the minimum widths fit."""
     justify: str = "left"
-    max_width: int | None = None
-    """Names longer than this are cut with an ellipsis."""
     drop: int = 0
-    """Higher is dropped sooner on a narrow terminal; 0 is never dropped."""
-    whole: bool = False
-    """Never cut (numbers, right-justified, are never cut either): a request id people copy into `mr why`."""
+    """Higher is dropped sooner on a narrow terminal; 0 is never dropped. No value is ever cut: a column is as
+    wide as its widest value (``_top_view``), or the section's rows become blocks."""
 
 
 @dataclass
 class Section:
-    """One block of the screen: a title line, a header line, then one line per row."""
+    """One block of the screen: a title line, a header line, then one line per row (or a block of lines per row,
+    ``_top_view._blocks``, where a row cannot fit whole)."""
 
     title: Text
     columns: list[Col]
@@ -51,12 +49,14 @@ class Section:
     """Which section goes first when the terminal is too short (lower stays longer)."""
     shown: int = field(default=0)
 
-    @property
-    def wanted(self) -> int:
-        return max(1, len(self.rows))
-
 
 # -- cells --------------------------------------------------------------------------------
+
+
+def _busy(row: Mapping[str, Any], bars: int) -> Text:
+    """The gpu column: a GPU's utilization, or "kv" and the engine's KV-cache fill where no GPU is named."""
+    shown = bar(row.get("utilization"), bars)
+    return Text.assemble(("kv ", "dim"), shown) if busy_is_cache(row) else shown
 
 
 def _vram_fraction(free: Any, total: Any) -> float | None:
@@ -118,10 +118,10 @@ def _backends(data: Mapping[str, Any], bars: int) -> Section:
     spark = 30 if bars >= 10 else 12
     minutes = spark * float((data.get("throughput") or {}).get("bucket_seconds") or 10) / 60
     cols = [
-        Col("backend", lambda r: Text(str(r.get("name")), style="bold"), 7, max_width=24),
+        Col("backend", lambda r: Text(str(r.get("name")), style="bold"), 7),
         Col("status", lambda r: status_text(r.get("status")), 9),
         Col("load", _load, 4, "right"),
-        Col("gpu", lambda r: bar(r.get("utilization"), bars), bars + 5, drop=3),
+        Col("gpu", lambda r: _busy(r, bars), bars + 5, drop=3),
         Col("vram", lambda r: bar(_vram_fraction(r.get("vram_free"), r.get("vram_total")), bars), bars + 5, drop=4),
         Col(
             f"tok/s, last {minutes:g} min",
@@ -130,14 +130,13 @@ def _backends(data: Mapping[str, Any], bars: int) -> Section:
             drop=5,
         ),
         Col("latency", lambda r: fmt_duration(r.get("latency_ema")), 7, "right", drop=6),
-        Col("tok/s", lambda r: fmt_num(r.get("tokens_per_second"), 1), 5, "right", drop=7),
-        Col("tok/s by model", lambda r: fmt_speeds(r.get("model_speeds")), 14, max_width=30, drop=8),
+        Col("tok/s", lambda r: fmt_num(r.get("tokens_per_second"), 1), 5, "right", drop=2),
+        Col("tok/s by model", lambda r: fmt_speeds(r.get("model_speeds")), 14, drop=8),
         Col(
             "loaded models",
             lambda r: Text(fmt_list(one_name_per_model(r.get("loaded_models"))), style="green"),
             13,
-            max_width=40,
-            drop=2,
+            drop=7,  # a list of names, never cut: it goes before the numbers
         ),
     ]
     healthy = sum(1 for r in rows if r.get("status") == "healthy")
@@ -190,6 +189,12 @@ def _queue(data: Mapping[str, Any]) -> Section:
     return Section(title, cols, rows, "nothing queued", rank=3)
 
 
+def _pools_of(user: Mapping[str, Any]) -> str:
+    """The backends of the pools a user has a target in, named; pools apart with "; "."""
+    pools = [p for p in user.get("pools") or [] if p.get("target_share") is not None]
+    return "; ".join(", ".join(map(str, p.get("names") or p.get("backends") or [])) for p in pools)
+
+
 def _share(data: Mapping[str, Any], bars: int) -> Section:
     share = data.get("share") or {}
     rows = sorted(share.get("users") or [], key=lambda u: (-float(u.get("actual_share") or 0), str(u.get("name"))))
@@ -210,6 +215,8 @@ def _share(data: Mapping[str, Any], bars: int) -> Section:
         Col("deficit", lambda r: fmt_num(r.get("deficit"), 0), 8, "right", drop=2),
         Col("factor", lambda r: factor_text(r.get("factor")), 6, "right", drop=1),
     ]
+    if len({_pools_of(r) for r in rows} - {""}) > 1:  # each target is of its own pool: say which
+        cols.insert(5, Col("pool", _pools_of, 4, drop=6))
     title = Text("Fair share", style="bold")
     title.append(
         f"  last {fmt_duration(share.get('window_seconds'))} · {fmt_tokens(share.get('global_recent_tokens'))} tokens",
@@ -224,7 +231,7 @@ _KINDS = {"tokens_per_day": "tokens/day", "tokens_per_month": "tokens/month", "r
 def _quota_warnings(data: Mapping[str, Any]) -> Section:
     rows = sorted(data.get("quota_warnings") or [], key=lambda q: -float(q["used"]) / max(1, float(q["limit"])))
     cols = [
-        Col("user", lambda r: Text(str(r.get("name")), style="bold"), 4, max_width=24),
+        Col("user", lambda r: Text(str(r.get("name")), style="bold"), 4),
         Col("quota", lambda r: _KINDS.get(str(r.get("kind")), str(r.get("kind"))), 10),
         Col("used", lambda r: f"{fmt_tokens(r.get('used'))} of {fmt_tokens(r.get('limit'))}", 9, "right"),
         Col("", lambda r: bar(float(r["used"]) / max(1, float(r["limit"])), 10), 15, drop=2),
@@ -262,10 +269,10 @@ def _today(data: Mapping[str, Any]) -> Section:
         return lambda r: "" if r[side] is None else fmt(r[side].get(key))
 
     cols = [
-        Col("user", cell("u", "user", lambda v: Text(str(v), style="bold")), 4, max_width=24),
+        Col("user", cell("u", "user", lambda v: Text(str(v), style="bold")), 4),
         Col("tokens", cell("u", "tokens", fmt_tokens), 6, "right"),
         Col("requests", cell("u", "requests", fmt_num), 8, "right", drop=2),
-        Col("model", cell("m", "model"), 5, max_width=32),
+        Col("model", cell("m", "model"), 5),
         Col("tokens", cell("m", "tokens", fmt_tokens), 6, "right"),
         Col("requests", cell("m", "requests", fmt_num), 8, "right", drop=1),
     ]
@@ -279,7 +286,7 @@ def _decisions(data: Mapping[str, Any]) -> Section:
     rows = list(reversed(data.get("decisions") or []))  # newest first
     cols = [
         Col("time", lambda r: clock(r.get("wall_time")), 8, drop=3),
-        Col("request", lambda r: str(r.get("request_id")), 8, whole=True),
+        Col("request", lambda r: str(r.get("request_id")), 8),
         Col("user", lambda r: str(r.get("user") or r.get("user_id")), 6),
         Col("model", lambda r: str(r.get("model")), 6, drop=2),
         Col(

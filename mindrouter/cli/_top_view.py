@@ -8,12 +8,13 @@ the sections backends (with a tokens/s sparkline each), quota warnings (only
 when a user is above 80% of a quota), GPUs, queue by user and model, fair
 share (a bar of actual against target share per user), today's usage (top
 users and models) and the last decisions. Columns are as wide as their
-content. Every row is one line (cells are cut with an ellipsis, never
-wrapped), so the height can be shared out exactly: each shown section gets at
-least one row, then rows are handed out in turn; a section that is cut ends
-with "… N more". When the terminal is short the least important sections are
-left out (decisions, then today's usage, then GPUs, then queue); when it is
-narrow the least important columns are.
+content and no value is cut: when the terminal is narrow the least important
+columns are left out, and when even the rest cannot fit (a long name) the
+section's rows become blocks of lines. The height is shared out exactly: each
+shown section gets at least one row (a line), then rows are handed out in
+turn; a section that is cut ends with "… N more". When the terminal is short
+the least important sections are left out (decisions, then today's usage,
+then GPUs, then queue).
 """
 
 from __future__ import annotations
@@ -21,7 +22,7 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from rich.console import Group, RenderableType
+from rich.console import Console, Group, RenderableType
 from rich.table import Table
 from rich.text import Text
 
@@ -57,36 +58,61 @@ def allocate(wanted: Sequence[int], space: int, order: Sequence[int] | None = No
 # -- assembly ---------------------------------------------------------------------------------
 
 
-def _widths(columns: list[Col], cells: list[list[Text]], width: int) -> tuple[list[Col], list[list[Text]], list[int]]:
-    """The columns that fit ``width`` and the width of each: a number or id (``Col.whole``) as wide as its widest
-    value, the rest at their minimum (then cut with an ellipsis) and what is left handed out from the left; the
-    least important columns are dropped until that fits (rich would shrink every column alike, numbers too)."""
+def _widths(
+    columns: list[Col], cells: list[list[Text]], width: int
+) -> tuple[list[Col], list[list[Text]], list[int]] | None:
+    """The columns that fit ``width``, each as wide as its widest value or header, the least important dropped
+    until they fit; None when even the columns that are never dropped do not (the rows become blocks)."""
     cols, cells = list(columns), [list(row) for row in cells]
 
     def natural(i: int) -> int:
-        wide = max([Text(cols[i].header).cell_len, *(r[i].cell_len for r in cells)])
-        cap = cols[i].max_width
-        return wide if cap is None else min(wide, cap)
+        return max([Text(cols[i].header).cell_len, *(r[i].cell_len for r in cells)])
 
-    def least(i: int) -> int:
-        whole = cols[i].whole or cols[i].justify == "right"
-        return natural(i) if whole else min(cols[i].min_width, natural(i))
-
-    while sum(least(i) + 1 for i in range(len(cols))) > width + 1:
+    while sum(natural(i) + 1 for i in range(len(cols))) > width + 1:
         droppable = [i for i, c in enumerate(cols) if c.drop]
         if not droppable:
-            break
+            return None
         gone = max(droppable, key=lambda i: (cols[i].drop, i))
         del cols[gone]
         for row in cells:
             del row[gone]
-    widths = [least(i) for i in range(len(cols))]
-    spare = width + 1 - sum(w + 1 for w in widths)
-    for i in range(len(cols)):  # left to right: a section names its most telling columns first
-        give = max(0, min(natural(i) - widths[i], spare))
-        widths[i] += give
-        spare -= give
-    return cols, cells, widths
+    return cols, cells, [natural(i) for i in range(len(cols))]
+
+
+def _blocks(section: Section, cells: list[list[Text]], width: int, lines: int) -> list[Text]:
+    """Rows as blocks when a row cannot fit one line whole: its first value, then "header value" pairs filling
+    lines of ``width`` (a pair longer than a line folds, never cut); at most ``lines`` lines, the last saying how
+    many rows did not fit."""
+    out: list[Text] = []
+    for n, row in enumerate(cells):
+        block = [row[0].copy()]
+        for col, value in zip(section.columns[1:], row[1:], strict=True):
+            if not value.plain.strip():
+                continue
+            pair = Text.assemble((f"{col.header} " if col.header else "", "dim"), value)
+            if block[-1].cell_len + 2 + pair.cell_len <= width:
+                block[-1].append("  ")
+                block[-1].append_text(pair)
+            else:
+                block.append(Text("  ").append_text(pair))
+        folded = [part for line in block for part in line.wrap(Console(width=width), width, overflow="fold")]
+        left = len(cells) - n
+        if len(out) + len(folded) > lines - (1 if left > 1 else 0):
+            out.append(Text(f"… {left} more", style="dim"))
+            return out[:lines]
+        out.extend(folded)
+    return out
+
+
+def _wanted(section: Section, width: int, height: int) -> int:
+    """The lines ``section``'s rows want below its header: one a row, or its blocks' lines (the header line
+    theirs too) when a row cannot fit whole; only the rows a screen of ``height`` could show are measured."""
+    if not section.rows:
+        return 1
+    cells = [[safe_cell(col.cell(row)) for col in section.columns] for row in section.rows[:height]]
+    if _widths(section.columns, cells, width) is not None:
+        return len(section.rows)
+    return max(1, len(_blocks(section, cells, width, 10 * height)) - 1)
 
 
 def _table(section: Section, width: int, rows: int) -> RenderableType:
@@ -99,7 +125,11 @@ def _table(section: Section, width: int, rows: int) -> RenderableType:
     items = section.rows
     cut = 1 < rows < len(items)  # one line left: better the top row than only "… N more"
     shown = [[safe_cell(col.cell(row)) for col in section.columns] for row in items[: rows - 1 if cut else rows]]
-    cols, cells, widths = _widths(section.columns, shown, width)
+    fitted = _widths(section.columns, shown, width)
+    if fitted is None:  # the header line is a block's too: the rows get it
+        every = [[safe_cell(col.cell(row)) for col in section.columns] for row in items]
+        return Group(title, *_blocks(section, every, width, rows + 1))
+    cols, cells, widths = fitted
     t = Table(
         box=None,
         show_edge=False,
@@ -109,7 +139,7 @@ def _table(section: Section, width: int, rows: int) -> RenderableType:
         header_style="bold dim",
     )
     for col, fixed in zip(cols, widths, strict=True):
-        t.add_column(col.header, justify=col.justify, no_wrap=True, overflow="ellipsis", width=fixed)  # type: ignore[arg-type]
+        t.add_column(col.header, justify=col.justify, no_wrap=True, width=fixed)  # type: ignore[arg-type]
     for row in cells:
         t.add_row(*row)
     if cut:
@@ -176,9 +206,10 @@ def render_top(
     while shown and space < sum(3 for _ in shown):
         shown.remove(max(shown, key=lambda s: s.rank))
     space -= 2 * len(shown)
-    gaps = len(shown) - 1 if space - sum(s.wanted for s in shown) >= len(shown) - 1 else 0
+    wanted = [_wanted(s, width, height) for s in shown]
+    gaps = len(shown) - 1 if space - sum(wanted) >= len(shown) - 1 else 0
     ranks = sorted(range(len(shown)), key=lambda i: shown[i].rank)
-    got = allocate([s.wanted for s in shown], space - gaps, ranks)
+    got = allocate(wanted, space - gaps, ranks)
     for i, (section, rows) in enumerate(zip(shown, got, strict=True)):
         if i and gaps:
             lines.append(Text(""))

@@ -13,6 +13,7 @@ import dataclasses
 import inspect
 import itertools
 import os
+import re
 import sys
 import tempfile
 import textwrap
@@ -25,7 +26,7 @@ import typer
 from rich.markup import escape
 
 from .. import __version__ as VERSION
-from ..config import BackendSettings, Config, ServerSettings
+from ..config import BackendSettings, Config, ServerSettings, StoreSettings
 from ..errors import MindRouterError
 from ..scheduler.settings import SchedulerSettings, ScoreWeights
 from ._app import ConfigOption, JsonOption, get_app
@@ -41,6 +42,7 @@ SECTIONS: list[tuple[str, type]] = [
     ("scheduler", SchedulerSettings),
     ("scheduler.scores", ScoreWeights),
     ("backends", BackendSettings),
+    ("store", StoreSettings),
 ]
 
 #: Fields config.toml cannot set (they come from elsewhere).
@@ -137,6 +139,7 @@ def effective_settings(config: Config) -> dict[str, Any]:
         "scheduler": config.scheduler,
         "scheduler.scores": config.scheduler.scores,
         "backends": config.backends,
+        "store": config.store,
     }
     for section, obj in objects.items():
         values = {f.name: getattr(obj, f.name) for f in _fields(section, type(obj))}
@@ -145,6 +148,8 @@ def effective_settings(config: Config) -> dict[str, Any]:
                 values[secret] = "********" if values[secret] else ""
             values["socket_path"] = str(config.server.socket_path)
             values["state_path"] = str(config.server.state_path)
+        if section == "store":
+            values["url"] = re.sub(r"(://[^:/@]*:)[^@]*@", r"\1********@", values["url"])
         if section == "scheduler":
             values["group_weights"] = dict(config.scheduler.group_weights)
         if section == "scheduler.scores":

@@ -132,9 +132,11 @@ def normalize(data: Any) -> dict[str, Any]:
     """
     if not isinstance(data, dict):
         raise UsageError("the file must hold tables named groups, users and backends")
-    unknown = set(data) - set(SETTABLE) - {"version"}
+    unknown = set(data) - set(SETTABLE) - {"version", "aliases"}
     if unknown:
-        raise UsageError(f"unknown section {sorted(unknown)[0]!r}; an import file has groups, users and backends")
+        raise UsageError(
+            f"unknown section {sorted(unknown)[0]!r}; an import file has groups, users, backends and aliases"
+        )
     if data.get("version", 1) != 1:
         raise UsageError(f"the file has version {data.get('version')!r}; this mindrouter reads version 1")
     out: dict[str, Any] = {"version": 1}
@@ -149,6 +151,8 @@ def normalize(data: Any) -> dict[str, Any]:
                 raise UsageError(f"{kind[:-1]} {entry['name']!r} appears twice; keep one entry for it")
             seen.add(entry["name"])
         out[kind] = entries
+    if "aliases" in data:  # model aliases ([[aliases]] name, target): the daemon checks them
+        out["aliases"] = data["aliases"]
     return out
 
 
@@ -169,7 +173,7 @@ def to_toml(data: dict[str, Any]) -> str:
         "# Groups, users (without their API keys) and backends; load it with `mr import FILE.toml`.\n\n"
     )
     text = header + tomli_w.dumps({"version": data.get("version", 1)})
-    for kind in ("groups", "users", "backends"):
+    for kind in ("groups", "users", "backends", "aliases"):
         for entry in data.get(kind) or []:
             text += f"\n[[{kind}]]\n" + tomli_w.dumps(_drop_none(entry))
     return text
@@ -223,10 +227,10 @@ def import_(
         print_json(answer)
         return
     verb = "would import" if dry_run else "imported"
-    head = (
-        f"{verb} {answer.get('groups', 0)} groups, {answer.get('users', 0)} users and "
-        f"{answer.get('backends', 0)} backends from {file}"
-    )
+    parts = [f"{answer.get(k, 0)} {k}" for k in ("groups", "users", "backends")]
+    if answer.get("aliases"):
+        parts.append(f"{answer['aliases']} model aliases")
+    head = f"{verb} {', '.join(parts[:-1])} and {parts[-1]} from {file}"
     changes = answer.get("changes")
     if changes is None:  # a daemon that does not list them
         out = [head]

@@ -32,7 +32,7 @@ def _names(backends: list[Mapping[str, Any]]) -> dict[str, str]:
 
 
 #: The candidates' columns a narrow terminal hides first, after those that are 0 or n/a for every backend.
-_DROP = ("streams", "tok/s", "penalty", "priority", "scarce", "delay", "evict", "prefill", "decode")
+_DROP = ("streams", "tok/s", "penalty", "priority", "scarce", "delay", "evict", "cached tok", "prefill", "decode")
 
 
 def _header(header: str) -> str:
@@ -98,7 +98,10 @@ def why_view(record: Mapping[str, Any], names: Mapping[str, str]) -> Group:
     cand = titled_table("backends that could serve it (the highest score wins: priority - expected seconds)")
     cand.add_column("backend", no_wrap=True)  # the winner's ✓ stays beside its name
     cand.add_column("score", justify="right")
-    for _, header, _ in SCORE_TERMS:
+    # Records from before the prompt cache was priced have no cached tokens: the column is left out, not n/a.
+    cached = any("cached_tokens" in (components.get(b) or {}) for b in ids)
+    shown = [t for t in SCORE_TERMS if cached or t[0] != "cached_tokens"]
+    for _, header, _ in shown:
         cand.add_column(_header(header), justify="right")
     best = components.get(str(chosen)) or {}
     lost: list[str] = []
@@ -110,7 +113,7 @@ def why_view(record: Mapping[str, Any], names: Mapping[str, str]) -> Group:
             cell.append(" ✓", style="green")
         cells = [
             fmt_num(row.get(key), 1) if key != "penalty" or not row.get(key) else f"-{fmt_num(row.get(key), 1)}"
-            for key, _, _ in SCORE_TERMS
+            for key, _, _ in shown
         ]
         cand.add_row(cell, Text(fmt_num(total, 1), style="bold"), *cells)
         reason = lost_by(row, best) if bid != chosen and row and best else ""
@@ -119,11 +122,9 @@ def why_view(record: Mapping[str, Any], names: Mapping[str, str]) -> Group:
         if row.get("evicts"):
             lost.append(f"{label(bid)} would evict {', '.join(map(str, row['evicts']))}")
     if not ids:
-        cand.add_row(Text("none", style="dim"), *[""] * (len(SCORE_TERMS) + 1))
+        cand.add_row(Text("none", style="dim"), *[""] * (len(shown) + 1))
 
-    silent = [
-        _header(h) for key, h, _ in SCORE_TERMS if not any(_says((components.get(b) or {}).get(key)) for b in ids)
-    ]
+    silent = [_header(h) for key, h, _ in shown if not any(_says((components.get(b) or {}).get(key)) for b in ids)]
     silent.sort(key=lambda h: _DROP.index(h) if h in _DROP else len(_DROP))  # the least telling of them first
     parts: list[Any] = [head, Text(), Fitted(prio), Text(), Fitted(cand, drop=[*silent, *_DROP])]
     if lost:
@@ -138,9 +139,7 @@ def why_view(record: Mapping[str, Any], names: Mapping[str, str]) -> Group:
                 label(str(bid)), "; ".join(map(str, reasons)) if isinstance(reasons, list) else str(reasons)
             )
         parts += [Text(), Fitted(refused)]
-    legend = Text(
-        "estimate (times in seconds): " + "; ".join(f"{_header(h)} = {m}" for _, h, m in SCORE_TERMS), style="dim"
-    )
+    legend = Text("estimate (times in seconds): " + "; ".join(f"{_header(h)} = {m}" for _, h, m in shown), style="dim")
     parts += [Text(), legend]
     return Group(*parts)
 

@@ -43,15 +43,47 @@ from .probe import GpuReading
 __all__ = [
     "DEFAULT_CONTEXT",
     "RUNTIME_OVERHEAD_BYTES",
+    "SINGLE_SLOT_FAMILIES",
     "UNKNOWN_KV_FRACTION",
     "ModelShape",
     "estimate_model_vram",
     "fits",
     "free_vram",
+    "ollama_slots",
     "parse_ollama_show",
     "total_vram",
     "utilization",
 ]
+
+SINGLE_SLOT_FAMILIES = frozenset(
+    {
+        "mllama",
+        "qwen3vl",
+        "qwen3vlmoe",
+        "qwen35",
+        "qwen35moe",
+        "qwen3next",
+        "lfm2",
+        "lfm2moe",
+        "nemotron_h",
+        "nemotron_h_moe",
+        "nemotron_h_omni",
+    }
+)
+"""Architectures Ollama runs with one slot whatever ``OLLAMA_NUM_PARALLEL`` says (ollama issue 4165)."""
+
+
+def ollama_slots(parallel: int | None, capabilities: frozenset[str] | None, shape: ModelShape | None) -> int | None:
+    """Requests one runner of a model serves at once on an Ollama with ``OLLAMA_NUM_PARALLEL`` = ``parallel``:
+    1 for a model that cannot complete (an embedding model) or of a single-slot family, as Ollama loads it."""
+    if parallel is None:
+        return None
+    if capabilities is not None and "completion" not in capabilities:
+        return 1
+    if shape is not None and shape.architecture in SINGLE_SLOT_FAMILIES:
+        return 1
+    return parallel
+
 
 #: Context Ollama gives a model when neither the request nor the Modelfile sets ``num_ctx``.
 DEFAULT_CONTEXT = 4096

@@ -13,6 +13,7 @@ from .fairness.fairshare import FairShare
 from .fairness.pools import UserState
 from .fairness.priority import PriorityTerms, apply_factor, heavy_factor, seed_priority
 from .jobs import TOKEN_LIMIT, Expired, Job, Modality, Outcome, Rejection, Timings
+from .prefix import Prefix, chain, message_chain
 from .records import DecisionRecord, Dispatch
 from .routing.backend import ALL_MODALITIES, Backend, BackendLoad
 from .routing.constraints import REASONS
@@ -37,6 +38,7 @@ __all__ = [
     "Modality",
     "Outcome",
     "PoolShare",
+    "Prefix",
     "PriorityTerms",
     "QueueStats",
     "Rejection",
@@ -50,7 +52,9 @@ __all__ = [
     "UserShare",
     "UserState",
     "apply_factor",
+    "chain",
     "check_weight",
     "heavy_factor",
+    "message_chain",
     "seed_priority",
 ]

@@ -9,7 +9,9 @@ the jobs' lives: where each runs, their queue deadlines (``deadlines.py``) and r
 
 Invariants (``check()``): a job is in exactly one of queued / running / finished; a backend's in-flight
 count equals the running jobs routed to it plus the slots held there, and never exceeds its
-``max_concurrent``; every hold that fairness ends gives its slot back to routing (``_unhold``).
+``max_concurrent``; every hold that fairness ends gives its slot back to routing (``_unhold``); the
+running jobs per (backend, user) are counted once each (``_per_backend``, for kept slots and
+``max_slot_share``).
 """
 
 from __future__ import annotations
@@ -54,9 +56,13 @@ class Scheduler:
         self.turns = Turns(settings)
         self.router = Router(settings)
         self._running: dict[str, Running] = {}
+        self._per_backend: dict[tuple[Hashable, Hashable], int] = {}
+        """Jobs running per (backend id, user id): what a user already holds of a backend (``_anticipate``)."""
         self._deadlines = Deadlines()
         self._retries = Retries()
         self._unstartable: list[tuple[Job, Exception]] = []
+        self._claims: list[Job] = []
+        """Jobs that ended a hold kept for them (``Hold.kept``): the next dispatch starts them first."""
 
     # -- users, groups and backends ----------------------------------------
 
@@ -144,6 +150,8 @@ class Scheduler:
         hold = self.turns.enqueue(job, self.router.pool_of(class_key(job)), now, front=front)
         if hold is not None:
             self._unhold((hold,), now)
+            if hold.kept:
+                self._claims.append(job)
 
     def dispatch(self, now: float) -> list[Dispatch]:
         """Start every job that can start now, best first; return what to send where.
@@ -158,7 +166,7 @@ class Scheduler:
         queued = turns.queued_per_class
         out: list[Dispatch] = []
         blocked: set[ClassKey] = set()
-        while (chosen := turns.next(blocked, router.has_open)) is not None:
+        while (chosen := self._claimed(blocked) or turns.next(blocked, router.has_open)) is not None:
             key, job = chosen
             try:
                 answer = turns.expected_answer(key, job)
@@ -166,12 +174,34 @@ class Scheduler:
                 if routed is None or routed[0] is None:  # nothing open, or better to wait for a full one
                     blocked.add(key)
                     continue
+                if self._capped(key, job, routed[0].backend_id):
+                    turns.order.park(job.user_id)
+                    continue
                 out.append(self._start(key, job, routed, now))
             except Exception as exc:  # a value no check caught, or a bug: this job alone fails
                 self.turns.unqueue(job, now)
                 self._retries.forget(job.id)
                 self._unstartable.append((job, exc))
+        self._claims.clear()
+        turns.order.unpark()
         return out
+
+    def _capped(self, key: ClassKey, job: Job, backend_id: Hashable) -> bool:
+        """Whether ``job``'s user holds the most of ``backend_id``'s slots ``max_slot_share`` allows."""
+        if self.settings.max_slot_share is None:
+            return False
+        backend = self.router.backend(backend_id)
+        running = self._per_backend.get((backend_id, job.user_id), 0)
+        return backend is not None and self.turns.capped(key, job, backend.max_concurrent, running)
+
+    def _claimed(self, blocked: set[ClassKey]) -> tuple[ClassKey, Job] | None:
+        """A queued job that ended a hold kept for it, whose class is open: it takes the slot first."""
+        while self._claims:
+            job = self._claims.pop()
+            key = class_key(job)
+            if self.turns.queued(job.id) is job and key not in blocked and self.router.has_open(key):
+                return key, job
+        return None
 
     def _start(self, key: ClassKey, job: Job, routed: Route, now: float) -> Dispatch:
         """Start ``job`` where ``routed`` says; whatever raises before the first change leaves no trace."""
@@ -201,7 +231,21 @@ class Scheduler:
         self.turns.start(key, turn, now)
         router.take(job, chosen, now)
         self._running[job.id] = Running(job, backend_id, turn.charge)
+        where = (backend_id, job.user_id)
+        self._per_backend[where] = self._per_backend.get(where, 0) + 1
         return Dispatch(job, backend_id, record)
+
+    def _stop(self, job_id: str) -> Running | None:
+        """Take ``job_id`` off the running jobs, if it runs; returns it."""
+        running = self._running.pop(job_id, None)
+        if running is not None:
+            where = (running.backend_id, running.job.user_id)
+            left = self._per_backend[where] - 1
+            if left:
+                self._per_backend[where] = left
+            else:
+                del self._per_backend[where]
+        return running
 
     def take_unstartable(self) -> list[tuple[Job, Exception]]:
         """Jobs ``dispatch`` removed because starting them raised, with the error; each is returned once."""
@@ -232,6 +276,7 @@ class Scheduler:
         latency: float | None = None,
         duration: float | None = None,
         timings: Timings | None = None,
+        cached_tokens: int | None = None,
     ) -> bool:
         """A running job finished. Token counts are the backend's; None means it reported none.
 
@@ -242,15 +287,19 @@ class Scheduler:
             duration: seconds from sending the request to its end, by the shell's clock.
             timings: what the backend says it spent loading, reading the prompt and answering;
                 with ``latency`` and ``duration`` they teach the estimate this (backend, model)'s rates.
+            cached_tokens: prompt tokens the backend found in its prompt cache, if it says (OpenAI usage's
+                ``cached_tokens``): corrects what routing expects that backend to hold.
 
         Returns False when the job was not running (already ended).
         """
-        running = self._running.pop(job_id, None)
+        running = self._stop(job_id)
         if running is None:
             return False
         prompt_tokens, completion_tokens = token_count(prompt_tokens), token_count(completion_tokens)  # else unknown
         bid, job = running.backend_id, running.job
-        self.router.learn(bid, job, prompt_tokens, completion_tokens, latency, duration, timings)
+        self.router.learn(
+            bid, job, prompt_tokens, completion_tokens, latency, duration, timings, token_count(cached_tokens)
+        )
         self.router.release(bid, job)
         self.turns.complete(running.charge, now, prompt_tokens, completion_tokens)
         self._retries.forget(job_id)
@@ -266,7 +315,7 @@ class Scheduler:
 
         Returns True when the job was queued again.
         """
-        running = self._running.pop(job_id, None)
+        running = self._stop(job_id)
         if running is None:
             return False
         job = running.job
@@ -290,7 +339,7 @@ class Scheduler:
             self.turns.unqueue(job, now)
             self._retries.forget(job_id)
             return True
-        running = self._running.pop(job_id, None)
+        running = self._stop(job_id)
         if running is None:
             return False
         self.router.release(running.backend_id, running.job)
@@ -299,19 +348,30 @@ class Scheduler:
         return True
 
     def _anticipate(self, running: Running, now: float) -> None:
-        """Hold the slot ``running`` freed for its seat's next job, when the seat has nothing queued,
-        thinks briefly, and would be served before every job queued that could take the slot (``holds.py``)."""
+        """Hold the slot ``running`` freed for its seat's next job, when the seat has nothing queued and
+        thinks briefly, and would be served before every job queued that could take the slot; or keep it for
+        a seat that reads for seconds (under ``max_think_time``) while the one who would take it already runs
+        its share of the backend's slots and used more of late (``holds.py``)."""
         charge, bid = running.charge, running.backend_id
-        if not self.turns.may_hold(charge):
+        length = self.turns.hold_length(charge)
+        if length is None:
             return
         served = self.router.holdable(bid)
         if served is None:
             return
-        rival = self.turns.rival(charge, served, now)
+        shared = length[1]
+        rival = self.turns.rival(charge, served, now, shared=shared)
         if rival is None:
             return
         job, answer = rival
-        self.turns.hold(charge, bid, now, job, answer, self.router.busy_seconds(bid, job, answer, now))
+        if shared:  # the rival's share counts the free slots the queue takes anyway (its jobs ending with ours)
+            backend = self.router.backend(bid)
+            free = self.router.free(bid) - 1
+            mine = self._per_backend.get((bid, job.user_id), 0) + min(free, self.turns.queued_of(job.user_id))
+            if backend is None or not self.turns.over_share(charge, job, backend.max_concurrent, mine, now):
+                return
+        busy = self.router.busy_seconds(bid, job, answer, now)
+        self.turns.hold(charge, bid, now, job, answer, busy, length)
         self.router.hold(bid, running.job.model)
 
     def expire(self, now: float) -> list[Expired]:
@@ -409,4 +469,7 @@ class Scheduler:
         for job_id, running in self._running.items():
             assert not self.is_queued(job_id), job_id
             per_backend[running.backend_id] = per_backend.get(running.backend_id, 0) + 1
+        per_user = {(r.backend_id, r.job.user_id) for r in self._running.values()}
+        assert per_user == set(self._per_backend), (per_user, self._per_backend)
+        assert sum(self._per_backend.values()) == len(self._running)
         self.router.check(per_backend, self.turns.held_per_backend())

@@ -16,6 +16,8 @@ from collections.abc import Hashable
 from dataclasses import dataclass
 from enum import Enum
 
+from .prefix import Prefix
+
 __all__ = [
     "TOKEN_LIMIT",
     "ClassKey",
@@ -64,6 +66,11 @@ class Job:
     """Context size the client asked for (Ollama ``num_ctx``), for the VRAM estimate."""
     stream: bool = False
     """The answer streams, so the caller reports its progress (``Scheduler.progress``)."""
+    unload_after: bool = False
+    """The client asked its model unloaded once idle (Ollama ``keep_alive`` 0): routing then expects it gone."""
+    prefix: Prefix = ()
+    """The prompt's blocks, hashed in a chain (``prefix.py``): where a backend holds some of them in its prompt
+    cache, routing prices the prefill they save."""
     via: Hashable | None = None
     """The proxy (a front end's user id) that sent it, for one of its people or itself: its people's queued
     jobs count together against ``max_queued_per_proxy``."""

@@ -108,6 +108,17 @@ class SchedulerSettings:
     """Seconds a slot that a user's request just freed may be held for that user's next request (BFQ's device
     idling): only while it has nothing queued, is owed more than everyone waiting who could take the slot, and its
     learned think time (the gap between a request ending and its next, an average) is shorter. 0 turns it off."""
+    max_think_time: float = 10.0
+    """Longest learned think time for which a freed slot may be kept for a person who is owed more, while someone
+    backlogged already runs its weighted share of that backend's slots (or more): a person chatting next to batch
+    work then gets each answer in seconds instead of after a batch answer (docs/fairness.md). The slot is kept for
+    at most twice the person's think time, within this bound; 0 turns it off (``anticipation`` stays)."""
+    max_slot_share: float | None = None
+    """The part of a backend's slots (at least one) one person's requests may hold while someone else has used
+    that backend's models and could send: a person who sends long requests just before another's sessions
+    otherwise takes every slot for their length (docs/fairness.md, head-starts). Unset (the default), a person
+    may take every free slot; 0.75 leaves one of 4 slots for whoever comes next, at the cost of that slot
+    idling while nobody does."""
     think_ema_alpha: float = 0.25
     """Weight of the newest gap in a user's learned think time (what ``anticipation`` compares with)."""
     hold_price: float = 0.5
@@ -155,6 +166,9 @@ Two keep VTC's bound (twice the largest request)
     """Seconds sooner a full backend must be expected to finish a job than any free one for the job to wait for it."""
     eviction_price: float = 1.0
     """Seconds of estimate charged per second of reload that evicting an idle model costs the pool."""
+    prefix_cache_tokens: int = 262_144
+    """Prompt tokens a backend without slots per model (vLLM) is expected to keep in its prefix cache per model,
+    for pricing a prompt sent where its prefix was sent before (``routing/prefixes.py``); 0 expects none."""
     load_confirm_seconds: float = 30.0
     """Seconds a load or an eviction the core triggered is taken as done before a poll confirms it."""
     retry_penalty: float = 1000.0
@@ -176,6 +190,15 @@ Two keep VTC's bound (twice the largest request)
             raise ValueError(f'shares must be "user" or "group", not {self.shares!r}')
         if not (math.isfinite(self.anticipation) and self.anticipation >= 0):
             raise ValueError(f"anticipation must be a finite number of seconds, at least 0, not {self.anticipation!r}")
+        if not (math.isfinite(self.max_think_time) and self.max_think_time >= 0):
+            raise ValueError(
+                f"max_think_time must be a finite number of seconds, at least 0, not {self.max_think_time!r}"
+            )
+        if self.max_slot_share is not None and not 0 < self.max_slot_share <= 1:
+            raise ValueError(
+                "max_slot_share must be a fraction greater than 0 and at most 1, such as 0.75, "
+                f"not {self.max_slot_share!r}"
+            )
         if not 0 <= self.queue_reserve < 1:
             raise ValueError(
                 f"queue_reserve must be a fraction from 0 up to (not including) 1, not {self.queue_reserve!r}"

@@ -22,6 +22,7 @@ __all__ = [
     "SeatShare",
     "ShareSnapshot",
     "UserShare",
+    "round_share",
     "seed_snapshot",
 ]
 
@@ -51,6 +52,19 @@ class SeatShare:
     """Its weight over the weights of the seats with demand in this pool (``targets.py``); None while idle here."""
     actual_share: float = 0.0
     """Its part of the service units this pool gave within the window."""
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "backends": list(self.backends),
+            "weight": round(self.weight, 4),
+            "deficit": round(self.deficit, 3),
+            "recent_tokens": self.recent_tokens,
+            "recent_units": round(self.recent_units, 3),
+            "usage_fraction": round(self.usage_fraction, 4),
+            "factor": round(self.factor, 4),
+            "target_share": round_share(self.target_share),
+            "actual_share": round_share(self.actual_share),
+        }
 
 
 @dataclass(frozen=True, slots=True)
@@ -93,22 +107,9 @@ class UserShare:
             "factor": round(self.factor, 4),
             "queued": self.queued,
             "running": self.running,
-            "target_share": _pct(self.target_share),
-            "actual_share": _pct(self.actual_share),
-            "pools": [
-                {
-                    "backends": list(s.backends),
-                    "weight": round(s.weight, 4),
-                    "deficit": round(s.deficit, 3),
-                    "recent_tokens": s.recent_tokens,
-                    "recent_units": round(s.recent_units, 3),
-                    "usage_fraction": round(s.usage_fraction, 4),
-                    "factor": round(s.factor, 4),
-                    "target_share": _pct(s.target_share),
-                    "actual_share": _pct(s.actual_share),
-                }
-                for s in self.seats
-            ],
+            "target_share": round_share(self.target_share),
+            "actual_share": round_share(self.actual_share),
+            "pools": [s.to_dict() for s in self.seats],
         }
 
 
@@ -186,7 +187,8 @@ class QueueStats:
         }
 
 
-def _pct(share: float | None) -> float | None:
+def round_share(share: float | None) -> float | None:
+    """A share as the views show it: to four places, None kept."""
     return None if share is None else round(share, 4)
 
 

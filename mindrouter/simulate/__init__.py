@@ -178,7 +178,13 @@ only between members of one group.
   throughput, both in service units: a request costing more than the others get in 3 x its service
   time must wait its turn) and ``passed_over_allowed_s`` (3 x
   ``longest_request_s``, issue 18's bound, held against
-  ``max_passed_over_s``). The table's ``share`` column is
+  ``max_passed_over_s``), and ``owed_waits``, ``owed_wait_p50`` and
+  ``owed_wait_allowed_s`` (issue 30: the requests it sent with nothing else
+  queued while its counter was below every other backlogged user's in its
+  pool, the median of their waits, and 3 x the median time its own requests
+  took; a person owed more than all who wait is served within a few of its
+  own requests' time, which passed-over time misses when no slot frees while
+  it waits). The table's ``share`` column is
   ``service_share``; token shares, service units and GPU time are printed on
   a line under it.
 - ``pools``: one object per pool: ``backends``, ``models``, ``slots``,

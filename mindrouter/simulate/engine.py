@@ -34,9 +34,9 @@ import heapq
 import time
 from collections.abc import Callable
 
-from ..scheduler import Job, Modality, Scheduler
+from ..scheduler import Job, Modality, Scheduler, chain
 from .accounts import Accounts
-from .conversations import Conversation
+from .conversations import Conversation, single
 from .lifecycle import _DONE, _POLL, _PREFILL, _PROGRESS, Lifecycle
 from .pools import Pool, find_pools
 from .runs import BackendRun, ModelRun, PhaseRun, RequestTrace, Run, UserRun
@@ -231,6 +231,10 @@ class _Sim(Lifecycle):
         job_id = str(self.next_id)
         stats = self.models[spec.model]
         modality = Modality.EMBEDDINGS if stats.kind == "embedding" else Modality.CHAT
+        # The prompt as the daemon hashes a chat's messages: one block per segment (embeddings are not cached).
+        segments = (
+            () if stats.kind == "embedding" else (conv.prompt(turn) if conv else single(job_id, prompt)[0]).segments
+        )
         job = Job(
             job_id,
             user.index,
@@ -241,6 +245,9 @@ class _Sim(Lifecycle):
             max_tokens=spec.max_tokens,
             stream=spec.stream,
             json_mode=spec.json_mode,
+            context_tokens=spec.num_ctx,
+            unload_after=spec.keep_alive == 0,
+            prefix=chain((s.key, s.tokens) for s in segments),
         )
         user.submitted += 1
         phase.submitted += 1
@@ -267,6 +274,10 @@ class _Sim(Lifecycle):
             conversation=conv,
             turn=turn,
         )
+        if not user.queued:
+            gap, backlogged = phase.pool.gap, phase.pool.backlogged
+            others = [gap.counter(u, now) for u in backlogged if u != user.index]
+            req.owed = bool(others) and gap.counter(user.index, now) < min(others)
         self.queued_total += 1
         self.reqs[job_id] = req
         if self.trace is not None:

@@ -72,6 +72,8 @@ class Lifecycle:
         req.backend = backend_id
         wait = now - req.submitted
         user.waits.append(wait)
+        if req.owed:
+            user.owed_waits.append(wait)
         if wait > 0:
             user.waited += 1
         skipped = self.free_epoch[phase.spec.model] - req.epoch
@@ -145,6 +147,7 @@ class Lifecycle:
         assert req.dispatched is not None and req.prefill_end is not None
         pool.finished(req.user, req.model, req.expected, self.phases[req.phase].size)
         user.longest_request = max(user.longest_request, now - req.dispatched)
+        user.durations.append(now - req.dispatched)
         user.largest_request = max(user.largest_request, self.sched.settings.cost(req.prompt, req.completion))
         req.done = now
         del self.reqs[req.id]
@@ -181,6 +184,8 @@ class Lifecycle:
             latency=latency,
             duration=duration,
             timings=timings,
+            # vLLM's and llama-server's usage say what their cache held; Ollama's does not
+            cached_tokens=req.cached if backend.spec.engine in ("vllm", "llamacpp") else None,
         )
         self.next_request(self.phases[req.phase], now, req)
 

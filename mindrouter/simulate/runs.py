@@ -49,6 +49,9 @@ class RequestTrace:
     turn: int = 0
     cached: int = 0
     """Prompt tokens its backend's cache held (not prefilled)."""
+    owed: bool = False
+    """Sent with nothing else of its user queued while the user's counter was below every other backlogged
+    user's in its pool: a person asking who is owed more than all who wait (``UserRun.owed_waits``)."""
 
 
 @dataclass(slots=True)
@@ -98,6 +101,10 @@ class UserRun:
     timed_out: int = 0
     rejected: int = 0
     waits: list[float] = field(default_factory=list)
+    owed_waits: list[float] = field(default_factory=list)
+    """Waits of its requests that were ``RequestTrace.owed``: what issue 30 judges against its own requests' time."""
+    durations: list[float] = field(default_factory=list)
+    """Seconds each of its requests took from dispatch to the last token."""
     waited: int = 0
     """Requests that could not start the moment they arrived."""
     max_skipped: int = 0

@@ -1,5 +1,8 @@
 """Durable state in one SQLite file: groups, users, API keys, backends, quotas, usage and decisions.
 
+Or, with ``[store] url``, in a PostgreSQL database that several routers share
+(``postgres.py``: the same statements and migrations, translated by ``dialect.py``).
+
 The daemon owns the file and calls the store from its event loop, so every
 call is one or two indexed statements on one long-lived connection (the
 sqlite3 module caches the prepared statements). WAL with ``synchronous=NORMAL``

@@ -15,7 +15,7 @@ __all__ = ["Change", "describe", "describe_field", "pool_changes"]
 Change = dict[str, Any]
 """``{"kind", "name", "field", "before", "after"}``: ``field`` None for a new entry (``after`` its settings)."""
 
-_KINDS = (("groups", "group"), ("users", "user"), ("backends", "backend"))
+_KINDS = (("groups", "group"), ("users", "user"), ("backends", "backend"), ("aliases", "model alias"))
 _NOT_SETTINGS = frozenset({"name", "id"})
 
 

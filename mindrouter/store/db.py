@@ -1,4 +1,4 @@
-"""The Store: groups, users, API keys and backends on the daemon's one SQLite connection.
+"""The Store: groups, users, API keys and backends on the daemon's one connection (SQLite, or PostgreSQL).
 
 Backends are in ``backends.py``, API keys in ``keys.py``, usage in ``usage.py``, decision records in
 ``decisions.py``, the schema in ``schema.py``.
@@ -14,6 +14,8 @@ from pathlib import Path
 from typing import Any
 
 from ..scheduler.settings import DEFAULT_GROUP_WEIGHTS
+from . import postgres
+from .aliases import Aliases
 from .backends import _BACKEND_COLUMNS, Backends
 from .changes import pool_changes
 from .checkpoint import Checkpointer
@@ -51,11 +53,11 @@ def _group(row: tuple[Any, ...]) -> Group:
     return Group(row[0], row[1], row[2], Quota(row[3], row[4], row[5]))
 
 
-class Store(Backends, UsageLog, Decisions, People, ApiKeys):
+class Store(Backends, UsageLog, Decisions, People, ApiKeys, Aliases):
     """The daemon's durable state, on one connection; not for use from several threads.
 
     Args:
-        path: the SQLite file; parent folders are created (mode 0700).
+        path: the SQLite file; parent folders are created (mode 0700). Unused with ``url``.
         max_decisions: decision records kept at most (newest first); 0: no cap (the daemon deletes them by
             age, ``StoreWorker``). Defaults to 100,000.
         usage_retention: seconds of usage kept; older rows are pruned as new ones arrive.
@@ -63,9 +65,11 @@ class Store(Backends, UsageLog, Decisions, People, ApiKeys):
         prune_inline: prune old usage rows as new ones are added; the daemon leaves it to its
             ``StoreWorker``, off the event loop.
         clock: wall-clock seconds for ``created`` times. Defaults to ``time.time``.
+        url: a ``postgresql://`` url keeps everything in that database instead (``postgres.py``).
+            Defaults to empty: the SQLite file.
 
     Raises:
-        StoreError: the file was written by a newer schema.
+        StoreError: the file was written by a newer schema, or the database cannot be reached.
     """
 
     def __init__(
@@ -76,6 +80,7 @@ class Store(Backends, UsageLog, Decisions, People, ApiKeys):
         usage_retention: float = 30 * DAY,
         prune_inline: bool = True,
         clock: Callable[[], float] = time.time,
+        url: str = "",
     ) -> None:
         if max_decisions < 0:
             raise InvalidValue(f"max_decisions {max_decisions!r} must be 0 (no cap) or more")
@@ -84,17 +89,29 @@ class Store(Backends, UsageLog, Decisions, People, ApiKeys):
         self.usage_retention = usage_retention
         self.prune_inline = prune_inline
         self._clock = clock
+        self.url = url
+        if url:
+            self._db = postgres.connect(url)
+        else:
+            self._db = self._open_sqlite()
+        self._decision_batch = max(1, min(1000, max_decisions // 10))
+        low = self._db.execute("SELECT min(id) FROM decisions").fetchone()[0]
+        self._decisions_below = 0 if low is None else low - 1
+        self._usage_inserts = 0
+        self._checkpointer: Checkpointer | None = None
+
+    def _open_sqlite(self) -> sqlite3.Connection:
         try:
             self.path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
             fresh = not self.path.exists()
             # isolation_level=None: every statement commits on its own unless we BEGIN.
-            self._db = sqlite3.connect(self.path, isolation_level=None, cached_statements=256)
+            db = sqlite3.connect(self.path, isolation_level=None, cached_statements=256)
             if fresh:
                 os.chmod(self.path, 0o600)  # key hashes and usage; SQLite gives -wal/-shm the same mode
-            self._db.execute("PRAGMA journal_mode = WAL")
-            self._db.execute("PRAGMA synchronous = NORMAL")
-            self._db.execute("PRAGMA foreign_keys = ON")
-            migrate(self._db)
+            db.execute("PRAGMA journal_mode = WAL")
+            db.execute("PRAGMA synchronous = NORMAL")
+            db.execute("PRAGMA foreign_keys = ON")
+            migrate(db)
         except OSError as exc:
             raise StoreError(
                 f"cannot use the state folder {self.path.parent} ({exc.strerror or exc}); "
@@ -105,24 +122,27 @@ class Store(Backends, UsageLog, Decisions, People, ApiKeys):
                 f"the state database {self.path} cannot be opened ({exc}); if it is damaged, move it aside "
                 "and restore a backup (`mr import` takes an `mr export` file), or set [server] state_dir"
             ) from None
-        self._decision_batch = max(1, min(1000, max_decisions // 10))
-        low = self._db.execute("SELECT min(id) FROM decisions").fetchone()[0]
-        self._decisions_below = 0 if low is None else low - 1
-        self._usage_inserts = 0
-        self._checkpointer: Checkpointer | None = None
+        return db
 
     # ------------------------------------------------------------ lifecycle
 
     def checkpoint_in_background(self, *, interval: float = 1.0) -> None:
         """Leave WAL checkpoints to a thread of their own (the daemon: no commit on its loop waits for fsync)."""
-        if self._checkpointer is None:
+        if self._checkpointer is None and not self.url:
             self.checkpoint_elsewhere()
             self._checkpointer = Checkpointer(self.path, interval=interval)
             self._checkpointer.start()
 
     def checkpoint_elsewhere(self) -> None:
-        """No commit on this connection checkpoints the WAL (with its fsyncs): another thread does."""
-        self._db.execute("PRAGMA wal_autocheckpoint = 0")
+        """No commit on this connection checkpoints the WAL (with its fsyncs): another thread does (SQLite only)."""
+        if not self.url:
+            self._db.execute("PRAGMA wal_autocheckpoint = 0")
+
+    def fence(self, epoch: int) -> None:
+        """Lead in ``epoch`` from now on: the database refuses this store's writes once a later leader took over.
+
+        Only on PostgreSQL (a router on SQLite has the state to itself)."""
+        postgres.fence(self._db, epoch)
 
     def close(self) -> None:
         """Close the connection (idempotent); WAL content is checkpointed into the main file."""
@@ -161,10 +181,11 @@ class Store(Backends, UsageLog, Decisions, People, ApiKeys):
                 return created
             for name, weight in checked.items():
                 if db.execute(
-                    "INSERT OR IGNORE INTO groups (name, scheduler_weight) VALUES (?, ?)", (name, weight)
+                    "INSERT INTO groups (name, scheduler_weight) VALUES (?, ?) ON CONFLICT DO NOTHING", (name, weight)
                 ).rowcount:
                     created.append(name)
-            db.execute("INSERT INTO meta (key, value) VALUES ('default_groups', '1')")
+            # ON CONFLICT: routers starting at once on one PostgreSQL all get here; the groups are made once.
+            db.execute("INSERT INTO meta (key, value) VALUES ('default_groups', '1') ON CONFLICT DO NOTHING")
         return created
 
     def _group_id(self, name: object) -> int:
@@ -318,12 +339,15 @@ class Store(Backends, UsageLog, Decisions, People, ApiKeys):
             if user.owner_id is not None:
                 row.update(person_of=user.person_of, identity=user.identity)
             users.append(_no_nulls(row | user.quota.to_dict()))
-        return {
+        out = {
             "version": 1,
             "groups": [_no_nulls(g.to_dict()) for g in self.list_groups()],
             "users": users,
             "backends": [_no_nulls(b.to_dict()) for b in self.list_backends()],
         }
+        if aliases := self.list_aliases():
+            out["aliases"] = [{"name": name, "target": target} for name, target in aliases.items()]
+        return out
 
     def import_(self, data: Mapping[str, Any], *, dry_run: bool = False) -> dict[str, Any]:
         """Create or replace, by name, every group, user and backend in ``data``; nothing else is touched.
@@ -352,7 +376,8 @@ class Store(Backends, UsageLog, Decisions, People, ApiKeys):
         return {**counts, "changes": changes}
 
     def _import(self, data: Mapping[str, Any]) -> dict[str, int]:
-        groups, users, backends = _validate_import(data, {g.name for g in self.list_groups()})
+        rest = {k: v for k, v in data.items() if k != "aliases"} if isinstance(data, Mapping) else data
+        groups, users, backends = _validate_import(rest, {g.name for g in self.list_groups()})
         for name, fields in backends:
             row = self.backend_at(fields[0])
             if row is not None and row.name.lower() != name.lower():
@@ -390,4 +415,7 @@ class Store(Backends, UsageLog, Decisions, People, ApiKeys):
                 " state = excluded.state, parallel = excluded.parallel, max_loaded = excluded.max_loaded",
                 (name, *fields),
             )
-        return {"groups": len(groups), "users": len(users), "backends": len(backends)}
+        counts = {"groups": len(groups), "users": len(users), "backends": len(backends)}
+        if "aliases" in data:
+            counts["aliases"] = self.import_aliases(data["aliases"])
+        return counts

@@ -10,6 +10,8 @@ from typing import Any
 from .schema import transaction
 from .validate import DecisionRow, decision_row
 
+_FILTERABLE = ("model", "selected_backend", "outcome")
+"""The decision record's fields a listing may be narrowed by (the web UI's Decisions filters)."""
 _INSERT = "INSERT INTO decisions (request_id, user, at, record) VALUES (?, ?, ?, ?)"
 
 
@@ -70,14 +72,34 @@ class Decisions:
                 (limit, before),
             ).rowcount
 
-    def recent_decisions(self, limit: int = 100, user: str | None = None) -> list[dict[str, Any]]:
-        """The newest ``limit`` records (of ``user``, if given), oldest first."""
-        if user is None:
-            rows = self._db.execute("SELECT record FROM decisions ORDER BY id DESC LIMIT ?", (max(0, limit),))
-        else:
-            rows = self._db.execute(
-                "SELECT record FROM decisions WHERE user = ? ORDER BY id DESC LIMIT ?", (user, max(0, limit))
-            )
+    def recent_decisions(
+        self, limit: int = 100, user: str | None = None, fields: Mapping[str, str] | None = None, searched: int = 0
+    ) -> list[dict[str, Any]]:
+        """The newest ``limit`` records (of ``user``, if given), oldest first.
+
+        ``fields``: only records whose top-level field (``model``, ``selected_backend``, ``outcome``) has that
+        value, among the newest ``searched`` records (of ``user``); matched in SQLite, so only the records
+        shown are decoded.
+        """
+        where: list[str] = []
+        params: list[Any] = []
+        if fields and searched:  # the window: from the ``searched``-th newest record (of ``user``) on
+            among = "SELECT id FROM decisions" + (" WHERE user = ?" if user is not None else "")
+            where.append(f"id >= (SELECT min(id) FROM ({among} ORDER BY id DESC LIMIT ?))")
+            params += [*([user] if user is not None else []), searched]
+        if user is not None:
+            where.append("user = ?")
+            params.append(user)
+        for key, value in (fields or {}).items():
+            if key not in _FILTERABLE:
+                raise ValueError(f"cannot filter decisions by {key!r}")
+            if value.isascii():  # its JSON text looked for first, so only the records that may match are parsed
+                where.append("instr(record, ?) > 0")
+                params.append(json.dumps(value))
+            where.append(f"json_extract(record, '$.{key}') = ?")
+            params.append(value)
+        sql = "SELECT record FROM decisions" + (" WHERE " + " AND ".join(where) if where else "")
+        rows = self._db.execute(sql + " ORDER BY id DESC LIMIT ?", (*params, max(0, limit)))
         return [json.loads(r[0]) for r in rows][::-1]
 
     def get_decision(self, request_id: str) -> dict[str, Any] | None:

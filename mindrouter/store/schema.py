@@ -92,10 +92,11 @@ _MONTHLY = (
 )
 
 _ADD_SUMS = (
-    "requests = requests + excluded.requests, prompt_tokens = prompt_tokens + excluded.prompt_tokens,"
-    " completion_tokens = completion_tokens + excluded.completion_tokens,"
-    " gpu_seconds = gpu_seconds + excluded.gpu_seconds"
+    "requests = {t}.requests + excluded.requests, prompt_tokens = {t}.prompt_tokens + excluded.prompt_tokens,"
+    " completion_tokens = {t}.completion_tokens + excluded.completion_tokens,"
+    " gpu_seconds = {t}.gpu_seconds + excluded.gpu_seconds"
 )
+"""The totals' upsert, each sum named with its table ``{t}`` (PostgreSQL finds a bare name ambiguous)."""
 _ROWS_TO_ROLL = (
     "count(*), sum(prompt_tokens), sum(completion_tokens), sum(gpu_seconds) FROM usage WHERE id > ? AND id <= ?"
 )
@@ -105,10 +106,10 @@ ROLLED_KEY = "usage_rolled_through"
 
 ROLL_USAGE = (
     f"INSERT INTO usage_daily SELECT {_DAILY_OF_ROW.format(r='usage')}, {_ROWS_TO_ROLL} GROUP BY 1, 2, 3, 4, 5"
-    f" ON CONFLICT ({_DAILY_KEY}) DO UPDATE SET {_ADD_SUMS}",
+    f" ON CONFLICT ({_DAILY_KEY}) DO UPDATE SET {_ADD_SUMS.format(t='usage_daily')}",
     "INSERT INTO usage_monthly SELECT substr(date(at, 'unixepoch', 'localtime'), 1, 7), user_id, group_name, model,"
     f" coalesce(backend_id, 0), {_ROWS_TO_ROLL} GROUP BY 1, 2, 3, 4, 5"
-    f" ON CONFLICT ({_MONTHLY_KEY}) DO UPDATE SET {_ADD_SUMS}",
+    f" ON CONFLICT ({_MONTHLY_KEY}) DO UPDATE SET {_ADD_SUMS.format(t='usage_monthly')}",
 )
 """Add the usage rows with ids in ``(?, ?]`` to the daily and monthly totals (the local calendar)."""
 
@@ -183,6 +184,19 @@ _MIGRATIONS: list[Sequence[str] | Callable[[sqlite3.Connection], None]] = [
     _ROLLED_UP,
     # A key's label, so an admin tells a user's keys apart ("laptop", "open-webui") before revoking one.
     ("ALTER TABLE api_keys ADD COLUMN label TEXT NOT NULL DEFAULT ''",),
+    # Key ids never come back: a revoked key's id was given to the next key made (SQLite reuses the
+    # largest rowid without AUTOINCREMENT), so "key 3" in a log or an admin's note could be two keys.
+    (
+        "CREATE TABLE api_keys_new (id INTEGER PRIMARY KEY AUTOINCREMENT,"
+        " user_id INTEGER NOT NULL REFERENCES users(id) ON DELETE CASCADE, hash TEXT NOT NULL UNIQUE,"
+        " prefix TEXT NOT NULL, created REAL NOT NULL, last_used REAL, label TEXT NOT NULL DEFAULT '')",
+        "INSERT INTO api_keys_new SELECT id, user_id, hash, prefix, created, last_used, label FROM api_keys",
+        "DROP TABLE api_keys",
+        "ALTER TABLE api_keys_new RENAME TO api_keys",
+        "CREATE INDEX api_keys_user ON api_keys(user_id)",
+    ),
+    # mr model alias: one model served under different names by different engines (issue 31).
+    ("CREATE TABLE model_aliases (name TEXT PRIMARY KEY, target TEXT NOT NULL)",),
 ]
 SCHEMA_VERSION = len(_MIGRATIONS)
 

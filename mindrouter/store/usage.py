@@ -47,7 +47,10 @@ UsageArgs = tuple[Any, str, str, Any, int, int, float, float, str]
 _PRUNED_KEY = "usage_pruned_through"
 _COLUMNS = "(at, user_id, request_id, model, backend_id, prompt_tokens, completion_tokens, gpu_seconds, group_name)"
 _INSERT = f"INSERT INTO usage {_COLUMNS} VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)"
-_OPEN = f"INSERT OR REPLACE INTO usage_open {_COLUMNS} VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)"
+_OPEN = (
+    f"INSERT INTO usage_open {_COLUMNS} VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?) ON CONFLICT (request_id) DO UPDATE SET "
+    + (", ".join(f"{c} = excluded.{c}" for c in _COLUMNS[1:-1].split(", ") if c != "request_id"))
+)
 """What a running stream has delivered so far (one row per request, replaced as it grows)."""
 _CLOSE_OPEN = "DELETE FROM usage_open WHERE request_id = ?"
 
@@ -204,7 +207,7 @@ class UsageLog:
         self.roll_usage()
         return self._db.execute(
             "SELECT day, user_id, group_name, sum(prompt_tokens + completion_tokens) FROM usage_daily"
-            " WHERE day >= ? GROUP BY day, user_id, group_name",
+            " WHERE day >= ? GROUP BY day, user_id, group_name ORDER BY day, user_id, group_name",
             (day_key(since),),
         ).fetchall()
 
@@ -217,11 +220,11 @@ class UsageLog:
         oldest = "SELECT id, at FROM usage WHERE at < ? ORDER BY at" + ("" if limit is None else " LIMIT ?")
         params = (cutoff,) if limit is None else (cutoff, limit)
         with transaction(self._db) as db:
-            through = db.execute(f"SELECT max(at) FROM ({oldest})", params).fetchone()[0]
+            through = db.execute(f"SELECT max(at) FROM ({oldest}) AS o", params).fetchone()[0]
             if through is None:
                 return 0
             _roll(db)
-            deleted = db.execute(f"DELETE FROM usage WHERE id IN (SELECT id FROM ({oldest}))", params).rowcount
+            deleted = db.execute(f"DELETE FROM usage WHERE id IN (SELECT id FROM ({oldest}) AS o)", params).rowcount
             # SQLite gives the next row the highest id left plus one: were the newest ids deleted, the
             # mark must come down with them, or rows given those ids again would never be rolled up.
             db.execute(
@@ -229,8 +232,8 @@ class UsageLog:
                 (ROLLED_KEY,),
             )
             db.execute(
-                "INSERT INTO meta (key, value) VALUES (?, ?) ON CONFLICT (key) DO UPDATE SET value ="
-                " max(CAST(value AS REAL), CAST(excluded.value AS REAL))",
+                "INSERT INTO meta (key, value) VALUES (?, ?) ON CONFLICT (key) DO UPDATE SET value = CASE"
+                " WHEN CAST(excluded.value AS REAL) > CAST(meta.value AS REAL) THEN excluded.value ELSE meta.value END",
                 (_PRUNED_KEY, repr(float(through))),
             )
         return deleted
@@ -277,10 +280,10 @@ class UsageLog:
         named = ", ".join([*(f"{_DIMENSION_SQL[d]} AS {k}" for d, k in zip(by, keys, strict=True)), ""])
         group = f" GROUP BY {', '.join(keys)}" if keys else ""
         parts = " UNION ALL ".join(
-            f"SELECT {named}sum(n) AS n, sum(p) AS p, sum(c) AS c, sum(g) AS g FROM ({sql}){group}"
+            f"SELECT {named}sum(n) AS n, sum(p) AS p, sum(c) AS c, sum(g) AS g FROM ({sql}) AS s{group}"
             for sql, _ in sources
         )
-        sql = f"SELECT {', '.join([*keys, 'sum(n)', 'sum(p)', 'sum(c)', 'sum(g)'])} FROM ({parts}){group}"
+        sql = f"SELECT {', '.join([*keys, 'sum(n)', 'sum(p)', 'sum(c)', 'sum(g)'])} FROM ({parts}) AS t{group}"
         params = tuple(p for _, ps in sources for p in ps)
         return sql, params
 

@@ -63,12 +63,20 @@ class StoreWorker:
         usage_retention: seconds per-request usage rows are kept.
         decision_days: days decision records are kept (whole local days: records go a day at a time).
         batch_seconds: about how long one delete transaction may hold the write lock.
+        url: the daemon's ``[store] url`` (PostgreSQL), else empty: ``path``.
     """
 
     def __init__(
-        self, path: Path, *, usage_retention: float, decision_days: float, batch_seconds: float = 0.001
+        self,
+        path: Path,
+        *,
+        usage_retention: float,
+        decision_days: float,
+        batch_seconds: float = 0.001,
+        url: str = "",
     ) -> None:
         self.path = path
+        self.url = url
         self.usage_retention = usage_retention
         self.decision_days = decision_days
         self.batch_seconds = batch_seconds
@@ -82,7 +90,9 @@ class StoreWorker:
         if store is None:
             from .db import Store
 
-            store = self._local.store = Store(self.path, usage_retention=self.usage_retention, prune_inline=False)
+            store = self._local.store = Store(
+                self.path, usage_retention=self.usage_retention, prune_inline=False, url=self.url
+            )
             store.checkpoint_elsewhere()  # the daemon's Checkpointer: a delete's commit, lock held, never fsyncs
         return store
 

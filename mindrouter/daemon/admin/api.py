@@ -20,6 +20,7 @@ from ...store.people import KEEP
 from ..edge.catalog import pool_models
 from ..edge.services import SERVICES
 from ..request.weights import apply_user
+from .aliases import setup_alias_routes
 from .backend_edits import backend_dict, models_left_without, refuse_orphaning, set_backend
 from .watch import quota_rows, setup_watch_routes
 
@@ -32,15 +33,17 @@ __all__ = [
     "delete_backend",
     "delete_group",
     "delete_user",
+    "json_body",
     "key_counts",
     "new_key",
     "revoke_user_key",
     "set_backend_state",
     "setup_admin_routes",
+    "sync_users",
 ]
 
 
-async def _body(request: web.Request) -> dict[str, Any]:
+async def json_body(request: web.Request) -> dict[str, Any]:
     try:
         data = await request.json()
     except (json.JSONDecodeError, UnicodeDecodeError):
@@ -50,7 +53,7 @@ async def _body(request: web.Request) -> dict[str, Any]:
     return data
 
 
-def _sync_users(app: web.Application, group: str | None = None, name: str | None = None) -> None:
+def sync_users(app: web.Application, group: str | None = None, name: str | None = None) -> None:
     """Bring the scheduler's weights and the quotas in line with the store after an admin change."""
     app[SERVICES].auth.clear()
     app[SERVICES].quotas.reload()
@@ -79,7 +82,7 @@ async def list_groups(request: web.Request) -> web.Response:
 
 
 async def add_group(request: web.Request) -> web.Response:
-    group = create_group(request.app, await _body(request))
+    group = create_group(request.app, await json_body(request))
     return web.json_response({**group.to_dict(), "users": 0}, status=201)
 
 
@@ -92,12 +95,12 @@ def change_group_weight(app: web.Application, name: str, weight: object) -> Any:
     """Set a group's weight (the admin API and the web UI): validated, stored, applied from now on."""
     group = app[SERVICES].store.set_group_weight(name, check_weight(weight))
     app[SERVICES].scheduler.set_group(name, group.scheduler_weight)
-    _sync_users(app, group=name)
+    sync_users(app, group=name)
     return group
 
 
 async def set_group(request: web.Request) -> web.Response:
-    data = await _body(request)
+    data = await json_body(request)
     group = change_group_weight(request.app, request.match_info["name"], data.get("weight"))
     return web.json_response(group.to_dict())
 
@@ -143,14 +146,15 @@ async def list_users(request: web.Request) -> web.Response:
 
 
 async def add_user(request: web.Request) -> web.Response:
-    data = await _body(request)
-    if data.get("person_of") is not None:
-        return _add_person(request.app, data)
+    data = await json_body(request)
     return web.json_response(_user_dict(request.app, create_user(request.app, data), {}), status=201)
 
 
 def create_user(app: web.Application, data: dict[str, Any]) -> Any:
-    """Add a user (the admin API and the web UI): ``{"name", "group", "weight", "proxy", ...}``; the new row."""
+    """Add a user (the admin API and the web UI): ``{"name", "group", "weight", "proxy", ...}``, or a proxy's
+    person with ``"person_of"``; the new row."""
+    if data.get("person_of") is not None:
+        return _add_person(app, data)
     weight = data.get("weight")
     proxy = _proxy_flag(data) or data.get("proxy_group") is not None
     if not proxy and "person_from" in data:
@@ -165,7 +169,7 @@ def create_user(app: web.Application, data: dict[str, Any]) -> Any:
     )
 
 
-def _add_person(app: web.Application, data: dict[str, Any]) -> web.Response:
+def _add_person(app: web.Application, data: dict[str, Any]) -> Any:
     """A proxy's person made ahead of their first request (``{"name": IDENTITY, "person_of": PROXY}``), so an
     admin can give them a group first; the proxy then finds them as if it had made them (``edge/people.py``)."""
     store = app[SERVICES].store
@@ -180,8 +184,7 @@ def _add_person(app: web.Application, data: dict[str, Any]) -> web.Response:
         raise InvalidValue("give the identity the proxy forwards, such as an e-mail address, as the name")
     if store.person_of(proxy.id, identity) is not None:
         raise AlreadyExists(f"{proxy.name!r} already has a person {identity!r}; move them with `mr user set-group`")
-    person = store.add_person(proxy.id, str(data.get("group") or proxy.forwards_to), identity)
-    return web.json_response(_user_dict(app, person, {}), status=201)
+    return store.add_person(proxy.id, str(data.get("group") or proxy.forwards_to), identity)
 
 
 def _proxy_flag(data: dict[str, Any]) -> bool:
@@ -192,7 +195,7 @@ def _proxy_flag(data: dict[str, Any]) -> bool:
 
 
 async def set_user(request: web.Request) -> web.Response:
-    data = await _body(request)
+    data = await json_body(request)
     user = change_user(request.app, request.match_info["name"], data)
     return web.json_response(_user_dict(request.app, user, key_counts(request.app[SERVICES].store)))
 
@@ -213,7 +216,7 @@ def change_user(app: web.Application, name: str, data: dict[str, Any]) -> Any:
         store.set_user_weight(name, None if weight is None else check_weight(weight))
     if "group" in data:
         store.set_user_group(name, data["group"])
-    _sync_users(app, name=name)
+    sync_users(app, name=name)
     return store.get_user(name)
 
 
@@ -258,7 +261,7 @@ def new_key(app: web.Application, name: str, label: object = None) -> str:
 
 async def create_key(request: web.Request) -> web.Response:
     name = request.match_info["name"]
-    data = await _body(request) if request.body_exists else {}
+    data = await json_body(request) if request.body_exists else {}
     key = new_key(request.app, name, data.get("label"))
     return web.json_response({"user": name, "key": key}, status=201)
 
@@ -293,7 +296,7 @@ async def list_backends(request: web.Request) -> web.Response:
 
 
 async def add_backend(request: web.Request) -> web.Response:
-    return web.json_response(await create_backend(request.app, await _body(request)), status=201)
+    return web.json_response(await create_backend(request.app, await json_body(request)), status=201)
 
 
 async def create_backend(app: web.Application, data: dict[str, Any]) -> dict[str, Any]:
@@ -306,8 +309,9 @@ async def create_backend(app: web.Application, data: dict[str, Any]) -> dict[str
     row = app[SERVICES].store.add_backend(data.get("name"), data.get("url"), data.get("engine"), **fields)
     entry = app[SERVICES].registry.add(row)
     wait = app[SERVICES].config.backends.connect_timeout + 1
-    with contextlib.suppress(asyncio.TimeoutError):
-        await asyncio.wait_for(entry.probed.wait(), wait)
+    if entry.task is not None:  # a standby router does not probe (process/roles.py)
+        with contextlib.suppress(asyncio.TimeoutError):
+            await asyncio.wait_for(entry.probed.wait(), wait)
     if row.node:
         with contextlib.suppress(asyncio.TimeoutError):
             await asyncio.wait_for(app[SERVICES].gpus.poll_node(row.node), wait)
@@ -328,7 +332,7 @@ def set_backend_state(app: web.Application, name: str, state: str) -> dict[str, 
 async def drain_backend(request: web.Request) -> web.Response:
     """Refused while it is the last backend of a model, unless ``{"force": true}``; the row then names those models
     (``models_left_without``)."""
-    data = await _body(request) if request.body_exists else {}
+    data = await json_body(request) if request.body_exists else {}
     name = request.match_info["name"]
     if data.get("force") is not True:
         refuse_orphaning(request.app, name)
@@ -365,34 +369,6 @@ async def list_models(request: web.Request) -> web.Response:
     return web.json_response(rows)
 
 
-async def export_state(request: web.Request) -> web.Response:
-    return web.json_response(request.app[SERVICES].store.export())
-
-
-async def import_dry_run(request: web.Request) -> web.Response:
-    """What an import would change, and nothing changed (a route of its own: a daemon without it answers 404)."""
-    return web.json_response(request.app[SERVICES].store.import_(await _body(request), dry_run=True))
-
-
-async def import_state(request: web.Request) -> web.Response:
-    data = await _body(request)
-    app = request.app
-    before = {row.id: row for row in app[SERVICES].store.list_backends()}
-    answer = app[SERVICES].store.import_(data)
-    registry = app[SERVICES].registry
-    for row in app[SERVICES].store.list_backends():
-        old = before.get(row.id)
-        if old is not None and (old.url, old.engine) != (row.url, row.engine):
-            await registry.remove(row.id)  # another server, or another engine: a client of its own
-            old = None
-        if old is None:
-            registry.add(row)
-        else:
-            registry.update_row(row)
-    _sync_users(app)
-    return web.json_response(answer)
-
-
 def setup_admin_routes(app: web.Application) -> None:
     r = app.router
     r.add_get("/admin/groups", list_groups)
@@ -413,7 +389,5 @@ def setup_admin_routes(app: web.Application) -> None:
     r.add_post("/admin/backends/{name}/enable", enable_backend)
     r.add_delete("/admin/backends/{name}", remove_backend)
     r.add_get("/admin/models", list_models)
-    r.add_get("/admin/export", export_state)
-    r.add_post("/admin/import", import_state)
-    r.add_post("/admin/import/dry-run", import_dry_run)
     setup_watch_routes(app)
+    setup_alias_routes(app)

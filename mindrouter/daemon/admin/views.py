@@ -12,6 +12,8 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from ...scheduler.views import round_share
+
 __all__ = ["Counters", "share_view", "status_view", "top_view"]
 
 QuotaLookup = Callable[[str, Any], list[dict[str, Any]]]
@@ -40,6 +42,7 @@ def status_view(
     users: int,
     listen: str,
     socket: str,
+    role: str = "leader",
 ) -> dict[str, Any]:
     """`mr status`: one line per fact about the daemon."""
     return {
@@ -57,7 +60,13 @@ def status_view(
         "tokens_per_second": round(counters.tokens_per_second, 3),
         "listen": listen,
         "socket": socket,
+        "role": role,
     }
+
+
+def _seat_dict(seat: Any, names: Mapping[str, str]) -> dict[str, Any]:
+    """A user's standing in one pool, its backends named."""
+    return {**seat.to_dict(), "names": [names.get(b, f"#{b}") for b in seat.backends]}
 
 
 def share_view(
@@ -80,15 +89,15 @@ def share_view(
         state = live.get(user.id)
         recent = state.recent_tokens if state else 0.0
         units = state.recent_units if state else 0.0
-        row = state.to_dict() if state else {}
+        pools = [_seat_dict(seat, names) for seat in state.seats] if state else []
         rows.append(
             {
                 "name": user.name,
                 "group": user.group,
                 "weight": user.weight,
                 "weight_override": user.weight_override,
-                "target_share": row.get("target_share"),
-                "actual_share": row.get("actual_share"),
+                "target_share": round_share(state.target_share) if state else None,
+                "actual_share": round_share(state.actual_share) if state else None,
                 "recent_tokens": recent,
                 "recent_units": round(units, 3),
                 "token_share": round(recent / total, 4) if total else 0.0,
@@ -97,7 +106,7 @@ def share_view(
                 "factor": round(state.factor, 4) if state else 1.0,
                 "queued": state.queued if state else 0,
                 "running": state.running if state else 0,
-                "pools": [{**p, "names": [names.get(b, f"#{b}") for b in p["backends"]]} for p in row.get("pools", [])],
+                "pools": pools,
                 "proxy": user.proxy,
                 "person_of": user.person_of,
                 "quotas": quotas("user", user.id),
@@ -113,8 +122,8 @@ def share_view(
             {
                 "name": group.name,
                 "weight": group.scheduler_weight,
-                "target_share": None if target is None else round(target, 4),
-                "actual_share": None if actual is None else round(actual, 4),
+                "target_share": round_share(target),
+                "actual_share": round_share(actual),
                 "recent_tokens": recent,
                 "recent_units": round(units, 3),
                 "token_share": round(recent / total, 4) if total else 0.0,

@@ -48,6 +48,7 @@ def status_dict(app: web.Application) -> dict[str, Any]:
         users=app[SERVICES].store.count_users(),
         listen=f"http://{config.server.host}:{config.server.port}",
         socket=str(config.server.socket_path),
+        role=app[SERVICES].role,
     )
 
 

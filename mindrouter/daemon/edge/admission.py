@@ -64,6 +64,8 @@ def admit(services: Services, path: str, headers: Mapping[str, str], body: bytes
             max_tokens=call.max_tokens,
             context_tokens=call.context_tokens,
             stream=call.stream,
+            prefix=call.prefix,
+            unload_after=call.unload_after,
             via=via,
         )
         quotas = services.quotas

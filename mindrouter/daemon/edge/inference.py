@@ -23,7 +23,7 @@ from ...errors import RequestError
 from ..edge.admission import admit
 from ..request.lease import Lease
 from .answers import QUOTA_HEADERS, REQUEST_ID
-from .errorbodies import error_response
+from .errorbodies import dialect_of, error_response
 from .services import SERVICES, Services
 
 __all__ = ["SHUTTING_DOWN", "end_handlers", "setup_inference_routes"]
@@ -40,6 +40,15 @@ SHUTTING_DOWN = RequestError(
     code="shutting_down",
     retry_after=5,
 )
+STANDBY = RequestError(
+    "this router is a standby and another one leads; send requests to the leader (a load balancer that checks "
+    "GET /health does) or again in a few seconds",
+    status=503,
+    type="service_unavailable",
+    code="standby",
+    retry_after=2,
+)
+"""What a standby router answers to inference (docs/scale.md)."""
 _CUT_BY_SHUTDOWN = "the router shut down before the answer was complete; send the request again in a few seconds"
 _BROKEN = "stream"
 """How ``mindrouter_errors_total`` labels a stream that an error ended after its first byte."""
@@ -47,6 +56,8 @@ _BROKEN = "stream"
 
 async def handle_inference(request: web.Request) -> web.StreamResponse:
     services = request.app[SERVICES]
+    if not services.leading:
+        return error_response(STANDBY, dialect_of(request.path))
     admitted = admit(services, request.path, request.headers, await request.read())
     request[REQUEST_ID] = admitted.rid
     if admitted.quota_headers:

@@ -107,8 +107,10 @@ def setup_metrics(app: web.Application) -> None:
         body = generate_latest(full if trusted(request) else counts)
         return web.Response(body=body, headers={"Content-Type": CONTENT_TYPE_LATEST})
 
-    async def health(_request: web.Request) -> web.Response:
-        """For load balancers and systemd: 200 while serving, and nothing about the pool."""
+    async def health(request: web.Request) -> web.Response:
+        """For load balancers and systemd: 200 while serving (a standby: 503), and nothing about the pool."""
+        if not request.app[SERVICES].leading:
+            return web.Response(status=503, text="standby: another router leads this pool\n")
         return web.Response(text="ok\n")
 
     app.router.add_get("/metrics", handle)

@@ -22,6 +22,7 @@ if TYPE_CHECKING:
     from ...store import Store
     from ...store.worker import StoreWorker
     from ..pollers.gpus import GpuState
+    from ..pollers.leader import Leadership
     from ..pollers.registry import Registry
     from ..request.decisions import DecisionLog
     from ..request.dispatcher import Dispatcher
@@ -52,6 +53,18 @@ class Services:
     """A Store on a thread of its own: reports, listings and retention, off the event loop."""
     handlers: dict[asyncio.Task[object], Lease] = field(default_factory=dict)
     """Inference handlers waiting or streaming, task -> lease, for the shutdown to end (``end_handlers``)."""
+    leadership: Leadership | None = None
+    """Only on a PostgreSQL store: whether this router leads its pool (process/roles.py)."""
+
+    @property
+    def leading(self) -> bool:
+        """Whether this router may schedule and dispatch now: always on SQLite, on PostgreSQL while it leads."""
+        return self.leadership is None or self.leadership.leading
+
+    @property
+    def role(self) -> str:
+        """``"leader"`` or ``"standby"`` (``mr status``; docs/scale.md)."""
+        return "leader" if self.leading else "standby"
 
 
 SERVICES = web.AppKey("services", Services)

@@ -20,7 +20,7 @@ import aiohttp
 from ...gpu.client import AgentClient
 from ...gpu.node import NodeReadings
 from ...gpu.probe import GpuProbe
-from ...gpu.vram import estimate_model_vram, free_vram, total_vram, utilization
+from ...gpu.vram import estimate_model_vram, free_vram, ollama_slots, total_vram, utilization
 from ...names import is_this_machine
 from ...tasks import repeat, stop
 
@@ -105,9 +105,16 @@ class GpuState:
         return free_vram(readings, gpus), total_vram(readings, gpus), utilization(readings, gpus)
 
     def vram_estimate(self, row: Any, model: str, probe: Any) -> int | None:
-        """Bytes ``model`` needs to load on ``row``: from its size on disk, when the backend says."""
+        """Bytes ``model`` needs to load on ``row``: from its size on disk, when the backend says; with its
+        shape (Ollama's /api/show), the KV cache of every slot it will get (``ollama_slots``)."""
         size = probe.model_sizes.get(model) if probe.model_sizes else None
-        return estimate_model_vram(size) if size else None
+        if not size:
+            return None
+        shape = probe.shapes.get(model)
+        if shape is None or shape.n_layers is None or row.engine != "ollama":
+            return estimate_model_vram(size)
+        slots = ollama_slots(row.parallel, probe.capabilities.get(model), shape) or 1
+        return estimate_model_vram(size, shape=shape, parallel=slots)
 
     def node_error(self, url: str) -> str | None:
         """Why the ``mr agent`` at ``url`` did not answer its last poll; None when it did or is not polled yet."""

@@ -21,7 +21,7 @@ import asyncio
 import contextlib
 import logging
 import time
-from collections.abc import Callable, Hashable
+from collections.abc import Callable, Hashable, Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -67,6 +67,8 @@ class Entry:
     """Set to probe again at once (a request met the backend failing)."""
     probed_at: float = float("-inf")
     """When the last probe ended."""
+    inherited: int = 0
+    """Slots a leader before this router may still hold with generations it started (``Registry.inherit``)."""
 
     @property
     def circuit_open(self) -> bool:
@@ -110,17 +112,22 @@ class Registry:
         self.clock = clock
         self.adapters = adapters or self._engine_adapter
         self.entries: dict[int, Entry] = {}
+        self.probing = True
+        """False on a standby router (process/roles.py): its entries mirror the store, and nothing is probed,
+        drained or disabled until ``probe_all``."""
 
     # -- lifecycle ---------------------------------------------------------
 
     async def start(self, first_probe_timeout: float = 5.0) -> None:
         for row in self.store.list_backends():
             self.add(row)
-        if self.entries:
+        await self.first_probes(first_probe_timeout)
+
+    async def first_probes(self, timeout: float) -> None:
+        """Wait, ``timeout`` seconds at most, until every backend has been probed once (none while not probing)."""
+        if self.entries and self.probing:
             with contextlib.suppress(asyncio.TimeoutError):
-                await asyncio.wait_for(
-                    asyncio.gather(*(e.probed.wait() for e in self.entries.values())), first_probe_timeout
-                )
+                await asyncio.wait_for(asyncio.gather(*(e.probed.wait() for e in self.entries.values())), timeout)
 
     async def stop(self) -> None:
         for entry in self.entries.values():
@@ -131,12 +138,51 @@ class Registry:
         return make_adapter(row.engine, row.url, self.session, self.settings, budget=self.budget)
 
     def add(self, row: Any) -> Entry:
+        """Start tracking (and probing) a backend; one already tracked only takes the new row."""
+        if row.id in self.entries:
+            self.update_row(row)
+            return self.entries[row.id]
         adapter = self.adapters(row)
         entry = Entry(row, adapter, Breaker(self.settings), lambda: self.clock())
         self.entries[row.id] = entry
         self._publish(entry)
-        entry.task = asyncio.create_task(self._poll(entry), name=f"probe-{row.name}")
+        if self.probing:
+            entry.task = asyncio.create_task(self._poll(entry), name=f"probe-{row.name}")
         return entry
+
+    async def sync(self, rows: Iterable[Any]) -> None:
+        """Follow the store's backends: drop the removed, add the new, and give the others their new rows
+        (another server or another engine gets a client of its own)."""
+        latest = {row.id: row for row in rows}
+        for backend_id in set(self.entries) - set(latest):
+            await self.remove(backend_id)
+        for row in latest.values():
+            entry = self.entries.get(row.id)
+            if entry is not None and (entry.row.url, entry.row.engine) != (row.url, row.engine):
+                await self.remove(row.id)
+            self.add(row)
+
+    def inherit(self) -> None:
+        """A new leader: hold every slot busy until the backend's gauges say how many the old one's
+        generations still hold (engines without gauges, such as Ollama, are taken as free)."""
+        for entry in self.entries.values():
+            entry.inherited = entry.row.max_concurrent
+            self._publish(entry)
+
+    def _count_inherited(self, entry: Entry, probe: Probe) -> None:
+        """What the engine runs beyond this router's own requests is the old leader's, and can only end."""
+        if not entry.inherited or not probe.healthy:
+            return
+        load = self.scheduler.load(entry.row.id)
+        others = None if probe.running is None else probe.running - (load.in_flight if load else 0)
+        entry.inherited = 0 if others is None else max(0, min(entry.inherited, others))
+
+    def probe_all(self) -> None:
+        """Start probing every backend (a standby that now leads)."""
+        self.probing = True
+        for entry in self.entries.values():
+            if entry.task is None:
+                entry.task = asyncio.create_task(self._poll(entry), name=f"probe-{entry.row.name}")
 
     async def remove(self, backend_id: int) -> None:
         entry = self.entries.pop(backend_id, None)
@@ -212,6 +258,7 @@ class Registry:
                 "healthy" if self.healthy(entry) else "unhealthy",
                 "" if self.healthy(entry) else f" ({entry.error})",
             )
+        self._count_inherited(entry, probe)
         self._disable_if_drained(entry)
         self._publish(entry)
         entry.probed.set()
@@ -293,7 +340,7 @@ class Registry:
 
     def _disable_if_drained(self, entry: Entry) -> bool:
         load = self.scheduler.load(entry.row.id)
-        if entry.row.state == "draining" and (load is None or load.in_flight == 0):
+        if self.probing and entry.row.state == "draining" and (load is None or load.in_flight == 0):
             entry.row = self.store.set_backend_state(entry.row.name, "disabled")
             log.info("backend=%s is drained: idle, and takes no new requests until `mr backend enable`", entry.row.name)
             return True
@@ -310,7 +357,9 @@ class Registry:
         probe = entry.probe if entry.probe is None or entry.probe.healthy or entry.known is None else entry.known
         gpu = self.gpu_lookup(row) if self.gpu_lookup is not None else None
         self.scheduler.set_backend(
-            backend_snapshot(row, probe, entry.lacks, gpu, self.vram_estimate, healthy=self.healthy(entry))
+            backend_snapshot(
+                row, probe, entry.lacks, gpu, self.vram_estimate, healthy=self.healthy(entry), inherited=entry.inherited
+            )
         )
         self.on_change()
 

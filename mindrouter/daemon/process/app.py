@@ -16,6 +16,7 @@ from typing import Any
 import aiohttp
 from aiohttp import web
 
+from ...backends import set_aliases
 from ...config import Config
 from ...gpu.probe import GpuProbe
 from ...scheduler import Scheduler
@@ -23,6 +24,7 @@ from ...store import Store
 from ...store.worker import StoreWorker
 from ..admin.api import setup_admin_routes
 from ..admin.middleware import admin_middleware
+from ..admin.transfer import setup_transfer_routes
 from ..edge.accounting import setup_accounting_routes
 from ..edge.answers import stamp
 from ..edge.auth import Auth
@@ -43,6 +45,7 @@ from ..request.weights import apply_user
 from ..ui import setup_ui
 from ..usage.quotas import Quotas
 from ..usage.stats import Stats
+from .roles import setup_leadership
 
 __all__ = ["create_app"]
 
@@ -69,23 +72,30 @@ async def create_app(
         max_decisions=server.decision_retention,
         usage_retention=server.usage_retention_days * 86400.0,
         prune_inline=False,
+        url=config.store.url,
     )
     worker = StoreWorker(
-        store.path, usage_retention=store.usage_retention, decision_days=server.decision_retention_days
+        store.path,
+        usage_retention=store.usage_retention,
+        decision_days=server.decision_retention_days,
+        url=config.store.url,
     )
     store.checkpoint_in_background()  # a checkpoint's fsyncs never stall the loop (store/checkpoint.py)
-    recovered = store.recover_open_usage()
+    shared = bool(config.store.url)  # routers share the store; the leader recovers and restores (roles.py)
+    recovered = 0 if shared else store.recover_open_usage()
     if recovered:
         log.info("recorded the usage of %d streams that were cut when the daemon last stopped", recovered)
     created = store.ensure_default_groups(config.scheduler.group_weights)
     if created:
         log.info("created the default groups %s", ", ".join(created))
+    set_aliases(store.list_aliases())  # before any backend's models are keyed
     scheduler = Scheduler(config.scheduler)
     for group in store.list_groups():
         scheduler.set_group(group.name, group.scheduler_weight)
     for user in store.list_users():
         apply_user(scheduler, user.id, user)
-    _restore_usage(store, scheduler, config)
+    if not shared:
+        _restore_usage(store, scheduler, config)
     # Idle keep-alive connections are closed after 2 s: servers such as llama-server hold an
     # HTTP thread per open connection (4 threads with -np 2), so a pool that kept them for
     # long would lock out everyone else talking to that server. Under load they are reused
@@ -156,7 +166,8 @@ async def create_app(
 
     async def resources(_app: web.Application) -> AsyncIterator[None]:
         try:
-            if want_discovery and not store.list_backends():
+            registry.probing = not shared  # on a shared store, the leader alone probes, once it leads
+            if want_discovery and not shared and not store.list_backends():
                 for row in await discover_local_backends(session, store):
                     log.info(
                         "found %s at %s (%s) and added it as backend %r; `mr backend rm %s` removes it",
@@ -180,11 +191,14 @@ async def create_app(
     app.cleanup_ctx.append(decisions.flush_ctx)
     app.cleanup_ctx.append(dispatcher.timer_ctx)
     app.cleanup_ctx.append(gpus.poll_ctx)
+    if shared:
+        setup_leadership(app, lambda: _restore_usage(store, scheduler, config))
     app.on_shutdown.append(end_handlers)  # runs before the cleanup contexts close the resources
     setup_inference_routes(app)
     setup_catalog_routes(app)
     setup_cors(app, server.cors_origins)
     setup_admin_routes(app)
+    setup_transfer_routes(app)
     setup_accounting_routes(app)
     app.on_response_prepare.append(stamp)
     setup_metrics(app)

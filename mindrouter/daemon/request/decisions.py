@@ -19,7 +19,7 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from typing import Any
 
 from ...scheduler import DecisionRecord
@@ -104,9 +104,12 @@ class DecisionLog:
         except Exception:
             log.exception("could not store %d decision records", len(rows))
 
-    def recent(self, limit: int, user: str | None = None) -> list[dict[str, Any]]:
+    def recent(
+        self, limit: int, user: str | None = None, fields: Mapping[str, str] | None = None, searched: int = 0
+    ) -> list[dict[str, Any]]:
+        """The newest records, oldest first (``Store.recent_decisions``: ``fields`` among the newest ``searched``)."""
         self.flush()
-        return self.store.recent_decisions(limit, user=user)
+        return self.store.recent_decisions(limit, user=user, fields=fields, searched=searched)
 
     def get(self, request_id: str) -> dict[str, Any] | None:
         self.flush()

@@ -124,6 +124,7 @@ class Dispatcher:
         latency: float | None,
         duration: float | None,
         timings: Timings | None = None,
+        cached_tokens: int | None = None,
     ) -> None:
         if self.scheduler.complete(
             job_id,
@@ -133,6 +134,7 @@ class Dispatcher:
             latency=latency,
             duration=duration,
             timings=timings,
+            cached_tokens=cached_tokens,
         ):
             self.pump()
             self._deadline_moved()

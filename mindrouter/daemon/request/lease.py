@@ -332,6 +332,7 @@ class Lease:
                 latency=self.held if first is None else first - upstream.opened_at,
                 duration=self.held,
                 timings=Timings(usage.load_seconds, usage.prefill_seconds, usage.decode_seconds),
+                cached_tokens=usage.cached_tokens,
             )
         elif move is Move.FAIL:
             retry = retry and self.state is not State.STOPPING

@@ -6,20 +6,24 @@ module registers them with its own pages.
 
 from __future__ import annotations
 
+import time
 from collections.abc import Mapping
 from typing import Any
 
 from aiohttp import web
 
-from ...explain import PRIORITY_TERMS, SCORE_TERMS, ended, lost_by
+from ...explain import PRIORITY_TERMS, SCORE_TERMS, busy_is_cache, ended, lost_by
 from ...formats import fmt_duration, fmt_num, fmt_time
 from ..admin.views import share_view
-from ..admin.watch import backend_names, queue_dict, status_dict
+from ..admin.watch import backend_names, status_dict
 from ..edge.services import SERVICES
 from .backend_forms import setup_backend_forms
+from .charts import sparkline
+from .import_form import setup_import_form
 from .people_forms import setup_people_forms
 from .render import admin_page, page
 from .sessions import Session
+from .usage import setup_usage_page
 
 __all__ = ["setup_admin_pages"]
 
@@ -54,18 +58,53 @@ async def top(request: web.Request, session: Session) -> web.StreamResponse:
     app = request.app
     share = _shares(app)
     active = _active(share)
+    queue = (
+        app[SERVICES].scheduler.queue_stats(app[SERVICES].dispatcher.clock()).to_dict()
+    )  # not `mr queue`'s: it adds every share
     return page(
         request,
         "top.html",
         session,
         pool=status_dict(app),
-        queue=queue_dict(app)["queue"],
+        queue=queue,
+        waiting=_waiting(queue),
+        backends=_backends(app),
         active=active[:50],
         hidden=max(0, len(active) - 50),
         pools=_pools(share) if len(share["pools"]) > 1 else [],
-        decisions=app[SERVICES].decisions.recent(10),
+        decisions=decision_rows(app[SERVICES].decisions.recent(10)),
         refresh=True,
     )
+
+
+def _waiting(queue: Mapping[str, Any]) -> list[tuple[str, int, float]]:
+    """(person, requests queued, the oldest one's wait in seconds), the most waiting first; at most 20."""
+    oldest = queue.get("oldest_wait_by_user_model") or {}
+    rows = [(name, n, max((oldest.get(name) or {}).values(), default=0.0)) for name, n in queue["by_user_name"].items()]
+    return sorted(rows, key=lambda r: (-r[1], r[0]))[:20]
+
+
+def _backends(app: web.Application) -> list[dict[str, Any]]:
+    """Each backend as Live shows it: its row, its tokens/s over the last minutes as a sparkline, and what
+    its busy figure measures (a GPU's utilization, or an engine's KV-cache fill where it has no GPU named)."""
+    registry = app[SERVICES].registry
+    rates = app[SERVICES].stats.throughput()
+    rows = []
+    for bid, entry in registry.entries.items():
+        row = registry.row_dict(entry)
+        series = rates.get(bid, [])
+        vram = row["vram_total"] and row["vram_free"] is not None
+        used = 1 - row["vram_free"] / row["vram_total"] if vram else None
+        rows.append(
+            {
+                **row,
+                "spark": sparkline(series),
+                "tps_now": series[-1] if series else 0.0,
+                "busy_label": "KV cache" if busy_is_cache(row) else "GPU",
+                "vram_used": used,
+            }
+        )
+    return sorted(rows, key=lambda r: str(r["name"]))
 
 
 def _pools(shares: Mapping[str, Any]) -> list[dict[str, Any]]:
@@ -81,11 +120,34 @@ def _pools(shares: Mapping[str, Any]) -> list[dict[str, Any]]:
     return sorted(rows.values(), key=lambda p: str(p["label"]))
 
 
+OUTCOMES = ("ok", "client_gone", "backend_failed", "timeout", "rejected", "error")
+_FIELDS = {"model": "model", "backend": "selected_backend", "outcome": "outcome"}
+SEARCHED = 5000
+"""Decisions searched for a filter by model, backend or outcome: the newest this many (of the user, if named)."""
+
+
+def decision_rows(records: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Newest first, each with its local time and its wait in units, for the pages' decision tables."""
+    return [
+        {
+            **r,
+            "at": time.strftime("%H:%M:%S", time.localtime(r["wall_time"])) if r.get("wall_time") else "",
+            "day": time.strftime("%Y-%m-%d", time.localtime(r["wall_time"])) if r.get("wall_time") else "",
+            "wait": fmt_duration(r.get("queue_wait")) if r.get("queue_wait") is not None else "–",
+        }
+        for r in reversed(records)
+    ]
+
+
 @admin_page
 async def decisions(request: web.Request, session: Session) -> web.StreamResponse:
-    user_name = request.query.get("user") or None
-    rows = request.app[SERVICES].decisions.recent(100, user=user_name)
-    return page(request, "decisions.html", session, decisions=rows, user=user_name or "")
+    q = request.query
+    wanted = {k: (q.get(k) or "").strip() for k in ("user", "model", "backend", "outcome")}
+    fields = {key: wanted[name] for name, key in _FIELDS.items() if wanted[name]}
+    rows = request.app[SERVICES].decisions.recent(100, user=wanted["user"] or None, fields=fields, searched=SEARCHED)
+    names = sorted(backend_names(request.app).values())
+    context: dict[str, Any] = {"filters": wanted, "outcomes": OUTCOMES, "backend_choices": names, "searched": SEARCHED}
+    return page(request, "decisions.html", session, decisions=decision_rows(rows), **context)
 
 
 def explain(record: Mapping[str, Any], names: Mapping[str, str]) -> dict[str, Any]:
@@ -154,3 +216,5 @@ def setup_admin_pages(app: web.Application) -> None:
     r.add_get("/ui/admin/decisions/{request_id}", why)
     setup_people_forms(app)
     setup_backend_forms(app)
+    setup_usage_page(app)
+    setup_import_form(app)

@@ -1,5 +1,6 @@
-"""The admin pages' forms for people: groups (add, weigh, set quotas, remove), users (add, move, weigh,
-set quotas, remove) and their keys (create with a label, revoke after a confirmation).
+"""The admin pages' forms for people: groups (add, weigh, set quotas, remove), users (add, a proxy's person
+too, move, weigh, make a proxy, set quotas, remove) and their keys (create with a label, revoke after a
+confirmation).
 
 Every change goes through the admin API's own function (``daemon/admin/api.py``,
 ``daemon/edge/accounting.py``), so a form and ``mr`` validate alike and fail with
@@ -128,6 +129,8 @@ async def add_user(request: web.Request, session: Session) -> web.StreamResponse
         data["weight"] = field(form, "weight")
     if field(form, "proxy"):
         data["proxy"] = True
+    if field(form, "person_of"):
+        data["person_of"] = field(form, "person_of")
     try:
         user = api.create_user(request.app, data)
     except (StoreError, ValueError) as exc:
@@ -170,6 +173,21 @@ async def set_user(request: web.Request, session: Session) -> str:
     changes: dict[str, Any] = {"group": field(form, "group"), "weight": weight or None}
     row = api.change_user(request.app, _name(request), changes)
     return f"user {row.name} is in group {row.group} with weight {row.weight:g}"
+
+
+@admin_page
+@action("/ui/admin/users/{name}")
+async def set_proxy(request: web.Request, session: Session) -> str:
+    """``mr user set-proxy``: a proxy (with its people's group and where its requests name them), or not."""
+    form = await request.post()
+    changes: dict[str, Any] = {"proxy": bool(field(form, "proxy"))}
+    if changes["proxy"]:
+        changes["proxy_group"] = field(form, "proxy_group") or None
+        changes["person_from"] = field(form, "person_from") or "header"
+    row = api.change_user(request.app, _name(request), changes)
+    if row.proxy:
+        return f"user {row.name} is a proxy: the people its requests name go in group {row.forwards_to}"
+    return f"user {row.name} is no longer a proxy"
 
 
 @admin_page
@@ -247,6 +265,7 @@ def setup_people_forms(app: web.Application) -> None:
     r.add_get("/ui/admin/users/{name}", user)
     r.add_post("/ui/admin/users/{name}", set_user)
     r.add_post("/ui/admin/users/{name}/quota", set_user_quota)
+    r.add_post("/ui/admin/users/{name}/proxy", set_proxy)
     r.add_get("/ui/admin/users/{name}/remove", remove_user)
     r.add_post("/ui/admin/users/{name}/remove", remove_user)
     r.add_post("/ui/admin/users/{name}/keys", create_key)

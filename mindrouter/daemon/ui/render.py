@@ -8,12 +8,15 @@ daemon starts: a router that nobody opens ``/ui/`` on never holds them
 from __future__ import annotations
 
 import functools
+import re
+import time
 from collections.abc import Awaitable, Callable
 from typing import TYPE_CHECKING, Any
 from urllib.parse import quote
 
 from aiohttp import web
 
+from ...formats import fmt_duration
 from ...localtime import iso_local
 from ...names import hash_key
 from ...store import StoreError
@@ -22,6 +25,7 @@ from .sessions import Session, Sessions, same
 
 if TYPE_CHECKING:
     import jinja2
+    from markupsafe import Markup
 
 __all__ = ["ADMIN_GROUP", "SESSIONS", "action", "admin_page", "page", "person_page", "redirect"]
 
@@ -44,7 +48,17 @@ def templates() -> jinja2.Environment:
         lstrip_blocks=True,
     )
     env.filters["when"] = lambda at: iso_local(at)[:16].replace("T", " ")
+    env.filters["duration"] = fmt_duration
+    env.filters["sentence"] = sentence
     return env
+
+
+def sentence(text: object) -> Markup:
+    """A sentence for a person, escaped, its `mr ...` commands in ``<code>`` (the CLI's sentences are Markdown-ish;
+    the UI printed their backticks)."""
+    from markupsafe import Markup, escape
+
+    return Markup(re.sub(r"`([^`]+)`", r"<code>\1</code>", str(escape(str(text)))))
 
 
 HEADERS = {
@@ -65,7 +79,12 @@ def page(
     flash = session.flash if session else None
     if session:
         session.flash = None
-    html = templates().get_template(template).render(session=session, path=request.path, flash=flash, **context)
+    updated = time.strftime("%H:%M:%S")
+    html = (
+        templates()
+        .get_template(template)
+        .render(session=session, path=request.path, flash=flash, updated=updated, **context)
+    )
     return web.Response(text=html, status=status, content_type="text/html", headers=HEADERS)
 
 

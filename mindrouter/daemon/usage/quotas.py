@@ -161,8 +161,14 @@ class Quotas:
         self._periods = ("", "")
         self._keys = Periods()
         self.reload()
-        now = wall()
-        for day, user_id, group, tokens in store.daily_tokens(month_start(now)):
+        self.restore()
+
+    def restore(self) -> None:
+        """Count this month's tokens and the last minute's requests again from the store (a start, a new leader)."""
+        self._used.clear()
+        self._recent.clear()
+        now = self.wall()
+        for day, user_id, group, tokens in self.store.daily_tokens(month_start(now)):
             self._add(user_id, group, tokens, day, day[:7])
         self._restore_recent(now)
 

@@ -12,6 +12,15 @@ its pool, a learned think time shorter than ``anticipation``, and a better
 priority than every queued job that could take the slot, the core holds that
 slot for it for at most ``anticipation`` seconds.
 
+A person who reads each answer for a few seconds (a learned think time under
+``max_think_time``) gets the same hold, for up to twice its think time, when it
+is owed more and whoever would take the slot already runs its weighted share of
+that backend's slots (``Turns.over_share``): otherwise the backlogged user takes
+every slot a short answer frees, and on a 2-slot workstation a chat user waited
+a 72 s batch answer for each 2.4 s one (issue 30: 2.6% of the service against a
+target of 47%). Work conservation yields only where the backlogged user already
+has its share, so a thinker never takes more than it is owed.
+
 Invariants: a hold is ended once, by ``release``: when its seat submits again,
 when it expires, or when its backend is disabled or removed; every ``Hold``
 that ends is returned to the caller, which gives its slot back to routing
@@ -23,6 +32,7 @@ whose backend went away.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable, Hashable
 from dataclasses import dataclass
 
@@ -43,6 +53,8 @@ class Hold:
     until: float
     rate: float
     """Service units a second the slot would have delivered to the job it keeps waiting: the hold's price."""
+    kept: bool = False
+    """Kept for its holder's next job, which takes it when it comes, whoever ranks first then (``length``)."""
 
     def ended(self, now: float | None) -> float:
         """When a hold given back at ``now`` (None: its backend went away) ended."""
@@ -55,20 +67,26 @@ class Holds:
     def __init__(self, settings: SchedulerSettings) -> None:
         self.settings = settings
         self.anticipation = settings.anticipation
+        self.max_think = settings.max_think_time
+        self._longest_gap = 2 * max(self.anticipation, self.max_think)
         self.held: dict[tuple[Hashable, PoolKey], list[Hold]] = {}
 
     def submitted(self, seat: Seat, pool: PoolKey, now: float, *, learn: bool) -> Hold | None:
         """A job of ``seat`` was queued: its oldest hold ends, so the job may take that slot; returns it if one did.
 
-        With ``learn`` (its queue was empty, and the job is new, not one queued again after a
-        failure), the gap since its last job ended teaches its think time. A gap counts as at most
-        twice ``anticipation``, so one long break costs a tight loop its anticipation for a few
-        requests, not for hundreds.
+        With ``learn`` (the job is new, not one queued again after a failure), the gap since the
+        oldest end of its jobs not yet answered by a submission teaches its think time: 4 loops that
+        each think 0.2 s were learned as thinking 0.02 s, from whichever loop ended last, and lost
+        the slot each loop freed. A gap counts as at most twice ``max_think_time`` (or
+        ``anticipation``, if more), so one long break costs a tight loop its anticipation for a
+        dozen requests, not for hundreds, and a person who always reads longer than the bound
+        learns a think time past it.
         """
-        if learn and seat.ended is not None and self.anticipation:
-            gap = min(now - seat.ended, 2 * self.anticipation)
+        if learn and seat.ends and self._longest_gap:
+            gap = min(now - seat.ends.popleft(), self._longest_gap)
             alpha = self.settings.think_ema_alpha
             seat.think = gap if seat.think is None else seat.think + alpha * (gap - seat.think)
+        if not seat.queued:
             seat.ended = None
         key = (seat.user.id, pool)
         holds = self.held.get(key)
@@ -84,13 +102,55 @@ class Holds:
         """Whether ``seat`` sends again within ``anticipation`` of its last job's end (``Pool.place``)."""
         return seat.ended is not None and now - seat.ended <= self.anticipation
 
-    def thinks_briefly(self, seat: Seat) -> bool:
-        """Whether ``seat``'s learned think time is shorter than a hold lasts."""
-        return seat.think is not None and seat.think < self.anticipation
+    def length(self, seat: Seat) -> tuple[float, bool] | None:
+        """How long a slot ``seat``'s job freed may be held for it, and whether only where the one who would
+        take it has its share of the backend's slots (a think time past ``anticipation``); None: not at all.
 
-    def take(self, pool: Pool, seat: Seat, backend_id: Hashable, model: str, now: float, rate: float) -> None:
-        """Hold one slot of ``backend_id`` for ``seat`` until ``now + anticipation``, at ``rate`` a second."""
-        hold = Hold(pool, seat, backend_id, model, now, now + self.anticipation, rate)
+        Such a slot is kept for the seat's next job: it would otherwise go to the one it was kept from
+        whenever that one ranks first by lag, which a batch user charged ahead for a long answer does
+        for the minute it runs."""
+        think = seat.think
+        if think is None:
+            return None
+        if think < self.anticipation:
+            return self.anticipation, False
+        if think < self.max_think:
+            return min(self.max_think, 2 * think), True
+        return None
+
+    def over_share(self, pool: Pool, holder: Seat, rival: Seat, slots: int, running: int, now: float) -> bool:
+        """Whether ``rival``, running ``running`` of a backend's ``slots``, has its weighted share of them (at
+        least one) among the people active in ``pool``: those with work queued or running, and those thinking
+        within ``max_think_time`` of their last job's end (``holder`` among them)."""
+        if running < 1:
+            return False
+        if running >= math.ceil(slots * rival.weight / (rival.weight + holder.weight) - 1e-9):
+            return True  # its share beside the holder alone, the most it can be: no need to count the others
+        bound = self.max_think
+        total = 0.0
+        for seat in pool.seats.values():
+            if (
+                seat.queued
+                or seat.running
+                or seat is holder
+                or (seat.ended is not None and now - seat.ended < bound and (seat.think or bound) < bound)
+            ):
+                total += seat.weight
+        return running >= max(1.0, math.ceil(slots * rival.weight / total - 1e-9))
+
+    def take(
+        self,
+        pool: Pool,
+        seat: Seat,
+        backend_id: Hashable,
+        model: str,
+        now: float,
+        rate: float,
+        length: tuple[float, bool],
+    ) -> None:
+        """Hold one slot of ``backend_id`` for ``seat`` for ``length`` (``Holds.length``), at ``rate`` a second."""
+        seconds, kept = length
+        hold = Hold(pool, seat, backend_id, model, now, now + seconds, rate, kept)
         self.held.setdefault((seat.user.id, pool.key), []).append(hold)
 
     def release(self, hold: Hold, now: float | None) -> None:

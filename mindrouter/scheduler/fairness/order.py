@@ -27,7 +27,7 @@ seat's version moves or its queue empties.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Container, Iterable, Mapping
+from collections.abc import Callable, Container, Hashable, Iterable, Mapping
 
 from ..jobs import ClassKey, Job, class_key
 from ..pooling import PoolKey
@@ -49,6 +49,8 @@ class Order:
         self.pools: Mapping[ClassKey, Pool] = self._class_pool
         """The pool each class contends in (every queued job's class is here); read-only."""
         self._heavy_keyed: dict[PoolKey, tuple[float, float]] = {}
+        self.parked: set[Hashable] = set()
+        """Users whose queue heads are passed over until the caller rekeys them (``Turns.unpark``)."""
 
     # -- classes and their pools -------------------------------------------
 
@@ -104,13 +106,34 @@ class Order:
                     pool.touch(seat)
                     self.rekey(pool, seat)
 
+    def park(self, user_id: Hashable) -> None:
+        """Pass over ``user_id``'s queued jobs until ``unpark`` (``max_slot_share``)."""
+        self.parked.add(user_id)
+
+    def unpark(self) -> None:
+        """Queue the parked users' heads again, where their priorities put them."""
+        if not self.parked:
+            return
+        users = list(self.parked)
+        self.parked.clear()
+        for uid in users:
+            for pool in self._pools.values():
+                seat = pool.seats.get(uid)
+                if seat is not None and seat.queued:
+                    self.rekey(pool, seat)
+
     def rank(self, key: ClassKey, entry: Entry) -> tuple[float, int]:
         """Where a queue head stands among all heads: lowest is served first."""
         return entry[0] + self._class_pool[key].reference(), entry[1]
 
     def valid(self, entry: Entry, key: ClassKey) -> bool:
         seat = self._class_pool[key].seats.get(entry[2])
-        return seat is not None and seat.version == entry[3] and self.queues.has_queue(entry[2], key)
+        return (
+            seat is not None
+            and seat.version == entry[3]
+            and self.queues.has_queue(entry[2], key)
+            and entry[2] not in self.parked
+        )
 
     # -- heads -------------------------------------------------------------
 

@@ -99,8 +99,12 @@ class Seat:
     """Bumped whenever the seat's priority changes; stale heap entries carry an older one."""
     ended: float | None = None
     """When its last job here ended, until its next submission: the start of a think time (``holds.py``)."""
+    ends: deque[float] = field(default_factory=lambda: deque(maxlen=64))
+    """When its jobs here ended, oldest first, each until a submission answers it: a client running 4 loops
+    thinks from each loop's end to that loop's next request, not from the last end to the next request."""
     think: float | None = None
-    """Its think time here, learned: a moving average of the gaps from a job's end to its next submission."""
+    """Its think time here, learned: a moving average of the gaps from a job's end to the submission that
+    answers it (the oldest end not yet answered)."""
     kept: float = 0.0
     """The lag ``place`` would have given it when its last job here ended (with nothing queued)."""
 

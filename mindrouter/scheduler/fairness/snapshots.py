@@ -31,9 +31,11 @@ def _targets(pool: Pool) -> dict[Hashable, float]:
     return pool_targets({uid: s.weight for uid, s in pool.seats.items() if demand(s)})
 
 
-def _seat_share(pool: Pool, seat: Seat, reference: float, targets: Mapping[Hashable, float]) -> SeatShare:
+def _seat_share(
+    pool: Pool, seat: Seat, reference: float, targets: Mapping[Hashable, float], backends: tuple[str, ...]
+) -> SeatShare:
     return SeatShare(
-        backends=_backends(pool),
+        backends=backends,
         weight=seat.weight,
         deficit=(seat.lag - reference) * seat.weight,
         inflight_charge=seat.inflight,
@@ -116,8 +118,9 @@ def build_share(
         targets = by_pool[pool.key] = (
             pool_targets({s.user.id: s.weight for s in here if demand(s)}) if complete else _targets(pool)
         )
+        backends = _backends(pool)
         for seat in here:
-            shown = _seat_share(pool, seat, ref, targets)
+            shown = _seat_share(pool, seat, ref, targets, backends)
             seats.setdefault(seat.user.id, []).append(shown)
             if shown.target_share is not None:
                 parts.setdefault(seat.user.id, []).append((shown.target_share, seat.recent, pool.recent_total))
@@ -126,7 +129,7 @@ def build_share(
         names = tuple(s.user.name for s in here if demand(s))
         heavy = tuple(pool.seats[u].user.name for u in pool.heavy if u in pool.seats)
         tokens = sum(s.recent_tokens for s in here)
-        pool_rows.append(PoolShare(_backends(pool), names, ref, pool.credit(), tokens, pool.recent_total, heavy))
+        pool_rows.append(PoolShare(backends, names, ref, pool.credit(), tokens, pool.recent_total, heavy))
     rows = []
     total_recent = total_units = 0.0
     for user in users:

@@ -19,6 +19,7 @@ re-keys it (``Order.rekey``) before control returns to the facade.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable, Container, Hashable, Iterable, Mapping
 from dataclasses import dataclass
 
@@ -200,7 +201,7 @@ class Turns:
         entering = not seat.queued
         if entering:  # credit banked while nothing was queued goes; a debt stays (pools.py)
             pool.place(seat, new, as_ended=not front and self.holds.within(seat, now))
-        ended = self.holds.submitted(seat, pool.key, now, learn=entering and not front)  # after: the price stays
+        ended = self.holds.submitted(seat, pool.key, now, learn=not front)  # after: the price stays
         head = self.queues.add(job, key, front=front)
         seat.queued += 1
         user.queued += 1
@@ -246,6 +247,14 @@ class Turns:
     def next(self, blocked: Container[ClassKey], is_open: Callable[[ClassKey], bool]) -> tuple[ClassKey, Job] | None:
         """The queued job to start next: the best head of a class not ``blocked`` that ``is_open``, if any."""
         return self.order.best(blocked, is_open) if self.queues.jobs else None
+
+    def capped(self, key: ClassKey, job: Job, slots: int, running: int) -> bool:
+        """Whether ``job``'s user, running ``running`` of a backend's ``slots``, holds the most of them
+        ``max_slot_share`` allows while someone else has a seat in the class's pool and could send."""
+        share = self.settings.max_slot_share
+        if share is None or running < max(1, int(share * slots + 1e-9)):
+            return False
+        return len(self.order.pools[key].seats) > 1
 
     @property
     def queued_per_class(self) -> Mapping[ClassKey, int]:
@@ -324,6 +333,7 @@ class Turns:
         self.ledger.settle(charge, now, prompt, completion, learned)
         pool, seat = charge.pool, charge.seat
         seat.ended = now
+        seat.ends.append(now)
         if not seat.queued:
             seat.kept = pool.returning(seat)
         self.order.rekey_seats(self.fair.activity(pool, seat))
@@ -331,28 +341,57 @@ class Turns:
 
     # -- holds -------------------------------------------------------------
 
-    def may_hold(self, charge: Charge) -> bool:
-        """Whether the slot ``charge``'s job freed may wait for its seat: nothing queued, a brief think time."""
-        return not charge.seat.queued and self.holds.thinks_briefly(charge.seat)
+    def hold_length(self, charge: Charge) -> tuple[float, bool] | None:
+        """How long the slot ``charge``'s job freed may wait for its seat (nothing queued, a brief think time),
+        and whether only where the one who would take it has its share of the slots (``Holds.length``)."""
+        return None if charge.seat.queued else self.holds.length(charge.seat)
 
-    def rival(self, charge: Charge, classes: Iterable[ClassKey], now: float) -> tuple[Job, float] | None:
+    def queued_of(self, user_id: Hashable) -> int:
+        return self.fair.users[user_id].queued
+
+    def over_share(self, charge: Charge, rival: Job, slots: int, running: int, now: float) -> bool:
+        """Whether ``rival``'s user, running ``running`` of a backend's ``slots``, has its share of them
+        (``Holds.over_share``)."""
+        pool = self.order.pools[class_key(rival)]
+        mine = pool.seats.get(rival.user_id)
+        return mine is not None and self.holds.over_share(pool, charge.seat, mine, slots, running, now)
+
+    def rival(
+        self, charge: Charge, classes: Iterable[ClassKey], now: float, *, shared: bool
+    ) -> tuple[Job, float] | None:
         """The queued job (with its expected answer) a hold of the slot ``charge``'s job freed would keep
         waiting: the first of ``classes`` (those that slot serves). None when someone queued there is owed
         more than the seat is, placed as it would be if it sent now, or nobody queued could take the slot.
+
+        With ``shared`` (a hold only while the rival has its share of the slots), owed is measured by the
+        service each completed within the fairness window, per unit of weight: by lag, a batch user charged a
+        72 s answer at its start stood owed more for the minute it ran, and the reader returning after 3 s
+        was placed one credit from it, so the slot went to the batch user every other answer.
         """
         pool, seat = charge.pool, charge.seat
         mine = self._wait_rate * now - pool.priority(seat, pool.reference(), seat.kept)
-        first = self.order.first_behind(mine, classes)
+        first = self.order.first_behind(-math.inf if shared else mine, classes)
         if first is None:  # someone there is owed more, or nobody could take it: the slot stays free
             return None
         key, job = first
+        if shared and pool.seats[job.user_id].recent_per_weight <= seat.recent_per_weight:
+            return None
         return job, self.expected_answer(key, job)
 
-    def hold(self, charge: Charge, backend_id: Hashable, now: float, rival: Job, answer: float, busy: float) -> None:
-        """Hold the slot ``charge``'s job freed on ``backend_id`` for its seat, priced at what it would have
-        delivered to ``rival`` (``answer`` tokens in ``busy`` seconds there, routing's estimate)."""
+    def hold(
+        self,
+        charge: Charge,
+        backend_id: Hashable,
+        now: float,
+        rival: Job,
+        answer: float,
+        busy: float,
+        length: tuple[float, bool],
+    ) -> None:
+        """Hold the slot ``charge``'s job freed on ``backend_id`` for its seat for ``length`` (``Holds.length``),
+        priced at what it would have delivered to ``rival`` (``answer`` tokens in ``busy`` seconds there)."""
         rate = self.settings.cost(rival.prompt_tokens, answer) / busy if busy > 0 else 0.0
-        self.holds.take(charge.pool, charge.seat, backend_id, charge.job.model, now, rate)
+        self.holds.take(charge.pool, charge.seat, backend_id, charge.job.model, now, rate, length)
 
     def expire_holds(self, now: float) -> list[Hold]:
         """End the holds past their time; their holders, charged for them, are queued at their new place."""

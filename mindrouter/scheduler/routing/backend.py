@@ -51,14 +51,24 @@ class Backend:
     """Bytes on disk per model (Ollama /api/tags), for the time a load takes."""
     resident_vram: Mapping[str, int] = field(default_factory=dict)
     """Bytes of GPU memory each loaded model holds (Ollama ``size_vram``): what evicting it frees."""
+    resident_context: Mapping[str, int] = field(default_factory=dict)
+    """Context each loaded model's runner holds (Ollama ``/api/ps`` ``context_length``): a request asking
+    another ``num_ctx`` makes Ollama reload it (``needsReload``)."""
     parallel: int | None = None
     """Requests each loaded model serves at once (Ollama ``OLLAMA_NUM_PARALLEL``); None: per server only."""
+    model_parallel: Mapping[str, int] = field(default_factory=dict)
+    """Per model, where it serves fewer than ``parallel`` at once: Ollama runs embedding models (and a few
+    vision families) with one slot whatever ``OLLAMA_NUM_PARALLEL`` says."""
     max_loaded: int | None = None
     """Models resident at once (Ollama ``OLLAMA_MAX_LOADED_MODELS``); None: as many as fit."""
     utilization: float | None = None
     """0..1: GPU utilization, or vLLM's KV-cache usage, if known."""
     backend_waiting: int = 0
     """Requests waiting in the backend's own queue (from its metrics)."""
+
+    def slots(self, model: str) -> int | None:
+        """Requests ``model`` serves at once here; None where only the server's ``max_concurrent`` bounds it."""
+        return None if self.parallel is None else self.model_parallel.get(model, self.parallel)
 
     @property
     def takes_work(self) -> bool:
@@ -78,6 +88,9 @@ class ModelSpeed:
     """Completion tokens per second one stream got, under the load it ran with: not scaled to one
     stream alone by the slowdown model, so a running whole answer is charged by it (``ledger.py``)."""
     answers: int = 0
+    crowd: list[float] = field(default_factory=lambda: [0.0] * 5)
+    """Moving sums (weight, x, y, x², xy) of y = seconds per token against x = other streams beside it: the
+    line through them says how much each stream slows another here (``learning.py``)."""
 
 
 @dataclass(slots=True)
@@ -102,6 +115,9 @@ class BackendLoad:
     speeds: dict[str, ModelSpeed] = field(default_factory=dict)
     load_bytes_per_second: float | None = None
     """Measured from Ollama's ``load_duration``."""
+    slowdown: float | None = None
+    """How much each stream already here slows a new one, learned from its answers (``learning.py``): a vLLM
+    server's batch slows a stream far less than Ollama's; None until learned (``stream_slowdown``)."""
     loaders: set[str] = field(default_factory=set)
     """Jobs running here that the core sent while their model was not resident: only theirs time a whole load."""
 

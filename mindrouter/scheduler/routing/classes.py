@@ -208,8 +208,8 @@ class Classes:
                 if isinstance(room, str) or key[0] in room:
                     blocked += count
                     continue
-            elif backend.parallel is not None:
-                count = max(0, min(count, backend.parallel - load.model_in_flight.get(other[0], 0)))
+            elif (slots := backend.slots(other[0])) is not None:
+                count = max(0, min(count, slots - load.model_in_flight.get(other[0], 0)))
             need += count
         if need >= free > 0:
             blocked += need
@@ -227,13 +227,13 @@ class Classes:
         """
         load = self._loads[bid]
         running = sum(load.model_in_flight.get(other[0], 0) for other in sole if other[0] != key[0])
-        parallel = self._backends[bid].parallel
-        if not running or parallel is None:
+        backend = self._backends[bid]
+        if not running or backend.parallel is None:
             return running
         behind = sum(
             waiting.get(other, 0)
             for other in sole
-            if other[0] != key[0] and load.model_in_flight.get(other[0], 0) >= parallel
+            if other[0] != key[0] and load.model_in_flight.get(other[0], 0) >= (backend.slots(other[0]) or 0)
         )
         others = sum(1 for m, n in load.model_in_flight.items() if n > 0 and m != key[0])
         return (running + behind) / (others + 1)

@@ -100,9 +100,8 @@ def live_rejections(backend: Backend, load: BackendLoad, model: str, now: float,
         reasons.append(REASONS["disabled"])
     if backend.draining:
         reasons.append(REASONS["draining"])
-    if load.in_flight >= backend.max_concurrent or (
-        backend.parallel is not None and load.model_in_flight.get(model, 0) >= backend.parallel
-    ):
+    slots = backend.slots(model)
+    if load.in_flight >= backend.max_concurrent or (slots is not None and load.model_in_flight.get(model, 0) >= slots):
         reasons.append(REASONS["capacity"])
         if load.held:
             reasons.append(REASONS["held"])

@@ -7,10 +7,12 @@ load scored like a 0.1 s embedding load (issue 17). Routing now estimates, in
 seconds from now, for each candidate with a free slot:
 
     start   = the rest of a load under way, or a whole load (size / load speed) where the model is not resident
-    prefill = prompt tokens / (prefill rate / slowdown)
+              or its runner holds another context than the job asks (Ollama reloads it)
+    prefill = (prompt tokens - those expected in its prompt cache) / (prefill rate / slowdown)
     decode  = expected answer tokens / (decode rate / slowdown)
     finish  = start + prefill + decode
-    slowdown = 1 + stream_slowdown * (streams already on that backend + its own queue),
+    slowdown = 1 + s * (streams already on that backend + its own queue), s its slowdown per stream
+               learned from its answers (``learning.py``; ``stream_slowdown`` until then),
                or 1 + utilization where none of ours run there (someone else's work)
 
 The delay is what the job costs the others: finishing first is not the
@@ -26,7 +28,7 @@ served (so a new backend gets tried, as what it is), else the settings' defaults
 Evicting an idle model to make room costs its reload time (``eviction_price``
 per second). The score, higher is better as in the seed's records, is
 
-    delay    = streams already running there x stream_slowdown x this job's time alone there
+    delay    = streams already running there x s x this job's time alone there
     scarcity = (jobs with no other home it holds up there) x (prefill + decode)
     score = priority - (start + eviction cost) - prefill - decode - delay - scarcity - retry penalty   (seconds)
 
@@ -85,6 +87,8 @@ class Estimate:
     priority: float = 0.0
     penalty: float = 0.0
     """Subtracted when this backend already failed this request."""
+    cached: int = 0
+    """Prompt tokens expected in its prompt cache already (``prefixes.py``): no prefill for them."""
 
     def to_dict(self) -> dict[str, object]:
         return {
@@ -102,6 +106,7 @@ class Estimate:
             "learned": self.learned,
             "priority": self.priority,
             "penalty": self.penalty,
+            "cached_tokens": self.cached,
         }
 
 
@@ -177,13 +182,16 @@ def estimate(
     penalty: float = 0.0,
     queued: int = 0,
     contested: float = 0,
+    cached: int = 0,
+    context: int | None = None,
 ) -> Estimate | None:
     """When a job would start and finish on ``backend``; None when its model cannot be made resident.
 
     With ``queued`` jobs of its class waiting (itself included), every slot it could use there is
     taken: it would start once that many slots have freed, each expected after a typical job's
     time there divided by the jobs holding those slots. ``contested``: how many jobs with no other
-    candidate it would hold up there (``Classes.contested``).
+    candidate it would hold up there (``Classes.contested``). ``cached``: its prompt tokens expected in the
+    backend's prompt cache. ``context``: the ``num_ctx`` the job asks, if any.
     """
     resident = load.resident(backend, now, settings.load_confirm_seconds)
     evicts = fit(backend, load, model, resident)
@@ -196,13 +204,14 @@ def estimate(
     if not (decode and prefill):
         decode, prefill = _borrowed(load, model, prior, decode, prefill, settings)
     streams = load.in_flight + backend.backend_waiting
-    slowdown = 1.0 + settings.stream_slowdown * streams * w.short_queue / _SEED.short_queue
+    per_stream = settings.stream_slowdown if load.slowdown is None else load.slowdown
+    slowdown = 1.0 + per_stream * streams * w.short_queue / _SEED.short_queue
     if not streams and backend.utilization:  # the GPU is busy with work that is not ours
         slowdown += min(1.0, max(0.0, backend.utilization)) * w.low_utilization / _SEED.low_utilization
     ready = load.loading.get(model)
     if ready is not None:
         start = max(0.0, ready - now)
-    elif model in resident:
+    elif model in resident and (context is None or backend.resident_context.get(model, context) == context):
         start = 0.0
     else:
         start = load_seconds(backend, load, model, settings)
@@ -211,14 +220,14 @@ def estimate(
         typical = (prompt_tokens / prefill + answer_tokens / decode) * slowdown
         start = max(start, typical * queued / max(1, holding))
     loads = w.model_loaded / _SEED.model_loaded
-    t_prefill = prompt_tokens * slowdown / prefill
+    t_prefill = (prompt_tokens - cached) * slowdown / prefill
     t_decode = answer_tokens * slowdown / decode
     finish = start + t_prefill + t_decode
     eviction = settings.eviction_price * (
         sum(load_seconds(backend, load, m, settings) for m in evicts) if evicts else 0
     )
-    # Each stream already there runs slower while this one runs: about stream_slowdown of this job's time alone.
-    delay = load.in_flight * settings.stream_slowdown * (t_prefill + t_decode) / slowdown
+    # Each stream already there runs slower while this one runs: about per_stream of this job's time alone.
+    delay = load.in_flight * per_stream * (t_prefill + t_decode) / slowdown
     scarcity = contested * (t_prefill + t_decode)
     weighed = (
         loads * (start + eviction)
@@ -242,4 +251,5 @@ def estimate(
         own is not None and own.decode is not None,
         backend.priority,
         penalty,
+        cached,
     )

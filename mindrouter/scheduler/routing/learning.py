@@ -2,8 +2,14 @@
 
 Rates are learned per (backend, model), as one stream alone would get them:
 a sample measured while ``k`` streams shared the backend is multiplied by the
-slowdown ``1 + stream_slowdown * (k - 1)`` that the estimate divides by, so
-the two stay consistent. Where the backend's streams slow each other less
+slowdown ``1 + s * (k - 1)`` that the estimate divides by, so the two stay
+consistent. ``s``, how much a stream slows each other one there, is learned
+per backend too (``BackendLoad.slowdown``; ``stream_slowdown`` until then):
+seconds per token grow with the other streams beside it as ``(1 + s x) /
+rate``, a line whose slope over its intercept is ``s``, fitted by moving
+least squares over a model's answers once they ran beside varied numbers of
+others. So a vLLM server, whose batch costs a stream a few percent, is not
+priced as an Ollama one. Where the backend's streams slow each other less
 than that model says (not at all, in the simulator's default), the scaled
 rate is too high for a stream as it runs: 80 tokens/s learned where four
 streams each wrote 50. So the rate each stream got, unscaled, is kept beside
@@ -35,6 +41,10 @@ __all__ = ["Sample", "learn"]
 MAX_RATE = 1e6
 #: Bytes per second no load reaches (PCIe 6 x16 is about 1.2e11).
 MAX_LOAD_RATE = 1e12
+#: The most a stream is taken to slow each other one on a backend (a reading beyond it is bad).
+MAX_SLOWDOWN = 4.0
+#: The variance of other streams' counts the answers in the sums must show before the line says anything.
+MIN_SPREAD = 0.25
 
 
 @dataclass(frozen=True, slots=True)
@@ -61,6 +71,23 @@ def _ema(old: float | None, new: float, alpha: float) -> float:
     return new if old is None else old + alpha * (new - old)
 
 
+def _fit_slowdown(load: BackendLoad, sums: list[float], x: float, y: float, alpha: float) -> None:
+    """Add (x other streams, y seconds per token) to the moving sums; where the x seen vary, the line's
+    slope over its intercept is the backend's slowdown per stream."""
+    keep = 1.0 - alpha
+    for i, value in enumerate((1.0, x, y, x * x, x * y)):
+        sums[i] = sums[i] * keep + value
+    weight, sx, sy, sxx, sxy = sums
+    mx, my = sx / weight, sy / weight
+    spread = sxx / weight - mx * mx
+    if spread < MIN_SPREAD:
+        return
+    slope = (sxy / weight - mx * my) / spread
+    intercept = my - slope * mx
+    if intercept > 0:
+        load.slowdown = min(MAX_SLOWDOWN, max(0.0, slope / intercept))
+
+
 def learn(load: BackendLoad, speeds: Speeds, job: Job, sample: Sample, settings: SchedulerSettings) -> None:
     """Fold one finished job into ``load`` (called while the job still counts as in flight)."""
     alpha = settings.latency_ema_alpha
@@ -71,7 +98,9 @@ def learn(load: BackendLoad, speeds: Speeds, job: Job, sample: Sample, settings:
     tps = _rate(sample.completion_tokens, duration, MAX_RATE)
     if tps is not None:
         load.tokens_per_second = _ema(load.tokens_per_second, tps, alpha)
-    slowdown = 1.0 + settings.stream_slowdown * max(0, load.in_flight - 1)
+    per_stream = settings.stream_slowdown if load.slowdown is None else load.slowdown
+    others = max(0, load.in_flight - 1)
+    slowdown = 1.0 + per_stream * others
     decode_s = t.decode
     prefill_s = t.prefill
     if decode_s is None and duration is not None:
@@ -81,6 +110,7 @@ def learn(load: BackendLoad, speeds: Speeds, job: Job, sample: Sample, settings:
     speed = load.speeds.setdefault(job.model, ModelSpeed())
     decode = _rate(sample.completion_tokens, decode_s, MAX_RATE)
     if decode is not None:
+        _fit_slowdown(load, speed.crowd, others, 1.0 / decode, alpha)
         speed.decode = _ema(speed.decode, decode * slowdown, alpha)
         speed.observed = _ema(speed.observed, decode, alpha)
         speed.answers += 1

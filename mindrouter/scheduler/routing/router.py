@@ -36,6 +36,7 @@ from .classes import Classes, ClassInfo
 from .constraints import REASONS
 from .estimate import Estimate, Speeds, estimate
 from .learning import Sample, learn
+from .prefixes import Prefixes
 
 __all__ = ["Route", "Router"]
 
@@ -55,6 +56,7 @@ class Router:
         self._backends: dict[Hashable, Backend] = {}
         self._loads: dict[Hashable, BackendLoad] = {}
         self.classes = Classes(self._backends, self._loads, settings)
+        self.prefixes = Prefixes()
 
     # -- backends ----------------------------------------------------------
 
@@ -62,7 +64,9 @@ class Router:
         """Add a backend or replace what is known about it; True when what backends serve changed."""
         old = self._backends.get(backend.id)
         self._backends[backend.id] = backend
-        self._loads.setdefault(backend.id, BackendLoad()).polled(backend)
+        load = self._loads.setdefault(backend.id, BackendLoad())
+        load.polled(backend)
+        self.prefixes.keep(backend.id, backend.loaded_models | load.loading.keys())
         if old is None or (old.models, old.modalities, old.model_modalities, old.supports_json) != (
             backend.models,
             backend.modalities,
@@ -80,6 +84,7 @@ class Router:
         if removed:
             self.classes.clear()
         self._loads.pop(backend_id, None)
+        self.prefixes.forget(backend_id)
         return removed
 
     def pool_of(self, key: ClassKey) -> PoolKey:
@@ -110,7 +115,10 @@ class Router:
         queued: int = 0,
         contested: float = 0.0,
     ) -> Estimate | None:
-        """When ``job`` would start and finish on ``backend_id`` (``estimate.py``), None where it cannot run."""
+        """When ``job`` would start and finish on ``backend_id`` (``estimate.py``), None where it cannot run.
+
+        The prompt tokens its cache is expected to hold already (``prefixes.py``) need no prefill there."""
+        cached = min(job.prompt_tokens, self.prefixes.cached(backend_id, job.model, job.prefix))
         return estimate(
             self._backends[backend_id],
             self._loads[backend_id],
@@ -123,6 +131,8 @@ class Router:
             penalty,
             queued,
             contested,
+            cached,
+            job.context_tokens,
         )
 
     def route(
@@ -232,6 +242,11 @@ class Router:
             load.loaders.add(job.id)
         for victim in chosen.evicts:
             load.evicted[victim] = now
+        self.prefixes.unloaded(backend_id, chosen.evicts)
+        backend = self._backends[backend_id]
+        self.prefixes.sent(
+            job.id, backend_id, model, job.prefix, backend.slots(model), self.settings.prefix_cache_tokens
+        )
         self.classes.load_changed(backend_id)
 
     def release(self, backend_id: Hashable, job: Job, *, failed: bool = False) -> None:
@@ -242,6 +257,10 @@ class Router:
         load.in_flight -= 1
         load.model_in_flight[job.model] -= 1
         load.loaders.discard(job.id)
+        self.prefixes.ended(job.id, None)
+        if job.unload_after and not load.model_in_flight[job.model]:  # Ollama unloads it now (keep_alive 0)
+            load.evicted[job.model] = self.classes.now
+            self.prefixes.unloaded(backend_id, (job.model,))
         self.classes.load_changed(backend_id)
         if failed:
             load.failed += 1
@@ -252,6 +271,11 @@ class Router:
         if backend is None or not backend.takes_work:
             return None
         return self.classes.served_by(backend_id)
+
+    def free(self, backend_id: Hashable) -> int:
+        """Slots of ``backend_id`` neither running a job nor held (0 for one not known)."""
+        backend, load = self._backends.get(backend_id), self._loads.get(backend_id)
+        return 0 if backend is None or load is None else max(0, backend.max_concurrent - load.in_flight)
 
     def busy_seconds(self, backend_id: Hashable, job: Job, answer_tokens: float, now: float) -> float:
         """Seconds ``job`` would hold a slot of ``backend_id`` once started (0 where it cannot run there)."""
@@ -288,8 +312,12 @@ class Router:
         latency: float | None,
         duration: float | None,
         timings: Timings | None,
+        cached: int | None = None,
     ) -> None:
-        """What ``job``'s answer teaches about its backend; call before ``release`` (its stream still counts)."""
+        """What ``job``'s answer teaches about its backend; call before ``release`` (its stream still counts).
+
+        ``cached``: prompt tokens the engine said it found in its cache, which corrects what routing expects."""
+        self.prefixes.ended(job.id, cached, prompt_tokens)
         load = self._loads.get(backend_id)
         if load is None:
             return

@@ -24,26 +24,12 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
+from ...gpu.vram import SINGLE_SLOT_FAMILIES
 from ..scenario import BackendSpec, ModelSpec
 
 __all__ = ["HEADROOM", "SINGLE_SLOT_FAMILIES", "Context", "context", "default_context", "runner_vram", "slots"]
 
-SINGLE_SLOT_FAMILIES = frozenset(
-    {
-        "mllama",
-        "qwen3vl",
-        "qwen3vlmoe",
-        "qwen35",
-        "qwen35moe",
-        "qwen3next",
-        "lfm2",
-        "lfm2moe",
-        "nemotron_h",
-        "nemotron_h_moe",
-        "nemotron_h_omni",
-    }
-)
-"""Architectures Ollama runs with one slot whatever ``OLLAMA_NUM_PARALLEL`` says (ollama issue 4165)."""
+
 HEADROOM = 0.8
 """Beside other runners, a load's estimate must fit in this part of the free VRAM."""
 

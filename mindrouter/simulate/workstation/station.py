@@ -112,6 +112,8 @@ class Workstation(Generic[T]):
         """The backend as the daemon's poll would describe it to the core."""
         spec = self.spec
         embedding = {m: frozenset({Modality.EMBEDDINGS}) for m in spec.models if self.model(m).kind == "embedding"}
+        # What the daemon reads from Ollama's /api/show: a model that cannot complete runs with one slot.
+        one_slot = {m: 1 for m in embedding} if spec.engine == "ollama" and spec.parallel else {}
         if not spec.loads_models:
             return Backend(
                 id=spec.name,
@@ -122,6 +124,7 @@ class Workstation(Generic[T]):
                 max_concurrent=spec.max_concurrent,
                 priority=spec.priority,
                 parallel=spec.parallel,
+                model_parallel=one_slot,
             )
         assert spec.vram is not None
         return Backend(
@@ -137,7 +140,9 @@ class Workstation(Generic[T]):
             model_vram={m: round(self._need(m, Options())[1] * GB) for m in spec.models},
             model_sizes={m: round(self.model(m).size * GB) for m in spec.models},
             resident_vram={m: round(r.vram * GB) for m, r in self.runners.items()},
+            resident_context={m: r.context.tokens for m, r in self.runners.items()},
             parallel=spec.parallel,
+            model_parallel=one_slot,
             max_loaded=spec.max_loaded,
         )
 
