@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import re
 import signal
 import subprocess
 import time
@@ -17,6 +18,8 @@ from pathlib import Path
 import aiohttp
 import psycopg
 import pytest
+
+from mindrouter.daemon.ui.sessions import COOKIE, LOGIN_COOKIE
 
 from .fakes import FakeOpenAI
 from .harness import until
@@ -299,3 +302,42 @@ async def test_fair_shares_1_to_3_hold_across_a_takeover(tmp_path, pg_url, route
             share = used["bob"] / (used["ann"] + used["bob"])
             print(f"{when} the takeover: bob (weight 3) had {share:.0%} of {used['ann'] + used['bob']} tokens")
             assert 0.68 <= share <= 0.82, (when, used)
+
+
+async def test_a_web_ui_session_holds_on_the_other_router_and_after_a_takeover(tmp_path, pg_url, routers):
+    """Sessions live in the shared store: one login serves both routers, survives the leader's SIGKILL,
+    and a logout on one router ends it on the other."""
+    async with aiohttp.ClientSession(cookie_jar=aiohttp.DummyCookieJar()) as session:
+        first = start_router(tmp_path, "a", pg_url)
+        routers.append(first)
+        await until(lambda: leads(session, first), "the first router leads")
+        second = start_router(tmp_path, "b", pg_url)
+        routers.append(second)
+        assert (await amr(first.config, "user", "add", "ann", "--group", "staff")).returncode == 0
+        key = json.loads((await amr(first.config, "user", "key", "ann", "--json")).stdout)["key"]
+        async with session.post(
+            f"{first.url}/ui/login", data={"key": key, "csrf": "t"}, cookies={LOGIN_COOKIE: "t"}, allow_redirects=False
+        ) as r:
+            assert r.status == 303, await r.text()
+            token = r.cookies[COOKIE].value
+
+        async def me(router: Router) -> int:
+            async with session.get(f"{router.url}/ui/me", cookies={COOKIE: token}, allow_redirects=False) as r:
+                return r.status
+
+        assert await me(second) == 200
+        first.proc.kill()
+        await until(lambda: leads(session, second), "the standby leads", timeout=15)
+        assert await me(second) == 200
+        third = start_router(tmp_path, "c", pg_url)
+        routers.append(third)
+        await until(lambda: me(third), "the third router answers")
+        assert await me(third) == 200
+        async with session.get(f"{third.url}/ui/me", cookies={COOKIE: token}) as r:
+            csrf = re.search(r'name="csrf" value="([^"]+)"', await r.text())
+        assert csrf is not None
+        async with session.post(
+            f"{third.url}/ui/logout", data={"csrf": csrf[1]}, cookies={COOKIE: token}, allow_redirects=False
+        ) as r:
+            assert r.status == 303
+        assert await me(second) == 303
