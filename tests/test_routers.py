@@ -257,9 +257,9 @@ async def test_a_new_leader_holds_an_ollama_slot_the_old_leaders_stream_had_for_
 ):
     """Ollama has no load gauge: the old leader's open stream (its usage_open row) keeps its slot busy
     for takeover_hold_seconds, so the new leader does not run a second generation beside it."""
-    hold = "takeover_hold_seconds = 6\n"
+    hold = "takeover_hold_seconds = 12\n"
     async with (
-        FakeOllama(models=["llama3"], completion_tokens=40, tokens_per_second=10) as fake,
+        FakeOllama(models=["llama3"], completion_tokens=100, tokens_per_second=10) as fake,
         aiohttp.ClientSession() as session,
     ):
         first = start_router(tmp_path, "a", pg_url, hold)
@@ -279,7 +279,7 @@ async def test_a_new_leader_holds_an_ollama_slot_the_old_leaders_stream_had_for_
                 await r.read()
 
         streaming = asyncio.create_task(long_stream())
-        await until(lambda: open_streams(pg_url) == 1, "the leader's 4 s generation is recorded as it streams")
+        await until(lambda: open_streams(pg_url) == 1, "the leader's 10 s generation is recorded as it streams")
         first.proc.send_signal(signal.SIGSTOP)
         await until(lambda: leads(session, second), "the standby leads", timeout=20)
         assert fake.running == 1  # the frozen leader's generation still runs at the engine

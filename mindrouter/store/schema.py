@@ -204,6 +204,7 @@ _MIGRATIONS: list[Sequence[str] | Callable[[sqlite3.Connection], None]] = [
         " owner TEXT NOT NULL, admin INTEGER NOT NULL, key_hash TEXT NOT NULL, csrf TEXT NOT NULL,"
         " expires REAL NOT NULL)",
         "CREATE INDEX ui_sessions_owner ON ui_sessions(owner, id)",
+        "CREATE INDEX ui_sessions_expires ON ui_sessions(expires)",
     ),
 ]
 SCHEMA_VERSION = len(_MIGRATIONS)

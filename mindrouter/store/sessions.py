@@ -24,11 +24,8 @@ class SessionRow(NamedTuple):
     expires: float
 
 
-_BEYOND = (
-    "DELETE FROM ui_sessions WHERE id IN (SELECT s.id FROM ui_sessions s {where}"
-    " ORDER BY s.id DESC LIMIT 1000000000 OFFSET ?)"
-)
-"""Sessions past the newest ``OFFSET`` (of one owner, or of all): ids grow, so these are the oldest."""
+_OLDEST = "DELETE FROM ui_sessions WHERE id IN (SELECT s.id FROM ui_sessions s {where} ORDER BY s.id LIMIT ?)"
+"""The ``LIMIT`` oldest sessions (of one owner, or of all): ids only grow."""
 
 
 class UiSessions:
@@ -42,8 +39,12 @@ class UiSessions:
         owner = row.user or ""
         with transaction(self._db) as db:
             db.execute("DELETE FROM ui_sessions WHERE expires < ?", (now,))
-            db.execute(_BEYOND.format(where="WHERE s.owner = ?"), (owner, per_user - 1))
-            db.execute(_BEYOND.format(where=""), (limit - 1,))
+            mine = db.execute("SELECT count(*) FROM ui_sessions WHERE owner = ?", (owner,)).fetchone()[0]
+            if mine >= per_user:
+                db.execute(_OLDEST.format(where="WHERE s.owner = ?"), (owner, mine - per_user + 1))
+            every = db.execute("SELECT count(*) FROM ui_sessions").fetchone()[0]
+            if every >= limit:
+                db.execute(_OLDEST.format(where=""), (every - limit + 1,))
             db.execute(
                 "INSERT INTO ui_sessions (hash, owner, admin, key_hash, csrf, expires) VALUES (?, ?, ?, ?, ?, ?)",
                 (digest, owner, int(row.admin), row.key_hash, row.csrf, row.expires),
