@@ -76,6 +76,7 @@ FIRST = {
     "overlapping-pools": 600,
     "one-person-many-models": 600,
     "agent-loops": 300,
+    "reader-writer-embedder": 600,
 }
 
 
@@ -164,6 +165,7 @@ ROWS = {
     "chat-next-to-batch": "issue 30, case 1: a person chatting next to batch work on 2 slots",
     "agent-loops": "issue 30, case 3: an agent's 4 loops of tiny requests next to batch work",
     "head-starts": "issue 30, case 2: four 60 s requests sent 1 s before each of another person's sessions",
+    "reader-writer-embedder": "issue 30, case 4: a long-prompt reader, a long-answer writer and an embedder",
 }
 
 #: Examples that miss a target until the scheduler core does what issue 9 asks;
