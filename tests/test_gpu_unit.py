@@ -14,6 +14,10 @@ import pytest
 
 from mindrouter.scheduler import SchedulerSettings
 from mindrouter.scheduler.fairness.prices import Prices
+from mindrouter.scheduler.jobs import Job, Modality, Timings
+from mindrouter.scheduler.routing.backend import BackendLoad
+from mindrouter.scheduler.routing.estimate import Speeds
+from mindrouter.scheduler.routing.learning import Sample, learn
 from mindrouter.simulate import build, load_example, simulate
 
 
@@ -52,3 +56,12 @@ def test_a_prompt_token_weighs_the_answer_token_times_decode_over_prefill():
 def test_an_unknown_service_unit_is_refused_in_words():
     with pytest.raises(ValueError, match='service_unit must be "tokens" or "gpu"'):
         SchedulerSettings(service_unit="seconds")
+
+
+def test_an_embeddings_whole_answer_teaches_its_models_prefill_rate():
+    """An embedding is all prompt: the time to its answer is its reading, which the gpu unit prices by."""
+    load, speeds = BackendLoad(in_flight=1), Speeds()
+    job = Job("e1", "embedder", "embed", 0.0, modality=Modality.EMBEDDINGS, prompt_tokens=2000)
+    learn(load, speeds, job, Sample(2000, 0, 0.8, 0.8, Timings(), None), SchedulerSettings())
+    assert speeds.best["embed"].prefill == pytest.approx(2500)
+    assert speeds.best["embed"].decode is None
