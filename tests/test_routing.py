@@ -221,7 +221,8 @@ def test_a_job_that_can_run_elsewhere_leaves_the_only_home_of_queued_work_its_mo
     rtx = Backend(
         2, "rtx4090", models=frozenset({"llama3:8b", "coder"}), loaded_models=frozenset({"llama3:8b"}), max_concurrent=4
     )
-    s = core(h100, rtx)
+    # The price alone: placement would drain the 8B from the H100 for the 70B (tests/test_placement.py).
+    s = core(h100, rtx, settings=SchedulerSettings(drain_margin=None))
     teach(s, 1, "llama3:8b", 95.0, 0)
     s.set_backend(dataclasses.replace(h100, enabled=False))
     teach(s, 2, "llama3:8b", 40.0, 2)  # the RTX answers once, with the H100 out of the way

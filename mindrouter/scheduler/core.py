@@ -184,6 +184,7 @@ class Scheduler:
                 self._unstartable.append((job, exc))
         self._claims.clear()
         turns.order.unpark()
+        router.place(queued)
         return out
 
     def _capped(self, key: ClassKey, job: Job, backend_id: Hashable) -> bool:

@@ -36,6 +36,8 @@ REASONS = {
     "held": "a slot is held briefly for a user who is owed more and about to send again (anticipation)",
     "memory": "model does not fit in free VRAM, even after evicting idle models",
     "loaded": "no room to load the model: the most models are loaded and all are busy",
+    "placement": "draining this model here so that another, whose queue waits with more demand per slot, can load"
+    " in its place (placement)",
 }
 
 

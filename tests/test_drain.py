@@ -1,0 +1,108 @@
+"""Placement that follows demand (issue 31): a busy model is drained from a GPU where more demand waits.
+
+With two popular 8B-class models, the RTX 3060 held gemma2 all run and refused llama3.1 461 times ("does not
+fit, even after evicting idle models") because gemma2 there was never idle: llama3.1 had fewer slots though its
+users offered more, and waited in the queue p95 179 s against 57 s. Pure core, time passed in.
+"""
+
+from __future__ import annotations
+
+from mindrouter.scheduler import REASONS, Backend, Job, Scheduler, SchedulerSettings
+
+from .test_routing import GB, job
+
+GEMMA, LLAMA = "gemma2", "llama3.1"
+
+
+def pool(settings: SchedulerSettings | None = None) -> Scheduler:
+    """llama3.1 alone on GPU 1, gemma2 alone on GPU 2 (4 slots each), and an RTX 3060 (3) with room for one of
+    them, holding gemma2."""
+    both = frozenset({GEMMA, LLAMA})
+    s = Scheduler(settings)
+    s.set_backend(Backend(1, "llama", models=frozenset({LLAMA}), loaded_models=frozenset({LLAMA}), max_concurrent=4))
+    s.set_backend(Backend(2, "gemma", models=frozenset({GEMMA}), loaded_models=frozenset({GEMMA}), max_concurrent=4))
+    s.set_backend(
+        Backend(
+            3,
+            "rtx3060",
+            models=both,
+            loaded_models=frozenset({GEMMA}),
+            max_concurrent=8,
+            parallel=4,
+            vram_free=6 * GB,
+            vram_total=12 * GB,
+            model_vram={LLAMA: int(6.5 * GB)},
+            resident_vram={GEMMA: 6 * GB},
+        )
+    )
+    for user in ("u", "v", "w"):
+        s.set_user(user, 1.0)
+    return s
+
+
+def fill(s: Scheduler, gemma: int, llama: int) -> tuple[list[Job], list[Job]]:
+    """Submit ``gemma`` then ``llama`` jobs at t=0 and dispatch: gemma2 fills GPUs 2 and 3, llama3.1 GPU 1."""
+    g = [job("u", GEMMA, 0) for _ in range(gemma)]
+    ll = [job("v", LLAMA, 0) for _ in range(llama)]
+    for j in g + ll:
+        assert s.submit(j, 0) is None
+    sent = {d.job.id: d.backend_id for d in s.dispatch(0)}
+    assert sorted(sent.values()) == [1] * 4 + [2] * 4 + [3] * 4, sent
+    return [j for j in g if sent.get(j.id) == 3], [j for j in ll if j.id not in sent]
+
+
+def test_the_model_whose_queue_waits_gets_the_gpu_held_by_one_with_less_demand_per_slot():
+    """llama3.1: 4 slots, 4 running + 12 queued (4 per slot); gemma2: 8 slots, 8 running + 2 queued (1.25).
+    The 3060 takes no new gemma2 work, its gemma2 runner goes idle, and llama3.1 loads there in its place."""
+    s = pool()
+    on_3060, waiting = fill(s, gemma=10, llama=16)
+    assert len(on_3060) == 4 and len(waiting) == 12
+    assert s.router.placement.drains == {3: {GEMMA: LLAMA}}
+    # A gemma2 slot frees on the 3060: its queued gemma2 job does not take it.
+    s.complete(on_3060[0].id, 2, prompt_tokens=100, completion_tokens=200)
+    assert s.dispatch(2) == []
+    # A gemma2 slot frees on its own GPU: the queued job goes there, and its record says why not the 3060.
+    running_on_2 = [j for j in s._running.values() if j.backend_id == 2]
+    s.complete(running_on_2[0].job.id, 3, prompt_tokens=100, completion_tokens=200)
+    [d] = s.dispatch(3)
+    assert d.job.model == GEMMA and d.backend_id == 2
+    assert REASONS["placement"] in d.record.to_dict()["rejected"]["3"]
+    for t, j in enumerate(on_3060[1:], start=4):
+        s.complete(j.id, t, prompt_tokens=100, completion_tokens=200)
+    out = s.dispatch(7)
+    assert {d.backend_id for d in out} == {3} and {d.job.model for d in out} == {LLAMA}
+    assert len(out) == 4 and out[0].record.candidates[0].evicts == (GEMMA,)
+    assert s.router.placement.drains == {}  # gemma2 is no longer there: the drain ended
+    s.check()
+
+
+def test_a_model_with_equal_demand_per_slot_is_never_drained():
+    """llama3.1: 4 running + 4 queued on 4 slots (2 per slot); gemma2: 8 running + 8 queued on 8 (2 per slot).
+    Moving the 3060 would leave gemma2 4 per slot: it keeps the GPU, and its jobs keep taking the slots it frees."""
+    s = pool()
+    on_3060, waiting = fill(s, gemma=16, llama=8)
+    assert len(waiting) == 4
+    for t in range(1, 20):
+        assert s.router.placement.drains == {}
+        s.complete(on_3060.pop(0).id, t, prompt_tokens=100, completion_tokens=200)
+        out = s.dispatch(t)
+        if not out:
+            break
+        [d] = out
+        assert (d.job.model, d.backend_id) == (GEMMA, 3)
+        on_3060.append(d.job)
+    s.check()
+
+
+def test_a_model_whose_only_home_is_the_gpu_is_never_drained():
+    """gemma2 only on the 3060 (its GPU off): drained there it would have no slot at all."""
+    s = pool()
+    gemma_gpu = s.router.backend(2)
+    assert gemma_gpu is not None
+    s.set_backend(Backend(2, "gemma", models=gemma_gpu.models, loaded_models=gemma_gpu.models, enabled=False))
+    for _ in range(4):
+        s.submit(job("u", GEMMA, 0), 0)
+    for _ in range(20):
+        s.submit(job("v", LLAMA, 0), 0)
+    assert sorted(d.backend_id for d in s.dispatch(0)) == [1] * 4 + [3] * 4
+    assert s.router.placement.drains == {}
