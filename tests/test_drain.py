@@ -7,11 +7,14 @@ users offered more, and waited in the queue p95 179 s against 57 s. Pure core, t
 
 from __future__ import annotations
 
+import dataclasses
+
 from mindrouter.scheduler import REASONS, Backend, Job, Scheduler, SchedulerSettings
+from mindrouter.simulate import load_example, simulate
 
 from .test_routing import GB, job
 
-GEMMA, LLAMA = "gemma2", "llama3.1"
+GEMMA, LLAMA = "gemma2:9b", "llama3.1:8b"
 
 
 def pool(settings: SchedulerSettings | None = None) -> Scheduler:
@@ -106,3 +109,25 @@ def test_a_model_whose_only_home_is_the_gpu_is_never_drained():
         s.submit(job("v", LLAMA, 0), 0)
     assert sorted(d.backend_id for d in s.dispatch(0)) == [1] * 4 + [3] * 4
     assert s.router.placement.drains == {}
+
+
+def queue_p95(drain: bool) -> dict[str, float]:
+    """Each model's queue wait p95 in ``examples/two-popular.toml``, with draining on or off."""
+    scenario = load_example("two-popular")
+    if not drain:
+        scenario = dataclasses.replace(scenario, settings=dataclasses.replace(scenario.settings, drain_margin=None))
+    waits: dict[str, list[float]] = {}
+    run = simulate(scenario, trace=True)
+    assert run.trace is not None
+    for t in run.trace:
+        assert t.dispatched is not None, t  # nothing timed out
+        waits.setdefault(t.model, []).append(t.dispatched - t.submitted)
+    return {m: sorted(w)[int(len(w) * 0.95)] for m, w in waits.items()}
+
+
+def test_draining_moves_the_shared_gpu_to_the_model_whose_queue_waits():
+    """The example's targets: llama3.1's queue wait p95 at most 0.8x without draining, gemma2's no higher
+    (measured: llama3.1 21.7 s -> 14.5 s, gemma2 12.5 s -> 10.3 s)."""
+    before, after = queue_p95(drain=False), queue_p95(drain=True)
+    assert after[LLAMA] <= 0.8 * before[LLAMA], (before, after)
+    assert after[GEMMA] <= before[GEMMA], (before, after)
