@@ -205,7 +205,7 @@ def config_path(explicit: str | os.PathLike[str] | None = None) -> Path:
 
 
 #: Settings that are unset (None) by default and take a number of at least 0 when set.
-_OPTIONAL_NUMBERS = frozenset({"return_credit", "return_debt"})
+_OPTIONAL_NUMBERS = frozenset({"return_credit", "return_debt", "max_slot_share"})
 
 
 def _coerce(section: str, key: str, value: Any, default: Any) -> Any:

@@ -81,8 +81,10 @@ async def serves(session: aiohttp.ClientSession, router: Router, key: str) -> bo
     return (await chat(session, router, key))[0] == 200
 
 
-async def chat(session: aiohttp.ClientSession, router: Router, key: str, path: str = "/v1/chat/completions"):
-    body = {"model": "llama3", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 10, "stream": False}
+async def chat(
+    session: aiohttp.ClientSession, router: Router, key: str, path: str = "/v1/chat/completions", model: str = "llama3"
+):
+    body = {"model": model, "messages": [{"role": "user", "content": "hi"}], "max_tokens": 10, "stream": False}
     async with session.post(f"{router.url}{path}", json=body, headers={"Authorization": f"Bearer {key}"}) as r:
         return r.status, r.headers.get("Retry-After"), await r.json(content_type=None)
 
@@ -193,6 +195,11 @@ async def test_changes_through_the_standby_reach_the_leader_and_a_revoked_key_is
         assert (await amr(first.config, "user", "add", "ann", "--group", "staff")).returncode == 0
         key = json.loads((await amr(first.config, "user", "key", "ann", "--json")).stdout)["key"]
         await until(lambda: serves(session, first, key), "the leader serves ann")
+        # A model alias set through the standby: the leader serves the new name at once.
+        assert (await amr(second.config, "model", "alias", "fast", "llama3")).returncode == 0
+        status, _, answer = await chat(session, first, key, model="fast")
+        assert status == 200, answer
+
         # A backend moved to another server through the standby: the leader talks to the new one.
         async with FakeOpenAI(flavor="vllm", models=["llama3"], completion_tokens=10) as moved:
             lab = tmp_path / "lab.toml"

@@ -39,6 +39,10 @@ from mindrouter.store.postgres import connect
             'SELECT d."user", "user", user_id, users.id FROM decisions d WHERE "user" = %s AND p IN (\'user-field\')',
         ),
         ("SELECT last_insert_rowid()", "SELECT lastval()"),
+        (
+            "SELECT record FROM decisions WHERE instr(record, ?) > 0 AND json_extract(record, '$.model') = ?",
+            "SELECT record FROM decisions WHERE strpos(record, %s) > 0 AND (CAST(record AS jsonb) ->> 'model') = %s",
+        ),
         ("BEGIN IMMEDIATE", "BEGIN"),
         ("PRAGMA user_version", "SELECT version FROM mindrouter_schema"),
         ("PRAGMA user_version = 12", "UPDATE mindrouter_schema SET version = 12"),

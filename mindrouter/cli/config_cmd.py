@@ -49,7 +49,7 @@ SECTIONS: list[tuple[str, type]] = [
 _NOT_IN_FILE = {"scheduler": {"scores", "group_weights"}}
 
 #: Example values shown for settings that are unset by default.
-_UNSET_EXAMPLES: dict[str, Any] = {"return_credit": 2048.0, "return_debt": 8192.0}
+_UNSET_EXAMPLES: dict[str, Any] = {"return_credit": 2048.0, "return_debt": 8192.0, "max_slot_share": 0.75}
 
 
 @cache

@@ -107,7 +107,8 @@ class SchedulerSettings:
     anticipation: float = 0.1
     """Seconds a slot that a user's request just freed may be held for that user's next request (BFQ's device
     idling): only while it has nothing queued, is owed more than everyone waiting who could take the slot, and its
-    learned think time (the gap between a request ending and its next, an average) is shorter. 0 turns it off."""
+    learned think time (the gap between a request ending and its next, an average) is shorter. 0 turns it off
+    (slots kept for a person who reads for longer follow ``max_think_time``)."""
     max_think_time: float = 10.0
     """Longest learned think time for which a freed slot may be kept for a person who is owed more, while someone
     backlogged already runs its weighted share of that backend's slots (or more): a person chatting next to batch

@@ -70,7 +70,7 @@ class Decisions:
         params: list[Any] = []
         if fields and searched:  # the window: from the ``searched``-th newest record (of ``user``) on
             among = "SELECT id FROM decisions" + (" WHERE user = ?" if user is not None else "")
-            where.append(f"id >= (SELECT min(id) FROM ({among} ORDER BY id DESC LIMIT ?))")
+            where.append(f"id >= (SELECT min(id) FROM ({among} ORDER BY id DESC LIMIT ?) AS newest)")
             params += [*([user] if user is not None else []), searched]
         if user is not None:
             where.append("user = ?")

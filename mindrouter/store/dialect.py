@@ -12,7 +12,8 @@ purpose:
   to the router's own zone (``local_zone``), so a day is the same day on both;
 - ``PRAGMA user_version`` lives in a one-row table; the other pragmas and SQLite's triggers
   (only old migration steps, dropped by a later one) have no PostgreSQL meaning and are skipped;
-- the column ``user`` (a reserved word there) is quoted; ``last_insert_rowid()`` is ``lastval()``.
+- the column ``user`` (a reserved word there) is quoted; ``last_insert_rowid()`` is ``lastval()``;
+  ``instr`` is ``strpos``, ``json_extract(column, '$.key')`` is ``column::jsonb ->> 'key'``.
 
 Where the two differ in ways a rule cannot bridge, the store's SQL is written so that both read it
 (upserts name their table, subqueries have aliases).
@@ -42,6 +43,8 @@ _RULES: tuple[tuple[re.Pattern[str], str], ...] = tuple(
         (r"date\(([\w.]+), 'unixepoch', 'localtime'\)", r"to_char(to_timestamp(\1), 'YYYY-MM-DD')"),
         (r"date\(([\w.]+), '-6 days', 'weekday 1'\)", r"to_char(date_trunc('week', CAST(\1 AS date)), 'YYYY-MM-DD')"),
         (r"last_insert_rowid\(\)", "lastval()"),
+        (r"\binstr\(", "strpos("),
+        (r"json_extract\((\w+), '\$\.(\w+)'\)", r"(CAST(\1 AS jsonb) ->> '\2')"),
         (r"(?<![\w'\"-])user(?![\w.'\"-])", '"user"'),
         (r"^BEGIN IMMEDIATE$", "BEGIN"),
     )

@@ -276,6 +276,7 @@ _NOTIFY = (
             ("users", "INSERT OR UPDATE OR DELETE"),
             ("backends", "INSERT OR UPDATE OR DELETE"),
             ("api_keys", "INSERT OR DELETE"),  # not a key's last use
+            ("model_aliases", "INSERT OR UPDATE OR DELETE"),
         )
     ),
     "CREATE TABLE IF NOT EXISTS mindrouter_leader (one BOOLEAN PRIMARY KEY DEFAULT true CHECK (one),"

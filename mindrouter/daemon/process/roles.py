@@ -22,6 +22,7 @@ from collections.abc import AsyncIterator, Callable
 
 from aiohttp import web
 
+from ..admin.aliases import apply_aliases
 from ..edge.services import SERVICES
 from ..pollers.leader import Leadership
 from ..request.weights import apply_user
@@ -59,6 +60,7 @@ def setup_leadership(app: web.Application, restore_usage: Callable[[], None]) ->
         if recovered:
             log.info("recorded the usage of %d streams the last leader was cut in", recovered)
         sync_pool(app)
+        apply_aliases(app)
         services.quotas.restore()
         restore_usage()
         await services.registry.sync(store.list_backends())
@@ -73,6 +75,8 @@ def setup_leadership(app: web.Application, restore_usage: Callable[[], None]) ->
             sync_pool(app)
         elif table == "api_keys":
             services.auth.clear()
+        elif table == "model_aliases":
+            apply_aliases(app)
         elif table == "backends":
             task = asyncio.create_task(services.registry.sync(services.store.list_backends()))
             tasks.add(task)

@@ -350,11 +350,15 @@ class Turns:
         return self.fair.users[user_id].queued
 
     def over_share(self, charge: Charge, rival: Job, slots: int, running: int, now: float) -> bool:
-        """Whether ``rival``'s user, running ``running`` of a backend's ``slots``, has its share of them
-        (``Holds.over_share``)."""
+        """Whether ``rival``'s user, running ``running`` of a backend's ``slots``, has its share of them next
+        to ``charge``'s seat (``Holds.over_share``)."""
         pool = self.order.pools[class_key(rival)]
-        mine = pool.seats.get(rival.user_id)
-        return mine is not None and self.holds.over_share(pool, charge.seat, mine, slots, running, now)
+        theirs = pool.seats.get(rival.user_id)
+        if theirs is None:
+            return False
+        seat = charge.seat
+        demand = self.holds.demand(seat, now - charge.started, now)
+        return self.holds.over_share(pool, seat, theirs, slots, running, demand, now)
 
     def rival(
         self, charge: Charge, classes: Iterable[ClassKey], now: float, *, shared: bool
