@@ -112,7 +112,7 @@ class Placement:
             if not backend.takes_work:
                 continue
             resident = load.resident(backend, now, self._settings.load_confirm_seconds)
-            for model in resident:
+            for model in sorted(resident):  # a set: sorted, so a run does not depend on string hashing
                 if model == target or not load.model_in_flight.get(model) or model in load.loading:
                     continue
                 idle = dict(load.model_in_flight)
