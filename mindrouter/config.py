@@ -84,8 +84,10 @@ class ServerSettings:
     """Seconds between readings of the local GPUs (NVML) and of `mr agent` nodes."""
     agent_key: str = ""
     """Key the daemon sends to the `mr agent` of other workstations (`mr agent --key`)."""
-    decision_retention: int = 100_000
-    """Decision records kept in the database; the oldest are deleted first."""
+    decision_retention_days: float = 7.0
+    """Days decision records (`mr why`, `mr decisions`) are kept; each local day's go at once when it is that old."""
+    decision_retention: int = 0
+    """The most decision records kept, the oldest deleted first, to bound the disk at a peak (0: no cap)."""
     usage_retention_days: float = 30.0
     """Days per-request usage rows are kept; older ones live on as daily totals, which reports read."""
     cors_origins: str = ""

@@ -743,3 +743,29 @@ def test_usage_counts_at_the_weight_of_its_time_in_who_is_heavy():
     s.add_usage("prof", 3_000, 0, 2.0, "llama3")  # at weight 1, using 3 times the student's: heavy
     s.dispatch(3.0)
     assert s.share(3.0).user("prof").factor < 1.0
+
+
+def test_an_active_share_lists_only_who_is_queued_running_or_used_the_window():
+    """A listing's cost follows the people active, not the 10,000 registered (issue 33: 56 ms a `/v1/me`)."""
+    s = make(slots=1)
+    for uid in range(10_000):
+        s.set_user(uid, 1, name=f"u{uid}")
+    served(s, 7, 500, 0.0)  # used the window
+    s.submit(job(8, 1.0), 1.0)  # running
+    s.submit(job(9, 1.0), 1.0)  # queued behind it
+    s.dispatch(1.0)
+    share = s.share(2.0, active=True)
+    assert sorted(u.user_id for u in share.users) == [7, 8, 9]
+    assert share.user(7).recent_tokens == 500 and share.user(9).queued == 1 and share.user(8).running == 1
+    assert [sorted(p.users) for p in share.pools] == [["u7", "u8", "u9"]]
+    assert len(s.share(2.0).users) == 10_000  # everyone, as before, where asked
+    everyone = {u.user_id: u.target_share for u in s.share(2.0).users}
+    assert {u.user_id: u.target_share for u in share.users} == {7: pytest.approx(1 / 3), 8: 1 / 3, 9: 1 / 3}
+    assert all(everyone[u.user_id] == u.target_share for u in share.users) and everyone[5] is None
+    later = TOKENS.fairness_window + 10.0
+    s.complete(next(j.id for j, _ in s.running_jobs()), later, prompt_tokens=1, completion_tokens=0)
+    for j in list(s.queued_jobs()):
+        s.cancel(j.id, later)
+    s.dispatch(later + TOKENS.fairness_window + 1)  # the window moves past every request
+    assert s.share(later + TOKENS.fairness_window + 1, active=True).users == ()
+    s.check()

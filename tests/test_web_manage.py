@@ -16,6 +16,10 @@ async def test_groups_are_added_given_quotas_and_removed(daemon: Daemon) -> None
     assert "group lab-a added with weight 2.5" in page
     page = await post(daemon, "/ui/admin/groups/lab-a", "/ui/admin/groups/lab-a/quota", {"tokens_per_day": "9000"})
     assert "quotas of group lab-a saved" in page
+    form = (await (await daemon.client.get("/ui/admin/groups/lab-a")).text()).split(
+        'action="/ui/admin/groups/lab-a/quota"'
+    )
+    assert len(form) == 2 and 'name="tokens_per_day" inputmode="numeric" value="9000"' in form[1]
     groups = {g["name"]: g for g in await daemon.admin("GET", "/admin/groups")}
     assert groups["lab-a"]["scheduler_weight"] == 2.5
     assert {q["kind"]: q["limit"] for q in groups["lab-a"]["quotas"]} == {"tokens_per_day": 9000}

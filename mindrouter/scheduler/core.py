@@ -446,12 +446,14 @@ class Scheduler:
     def running_jobs(self) -> Iterable[tuple[Job, Hashable]]:
         return ((r.job, r.backend_id) for r in self._running.values())
 
-    def share(self, now: float, user_ids: Iterable[Hashable] | None = None) -> ShareSnapshot:
+    def share(self, now: float, user_ids: Iterable[Hashable] | None = None, *, active: bool = False) -> ShareSnapshot:
         """Every user's standing, per pool and in sum, and every pool (``mr share``).
 
-        With ``user_ids``, only those users, and no pools (cheap enough per request).
+        With ``user_ids``, only those users, and no pools (cheap enough per request). With ``active``, only
+        the users with jobs queued or running or usage in the fairness window, and every pool: what a
+        listing shows, at a cost that grows with them rather than with the users registered.
         """
-        return self.turns.share(now, user_ids)
+        return self.turns.share(now, user_ids, active=active)
 
     def queue_stats(self, now: float) -> QueueStats:
         """What waits, for whom and for which model, and how long (``mr queue``)."""

@@ -58,9 +58,12 @@ class Store(Backends, UsageLog, Decisions, People, ApiKeys, Aliases):
 
     Args:
         path: the SQLite file; parent folders are created (mode 0700). Unused with ``url``.
-        max_decisions: decision records kept (newest first). Defaults to 100,000.
+        max_decisions: decision records kept at most (newest first); 0: no cap (the daemon deletes them by
+            age, ``StoreWorker``). Defaults to 100,000.
         usage_retention: seconds of usage kept; older rows are pruned as new ones arrive.
             Defaults to 30 days.
+        prune_inline: prune old usage rows as new ones are added; the daemon leaves it to its
+            ``StoreWorker``, off the event loop.
         clock: wall-clock seconds for ``created`` times. Defaults to ``time.time``.
         url: a ``postgresql://`` url keeps everything in that database instead (``postgres.py``).
             Defaults to empty: the SQLite file.
@@ -75,14 +78,16 @@ class Store(Backends, UsageLog, Decisions, People, ApiKeys, Aliases):
         *,
         max_decisions: int = 100_000,
         usage_retention: float = 30 * DAY,
+        prune_inline: bool = True,
         clock: Callable[[], float] = time.time,
         url: str = "",
     ) -> None:
-        if max_decisions < 1:
-            raise InvalidValue(f"max_decisions {max_decisions!r} must be at least 1")
+        if max_decisions < 0:
+            raise InvalidValue(f"max_decisions {max_decisions!r} must be 0 (no cap) or more")
         self.path = Path(path)
         self.max_decisions = max_decisions
         self.usage_retention = usage_retention
+        self.prune_inline = prune_inline
         self._clock = clock
         self.url = url
         if url:
@@ -124,9 +129,14 @@ class Store(Backends, UsageLog, Decisions, People, ApiKeys, Aliases):
     def checkpoint_in_background(self, *, interval: float = 1.0) -> None:
         """Leave WAL checkpoints to a thread of their own (the daemon: no commit on its loop waits for fsync)."""
         if self._checkpointer is None and not self.url:
-            self._db.execute("PRAGMA wal_autocheckpoint = 0")
+            self.checkpoint_elsewhere()
             self._checkpointer = Checkpointer(self.path, interval=interval)
             self._checkpointer.start()
+
+    def checkpoint_elsewhere(self) -> None:
+        """No commit on this connection checkpoints the WAL (with its fsyncs): another thread does (SQLite only)."""
+        if not self.url:
+            self._db.execute("PRAGMA wal_autocheckpoint = 0")
 
     def fence(self, epoch: int) -> None:
         """Lead in ``epoch`` from now on: the database refuses this store's writes once a later leader took over.
@@ -305,6 +315,10 @@ class Store(Backends, UsageLog, Decisions, People, ApiKeys, Aliases):
         """Set the given limits of the user's own (None removes one); the others stay."""
         self._set_quota("users", name, f"user {name!r}", changes, self._user_id)
         return self.get_user(name)
+
+    def count_users(self) -> int:
+        """How many users there are (`mr status`), without reading them."""
+        return int(self._db.execute("SELECT count(*) FROM users").fetchone()[0])
 
     def list_users(self, group: str | None = None) -> list[User]:
         if group is None:

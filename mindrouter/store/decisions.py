@@ -1,4 +1,4 @@
-"""Decision records: an append-only table pruned by count, newest kept."""
+"""Decision records: an append-only table, pruned by age (``prune_decisions``) and, where set, by count."""
 
 from __future__ import annotations
 
@@ -52,10 +52,25 @@ class Decisions:
         self._prune_decisions(cur.lastrowid)  # type: ignore[arg-type]
 
     def _prune_decisions(self, last_id: int) -> None:
+        if not self.max_decisions:
+            return
         cutoff = last_id - self.max_decisions
         if cutoff - self._decisions_below >= self._decision_batch:
             self._db.execute("DELETE FROM decisions WHERE id <= ?", (cutoff,))
             self._decisions_below = cutoff
+
+    def prune_decisions(self, before: float, *, limit: int) -> int:
+        """Delete up to ``limit`` of the oldest records made before ``before``; returns how many.
+
+        Ids follow time, so the oldest are the first ``limit`` ids: a range of the primary key, read and
+        deleted without a scan or an index on the time.
+        """
+        with transaction(self._db) as db:
+            return db.execute(
+                "DELETE FROM decisions WHERE id IN (SELECT id FROM decisions ORDER BY id LIMIT ?)"
+                " AND coalesce(at, 0) < ?",
+                (limit, before),
+            ).rowcount
 
     def recent_decisions(
         self, limit: int = 100, user: str | None = None, fields: Mapping[str, str] | None = None, searched: int = 0

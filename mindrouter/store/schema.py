@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import sqlite3
+import threading
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 
@@ -220,13 +221,22 @@ def migrate(conn: sqlite3.Connection) -> int:
     return found
 
 
+_WRITING = threading.RLock()
+"""Held through each write transaction of this process. The daemon's loop and its store worker
+(``worker.py``) write the same file; SQLite's busy handler, were they to meet there, lets the loser
+sleep 1, 2, 5, 10 ms... and try again (10-22 ms waits for the loop behind 2 ms deletes), while this
+lock hands the write over the moment the other transaction ends. Reentrant: a transaction begun inside
+another fails at its BEGIN, as it always did, rather than waiting for itself."""
+
+
 @contextmanager
 def transaction(db: sqlite3.Connection) -> Iterator[sqlite3.Connection]:
     """One write transaction on a connection in autocommit mode: all of it commits, or none."""
-    db.execute("BEGIN IMMEDIATE")
-    try:
-        yield db
-    except BaseException:
-        db.execute("ROLLBACK")
-        raise
-    db.execute("COMMIT")
+    with _WRITING:
+        db.execute("BEGIN IMMEDIATE")
+        try:
+            yield db
+        except BaseException:
+            db.execute("ROLLBACK")
+            raise
+        db.execute("COMMIT")

@@ -92,6 +92,7 @@ class UsageLog:
 
     _db: sqlite3.Connection
     usage_retention: float
+    prune_inline: bool
     _usage_inserts: int
 
     def record_usage(
@@ -159,7 +160,7 @@ class UsageLog:
         before, self._usage_inserts = self._usage_inserts, self._usage_inserts + len(rows)
         if before // self._ROLL_USAGE_EVERY != self._usage_inserts // self._ROLL_USAGE_EVERY:
             self.roll_usage()
-        if before // self._PRUNE_USAGE_EVERY != self._usage_inserts // self._PRUNE_USAGE_EVERY:
+        if self.prune_inline and before // self._PRUNE_USAGE_EVERY != self._usage_inserts // self._PRUNE_USAGE_EVERY:
             self.prune_usage(params[-1][0], limit=self._PRUNE_USAGE_BATCH)
 
     def roll_usage(self) -> None:

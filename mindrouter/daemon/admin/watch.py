@@ -6,15 +6,16 @@ Each route builds its answer from the core's and the registry's snapshots
 
 from __future__ import annotations
 
-import functools
 import json
 import math
+from collections.abc import Callable
 from typing import Any
 
 from aiohttp import web
 
 from ... import __version__
-from ...store import InvalidValue, NotFound
+from ...store import InvalidValue, NotFound, Store
+from ...store.worker import json_bytes
 from ..edge.accounting import top_panels
 from ..edge.services import SERVICES
 from .views import Counters, share_view, status_view, top_view
@@ -44,7 +45,7 @@ def status_dict(app: web.Application) -> dict[str, Any]:
         unreachable_nodes=[e.row.node for e in entries if e.row.node and app[SERVICES].gpus.node_error(e.row.node)],
         queued=scheduler.queued_count,
         running=scheduler.running_count,
-        users=len(app[SERVICES].store.list_users()),
+        users=app[SERVICES].store.count_users(),
         listen=f"http://{config.server.host}:{config.server.port}",
         socket=str(config.server.socket_path),
         role=app[SERVICES].role,
@@ -76,17 +77,32 @@ def backend_names(app: web.Application) -> dict[str, str]:
     return {str(bid): entry.row.name for bid, entry in app[SERVICES].registry.entries.items()}
 
 
-def share_dict(app: web.Application) -> dict[str, Any]:
-    """``mr share``: per group and user what the weights entitle it to, what it used, and the terms that act."""
-    store = app[SERVICES].store
-    share = app[SERVICES].scheduler.share(app[SERVICES].dispatcher.clock())
-    return share_view(
-        share, store.list_users(), store.list_groups(), functools.partial(quota_rows, app), backend_names(app)
-    )
+def _share_of(app: web.Application) -> Callable[[Store], dict[str, Any]]:
+    """``mr share``: per group and user what the weights entitle it to, what it used, and the terms that act.
+
+    The active people's standing and the quotas set are read here, on the loop (what they number);
+    the returned function, given a ``Store``, adds a row for every registered user: run it on the
+    store's worker thread, where 10,000 rows cost the loop nothing.
+    """
+    services = app[SERVICES]
+    share = services.scheduler.share(services.dispatcher.clock(), active=True)
+    limits = services.quotas.by_subject()
+    names = backend_names(app)
+
+    def quotas(kind: str, key: Any) -> list[dict[str, Any]]:
+        return [limit.to_dict() for limit in limits.get((kind, key), ())]
+
+    return lambda store: share_view(share, store.list_users(), store.list_groups(), quotas, names)
+
+
+async def share_dict(app: web.Application) -> dict[str, Any]:
+    return await app[SERVICES].store_worker.run(_share_of(app))
 
 
 async def get_share(request: web.Request) -> web.Response:
-    return web.json_response(share_dict(request.app))
+    build = _share_of(request.app)
+    body = await request.app[SERVICES].store_worker.run(lambda store: json_bytes(build(store)))  # 10,000 rows
+    return web.Response(body=body, content_type="application/json")
 
 
 def _limit(request: web.Request, default: int = 50) -> int:
@@ -101,9 +117,12 @@ def _limit(request: web.Request, default: int = 50) -> int:
 
 
 async def list_decisions(request: web.Request) -> web.Response:
-    return web.json_response(
-        request.app[SERVICES].decisions.recent(_limit(request), user=request.query.get("user") or None)
-    )
+    """`mr decisions`: up to 10,000 records of about 1 KB, read and encoded on the store's worker thread."""
+    services = request.app[SERVICES]
+    limit, user = _limit(request), request.query.get("user") or None
+    services.decisions.flush()  # what has ended is in the store before the worker reads it
+    body = await services.store_worker.run(lambda store: json_bytes(store.recent_decisions(limit, user=user)))
+    return web.Response(body=body, content_type="application/json")
 
 
 async def get_decision(request: web.Request) -> web.Response:
@@ -135,18 +154,24 @@ async def get_gpus(request: web.Request) -> web.Response:
 
 
 async def get_top(request: web.Request) -> web.Response:
+    """`mr top`: the live state read on the loop; the share's row per registered user and the JSON on the
+    store's worker thread."""
     app = request.app
-    registry = app[SERVICES].registry
-    view = top_view(
-        status=status_dict(app),
-        backends=[registry.row_dict(e) for e in registry.entries.values()],
-        gpus=app[SERVICES].gpus.nodes(),
-        queue=queue_dict(app),
-        share=share_dict(app),
-        decisions=app[SERVICES].decisions.recent(10),
-        panels=top_panels(app),
+    services = app[SERVICES]
+    registry = services.registry
+    share = _share_of(app)
+    live: dict[str, Any] = {
+        "status": status_dict(app),
+        "backends": [registry.row_dict(e) for e in registry.entries.values()],
+        "gpus": services.gpus.nodes(),
+        "queue": queue_dict(app),
+        "decisions": services.decisions.recent(10),
+        "panels": await top_panels(app),
+    }
+    body = await services.store_worker.run(
+        lambda store: json_bytes(top_view(**live, share=share(store)), default=_finite)
     )
-    return web.json_response(view, dumps=lambda o: json.dumps(o, default=_finite))
+    return web.Response(body=body, content_type="application/json")
 
 
 def _finite(value: Any) -> Any:

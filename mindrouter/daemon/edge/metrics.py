@@ -73,7 +73,7 @@ class _Collector(Collector):
         recent = GaugeMetricFamily(
             "mindrouter_user_recent_tokens", "Tokens per user in the fairness window.", labels=["user", "group"]
         )
-        for user in scheduler.share(self.app[SERVICES].dispatcher.clock()).users:
+        for user in scheduler.share(self.app[SERVICES].dispatcher.clock(), active=True).users:
             recent.add_metric([user.name, user.group or ""], user.recent_tokens)
         yield recent
 

@@ -20,6 +20,7 @@ if TYPE_CHECKING:
     from ...config import Config
     from ...scheduler import Scheduler
     from ...store import Store
+    from ...store.worker import StoreWorker
     from ..pollers.gpus import GpuState
     from ..pollers.leader import Leadership
     from ..pollers.registry import Registry
@@ -48,6 +49,8 @@ class Services:
     decisions: DecisionLog
     gpus: GpuState
     session: aiohttp.ClientSession
+    store_worker: StoreWorker
+    """A Store on a thread of its own: reports, listings and retention, off the event loop."""
     handlers: dict[asyncio.Task[object], Lease] = field(default_factory=dict)
     """Inference handlers waiting or streaming, task -> lease, for the shutdown to end (``end_handlers``)."""
     leadership: Leadership | None = None

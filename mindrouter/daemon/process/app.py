@@ -21,6 +21,7 @@ from ...config import Config
 from ...gpu.probe import GpuProbe
 from ...scheduler import Scheduler
 from ...store import Store
+from ...store.worker import StoreWorker
 from ..admin.api import setup_admin_routes
 from ..admin.middleware import admin_middleware
 from ..admin.transfer import setup_transfer_routes
@@ -36,6 +37,7 @@ from ..edge.services import SERVICES, Services
 from ..pollers.discover import discover_local_backends
 from ..pollers.gpus import GpuState
 from ..pollers.registry import AdapterFactory, Registry
+from ..pollers.retention import retention_ctx
 from ..request.decisions import DecisionLog
 from ..request.dispatcher import Dispatcher
 from ..request.settlement import Settlement
@@ -69,6 +71,13 @@ async def create_app(
         server.state_path / "mindrouter.db",
         max_decisions=server.decision_retention,
         usage_retention=server.usage_retention_days * 86400.0,
+        prune_inline=False,
+        url=config.store.url,
+    )
+    worker = StoreWorker(
+        store.path,
+        usage_retention=store.usage_retention,
+        decision_days=server.decision_retention_days,
         url=config.store.url,
     )
     store.checkpoint_in_background()  # a checkpoint's fsyncs never stall the loop (store/checkpoint.py)
@@ -150,6 +159,7 @@ async def create_app(
         decisions=decisions,
         gpus=gpus,
         session=session,
+        store_worker=worker,
     )
 
     want_discovery = server.discover if discover is None else discover
@@ -177,6 +187,7 @@ async def create_app(
             store.close()
 
     app.cleanup_ctx.append(resources)
+    app.cleanup_ctx.append(retention_ctx(worker))
     app.cleanup_ctx.append(decisions.flush_ctx)
     app.cleanup_ctx.append(dispatcher.timer_ctx)
     app.cleanup_ctx.append(gpus.poll_ctx)

@@ -31,7 +31,7 @@ __all__ = ["setup_admin_pages"]
 def _shares(app: web.Application) -> dict[str, Any]:
     """``mr share``'s figures without each subject's quotas (which no page here shows), so 1,000 users stay cheap."""
     store = app[SERVICES].store
-    share = app[SERVICES].scheduler.share(app[SERVICES].dispatcher.clock())
+    share = app[SERVICES].scheduler.share(app[SERVICES].dispatcher.clock(), active=True)
     return share_view(share, store.list_users(), store.list_groups(), lambda _kind, _key: [], backend_names(app))
 
 

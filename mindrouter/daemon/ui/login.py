@@ -85,7 +85,7 @@ async def me(request: web.Request, session: Session) -> web.StreamResponse:
         request,
         "me.html",
         session,
-        me=me_dict(app, caller),
+        me=await me_dict(app, caller),
         weight=user.weight,
         jobs=_jobs(app, user.id),
         names=backend_names(app),

@@ -324,7 +324,11 @@ class Quotas:
 
     def overview(self) -> list[Limit]:
         """Every quota set, users' and groups', with its use so far."""
-        return [limit for subject, key in list(self._limits) for limit in self.subject_limits(subject, key)]
+        return [limit for limits in self.by_subject().values() for limit in limits]
+
+    def by_subject(self) -> dict[tuple[str, Hashable], list[Limit]]:
+        """Every quota set with its use so far, by (``user``, user id) or (``group``, group name)."""
+        return {(subject, key): self.subject_limits(subject, key) for subject, key in list(self._limits)}
 
     def _token_limits(self, subject: tuple[str, Hashable]) -> list[Limit]:
         return [limit for limit in self.subject_limits(*subject) if limit.kind != "requests_per_minute"]

@@ -133,6 +133,8 @@ class Pool:
     _reference: float = 0.0
     _window: deque[tuple[float, Hashable, float, float, float]] = field(default_factory=deque)
     """(at, user id, tokens, service units, units per weight) of each completed request within the fairness window."""
+    windowed: dict[Hashable, int] = field(default_factory=dict)
+    """User id -> its requests in ``_window``: who used the pool in the window, without a walk over every seat."""
     _next_refresh: float = 0.0
     _per_weight_total: float = 0.0
 
@@ -296,7 +298,9 @@ class Pool:
     def add_usage(self, seat: Seat, tokens: float, units: float, at: float) -> None:
         if tokens > 0:
             per_weight = units / seat.weight
-            self._window.append((at, seat.user.id, tokens, units, per_weight))
+            uid = seat.user.id
+            self._window.append((at, uid, tokens, units, per_weight))
+            self.windowed[uid] = self.windowed.get(uid, 0) + 1
             seat.recent += units
             seat.recent_per_weight += per_weight
             seat.recent_tokens += tokens
@@ -325,12 +329,17 @@ class Pool:
         while window and window[0][0] < horizon:
             _, uid, tokens, units, weighed = window.popleft()
             self.recent_total -= units
+            left = self.windowed[uid] - 1
+            if left:
+                self.windowed[uid] = left
+            else:
+                del self.windowed[uid]
             seat = seats.get(uid)
             if seat is not None:
                 seat.recent -= units
                 seat.recent_tokens -= tokens
                 seat.recent_per_weight -= weighed
-                if seat.recent < 1e-6:
+                if not left or seat.recent < 1e-6:  # its last request here left the window
                     seat.recent = seat.recent_tokens = seat.recent_per_weight = 0.0
         if not window:
             self.recent_total = 0.0
@@ -363,6 +372,10 @@ class Pool:
 
     def check(self) -> None:
         """Assert the invariants (for tests)."""
+        counts: dict[Hashable, int] = {}
+        for entry in self._window:
+            counts[entry[1]] = counts.get(entry[1], 0) + 1
+        assert counts == self.windowed, (counts, self.windowed)
         for seat in self.seats.values():
             assert seat.weight > 0, seat
             assert seat.queued >= 0 and seat.running >= 0, seat

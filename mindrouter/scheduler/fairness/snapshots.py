@@ -10,6 +10,7 @@ from __future__ import annotations
 from collections.abc import Callable, Hashable, Iterable, Mapping
 
 from ..jobs import Job
+from ..pooling import PoolKey
 from ..targets import Part, combined, pool_targets
 from ..views import PoolShare, QueueStats, SeatShare, ShareSnapshot, UserShare
 from .pools import Pool, Seat, UserState
@@ -94,10 +95,13 @@ def build_share(
     burst: float,
     pending: Mapping[Hashable, tuple[float, float]],
     with_pools: bool = True,
+    complete: bool = True,
 ) -> ShareSnapshot:
-    """Every user's standing, per pool and in sum, and (``with_pools``) every pool.
+    """Every user's standing, per pool and in sum, and (``with_pools``) every pool, as ``users`` use it.
 
     ``pending``: per user, restored (tokens, service units) whose model no backend serves yet.
+    ``complete``: ``users`` hold everyone with demand (all users, or the active ones), so each pool's
+    targets come from their seats, not from a walk over every seat the pool ever gave.
     """
     pools = list(pools)
     users = list(users)
@@ -105,24 +109,27 @@ def build_share(
     seats: dict[Hashable, list[SeatShare]] = {}
     parts: dict[Hashable, list[Part]] = {}
     pool_rows = []
+    by_pool: dict[PoolKey, dict[Hashable, float]] = {}
     for pool in pools:
         ref = references[pool.key]
-        targets: dict[Hashable, float] | None = None  # made for the pools the users asked for sit in only
+        here = [seat for seat in (pool.seats.get(user.id) for user in users) if seat is not None]
+        if not here and not with_pools:
+            continue  # made for the pools the users asked for sit in only
+        targets = by_pool[pool.key] = (
+            pool_targets({s.user.id: s.weight for s in here if demand(s)}) if complete else _targets(pool)
+        )
         backends = _backends(pool)
-        for user in users:
-            seat = pool.seats.get(user.id)
-            if seat is not None:
-                targets = _targets(pool) if targets is None else targets
-                shown = _seat_share(pool, seat, ref, targets, backends)
-                seats.setdefault(user.id, []).append(shown)
-                if shown.target_share is not None:
-                    parts.setdefault(user.id, []).append((shown.target_share, seat.recent, pool.recent_total))
+        for seat in here:
+            shown = _seat_share(pool, seat, ref, targets, backends)
+            seats.setdefault(seat.user.id, []).append(shown)
+            if shown.target_share is not None:
+                parts.setdefault(seat.user.id, []).append((shown.target_share, seat.recent, pool.recent_total))
         if not with_pools:
             continue
-        names = tuple(s.user.name for s in pool.seats.values() if demand(s))
+        names = tuple(s.user.name for s in here if demand(s))
         heavy = tuple(pool.seats[u].user.name for u in pool.heavy if u in pool.seats)
-        tokens = sum(s.recent_tokens for s in pool.seats.values())
-        pool_rows.append(PoolShare(_backends(pool), names, ref, pool.credit(), tokens, pool.recent_total, heavy))
+        tokens = sum(s.recent_tokens for s in here)
+        pool_rows.append(PoolShare(backends, names, ref, pool.credit(), tokens, pool.recent_total, heavy))
     rows = []
     total_recent = total_units = 0.0
     for user in users:
@@ -154,15 +161,18 @@ def build_share(
                 actual_share=actual,
             )
         )
-    groups = _group_shares(pools) if with_pools else {}
+    groups = _group_shares(pools, by_pool) if with_pools else {}
     return ShareSnapshot(now, shares, window, total_recent, total_units, burst, tuple(rows), tuple(pool_rows), groups)
 
 
-def _group_shares(pools: Iterable[Pool]) -> dict[str | None, tuple[float | None, float | None]]:
-    """Each group's target and actual share: its members' seats summed per pool, then ``combined``."""
+def _group_shares(
+    pools: Iterable[Pool], by_pool: Mapping[PoolKey, Mapping[Hashable, float]]
+) -> dict[str | None, tuple[float | None, float | None]]:
+    """Each group's target and actual share: its members' seats summed per pool (``by_pool``: each pool's
+    targets), then ``combined``."""
     parts: dict[str | None, list[Part]] = {}
     for pool in pools:
-        targets = _targets(pool)
+        targets = by_pool[pool.key]
         per_group: dict[str | None, tuple[float, float]] = {}
         for uid, target in targets.items():
             seat = pool.seats[uid]

@@ -436,13 +436,21 @@ class Turns:
     def heavy(self) -> frozenset[Hashable]:
         return frozenset(uid for pool in self.fair.pools.values() for uid in pool.heavy)
 
-    def share(self, now: float, user_ids: Iterable[Hashable] | None = None) -> ShareSnapshot:
+    def share(self, now: float, user_ids: Iterable[Hashable] | None = None, *, active: bool = False) -> ShareSnapshot:
         fair, settings = self.fair, self.settings
-        users = fair.users.values() if user_ids is None else [fair.users[u] for u in user_ids]
         window = settings.fairness_window
         pending = pending_usage(self._usage_backlog.values(), now - window, settings.cost)
+        if active:
+            known = fair.active()
+            known.update((uid, fair.users[uid]) for uid in pending if uid in fair.users and uid not in known)
+            users = list(known.values())
+        else:
+            users = list(fair.users.values()) if user_ids is None else [fair.users[u] for u in user_ids]
         burst = fair.current_burst(now)
-        return build_share(users, fair.pools.values(), now, settings.shares, window, burst, pending, user_ids is None)
+        pools = user_ids is None
+        return build_share(
+            users, fair.pools.values(), now, settings.shares, window, burst, pending, pools, complete=pools or active
+        )
 
     def queue_stats(self, now: float, running: int) -> QueueStats:
         return build_queue_stats(self.queues.jobs.values(), running, self.fair.users, now)

@@ -1,0 +1,117 @@
+"""One machine at a campus's size (issue 33): listings cost the people active, reports and retention stay off the loop.
+
+Counts, not clocks: what a listing reads does not grow with registered idle users.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import time
+
+import pytest
+
+from mindrouter.daemon.request.weights import apply_user
+from mindrouter.localtime import day_start
+from mindrouter.store import Store
+from mindrouter.store.worker import StoreWorker, json_bytes
+
+from .harness import ADMIN_KEY, Daemon, until
+from .inprocess import InProcess
+
+IDLE = 500
+DAY = 86_400.0
+
+
+async def _pool(daemon: Daemon) -> tuple[str, str]:
+    """Two people who sent a request each, and IDLE registered people who never did."""
+    await daemon.backend("b1", InProcess(models=("llama3",), completion_tokens=4))
+    alice = await daemon.user("alice", "staff")
+    bob = await daemon.user("bob")
+    store, scheduler = daemon.store, daemon.scheduler
+    for i in range(IDLE):
+        row = store.add_user(f"idle{i:04d}", "student")
+        apply_user(scheduler, row.id, store.get_user(row.name))
+    for key in (alice, bob):
+        body = {"model": "llama3", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 4}
+        resp = await daemon.client.post("/v1/chat/completions", json=body, headers={"Authorization": f"Bearer {key}"})
+        assert resp.status == 200, await resp.text()
+    return alice, bob
+
+
+@pytest.mark.asyncio
+async def test_per_user_metrics_list_the_active_people_only(daemon):
+    await _pool(daemon)
+    resp = await daemon.client.get("/metrics", headers={"Authorization": f"Bearer {ADMIN_KEY}"})
+    lines = [line for line in (await resp.text()).splitlines() if line.startswith("mindrouter_user_recent_tokens{")]
+    assert sorted(re.search(r'user="([^"]+)"', line)[1] for line in lines) == ["alice", "bob"]  # was: all 502
+
+
+@pytest.mark.asyncio
+async def test_me_reads_the_active_people_and_an_idle_person_still_sees_their_standing(daemon):
+    alice, _ = await _pool(daemon)
+    me = await (await daemon.client.get("/v1/me", headers={"Authorization": f"Bearer {alice}"})).json()
+    share = me["fair_share"]
+    assert share["active_users"] == 2 and share["position"] in (1, 2) and share["recent_tokens"] > 0
+    assert share["target_share"] == pytest.approx(2 / 3, abs=1e-3)  # weight 2 next to bob's 1, not 502 users
+    idle = daemon.store.create_key("idle0001")
+    mine = await (await daemon.client.get("/v1/me", headers={"Authorization": f"Bearer {idle}"})).json()
+    assert mine["fair_share"]["weight"] == 1 and mine["fair_share"]["position"] is None
+    assert mine["fair_share"]["target_share"] is None  # idle: no target
+
+
+def _decision(i: int, at: float) -> dict:
+    return {"request_id": f"req{i}", "user": "alice", "wall_time": at}
+
+
+def test_decisions_go_by_age_a_day_at_a_time_and_usage_by_retention_off_the_loop(tmp_path):
+    """The daemon's own Store deletes nothing as rows arrive; its worker deletes what is old, in short batches."""
+    now = time.time()
+    path = tmp_path / "state.db"
+    with Store(path, usage_retention=10 * DAY, prune_inline=False, max_decisions=0) as store:
+        for i in range(3000):  # 2,000 rows past retention, 1,000 within; 3,000 inserts once pruned 8,192 inline
+            at = now - 20 * DAY if i < 2000 else now - DAY
+            store.record_usage(1, f"r{i}", "m", 1, 1, 1, at=at)
+            store.add_decision(_decision(i, now - (9 - i // 500) * DAY))  # 500 a day, 9 to 4 days old
+        assert store._db.execute("SELECT count(*) FROM usage").fetchone()[0] == 3000
+        assert store._db.execute("SELECT count(*) FROM decisions").fetchone()[0] == 3000
+        worker = StoreWorker(path, usage_retention=10 * DAY, decision_days=7, batch_seconds=1e-9)
+        worker.batch = 100  # then as many rows as take batch_seconds (here: the least, 16)
+        sizes: list[int] = []
+        real = Store.prune_usage
+
+        def spy(self, when, *, limit=None):
+            sizes.append(limit)
+            return real(self, when, limit=limit)
+
+        with pytest.MonkeyPatch.context() as patch:
+            patch.setattr(Store, "prune_usage", spy)
+            assert worker.retain(now).result(30) == (2000, 1000)
+        worker.close()
+        assert sizes[0] == 100 and max(sizes[1:]) == 16 and len(sizes) > 100  # short transactions, never one big
+        assert store._db.execute("SELECT count(*) FROM usage").fetchone()[0] == 1000
+        kept = store._db.execute("SELECT min(at) FROM decisions").fetchone()[0]
+        assert kept >= day_start(now - 7 * DAY) and store.recent_decisions(1)[0]["request_id"] == "req2999"
+
+
+@pytest.mark.asyncio
+async def test_the_daemon_deletes_old_usage_and_decisions_at_start_on_its_worker(new_daemon, tmp_path):
+    now = time.time()
+    with Store(tmp_path / "state" / "mindrouter.db") as store:
+        for i in range(50):
+            store.record_usage(1, f"old{i}", "m", 1, 1, 1, at=now - 3 * DAY)
+            store.add_decision(_decision(i, now - 3 * DAY))
+        store.record_usage(1, "new", "m", 1, 1, 1, at=now - 600)
+        store.add_decision(_decision(99, now - 600))
+    daemon = await new_daemon(server={"usage_retention_days": 2.0, "decision_retention_days": 2.0})
+    db = daemon.store._db
+    await until(lambda: db.execute("SELECT count(*) FROM decisions").fetchone()[0] == 1, "old decisions stayed")
+    assert [r[0] for r in db.execute("SELECT request_id FROM usage")] == ["new"]
+    assert daemon.store.recent_decisions(5)[0]["request_id"] == "req99"
+
+
+def test_json_bytes_encodes_long_lists_a_slice_at_a_time_and_reads_back_the_same():
+    value = {"rows": [{"user": f"u{i}", "tokens": i, "pools": []} for i in range(1234)], "total": {"n": 2}, "x": []}
+    sliced = json.loads(json_bytes(value))
+    assert sliced == value and json.loads(json_bytes((1, 2))) == [1, 2]
+    assert json.loads(json_bytes(list(range(1001)))) == list(range(1001))  # two full slices and one more
