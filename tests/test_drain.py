@@ -131,3 +131,27 @@ def test_draining_moves_the_shared_gpu_to_the_model_whose_queue_waits():
     before, after = queue_p95(drain=False), queue_p95(drain=True)
     assert after[LLAMA] <= 0.8 * before[LLAMA], (before, after)
     assert after[GEMMA] <= before[GEMMA], (before, after)
+
+
+def test_a_slot_is_not_held_for_a_model_drained_there():
+    """A gemma2 user who sends again 50 ms after each answer ends would have its slot held on the 3060 being
+    drained (anticipation), keeping gemma2 busy there: llama3.1 loads there the moment its last stream ends."""
+    s = pool()
+    s.set_user("c", 1.0)
+    gemma_gpu = s.router.backend(2)
+    assert gemma_gpu is not None
+    s.set_backend(dataclasses.replace(gemma_gpu, enabled=False))
+    s.submit(c1 := job("c", GEMMA, 0), 0)
+    assert [d.backend_id for d in s.dispatch(0)] == [3]
+    s.complete(c1.id, 1, prompt_tokens=100, completion_tokens=200)
+    s.submit(c2 := job("c", GEMMA, 1.05), 1.05)  # c learns to think 50 ms
+    assert [d.backend_id for d in s.dispatch(1.05)] == [3]
+    s.set_backend(gemma_gpu)
+    for _ in range(16):
+        s.submit(job("v", LLAMA, 3), 3)
+    assert [d.backend_id for d in s.dispatch(3)] == [1] * 4
+    assert s.router.placement.drains == {3: {GEMMA: LLAMA}}
+    s.complete(c2.id, 4, prompt_tokens=100, completion_tokens=200)
+    out = s.dispatch(4)
+    assert [(d.job.model, d.backend_id) for d in out] == [(LLAMA, 3)] * 4
+    s.check()

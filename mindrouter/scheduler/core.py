@@ -357,7 +357,7 @@ class Scheduler:
         length = self.turns.hold_length(charge)
         if length is None:
             return
-        served = self.router.holdable(bid)
+        served = self.router.holdable(bid, running.job.model)
         if served is None:
             return
         shared = length[1]

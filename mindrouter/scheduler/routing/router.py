@@ -273,10 +273,11 @@ class Router:
         if failed:
             load.failed += 1
 
-    def holdable(self, backend_id: Hashable) -> list[ClassKey] | None:
-        """The classes a slot of ``backend_id`` could serve, if a slot there may be held (it takes work)."""
+    def holdable(self, backend_id: Hashable, model: str) -> list[ClassKey] | None:
+        """The classes a slot of ``backend_id`` could serve, if a slot there may be held for a job of ``model``
+        (it takes work, and ``model`` is not drained there: a held slot would keep its runner busy)."""
         backend = self._backends.get(backend_id)
-        if backend is None or not backend.takes_work:
+        if backend is None or not backend.takes_work or model in self.placement.drains.get(backend_id, ()):
             return None
         return self.classes.served_by(backend_id)
 
