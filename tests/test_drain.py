@@ -126,10 +126,10 @@ def queue_p95(drain: bool) -> dict[str, float]:
 
 
 def test_draining_moves_the_shared_gpu_to_the_model_whose_queue_waits():
-    """The example's targets: llama3.1's queue wait p95 at most 0.8x without draining, gemma2's no higher
-    (measured: llama3.1 21.7 s -> 14.5 s, gemma2 12.5 s -> 10.3 s)."""
+    """The example's targets: llama3.1's queue wait p95 at most 0.6x without draining, gemma2's no higher
+    (measured: llama3.1 21.7 s -> 8.8 s, gemma2 12.5 s -> 9.9 s)."""
     before, after = queue_p95(drain=False), queue_p95(drain=True)
-    assert after[LLAMA] <= 0.8 * before[LLAMA], (before, after)
+    assert after[LLAMA] <= 0.6 * before[LLAMA], (before, after)
     assert after[GEMMA] <= before[GEMMA], (before, after)
 
 
@@ -155,3 +155,19 @@ def test_a_slot_is_not_held_for_a_model_drained_there():
     out = s.dispatch(4)
     assert [(d.job.model, d.backend_id) for d in out] == [(LLAMA, 3)] * 4
     s.check()
+
+
+def test_a_drain_under_way_counts_as_moved_so_a_second_gpu_is_not_drained_for_a_queue_one_would_serve():
+    """Two RTX 3060s holding gemma2: moving one gives llama3.1 2 jobs per slot; a second would leave gemma2 3."""
+    s = pool()
+    third = s.router.backend(3)
+    assert third is not None
+    s.set_backend(dataclasses.replace(third, id=4, name="rtx3060b"))
+    for _ in range(12):
+        s.submit(job("u", GEMMA, 0), 0)
+    for _ in range(16):
+        s.submit(job("v", LLAMA, 0), 0)
+    assert sorted(d.backend_id for d in s.dispatch(0)) == [1] * 4 + [2] * 4 + [3] * 4 + [4] * 4
+    assert s.router.placement.drains == {3: {GEMMA: LLAMA}}
+    assert s.dispatch(2) == []  # the next review weighs the second GPU as if the first had moved
+    assert s.router.placement.drains == {3: {GEMMA: LLAMA}}

@@ -85,6 +85,7 @@ class Placement:
             for model, target in drained.items():
                 if self._resident(bid, model, now) and waiting.get(target) and demand.helps(bid, target, model, 0.0):
                     wanted[bid] = {model: target}
+                    demand.move(bid, target, model)
         for key, count in queued.items():
             if count and not self._classes.get(key).open:
                 self._start(key, demand, wanted, now, margin)
@@ -127,6 +128,7 @@ class Placement:
                     best = (after, bid, model)
         if best is not None:
             wanted[best[1]] = {best[2]: target}
+            demand.move(best[1], target, best[2])
 
     def _price(self, backend: Backend, load: BackendLoad, target: str, model: str) -> float:
         """Seconds a move costs: the waiting model's load there, and the drained one's reload, priced as evictions."""
@@ -175,6 +177,13 @@ class _Demand:
         """``model``'s demand per slot once backend ``bid``'s slots for it are gained or lost."""
         moved = self._slots(self._backends[bid], model)
         return self.per_slot(model, self.slots.get(model, 0) + (moved if gains else -moved))
+
+    def move(self, bid: Hashable, target: str, model: str) -> None:
+        """Count backend ``bid``'s slots as ``target``'s, not ``model``'s: a drain chosen, so the next is
+        weighed as if it had moved (one review does not drain two GPUs for a queue one would serve)."""
+        backend = self._backends[bid]
+        self.slots[target] = self.slots.get(target, 0) + self._slots(backend, target)
+        self.slots[model] = self.slots.get(model, 0) - self._slots(backend, model)
 
     def helps(self, bid: Hashable, target: str, model: str, margin: float) -> bool:
         """Whether moving ``bid`` from ``model`` to ``target`` lowers the higher demand per slot by ``margin``."""
