@@ -171,3 +171,44 @@ def test_a_drain_under_way_counts_as_moved_so_a_second_gpu_is_not_drained_for_a_
     assert s.router.placement.drains == {3: {GEMMA: LLAMA}}
     assert s.dispatch(2) == []  # the next review weighs the second GPU as if the first had moved
     assert s.router.placement.drains == {3: {GEMMA: LLAMA}}
+
+
+def test_a_model_that_fits_only_alone_gets_the_gpu_drained_of_both_busy_models():
+    """Issue 31: the 32B, which fits the RTX 4090 only alone, ran on the H100 only. Here it has no other home
+    and waits; the 8B and the coder, each with a GPU of its own, are both drained from the 4090."""
+    coder, big = "coder", "qwen:32b"
+    s = Scheduler()
+    s.set_backend(Backend(1, "a", models=frozenset({LLAMA}), loaded_models=frozenset({LLAMA}), max_concurrent=4))
+    s.set_backend(Backend(2, "b", models=frozenset({coder}), loaded_models=frozenset({coder}), max_concurrent=4))
+    s.set_backend(
+        Backend(
+            3,
+            "rtx4090",
+            models=frozenset({LLAMA, coder, big}),
+            loaded_models=frozenset({LLAMA, coder}),
+            max_concurrent=8,
+            parallel=4,
+            vram_free=6 * GB,
+            vram_total=24 * GB,
+            model_vram={big: 20 * GB},
+            resident_vram={LLAMA: int(6.5 * GB), coder: int(11.5 * GB)},
+        )
+    )
+    for user in ("u", "v", "w"):
+        s.set_user(user, 1.0)
+    for _ in range(5):
+        s.submit(job("u", LLAMA, 0), 0)
+        s.submit(job("v", coder, 0), 0)
+    sent = s.dispatch(0)
+    assert len(sent) == 10 and {d.job.model for d in sent if d.backend_id == 3} == {LLAMA, coder}
+    for _ in range(4):
+        s.submit(job("w", big, 0.5), 0.5)
+    assert s.dispatch(1) == []
+    assert s.router.placement.drains == {3: {LLAMA: big, coder: big}}
+    for d in sent:
+        if d.backend_id == 3:
+            s.complete(d.job.id, 5, prompt_tokens=100, completion_tokens=200)
+    out = s.dispatch(5)
+    assert [(d.job.model, d.backend_id) for d in out] == [(big, 3)] * 4
+    assert set(out[0].record.candidates[0].evicts) == {LLAMA, coder}
+    s.check()

@@ -24,9 +24,11 @@ demand per slot never drain each other (the drained one's demand after the move
 would be the higher), and a model whose only home is that backend is never
 drained (its demand after would be unbounded).
 
-Invariant: at most one model is drained per backend, and only a model running
-there; the drains live in ``drains`` (backend id -> {drained model: waiting model}),
-which the class cache reads to close the backend to the drained model's classes.
+Invariant: the models drained on a backend are drained for one waiting model,
+each running there when its drain began (each alone, or all the busy ones
+together where the waiting model fits only alone); the drains live in
+``drains`` (backend id -> {drained model: waiting model}), which the class
+cache reads to close the backend to the drained models' classes.
 """
 
 from __future__ import annotations
@@ -82,10 +84,13 @@ class Placement:
         demand = _Demand(self._backends, self._loads, waiting, now, self._settings.load_confirm_seconds)
         wanted: dict[Hashable, dict[str, str]] = {}
         for bid, drained in self.drains.items():  # drains in force hold while the move still helps
-            for model, target in drained.items():
-                if self._resident(bid, model, now) and waiting.get(target) and demand.helps(bid, target, model, 0.0):
-                    wanted[bid] = {model: target}
-                    demand.move(bid, target, model)
+            target = next(iter(drained.values()))
+            if not waiting.get(target):
+                continue
+            keep = tuple(m for m in drained if self._resident(bid, m, now) and demand.helps(bid, target, m, 0.0))
+            if keep:
+                wanted[bid] = dict.fromkeys(keep, target)
+                demand.move(bid, target, keep)
         for key, count in queued.items():
             if count and not self._classes.get(key).open:
                 self._start(key, demand, wanted, now, margin)
@@ -105,7 +110,7 @@ class Placement:
     ) -> None:
         """Drain, for class ``key``'s waiting model, the one backend where it pays most, if any does."""
         target = key[0]
-        best: tuple[float, Hashable, str] | None = None
+        best: tuple[float, Hashable, tuple[str, ...]] | None = None
         for bid, reasons in self._classes.get(key).closed.items():
             if bid in wanted or not _ROOM.intersection(reasons) or not _MOVABLE.issuperset(reasons):
                 continue
@@ -113,29 +118,30 @@ class Placement:
             if not backend.takes_work:
                 continue
             resident = load.resident(backend, now, self._settings.load_confirm_seconds)
-            for model in sorted(resident):  # a set: sorted, so a run does not depend on string hashing
-                if model == target or not load.model_in_flight.get(model) or model in load.loading:
-                    continue
+            busy = [
+                m for m in sorted(resident) if m != target and load.model_in_flight.get(m) and m not in load.loading
+            ]
+            # Each busy model alone, then all together (a 32B that fits an RTX 4090 only alone).
+            for models in [(m,) for m in busy] + ([tuple(busy)] if len(busy) > 1 else []):
                 idle = dict(load.model_in_flight)
-                idle[model] = 0
+                idle.update(dict.fromkeys(models, 0))
                 room = fit(backend, _with(load, idle), target, resident)
-                if isinstance(room, str) or not demand.helps(bid, target, model, margin):
+                if isinstance(room, str) or not all(demand.helps(bid, target, m, margin) for m in models):
                     continue
-                if demand.wait(target, self._speeds, self._settings) <= self._price(backend, load, target, model):
+                if demand.wait(target, self._speeds, self._settings) <= self._price(backend, load, target, models):
                     continue
-                after = demand.after(bid, model, gains=False)
+                after = max(demand.after(bid, m, gains=False) for m in models)
                 if best is None or after < best[0]:
-                    best = (after, bid, model)
+                    best = (after, bid, models)
         if best is not None:
-            wanted[best[1]] = {best[2]: target}
+            wanted[best[1]] = dict.fromkeys(best[2], target)
             demand.move(best[1], target, best[2])
 
-    def _price(self, backend: Backend, load: BackendLoad, target: str, model: str) -> float:
-        """Seconds a move costs: the waiting model's load there, and the drained one's reload, priced as evictions."""
+    def _price(self, backend: Backend, load: BackendLoad, target: str, models: tuple[str, ...]) -> float:
+        """Seconds a move costs: the waiting model's load there, and the drained ones' reloads, priced as evictions."""
         settings = self._settings
-        return load_seconds(backend, load, target, settings) + settings.eviction_price * load_seconds(
-            backend, load, model, settings
-        )
+        reloads = sum(load_seconds(backend, load, m, settings) for m in models)
+        return load_seconds(backend, load, target, settings) + settings.eviction_price * reloads
 
 
 def _with(load: BackendLoad, in_flight: dict[str, int]) -> BackendLoad:
@@ -178,12 +184,13 @@ class _Demand:
         moved = self._slots(self._backends[bid], model)
         return self.per_slot(model, self.slots.get(model, 0) + (moved if gains else -moved))
 
-    def move(self, bid: Hashable, target: str, model: str) -> None:
-        """Count backend ``bid``'s slots as ``target``'s, not ``model``'s: a drain chosen, so the next is
-        weighed as if it had moved (one review does not drain two GPUs for a queue one would serve)."""
+    def move(self, bid: Hashable, target: str, models: tuple[str, ...]) -> None:
+        """Count backend ``bid``'s slots as ``target``'s, not ``models``': a drain chosen, so the next is
+        weighed as if it had moved (a second GPU is not drained for a queue one would serve)."""
         backend = self._backends[bid]
         self.slots[target] = self.slots.get(target, 0) + self._slots(backend, target)
-        self.slots[model] = self.slots.get(model, 0) - self._slots(backend, model)
+        for model in models:
+            self.slots[model] = self.slots.get(model, 0) - self._slots(backend, model)
 
     def helps(self, bid: Hashable, target: str, model: str, margin: float) -> bool:
         """Whether moving ``bid`` from ``model`` to ``target`` lowers the higher demand per slot by ``margin``."""
