@@ -162,6 +162,7 @@ ROWS = {
     "early-leavers": "issue 18, case 2: streams that leave after 10 tokens, readers and non-streamed requests",
     "think-time": "anticipation: closed-loop clients thinking 50 ms next to queued 30k-token prompts",
     "conversations": "issue 31: conversations behind shared system prompts on per-slot and prefix-block caches",
+    "two-popular": "issue 31: two popular same-size models competing for VRAM; the busier one drains the other",
     "chat-next-to-batch": "issue 30, case 1: a person chatting next to batch work on 2 slots",
     "agent-loops": "issue 30, case 3: an agent's 4 loops of tiny requests next to batch work",
     "head-starts": "issue 30, case 2: four 60 s requests sent 1 s before each of another person's sessions",

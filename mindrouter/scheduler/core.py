@@ -192,6 +192,7 @@ class Scheduler:
                 self._unstartable.append((job, exc))
         self._claims.clear()
         turns.order.unpark()
+        router.place(queued)
         return out
 
     def _capped(self, key: ClassKey, job: Job, backend_id: Hashable) -> bool:
@@ -367,7 +368,7 @@ class Scheduler:
         length = self.turns.hold_length(charge)
         if length is None:
             return
-        served = self.router.holdable(bid)
+        served = self.router.holdable(bid, running.job.model)
         if served is None:
             return
         shared = length[1]

@@ -183,6 +183,13 @@ Two keep VTC's bound (twice the largest request)
     for pricing a prompt sent where its prefix was sent before (``routing/prefixes.py``); 0 expects none."""
     load_confirm_seconds: float = 30.0
     """Seconds a load or an eviction the core triggered is taken as done before a poll confirms it."""
+    drain_margin: float | None = 0.5
+    """Placement that follows demand: a busy model is drained from a GPU (no new work of it goes there, so the
+    model whose queue waits can load in its place) only when the move lowers the higher demand per slot of the two
+    by more than this part; the hysteresis that keeps two models with equal demand from draining each other.
+    Unset turns draining off (docs/routing.md, "Placement that follows demand")."""
+    placement_interval: float = 1.0
+    """Seconds between reviews of which busy models to drain where."""
     retry_penalty: float = 1000.0
     """Seconds taken from a backend's score when it already failed this request, so a retry goes elsewhere if it
     can."""
