@@ -221,7 +221,8 @@ def test_a_job_that_can_run_elsewhere_leaves_the_only_home_of_queued_work_its_mo
     rtx = Backend(
         2, "rtx4090", models=frozenset({"llama3:8b", "coder"}), loaded_models=frozenset({"llama3:8b"}), max_concurrent=4
     )
-    s = core(h100, rtx)
+    # The price alone: placement would drain the 8B from the H100 for the 70B (tests/test_placement.py).
+    s = core(h100, rtx, settings=SchedulerSettings(drain_margin=None))
     teach(s, 1, "llama3:8b", 95.0, 0)
     s.set_backend(dataclasses.replace(h100, enabled=False))
     teach(s, 2, "llama3:8b", 40.0, 2)  # the RTX answers once, with the H100 out of the way
@@ -393,3 +394,34 @@ def test_work_with_no_other_home_is_charged_the_share_of_the_gpu_it_loses():
     assert d.job.id == j.id and d.backend_id == 1, parts
     alone = parts["1"]["prefill"] + parts["1"]["decode"]
     assert parts["1"]["scarcity"] == pytest.approx(3 * alone / 2, rel=0.01)
+
+
+def test_a_model_evicted_for_a_load_under_way_is_not_counted_as_fitting_beside_it():
+    """Issue 31: right after the 8B was sent to the 16 GB RTX 4080, evicting the idle coder, a coder
+    request was sent there, expected to load beside the loading 8B (6.5 + 11 GB > 16 GB).
+
+    Ollama's ``/api/ps`` listed the coder, so it had no estimate among the models not loaded, only
+    its ``size_vram``; the core took its need as unknown, and unknown fits. The coder waited, and
+    six of its requests hit the first-byte timeout. What a load triggers counts at once: the loading
+    model takes its estimate, the evicted one frees what it held, and needs as much to come back.
+    """
+    gpu = Backend(
+        1,
+        "rtx4080",
+        models=frozenset({"coder", "llama3.1"}),
+        loaded_models=frozenset({"coder"}),
+        max_concurrent=8,
+        parallel=4,
+        vram_free=5 * GB,
+        vram_total=16 * GB,
+        model_vram={"llama3.1": int(6.5 * GB)},
+        resident_vram={"coder": 11 * GB},
+    )
+    s = core(gpu)
+    s.submit(j := job("u", "llama3.1", 0), 0)
+    [d] = s.dispatch(0)
+    assert d.job.id == j.id and d.record.candidates[0].evicts == ("coder",)
+    s.submit(job("v", "coder", 1), 1)
+    assert s.dispatch(1) == []
+    assert REASONS["memory"] in s.router.classes.get(("coder", Modality.CHAT, False)).closed[gpu.id]
+    s.check()

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import random
 
+import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -23,10 +24,14 @@ ops = st.lists(
 )
 
 
+@pytest.mark.parametrize("unit", ["tokens", "gpu"])
 @settings(max_examples=150, deadline=None)
-@given(ops)
-def test_no_job_lost_or_run_twice_and_capacity_never_exceeded(sequence):
-    s = Scheduler(SchedulerSettings(queue_timeout=50, heavy_refresh_interval=0.0, deficit_shift_threshold=2000))
+@given(sequence=ops)
+def test_no_job_lost_or_run_twice_and_capacity_never_exceeded(unit, sequence):
+    """With either service unit: the gpu unit's prompt weights move as answers teach the rates."""
+    s = Scheduler(
+        SchedulerSettings(queue_timeout=50, heavy_refresh_interval=0.0, deficit_shift_threshold=2000, service_unit=unit)
+    )
     for bid in range(3):
         s.set_backend(Backend(id=bid, name=f"b{bid}", models=frozenset(MODELS[: 1 + bid % 2]), max_concurrent=1 + bid))
     for uid in range(4):
@@ -61,7 +66,7 @@ def test_no_job_lost_or_run_twice_and_capacity_never_exceeded(sequence):
                 running.add(d.job.id)
         elif op == "complete" and running:
             jid = sorted(running)[arg % len(running)]
-            assert s.complete(jid, now, prompt_tokens=arg % 50, completion_tokens=arg % 70, latency=0.1, duration=1)
+            assert s.complete(jid, now, prompt_tokens=arg % 300, completion_tokens=arg % 70, latency=0.1, duration=1)
             running.discard(jid)
             ended.add(jid)
         elif op == "cancel" and submitted:

@@ -76,6 +76,7 @@ FIRST = {
     "overlapping-pools": 600,
     "one-person-many-models": 600,
     "agent-loops": 300,
+    "reader-writer-embedder": 600,
 }
 
 
@@ -161,18 +162,20 @@ ROWS = {
     "early-leavers": "issue 18, case 2: streams that leave after 10 tokens, readers and non-streamed requests",
     "think-time": "anticipation: closed-loop clients thinking 50 ms next to queued 30k-token prompts",
     "conversations": "issue 31: conversations behind shared system prompts on per-slot and prefix-block caches",
+    "two-popular": "issue 31: two popular same-size models competing for VRAM; the busier one drains the other",
     "chat-next-to-batch": "issue 30, case 1: a person chatting next to batch work on 2 slots",
     "agent-loops": "issue 30, case 3: an agent's 4 loops of tiny requests next to batch work",
     "head-starts": "issue 30, case 2: four 60 s requests sent 1 s before each of another person's sessions",
+    "reader-writer-embedder": "issue 30, case 4: a long-prompt reader, a long-answer writer and an embedder",
 }
 
 #: Examples that miss a target until the scheduler core does what issue 9 asks;
 #: each names the missing core behaviour. Remove an entry when its test passes
 #: (strict: an unexpected pass fails the suite, so none is left behind).
 NEEDS_CORE: dict[str, str] = {
-    "chat-next-to-batch": "charge a unit that follows GPU time (issue 30): a slot delivers chat's short requests"
-    " 1.7x the units a second it delivers batch's long answers, so the slot kept for chat gives it 38.3% of the"
-    " units where water-filling units owes it 35.1%",
+    "chat-next-to-batch": "charge the slot kept for chat while it reads (issue 30): tokens units give chat 38.3%"
+    " where water-filling owes it 35.1% (a slot delivers chat's short requests 1.7x the units a second of batch's"
+    ' long answers); service_unit = "gpu" makes units follow slot time and leaves chat 27.6% against 32.5%',
     "head-starts": "interrupt a running request: hog's four 60 s requests hold every slot each time reader comes"
     " (6.2% against 51.7%); `max_slot_share = 0.75` brings reader to 23.2% (docs/fairness.md, head starts)",
 }

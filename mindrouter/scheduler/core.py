@@ -123,6 +123,14 @@ class Scheduler:
         key = (model, Modality.CHAT, False)
         self.turns.add_usage(user_id, prompt, completion, at, key, self.router.pool_of(key))
 
+    def cost(self, model: str, prompt: float, completion: float) -> float:
+        """A request's service units as fair share charges them now (``fairness/prices.py``)."""
+        return self.turns.fair.prices.cost(model, prompt, completion)
+
+    def prompt_weight(self, model: str) -> float:
+        """Service units one prompt token of ``model`` costs now."""
+        return self.turns.fair.prices.prompt_weight(model)
+
     # -- submitting and dispatching ----------------------------------------
 
     def submit(self, job: Job, now: float) -> Rejection | None:
@@ -184,6 +192,7 @@ class Scheduler:
                 self._unstartable.append((job, exc))
         self._claims.clear()
         turns.order.unpark()
+        router.place(queued)
         return out
 
     def _capped(self, key: ClassKey, job: Job, backend_id: Hashable) -> bool:
@@ -301,6 +310,9 @@ class Scheduler:
             bid, job, prompt_tokens, completion_tokens, latency, duration, timings, token_count(cached_tokens)
         )
         self.router.release(bid, job)
+        known = self.router.speeds.best.get(job.model)
+        if known is not None:
+            self.turns.fair.prices.learned(job.model, known.decode, known.prefill)
         self.turns.complete(running.charge, now, prompt_tokens, completion_tokens)
         self._retries.forget(job_id)
         self._anticipate(running, now)
@@ -356,7 +368,7 @@ class Scheduler:
         length = self.turns.hold_length(charge)
         if length is None:
             return
-        served = self.router.holdable(bid)
+        served = self.router.holdable(bid, running.job.model)
         if served is None:
             return
         shared = length[1]

@@ -16,7 +16,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field
 
-__all__ = ["DEFAULT_GROUP_WEIGHTS", "SHARES", "SchedulerSettings", "ScoreWeights", "check_weight"]
+__all__ = ["DEFAULT_GROUP_WEIGHTS", "SERVICE_UNITS", "SHARES", "SchedulerSettings", "ScoreWeights", "check_weight"]
 
 #: The seed's fallback weights (``SCHEDULER_WEIGHT_<GROUP>``).
 DEFAULT_GROUP_WEIGHTS: dict[str, float] = {"student": 1.0, "staff": 2.0, "faculty": 3.0, "admin": 10.0}
@@ -24,6 +24,9 @@ DEFAULT_GROUP_WEIGHTS: dict[str, float] = {"student": 1.0, "staff": 2.0, "facult
 
 #: The ways weights can divide a pool: per user, or per group and then among its active users.
 SHARES = ("user", "group")
+
+#: What a service unit follows: tokens at fixed weights, or the time a request holds the GPU.
+SERVICE_UNITS = ("tokens", "gpu")
 
 
 def check_weight(value: object) -> float:
@@ -89,8 +92,16 @@ class SchedulerSettings:
     queue_reserve: float = 0.1
     """Part of ``max_queued`` kept for the first request of a user (and proxy) with nothing queued: those who filled
     the rest are refused, a newcomer is not."""
+    service_unit: str = "tokens"
+    """What fair share divides: "tokens" (a prompt token costs ``prompt_token_cost``, an answer token
+    ``completion_token_cost``: VTC's units) or "gpu" (a request costs the time it holds the GPU: an answer token
+    costs ``completion_token_cost`` and a prompt token that times the model's measured decode rate over its
+    prefill rate, an embedding's at the pool's decode rate; so a long-prompt reader, a long-answer writer and an
+    embedder each get a third of the GPU's slot time, where tokens give the writer 91% at 50x prefill speed:
+    docs/fairness.md)."""
     prompt_token_cost: float = 1.0
-    """Service units one prompt token costs in fair share (quotas count tokens). Must be greater than 0."""
+    """Service units one prompt token costs in fair share with ``service_unit = "tokens"`` (quotas count tokens).
+    Must be greater than 0."""
     completion_token_cost: float = 2.0
     """Service units one answer token costs. Answers are written 10-20x slower than prompts are read; 2 (VTC's
     choice) gives a long-context user next to a chat user 23% of the GPU time instead of 16% at 1 (docs/fairness.md)."""
@@ -172,6 +183,13 @@ Two keep VTC's bound (twice the largest request)
     for pricing a prompt sent where its prefix was sent before (``routing/prefixes.py``); 0 expects none."""
     load_confirm_seconds: float = 30.0
     """Seconds a load or an eviction the core triggered is taken as done before a poll confirms it."""
+    drain_margin: float | None = 0.5
+    """Placement that follows demand: a busy model is drained from a GPU (no new work of it goes there, so the
+    model whose queue waits can load in its place) only when the move lowers the higher demand per slot of the two
+    by more than this part; the hysteresis that keeps two models with equal demand from draining each other.
+    Unset turns draining off (docs/routing.md, "Placement that follows demand")."""
+    placement_interval: float = 1.0
+    """Seconds between reviews of which busy models to drain where."""
     retry_penalty: float = 1000.0
     """Seconds taken from a backend's score when it already failed this request, so a retry goes elsewhere if it
     can."""
@@ -189,6 +207,8 @@ Two keep VTC's bound (twice the largest request)
     def __post_init__(self) -> None:
         if self.shares not in SHARES:
             raise ValueError(f'shares must be "user" or "group", not {self.shares!r}')
+        if self.service_unit not in SERVICE_UNITS:
+            raise ValueError(f'service_unit must be "tokens" or "gpu", not {self.service_unit!r}')
         if not (math.isfinite(self.anticipation) and self.anticipation >= 0):
             raise ValueError(f"anticipation must be a finite number of seconds, at least 0, not {self.anticipation!r}")
         if not (math.isfinite(self.max_think_time) and self.max_think_time >= 0):
@@ -217,6 +237,11 @@ Two keep VTC's bound (twice the largest request)
             if not (math.isfinite(value) and value > 0):
                 raise ValueError(f"{name} must be a finite number greater than 0, such as 1 or 2, not {value!r}")
 
-    def cost(self, prompt_tokens: float, completion_tokens: float) -> float:
-        """A request's service units: the one rule for what fair share charges, shows and replays."""
-        return prompt_tokens * self.prompt_token_cost + completion_tokens * self.completion_token_cost
+    def cost(self, prompt_tokens: float, completion_tokens: float, prompt_weight: float | None = None) -> float:
+        """A request's service units: the one rule for what fair share charges, shows and replays.
+
+        ``prompt_weight``: what a prompt token of its model costs where the unit follows the GPU
+        (``fairness/prices.py``); without it, ``prompt_token_cost``.
+        """
+        weight = self.prompt_token_cost if prompt_weight is None else prompt_weight
+        return prompt_tokens * weight + completion_tokens * self.completion_token_cost

@@ -129,7 +129,9 @@ ends, its completion tokens continuously at the decode rate, so requests still
 running at the end count for what they had produced (``"counting":
 "as_generated"``). Fairness is judged in *service units*, the unit the core
 charges: prompt tokens at ``prompt_token_cost`` (default 1) plus completion
-tokens at ``completion_token_cost`` (default 2). Targets, windows, the service
+tokens at ``completion_token_cost`` (default 2); with ``service_unit = "gpu"``
+each prompt token at its model's weight as the core has learned it when its
+prefill ends (``scheduler/fairness/prices.py``). Targets, windows, the service
 gap, its bound and the starvation allowance are in units; token shares are
 reported beside them (``share``, ``shares``).
 
@@ -166,8 +168,9 @@ only between members of one group.
   the user's targets in every pool over all service units; it is judged
   against ``service_share``, while ``share`` is its part of the tokens. Beside
   tokens: ``service_units`` and ``service_share`` (its tokens at the scenario's
-  ``prompt_token_cost`` and ``completion_token_cost``, as generated: what fair
-  share charges) and ``gpu_seconds`` and ``gpu_share`` (seconds its requests
+  ``prompt_token_cost`` and ``completion_token_cost``, or the learned prompt weight
+  with ``service_unit = "gpu"``, as generated: what fair share charges) and
+  ``gpu_seconds`` and ``gpu_share`` (seconds its requests
   held a backend slot, from dispatch to the last token, as a backend's
   utilization counts them). Also
   ``worst_window`` (its own window farthest from its target among those that

@@ -91,7 +91,7 @@ class _Sim(Lifecycle):
                 SlotSets(backends, scenario.model),
                 n,
                 self.accounts.entitlement,
-                prompt_cost=settings.prompt_token_cost,
+                prompt_cost=self.sched.prompt_weight,
                 completion_cost=settings.completion_token_cost,
                 window=window,
             )

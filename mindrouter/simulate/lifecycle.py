@@ -97,7 +97,7 @@ class Lifecycle:
         station = self.stations[backend_id]
         stream = station.accept(req, phase.spec.model, prompt, req.completion, now, answer, options)
         req.expected = station.expected_seconds(stream, now)
-        phase.pool.started(user.index, self.sched.settings.cost(req.prompt, req.completion), req.expected)
+        phase.pool.started(user.index, self.sched.cost(req.model, req.prompt, req.completion), req.expected)
 
     def saturation_changed(self, now: float) -> None:
         """Open or close a stretch during which some request waited in the core's queue."""
@@ -121,7 +121,7 @@ class Lifecycle:
         self.models[req.model].ttft.append(now - req.submitted)
         if req.turn:
             self.models[req.model].later_ttft.append(now - req.submitted)
-        self.phases[req.phase].pool.prefill_done(req.user, req.prompt, rate, now)
+        self.phases[req.phase].pool.prefill_done(req.user, req.prompt, rate, now, req.model)
         if req.stream and req.completion > PROGRESS_TOKENS:
             self.push(now + PROGRESS_TOKENS / rate, _PROGRESS, stream)
 
@@ -148,7 +148,7 @@ class Lifecycle:
         pool.finished(req.user, req.model, req.expected, self.phases[req.phase].size)
         user.longest_request = max(user.longest_request, now - req.dispatched)
         user.durations.append(now - req.dispatched)
-        user.largest_request = max(user.largest_request, self.sched.settings.cost(req.prompt, req.completion))
+        user.largest_request = max(user.largest_request, self.sched.cost(req.model, req.prompt, req.completion))
         req.done = now
         del self.reqs[req.id]
         user.running -= 1

@@ -85,7 +85,7 @@ class Pool:
         users: int,
         entitlement: Entitlement,
         *,
-        prompt_cost: float,
+        prompt_cost: Callable[[str], float],
         completion_cost: float,
         window: float,
     ) -> None:
@@ -99,6 +99,8 @@ class Pool:
         self.members: list[int] = []
         """Users who sent a request here, in order of their first."""
         self.prompt_done = [0.0] * users
+        self.prompt_units = [0.0] * users
+        """Its prompt tokens read, in service units (each at its model's prompt weight when read)."""
         self.c_base = [0.0] * users
         self.c_rate = [0.0] * users
         self.queued = [0] * users
@@ -175,15 +177,17 @@ class Pool:
 
     def _cost_line(self, u: int) -> tuple[float, float]:
         """Service in cost units as ``a + b * t``."""
-        return self.pc * self.prompt_done[u] + self.cc * self.c_base[u], self.cc * self.c_rate[u]
+        return self.prompt_units[u] + self.cc * self.c_base[u], self.cc * self.c_rate[u]
 
     def _set_line(self, u: int) -> None:
         a, b = self._cost_line(u)
         w = self.share_weight[u]
         self.gap.set(u, a / w + self.x_off[u], b / w)
 
-    def prefill_done(self, u: int, prompt: int, rate: float, now: float) -> None:
+    def prefill_done(self, u: int, prompt: int, rate: float, now: float, model: str = "") -> None:
         self.prompt_done[u] += prompt
+        if prompt:
+            self.prompt_units[u] += prompt * self.pc(model)
         self.c_rate[u] += rate
         self.c_base[u] -= rate * now
         self.decoded_rate += rate

@@ -69,7 +69,7 @@ class SlotSets:
             )
 
     def units_per_second(
-        self, sizes: Mapping[str, Sequence[float]], prompt_cost: float, completion_cost: float
+        self, sizes: Mapping[str, Sequence[float]], prompt_cost: Callable[[str], float], completion_cost: float
     ) -> float:
         """Service units a slot delivers per second to requests of these sizes (prompt and completion tokens by model).
 
@@ -80,7 +80,7 @@ class SlotSets:
         units = seconds = 0.0
         for model, (prompt, completion) in sizes.items():
             per_prompt, per_completion = self.seconds_per_token[model]
-            units += prompt_cost * prompt + completion_cost * completion
+            units += prompt_cost(model) * prompt + completion_cost * completion
             seconds += per_prompt * prompt + per_completion * completion
         return units / seconds if seconds > 0 else 0.0
 

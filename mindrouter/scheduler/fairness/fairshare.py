@@ -32,6 +32,7 @@ from ..jobs import Job
 from ..pooling import PoolKey
 from ..settings import SchedulerSettings, check_weight
 from .pools import Pool, Seat, UserState
+from .prices import Prices
 
 __all__ = ["FairShare"]
 
@@ -41,6 +42,7 @@ class FairShare:
 
     def __init__(self, settings: SchedulerSettings) -> None:
         self.settings = settings
+        self.prices = Prices(settings)
         self.users: dict[Hashable, UserState] = {}
         self.groups: dict[str, float] = {}
         """Group weights the core was told (group shares)."""
@@ -264,7 +266,7 @@ class FairShare:
         user.completion_ema = completion_tokens if ema is None else ema + alpha * (completion_tokens - ema)
 
     def add_usage(
-        self, uid: Hashable, prompt: float, completion: float, at: float, pool: PoolKey | None = None
+        self, uid: Hashable, model: str, prompt: float, completion: float, at: float, pool: PoolKey | None = None
     ) -> None:
         """Replay usage recorded before a restart (``at`` on the caller's clock) into a pool's window.
 
@@ -274,7 +276,7 @@ class FairShare:
         tokens = prompt + completion
         if user is None or tokens <= 0:
             return
-        units = self.settings.cost(prompt, completion)
+        units = self.prices.cost(model, prompt, completion)
         pools = [self.pool(pool)] if pool is not None else [p for p in self.pools.values() if uid in p.seats]
         for p in pools:
             seat, _ = self.seat(p, user)

@@ -117,7 +117,7 @@ class Ledger:
         total, ahead = self.fair.provisional_answer(seat.user, pool, job)
         charge = Charge(job, pool, seat, total, ahead, now, rate or 0.0)
         charge.answer = charge.answer_due()
-        charge.charged = self.settings.cost(job.prompt_tokens, charge.answer)
+        charge.charged = self.fair.prices.cost(job.model, job.prompt_tokens, charge.answer)
         return charge
 
     def start(self, charge: Charge) -> None:
@@ -152,7 +152,8 @@ class Ledger:
     def _produced(self, charge: Charge) -> None:
         """Keep the seat's cost charged ahead of production in step with the job's."""
         produced = max(charge.streamed, charge.clocked)
-        unproduced = charge.charged - self.settings.cost(charge.job.prompt_tokens, produced)
+        job = charge.job
+        unproduced = charge.charged - self.fair.prices.cost(job.model, job.prompt_tokens, produced)
         charge.seat.unproduced += unproduced - charge.unproduced
         charge.unproduced = unproduced
 
@@ -167,7 +168,7 @@ class Ledger:
         if answer <= charge.answer:
             self._produced(charge)
             return False
-        target = self.settings.cost(charge.job.prompt_tokens, answer)
+        target = self.fair.prices.cost(charge.job.model, charge.job.prompt_tokens, answer)
         more = target - charge.charged
         charge.answer, charge.charged = answer, target
         charge.seat.inflight += more
@@ -180,7 +181,7 @@ class Ledger:
         charge.settled = True
         pool, seat = charge.pool, charge.seat
         user = seat.user
-        cost = self.settings.cost(prompt, completion)
+        cost = self.fair.prices.cost(charge.job.model, prompt, completion)
         seat.inflight = max(0.0, seat.inflight - charge.charged)
         seat.unproduced = max(0.0, seat.unproduced - charge.unproduced)
         seat.running -= 1

@@ -184,13 +184,15 @@ def _group_shares(
 
 
 def pending_usage(
-    backlog: Iterable[list[tuple[Hashable, float, float, float]]], horizon: float, cost: Callable[[float, float], float]
+    backlog: Iterable[tuple[str, list[tuple[Hashable, float, float, float]]]],
+    horizon: float,
+    cost: Callable[[str, float, float], float],
 ) -> dict[Hashable, tuple[float, float]]:
     """Per user, restored (tokens, service units) since ``horizon`` that waits for its model's pool."""
     pending: dict[Hashable, tuple[float, float]] = {}
-    for entries in backlog:
+    for model, entries in backlog:
         for uid, prompt, completion, at in entries:
             if at >= horizon:
                 tokens, units = pending.get(uid, (0.0, 0.0))
-                pending[uid] = (tokens + prompt + completion, units + cost(prompt, completion))
+                pending[uid] = (tokens + prompt + completion, units + cost(model, prompt, completion))
     return pending

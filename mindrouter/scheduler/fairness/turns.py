@@ -101,7 +101,7 @@ class Turns:
             pool = self.fair.pool(pool_key)
             self.order.assign(key, pool)
             for uid, prompt, completion, at in self._usage_backlog.pop(key[0], ()) if pool.key else ():
-                self.fair.add_usage(uid, prompt, completion, at, pool.key)
+                self.fair.add_usage(uid, key[0], prompt, completion, at, pool.key)
         return pool
 
     def queued_classes(self) -> list[ClassKey]:
@@ -139,7 +139,7 @@ class Turns:
     ) -> None:
         """Replay usage from before a restart into class ``key``'s pool, or keep it until the pool exists."""
         if pool:
-            self.fair.add_usage(user_id, prompt, completion, at, self._seat_class(key, pool).key)
+            self.fair.add_usage(user_id, key[0], prompt, completion, at, self._seat_class(key, pool).key)
         else:
             self._usage_backlog.setdefault(key[0], []).append((user_id, prompt, completion, at))
 
@@ -394,7 +394,7 @@ class Turns:
     ) -> None:
         """Hold the slot ``charge``'s job freed on ``backend_id`` for its seat for ``length`` (``Holds.length``),
         priced at what it would have delivered to ``rival`` (``answer`` tokens in ``busy`` seconds there)."""
-        rate = self.settings.cost(rival.prompt_tokens, answer) / busy if busy > 0 else 0.0
+        rate = self.fair.prices.cost(rival.model, rival.prompt_tokens, answer) / busy if busy > 0 else 0.0
         self.holds.take(charge.pool, charge.seat, backend_id, charge.job.model, now, rate, length)
 
     def expire_holds(self, now: float) -> list[Hold]:
@@ -439,7 +439,7 @@ class Turns:
     def share(self, now: float, user_ids: Iterable[Hashable] | None = None, *, active: bool = False) -> ShareSnapshot:
         fair, settings = self.fair, self.settings
         window = settings.fairness_window
-        pending = pending_usage(self._usage_backlog.values(), now - window, settings.cost)
+        pending = pending_usage(self._usage_backlog.items(), now - window, fair.prices.cost)
         if active:
             known = fair.active()
             known.update((uid, fair.users[uid]) for uid in pending if uid in fair.users and uid not in known)

@@ -3,8 +3,10 @@
 ``Router`` is its one face (``router.py``); the rest are its parts: what is
 known of each backend (``backend.py``), the hard constraints
 (``constraints.py``), the per-class candidate cache (``classes.py``), the
-finish-time estimate (``estimate.py``) and what an answer teaches
-(``learning.py``). Nothing here knows a person: a job comes with the answer
+finish-time estimate (``estimate.py``), what an answer teaches
+(``learning.py``), the prefixes each backend holds (``prefixes.py``) and which
+busy models are drained where, for models whose queues wait (``placement.py``).
+Nothing here knows a person: a job comes with the answer
 fairness expects of it.
 """
 

@@ -60,6 +60,8 @@ class Classes:
         self._pools: dict[Hashable, PoolKey] = {}
         self._sole: dict[Hashable, list[ClassKey]] = {}
         """Per backend, the cached classes it alone can serve (a 70B that only the H100 holds)."""
+        self.drains: dict[Hashable, dict[str, str]] = {}
+        """Per backend, the models drained there and the waiting model each is drained for (``placement.py``)."""
 
     def clear(self) -> None:
         self._classes.clear()
@@ -141,6 +143,8 @@ class Classes:
     def _place(self, info: ClassInfo, bid: Hashable, model: str) -> None:
         """Put candidate ``bid`` in its class's open or closed set, by the live constraints."""
         reasons = live_rejections(self._backends[bid], self._loads[bid], model, self.now, self._confirm)
+        if self.drains and model in self.drains.get(bid, ()):
+            reasons += (REASONS["placement"],)
         if reasons:
             info.open.pop(bid, None)
             info.closed[bid] = reasons

@@ -36,6 +36,8 @@ REASONS = {
     "held": "a slot is held briefly for a user who is owed more and about to send again (anticipation)",
     "memory": "model does not fit in free VRAM, even after evicting idle models",
     "loaded": "no room to load the model: the most models are loaded and all are busy",
+    "placement": "draining this model here so that another, whose queue waits with more demand per slot, can load"
+    " in its place (placement)",
 }
 
 
@@ -61,10 +63,13 @@ def fit(backend: Backend, load: BackendLoad, model: str, resident: frozenset[str
     """
     if model in resident:
         return ()
-    need = backend.model_vram.get(model)
+    # A model the last poll listed has no estimate among those not loaded (``model_vram``), only what it
+    # held; evicted for a load under way, it needs as much to come back (issue 31: else unknown, and it fit).
+    need = backend.model_vram.get(model) or backend.resident_vram.get(model)
     free = backend.vram_free
-    if free is not None:  # memory a load under way takes is not yet in the reading
+    if free is not None:  # a load under way takes its memory, and what it evicts frees theirs, before a reading
         free -= sum(backend.model_vram.get(m, 0) for m in load.loading if m not in backend.loaded_models)
+        free += sum(backend.resident_vram.get(m, 0) for m in load.evicted if m not in resident)
         if backend.vram_total is not None:
             # The reading and the model list come from two polls: what the resident models hold
             # bounds what is free, lest a reading older than the list show room since taken.

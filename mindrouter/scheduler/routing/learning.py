@@ -17,7 +17,7 @@ it (``ModelSpeed.observed``) for charging whole answers as they run. The
 backend's own timings are used where it reports them (Ollama's
 ``prompt_eval_duration``, ``eval_duration`` and ``load_duration``); otherwise
 the shell's clock: a stream's prompt is read by its first byte and its answer
-written after it.
+written after it; an embedding is all prompt, read by its whole answer.
 
 Invariant: samples that are not finite, not positive or beyond any GPU's
 reach are dropped, so every learned rate is finite and positive: a backend is
@@ -29,7 +29,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-from ..jobs import Job, Timings
+from ..jobs import Job, Modality, Timings
 from ..settings import SchedulerSettings
 from .backend import BackendLoad, ModelSpeed
 from .estimate import Speeds
@@ -105,7 +105,8 @@ def learn(load: BackendLoad, speeds: Speeds, job: Job, sample: Sample, settings:
     prefill_s = t.prefill
     if decode_s is None and duration is not None:
         decode_s = duration - latency if job.stream and latency is not None else duration
-    if prefill_s is None and job.stream and latency is not None and t.load is None and job.model not in load.loading:
+    reads_only = job.stream or job.modality is Modality.EMBEDDINGS  # its first byte ends the prompt's reading
+    if prefill_s is None and reads_only and latency is not None and t.load is None and job.model not in load.loading:
         prefill_s = latency  # no load came before the first byte
     speed = load.speeds.setdefault(job.model, ModelSpeed())
     decode = _rate(sample.completion_tokens, decode_s, MAX_RATE)

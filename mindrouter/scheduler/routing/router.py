@@ -36,6 +36,7 @@ from .classes import Classes, ClassInfo
 from .constraints import REASONS
 from .estimate import Estimate, Speeds, estimate
 from .learning import Sample, learn
+from .placement import Placement
 from .prefixes import Prefixes
 
 __all__ = ["Route", "Router"]
@@ -56,6 +57,7 @@ class Router:
         self._backends: dict[Hashable, Backend] = {}
         self._loads: dict[Hashable, BackendLoad] = {}
         self.classes = Classes(self._backends, self._loads, settings)
+        self.placement = Placement(self._backends, self._loads, self.classes, self.speeds, settings)
         self.prefixes = Prefixes()
 
     # -- backends ----------------------------------------------------------
@@ -100,6 +102,12 @@ class Router:
     def deciding(self, now: float) -> None:
         """A decision is made at ``now``: loads the core triggered are expected to end by this clock."""
         self.classes.now = now
+
+    def place(self, queues: Mapping[ClassKey, int]) -> None:
+        """After a dispatch, with ``queues`` left waiting: drain busy models where waiting ones would serve more
+        (``placement.py``); each backend whose drains changed is re-evaluated in every class it serves."""
+        for bid in self.placement.review(queues, self.classes.now):
+            self.classes.reopen(bid)
 
     def has_open(self, key: ClassKey) -> bool:
         """Whether some candidate of class ``key`` could take a job now."""
@@ -265,10 +273,11 @@ class Router:
         if failed:
             load.failed += 1
 
-    def holdable(self, backend_id: Hashable) -> list[ClassKey] | None:
-        """The classes a slot of ``backend_id`` could serve, if a slot there may be held (it takes work)."""
+    def holdable(self, backend_id: Hashable, model: str) -> list[ClassKey] | None:
+        """The classes a slot of ``backend_id`` could serve, if a slot there may be held for a job of ``model``
+        (it takes work, and ``model`` is not drained there: a held slot would keep its runner busy)."""
         backend = self._backends.get(backend_id)
-        if backend is None or not backend.takes_work:
+        if backend is None or not backend.takes_work or model in self.placement.drains.get(backend_id, ()):
             return None
         return self.classes.served_by(backend_id)
 
