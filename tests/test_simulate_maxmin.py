@@ -84,6 +84,11 @@ def test_weighted_with_constraint_and_a_small_demand():
 # -- what a slot delivers: the targets' units per slot-second ------------------------
 
 
+def _one(model: str) -> float:
+    """Every model's prompt token costs one unit (the tokens service unit)."""
+    return 1.0
+
+
 def _backend(name: str, slots: int, decode: float, prefill: float) -> BackendSpec:
     return BackendSpec(name, ("llama3",), slots, decode, prefill, ("llama3",))
 
@@ -91,14 +96,14 @@ def _backend(name: str, slots: int, decode: float, prefill: float) -> BackendSpe
 def test_a_slot_delivers_a_big_prompt_s_units_far_faster_than_a_chat_answer_s():
     """few-outstanding's backend (50 tokens/s decode, 5,000 prefill): 30,020 units in 6.2 s, 800 in 6.04 s."""
     slots = SlotSets([_backend("gpu1", 4, 50, 5000)], ModelSpec)
-    assert slots.units_per_second({"llama3": (30000, 10)}, 1, 2) == pytest.approx(30020 / 6.2)
-    assert slots.units_per_second({"llama3": (200, 300)}, 1, 2) == pytest.approx(800 / 6.04)
+    assert slots.units_per_second({"llama3": (30000, 10)}, _one, 2) == pytest.approx(30020 / 6.2)
+    assert slots.units_per_second({"llama3": (200, 300)}, _one, 2) == pytest.approx(800 / 6.04)
     # Two requests of each, summed: units over slot-seconds, not the mean of the two rates.
-    assert slots.units_per_second({"llama3": (30200, 310)}, 1, 2) == pytest.approx(30820 / 12.24)
-    assert slots.units_per_second({}, 1, 2) == 0.0
+    assert slots.units_per_second({"llama3": (30200, 310)}, _one, 2) == pytest.approx(30820 / 12.24)
+    assert slots.units_per_second({}, _one, 2) == 0.0
 
 
 def test_where_backends_differ_in_speed_a_slot_s_seconds_are_averaged_by_slots():
     # 4 slots at 50 tokens/s and 2 at 25: a 300-token answer holds a slot (4 x 6 + 2 x 12) / 6 = 8 s.
     slots = SlotSets([_backend("gpu1", 4, 50, 5000), _backend("gpu2", 2, 25, 2500)], ModelSpec)
-    assert slots.units_per_second({"llama3": (0, 300)}, 1, 2) == pytest.approx(600 / 8)
+    assert slots.units_per_second({"llama3": (0, 300)}, _one, 2) == pytest.approx(600 / 8)
