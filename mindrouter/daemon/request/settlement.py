@@ -63,7 +63,7 @@ class Settlement:
 
 
 class Streaming(Protocol):
-    """What the durable streaming usage reads of a running lease at each charge (``Stats.streamed``)."""
+    """What the durable streaming usage reads of a running lease at each charge (``UsageWriter.streamed``)."""
 
     job: Job
     group: str
