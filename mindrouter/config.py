@@ -149,6 +149,11 @@ class BackendSettings:
     reprobe_interval: float = 0.5
     """Seconds before the first new probe of a backend that is down, doubling up to poll_interval,
     so one that recovers is back within about a second."""
+    takeover_hold_seconds: float = 60.0
+    """Seconds a router that takes over the leadership (``[store] url``) keeps busy, on a backend without
+    load gauges (Ollama, plain OpenAI-compatible), the slots the old leader's streams held there, which
+    may still be generating: about one long generation. Backends with gauges (vLLM, llama-server) are
+    freed as their gauges show. 0 frees them at once."""
 
 
 MIN_KEY_LENGTH = 16

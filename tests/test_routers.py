@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import re
 import signal
 import subprocess
 import time
@@ -18,7 +19,9 @@ import aiohttp
 import psycopg
 import pytest
 
-from .fakes import FakeOpenAI
+from mindrouter.daemon.ui.sessions import COOKIE, LOGIN_COOKIE
+
+from .fakes import FakeOllama, FakeOpenAI
 from .harness import until
 from .test_serve import amr, free_port, mr, start_serve
 
@@ -43,14 +46,15 @@ class Router:
         self.proc.wait(10)
 
 
-def start_router(tmp: Path, name: str, store_url: str) -> Router:
+def start_router(tmp: Path, name: str, store_url: str, backends: str = "") -> Router:
+    """``backends``: more ``[backends]`` settings, one per line."""
     folder = tmp / name
     folder.mkdir()
     port = free_port()
     config = folder / "config.toml"
     config.write_text(
         f'[server]\nport = {port}\nsocket = "{folder / "mr.sock"}"\nstate_dir = "{folder / "state"}"\n'
-        f'shutdown_grace_seconds = 2\n[backends]\npoll_interval = 0.5\n[store]\nurl = "{store_url}"\n'
+        f'shutdown_grace_seconds = 2\n[backends]\npoll_interval = 0.5\n{backends}[store]\nurl = "{store_url}"\n'
     )
     proc, _ = start_serve(config, folder / "serve.log", folder / "mr.sock")
     return Router(proc, config, port, folder / "serve.log")
@@ -248,6 +252,48 @@ async def test_a_new_leader_holds_the_slots_a_frozen_leaders_generations_still_u
         streaming.cancel()
 
 
+async def test_a_new_leader_holds_an_ollama_slot_the_old_leaders_stream_had_for_one_generation_time(
+    tmp_path, pg_url, routers
+):
+    """Ollama has no load gauge: the old leader's open stream (its usage_open row) keeps its slot busy
+    for takeover_hold_seconds, so the new leader does not run a second generation beside it."""
+    hold = "takeover_hold_seconds = 12\n"
+    async with (
+        FakeOllama(models=["llama3"], completion_tokens=100, tokens_per_second=10) as fake,
+        aiohttp.ClientSession() as session,
+    ):
+        first = start_router(tmp_path, "a", pg_url, hold)
+        routers.append(first)
+        await until(lambda: leads(session, first), "the first router leads")
+        second = start_router(tmp_path, "b", pg_url, hold)
+        routers.append(second)
+        add = ("backend", "add", "gpu1", fake.url, "--engine", "ollama", "--max-concurrent", "1")
+        assert (await amr(first.config, *add)).returncode == 0
+        assert (await amr(first.config, "user", "add", "ann", "--group", "staff")).returncode == 0
+        key = json.loads((await amr(first.config, "user", "key", "ann", "--json")).stdout)["key"]
+        body = {"model": "llama3", "messages": [{"role": "user", "content": "hi"}], "stream": True}
+        headers = {"Authorization": f"Bearer {key}"}
+
+        async def long_stream() -> None:
+            async with session.post(f"{first.url}/v1/chat/completions", json=body, headers=headers) as r:
+                await r.read()
+
+        streaming = asyncio.create_task(long_stream())
+        await until(lambda: open_streams(pg_url) == 1, "the leader's 10 s generation is recorded as it streams")
+        first.proc.send_signal(signal.SIGSTOP)
+        await until(lambda: leads(session, second), "the standby leads", timeout=20)
+        assert fake.running == 1  # the frozen leader's generation still runs at the engine
+        status, _, answer = await chat(session, second, key)
+        assert status == 200 and answer["usage"]["completion_tokens"] == 10
+        assert fake.max_seen_in_flight == 1  # it waited for the held slot, never two at once
+        streaming.cancel()
+
+
+def open_streams(url: str) -> int:
+    with psycopg.connect(url) as conn:
+        return conn.execute("SELECT count(*) FROM usage_open").fetchone()[0]
+
+
 @pytest.mark.shares
 async def test_fair_shares_1_to_3_hold_across_a_takeover(tmp_path, pg_url, routers):
     """Weights 1 and 3 on one busy slot: 25% and 75% of the tokens before a SIGKILL of the leader and after."""
@@ -299,3 +345,42 @@ async def test_fair_shares_1_to_3_hold_across_a_takeover(tmp_path, pg_url, route
             share = used["bob"] / (used["ann"] + used["bob"])
             print(f"{when} the takeover: bob (weight 3) had {share:.0%} of {used['ann'] + used['bob']} tokens")
             assert 0.68 <= share <= 0.82, (when, used)
+
+
+async def test_a_web_ui_session_holds_on_the_other_router_and_after_a_takeover(tmp_path, pg_url, routers):
+    """Sessions live in the shared store: one login serves both routers, survives the leader's SIGKILL,
+    and a logout on one router ends it on the other."""
+    async with aiohttp.ClientSession(cookie_jar=aiohttp.DummyCookieJar()) as session:
+        first = start_router(tmp_path, "a", pg_url)
+        routers.append(first)
+        await until(lambda: leads(session, first), "the first router leads")
+        second = start_router(tmp_path, "b", pg_url)
+        routers.append(second)
+        assert (await amr(first.config, "user", "add", "ann", "--group", "staff")).returncode == 0
+        key = json.loads((await amr(first.config, "user", "key", "ann", "--json")).stdout)["key"]
+        async with session.post(
+            f"{first.url}/ui/login", data={"key": key, "csrf": "t"}, cookies={LOGIN_COOKIE: "t"}, allow_redirects=False
+        ) as r:
+            assert r.status == 303, await r.text()
+            token = r.cookies[COOKIE].value
+
+        async def me(router: Router) -> int:
+            async with session.get(f"{router.url}/ui/me", cookies={COOKIE: token}, allow_redirects=False) as r:
+                return r.status
+
+        assert await me(second) == 200
+        first.proc.kill()
+        await until(lambda: leads(session, second), "the standby leads", timeout=15)
+        assert await me(second) == 200
+        third = start_router(tmp_path, "c", pg_url)
+        routers.append(third)
+        await until(lambda: me(third), "the third router answers")
+        assert await me(third) == 200
+        async with session.get(f"{third.url}/ui/me", cookies={COOKIE: token}) as r:
+            csrf = re.search(r'name="csrf" value="([^"]+)"', await r.text())
+        assert csrf is not None
+        async with session.post(
+            f"{third.url}/ui/logout", data={"csrf": csrf[1]}, cookies={COOKIE: token}, allow_redirects=False
+        ) as r:
+            assert r.status == 303
+        assert await me(second) == 303

@@ -19,6 +19,7 @@ from aiohttp.test_utils import make_mocked_request
 
 from mindrouter.daemon.edge.guesses import Guesses, client_of
 from mindrouter.daemon.ui.sessions import COOKIE, LOGIN_COOKIE, Sessions
+from mindrouter.store import Store
 
 from .conftest import ADMIN_KEY, Daemon
 from .test_web_ui import login
@@ -26,9 +27,9 @@ from .test_web_ui import login
 MR = [sys.executable, "-m", "mindrouter.cli"]
 
 
-def test_an_admins_session_survives_10050_logins_by_a_student() -> None:
+def test_an_admins_session_survives_10050_logins_by_a_student(tmp_path: Path) -> None:
     """The sessions table alone, at the issue's scale: each user keeps at most 5, the oldest of theirs going."""
-    sessions = Sessions(limit=10_000)
+    sessions = Sessions(Store(tmp_path / "state.db"), limit=10_000)
     request = make_mocked_request("POST", "/ui/login")
 
     def opened(user: str | None) -> str:

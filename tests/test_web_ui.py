@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import asyncio
 import re
+import sqlite3
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -16,6 +18,8 @@ from aiohttp.test_utils import make_mocked_request
 
 from mindrouter.daemon.edge.services import SERVICES
 from mindrouter.daemon.ui.sessions import COOKIE, Sessions
+from mindrouter.names import hash_key
+from mindrouter.store import Store
 
 from .harness import ADMIN_KEY, Daemon, until
 from .inprocess import InProcess
@@ -288,9 +292,9 @@ def _user_id(daemon: Daemon, name: str) -> int:
     return int(daemon.app[SERVICES].store.get_user(name).id)
 
 
-def test_a_session_ends_when_it_expires_and_the_oldest_goes_when_the_table_is_full() -> None:
+def test_a_session_ends_when_it_expires_and_the_oldest_goes_when_the_table_is_full(tmp_path: Path) -> None:
     now = [1000.0]
-    sessions = Sessions(ttl=60.0, limit=2, clock=lambda: now[0])
+    sessions = Sessions(Store(tmp_path / "state.db"), ttl=60.0, limit=2, clock=lambda: now[0])
 
     def opened() -> str:
         response = web.Response()
@@ -306,6 +310,25 @@ def test_a_session_ends_when_it_expires_and_the_oldest_goes_when_the_table_is_fu
     assert not found(first) and found(second) and found(third)
     now[0] += 61
     assert not found(second) and not found(third)
+
+
+async def test_a_session_survives_a_restart_and_its_key_revoked_ends_it(new_daemon: Any) -> None:
+    """Sessions live in the store (its token's hash only): the next daemon on the same state knows them."""
+    first = await new_daemon()
+    key = await first.user("ana")
+    await login(first, key)
+    token = next(c.value for c in first.client.session.cookie_jar if c.key == COOKIE)
+    await first.client.close()
+    second = await new_daemon()
+    resp = await second.client.get("/ui/me", cookies={COOKIE: token}, allow_redirects=False)
+    assert resp.status == 200 and "ana" in await resp.text()
+    db = sqlite3.connect(second.app[SERVICES].store.path)
+    assert db.execute("SELECT count(*) FROM ui_sessions WHERE hash = ?", (hash_key(token),)).fetchone() == (1,)
+    assert token not in str(db.execute("SELECT * FROM ui_sessions").fetchall())
+    ids = [k["id"] for k in await second.admin("GET", "/admin/users/ana/keys")]
+    await second.admin("DELETE", f"/admin/users/ana/keys/{ids[0]}")
+    resp = await second.client.get("/ui/me", cookies={COOKIE: token}, allow_redirects=False)
+    assert (resp.status, resp.headers["Location"]) == (303, "/ui/login")
 
 
 async def test_an_unknown_user_page_says_so_in_the_stores_words(daemon: Daemon) -> None:

@@ -27,6 +27,7 @@ from .people import People
 from .people import user_of_row as _user
 from .rows import QUOTA_FIELDS, Group, Quota, User
 from .schema import migrate, transaction
+from .sessions import UiSessions
 from .usage import UsageLog
 from .validate import _name, _person_from, _quota, _validate_import, _weight
 
@@ -53,7 +54,7 @@ def _group(row: tuple[Any, ...]) -> Group:
     return Group(row[0], row[1], row[2], Quota(row[3], row[4], row[5]))
 
 
-class Store(Backends, UsageLog, Decisions, People, ApiKeys, Aliases):
+class Store(Backends, UsageLog, Decisions, People, ApiKeys, Aliases, UiSessions):
     """The daemon's durable state, on one connection; not for use from several threads.
 
     Args:

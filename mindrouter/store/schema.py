@@ -197,6 +197,15 @@ _MIGRATIONS: list[Sequence[str] | Callable[[sqlite3.Connection], None]] = [
     ),
     # mr model alias: one model served under different names by different engines (issue 31).
     ("CREATE TABLE model_aliases (name TEXT PRIMARY KEY, target TEXT NOT NULL)",),
+    # Web UI sessions outlive a restart and a failover: the token's SHA-256, never the token (issue 33).
+    # owner: the user's name, '' for the admin key's session.
+    (
+        "CREATE TABLE ui_sessions (id INTEGER PRIMARY KEY AUTOINCREMENT, hash TEXT NOT NULL UNIQUE,"
+        " owner TEXT NOT NULL, admin INTEGER NOT NULL, key_hash TEXT NOT NULL, csrf TEXT NOT NULL,"
+        " expires REAL NOT NULL)",
+        "CREATE INDEX ui_sessions_owner ON ui_sessions(owner, id)",
+        "CREATE INDEX ui_sessions_expires ON ui_sessions(expires)",
+    ),
 ]
 SCHEMA_VERSION = len(_MIGRATIONS)
 

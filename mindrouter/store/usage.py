@@ -168,6 +168,14 @@ class UsageLog:
         with transaction(self._db) as db:
             _roll(db)
 
+    def open_streams(self) -> dict[int, int]:
+        """Streaming rows per backend id: the generations a leader that was cut may still have running."""
+        return dict(
+            self._db.execute(
+                "SELECT backend_id, count(*) FROM usage_open WHERE backend_id IS NOT NULL GROUP BY backend_id"
+            ).fetchall()
+        )
+
     def recover_open_usage(self) -> int:
         """Turn the streaming rows left by a daemon that was killed into usage rows; returns how many."""
         with transaction(self._db) as db:

@@ -40,6 +40,8 @@ class Entry:
     """When the last probe ended."""
     inherited: int = 0
     """Slots a leader before this router may still hold with generations it started (``Registry.inherit``)."""
+    inherited_streams: int = 0
+    """Of those, the ones its open streams held: what stays busy, without gauges, until the hold ends."""
 
     @property
     def circuit_open(self) -> bool:

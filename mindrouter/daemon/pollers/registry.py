@@ -21,7 +21,7 @@ import asyncio
 import contextlib
 import logging
 import time
-from collections.abc import Callable, Hashable, Iterable
+from collections.abc import Callable, Hashable, Iterable, Mapping
 from typing import Any
 
 import aiohttp
@@ -125,20 +125,35 @@ class Registry:
                 await self.remove(row.id)
             self.add(row)
 
-    def inherit(self) -> None:
-        """A new leader: hold every slot busy until the backend's gauges say how many the old one's
-        generations still hold (engines without gauges, such as Ollama, are taken as free)."""
+    def inherit(self, open_streams: Mapping[int, int]) -> None:
+        """A new leader: hold every slot busy until the backend's first probe. Then the gauges (vLLM,
+        llama-server) say how many the old leader's generations still hold; without gauges (Ollama,
+        plain OpenAI-compatible), the slots its open streams had there (``open_streams``, by backend
+        id) stay busy for ``takeover_hold_seconds``, about one long generation."""
         for entry in self.entries.values():
             entry.inherited = entry.row.max_concurrent
+            entry.inherited_streams = min(entry.inherited, open_streams.get(entry.row.id, 0))
             self._publish(entry)
+        asyncio.get_running_loop().call_later(self.settings.takeover_hold_seconds, self._end_hold)
+
+    def _end_hold(self) -> None:
+        """One generation time after a takeover: the old leader's streams on backends without gauges are over."""
+        for entry in self.entries.values():
+            entry.inherited_streams = 0
+            if entry.inherited and entry.probe is not None and entry.probe.running is None:
+                entry.inherited = 0
+                self._publish(entry)
 
     def _count_inherited(self, entry: Entry, probe: Probe) -> None:
         """What the engine runs beyond this router's own requests is the old leader's, and can only end."""
         if not entry.inherited or not probe.healthy:
             return
+        if probe.running is None:  # no gauge: the old leader's streams, until the hold ends
+            entry.inherited = min(entry.inherited, entry.inherited_streams)
+            return
         load = self.scheduler.load(entry.row.id)
-        others = None if probe.running is None else probe.running - (load.in_flight if load else 0)
-        entry.inherited = 0 if others is None else max(0, min(entry.inherited, others))
+        others = probe.running - (load.in_flight if load else 0)
+        entry.inherited = max(0, min(entry.inherited, others))
 
     def probe_all(self) -> None:
         """Start probing every backend (a standby that now leads)."""

@@ -8,7 +8,8 @@ them). The one that wins the
 leader lock (``pollers/leader.py``) rebuilds what a restart rebuilds (the streams a dead
 leader left open become usage, fair share replays the fairness window's usage rows,
 quotas recount from the totals), holds the backends' slots busy until their gauges
-say the old leader's generations ended, starts probing the backends, and from then on
+say the old leader's generations ended (without gauges: the slots its open streams had, for
+``takeover_hold_seconds``), starts probing the backends, and from then on
 schedules and dispatches. A standby's registry mirrors the store's backends without
 probing them: only the leader polls, drains and disables.
 """
@@ -56,6 +57,7 @@ def setup_leadership(app: web.Application, restore_usage: Callable[[], None]) ->
     async def on_lead(epoch: int) -> None:
         store = services.store
         store.fence(epoch)
+        open_streams = store.open_streams()
         recovered = store.recover_open_usage()
         if recovered:
             log.info("recorded the usage of %d streams the last leader was cut in", recovered)
@@ -64,7 +66,7 @@ def setup_leadership(app: web.Application, restore_usage: Callable[[], None]) ->
         services.quotas.restore()
         restore_usage()
         await services.registry.sync(store.list_backends())
-        services.registry.inherit()
+        services.registry.inherit(open_streams)
         services.registry.probe_all()
         # Serving before a backend's first probe would answer 404 for its models. Bounded: the lock's
         # session is silent meanwhile, and the server ends it after 3 s of silence.

@@ -11,6 +11,7 @@ from pathlib import Path
 
 from aiohttp import web
 
+from ..edge.services import SERVICES
 from .admin import setup_admin_pages
 from .login import setup_login_routes
 from .render import SESSIONS
@@ -20,7 +21,7 @@ __all__ = ["setup_ui"]
 
 
 def setup_ui(app: web.Application) -> None:
-    app[SESSIONS] = Sessions()
+    app[SESSIONS] = Sessions(app[SERVICES].store)
     setup_login_routes(app)
     setup_admin_pages(app)
     app.router.add_static("/ui/static/", Path(__file__).parent / "static", append_version=False)

@@ -1,9 +1,12 @@
-"""Web UI sessions: a server-side table of random tokens, one HttpOnly SameSite=Strict cookie, a CSRF token each.
+"""Web UI sessions: random tokens kept in the store, one HttpOnly SameSite=Strict cookie, a CSRF token each.
 
-A session remembers the hash of the key it was opened with and is checked
-against the store on every page, so revoking that key (or removing the user)
-ends it at once. Sessions live in memory: a restart logs everyone out, which
-costs one login and keeps no secret on disk.
+The store keeps only the SHA-256 of each token (with its user, CSRF token and
+expiry), so a restart, or a failover to another router on the same PostgreSQL,
+signs nobody out, and the database holds no cookie that could be replayed.
+Every page reads its session's row (one lookup by primary key), so logging out
+or a cap ending a session holds on every router at once. A session remembers
+the hash of the key it was opened with and is checked against the store on
+every page, so revoking that key (or removing the user) ends it at once too.
 """
 
 from __future__ import annotations
@@ -15,6 +18,10 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from aiohttp import web
+
+from ...names import hash_key
+from ...store import Store
+from ...store.sessions import SessionRow
 
 __all__ = ["COOKIE", "LOGIN_COOKIE", "Session", "Sessions"]
 
@@ -32,66 +39,75 @@ class Session:
     expires: float
     csrf: str = field(default_factory=lambda: secrets.token_urlsafe(24))
     flash: tuple[str, str] | None = None
-    """The outcome of the last form, ("ok" or "error", sentence), shown once."""
+    """The outcome of the last form, ("ok" or "error", sentence), shown once (on this router only)."""
     new_key: tuple[str, str] | None = None
-    """(user, key) just created: shown on the next page of that user only, then forgotten (never in a URL)."""
+    """(user, key) just created: shown on the next page of that user only, then forgotten (never in a URL
+    nor in the store)."""
 
 
 class Sessions:
-    """Open sessions by token: at most ``per_user`` of one user (or of the admin key), the oldest of theirs
-    going first, so nobody's logins end anyone else's session; and at most ``limit`` in all (the oldest
-    going first), so logins cannot exhaust memory: ``limit / per_user`` users must log in to reach it."""
+    """Open sessions by token, in ``store``: at most ``per_user`` of one user (or of the admin key), the oldest
+    of theirs going first, so nobody's logins end anyone else's session; and at most ``limit`` in all (the
+    oldest going first), so logins cannot fill the disk: ``limit / per_user`` users must log in to reach it.
+
+    This router's ``Session`` objects (at most ``limit``) carry what lasts one page only (``flash``,
+    ``new_key``); the store decides whether a session exists."""
 
     def __init__(
         self,
+        store: Store,
         ttl: float = 12 * 3600.0,
         limit: int = 10_000,
         clock: Callable[[], float] = time.time,
         per_user: int = 5,
     ) -> None:
+        self.store = store
         self.ttl = ttl
         self.limit = limit
         self.per_user = per_user
         self.clock = clock
-        self._open: dict[str, Session] = {}
-        self._owned: dict[str | None, list[str]] = {}
-        """Each user's open tokens, oldest first (None: the admin key's)."""
+        self._here: dict[str, Session] = {}
+        """Sessions this router has shown, by token hash, oldest first."""
 
     def open(
         self, response: web.StreamResponse, request: web.Request, user: str | None, admin: bool, key_hash: str
     ) -> Session:
-        owned = self._owned.setdefault(user, [])
-        while len(owned) >= self.per_user:
-            self._drop(owned[0])
-        if len(self._open) >= self.limit:
-            self._drop(next(iter(self._open)))
         token = secrets.token_urlsafe(32)
-        session = Session(user, admin, key_hash, self.clock() + self.ttl)
-        self._open[token] = session
-        self._owned.setdefault(user, []).append(token)
+        now = self.clock()
+        session = Session(user, admin, key_hash, now + self.ttl)
+        row = SessionRow(user, admin, key_hash, session.csrf, session.expires)
+        self.store.open_session(hash_key(token), row, now=now, per_user=self.per_user, limit=self.limit)
+        self._remember(hash_key(token), session)
         set_cookie(response, request, COOKIE, token, self.ttl)
         return session
 
     def get(self, request: web.Request) -> Session | None:
         token = request.cookies.get(COOKIE, "")
-        session = self._open.get(token)
-        if session is not None and session.expires < self.clock():
-            self._drop(token)
+        if not token or len(token) > 256:
             return None
+        digest = hash_key(token)
+        row = self.store.find_session(digest)
+        if row is None or row.expires < self.clock():
+            self._here.pop(digest, None)
+            if row is not None:
+                self.store.close_session(digest)
+            return None
+        session = self._here.get(digest)
+        if session is None:
+            session = Session(row.user, row.admin, row.key_hash, row.expires, row.csrf)
+            self._remember(digest, session)
         return session
 
     def close(self, request: web.Request, response: web.StreamResponse) -> None:
-        self._drop(request.cookies.get(COOKIE, ""))
+        digest = hash_key(request.cookies.get(COOKIE, ""))
+        self._here.pop(digest, None)
+        self.store.close_session(digest)
         response.del_cookie(COOKIE, path="/ui/")
 
-    def _drop(self, token: str) -> None:
-        session = self._open.pop(token, None)
-        if session is None:
-            return
-        owned = self._owned[session.user]
-        owned.remove(token)
-        if not owned:
-            del self._owned[session.user]
+    def _remember(self, digest: str, session: Session) -> None:
+        while len(self._here) >= self.limit:
+            del self._here[next(iter(self._here))]
+        self._here[digest] = session
 
 
 def set_cookie(response: web.StreamResponse, request: web.Request, name: str, value: str, max_age: float) -> None:
