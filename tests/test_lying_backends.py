@@ -49,7 +49,7 @@ def chat(stream: bool, max_tokens: int | None = 8, model: str = "llama3") -> dic
 
 async def usage_rows(d: Daemon) -> list[tuple[int, int]]:
     """(prompt, completion) of every usage row written, once the pending group commit is in."""
-    d.app[SERVICES].stats.write_usage()
+    d.app[SERVICES].usage.write()
     rows = (
         d.app[SERVICES].store._db.execute("SELECT prompt_tokens, completion_tokens FROM usage ORDER BY id").fetchall()
     )

@@ -28,8 +28,8 @@ from mindrouter.store import (
     UsageRow,
     describe,
 )
-from mindrouter.store import db as db_module
 from mindrouter.store import schema as schema_module
+from mindrouter.store import transfer as transfer_module
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -722,13 +722,13 @@ def test_bad_import_changes_nothing(st: Store, doc: object, needle: str) -> None
 
 def test_import_rolls_back_when_a_write_fails(st: Store, monkeypatch: pytest.MonkeyPatch) -> None:
     before = st.export()
-    real = db_module._validate_import
+    real = transfer_module._validate_import
 
     def sneaky(data, groups):  # validation passes, then the database refuses a row
         g, u, b = real(data, groups)
         return g, u, [(name, (f[0], "tgi", *f[2:])) for name, f in b]
 
-    monkeypatch.setattr(db_module, "_validate_import", sneaky)
+    monkeypatch.setattr(transfer_module, "_validate_import", sneaky)
     with pytest.raises(sqlite3.IntegrityError):
         st.import_(
             {

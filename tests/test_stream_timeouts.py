@@ -47,7 +47,7 @@ def error_of(items: list[Any], dialect: str) -> str:
 
 
 async def usage_rows(d: Daemon) -> list[tuple[int, int]]:
-    d.app[SERVICES].stats.write_usage()
+    d.app[SERVICES].usage.write()
     rows = (
         d.app[SERVICES].store._db.execute("SELECT prompt_tokens, completion_tokens FROM usage ORDER BY id").fetchall()
     )

@@ -21,7 +21,7 @@ CHAT = {"model": "llama3", "messages": [{"role": "user", "content": "tell me a l
 
 
 def rows(d: Daemon, user: str) -> list[tuple[int, int, float]]:
-    d.app[SERVICES].stats.write_usage()
+    d.app[SERVICES].usage.write()
     return [
         tuple(r)
         for r in d.app[SERVICES].store._db.execute(

@@ -125,7 +125,7 @@ async def test_whole_answers_held_at_once_stay_within_the_budget_and_the_largest
     assert [status for status, _ in bobs] == [200] * 5
     assert all(len(b["choices"][0]["message"]["content"]) == 2_000 for _, b in bobs)
     assert budget.peak <= 1 << 20 and budget.held == 0 and budget.cuts == statuses[503], (budget.peak, budget.cuts)
-    d.app[SERVICES].stats.write_usage()  # a cut answer was charged nothing: it reached its client as a 503 only
+    d.app[SERVICES].usage.write()  # a cut answer was charged nothing: it reached its client as a 503 only
     rows = d.app[SERVICES].store._db.execute("SELECT prompt_tokens, completion_tokens FROM usage").fetchall()
     assert [tuple(r) for r in rows] == [(3, 7)] * (statuses[200] + 5), rows
     resp = await d.client.post("/v1/chat/completions", json=ask(600_000), headers=_bearer(ann))

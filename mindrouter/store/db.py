@@ -1,7 +1,7 @@
 """The Store: groups, users, API keys and backends on the daemon's one connection (SQLite, or PostgreSQL).
 
 Backends are in ``backends.py``, API keys in ``keys.py``, usage in ``usage.py``, decision records in
-``decisions.py``, the schema in ``schema.py``.
+``decisions.py``, export and import in ``transfer.py``, the schema in ``schema.py``.
 """
 
 from __future__ import annotations
@@ -16,8 +16,7 @@ from typing import Any
 from ..scheduler.settings import DEFAULT_GROUP_WEIGHTS
 from . import postgres
 from .aliases import Aliases
-from .backends import _BACKEND_COLUMNS, Backends
-from .changes import pool_changes
+from .backends import Backends
 from .checkpoint import Checkpointer
 from .decisions import Decisions
 from .errors import AlreadyExists, InUse, InvalidValue, NotFound, StoreError
@@ -28,8 +27,9 @@ from .people import user_of_row as _user
 from .rows import QUOTA_FIELDS, Group, Quota, User
 from .schema import migrate, transaction
 from .sessions import UiSessions
+from .transfer import Transfer
 from .usage import UsageLog
-from .validate import _name, _person_from, _quota, _validate_import, _weight
+from .validate import _name, _person_from, _quota, _weight
 
 DAY = 86_400.0
 
@@ -37,24 +37,11 @@ _QUOTAS = ", ".join(f"{{t}}.{f}" for f in QUOTA_FIELDS)
 _GROUP_SELECT = f"SELECT id, name, scheduler_weight, {_QUOTAS.format(t='groups')} FROM groups"
 
 
-_QUOTA_COLUMNS = ", ".join(QUOTA_FIELDS)
-_QUOTA_SET = ", ".join(f"{f} = excluded.{f}" for f in QUOTA_FIELDS)
-
-
-class _RolledBack(Exception):
-    """Ends a dry run's transaction (``Store.import_``)."""
-
-
-def _no_nulls(row: dict[str, Any]) -> dict[str, Any]:
-    """TOML has no null: leave out what is unset."""
-    return {k: v for k, v in row.items() if v is not None}
-
-
 def _group(row: tuple[Any, ...]) -> Group:
     return Group(row[0], row[1], row[2], Quota(row[3], row[4], row[5]))
 
 
-class Store(Backends, UsageLog, Decisions, People, ApiKeys, Aliases, UiSessions):
+class Store(Backends, UsageLog, Decisions, People, ApiKeys, Aliases, UiSessions, Transfer):
     """The daemon's durable state, on one connection; not for use from several threads.
 
     Args:
@@ -326,97 +313,3 @@ class Store(Backends, UsageLog, Decisions, People, ApiKeys, Aliases, UiSessions)
             return [_user(r) for r in self._db.execute(_USER_SELECT + " ORDER BY u.name")]
         group_id = self._group_id(group)
         return [_user(r) for r in self._db.execute(_USER_SELECT + " WHERE u.group_id = ? ORDER BY u.name", (group_id,))]
-
-    # ------------------------------------------------------------ export / import
-
-    def export(self) -> dict[str, Any]:
-        """Groups, users (never keys) and backends, in the shape ``import_`` takes and TOML can hold."""
-        users = []
-        for user in self.list_users():
-            row: dict[str, Any] = {"name": user.name, "group": user.group, "weight_override": user.weight_override}
-            row["proxy_for"] = user.forwards_to
-            if user.proxy and user.person_from != "header":
-                row["person_from"] = user.person_from
-            if user.owner_id is not None:
-                row.update(person_of=user.person_of, identity=user.identity)
-            users.append(_no_nulls(row | user.quota.to_dict()))
-        out = {
-            "version": 1,
-            "groups": [_no_nulls(g.to_dict()) for g in self.list_groups()],
-            "users": users,
-            "backends": [_no_nulls(b.to_dict()) for b in self.list_backends()],
-        }
-        if aliases := self.list_aliases():
-            out["aliases"] = [{"name": name, "target": target} for name, target in aliases.items()]
-        return out
-
-    def import_(self, data: Mapping[str, Any], *, dry_run: bool = False) -> dict[str, Any]:
-        """Create or replace, by name, every group, user and backend in ``data``; nothing else is touched.
-
-        Each entry describes the whole thing: a field it leaves out takes its default. Derived
-        fields that ``export`` or ``to_dict`` write (a backend's ``id``, a user's ``weight``) are
-        ignored. Everything is validated before anything is written, then written in one
-        transaction. Returns how many of each were imported, and under ``changes`` what changed
-        (``changes.pool_changes``).
-
-        Args:
-            dry_run: write in the transaction, then roll it back: the changes it would make.
-
-        Raises:
-            InvalidValue: naming the first bad entry; the database is unchanged.
-        """
-        before = self.export()
-        try:
-            with transaction(self._db):
-                counts = self._import(data)
-                changes = pool_changes(before, self.export())
-                if dry_run:
-                    raise _RolledBack
-        except _RolledBack:
-            pass
-        return {**counts, "changes": changes}
-
-    def _import(self, data: Mapping[str, Any]) -> dict[str, int]:
-        rest = {k: v for k, v in data.items() if k != "aliases"} if isinstance(data, Mapping) else data
-        groups, users, backends = _validate_import(rest, {g.name for g in self.list_groups()})
-        for name, fields in backends:
-            row = self.backend_at(fields[0])
-            if row is not None and row.name.lower() != name.lower():
-                raise InvalidValue(
-                    f"backend {name!r} ({fields[0]}) is already in the pool as {row.name!r}; "
-                    f"name it {row.name!r} in the file or remove that one first"
-                )
-        db = self._db
-        for name, weight, quotas in groups:
-            db.execute(
-                f"INSERT INTO groups (name, scheduler_weight, {_QUOTA_COLUMNS}) VALUES (?, ?, ?, ?, ?)"
-                f" ON CONFLICT (name) DO UPDATE SET scheduler_weight = excluded.scheduler_weight, {_QUOTA_SET}",
-                (name, weight, *quotas),
-            )
-        for name, group, override, quotas, proxy_for, person_from, _ in users:
-            group_id = db.execute("SELECT id FROM groups WHERE name = ?", (group,)).fetchone()[0]
-            people = proxy_for and db.execute("SELECT id FROM groups WHERE name = ?", (proxy_for,)).fetchone()[0]
-            db.execute(
-                f"INSERT INTO users (name, group_id, weight_override, created, {_QUOTA_COLUMNS}, proxy,"
-                " proxy_group_id, person_from) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?) ON CONFLICT (name) DO UPDATE"
-                f" SET group_id = excluded.group_id, weight_override = excluded.weight_override, {_QUOTA_SET},"
-                " proxy = excluded.proxy, proxy_group_id = excluded.proxy_group_id,"
-                " person_from = excluded.person_from, owner_id = NULL, identity = NULL",
-                (name, group_id, override, self._clock(), *quotas, int(people is not None), people, person_from),
-            )
-        for name, *_, person in users:
-            if person is not None:
-                self._import_person(name, *person)
-        for name, fields in backends:
-            db.execute(
-                f"INSERT INTO backends (name, {_BACKEND_COLUMNS}) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)"
-                " ON CONFLICT (name) DO UPDATE SET url = excluded.url,"
-                " engine = excluded.engine, max_concurrent = excluded.max_concurrent,"
-                " gpus = excluded.gpus, node = excluded.node, priority = excluded.priority,"
-                " state = excluded.state, parallel = excluded.parallel, max_loaded = excluded.max_loaded",
-                (name, *fields),
-            )
-        counts = {"groups": len(groups), "users": len(users), "backends": len(backends)}
-        if "aliases" in data:
-            counts["aliases"] = self.import_aliases(data["aliases"])
-        return counts

@@ -20,7 +20,7 @@ from ... import __version__
 from ...backends import model_key
 from ...errors import RequestError
 from ..edge.services import SERVICES
-from ..pollers.registry import Entry
+from ..pollers.entry import Entry
 from .errorbodies import dialect_of, error_response
 
 __all__ = ["OLLAMA_VERSION", "PoolModel", "pool_models", "setup_catalog_routes"]

@@ -29,6 +29,7 @@ if TYPE_CHECKING:
     from ..request.lease import Lease
     from ..usage.quotas import Quotas
     from ..usage.stats import Stats
+    from ..usage.writer import UsageWriter
     from .auth import Auth
 
 __all__ = ["SERVICES", "Services"]
@@ -46,6 +47,8 @@ class Services:
     auth: Auth
     quotas: Quotas
     stats: Stats
+    usage: UsageWriter
+    """The usage rows: ``usage.write()`` stores those not yet written."""
     decisions: DecisionLog
     gpus: GpuState
     session: aiohttp.ClientSession

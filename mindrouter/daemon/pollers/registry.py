@@ -22,7 +22,6 @@ import contextlib
 import logging
 import time
 from collections.abc import Callable, Hashable, Iterable, Mapping
-from dataclasses import dataclass, field
 from typing import Any
 
 import aiohttp
@@ -33,53 +32,15 @@ from ...scheduler import Modality, Scheduler
 from ...store import Store
 from ...tasks import stop
 from .breaker import Breaker
+from .entry import Entry
 from .snapshot import GpuReading, VramEstimate, backend_snapshot
 
-__all__ = ["Entry", "Registry"]
+__all__ = ["Registry"]
 
 log = logging.getLogger(__name__)
 
 #: Returns (free bytes, total bytes, utilization 0..1) for a backend's GPUs, or None when unknown.
 GpuLookup = Callable[[Any], GpuReading | None]
-
-
-@dataclass(slots=True)
-class Entry:
-    row: Any
-    """The store's backend row (id, name, url, engine, max_concurrent, gpus, node, priority, state)."""
-    adapter: Adapter
-    breaker: Breaker
-    clock: Callable[[], float]
-    """The registry's clock (tests replace it)."""
-    probe: Probe | None = None
-    known: Probe | None = None
-    """The last healthy probe: a backend that is down still names its models, so requests get 503, not 404."""
-    probe_streak: int = 0
-    """Failed probes in a row."""
-    error: str | None = None
-    lacks: dict[str, frozenset[Modality]] = field(default_factory=dict)
-    """Per model key, what the backend answered "not supported" to."""
-    said: dict[tuple[str, Modality], str] = field(default_factory=dict)
-    """Per (model key, modality) it lacks, what it said (llama-server: start it with ``--embeddings``)."""
-    task: asyncio.Task[None] | None = None
-    probed: asyncio.Event = field(default_factory=asyncio.Event)
-    wake: asyncio.Event = field(default_factory=asyncio.Event)
-    """Set to probe again at once (a request met the backend failing)."""
-    probed_at: float = float("-inf")
-    """When the last probe ended."""
-    inherited: int = 0
-    """Slots a leader before this router may still hold with generations it started (``Registry.inherit``)."""
-    inherited_streams: int = 0
-    """Of those, the ones its open streams held: what stays busy, without gauges, until the hold ends."""
-
-    @property
-    def circuit_open(self) -> bool:
-        return self.breaker.open
-
-    @property
-    def failures(self) -> int:
-        """Faults counted toward the circuit breaker now."""
-        return self.breaker.failures(self.clock())
 
 
 AdapterFactory = Callable[[Any], Adapter]

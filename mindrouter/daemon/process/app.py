@@ -45,6 +45,7 @@ from ..request.weights import apply_user
 from ..ui import setup_ui
 from ..usage.quotas import Quotas
 from ..usage.stats import Stats
+from ..usage.writer import UsageWriter
 from .roles import setup_leadership
 
 __all__ = ["create_app"]
@@ -114,7 +115,8 @@ async def create_app(
         default_completion=config.scheduler.default_completion_tokens,
         queue_timeout=config.scheduler.queue_timeout,
     )
-    stats = Stats(store, on_usage=quotas.record)
+    usage = UsageWriter(store, on_usage=quotas.record)
+    stats = Stats()
     gpus = GpuState(
         GpuProbe(nvml),
         session,
@@ -135,6 +137,7 @@ async def create_app(
     )
 
     def settled(settlement: Settlement) -> None:
+        usage.settled(settlement)
         stats.settled(settlement)
         decisions.settled(settlement)
 
@@ -143,7 +146,7 @@ async def create_app(
         registry,
         on_settled=settled,
         quotas=quotas,
-        on_streamed=stats.streamed,
+        on_streamed=usage.streamed,
         max_retries=config.backends.max_retries,
     )
 
@@ -156,6 +159,7 @@ async def create_app(
         auth=Auth(store, new_people_per_hour=server.new_people_per_hour),
         quotas=quotas,
         stats=stats,
+        usage=usage,
         decisions=decisions,
         gpus=gpus,
         session=session,
@@ -183,7 +187,7 @@ async def create_app(
             await registry.stop()
             await session.close()
             decisions.flush()
-            stats.write_usage()
+            usage.write()
             store.close()
 
     app.cleanup_ctx.append(resources)

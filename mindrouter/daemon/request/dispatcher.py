@@ -28,7 +28,7 @@ from .settlement import Settlement, Streaming
 if TYPE_CHECKING:  # protocols only: nothing of them runs
     from .ports import Backends, Reservations
 
-__all__ = ["Dispatcher", "done_or_after", "unsupported"]
+__all__ = ["Dispatcher", "backend_failed", "done_or_after", "unsupported"]
 
 log = logging.getLogger(__name__)
 
@@ -239,6 +239,16 @@ def unsupported(model: str, modality: Any, said: str) -> RequestError:
         "with them, or ask an admin to enable them on that backend"
     )
     return RequestError(message, status=400, type="invalid_request_error", code="unsupported")
+
+
+def backend_failed(error: str, tried: int) -> RequestError:
+    """The 503 once ``tried`` backends failed the request before its first byte, ``error`` the last one's."""
+    message = (
+        f"the backend failed ({error}) and no other backend could take the request; try again shortly"
+        if tried == 1
+        else f"{tried} backends failed (last: {error}); try again shortly"
+    )
+    return RequestError(message, status=503, type="service_unavailable", code="backend_failed", retry_after=5)
 
 
 def _wake(waiter: asyncio.Future[None], *_: object) -> None:

@@ -35,10 +35,10 @@ from ...backends import Fault
 from ...backends.base import BackendError, Call, Upstream
 from ...errors import RequestError
 from ...scheduler import DecisionRecord, Dispatch, Job, Timings
-from .dispatcher import Dispatcher, done_or_after, unsupported
+from .dispatcher import Dispatcher, backend_failed, done_or_after, unsupported
 from .moves import LeaseError, Move, State, moved
 from .relay import Relay
-from .settlement import Attempt, Outcome, Settlement
+from .settlement import Attempt, Outcome, Settlement, abandoned_tokens, answer_tokens
 
 __all__ = ["Lease"]
 
@@ -146,7 +146,7 @@ class Lease:
             self._record = dispatch.record
             failed_on = self._failed_on
             if failed_on is not None and bid in failed_on:  # the core had no other live backend: never twice
-                refusal = self._backend_failed(failed_on[bid])
+                refusal = backend_failed(failed_on[bid], len(failed_on))
                 self._end(Move.FAIL, Outcome.BACKEND_FAILED, refusal.message, 503, said=failed_on[bid])
                 raise refusal
             backends = dispatcher.backends
@@ -172,7 +172,12 @@ class Lease:
                     job.model, job.modality, besides=failed_on
                 )
                 unfit = exc.fault is Fault.UNSUPPORTED
-                refusal = self._unsupported() if unfit else self._backend_failed(exc.message)
+                lacking = backends.lacking(job.model, job.modality) if unfit else ""
+                refusal = (
+                    unsupported(job.model, job.modality, lacking)
+                    if unfit
+                    else backend_failed(exc.message, len(failed_on))
+                )
                 outcome = Outcome.REJECTED if unfit else Outcome.BACKEND_FAILED
                 if self._end(Move.FAIL, outcome, refusal.message, refusal.status, said=exc.message, retry=retry):
                     continue
@@ -227,9 +232,11 @@ class Lease:
 
     async def _cut(self, refusal: RequestError, delivered: int) -> None:
         """End a stream the daemon stops (a spent quota): the backend stops, what was delivered is charged."""
-        assert self.upstream is not None
-        await self.upstream.close()
-        self._end(Move.ABANDON, Outcome.REJECTED, refusal.message, refusal.status, used=(self._used()[0], delivered))
+        upstream = self.upstream
+        assert upstream is not None
+        await upstream.close()
+        used = (answer_tokens(upstream, self.job)[0], delivered)
+        self._end(Move.ABANDON, Outcome.REJECTED, refusal.message, refusal.status, used=used)
 
     def finish(self) -> None:
         """The whole answer reached the client: charge the backend's counts and free the slot.
@@ -240,16 +247,17 @@ class Lease:
         upstream = self.upstream
         if upstream is None:
             raise LeaseError(f"a {self.state.value} lease cannot finish (request {self.job.id}): open() first")
+        used = answer_tokens(upstream, self.job)
         if upstream.error is not None and upstream.status < 400:  # broke after the first byte
             self.dispatcher.backends.request_failed(
                 self.backend_id, upstream.error, fault=upstream.fault or Fault.DOWN, user=self.job.user_id
             )
-            self._end(Move.FAIL, Outcome.BACKEND_FAILED, upstream.error, upstream.status, used=self._used())
+            self._end(Move.FAIL, Outcome.BACKEND_FAILED, upstream.error, upstream.status, used=used)
             return
         if upstream.stream:
             self.dispatcher.backends.request_succeeded(self.backend_id)
         outcome = Outcome.OK if upstream.status < 400 else Outcome.REJECTED
-        self._end(Move.FINISH, outcome, upstream.error, upstream.status, used=self._used())
+        self._end(Move.FINISH, outcome, upstream.error, upstream.status, used=used)
 
     def refuse(self, refusal: RequestError) -> None:
         """Admission refused the job before it queued (a quota): settle it as rejected, so that ``mr why``
@@ -284,7 +292,12 @@ class Lease:
             outcome, reason, status = Outcome.CLIENT_GONE, "the client went away", 499
         else:
             outcome, reason, status = Outcome.ERROR, f"{type(exc).__name__}: {exc}", 500
-        used = self._used() if upstream is not None else self._abandoned()
+        if upstream is not None:
+            used = answer_tokens(upstream, self.job)
+        elif self._holding:
+            used = abandoned_tokens(self.job, self.dispatcher.scheduler, self.backend_id, self.held)
+        else:
+            used = (0, 0)
         self._end(Move.ABANDON, outcome, reason, status, used=used)
 
     @property
@@ -373,16 +386,6 @@ class Lease:
 
     # -- bookkeeping -------------------------------------------------------
 
-    def _used(self) -> tuple[int, int]:
-        """Tokens to charge: the backend's counts, else the prompt estimate and one token per chunk."""
-        upstream = self.upstream
-        if upstream is None:
-            return 0, 0
-        usage = upstream.usage
-        prompt = usage.prompt_tokens if usage.prompt_tokens is not None else self.job.prompt_tokens
-        completion = usage.completion_tokens if usage.completion_tokens is not None else upstream.chunks
-        return prompt, completion
-
     def _reserve(self) -> None:
         """Reserve the job's tokens against its quotas now that it runs; a whole answer may be capped there.
 
@@ -393,34 +396,3 @@ class Lease:
         cap = None if quotas is None else quotas.start(self.job.id)
         if cap is not None:
             self.call = self.call.capped(cap)
-
-    def _abandoned(self) -> tuple[int, int]:
-        """Tokens to charge for an answer left while a backend was opening it (a whole answer the client
-        did not wait for, a stream before its first chunk): the backend had the prompt, so its estimate;
-        and a whole answer is taken to have produced what one answer of that model on that backend was
-        seen to produce a second (``ModelSpeed.observed``) for each second it was held, up to its
-        ``max_tokens``: the clock the scheduler charges a running whole answer by (scheduler/ledger.py)."""
-        if not self._holding:
-            return 0, 0
-        job = self.job
-        if job.stream:
-            return job.prompt_tokens, 0
-        load = self.dispatcher.scheduler.load(self.backend_id) if self.backend_id is not None else None
-        speed = load.speeds.get(job.model) if load is not None else None
-        rate = speed.observed if speed is not None and speed.observed is not None else 0.0
-        produced = int(rate * self.held)
-        return job.prompt_tokens, produced if job.max_tokens is None else min(produced, job.max_tokens)
-
-    def _backend_failed(self, error: str) -> RequestError:
-        tried = len(self._failed_on or ())
-        message = (
-            f"the backend failed ({error}) and no other backend could take the request; try again shortly"
-            if tried == 1
-            else f"{tried} backends failed (last: {error}); try again shortly"
-        )
-        return RequestError(message, status=503, type="service_unavailable", code="backend_failed", retry_after=5)
-
-    def _unsupported(self) -> RequestError:
-        """No backend left offers what the request needs: say what the backend lacks, not "try again"."""
-        job = self.job
-        return unsupported(job.model, job.modality, self.dispatcher.backends.lacking(job.model, job.modality))

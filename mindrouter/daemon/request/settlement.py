@@ -1,15 +1,20 @@
-"""How a request ended: what the stats, the usage table and the decision log learn from its lease."""
+"""How a request ended: what the stats, the usage table and the decision log learn from its lease, and
+the tokens it is charged: the backend's counts where it gave them, else estimates."""
 
 from __future__ import annotations
 
 from collections.abc import Hashable
 from dataclasses import dataclass
 from enum import Enum
-from typing import Protocol
+from typing import TYPE_CHECKING, Protocol
 
 from ...scheduler import DecisionRecord, Job
 
-__all__ = ["Attempt", "Outcome", "Settlement", "Streaming"]
+if TYPE_CHECKING:
+    from ...backends.base import Upstream
+    from ...scheduler import Scheduler
+
+__all__ = ["Attempt", "Outcome", "Settlement", "Streaming", "abandoned_tokens", "answer_tokens"]
 
 
 class Outcome(str, Enum):
@@ -63,7 +68,7 @@ class Settlement:
 
 
 class Streaming(Protocol):
-    """What the durable streaming usage reads of a running lease at each charge (``Stats.streamed``)."""
+    """What the durable streaming usage reads of a running lease at each charge (``UsageWriter.streamed``)."""
 
     job: Job
     group: str
@@ -72,3 +77,27 @@ class Streaming(Protocol):
     @property
     def held(self) -> float:
         """Seconds the slot has been held so far."""
+
+
+def answer_tokens(upstream: Upstream, job: Job) -> tuple[int, int]:
+    """Prompt and completion tokens of an opened answer: the backend's counts, else the prompt estimate
+    and one token per chunk."""
+    usage = upstream.usage
+    prompt = usage.prompt_tokens if usage.prompt_tokens is not None else job.prompt_tokens
+    completion = usage.completion_tokens if usage.completion_tokens is not None else upstream.chunks
+    return prompt, completion
+
+
+def abandoned_tokens(job: Job, scheduler: Scheduler, backend_id: Hashable | None, held: float) -> tuple[int, int]:
+    """Tokens to charge for an answer left while a backend held a slot opening it (a whole answer the client
+    did not wait for, a stream before its first chunk): the backend had the prompt, so its estimate;
+    and a whole answer is taken to have produced what one answer of that model on that backend was
+    seen to produce a second (``ModelSpeed.observed``) for each of the ``held`` seconds, up to its
+    ``max_tokens``."""
+    if job.stream:
+        return job.prompt_tokens, 0
+    load = scheduler.load(backend_id) if backend_id is not None else None
+    speed = load.speeds.get(job.model) if load is not None else None
+    rate = speed.observed if speed is not None and speed.observed is not None else 0.0
+    produced = int(rate * held)
+    return job.prompt_tokens, produced if job.max_tokens is None else min(produced, job.max_tokens)

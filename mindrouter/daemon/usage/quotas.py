@@ -41,14 +41,14 @@ from dataclasses import dataclass
 from typing import Any
 
 from ...errors import RequestError
-from ...localtime import Periods, iso_local, month_start, next_day, next_month, zone_label
+from ...localtime import Periods, iso_local, month_start, next_day, next_month
 from ...scheduler import Modality
 from ...store import Quota, Store
+from .limits import PERIODS, Limit, cut, no_room, refusal
 
-__all__ = ["Limit", "Quotas"]
+__all__ = ["Quotas"]
 
 _MINUTE = 60.0
-_PERIODS = {"tokens_per_day": "day", "tokens_per_month": "month"}
 _GROW = 32
 """Tokens a stream that has outgrown its reservation reserves at a time (one check per batch)."""
 _LEARN = 0.2
@@ -82,41 +82,6 @@ class _Hold:
     cap: int | None = None
     """The answer's tokens sent to the backend as its limit (a whole answer reserved less than it asks)."""
     started: bool = False
-
-
-@dataclass(frozen=True, slots=True)
-class Limit:
-    """One quota as it stands for one user or group."""
-
-    subject: str
-    """``user`` or ``group``."""
-    name: str
-    kind: str
-    """``tokens_per_day``, ``tokens_per_month`` or ``requests_per_minute``."""
-    limit: int
-    used: int
-    """Tokens of completed requests (requests in the last minute for the rate)."""
-    resets: float
-    """Wall-clock epoch seconds when the period turns over."""
-    reserved: int = 0
-    """Tokens reserved by the requests in flight (queued or running)."""
-
-    @property
-    def remaining(self) -> int:
-        return max(0, self.limit - self.used - self.reserved)
-
-    def to_dict(self) -> dict[str, Any]:
-        return {
-            "subject": self.subject,
-            "name": self.name,
-            "kind": self.kind,
-            "limit": self.limit,
-            "used": self.used,
-            "reserved": self.reserved,
-            "remaining": self.remaining,
-            "resets": self.resets,
-            "resets_at": iso_local(self.resets),
-        }
 
 
 class Quotas:
@@ -223,7 +188,7 @@ class Quotas:
         for subject in hold.subjects:
             for limit in self._token_limits(subject):
                 if limit.used + self._running(subject) > limit.limit:
-                    return _cut(limit, completion_tokens)
+                    return cut(limit, completion_tokens)
         return None
 
     def start(self, job_id: str) -> int | None:
@@ -247,8 +212,8 @@ class Quotas:
         if room <= prompt:  # used, or reserved by the requests that started while it waited
             self._drop(job_id)
             if tightest.used >= tightest.limit:
-                raise _refusal(tightest, self.wall())
-            raise _no_room(tightest, room, prompt, "running", 5, self.wall())
+                raise refusal(tightest, self.wall())
+            raise no_room(tightest, room, prompt, "running", 5, self.wall())
         key = tightest.name if tightest.subject == "group" else hold.user
         running = sum(1 for other in self._holds((tightest.subject, key)).values() if other.started)
         part = max(self.typical_answer(hold.user), (room - prompt) // (_SHARE * (1 + running)))
@@ -344,7 +309,7 @@ class Quotas:
         name = self._user_name(key) if subject == "user" else str(key)
         out = []
         reserved = sum(hold.reserved for hold in self._holds((subject, key)).values())
-        for kind, period in _PERIODS.items():
+        for kind, period in PERIODS.items():
             limit = getattr(quota, kind)
             if limit is None:
                 continue
@@ -383,7 +348,7 @@ class Quotas:
             return None
         for limit in self.limits(caller.user_id, caller.group):
             if limit.used >= limit.limit:
-                raise _refusal(limit, self.wall())
+                raise refusal(limit, self.wall())
         room, tightest = self._room([(subject, caller.user_id) for subject in subjects])
         hold = None
         if tightest is not None:
@@ -415,67 +380,7 @@ class Quotas:
         own = [h.until for h in held if h.user == user and not h.started]
         room = limit.limit - limit.used - sum(h.reserved for h in held if h.started or h.user == user)
         if own:  # the caller's own queued requests: they end by their queue timeout at the latest
-            return _no_room(limit, room, prompt, "yours", max(1, math.ceil(min(own) - self.clock())), self.wall())
+            return no_room(limit, room, prompt, "yours", max(1, math.ceil(min(own) - self.clock())), self.wall())
         if any(h.started for h in held):
-            return _no_room(limit, room, prompt, "running", 5, self.wall())
-        return _no_room(limit, room, prompt, None, None, self.wall())
-
-
-def _exceeded(message: str, retry_after: float | None = None) -> RequestError:
-    return RequestError(message, status=429, type="rate_limit_error", code="quota_exceeded", retry_after=retry_after)
-
-
-def _raise_it(limit: Limit) -> str:
-    """The admin's fix, as every quota message ends."""
-    flag = "--" + limit.kind.replace("_", "-")
-    return f"ask an admin to raise it with `mr {limit.subject} set-quota {limit.name} {flag} N`"
-
-
-def _refusal(limit: Limit, now: float) -> RequestError:
-    wait = max(1, math.ceil(limit.resets - now))
-    if limit.kind == "requests_per_minute":
-        spent = f"sent {limit.used} requests in the last minute, the most its quota allows"
-        reset = time.strftime("%H:%M:%S", time.localtime(limit.resets))
-    else:
-        spent = f"used {limit.used:,} of the {limit.limit:,} tokens a {_PERIODS[limit.kind]} its quota allows"
-        reset = time.strftime("%Y-%m-%d %H:%M", time.localtime(limit.resets))
-    return _exceeded(
-        f"{limit.subject} {limit.name!r} has {spent}; try again after the reset at {reset} "
-        f"({zone_label(limit.resets)}), or {_raise_it(limit)}",
-        retry_after=wait,
-    )
-
-
-def _cut(limit: Limit, completion: int) -> RequestError:
-    """A stream past its reservation meets a spent quota: it ends here, charged what it delivered."""
-    return _exceeded(
-        f"the answer stops after {completion:,} tokens because {limit.subject} {limit.name!r} has used the "
-        f"{limit.limit:,} tokens a {_PERIODS[limit.kind]} its quota allows; send max_tokens"
-        f" (options.num_predict for Ollama) to reserve a whole answer up front, or {_raise_it(limit)}"
-    )
-
-
-def _no_room(
-    limit: Limit, room: int, prompt: int, held_by: str | None, retry_after: int | None, now: float
-) -> RequestError:
-    """What is left of a token quota (``room``) is too little for this request's prompt.
-
-    ``held_by`` says who reserves the rest: "yours" (the caller's queued requests), "running" (the
-    requests running now), or None (used by completed requests); ``retry_after`` None waits for the reset.
-    """
-    left = (
-        f"{limit.subject} {limit.name!r} has {max(0, room):,} of the {limit.limit:,} tokens a "
-        f"{_PERIODS[limit.kind]} its quota allows left"
-    )
-    if held_by is not None:
-        whose = "your requests in flight" if held_by == "yours" else "the requests running now"
-        return _exceeded(
-            f"{left} after what is reserved by {whose}, too few for this request's prompt of about {prompt:,}"
-            " tokens; wait for them to finish and send it again, or send a shorter prompt",
-            retry_after=retry_after,
-        )
-    return _exceeded(
-        f"{left}, too few for this request's prompt of about {prompt:,} tokens; send a shorter prompt, or"
-        f" {_raise_it(limit)}",
-        retry_after=max(1, math.ceil(limit.resets - now)),
-    )
+            return no_room(limit, room, prompt, "running", 5, self.wall())
+        return no_room(limit, room, prompt, None, None, self.wall())
