@@ -14,9 +14,16 @@ so it is the backend's ``sharing``:
   running two models produces more tokens than one (the law of the
   independent harness issue 31 cites).
 
-Without a slowdown, streams never slow each other. Every start and end
-re-times the streams still running (processor sharing); a prefilling stream
-slows the others as a decoding one does.
+How prefill shares a step depends on the engine. On Ollama and llama.cpp a
+prefilling stream slows the others as a decoding one does. A vLLM engine
+(chunked prefill, decode first) fills each step's token budget
+(``max_num_batched_tokens``, ``STEP_TOKENS``) with one token of
+every decoding stream, then a chunk of the waiting prompts: a step with d
+decoding streams and prompts to read takes ``(1 + slowdown (d - 1)) / decode
++ (STEP_TOKENS - d) / prefill`` seconds, so a long uncached prompt delays
+every running stream by about its prefill time, and the prompts being read
+share the chunk equally. Every start, end and finished prefill re-times the
+streams still running (processor sharing).
 """
 
 from __future__ import annotations
@@ -27,9 +34,12 @@ from typing import Generic, TypeVar
 from ..scenario import BackendSpec
 from .streams import DECODE, PREFILL, Stream
 
-__all__ = ["Gpu"]
+__all__ = ["STEP_TOKENS", "Gpu"]
 
 T = TypeVar("T")
+
+STEP_TOKENS = 8192
+"""A vLLM step's token budget: ``max_num_batched_tokens`` as vLLM's OpenAI server sets it by default."""
 
 
 class Gpu(Generic[T]):
@@ -47,55 +57,74 @@ class Gpu(Generic[T]):
         """
         self.slowdown = spec.slowdown
         self.concurrent = spec.sharing == "concurrent"
+        self.step_tokens = STEP_TOKENS if spec.engine == "vllm" else None
         self.push = push
         self.decode_rate_changed = decode_rate_changed
         self.active: list[Stream[T]] = []
 
-    def speeds(self) -> dict[str, float]:
-        """Each running model's share of one stream's rates alone on the GPU."""
-        batch: dict[str, int] = {}
+    @property
+    def shared(self) -> bool:
+        """Whether streams slow each other at all."""
+        return bool(self.slowdown) or self.step_tokens is not None
+
+    def _batches(self) -> tuple[dict[str, list[int]], int]:
+        """Decoding and prefilling streams per batch (a model's, or the GPU's when concurrent), and models running."""
+        batches: dict[str, list[int]] = {}
+        models = set()
         for stream in self.active:
-            batch[stream.model] = batch.get(stream.model, 0) + 1
-        if self.concurrent:
-            speed = 1.0 / (1.0 + self.slowdown * (len(self.active) - 1))
-            return dict.fromkeys(batch, speed)
-        turns = len(batch)
-        return {m: 1.0 / ((1.0 + self.slowdown * (n - 1)) * turns) for m, n in batch.items()}
+            models.add(stream.model)
+            counts = batches.setdefault("" if self.concurrent else stream.model, [0, 0])
+            counts[0 if stream.phase == DECODE else 1] += 1
+        return batches, len(models)
+
+    def rate(self, stream: Stream[T], phase: int) -> float:
+        """Tokens a second ``stream`` makes in ``phase`` with the streams running now."""
+        base = stream.rates.prefill if phase == PREFILL else stream.rates.decode
+        if not self.shared:
+            return base
+        batches, models = self._batches()
+        decoding, prefilling = batches["" if self.concurrent else stream.model]
+        turns = 1 if self.concurrent else models
+        if self.step_tokens is None:
+            return base / ((1.0 + self.slowdown * (decoding + prefilling - 1)) * turns)
+        if phase == DECODE and stream.phase != DECODE:  # its decode, once its own prompt is read
+            decoding, prefilling = decoding + 1, prefilling - 1
+        step = (1.0 + self.slowdown * (decoding - 1)) / stream.rates.decode if decoding else 0.0
+        chunk = max(1, self.step_tokens - decoding) if prefilling else 0
+        step = (step + chunk / stream.rates.prefill) * turns
+        return chunk / prefilling / step if phase == PREFILL else 1.0 / step
 
     def start(self, stream: Stream[T], now: float) -> None:
         """``stream`` got a slot: it prefills what its cache lacks, then decodes."""
+        stream.phase = PREFILL
         self.active.append(stream)
         self.retime(now, new=stream)
 
     def retime(self, now: float, new: Stream[T] | None = None) -> None:
         """Time ``new``'s prefill and decode and, when streams slow each other, re-time every other one."""
-        speeds = self.speeds() if self.slowdown else {}
         if new is not None:
-            speed = speeds.get(new.model, 1.0)
-            new.phase = PREFILL
             new.t0 = now
-            new.rate = new.rates.prefill * speed
+            new.rate = self.rate(new, PREFILL)
             new.prefill_end = now + new.computed / new.rate
-            new.done = new.prefill_end + new.completion / (new.rates.decode * speed)
+            new.done = new.prefill_end + new.completion / self.rate(new, DECODE)
             self.push(new.prefill_end, "prefill", (new, new.version))
             self.push(new.done, "done", (new, new.version))
-        if not self.slowdown:
+        if not self.shared:
             return
         for stream in self.active:
             if stream is new:
                 continue
-            speed = speeds[stream.model]
-            base = stream.rates.prefill if stream.phase == PREFILL else stream.rates.decode
-            if stream.rate == base * speed:
+            rate = self.rate(stream, stream.phase)
+            if stream.rate == rate:
                 continue
             stream.work0 = stream.tokens(now)
             stream.t0 = now
             old = stream.rate
-            stream.rate = base * speed
+            stream.rate = rate
             stream.version += 1
             if stream.phase == PREFILL:
                 stream.prefill_end = now + max(0.0, stream.computed - stream.work0) / stream.rate
-                stream.done = stream.prefill_end + stream.completion / (stream.rates.decode * speed)
+                stream.done = stream.prefill_end + stream.completion / self.rate(stream, DECODE)
                 self.push(stream.prefill_end, "prefill", (stream, stream.version))
             else:
                 stream.done = now + max(0.0, stream.completion - stream.work0) / stream.rate
@@ -107,5 +136,10 @@ class Gpu(Generic[T]):
         stream.phase = DECODE
         stream.t0 = now
         stream.work0 = 0.0
-        stream.rate = stream.rates.decode * (self.speeds()[stream.model] if self.slowdown else 1.0)
+        stream.rate = self.rate(stream, DECODE)
+        if self.step_tokens is not None:  # its decode rate and the others' change with the prompts left to read
+            stream.version += 1
+            stream.done = now + stream.completion / stream.rate
+            self.push(stream.done, "done", (stream, stream.version))
+            self.retime(now)
         return stream.rate
