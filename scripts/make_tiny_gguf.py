@@ -18,8 +18,8 @@ import sys
 if len(sys.argv) != 2:
     sys.exit(__doc__.splitlines()[2])
 
-import gguf  # noqa: E402
-import numpy as np  # noqa: E402
+import gguf
+import numpy as np
 
 out = sys.argv[1]
 if os.path.dirname(out):
@@ -36,7 +36,7 @@ def bytes_to_unicode():
             bs.append(b)
             cs.append(256 + n)
             n += 1
-    return dict(zip(bs, [chr(c) for c in cs]))
+    return dict(zip(bs, [chr(c) for c in cs], strict=True))
 
 
 b2u = bytes_to_unicode()
