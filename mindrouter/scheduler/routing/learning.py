@@ -58,6 +58,9 @@ class Sample:
     timings: Timings
     model_size: int | None
     """Bytes of the model, for the load speed."""
+    cached: int = 0
+    """Of ``prompt_tokens``, those found in the engine's prompt cache (as it said, else as routing expected):
+    not read, so not in the prefill's time. vLLM's usage and Ollama's ``prompt_eval_count`` count them."""
 
 
 def _rate(tokens: float | None, seconds: float | None, limit: float) -> float | None:
@@ -115,7 +118,9 @@ def learn(load: BackendLoad, speeds: Speeds, job: Job, sample: Sample, settings:
         speed.decode = _ema(speed.decode, decode * slowdown, alpha)
         speed.observed = _ema(speed.observed, decode, alpha)
         speed.answers += 1
-    prompt = sample.prompt_tokens
+    # A prompt read mostly from the cache took the time of the rest only: counted whole, a hit taught a
+    # faster prefill and the next hit looked worth less (issue 31: turns left the replica with their history).
+    prompt = None if sample.prompt_tokens is None else sample.prompt_tokens - min(sample.cached, sample.prompt_tokens)
     if prompt is not None and prompt >= settings.min_prefill_sample_tokens:
         prefill = _rate(prompt, prefill_s, MAX_RATE)
         if prefill is not None:

@@ -118,22 +118,24 @@ class Prefixes:
         self._expected[job_id] = (shelf, prefix, prefix[found - 1][1] if found else 0)
         shelf.put(prefix, found, sequences, tokens)
 
-    def ended(self, job_id: str, cached: int | None, prompt: int | None = None) -> None:
+    def ended(self, job_id: str, cached: int | None, prompt: int | None = None) -> float:
         """``job_id`` ended; ``cached``: prompt tokens its engine said it found cached, if it said, of ``prompt``
-        (its count of the prompt; None: as the shelf counted it).
+        (its count of the prompt; None: as the shelf counted it). Returns the part of the prompt (0 to 1)
+        expected cached when it was sent (0 for a job not sent with a prefix).
 
         Under half the part of the prompt the shelf promised means the engine kept less than the shelf
         thinks (a slot reused by work the router did not send, a restart): the shelf keeps only what this
         job left. Parts, not tokens: the engine counts tokens, the shelf the daemon's estimate of them.
         """
         expected = self._expected.pop(job_id, None)
-        if expected is None or cached is None:
-            return
+        if expected is None:
+            return 0.0
         shelf, prefix, hoped = expected
         leaf, total = prefix[-1]
-        if cached * 2 * total < hoped * (prompt or total):
+        if cached is not None and cached * 2 * total < hoped * (prompt or total):
             for other in [other for other in shelf.seqs if other != leaf]:
                 shelf.drop(other)
+        return hoped / total
 
     def keep(self, backend_id: Hashable, models: frozenset[str]) -> None:
         """``backend_id`` holds only ``models`` now (a poll, an eviction): forget the others' shelves."""

@@ -326,13 +326,15 @@ class Router:
         """What ``job``'s answer teaches about its backend; call before ``release`` (its stream still counts).
 
         ``cached``: prompt tokens the engine said it found in its cache, which corrects what routing expects."""
-        self.prefixes.ended(job.id, cached, prompt_tokens)
+        part = self.prefixes.ended(job.id, cached, prompt_tokens)
         load = self._loads.get(backend_id)
         if load is None:
             return
         backend = self._backends.get(backend_id)
         size = backend.model_sizes.get(job.model) if backend is not None else None
-        sample = Sample(prompt_tokens, completion_tokens, latency, duration, timings or Timings(), size)
+        if cached is None and prompt_tokens is not None:  # the engine does not say (Ollama): as expected
+            cached = round(prompt_tokens * part)
+        sample = Sample(prompt_tokens, completion_tokens, latency, duration, timings or Timings(), size, cached or 0)
         learn(load, self.speeds, job, sample, self.settings)
 
     # -- reading -----------------------------------------------------------
