@@ -59,6 +59,8 @@ class Router:
         self.classes = Classes(self._backends, self._loads, settings)
         self.placement = Placement(self._backends, self._loads, self.classes, self.speeds, settings)
         self.prefixes = Prefixes()
+        self._started: dict[str, tuple[float, float]] = {}
+        """Per running job: its backend's ``BackendLoad.read`` before it was sent, and its own reading."""
 
     # -- backends ----------------------------------------------------------
 
@@ -245,6 +247,8 @@ class Router:
         model = job.model
         load.in_flight += 1
         load.model_in_flight[model] = load.model_in_flight.get(model, 0) + 1
+        self._started[job.id] = (load.read, chosen.reading)
+        load.read += chosen.reading
         if chosen.start > 0 and model not in load.loading:
             load.loading[model] = now + chosen.start
             load.loaders.add(job.id)
@@ -266,6 +270,7 @@ class Router:
         load.model_in_flight[job.model] -= 1
         load.loaders.discard(job.id)
         self.prefixes.ended(job.id, None)
+        self._started.pop(job.id, None)
         if job.unload_after and not load.model_in_flight[job.model]:  # Ollama unloads it now (keep_alive 0)
             load.evicted[job.model] = self.classes.now
             self.prefixes.unloaded(backend_id, (job.model,))
@@ -330,11 +335,24 @@ class Router:
         load = self._loads.get(backend_id)
         if load is None:
             return
+        before, own = self._started.pop(job.id, (load.read, 0.0))
         backend = self._backends.get(backend_id)
         size = backend.model_sizes.get(job.model) if backend is not None else None
         if cached is None and prompt_tokens is not None:  # the engine does not say (Ollama): as expected
             cached = round(prompt_tokens * part)
-        sample = Sample(prompt_tokens, completion_tokens, latency, duration, timings or Timings(), size, cached or 0)
+        # Where prompts stall decoding, the others' prompts read while it ran are time it only waited.
+        stalls = backend is not None and backend.prefill_stalls
+        sample = Sample(
+            prompt_tokens,
+            completion_tokens,
+            latency,
+            duration,
+            timings or Timings(),
+            size,
+            cached or 0,
+            load.read - before - own if stalls else 0.0,
+            stalls,
+        )
         learn(load, self.speeds, job, sample, self.settings)
 
     # -- reading -----------------------------------------------------------
