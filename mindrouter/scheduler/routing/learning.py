@@ -125,9 +125,10 @@ def learn(load: BackendLoad, speeds: Speeds, job: Job, sample: Sample, settings:
     speed = load.speeds.setdefault(job.model, ModelSpeed())
     decode = _rate(sample.completion_tokens, decode_s, MAX_RATE)
     if decode is not None:
-        # A line needs more answers than a rate: weighing the newest 0.2, four equal vLLM-like replicas
-        # learned slopes from 0 to 0.5 where the truth was 0.05, and routing herded onto the lowest.
-        _fit_slowdown(load, speed.crowd, others, 1.0 / decode, alpha / 4)
+        # Where prompts stall decoding, seconds per token swing with the prompts read beside each answer: weighing
+        # the newest 0.2, four equal vLLM-like replicas learned slopes from 0 to 0.5 (truth 0.05) and routing
+        # herded onto the lowest. Their line takes 4x as many answers (elsewhere that slowed lab-pool's balance).
+        _fit_slowdown(load, speed.crowd, others, 1.0 / decode, alpha / 4 if sample.stalls else alpha)
         speed.decode = _ema(speed.decode, decode * slowdown, alpha)
         speed.observed = _ema(speed.observed, decode, alpha)
         speed.answers += 1
