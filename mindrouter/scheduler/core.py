@@ -98,11 +98,11 @@ class Scheduler:
         if self.router.set_backend(backend):
             self._regroup()
         if not backend.takes_work:
-            self._unhold(self.turns.drop_holds(backend.id), None)
+            self._unhold(self.turns.anticipation.drop_holds(backend.id), None)
 
     def remove_backend(self, backend_id: Hashable) -> None:
         """Forget a backend; jobs running there still end through complete/fail/cancel."""
-        self._unhold(self.turns.drop_holds(backend_id), None)
+        self._unhold(self.turns.anticipation.drop_holds(backend_id), None)
         if self.router.remove_backend(backend_id):
             self._regroup()
 
@@ -364,31 +364,32 @@ class Scheduler:
         thinks briefly, and would be served before every job queued that could take the slot; or keep it for
         a seat that reads for seconds (under ``max_think_time``) while the one who would take it already runs
         its share of the backend's slots and used more of late (``holds.py``)."""
-        charge, bid = running.charge, running.backend_id
-        length = self.turns.hold_length(charge)
+        charge, bid, anticipation = running.charge, running.backend_id, self.turns.anticipation
+        length = anticipation.hold_length(charge)
         if length is None:
             return
         served = self.router.holdable(bid, running.job.model)
         if served is None:
             return
         shared = length[1]
-        rival = self.turns.rival(charge, served, now, shared=shared)
+        rival = anticipation.rival(charge, served, now, shared=shared)
         if rival is None:
             return
-        job, answer = rival
+        key, job = rival
+        answer = self.turns.expected_answer(key, job)
         if shared:  # the rival's share counts the free slots the queue takes anyway (its jobs ending with ours)
             backend = self.router.backend(bid)
             free = self.router.free(bid) - 1
             mine = self._per_backend.get((bid, job.user_id), 0) + min(free, self.turns.queued_of(job.user_id))
-            if backend is None or not self.turns.over_share(charge, job, backend.max_concurrent, mine, now):
+            if backend is None or not anticipation.over_share(charge, job, backend.max_concurrent, mine, now):
                 return
         busy = self.router.busy_seconds(bid, job, answer, now)
-        self.turns.hold(charge, bid, now, job, answer, busy, length)
+        anticipation.hold(charge, bid, now, job, answer, busy, length)
         self.router.hold(bid, running.job.model)
 
     def expire(self, now: float) -> list[Expired]:
         """Remove and return the jobs that have waited past ``queue_timeout``; end the holds past their time."""
-        self._unhold(self.turns.expire_holds(now), now)
+        self._unhold(self.turns.anticipation.expire_holds(now), now)
         out: list[Expired] = []
         for job_id in self._deadlines.due(now):
             job = self.turns.queued(job_id)
@@ -401,7 +402,7 @@ class Scheduler:
     def next_deadline(self) -> float | None:
         """When ``expire`` will next have something to do (a queue timeout, or a hold's end), if ever."""
         queued = self._deadlines.next(self.is_queued)
-        hold = self.turns.next_hold_deadline()
+        hold = self.turns.anticipation.next_hold_deadline()
         if queued is None:
             return hold
         return queued if hold is None else min(hold, queued)
@@ -484,4 +485,4 @@ class Scheduler:
         per_user = {(r.backend_id, r.job.user_id) for r in self._running.values()}
         assert per_user == set(self._per_backend), (per_user, self._per_backend)
         assert sum(self._per_backend.values()) == len(self._running)
-        self.router.check(per_backend, self.turns.held_per_backend())
+        self.router.check(per_backend, self.turns.anticipation.held_per_backend())
