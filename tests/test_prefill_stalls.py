@@ -106,3 +106,30 @@ def test_others_prompts_read_while_a_stream_decoded_do_not_teach_a_slower_decode
     s.complete(long.id, 14.1, prompt_tokens=100, completion_tokens=100, latency=0.1, duration=4.1)
     speed = s.router._loads[1].speeds[MODEL]
     assert speed.decode is not None and speed.decode > 49, speed  # 45.2 taught by 25 tokens/s
+
+
+def test_a_prompt_goes_where_fewer_prompts_wait_to_be_read_before_it():
+    """8,000 tokens were sent to backend 1 a second ago (8 s of reading, 7 left): a new prompt there would be
+    read after them, so it goes to backend 2 although that one runs two streams to backend 1's one."""
+    s = core()
+    s.set_backend(dataclasses.replace(backend(2), enabled=False))
+    dispatch(s, Job("big", "x", MODEL, 10.0, prompt_tokens=8000, max_tokens=100, prefix=chain([("big", 8000)])), 10.0)
+    s.set_backend(backend(2))
+    busy(s, 2, 2, 10.0)
+    d = dispatch(s, Job("new", "u", MODEL, 11.0, prompt_tokens=500, max_tokens=100), 11.0)
+    rows = d.record.to_dict()["score_components"]
+    assert d.backend_id == 2, rows
+    assert rows["1"]["prefill"] == 7.5, rows  # 7 s of the big prompt left, then its own 0.5 s
+
+
+def test_the_prompts_a_job_was_read_behind_do_not_teach_a_slower_prefill():
+    """Sent behind 4 s of another prompt's reading, a 1,000-token prompt's first byte came after 5 s: its
+    backend still reads 1,000 tokens/s, not 200."""
+    s = core()
+    s.set_backend(dataclasses.replace(backend(2), enabled=False))
+    dispatch(s, Job("big", "x", MODEL, 10.0, prompt_tokens=4000, max_tokens=100, prefix=chain([("big", 4000)])), 10.0)
+    job = Job("late", "u", MODEL, 10.0, prompt_tokens=1000, max_tokens=100, stream=True)
+    dispatch(s, job, 10.0)
+    s.complete(job.id, 17.0, prompt_tokens=1000, completion_tokens=100, latency=5.0, duration=7.0)
+    speed = s.router._loads[1].speeds[MODEL]
+    assert speed.prefill is not None and speed.prefill > 900, speed

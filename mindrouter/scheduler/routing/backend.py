@@ -127,6 +127,14 @@ class BackendLoad:
     read: float = 0.0
     """Seconds of prompt reading sent here so far (each job's part not cached, at its prefill rate alone): where
     prompts stall decoding (``Backend.prefill_stalls``), what a stream waited for beside its own work."""
+    backlog: float = 0.0
+    """Seconds of that reading not yet done as of ``backlog_at`` (a queue drained at one second a second): the
+    prompts a new one is read behind."""
+    backlog_at: float = 0.0
+
+    def pending(self, now: float) -> float:
+        """Seconds of prompt reading sent here and expected not done by ``now``."""
+        return max(0.0, self.backlog - (now - self.backlog_at))
 
     def resident(self, backend: Backend, now: float, confirm: float) -> frozenset[str]:
         """Models resident or loading now, as far as the core can tell before the next poll.

@@ -224,8 +224,13 @@ def estimate(
         typical = (prompt_tokens / prefill + answer_tokens / decode) * slowdown
         start = max(start, typical * queued / max(1, holding))
     loads = w.model_loaded / _SEED.model_loaded
-    # Where prompts stall decoding, decoding hardly slows a prompt's reading (one token a stream per step).
-    t_prefill = (prompt_tokens - cached) * (1.0 if backend.prefill_stalls else slowdown) / prefill
+    reading = (prompt_tokens - cached) / prefill
+    # Where prompts stall decoding, decoding hardly slows a prompt's reading (one token a stream per step), and
+    # the prompts sent before it are read first (they share each step's budget).
+    if backend.prefill_stalls:
+        t_prefill = load.pending(now) + reading
+    else:
+        t_prefill = reading * slowdown
     t_decode = answer_tokens * slowdown / decode
     finish = start + t_prefill + t_decode
     eviction = settings.eviction_price * (
@@ -233,8 +238,7 @@ def estimate(
     )
     # Each stream already there runs slower while this one runs: about per_stream of this job's time alone;
     # where prompts stall decoding (vLLM's chunked prefill), each also waits for this one's prompt to be read.
-    reading = (prompt_tokens - cached) / prefill
-    delay = load.in_flight * (per_stream * (t_prefill + t_decode) / slowdown + backend.prefill_stalls * reading)
+    delay = load.in_flight * (per_stream * (reading + t_decode / slowdown) + backend.prefill_stalls * reading)
     scarcity = contested * (t_prefill + t_decode)
     weighed = (
         loads * (start + eviction)

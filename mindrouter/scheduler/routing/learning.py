@@ -67,6 +67,9 @@ class Sample:
     stalls: bool = False
     """Its backend's prompts stall decoding (``Backend.prefill_stalls``), and decoding streams hardly slow a
     prompt's reading there: a prompt's rate is not scaled by the streams beside it."""
+    behind: float = 0.0
+    """Seconds of other prompts' reading it was sent behind there (``BackendLoad.pending``): part of its first
+    byte's wait that is not its own prompt's."""
 
 
 def _rate(tokens: float | None, seconds: float | None, limit: float) -> float | None:
@@ -117,11 +120,11 @@ def learn(load: BackendLoad, speeds: Speeds, job: Job, sample: Sample, settings:
     reads_only = job.stream or job.modality is Modality.EMBEDDINGS  # its first byte ends the prompt's reading
     if prefill_s is None and reads_only and latency is not None and t.load is None and job.model not in load.loading:
         prefill_s = latency  # no load came before the first byte
-    if sample.stalled > 0 and duration:  # spread over its life; at least a quarter of each phase was its own
+    if (sample.stalled > 0 or sample.behind > 0) and duration:  # at least a quarter of each phase was its own
         if decode_s is not None:
             decode_s -= min(0.75 * decode_s, sample.stalled * decode_s / duration)
         if prefill_s is not None:
-            prefill_s -= min(0.75 * prefill_s, sample.stalled * prefill_s / duration)
+            prefill_s -= min(0.75 * prefill_s, sample.behind + sample.stalled * prefill_s / duration)
     speed = load.speeds.setdefault(job.model, ModelSpeed())
     decode = _rate(sample.completion_tokens, decode_s, MAX_RATE)
     if decode is not None:

@@ -59,8 +59,9 @@ class Router:
         self.classes = Classes(self._backends, self._loads, settings)
         self.placement = Placement(self._backends, self._loads, self.classes, self.speeds, settings)
         self.prefixes = Prefixes()
-        self._started: dict[str, tuple[float, float]] = {}
-        """Per running job: its backend's ``BackendLoad.read`` before it was sent, and its own reading."""
+        self._started: dict[str, tuple[float, float, float]] = {}
+        """Per running job: its backend's ``BackendLoad.read`` before it was sent, its own reading, and the
+        reading it was sent behind."""
 
     # -- backends ----------------------------------------------------------
 
@@ -247,8 +248,9 @@ class Router:
         model = job.model
         load.in_flight += 1
         load.model_in_flight[model] = load.model_in_flight.get(model, 0) + 1
-        self._started[job.id] = (load.read, chosen.reading)
+        self._started[job.id] = (load.read, chosen.reading, load.pending(now))
         load.read += chosen.reading
+        load.backlog, load.backlog_at = load.pending(now) + chosen.reading, now
         if chosen.start > 0 and model not in load.loading:
             load.loading[model] = now + chosen.start
             load.loaders.add(job.id)
@@ -335,7 +337,7 @@ class Router:
         load = self._loads.get(backend_id)
         if load is None:
             return
-        before, own = self._started.pop(job.id, (load.read, 0.0))
+        before, own, behind = self._started.pop(job.id, (load.read, 0.0, 0.0))
         backend = self._backends.get(backend_id)
         size = backend.model_sizes.get(job.model) if backend is not None else None
         if cached is None and prompt_tokens is not None:  # the engine does not say (Ollama): as expected
@@ -352,6 +354,7 @@ class Router:
             cached or 0,
             load.read - before - own if stalls else 0.0,
             stalls,
+            behind if stalls else 0.0,
         )
         learn(load, self.speeds, job, sample, self.settings)
 
