@@ -233,3 +233,18 @@ def test_where_the_engine_does_not_say_what_it_found_cached_the_expected_part_is
     s = core()
     home = second_turn_read(s, cached=None)  # Ollama: prompt_eval_count is the whole prompt, the time the rest's
     assert _fresh_prefill(s, home, 30.0) == 1.0
+
+
+def test_a_miss_on_a_token_bounded_cache_forgets_only_what_was_sent_before_the_lost_sequence():
+    """vLLM frees its least recently used blocks first: conversation a's history was lost, so everything sent
+    before it may be gone, but b's and c's, sent after it, are newer and still there. Forgetting them too,
+    one miss in a burst made every conversation on that replica look uncached, and they scattered."""
+    s = core(parallel=None)
+    home = run(s, turn("u", "a", 0, 10.0), 10.0).backend_id
+    other = backends(None)[2 - home]
+    s.set_backend(dataclasses.replace(other, enabled=False))
+    run(s, turn("v", "b", 0, 20.0), 20.0, expect=home)
+    run(s, turn("w", "c", 0, 30.0), 30.0, expect=home)
+    run(s, turn("u", "a", 1, 40.0), 40.0, expect=home, cached=0)  # the engine found none of a's history
+    s.set_backend(other)
+    assert cached_tokens(dispatch(s, turn("v", "b", 1, 50.0), 50.0))[str(home)] == 4000
