@@ -248,3 +248,18 @@ def test_a_miss_on_a_token_bounded_cache_forgets_only_what_was_sent_before_the_l
     run(s, turn("u", "a", 1, 40.0), 40.0, expect=home, cached=0)  # the engine found none of a's history
     s.set_backend(other)
     assert cached_tokens(dispatch(s, turn("v", "b", 1, 50.0), 50.0))[str(home)] == 4000
+
+
+def test_a_token_bounded_cache_counts_a_shared_system_prompt_once():
+    """vLLM shares prefix blocks: five conversations behind one 4,000-token system prompt hold 4,000 + 5 x 1,000
+    tokens of KV, not 5 x 5,000. Counted once a sequence, the estimate forgot the first three in a cache of
+    10,000 tokens that holds all five, and their next turns were taken as uncached everywhere."""
+    from mindrouter.scheduler.routing.prefixes import Prefixes
+
+    shelves = Prefixes()
+    convs = [chain([(SYSTEM, 4000), (("conv", i), 1000)]) for i in range(5)]
+    for i, prefix in enumerate(convs):
+        shelves.sent(f"j{i}", 1, MODEL, prefix, None, 10_000)
+    assert [shelves.cached(1, MODEL, prefix) for prefix in convs] == [5000] * 5
+    shelves.sent("j5", 1, MODEL, chain([(SYSTEM, 4000), (("conv", 5), 2000)]), None, 10_000)  # 11,000: one goes
+    assert [shelves.cached(1, MODEL, prefix) for prefix in convs] == [4000] + [5000] * 4

@@ -9,7 +9,8 @@ are shared), and the shelf is bounded as the engine's cache is:
   keeps one sequence a slot, so a shelf holds ``parallel`` sequences and a
   new one pushes out the one used least recently (slot reuse);
 - any other (vLLM's prefix blocks) keeps what fits its KV cache, bounded here
-  by ``SchedulerSettings.prefix_cache_tokens`` tokens.
+  by ``SchedulerSettings.prefix_cache_tokens`` tokens, a block shared by
+  several sequences (an app's system prompt) counted once, as vLLM holds it.
 
 A shelf is dropped when its model leaves the backend (unloaded, evicted, or
 keep_alive ran out: the next poll says so) and when the engine's answer says
@@ -72,14 +73,18 @@ class Shelf:
             if h in seqs:
                 extended = self.stamps[h]
                 self.drop(h)
-        leaf, size = prefix[-1]
+        leaf = prefix[-1][0]
         self.clock += 1
         self.stamps[leaf] = self.clock
         seqs[leaf] = prefix
-        self.tokens += size
         count = self.count
-        for h in map(_hash, prefix):
-            count[h] = count.get(h, 0) + 1
+        before = 0
+        for h, end in prefix:
+            held = count.get(h, 0)
+            if not held:  # a block no other sequence here holds: its tokens take room of their own
+                self.tokens += end - before
+            count[h] = held + 1
+            before = end
         most = sequences or len(seqs)
         while len(seqs) > 1 and (len(seqs) > most or self.tokens > tokens):
             self.drop(next(iter(seqs)))
@@ -88,14 +93,16 @@ class Shelf:
     def drop(self, leaf: int) -> None:
         prefix = self.seqs.pop(leaf)
         del self.stamps[leaf]
-        self.tokens -= prefix[-1][1]
         count = self.count
-        for h in map(_hash, prefix):
+        before = 0
+        for h, end in prefix:
             left = count[h] - 1
             if left:
                 count[h] = left
             else:
                 del count[h]
+                self.tokens -= end - before
+            before = end
 
 
 class Prefixes:
