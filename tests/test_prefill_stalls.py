@@ -133,3 +133,16 @@ def test_the_prompts_a_job_was_read_behind_do_not_teach_a_slower_prefill():
     s.complete(job.id, 17.0, prompt_tokens=1000, completion_tokens=100, latency=5.0, duration=7.0)
     speed = s.router._loads[1].speeds[MODEL]
     assert speed.prefill is not None and speed.prefill > 900, speed
+
+
+def test_a_prompt_whose_job_ended_is_no_longer_waited_for():
+    """The 8,000-token prompt's job ended a second after it was sent (its prompt was read faster than the rate
+    learned said): nothing is left to read before a new prompt there. Without the bound, a prefill rate
+    learned too low piled up a backlog no job held, 12 s on every replica in a live run."""
+    s = core()
+    s.set_backend(dataclasses.replace(backend(2), enabled=False))
+    big = Job("big", "x", MODEL, 10.0, prompt_tokens=8000, max_tokens=100, prefix=chain([("big", 8000)]))
+    dispatch(s, big, 10.0)
+    s.complete(big.id, 11.0, prompt_tokens=None, completion_tokens=None)
+    d = dispatch(s, Job("new", "u", MODEL, 11.5, prompt_tokens=500, max_tokens=100), 11.5)
+    assert d.record.to_dict()["score_components"]["1"]["prefill"] == 0.5

@@ -131,10 +131,13 @@ class BackendLoad:
     """Seconds of that reading not yet done as of ``backlog_at`` (a queue drained at one second a second): the
     prompts a new one is read behind."""
     backlog_at: float = 0.0
+    reading: float = 0.0
+    """Seconds of prompt reading of the jobs running here: a prompt is read before its job ends, so the backlog
+    is never more (a learned prefill rate too low for a while cannot pile up a backlog no job holds)."""
 
     def pending(self, now: float) -> float:
         """Seconds of prompt reading sent here and expected not done by ``now``."""
-        return max(0.0, self.backlog - (now - self.backlog_at))
+        return max(0.0, min(self.reading, self.backlog - (now - self.backlog_at)))
 
     def resident(self, backend: Backend, now: float, confirm: float) -> frozenset[str]:
         """Models resident or loading now, as far as the core can tell before the next poll.

@@ -250,6 +250,7 @@ class Router:
         load.model_in_flight[model] = load.model_in_flight.get(model, 0) + 1
         self._started[job.id] = (load.read, chosen.reading, load.pending(now))
         load.read += chosen.reading
+        load.reading += chosen.reading
         load.backlog, load.backlog_at = load.pending(now) + chosen.reading, now
         if chosen.start > 0 and model not in load.loading:
             load.loading[model] = now + chosen.start
@@ -265,6 +266,7 @@ class Router:
 
     def release(self, backend_id: Hashable, job: Job, *, failed: bool = False) -> None:
         """``job`` ended on ``backend_id`` (``failed``: with an error there): its slot is free."""
+        started = self._started.pop(job.id, None)
         load = self._loads.get(backend_id)
         if load is None:
             return
@@ -272,7 +274,8 @@ class Router:
         load.model_in_flight[job.model] -= 1
         load.loaders.discard(job.id)
         self.prefixes.ended(job.id, None)
-        self._started.pop(job.id, None)
+        if started is not None:
+            load.reading = max(0.0, load.reading - started[1])
         if job.unload_after and not load.model_in_flight[job.model]:  # Ollama unloads it now (keep_alive 0)
             load.evicted[job.model] = self.classes.now
             self.prefixes.unloaded(backend_id, (job.model,))
@@ -337,7 +340,7 @@ class Router:
         load = self._loads.get(backend_id)
         if load is None:
             return
-        before, own, behind = self._started.pop(job.id, (load.read, 0.0, 0.0))
+        before, own, behind = self._started.get(job.id, (load.read, 0.0, 0.0))  # release() forgets it
         backend = self._backends.get(backend_id)
         size = backend.model_sizes.get(job.model) if backend is not None else None
         if cached is None and prompt_tokens is not None:  # the engine does not say (Ollama): as expected
