@@ -174,9 +174,10 @@ ROWS = {
 #: each names the missing core behaviour. Remove an entry when its test passes
 #: (strict: an unexpected pass fails the suite, so none is left behind).
 NEEDS_CORE: dict[str, str] = {
-    "chat-next-to-batch": "charge the slot kept for chat while it reads (issue 30): tokens units give chat 38.3%"
-    " where water-filling owes it 35.1% (a slot delivers chat's short requests 1.7x the units a second of batch's"
-    ' long answers); service_unit = "gpu" makes units follow slot time and leaves chat 27.6% against 32.5%',
+    "chat-next-to-batch": "charge the slot kept for chat while it reads (issue 30): tokens units give chat 40.1%"
+    " where water-filling owes it 34.5% (a slot delivers chat's short requests 1.7x the units a second of batch's"
+    ' long answers); service_unit = "gpu" makes units follow slot time and leaves chat 29.1% against 31.5%, the'
+    " 67 s it waits on arrival behind batch's answers, started while batch was alone",
     "head-starts": "interrupt a running request: hog's four 60 s requests hold every slot each time reader comes"
     " (6.2% against 51.7%); `max_slot_share = 0.75` brings reader to 23.2% (docs/fairness.md, head starts)",
 }
