@@ -201,7 +201,7 @@ person's model joins those backends.
   (``_pair``), ``max_request_cost``, ``gap_bound``,
   ``jain_index``, ``worst_window`` and ``windows``: per 60 s, ``start``,
   ``shares`` (tokens), ``unit_shares``, ``targets``, ``error`` (the shortfall,
-  target - unit_share, of the person left short farthest past its allowance,
+  target - unit_share, of the person whose shortfall is the largest part of its allowance,
   and ``error_user`` whose), ``allowed`` (that person's), ``allowed_by_user``, ``outlasting`` (requests running in it
   that each take longer than a window), ``since_change`` (seconds from the
   last arrival, departure or weight event to its start) and ``counts``
@@ -261,8 +261,8 @@ person's model joins those backends.
   weight, that is weight-normalized throughput).
 - ``windows``: ``{"start", "shares", "unit_shares"}`` per 60 s over all pools
   (the last may be partial). ``worst_window`` (per pool, and the worst of them
-  at the top) is the window, and the person left short in it, farthest past
-  (or nearest) its allowance, of the full windows of a pool that
+  at the top) is the window, and the person left short in it, whose shortfall
+  is the largest part of its allowance, of the full windows of a pool that
   start ``settle_seconds`` (120) or more after the last arrival, departure
   (a phase's start or stop) or weight event in that pool and hold none of
   them, where someone was backlogged. A person's ``allowed`` shortfall is 5

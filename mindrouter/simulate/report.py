@@ -77,9 +77,8 @@ def _window_rows(run: Run, pool: Pool) -> list[dict[str, Any]]:
     """Each window of ``pool``: shares (tokens and service units), targets, the worst user's error, whether it counts.
 
     Targets and the error are in service units, the unit the core charges. The error is a person's
-    shortfall (target less units, over the window's units): the one of the people left short that
-    is farthest past its allowance (``allowed_deviation``); anyone over its target is so because
-    others are short.
+    shortfall (target less units, over the window's units) that is the largest part of its allowance
+    (``allowed_deviation``); anyone over its target is so because others are short.
 
         A window *counts* toward ``worst_window`` when it is full, someone was
         backlogged in it, it holds no change and starts at least ``SETTLE`` seconds
@@ -95,7 +94,7 @@ def _window_rows(run: Run, pool: Pool) -> list[dict[str, Any]]:
         allowed = {u: allowed_deviation(pool, window, u) for u in names}
         if total > 0 and names:
             short = {u: (window.targets[u] - window.units[u]) / total for u in names}
-            worst = max(names, key=lambda u: (short[u] > 0, short[u] - allowed[u]))
+            worst = max(names, key=lambda u: short[u] / allowed[u])
             error = (max(0.0, short[worst]), worst)
         counts = (
             error is not None
@@ -123,13 +122,13 @@ def _window_rows(run: Run, pool: Pool) -> list[dict[str, Any]]:
 
 
 def worst_window(rows: list[dict[str, Any]]) -> dict[str, Any] | None:
-    """Of a pool's window rows that count, the one whose error is farthest past (or nearest) its allowance,
+    """Of a pool's window rows that count, the one whose error is the largest part of its allowance,
     as ``start``, ``user``, ``share`` (tokens), ``unit_share``, ``target``, ``deviation`` and ``allowed``
     (service units)."""
     counted = [r for r in rows if r["counts"]]
     if not counted:
         return None
-    row = max(counted, key=lambda r: (r["error"] - r["allowed"], r["error"]))
+    row = max(counted, key=lambda r: r["error"] / r["allowed"])
     user = row["error_user"]
     return {
         "start": row["start"],
