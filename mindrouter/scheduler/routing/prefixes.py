@@ -78,13 +78,16 @@ class Shelf:
         self.stamps[leaf] = self.clock
         seqs[leaf] = prefix
         count = self.count
-        before = 0
+        before = added = 0
         for h, end in prefix:
-            held = count.get(h, 0)
-            if not held:  # a block no other sequence here holds: its tokens take room of their own
-                self.tokens += end - before
-            count[h] = held + 1
+            held = count.get(h)
+            if held is None:  # a block no other sequence here holds: its tokens take room of their own
+                added += end - before
+                count[h] = 1
+            else:
+                count[h] = held + 1
             before = end
+        self.tokens += added
         most = sequences or len(seqs)
         while len(seqs) > 1 and (len(seqs) > most or self.tokens > tokens):
             self.drop(next(iter(seqs)))
@@ -94,15 +97,16 @@ class Shelf:
         prefix = self.seqs.pop(leaf)
         del self.stamps[leaf]
         count = self.count
-        before = 0
+        before = freed = 0
         for h, end in prefix:
             left = count[h] - 1
             if left:
                 count[h] = left
             else:
                 del count[h]
-                self.tokens -= end - before
+                freed += end - before
             before = end
+        self.tokens -= freed
 
 
 class Prefixes:
