@@ -146,3 +146,27 @@ def test_a_prompt_whose_job_ended_is_no_longer_waited_for():
     s.complete(big.id, 11.0, prompt_tokens=None, completion_tokens=None)
     d = dispatch(s, Job("new", "u", MODEL, 11.5, prompt_tokens=500, max_tokens=100), 11.5)
     assert d.record.to_dict()["score_components"]["1"]["prefill"] == 0.5
+
+
+def test_a_vllm_backend_is_taken_to_stall_decoding_while_it_reads_a_prompt_and_others_not():
+    """vLLM's V1 engine schedules chunked prefill by default; an OpenAI-compatible server or Ollama says nothing."""
+    from types import SimpleNamespace
+
+    from mindrouter.backends import Probe
+    from mindrouter.daemon.pollers.snapshot import backend_snapshot
+
+    probe = Probe(healthy=True, models=LOADED, loaded_models=LOADED)
+    stalls = {}
+    for engine in ("vllm", "openai", "ollama", "llamacpp"):
+        row = SimpleNamespace(
+            id=1,
+            name="b",
+            engine=engine,
+            max_concurrent=8,
+            priority=0.0,
+            state="enabled",
+            parallel=None,
+            max_loaded=None,
+        )
+        stalls[engine] = backend_snapshot(row, probe, {}, None, None, healthy=True).prefill_stalls
+    assert stalls == {"vllm": True, "openai": False, "ollama": False, "llamacpp": False}
