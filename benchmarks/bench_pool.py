@@ -125,7 +125,8 @@ def scaled_settings(compression: float) -> dict[str, dict[str, Any]]:
 async def start_mr(tmp: Path, args: argparse.Namespace, urls: list[str], readings: bool = True) -> Any:
     """`mr serve` with the workstations as backends (and, with ``readings``, as GPU nodes); one key per user.
 
-    A vLLM-style replica is added as an OpenAI-compatible backend (the fake serves no ``/metrics``)."""
+    A vLLM-style replica is added as a vLLM backend (the fake serves no ``/metrics``, which mr serve takes as
+    not offered)."""
     settings = scaled_settings(args.compression)
     for item in args.set or ():
         key, _, value = item.partition("=")
@@ -142,8 +143,8 @@ async def start_mr(tmp: Path, args: argparse.Namespace, urls: list[str], reading
             )
             if readings:
                 backend.update(node=url, gpus=[0])
-        else:
-            backend["engine"] = "openai"
+        else:  # a vLLM-style replica: its prompts stall decoding (chunked prefill), as mr serve expects of vLLM
+            backend["engine"] = spec.engine if spec.engine == "vllm" else "openai"
         await admin_call(sock, "POST", "/admin/backends", backend)
     keys = {}
     for name, _ in users(POOL_KINDS[args.pool]):

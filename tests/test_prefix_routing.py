@@ -191,3 +191,75 @@ def test_the_correction_compares_parts_of_the_prompt_not_tokens_counted_two_ways
     assert d.backend_id == home
     s.complete(job.id, 21.0, prompt_tokens=2000, completion_tokens=100, cached_tokens=240)
     assert cached_tokens(dispatch(s, turn("u", "c", 1, 30.0), 30.0))[str(home)] == 4000
+
+
+def _fresh_prefill(s: Scheduler, bid: int, t: float) -> float:
+    """The prefill seconds the estimate gives backend ``bid`` for a new 1,000-token prompt nothing holds."""
+    job = Job(f"p{next(_ids)}", "x", MODEL, t, prompt_tokens=1000, max_tokens=100, prefix=chain([(("new", t), 1000)]))
+    rows = dispatch(s, job, t).record.to_dict()["score_components"]
+    s.complete(job.id, t + 0.1, prompt_tokens=None, completion_tokens=None)
+    return rows[str(bid)]["prefill"]
+
+
+def second_turn_read(s: Scheduler, cached: int | None) -> int:
+    """A conversation's second turn goes home and its engine reads only the 3,600 tokens not cached, at 1,000/s
+    (``cached``: what its usage says it found, None where the engine does not say); returns home."""
+    home = run(s, turn("u", "c", 0, 10.0), 10.0).backend_id
+    job = turn("u", "c", 1, 20.0)
+    assert dispatch(s, job, 20.0).backend_id == home
+    computed = job.prompt_tokens - 4000
+    s.complete(
+        job.id,
+        25.0,
+        prompt_tokens=job.prompt_tokens,  # vLLM's usage and Ollama's prompt_eval_count count the cached part too
+        completion_tokens=100,
+        latency=computed / 1000,
+        duration=computed / 1000 + 2.0,
+        timings=Timings(load=0.0, prefill=computed / 1000, decode=2.0),
+        cached_tokens=cached,
+    )
+    return home
+
+
+def test_a_prompt_read_mostly_from_the_cache_does_not_teach_a_faster_prefill():
+    """The engine read 3,600 of 7,600 tokens in 3.6 s: still 1,000 tokens/s, not 2,111. Taken as 2,111, a cache
+    hit saved less than half the seconds it does, and turns left the replica holding their history."""
+    s = core()
+    home = second_turn_read(s, cached=4000)
+    assert _fresh_prefill(s, home, 30.0) == 1.0
+
+
+def test_where_the_engine_does_not_say_what_it_found_cached_the_expected_part_is_taken_as_cached():
+    s = core()
+    home = second_turn_read(s, cached=None)  # Ollama: prompt_eval_count is the whole prompt, the time the rest's
+    assert _fresh_prefill(s, home, 30.0) == 1.0
+
+
+def test_a_miss_on_a_token_bounded_cache_forgets_only_what_was_sent_before_the_lost_sequence():
+    """vLLM frees its least recently used blocks first: conversation a's history was lost, so everything sent
+    before it may be gone, but b's and c's, sent after it, are newer and still there. Forgetting them too,
+    one miss in a burst made every conversation on that replica look uncached, and they scattered."""
+    s = core(parallel=None)
+    home = run(s, turn("u", "a", 0, 10.0), 10.0).backend_id
+    other = backends(None)[2 - home]
+    s.set_backend(dataclasses.replace(other, enabled=False))
+    run(s, turn("v", "b", 0, 20.0), 20.0, expect=home)
+    run(s, turn("w", "c", 0, 30.0), 30.0, expect=home)
+    run(s, turn("u", "a", 1, 40.0), 40.0, expect=home, cached=0)  # the engine found none of a's history
+    s.set_backend(other)
+    assert cached_tokens(dispatch(s, turn("v", "b", 1, 50.0), 50.0))[str(home)] == 4000
+
+
+def test_a_token_bounded_cache_counts_a_shared_system_prompt_once():
+    """vLLM shares prefix blocks: five conversations behind one 4,000-token system prompt hold 4,000 + 5 x 1,000
+    tokens of KV, not 5 x 5,000. Counted once a sequence, the estimate forgot the first three in a cache of
+    10,000 tokens that holds all five, and their next turns were taken as uncached everywhere."""
+    from mindrouter.scheduler.routing.prefixes import Prefixes
+
+    shelves = Prefixes()
+    convs = [chain([(SYSTEM, 4000), (("conv", i), 1000)]) for i in range(5)]
+    for i, prefix in enumerate(convs):
+        shelves.sent(f"j{i}", 1, MODEL, prefix, None, 10_000)
+    assert [shelves.cached(1, MODEL, prefix) for prefix in convs] == [5000] * 5
+    shelves.sent("j5", 1, MODEL, chain([(SYSTEM, 4000), (("conv", 5), 2000)]), None, 10_000)  # 11,000: one goes
+    assert [shelves.cached(1, MODEL, prefix) for prefix in convs] == [4000] + [5000] * 4

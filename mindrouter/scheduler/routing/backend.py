@@ -65,6 +65,10 @@ class Backend:
     """0..1: GPU utilization, or vLLM's KV-cache usage, if known."""
     backend_waiting: int = 0
     """Requests waiting in the backend's own queue (from its metrics)."""
+    prefill_stalls: bool = False
+    """A prompt read here stalls every decoding stream for the time it takes (vLLM's chunked prefill fills each
+    step's token budget with one token of each decoding stream, then prompt tokens), so reading one costs every
+    stream there its time; elsewhere a prompt being read slows the others as one more stream does."""
 
     def slots(self, model: str) -> int | None:
         """Requests ``model`` serves at once here; None where only the server's ``max_concurrent`` bounds it."""
@@ -120,6 +124,20 @@ class BackendLoad:
     server's batch slows a stream far less than Ollama's; None until learned (``stream_slowdown``)."""
     loaders: set[str] = field(default_factory=set)
     """Jobs running here that the core sent while their model was not resident: only theirs time a whole load."""
+    read: float = 0.0
+    """Seconds of prompt reading sent here so far (each job's part not cached, at its prefill rate alone): where
+    prompts stall decoding (``Backend.prefill_stalls``), what a stream waited for beside its own work."""
+    backlog: float = 0.0
+    """Seconds of that reading not yet done as of ``backlog_at`` (a queue drained at one second a second): the
+    prompts a new one is read behind."""
+    backlog_at: float = 0.0
+    reading: float = 0.0
+    """Seconds of prompt reading of the jobs running here: a prompt is read before its job ends, so the backlog
+    is never more (a learned prefill rate too low for a while cannot pile up a backlog no job holds)."""
+
+    def pending(self, now: float) -> float:
+        """Seconds of prompt reading sent here and expected not done by ``now``."""
+        return max(0.0, min(self.reading, self.backlog - (now - self.backlog_at)))
 
     def resident(self, backend: Backend, now: float, confirm: float) -> frozenset[str]:
         """Models resident or loading now, as far as the core can tell before the next poll.

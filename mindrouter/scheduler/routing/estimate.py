@@ -28,7 +28,8 @@ served (so a new backend gets tried, as what it is), else the settings' defaults
 Evicting an idle model to make room costs its reload time (``eviction_price``
 per second). The score, higher is better as in the seed's records, is
 
-    delay    = streams already running there x s x this job's time alone there
+    delay    = streams already running there x (s x this job's time alone there
+               + its prompt's reading alone, where prompts stall decoding: vLLM's chunked prefill)
     scarcity = (jobs with no other home it holds up there) x (prefill + decode)
     score = priority - (start + eviction cost) - prefill - decode - delay - scarcity - retry penalty   (seconds)
 
@@ -89,6 +90,9 @@ class Estimate:
     """Subtracted when this backend already failed this request."""
     cached: int = 0
     """Prompt tokens expected in its prompt cache already (``prefixes.py``): no prefill for them."""
+    reading: float = 0.0
+    """Seconds its prompt's part not cached takes to read there alone (what stalls the streams there, where
+    prompts stall decoding)."""
 
     def to_dict(self) -> dict[str, object]:
         return {
@@ -220,14 +224,21 @@ def estimate(
         typical = (prompt_tokens / prefill + answer_tokens / decode) * slowdown
         start = max(start, typical * queued / max(1, holding))
     loads = w.model_loaded / _SEED.model_loaded
-    t_prefill = (prompt_tokens - cached) * slowdown / prefill
+    reading = (prompt_tokens - cached) / prefill
+    # Where prompts stall decoding, decoding hardly slows a prompt's reading (one token a stream per step), and
+    # the prompts sent before it are read first (they share each step's budget).
+    if backend.prefill_stalls:
+        t_prefill = load.pending(now) + reading
+    else:
+        t_prefill = reading * slowdown
     t_decode = answer_tokens * slowdown / decode
     finish = start + t_prefill + t_decode
     eviction = settings.eviction_price * (
         sum(load_seconds(backend, load, m, settings) for m in evicts) if evicts else 0
     )
-    # Each stream already there runs slower while this one runs: about per_stream of this job's time alone.
-    delay = load.in_flight * per_stream * (t_prefill + t_decode) / slowdown
+    # Each stream already there runs slower while this one runs: about per_stream of this job's time alone;
+    # where prompts stall decoding (vLLM's chunked prefill), each also waits for this one's prompt to be read.
+    delay = load.in_flight * (per_stream * (reading + t_decode / slowdown) + backend.prefill_stalls * reading)
     scarcity = contested * (t_prefill + t_decode)
     weighed = (
         loads * (start + eviction)
@@ -252,4 +263,5 @@ def estimate(
         backend.priority,
         penalty,
         cached,
+        reading,
     )

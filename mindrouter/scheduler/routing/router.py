@@ -59,6 +59,9 @@ class Router:
         self.classes = Classes(self._backends, self._loads, settings)
         self.placement = Placement(self._backends, self._loads, self.classes, self.speeds, settings)
         self.prefixes = Prefixes()
+        self._started: dict[str, tuple[float, float, float]] = {}
+        """Per running job: its backend's ``BackendLoad.read`` before it was sent, its own reading, and the
+        reading it was sent behind."""
 
     # -- backends ----------------------------------------------------------
 
@@ -245,6 +248,10 @@ class Router:
         model = job.model
         load.in_flight += 1
         load.model_in_flight[model] = load.model_in_flight.get(model, 0) + 1
+        self._started[job.id] = (load.read, chosen.reading, load.pending(now))
+        load.read += chosen.reading
+        load.reading += chosen.reading
+        load.backlog, load.backlog_at = load.pending(now) + chosen.reading, now
         if chosen.start > 0 and model not in load.loading:
             load.loading[model] = now + chosen.start
             load.loaders.add(job.id)
@@ -259,6 +266,7 @@ class Router:
 
     def release(self, backend_id: Hashable, job: Job, *, failed: bool = False) -> None:
         """``job`` ended on ``backend_id`` (``failed``: with an error there): its slot is free."""
+        started = self._started.pop(job.id, None)
         load = self._loads.get(backend_id)
         if load is None:
             return
@@ -266,6 +274,8 @@ class Router:
         load.model_in_flight[job.model] -= 1
         load.loaders.discard(job.id)
         self.prefixes.ended(job.id, None)
+        if started is not None:
+            load.reading = max(0.0, load.reading - started[1])
         if job.unload_after and not load.model_in_flight[job.model]:  # Ollama unloads it now (keep_alive 0)
             load.evicted[job.model] = self.classes.now
             self.prefixes.unloaded(backend_id, (job.model,))
@@ -326,13 +336,29 @@ class Router:
         """What ``job``'s answer teaches about its backend; call before ``release`` (its stream still counts).
 
         ``cached``: prompt tokens the engine said it found in its cache, which corrects what routing expects."""
-        self.prefixes.ended(job.id, cached, prompt_tokens)
+        part = self.prefixes.ended(job.id, cached, prompt_tokens)
         load = self._loads.get(backend_id)
         if load is None:
             return
+        before, own, behind = self._started.get(job.id, (load.read, 0.0, 0.0))  # release() forgets it
         backend = self._backends.get(backend_id)
         size = backend.model_sizes.get(job.model) if backend is not None else None
-        sample = Sample(prompt_tokens, completion_tokens, latency, duration, timings or Timings(), size)
+        if cached is None and prompt_tokens is not None:  # the engine does not say (Ollama): as expected
+            cached = round(prompt_tokens * part)
+        # Where prompts stall decoding, the others' prompts read while it ran are time it only waited.
+        stalls = backend is not None and backend.prefill_stalls
+        sample = Sample(
+            prompt_tokens,
+            completion_tokens,
+            latency,
+            duration,
+            timings or Timings(),
+            size,
+            cached or 0,
+            load.read - before - own if stalls else 0.0,
+            stalls,
+            behind if stalls else 0.0,
+        )
         learn(load, self.speeds, job, sample, self.settings)
 
     # -- reading -----------------------------------------------------------

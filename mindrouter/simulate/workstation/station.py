@@ -125,6 +125,7 @@ class Workstation(Generic[T]):
                 priority=spec.priority,
                 parallel=spec.parallel,
                 model_parallel=one_slot,
+                prefill_stalls=spec.engine == "vllm",
             )
         assert spec.vram is not None
         return Backend(
