@@ -179,15 +179,22 @@ async def measure(
                 mine = {"Authorization": f"Bearer {keys[0]}"}
                 admin = {"Authorization": f"Bearer {ADMIN_KEY}"}
                 person = await _login(base, keys[0])
+                boss = await _login(base, ADMIN_KEY)
                 idle = await _loop_ms(client, f"{base}/health", {}, loads)
+                few = max(3, loads // 5)
                 out["loop_ms"] = {
                     "/v1/me": await _loop_ms(client, f"{base}/v1/me", mine, loads) - idle,
                     "/metrics": await _loop_ms(client, f"{base}/metrics", admin, loads) - idle,
-                    "mr share": await _loop_ms(client, f"{base}/admin/share", admin, max(3, loads // 5)) - idle,
+                    "mr share": await _loop_ms(client, f"{base}/admin/share", admin, few) - idle,
                     "/ui/me": await _loop_ms(person, f"{base}/ui/me", {}, loads) - idle,
                     "mr status": await _loop_ms(client, f"{base}/admin/status", admin, loads) - idle,
+                    "Live (/ui/admin/top)": await _loop_ms(boss, f"{base}/ui/admin/top", {}, few) - idle,
+                    "Groups (/ui/admin/groups)": await _loop_ms(boss, f"{base}/ui/admin/groups", {}, few) - idle,
+                    "mr group list": await _loop_ms(client, f"{base}/admin/groups", admin, few) - idle,
+                    "mr user list (/admin/users)": await _loop_ms(client, f"{base}/admin/users", admin, few) - idle,
                 }
                 await person.close()
+                await boss.close()
                 with _Stalls() as quiet:
                     await asyncio.sleep(2.0)
                 out["noise_ms"] = quiet.worst * 1000

@@ -70,7 +70,12 @@ def _seat_dict(seat: Any, names: Mapping[str, str]) -> dict[str, Any]:
 
 
 def share_view(
-    share: Any, users: Sequence[Any], groups: Sequence[Any], quotas: QuotaLookup, names: Mapping[str, str]
+    share: Any,
+    users: Sequence[Any],
+    groups: Sequence[Any],
+    members: Mapping[str, int],
+    quotas: QuotaLookup,
+    names: Mapping[str, str],
 ) -> dict[str, Any]:
     """`mr share`: per group and user its target and actual share (``scheduler/targets.py``), and the terms that act.
 
@@ -78,7 +83,8 @@ def share_view(
 
     Args:
         share: the core's ``share(now)`` snapshot.
-        users, groups: the store's rows.
+        users, groups: the store's rows: every user, or those of ``share`` (the people active now).
+        members: each group's count of users (``Store.users_per_group``).
         quotas: each subject's quotas with their use so far.
         names: backend id -> name, to name each pool by its backends.
     """
@@ -114,9 +120,9 @@ def share_view(
         )
     group_rows = []
     for group in groups:
-        members = [r for r in rows if r["group"] == group.name]
-        recent = sum(r["recent_tokens"] for r in members)
-        units = sum(r["recent_units"] for r in members)
+        own = [r for r in rows if r["group"] == group.name]
+        recent = sum(r["recent_tokens"] for r in own)
+        units = sum(r["recent_units"] for r in own)
         target, actual = share.groups.get(group.name, (None, None))
         group_rows.append(
             {
@@ -128,7 +134,7 @@ def share_view(
                 "recent_units": round(units, 3),
                 "token_share": round(recent / total, 4) if total else 0.0,
                 "unit_share": round(units / share.global_recent_units, 4) if share.global_recent_units else 0.0,
-                "users": len(members),
+                "users": members.get(group.name, 0),
                 "quotas": quotas("group", group.name),
             }
         )

@@ -92,7 +92,9 @@ def _share_of(app: web.Application) -> Callable[[Store], dict[str, Any]]:
     def quotas(kind: str, key: Any) -> list[dict[str, Any]]:
         return [limit.to_dict() for limit in limits.get((kind, key), ())]
 
-    return lambda store: share_view(share, store.list_users(), store.list_groups(), quotas, names)
+    return lambda store: share_view(
+        share, store.list_users(), store.list_groups(), store.users_per_group(), quotas, names
+    )
 
 
 async def share_dict(app: web.Application) -> dict[str, Any]:
