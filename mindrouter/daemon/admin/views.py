@@ -43,8 +43,13 @@ def status_view(
     listen: str,
     socket: str,
     role: str = "leader",
+    standby: str | None = None,
 ) -> dict[str, Any]:
-    """`mr status`: one line per fact about the daemon."""
+    """`mr status`: one line per fact about the daemon.
+
+    Args:
+        standby: on a standby, the sentence its live views show (``standby_sentence``); else None.
+    """
     return {
         "version": version,
         "uptime_seconds": round(counters.uptime, 3),
@@ -61,7 +66,14 @@ def status_view(
         "listen": listen,
         "socket": socket,
         "role": role,
+        "standby": standby,
     }
+
+
+def standby_sentence(leader: str) -> str:
+    """What a standby's live views (Live, `mr top`) say: it schedules nothing, and which router does."""
+    who = f"{leader} leads" if leader else "no router leads yet"
+    return f"This router is a standby and schedules nothing, so its live views stay empty: {who}."
 
 
 def _seat_dict(seat: Any, names: Mapping[str, str]) -> dict[str, Any]:
