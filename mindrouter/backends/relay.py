@@ -14,6 +14,7 @@ usage or an error, so a matching stream costs one substring test per chunk.
 
 from __future__ import annotations
 
+import abc
 import json
 import time
 import uuid
@@ -51,7 +52,7 @@ __all__ = [
 ]
 
 
-class Relay:
+class Relay(abc.ABC):
     """Base of the four relays: one per (client dialect, engine family) pair."""
 
     def __init__(self, plan: Plan) -> None:
@@ -69,9 +70,9 @@ class Relay:
     event_lines = False
     """Pass SSE ``event:`` lines through to the client (the Responses API names its events)."""
 
+    @abc.abstractmethod
     def feed(self, event: bytes) -> bytes:
         """The client's bytes for one upstream event (maybe none)."""
-        raise NotImplementedError
 
     def end(self) -> bytes:
         """Called at the upstream's EOF: a stream without its end marker was cut short."""
