@@ -5,12 +5,14 @@ Counts, not clocks: what a listing reads does not grow with registered idle user
 
 from __future__ import annotations
 
+import gc
 import json
 import re
 import time
 
 import pytest
 
+from mindrouter.daemon.process.serve import YOUNG_COLLECTION_EVERY
 from mindrouter.daemon.request.weights import apply_user
 from mindrouter.localtime import day_start
 from mindrouter.store import Store
@@ -143,3 +145,31 @@ async def test_live_groups_and_the_group_and_user_lists_never_read_every_user_on
     assert "alice" in page and "idle0001" not in page
     assert re.search(r'data-label="users">\s*501<', page), "the student group's member count"
     assert read == []
+
+
+def test_a_report_of_30000_rows_sets_off_young_collections_only(tmp_path, monkeypatch):
+    """A report is built on the store's worker; a collection holds the GIL whichever thread runs it, so the
+    loop waits. Under `mr serve`'s settings (``settle_heap``) its 30,000 rows once set off 11 young
+    collections and one of the middle generation (list sort keys: 90,000 more objects), now 4 young ones."""
+    now = time.time()
+    with Store(tmp_path / "state.db", prune_inline=False) as store:
+        store.ensure_default_groups()
+        ids = [store.add_user(f"u{i:05d}", "student").id for i in range(10_000)]
+        store.record_usages([(u, f"r{u}{m}", m, None, 1, 1, now - 600, 0.0, "student") for u in ids for m in "abc"])
+        seen: list[int] = []
+
+        def count(phase, info):
+            if phase == "start":
+                seen.append(info["generation"])
+
+        threshold = gc.get_threshold()
+        gc.collect()
+        gc.set_threshold(YOUNG_COLLECTION_EVERY)
+        gc.callbacks.append(count)
+        try:
+            report = store.usage_report(["user", "model"], now - DAY, now)
+        finally:
+            gc.callbacks.remove(count)
+            gc.set_threshold(*threshold)
+        assert len(report.rows) == 30_000 and report.rows[0]["user"] == "u00000"
+        assert seen and set(seen) == {0}, seen
