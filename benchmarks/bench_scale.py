@@ -273,9 +273,10 @@ async def measure(
 
 
 def _run(tree: Path, args: argparse.Namespace) -> dict[str, Any]:
-    """Measure with the ``mindrouter`` package of ``tree`` in a process of its own (and its bench_ui.py)."""
+    """Measure with the ``mindrouter`` package of ``tree`` in a process of its own (and its bench_ui.py), by
+    this file's code."""
     script = tree / "benchmarks" / Path(__file__).name
-    if not script.exists():
+    if script.resolve() != Path(__file__).resolve():  # the same measurement on both sides
         shutil.copy(__file__, script)
     env = {**os.environ, "PYTHONPATH": str(tree)}
     flags = ["--users", str(args.users), "--active", str(args.active), "--rows", str(args.rows)]
