@@ -8,14 +8,17 @@ from __future__ import annotations
 import gc
 import json
 import re
+import sqlite3
+import threading
 import time
 
 import pytest
 
 from mindrouter.daemon.process.serve import YOUNG_COLLECTION_EVERY
 from mindrouter.daemon.request.weights import apply_user
+from mindrouter.daemon.usage.writer import UsageWriter
 from mindrouter.localtime import day_start
-from mindrouter.store import Store
+from mindrouter.store import Store, schema
 from mindrouter.store.worker import StoreWorker, json_bytes
 
 from .harness import ADMIN_KEY, Daemon, until
@@ -173,3 +176,30 @@ def test_a_report_of_30000_rows_sets_off_young_collections_only(tmp_path, monkey
             gc.set_threshold(*threshold)
         assert len(report.rows) == 30_000 and report.rows[0]["user"] == "u00000"
         assert seen and set(seen) == {0}, seen
+
+
+@pytest.mark.asyncio
+async def test_the_loops_usage_write_never_waits_behind_the_workers_delete(tmp_path):
+    """A delete on the worker that ran long (a cold page cache, a busy disk) held up the loop's commit, and
+    every request with it (31 ms once at 10 M rows); the rows now follow as soon as the delete ends."""
+    with Store(tmp_path / "state.db", prune_inline=False) as store:
+        writer = UsageWriter(store)
+        held, release = threading.Event(), threading.Event()
+
+        def delete() -> None:  # the worker's transaction on its own connection, as long as the test says
+            db = sqlite3.connect(tmp_path / "state.db", isolation_level=None)
+            with schema.transaction(db):
+                held.set()
+                release.wait(2)
+            db.close()
+
+        worker = threading.Thread(target=delete)
+        worker.start()
+        held.wait(2)
+        writer._unwritten.append((1, "r1", "m", None, 3, 4, time.time(), 0.0, "student"))  # a request settled
+        writer.write()  # on the loop: returns at once, the row kept
+        still_held = not release.is_set() and worker.is_alive()
+        release.set()
+        worker.join()
+        assert still_held and store._db.execute("SELECT count(*) FROM usage").fetchone()[0] == 0
+        await until(lambda: store._db.execute("SELECT count(*) FROM usage").fetchone()[0] == 1, "the row follows")
