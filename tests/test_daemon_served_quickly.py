@@ -133,7 +133,7 @@ async def served(tmp_path: Path, max_think_time: float | None) -> tuple[float, f
 async def test_a_person_chatting_next_to_batch_gets_each_answer_in_seconds(tmp_path):
     """Two daemons side by side: the default, and ``max_think_time = 0`` (the core before issue 30).
 
-    ``mr simulate`` of this workload gives chat 38.3% of the units (owed 31.8-42.0% by the issue's hand
+    ``mr simulate`` of this workload gives chat 40.1% of the units (owed 31.8-42.0% by the issue's hand
     count) and a median wait of 0 s; live, chat must get at least 25% and its median time to first token
     within 3x its own request's 0.24 s; without the kept slot it waits a batch answer (7.2 s) for each.
     """

@@ -65,8 +65,8 @@ def test_the_model_whose_queue_waits_gets_the_gpu_held_by_one_with_less_demand_p
     s.complete(on_3060[0].id, 2, prompt_tokens=100, completion_tokens=200)
     assert s.dispatch(2) == []
     # A gemma2 slot frees on its own GPU: the queued job goes there, and its record says why not the 3060.
-    running_on_2 = [j for j in s._running.values() if j.backend_id == 2]
-    s.complete(running_on_2[0].job.id, 3, prompt_tokens=100, completion_tokens=200)
+    running_on_2 = [job for job, backend_id in s.running_jobs() if backend_id == 2]
+    s.complete(running_on_2[0].id, 3, prompt_tokens=100, completion_tokens=200)
     [d] = s.dispatch(3)
     assert d.job.model == GEMMA and d.backend_id == 2
     assert REASONS["placement"] in d.record.to_dict()["rejected"]["3"]

@@ -39,19 +39,21 @@ def started(s: Scheduler, now: float) -> list[str]:
 
 def chat_learns_to_read(s: Scheduler) -> None:
     """batch (which used 2,000 units just before) keeps 4 long answers queued; chat's first answer ends at 2 s
-    and its second question comes 3 s later: its think time is not known yet, so b1 took the slot, and chat
-    waits for b0's end at 10 s."""
+    and its second question comes 3 s later. Its think time is not known yet: the slot is kept for it (up to
+    ``max_think_time``) and its question starts at once; with ``max_think_time = 0`` b1 takes the slot and
+    chat waits for b0's end at 10 s (before issue 30's prior, it waited so either way)."""
+    kept = s.settings.max_think_time > 0
     s.add_usage("batch", 1000, 1000, 0.0, "llama3")
     for i in range(4):
         assert s.submit(job("batch", f"b{i}", 0.0), 0.0) is None
     assert s.submit(job("chat", "c0", 0.0), 0.0) is None
     assert sorted(started(s, 0.0)) == ["b0", "c0"]
     assert s.complete("c0", 2.0, prompt_tokens=100, completion_tokens=100)
-    assert started(s, 2.0) == ["b1"]
+    assert started(s, 2.0) == ([] if kept else ["b1"])
     assert s.submit(job("chat", "c1", 5.0), 5.0) is None
-    assert started(s, 5.0) == []
+    assert started(s, 5.0) == (["c1"] if kept else [])
     assert s.complete("b0", 10.0, prompt_tokens=100, completion_tokens=1000)
-    assert started(s, 10.0) == ["c1"]
+    assert started(s, 10.0) == (["b1"] if kept else ["c1"])
 
 
 def reads(s: Scheduler, questions: int) -> list[tuple[list[str], list[str]]]:
@@ -123,6 +125,30 @@ def test_a_person_chatting_next_to_batch_is_served_in_seconds(slots, least):
     assert chat["wait_p50"] <= 3 * 2.4, chat
     assert chat["service_share"] >= least, chat
     assert chat["service_share"] >= chat["target_share"] - 0.03, chat
+
+
+def test_on_4_slots_the_slot_a_first_answer_freed_is_kept_for_the_next_question():
+    """batch's 4 answers, started together at 0 s while it was alone, end together at 72.4 s: chat takes
+    one slot, batch 3, and batch's fourth waits. Chat's first answer ended before its think time was
+    known, so its slot went to batch's fourth (72 s) and chat's second question, 3 s later, waited
+    67.0 s: 17.9% of the units against a target of 20.6%, 2.8 points off over the run. A person whose
+    think time is not known yet is now kept a slot for up to ``max_think_time``: 18.6% against 20.0%.
+
+    25% (the issue's figure) is more than chat asks for: after its first wait every one of its
+    questions starts at once (320 in 1,800 s, one each 5.4 s), so a scheduler gives it more only by
+    leaving more of batch's slots idle."""
+    from .test_simulate_examples import misses
+
+    run = simulate(chat_next_to_batch(4), trace=True)
+    assert run.trace is not None
+    chat = run.users.index(next(u for u in run.users if u.name == "chat"))
+    waits = [r.dispatched - r.submitted for r in run.trace if r.user == chat and r.dispatched is not None]
+    assert waits[0] == pytest.approx(67.4, abs=0.1)
+    assert max(waits[1:]) == 0.0, waits[:4]
+    result = build(run)
+    assert not misses(result), misses(result)
+    share = next(u for u in result["users"] if u["name"] == "chat")
+    assert share["requests"] >= 319 and share["wait_p50"] == 0.0, share
 
 
 def agent_loops(think: float, max_tokens: int | None) -> Scenario:

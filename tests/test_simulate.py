@@ -216,6 +216,63 @@ def test_work_running_when_both_wait_is_a_head_start_not_a_gap():
     assert gap.beyond_pair == (0, 1)
 
 
+NEVER_COMPETE = """
+name = "never-compete"
+duration = 600
+seed = 1
+
+[[backends]]
+name = "gpu1"
+models = ["qwen", "llama3"]
+max_concurrent = 4
+tokens_per_second = 50
+
+[[backends]]
+name = "gpu2"
+models = ["llama3", "mistral"]
+max_concurrent = 4
+tokens_per_second = 50
+
+[[users]]
+name = "a"
+model = "qwen"
+concurrency = 8
+prompt_tokens = 100
+completion_tokens = 100
+
+[[users]]
+name = "b"
+model = "mistral"
+concurrency = 8
+prompt_tokens = 100
+completion_tokens = 100
+start = 300
+
+[[users]]
+name = "c"
+model = "llama3"
+concurrency = 1
+prompt_tokens = 100
+completion_tokens = 100
+think_time = 30
+"""
+
+
+def test_no_gap_between_people_who_never_compete():
+    """a asks qwen (gpu1 only), b, from 300 s, mistral (gpu2 only): no slot either could take is the
+    other's, so nothing bounds how their service drifts. c on llama3 (both GPUs) joins the pool and
+    competes with each. Before, contention was transitive through c and a-b reported a gap of
+    3,100 against a bound of 600 (issue 30's false alarm: 1,122,240 against 1,600); now the widest
+    is b-c's 880 as b arrives, all of it c's head start."""
+    result = build(simulate(parse_scenario(NEVER_COMPETE)))
+    (pool,) = result["pools"]
+    assert sorted(pool["users"]) == ["a", "b", "c"]
+    assert pool["max_service_gap_pair"] != ["a", "b"]
+    assert pool["max_service_gap_beyond_head_start"] <= pool["gap_bound"], pool["max_service_gap_beyond_head_start"]
+    for user in result["users"]:
+        assert abs(user["service_share"] - user["target_share"]) <= 0.02, user
+
+
 def test_target_share_follows_who_is_backlogged():
     """a alone for the first half, then a and b (equal weights): a is owed 3/4, b 1/4."""
     result = build(simulate(parse_scenario(TWO.format(duration=600, b_start=300))))

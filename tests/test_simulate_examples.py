@@ -19,10 +19,11 @@ user's weighted max-min share among the people with work in the pool
   a running request can shorten (``early-leavers``: starved 5.1 s against 3 x
   0.6 s, passed over 0 s); no timeouts, except for a user that got its share
   (its demand beyond it is what timed out);
-- shares within 5 points of their targets in every 60 s window from 2 minutes
-  after any arrival or weight change (within one slot's share of the pool plus
-  2 points while a request that outlasts the window runs, and within the
-  largest request's part of the window's tokens: ``allowed``), and within 2
+- no one left more than 5 points short of its target in any 60 s window from
+  2 minutes after any arrival or weight change (or the largest request's part
+  of the window's units, and one slot's share of the pool plus 2 points while
+  a request that outlasts the window runs, either at most half the person's
+  target; the largest prompt's part always: ``allowed``), and shares within 2
   points over the run;
 - service gap at most 2x the largest request cost, between people who compete
   for slots (``lab-pool``: users of models with their own slots on the same
@@ -173,9 +174,11 @@ ROWS = {
 #: each names the missing core behaviour. Remove an entry when its test passes
 #: (strict: an unexpected pass fails the suite, so none is left behind).
 NEEDS_CORE: dict[str, str] = {
-    "chat-next-to-batch": "charge the slot kept for chat while it reads (issue 30): tokens units give chat 38.3%"
-    " where water-filling owes it 35.1% (a slot delivers chat's short requests 1.7x the units a second of batch's"
-    ' long answers); service_unit = "gpu" makes units follow slot time and leaves chat 27.6% against 32.5%',
+    "chat-next-to-batch": "price in slot time (issue 30): tokens units give chat 40.1% where water-filling owes"
+    " it 34.5% (the slot kept for chat delivers its short requests 1.7x the units a second of batch's long"
+    ' answers); with service_unit = "gpu" every window is within 0.2 points and the run 2.4 points off, all of it'
+    " chat's first wait behind batch's answers started while it was alone"
+    " (test_chat_next_to_batch_misses_its_run_target_only_by_the_unit_and_its_arrival)",
     "head-starts": "interrupt a running request: hog's four 60 s requests hold every slot each time reader comes"
     " (6.2% against 51.7%); `max_slot_share = 0.75` brings reader to 23.2% (docs/fairness.md, head starts)",
 }
@@ -470,6 +473,48 @@ def test_a_first_come_first_served_core_is_caught_passing_people_over(bonus, pas
     assert (light["max_passed_over_s"] > light["passed_over_allowed_s"]) is passed_over, light
     assert light["max_passed_over_s"] <= light["max_starved_s"] + 1e-9
     assert bool(misses(result)) is passed_over
+
+
+def test_a_small_workstation_can_fail_a_window():
+    """chat-next-to-batch without kept slots (``max_think_time = 0``): chat gets nothing in the window at
+    300 s against 50% owed. The allowance was one request's part of the window (batch's 7,400 units of
+    about 12,000: 61.7 points) or one slot's share (52 points), so no window on 2 slots could fail; now
+    a person may be left short by at most half the slots it is owed (25 points), a slot freeing within
+    the window (``report.allowed_deviation``). With kept slots chat's worst window is 9.1 points off."""
+    sc = load_example("chat-next-to-batch")
+    sc = sc.replace(duration=600, settings=dataclasses.replace(sc.settings, max_think_time=0.0))
+    result = build(simulate(sc))
+    (pool,) = result["pools"]
+    assert pool["worst_window"]["user"] == "chat"
+    assert pool["worst_window"]["deviation"] == pytest.approx(0.5, abs=0.01)
+    assert pool["worst_window"]["allowed"] == pytest.approx(0.25)
+    assert any(m.startswith("gpu1: window at") for m in misses(result)), misses(result)
+    kept = measure("chat-next-to-batch")["pools"][0]["worst_window"]
+    assert kept["deviation"] <= kept["allowed"], kept
+
+
+def test_chat_next_to_batch_misses_its_run_target_only_by_the_unit_and_its_arrival():
+    """Why the example is marked (``NEEDS_CORE``). With ``service_unit = "gpu"`` (units follow slot time)
+    every window after the first minutes is within 0.2 points of chat's target, and the run's 2.4 points
+    are all one wait: chat's first question, at 5 s, behind batch's two 72 s answers started while batch
+    was alone (what chat was owed meanwhile, about 6,460 units of 264,000). No scheduler that never
+    interrupts a running request serves it sooner; the run check, unlike the gap's, counts no head start.
+    With tokens chat gets 40.1% against 34.5%: the slot kept for it delivers its short requests 1.7x the
+    units a second of batch's, where the fluid target gives it 0.76 of a slot."""
+    sc = load_example("chat-next-to-batch")
+    run = simulate(sc.replace(settings=dataclasses.replace(sc.settings, service_unit="gpu")))
+    result = build(run)
+    (pool,) = result["pools"]
+    windows = [w for w in pool["windows"] if w["counts"]]
+    assert len(windows) == 27
+    assert max(abs(w["unit_shares"]["chat"] - w["targets"]["chat"]) for w in windows) <= 0.002
+    chat = next(i for i, u in enumerate(run.users) if u.name == "chat")
+    short = run.pools[0].target[chat] - run.pools[0].service(chat, run.duration)
+    assert short == pytest.approx(6457, rel=0.01)
+    assert pool["target_shares"]["chat"] - pool["unit_shares"]["chat"] == pytest.approx(short / pool["units"], abs=1e-5)
+    tokens = {u["name"]: u for u in measure("chat-next-to-batch")["users"]}["chat"]
+    assert tokens["service_share"] == pytest.approx(0.401, abs=0.001)
+    assert tokens["target_share"] == pytest.approx(0.345, abs=0.001)
 
 
 def test_lab_pool_counts_per_model_slots():

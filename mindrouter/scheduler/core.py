@@ -2,7 +2,7 @@
 and routing (``Router``: where it runs, and what its answer teaches), which never read each other's state.
 
 ``dispatch(now)`` asks ``Turns`` for the best queued job whose class routing has open, asks ``Router``
-where it is expected to finish first, and starts it there, until nothing more can start. The caller
+where it is expected to finish first, and starts it there, until nothing more can start (``starting.py``). The caller
 performs the I/O, reports streamed tokens with ``progress`` and the end with ``complete``, ``fail`` or
 ``cancel``: each end frees the slot in routing and settles the charge in fairness. ``Scheduler`` owns
 the jobs' lives: where each runs, their queue deadlines (``deadlines.py``) and retries (``retries.py``).
@@ -10,26 +10,26 @@ the jobs' lives: where each runs, their queue deadlines (``deadlines.py``) and r
 Invariants (``check()``): a job is in exactly one of queued / running / finished; a backend's in-flight
 count equals the running jobs routed to it plus the slots held there, and never exceeds its
 ``max_concurrent``; every hold that fairness ends gives its slot back to routing (``_unhold``); the
-running jobs per (backend, user) are counted once each (``_per_backend``, for kept slots and
+running jobs per (backend, user) are counted once each (``running.py``'s ``Roster``, for kept slots and
 ``max_slot_share``).
 """
 
 from __future__ import annotations
 
 from collections.abc import Hashable, Iterable
-from dataclasses import dataclass
 from typing import Any
 
 from .deadlines import Deadlines
 from .fairness.holds import Hold
-from .fairness.ledger import Charge
 from .fairness.turns import Turns
-from .jobs import ClassKey, Expired, Job, Modality, Rejection, Timings, class_key, numbers_refusal, token_count
-from .records import DecisionRecord, Dispatch
+from .jobs import Expired, Job, Modality, Rejection, Timings, class_key, numbers_refusal, token_count
+from .records import Dispatch
 from .retries import Retries
 from .routing.backend import Backend, BackendLoad
-from .routing.router import Route, Router
+from .routing.router import Router
+from .running import Roster, Running
 from .settings import SchedulerSettings
+from .starting import Starter
 from .views import QueueStats, ShareSnapshot, UserShare, seed_snapshot
 
 __all__ = ["Scheduler", "UnknownUser"]
@@ -39,15 +39,6 @@ class UnknownUser(KeyError):
     """A job names a user the scheduler was never told about (call ``set_user`` first)."""
 
 
-@dataclass(slots=True)
-class Running:
-    """A job started on a backend: where it runs (routing's) and what it is charged (fairness's). Never changed."""
-
-    job: Job
-    backend_id: Hashable
-    charge: Charge
-
-
 class Scheduler:
     """Sans-I/O fair-share scheduler and router. Every method that depends on time takes ``now``."""
 
@@ -55,14 +46,10 @@ class Scheduler:
         self.settings = settings = settings or SchedulerSettings()
         self.turns = Turns(settings)
         self.router = Router(settings)
-        self._running: dict[str, Running] = {}
-        self._per_backend: dict[tuple[Hashable, Hashable], int] = {}
-        """Jobs running per (backend id, user id): what a user already holds of a backend (``_anticipate``)."""
+        self._roster = Roster()
         self._deadlines = Deadlines()
         self._retries = Retries()
-        self._unstartable: list[tuple[Job, Exception]] = []
-        self._claims: list[Job] = []
-        """Jobs that ended a hold kept for them (``Hold.kept``): the next dispatch starts them first."""
+        self._starter = Starter(settings, self.turns, self.router, self._retries, self._roster)
 
     # -- users, groups and backends ----------------------------------------
 
@@ -98,11 +85,11 @@ class Scheduler:
         if self.router.set_backend(backend):
             self._regroup()
         if not backend.takes_work:
-            self._unhold(self.turns.drop_holds(backend.id), None)
+            self._unhold(self.turns.anticipation.drop_holds(backend.id), None)
 
     def remove_backend(self, backend_id: Hashable) -> None:
         """Forget a backend; jobs running there still end through complete/fail/cancel."""
-        self._unhold(self.turns.drop_holds(backend_id), None)
+        self._unhold(self.turns.anticipation.drop_holds(backend_id), None)
         if self.router.remove_backend(backend_id):
             self._regroup()
 
@@ -137,7 +124,7 @@ class Scheduler:
         """Queue ``job``, or say why it cannot be queued (``Rejection`` with its HTTP status)."""
         if not self.turns.has_user(job.user_id):
             raise UnknownUser(job.user_id)
-        if self.turns.queued(job.id) is not None or job.id in self._running:
+        if self.turns.queued(job.id) is not None or job.id in self._roster.jobs:
             raise ValueError(f"job {job.id!r} is already queued or running")
         refusal = numbers_refusal(job) or self.router.refusal(job)
         if refusal is None and not self._starts_at_once(job):
@@ -159,107 +146,21 @@ class Scheduler:
         if hold is not None:
             self._unhold((hold,), now)
             if hold.kept:
-                self._claims.append(job)
+                self._starter.claims.append(job)
 
     def dispatch(self, now: float) -> list[Dispatch]:
         """Start every job that can start now, best first; return what to send where.
 
         Whole answers still running are first charged what the clock says they produced (``Ledger.tick``).
         """
-        turns, router = self.turns, self.router
-        expired = turns.refresh(now)
+        expired = self.turns.refresh(now)
         if expired:
             self._unhold(expired, now)
-        router.deciding(now)
-        queued = turns.queued_per_class
-        out: list[Dispatch] = []
-        blocked: set[ClassKey] = set()
-        while (chosen := self._claimed(blocked) or turns.next(blocked, router.has_open)) is not None:
-            key, job = chosen
-            try:
-                answer = turns.expected_answer(key, job)
-                routed = router.route(key, job, answer, self._retries.excluded(job.id), queued[key], queued)
-                if routed is None or routed[0] is None:  # nothing open, or better to wait for a full one
-                    blocked.add(key)
-                    continue
-                if self._capped(key, job, routed[0].backend_id):
-                    turns.order.park(job.user_id)
-                    continue
-                out.append(self._start(key, job, routed, now))
-            except Exception as exc:  # a value no check caught, or a bug: this job alone fails
-                self.turns.unqueue(job, now)
-                self._retries.forget(job.id)
-                self._unstartable.append((job, exc))
-        self._claims.clear()
-        turns.order.unpark()
-        router.place(queued)
-        return out
-
-    def _capped(self, key: ClassKey, job: Job, backend_id: Hashable) -> bool:
-        """Whether ``job``'s user holds the most of ``backend_id``'s slots ``max_slot_share`` allows."""
-        if self.settings.max_slot_share is None:
-            return False
-        backend = self.router.backend(backend_id)
-        running = self._per_backend.get((backend_id, job.user_id), 0)
-        return backend is not None and self.turns.capped(key, job, backend.max_concurrent, running)
-
-    def _claimed(self, blocked: set[ClassKey]) -> tuple[ClassKey, Job] | None:
-        """A queued job that ended a hold kept for it, whose class is open: it takes the slot first."""
-        while self._claims:
-            job = self._claims.pop()
-            key = class_key(job)
-            if self.turns.queued(job.id) is job and key not in blocked and self.router.has_open(key):
-                return key, job
-        return None
-
-    def _start(self, key: ClassKey, job: Job, routed: Route, now: float) -> Dispatch:
-        """Start ``job`` where ``routed`` says; whatever raises before the first change leaves no trace."""
-        chosen, rows, live = routed
-        assert chosen is not None
-        backend_id = chosen.backend_id
-        router = self.router
-        turn = self.turns.prepare(key, job, now, router.observed_rate(backend_id, job.model))
-        record = DecisionRecord(
-            request_id=job.id,
-            time=now,
-            model=job.model,
-            user_id=job.user_id,
-            user_name=turn.user_name,
-            user_group=turn.user_group,
-            user_recent_usage=turn.recent_tokens,
-            user_recent_units=turn.recent_units,
-            queue_wait=now - job.submitted_at,
-            selected_backend_id=backend_id,
-            candidates=rows,
-            static_rejected=router.static_rejected(key),
-            live_rejected=live,
-            terms=turn.terms,
-            attempt=self._retries.attempt(job.id),
-            slot_held=router.held_since(backend_id, job.submitted_at),
-        )
-        self.turns.start(key, turn, now)
-        router.take(job, chosen, now)
-        self._running[job.id] = Running(job, backend_id, turn.charge)
-        where = (backend_id, job.user_id)
-        self._per_backend[where] = self._per_backend.get(where, 0) + 1
-        return Dispatch(job, backend_id, record)
-
-    def _stop(self, job_id: str) -> Running | None:
-        """Take ``job_id`` off the running jobs, if it runs; returns it."""
-        running = self._running.pop(job_id, None)
-        if running is not None:
-            where = (running.backend_id, running.job.user_id)
-            left = self._per_backend[where] - 1
-            if left:
-                self._per_backend[where] = left
-            else:
-                del self._per_backend[where]
-        return running
+        return self._starter.dispatch(now)
 
     def take_unstartable(self) -> list[tuple[Job, Exception]]:
         """Jobs ``dispatch`` removed because starting them raised, with the error; each is returned once."""
-        out, self._unstartable = self._unstartable, []
-        return out
+        return self._starter.take_unstartable()
 
     # -- how jobs end --------------------------------------------------------
 
@@ -269,7 +170,7 @@ class Scheduler:
         The charge runs one or two typical answers ahead of what has streamed (``fairness/ledger.py``), so
         calling it every few dozen tokens is enough. Returns False when the job is not running.
         """
-        running = self._running.get(job_id)
+        running = self._roster.jobs.get(job_id)
         if running is None:
             return False
         self.turns.progress(running.charge, completion_tokens)
@@ -301,7 +202,7 @@ class Scheduler:
 
         Returns False when the job was not running (already ended).
         """
-        running = self._stop(job_id)
+        running = self._roster.stop(job_id)
         if running is None:
             return False
         prompt_tokens, completion_tokens = token_count(prompt_tokens), token_count(completion_tokens)  # else unknown
@@ -327,7 +228,7 @@ class Scheduler:
 
         Returns True when the job was queued again.
         """
-        running = self._stop(job_id)
+        running = self._roster.stop(job_id)
         if running is None:
             return False
         job = running.job
@@ -351,7 +252,7 @@ class Scheduler:
             self.turns.unqueue(job, now)
             self._retries.forget(job_id)
             return True
-        running = self._stop(job_id)
+        running = self._roster.stop(job_id)
         if running is None:
             return False
         self.router.release(running.backend_id, running.job)
@@ -364,31 +265,32 @@ class Scheduler:
         thinks briefly, and would be served before every job queued that could take the slot; or keep it for
         a seat that reads for seconds (under ``max_think_time``) while the one who would take it already runs
         its share of the backend's slots and used more of late (``holds.py``)."""
-        charge, bid = running.charge, running.backend_id
-        length = self.turns.hold_length(charge)
+        charge, bid, anticipation = running.charge, running.backend_id, self.turns.anticipation
+        length = anticipation.hold_length(charge)
         if length is None:
             return
         served = self.router.holdable(bid, running.job.model)
         if served is None:
             return
         shared = length[1]
-        rival = self.turns.rival(charge, served, now, shared=shared)
+        rival = anticipation.rival(charge, served, now, shared=shared)
         if rival is None:
             return
-        job, answer = rival
+        key, job = rival
+        answer = self.turns.expected_answer(key, job)
         if shared:  # the rival's share counts the free slots the queue takes anyway (its jobs ending with ours)
             backend = self.router.backend(bid)
             free = self.router.free(bid) - 1
-            mine = self._per_backend.get((bid, job.user_id), 0) + min(free, self.turns.queued_of(job.user_id))
-            if backend is None or not self.turns.over_share(charge, job, backend.max_concurrent, mine, now):
+            mine = self._roster.on(bid, job.user_id) + min(free, self.turns.queued_of(job.user_id))
+            if backend is None or not anticipation.over_share(charge, job, backend.max_concurrent, mine, now):
                 return
         busy = self.router.busy_seconds(bid, job, answer, now)
-        self.turns.hold(charge, bid, now, job, answer, busy, length)
+        anticipation.hold(charge, bid, now, job, answer, busy, length)
         self.router.hold(bid, running.job.model)
 
     def expire(self, now: float) -> list[Expired]:
         """Remove and return the jobs that have waited past ``queue_timeout``; end the holds past their time."""
-        self._unhold(self.turns.expire_holds(now), now)
+        self._unhold(self.turns.anticipation.expire_holds(now), now)
         out: list[Expired] = []
         for job_id in self._deadlines.due(now):
             job = self.turns.queued(job_id)
@@ -401,7 +303,7 @@ class Scheduler:
     def next_deadline(self) -> float | None:
         """When ``expire`` will next have something to do (a queue timeout, or a hold's end), if ever."""
         queued = self._deadlines.next(self.is_queued)
-        hold = self.turns.next_hold_deadline()
+        hold = self.turns.anticipation.next_hold_deadline()
         if queued is None:
             return hold
         return queued if hold is None else min(hold, queued)
@@ -412,7 +314,7 @@ class Scheduler:
         return self.turns.queued(job_id) is not None
 
     def is_running(self, job_id: str) -> bool:
-        return job_id in self._running
+        return job_id in self._roster.jobs
 
     @property
     def queued_count(self) -> int:
@@ -420,7 +322,7 @@ class Scheduler:
 
     @property
     def running_count(self) -> int:
-        return len(self._running)
+        return len(self._roster.jobs)
 
     def has_user(self, user_id: Hashable) -> bool:
         return self.turns.has_user(user_id)
@@ -455,7 +357,7 @@ class Scheduler:
         return self.turns.queued_jobs()
 
     def running_jobs(self) -> Iterable[tuple[Job, Hashable]]:
-        return ((r.job, r.backend_id) for r in self._running.values())
+        return ((r.job, r.backend_id) for r in self._roster.jobs.values())
 
     def share(self, now: float, user_ids: Iterable[Hashable] | None = None, *, active: bool = False) -> ShareSnapshot:
         """Every user's standing, per pool and in sum, and every pool (``mr share``).
@@ -468,7 +370,7 @@ class Scheduler:
 
     def queue_stats(self, now: float) -> QueueStats:
         """What waits, for whom and for which model, and how long (``mr queue``)."""
-        return self.turns.queue_stats(now, len(self._running))
+        return self.turns.queue_stats(now, len(self._roster.jobs))
 
     def snapshot(self, now: float) -> dict[str, Any]:
         """Queue statistics and fair share in the seed's shape (``mr queue --json``)."""
@@ -477,11 +379,6 @@ class Scheduler:
     def check(self) -> None:
         """Assert the invariants (for tests)."""
         self.turns.check()
-        per_backend: dict[Hashable, int] = {}
-        for job_id, running in self._running.items():
+        for job_id in self._roster.jobs:
             assert not self.is_queued(job_id), job_id
-            per_backend[running.backend_id] = per_backend.get(running.backend_id, 0) + 1
-        per_user = {(r.backend_id, r.job.user_id) for r in self._running.values()}
-        assert per_user == set(self._per_backend), (per_user, self._per_backend)
-        assert sum(self._per_backend.values()) == len(self._running)
-        self.router.check(per_backend, self.turns.held_per_backend())
+        self.router.check(self._roster.check(), self.turns.anticipation.held_per_backend())

@@ -149,7 +149,10 @@ model's request can take. Users whose candidate slots are joined (share a slot
 set, transitively) form a *group of contention*: the users of one model on
 workstations with per-model slots compete only with each other. Targets split
 what each group delivers among its members, and the service gap is measured
-only between members of one group.
+only between two people who could take the same slot (their candidate slot
+sets meet): competing is not transitive, so two people on models that only
+different backends of the pool serve are never compared, even where a third
+person's model joins those backends.
 
 - ``users``: ``name``, ``weight`` (the last, after events), ``target_share``,
   ``tokens``, ``share``, ``requests`` (completed), ``wait_p50``/``wait_p95``/
@@ -197,9 +200,9 @@ only between members of one group.
   ``max_service_gap_beyond_head_start`` (``_pair``), ``max_dispatch_gap``
   (``_pair``), ``max_request_cost``, ``gap_bound``,
   ``jain_index``, ``worst_window`` and ``windows``: per 60 s, ``start``,
-  ``shares`` (tokens), ``unit_shares``, ``targets``, ``error`` (the largest
-  |unit_share - target|, and
-  ``error_user`` whose), ``allowed``, ``outlasting`` (requests running in it
+  ``shares`` (tokens), ``unit_shares``, ``targets``, ``error`` (the shortfall,
+  target - unit_share, of the person whose shortfall is the largest part of its allowance,
+  and ``error_user`` whose), ``allowed`` (that person's), ``allowed_by_user``, ``outlasting`` (requests running in it
   that each take longer than a window), ``since_change`` (seconds from the
   last arrival, departure or weight event to its start) and ``counts``
   (whether ``worst_window`` considers it). A pool's target comes from the
@@ -230,11 +233,11 @@ only between members of one group.
 - ``max_service_gap``: the largest change of ``S_a/w_a - S_b/w_b`` (service
   units over weight, or under group
   shares over the user's part of its group's weight) over an interval
-  in which users a and b of one group of contention were both continuously
+  in which users a and b who could take the same slot were both continuously
   backlogged in one pool, measured from the moment both last became
-  backlogged (users of models with separate slots never take each other's
-  slots, so nothing bounds how far apart they drift; their shares are judged
-  against their targets instead); exact, since it is
+  backlogged (users of models with separate slots, or on different backends,
+  never take each other's slots, so nothing bounds how far apart they drift;
+  their shares are judged against their targets instead); exact, since it is
   evaluated at every breakpoint. A weight change changes only the slope of
   ``S/w`` from then on. ``max_service_gap_pair``/``_at`` say where;
   ``gap_bound`` is 2 x ``max_request_cost`` (the largest cost of a request in
@@ -258,14 +261,20 @@ only between members of one group.
   weight, that is weight-normalized throughput).
 - ``windows``: ``{"start", "shares", "unit_shares"}`` per 60 s over all pools
   (the last may be partial). ``worst_window`` (per pool, and the worst of them
-  at the top) is the largest |unit_share - target| of any user in a full window of a pool that
-  starts ``settle_seconds`` (120) or more after the last arrival, departure
-  (a phase's start or stop) or weight event in that pool and holds none of
-  them, where someone was backlogged, with ``allowed``: 5
-  points, or while a request that takes longer than a window runs there
-  (``outlasting``), one slot's share of the pool plus 2 points, and never
-  less than the pool's largest request cost over the window's units (a
-  request is never split, so one that large moves a window by that much).
+  at the top) is the window, and the person left short in it, whose shortfall
+  is the largest part of its allowance, of the full windows of a pool that
+  start ``settle_seconds`` (120) or more after the last arrival, departure
+  (a phase's start or stop) or weight event in that pool and hold none of
+  them, where someone was backlogged. A person's ``allowed`` shortfall is 5
+  points; or the pool's largest request cost over the window's units (a
+  request is never split, so one that large moves a window by that much) and,
+  while a request that takes longer than a window runs there
+  (``outlasting``), one slot's share of the pool plus 2 points, but either of
+  these at most half its target (a slot frees within the window, and a
+  person owed one gets it then: issue 30); and never less than the largest
+  prompt's units over the window's (a prompt is counted whole when read).
+  On 2 slots a person owed one slot (50%) may be left 25 points short, not
+  the 52-62 that allowed every window to pass.
 - ``models``: per model, ``kind``, ``submitted``, ``completed``,
   ``timed_out``, ``rejected``, ``completion_tokens``, ``ttft_p50``/``_p95``
   (seconds from submission to the end of the prefill) and ``e2e_p50``/``_p95``

@@ -1,9 +1,12 @@
 """The service gap: the largest drift between two users' weighted service while both are backlogged.
 
-Only users who compete for slots are compared (``group``: ``slots.contention``):
-two users of models with separate slots on the same backends never take each
-other's slots, so nothing bounds how far apart they drift; their shares are
-judged against their targets instead.
+Only users who compete for slots are compared (``slots``: a slot set both
+could take): two users of models with separate slots on the same backends, or
+of models on different backends of one pool, never take each other's slots, so
+nothing bounds how far apart they drift; their shares are judged against their
+targets instead. Competing is not transitive: a third user whose model both
+backends serve competes with each, not joining the two (issue 30: such a pair
+reported a gap of 1,122,240 against a bound of 1,600 after a late joiner).
 
 Each user's service over weight is a piecewise-linear function of time,
 ``x_i(t) = a_i + b_i * t``, that changes only at events. For users i and j
@@ -50,7 +53,9 @@ class GapTracker:
         self.beyond_pair: tuple[int, int] | None = None
         self.beyond_at: float | None = None
         self.group = [0] * users
-        """Each user's group of contention: pairs of different groups are not compared."""
+        """Each user's group of contention (``slots.contention``): the reference its counter is kept from."""
+        self.slots: list[frozenset[str]] = [frozenset()] * users
+        """Each user's candidate slot sets: a pair is compared only where they meet (``competes``)."""
         self.lift = [0.0] * users
         """Added to x to make VTC's counters (``returned``)."""
         self.level: dict[int, float] = {}
@@ -91,15 +96,19 @@ class GapTracker:
             self._heads[i].clear()
         if joined:
             x = self._values(t, pre=False)
-            group, own = self.group, self._heads
+            own = self._heads
             for i in joined:
                 for j in backlogged:
-                    if j != i and j not in partners[i] and group[i] == group[j]:
+                    if j != i and j not in partners[i] and self.competes(i, j):
                         base = x[i] - x[j]
                         partners[i][j] = base
                         partners[j][i] = -base
                         own[i][j] = heads[i] if heads else 0.0
                         own[j][i] = heads[j] if heads else 0.0
+
+    def competes(self, i: int, j: int) -> bool:
+        """Whether i and j could take the same slot (with no slot sets told, everyone competes)."""
+        return not (self.slots[i] and self.slots[j]) or not self.slots[i].isdisjoint(self.slots[j])
 
     def _reference(self, x: list[float], g: int, backlogged: list[int], skip: Collection[int]) -> float | None:
         """Group g's reference (``skip`` left out): the lowest counter of its backlogged users, or with

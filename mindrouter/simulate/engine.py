@@ -34,9 +34,10 @@ import heapq
 import time
 from collections.abc import Callable
 
-from ..scheduler import Job, Modality, Scheduler, chain
+from ..scheduler import Scheduler
 from .accounts import Accounts
-from .conversations import Conversation, single
+from .conversations import Conversation
+from .jobs import job_for
 from .lifecycle import _DONE, _POLL, _PREFILL, _PROGRESS, Lifecycle
 from .pools import Pool, find_pools
 from .runs import BackendRun, ModelRun, PhaseRun, RequestTrace, Run, UserRun
@@ -230,25 +231,7 @@ class _Sim(Lifecycle):
         self.next_id += 1
         job_id = str(self.next_id)
         stats = self.models[spec.model]
-        modality = Modality.EMBEDDINGS if stats.kind == "embedding" else Modality.CHAT
-        # The prompt as the daemon hashes a chat's messages: one block per segment (embeddings are not cached).
-        segments = (
-            () if stats.kind == "embedding" else (conv.prompt(turn) if conv else single(job_id, prompt)[0]).segments
-        )
-        job = Job(
-            job_id,
-            user.index,
-            spec.model,
-            now,
-            modality=modality,
-            prompt_tokens=prompt,
-            max_tokens=spec.max_tokens,
-            stream=spec.stream,
-            json_mode=spec.json_mode,
-            context_tokens=spec.num_ctx,
-            unload_after=spec.keep_alive == 0,
-            prefix=chain((s.key, s.tokens) for s in segments),
-        )
+        job = job_for(job_id, user.index, spec, stats.kind, now, prompt, conv, turn)
         user.submitted += 1
         phase.submitted += 1
         stats.submitted += 1

@@ -63,11 +63,15 @@ class PoolWindow:
     """Seconds of the window during which someone was backlogged in the pool."""
     outlasting: int
     """Most requests running at once in the window that each take longer than a window."""
+    outlasting_users: set[int]
+    """Users with such a request running in the window."""
 
     @classmethod
-    def opened(cls, start: float, users: int, outlasting: int) -> PoolWindow:
-        """A window from ``start`` on, its ``end`` set when it closes."""
-        return cls(start, start, [0.0] * users, [0.0] * users, [0.0] * users, 0.0, outlasting)
+    def opened(cls, start: float, users: int, long_running: list[int]) -> PoolWindow:
+        """A window from ``start`` on, its ``end`` set when it closes; ``long_running``: per user, requests
+        running at ``start`` that take longer than a window."""
+        held = {u for u, n in enumerate(long_running) if n}
+        return cls(start, start, [0.0] * users, [0.0] * users, [0.0] * users, 0.0, sum(long_running), held)
 
 
 #: Entitlements of the backlogged users (indexes) of a pool, by the current weights.
@@ -135,8 +139,9 @@ class Pool:
         self.epoch_units = [0.0] * users
         self.epoch_start = 0.0
         self.changed: set[int] = set()
-        self.long_running = 0
-        self.open = PoolWindow.opened(0.0, users, 0)
+        self.long_running = [0] * users
+        """Each user's requests running here that take longer than a window."""
+        self.open = PoolWindow.opened(0.0, users, self.long_running)
         """The window being filled."""
         self.windows: list[PoolWindow] = []
         self.gap = GapTracker(users)
@@ -144,6 +149,8 @@ class Pool:
         self.dispatch_gap = GapTracker(users)
         """Service counted whole at dispatch."""
         self.max_request_cost = 0.0
+        self.max_prompt_cost = 0.0
+        """The largest prompt's units: counted whole when its prefill ends."""
         self.min_entitlement = 1.0
         """The smallest entitlement a backlogged user had, if below 1 (group shares: a member's part)."""
         self.decoded_base = 0.0
@@ -161,9 +168,10 @@ class Pool:
 
     def compete(self, models: dict[int, set[str]]) -> None:
         """Tell the gap trackers who competes, from the models each user sends here (``slots.contention``)."""
-        group = contention({u: frozenset().union(*(self.serves[m] for m in held)) for u, held in models.items()})
-        for u, g in group.items():
+        candidates = {u: frozenset().union(*(self.serves[m] for m in held)) for u, held in models.items()}
+        for u, g in contention(candidates).items():
             self.gap.group[u] = self.dispatch_gap.group[u] = g
+            self.gap.slots[u] = self.dispatch_gap.slots[u] = candidates[u]
 
     # -- service lines --------------------------------------------------------
 
@@ -187,7 +195,9 @@ class Pool:
     def prefill_done(self, u: int, prompt: int, rate: float, now: float, model: str = "") -> None:
         self.prompt_done[u] += prompt
         if prompt:
-            self.prompt_units[u] += prompt * self.pc(model)
+            units = prompt * self.pc(model)
+            self.prompt_units[u] += units
+            self.max_prompt_cost = max(self.max_prompt_cost, units)
         self.c_rate[u] += rate
         self.c_base[u] -= rate * now
         self.decoded_rate += rate
@@ -251,13 +261,14 @@ class Pool:
         self.dispatched[u] += cost / self.share_weight[u]
         self.dispatch_gap.set(u, self.dispatched[u], 0.0)
         if seconds > self.window:
-            self.long_running += 1
-            self.open.outlasting = max(self.open.outlasting, self.long_running)
+            self.long_running[u] += 1
+            self.open.outlasting = max(self.open.outlasting, sum(self.long_running))
+            self.open.outlasting_users.add(u)
 
     def finished(self, u: int, model: str, seconds: float, size: tuple[float, float]) -> None:
         self._outstanding(u, model, -1, size)
         if seconds > self.window:
-            self.long_running -= 1
+            self.long_running[u] -= 1
 
     # -- epochs -----------------------------------------------------------------
 

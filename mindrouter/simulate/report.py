@@ -36,7 +36,7 @@ def _r(value: float | None, digits: int = 6) -> float | None:
 SETTLE = 120.0
 #: A window may be this far off its target ...
 WINDOW_TOLERANCE = 0.05
-#: ... or, while a request that outlasts the window runs in the pool, one slot's share of the pool plus this.
+#: ... or, while a request that outlasts the window runs in the pool, a share of the pool's slots plus this.
 OUTLASTING_TOLERANCE = 0.02
 
 
@@ -51,23 +51,34 @@ def _changes(run: Run, pool: Pool) -> list[float]:
     return sorted(times)
 
 
-def allowed_deviation(pool: Pool, window: PoolWindow) -> float:
-    """How far a window's shares may be from their targets (issue 9's rule).
+def allowed_deviation(pool: Pool, window: PoolWindow, user: int) -> float:
+    """How far below its target a window may leave ``user`` (issue 9's rule, issue 30's person).
 
-    A request is never split, so one whose cost is a large part of what the
-    window delivered moves its shares by that part, whatever the scheduler does.
+    A request is never split, so one whose cost is a large part of what the window delivered
+    moves its shares by that part, and while a request that outlasts the window runs, one slot's
+    share of the pool: one long request more of someone's is a slot for the whole window, made up
+    in the next. But never more than half the slots the person is owed (half its target): slots
+    free within the window, and a person owed one gets it then. So a 2-slot workstation whose
+    slots go to batch work while the person who asked is owed one fails (allowed 25 points of the
+    50 owed, where one request's part of the window allowed 62). A prompt is counted whole when
+    read, so the largest one's part of the window is always allowed.
     """
     total = sum(window.units)
-    lump = min(1.0, pool.max_request_cost / total) if total > 0 else 0.0
+    if total <= 0:
+        return WINDOW_TOLERANCE
+    lump = min(1.0, pool.max_request_cost / total)
     if window.outlasting:
-        return max(WINDOW_TOLERANCE, lump, 1 / pool.slots + OUTLASTING_TOLERANCE)
-    return max(WINDOW_TOLERANCE, lump)
+        lump = max(lump, 1 / pool.slots + OUTLASTING_TOLERANCE)
+    owed = window.targets[user] / total
+    return max(WINDOW_TOLERANCE, min(1.0, pool.max_prompt_cost / total), min(lump, owed / 2))
 
 
 def _window_rows(run: Run, pool: Pool) -> list[dict[str, Any]]:
     """Each window of ``pool``: shares (tokens and service units), targets, the worst user's error, whether it counts.
 
-    Targets and the error are in service units, the unit the core charges.
+    Targets and the error are in service units, the unit the core charges. The error is a person's
+    shortfall (target less units, over the window's units) that is the largest part of its allowance
+    (``allowed_deviation``); anyone over its target is so because others are short.
 
         A window *counts* toward ``worst_window`` when it is full, someone was
         backlogged in it, it holds no change and starts at least ``SETTLE`` seconds
@@ -80,8 +91,11 @@ def _window_rows(run: Run, pool: Pool) -> list[dict[str, Any]]:
         tokens, total = sum(window.tokens), sum(window.units)
         last = max((t for t in changes if t <= window.start), default=None)
         error = None
-        if total > 0:
-            error = max(((abs(window.units[u] - window.targets[u]) / total, u) for u in names), default=None)
+        allowed = {u: allowed_deviation(pool, window, u) for u in names}
+        if total > 0 and names:
+            short = {u: (window.targets[u] - window.units[u]) / total for u in names}
+            worst = max(names, key=lambda u: short[u] / allowed[u])
+            error = (max(0.0, short[worst]), worst)
         counts = (
             error is not None
             and window.end - window.start >= run.window - 1e-9
@@ -97,7 +111,8 @@ def _window_rows(run: Run, pool: Pool) -> list[dict[str, Any]]:
                 "targets": {n: round(window.targets[u] / total, 6) if total else 0.0 for u, n in names.items()},
                 "error": None if error is None else round(error[0], 6),
                 "error_user": None if error is None else names[error[1]],
-                "allowed": round(allowed_deviation(pool, window), 6),
+                "allowed": round(allowed[error[1]] if error is not None else WINDOW_TOLERANCE, 6),
+                "allowed_by_user": {n: round(allowed[u], 6) for u, n in names.items()},
                 "outlasting": window.outlasting,
                 "since_change": None if last is None else round(window.start - last, 6),
                 "counts": counts,
@@ -107,12 +122,13 @@ def _window_rows(run: Run, pool: Pool) -> list[dict[str, Any]]:
 
 
 def worst_window(rows: list[dict[str, Any]]) -> dict[str, Any] | None:
-    """Of a pool's window rows that count, the one with the largest error, as ``start``, ``user``,
-    ``share`` (tokens), ``unit_share``, ``target``, ``deviation`` and ``allowed`` (service units)."""
+    """Of a pool's window rows that count, the one whose error is the largest part of its allowance,
+    as ``start``, ``user``, ``share`` (tokens), ``unit_share``, ``target``, ``deviation`` and ``allowed``
+    (service units)."""
     counted = [r for r in rows if r["counts"]]
     if not counted:
         return None
-    row = max(counted, key=lambda r: r["error"])
+    row = max(counted, key=lambda r: r["error"] / r["allowed"])
     user = row["error_user"]
     return {
         "start": row["start"],

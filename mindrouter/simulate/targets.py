@@ -36,7 +36,7 @@ def _worst_windows(pools: list[dict[str, Any]]) -> dict[str, dict[str, Any]]:
                         "unit_share": share,
                         "target": row["targets"][name],
                         "deviation": round(off, 6),
-                        "allowed": row["allowed"],
+                        "allowed": row["allowed_by_user"][name],
                     }
     return worst
 

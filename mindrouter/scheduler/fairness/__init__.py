@@ -4,7 +4,7 @@
 user and class (``queues.py``) and their order by priority (``order.py``),
 pools of contention and each person's seat in them (``pools.py``,
 ``fairshare.py``), charges of running jobs (``ledger.py``), slots held for a
-person about to send again (``holds.py``), the seed's priority formula
+person about to send again (``holds.py``; whether to hold, ``anticipation.py``), the seed's priority formula
 (``priority.py``) and frozen snapshots (``snapshots.py``). Nothing here knows
 a backend beyond its id.
 """

@@ -19,7 +19,11 @@ that backend's slots (``Turns.over_share``): otherwise the backlogged user takes
 every slot a short answer frees, and on a 2-slot workstation a chat user waited
 a 72 s batch answer for each 2.4 s one (issue 30: 2.6% of the service against a
 target of 47%). Work conservation yields only where the backlogged user already
-has its share, so a thinker never takes more than it is owed.
+has its share, so a thinker never takes more than it is owed. A person whose
+think time is not known yet (its first answer) is kept the slot for up to
+``max_think_time``: on 4 slots chat's second question waited a 72 s answer
+(67 s), 2.8 points of its share over 30 minutes; a one-shot user idles a slot
+once, at the batch user's surplus only, and pays ``hold_price`` for it.
 
 Invariants: a hold is ended once, by ``release``: when its seat submits again,
 when it expires, or when its backend is disabled or removed; every ``Hold``
@@ -108,10 +112,11 @@ class Holds:
 
         Such a slot is kept for the seat's next job: it would otherwise go to the one it was kept from
         whenever that one ranks first by lag, which a batch user charged ahead for a long answer does
-        for the minute it runs."""
+        for the minute it runs. Before the seat's think time is known it is kept for ``max_think_time``
+        (the module docstring says why)."""
         think = seat.think
         if think is None:
-            return None
+            return (self.max_think, True) if self.max_think > 0 else None
         if think < self.anticipation:
             return self.anticipation, False
         if think < self.max_think:

@@ -9,7 +9,8 @@ a hold names: slots are routing's, and every hold that ends is handed back.
 
 Queued jobs are ordered by ``order.py`` (the theory of operation is there);
 seats, pools and charges are ``fairshare.py``'s, ``pools.py``'s and
-``ledger.py``'s, and held slots ``holds.py``'s.
+``ledger.py``'s, held slots ``holds.py``'s, and the decision to hold one
+``anticipation.py``'s (``Turns.anticipation``).
 
 Invariants (``check()``): a queued job is in one queue and counts once in its
 seat's and its user's ``queued``; every queued job's class has its pool
@@ -19,7 +20,6 @@ re-keys it (``Order.rekey``) before control returns to the facade.
 
 from __future__ import annotations
 
-import math
 from collections.abc import Callable, Container, Hashable, Iterable, Mapping
 from dataclasses import dataclass
 
@@ -27,6 +27,7 @@ from ..jobs import ClassKey, Job, Modality, Rejection, class_key
 from ..pooling import PoolKey
 from ..settings import SchedulerSettings
 from ..views import QueueStats, ShareSnapshot
+from .anticipation import Anticipation
 from .fairshare import FairShare
 from .holds import Hold, Holds
 from .ledger import Charge, Ledger
@@ -65,6 +66,8 @@ class Turns:
         self.ledger = Ledger(self.fair)
         self.holds = Holds(settings)
         self.order = Order(self.queues, self.fair.pools, settings.wait_bonus_per_second)
+        self.anticipation = Anticipation(self.holds, self.fair, self.order, settings.wait_bonus_per_second)
+        """Whether a freed slot waits for its seat (``anticipation.py``)."""
         self._usage_backlog: dict[str, list[tuple[Hashable, float, float, float]]] = {}
         """Restored usage by model, as (user id, prompt tokens, completion tokens, at), until its pool exists."""
         self._wait_rate = settings.wait_bonus_per_second
@@ -232,7 +235,7 @@ class Turns:
     def refresh(self, now: float) -> list[Hold]:
         """Before choosing: end the holds past their time (returned), charge whole answers what the clock says
         they produced, age usage and re-rate heavy seats."""
-        ended = self.expire_holds(now)
+        ended = self.anticipation.expire_holds(now)
         rekey = self.order.rekey
         for moved in self.ledger.tick(now):
             rekey(moved.pool, moved.seat)
@@ -341,78 +344,8 @@ class Turns:
 
     # -- holds -------------------------------------------------------------
 
-    def hold_length(self, charge: Charge) -> tuple[float, bool] | None:
-        """How long the slot ``charge``'s job freed may wait for its seat (nothing queued, a brief think time),
-        and whether only where the one who would take it has its share of the slots (``Holds.length``)."""
-        return None if charge.seat.queued else self.holds.length(charge.seat)
-
     def queued_of(self, user_id: Hashable) -> int:
         return self.fair.users[user_id].queued
-
-    def over_share(self, charge: Charge, rival: Job, slots: int, running: int, now: float) -> bool:
-        """Whether ``rival``'s user, running ``running`` of a backend's ``slots``, has its share of them next
-        to ``charge``'s seat (``Holds.over_share``)."""
-        pool = self.order.pools[class_key(rival)]
-        theirs = pool.seats.get(rival.user_id)
-        if theirs is None:
-            return False
-        seat = charge.seat
-        demand = self.holds.demand(seat, now - charge.started, now)
-        return self.holds.over_share(pool, seat, theirs, slots, running, demand, now)
-
-    def rival(
-        self, charge: Charge, classes: Iterable[ClassKey], now: float, *, shared: bool
-    ) -> tuple[Job, float] | None:
-        """The queued job (with its expected answer) a hold of the slot ``charge``'s job freed would keep
-        waiting: the first of ``classes`` (those that slot serves). None when someone queued there is owed
-        more than the seat is, placed as it would be if it sent now, or nobody queued could take the slot.
-
-        With ``shared`` (a hold only while the rival has its share of the slots), owed is measured by the
-        service each completed within the fairness window, per unit of weight: by lag, a batch user charged a
-        72 s answer at its start stood owed more for the minute it ran, and the reader returning after 3 s
-        was placed one credit from it, so the slot went to the batch user every other answer.
-        """
-        pool, seat = charge.pool, charge.seat
-        mine = self._wait_rate * now - pool.priority(seat, pool.reference(), seat.kept)
-        first = self.order.first_behind(-math.inf if shared else mine, classes)
-        if first is None:  # someone there is owed more, or nobody could take it: the slot stays free
-            return None
-        key, job = first
-        if shared and pool.seats[job.user_id].recent_per_weight <= seat.recent_per_weight:
-            return None
-        return job, self.expected_answer(key, job)
-
-    def hold(
-        self,
-        charge: Charge,
-        backend_id: Hashable,
-        now: float,
-        rival: Job,
-        answer: float,
-        busy: float,
-        length: tuple[float, bool],
-    ) -> None:
-        """Hold the slot ``charge``'s job freed on ``backend_id`` for its seat for ``length`` (``Holds.length``),
-        priced at what it would have delivered to ``rival`` (``answer`` tokens in ``busy`` seconds there)."""
-        rate = self.fair.prices.cost(rival.model, rival.prompt_tokens, answer) / busy if busy > 0 else 0.0
-        self.holds.take(charge.pool, charge.seat, backend_id, charge.job.model, now, rate, length)
-
-    def expire_holds(self, now: float) -> list[Hold]:
-        """End the holds past their time; their holders, charged for them, are queued at their new place."""
-        ended = self.holds.expire(now)
-        for hold in ended:
-            self.order.rekey(hold.pool, hold.seat)
-        return ended
-
-    def drop_holds(self, backend_id: Hashable) -> list[Hold]:
-        """``backend_id`` closed or went away: its holds end, free of charge."""
-        return self.holds.backend_closed(backend_id)
-
-    def next_hold_deadline(self) -> float | None:
-        return self.holds.next_deadline()
-
-    def held_per_backend(self) -> dict[Hashable, int]:
-        return self.holds.per_backend()
 
     # -- reading -----------------------------------------------------------
 
