@@ -770,3 +770,13 @@ def test_a_revoked_keys_id_is_never_given_again(st: Store) -> None:
     st.revoke_key("kim", last)
     st.create_key("kim")
     assert st.list_keys("kim")[-1].id == last + 1  # was `last` again
+
+
+def test_counts_and_the_users_by_id_are_read_without_reading_every_user(st: Store) -> None:
+    """What Live, Groups, `mr group list` and `mr user list` read instead of every row (issue 33)."""
+    ids = {name: st.add_user(name, group).id for name, group in (("Zoe", "staff"), ("al", "student"), ("bo", "staff"))}
+    st.create_key("al"), st.create_key("al"), st.create_key("Zoe")
+    assert st.users_per_group() == {"staff": 2, "student": 1, "faculty": 0, "admin": 0}
+    assert st.key_counts() == {"al": 2, "Zoe": 1}
+    assert [u.name for u in st.users_by_id([ids["Zoe"], ids["al"], ids["al"], 999])] == ["al", "Zoe"]
+    assert st.users_by_id([]) == []

@@ -47,7 +47,7 @@ def test_share_reports_use_and_quotas_and_no_target_while_idle():
         asked.append((kind, key))
         return [{"kind": "tokens_per_day", "limit": 100}] if key == 2 else []
 
-    view = share_view(core.share(0.0), users, groups, quotas, {})
+    view = share_view(core.share(0.0), users, groups, {"faculty": 1, "student": 1}, quotas, {})
     by_name = {u["name"]: u for u in view["users"]}
     # nobody has sent anything: no one has a target (tests/test_share_truth.py splits a pool by weight)
     assert by_name["alice"]["target_share"] is None and by_name["bob"]["target_share"] is None

@@ -195,6 +195,9 @@ def render_top(
         banner = Text(f" {error} ", style="bold white on red")
         banner.truncate(width, overflow="ellipsis")
         lines.append(banner)
+    standby = ((data or {}).get("status") or {}).get("standby")
+    if standby:  # its panels are empty: say why, and where the pool's state is (whole, however narrow)
+        lines.append(Text(str(standby), style="bold black on yellow"))
     if data is None:
         lines.append(Text("waiting for the daemon…", style="dim"))
         return Group(*lines)

@@ -9,7 +9,7 @@ from __future__ import annotations
 import os
 import sqlite3
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Hashable, Iterable, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -307,6 +307,21 @@ class Store(Backends, UsageLog, Decisions, People, ApiKeys, Aliases, UiSessions,
     def count_users(self) -> int:
         """How many users there are (`mr status`), without reading them."""
         return int(self._db.execute("SELECT count(*) FROM users").fetchone()[0])
+
+    def users_per_group(self) -> dict[str, int]:
+        """How many users each group has (`mr group list`, the Groups page), counted without reading them."""
+        sql = "SELECT g.name, count(u.id) FROM groups g LEFT JOIN users u ON u.group_id = g.id GROUP BY g.name"
+        return dict(self._db.execute(sql).fetchall())
+
+    def users_by_id(self, ids: Iterable[Hashable]) -> list[User]:
+        """The users with these ids, by name: the few a listing of the people active now shows."""
+        wanted = sorted({int(i) for i in ids})  # type: ignore[call-overload]
+        found: list[User] = []
+        for first in range(0, len(wanted), 10_000):  # under either database's limit on parameters
+            chunk = wanted[first : first + 10_000]
+            marks = ", ".join("?" * len(chunk))
+            found += [_user(r) for r in self._db.execute(_USER_SELECT + f" WHERE u.id IN ({marks})", chunk)]
+        return sorted(found, key=lambda user: user.name.lower())
 
     def list_users(self, group: str | None = None) -> list[User]:
         if group is None:

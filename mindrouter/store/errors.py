@@ -38,3 +38,10 @@ class InvalidValue(StoreError, ValueError):
 
     status = 400
     code = "bad_request"
+
+
+class Busy(StoreError):
+    """Another thread of this process is writing, and the caller said not to wait (the event loop's usage writes)."""
+
+    status = 503
+    code = "busy"

@@ -70,6 +70,11 @@ class ApiKeys:
         user_id = self._user_id(user)
         return [ApiKeyInfo(*r) for r in self._db.execute(sql + " WHERE k.user_id = ? ORDER BY k.id", (user_id,))]
 
+    def key_counts(self) -> dict[str, int]:
+        """How many keys each user who has any has, by name (`mr user list`), counted without reading them."""
+        sql = "SELECT u.name, count(*) FROM api_keys k JOIN users u ON u.id = k.user_id GROUP BY u.name"
+        return dict(self._db.execute(sql).fetchall())
+
     def revoke_key(self, user: str, key_id: int) -> None:
         """Delete one key of ``user``; the user and its other keys stay."""
         user_id = self._user_id(user)

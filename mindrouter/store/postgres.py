@@ -282,6 +282,7 @@ _NOTIFY = (
     "CREATE TABLE IF NOT EXISTS mindrouter_leader (one BOOLEAN PRIMARY KEY DEFAULT true CHECK (one),"
     " epoch BIGINT NOT NULL)",
     "INSERT INTO mindrouter_leader (epoch) VALUES (0) ON CONFLICT DO NOTHING",
+    "ALTER TABLE mindrouter_leader ADD COLUMN IF NOT EXISTS leader TEXT NOT NULL DEFAULT ''",
 )
 """After the migrations: change notices for the routers' memory, and the leader epoch (daemon/pollers/leader.py)."""
 _FENCE = (

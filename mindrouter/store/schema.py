@@ -8,7 +8,7 @@ from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 
 from ..names import person_identity
-from .errors import StoreError
+from .errors import Busy, StoreError
 
 _SCHEMA_V1 = (
     "CREATE TABLE meta (key TEXT PRIMARY KEY, value TEXT NOT NULL)",
@@ -239,9 +239,15 @@ another fails at its BEGIN, as it always did, rather than waiting for itself."""
 
 
 @contextmanager
-def transaction(db: sqlite3.Connection) -> Iterator[sqlite3.Connection]:
-    """One write transaction on a connection in autocommit mode: all of it commits, or none."""
-    with _WRITING:
+def transaction(db: sqlite3.Connection, *, wait: bool = True) -> Iterator[sqlite3.Connection]:
+    """One write transaction on a connection in autocommit mode: all of it commits, or none.
+
+    Raises:
+        Busy: with ``wait`` False, another thread's transaction is under way (nothing was done).
+    """
+    if not _WRITING.acquire(blocking=wait):
+        raise Busy("another write of this process is under way; try again when it ends")
+    try:
         db.execute("BEGIN IMMEDIATE")
         try:
             yield db
@@ -249,3 +255,5 @@ def transaction(db: sqlite3.Connection) -> Iterator[sqlite3.Connection]:
             db.execute("ROLLBACK")
             raise
         db.execute("COMMIT")
+    finally:
+        _WRITING.release()

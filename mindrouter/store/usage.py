@@ -14,6 +14,7 @@ Where those rows are already gone, the report widens to whole days and says so.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import math
 import sqlite3
@@ -22,7 +23,7 @@ from typing import Any
 
 from ..localtime import day_key, day_start, month_key, month_start, next_day, next_month
 from ..reported import count
-from .errors import InvalidValue
+from .errors import Busy, InvalidValue
 from .rows import UsageReport, UsageRow, UsageTotal
 from .schema import ROLL_USAGE, ROLLED_KEY, transaction
 
@@ -125,6 +126,7 @@ class UsageLog:
         *,
         streaming: Sequence[UsageArgs] = (),
         ended: Sequence[str] = (),
+        wait: bool = True,
     ) -> None:
         """Record finished requests in one transaction (one commit for all); durable once this returns.
 
@@ -135,6 +137,8 @@ class UsageLog:
             streaming: rows of streams still running, what each has delivered so far (replacing the
                 last such row of that request); ``recover_open_usage`` makes them usage after a kill.
             ended: request ids whose streaming row is done with (their usage row is in ``rows``).
+            wait: False: if another thread of this process is writing, raise ``Busy`` at once, nothing
+                written (the event loop's writes: it tries again when that write ends).
         """
         if not (rows or streaming or ended):
             return
@@ -145,7 +149,7 @@ class UsageLog:
             *((_OPEN, _params(row)) for row in streaming),
         ]
         try:
-            with transaction(self._db) as db:
+            with transaction(self._db, wait=wait) as db:
                 for sql, one in writes:
                     db.execute(sql, one)
         except (sqlite3.Error, OverflowError, ValueError, TypeError):  # one bad row: write the others one by one
@@ -159,13 +163,14 @@ class UsageLog:
             return
         before, self._usage_inserts = self._usage_inserts, self._usage_inserts + len(rows)
         if before // self._ROLL_USAGE_EVERY != self._usage_inserts // self._ROLL_USAGE_EVERY:
-            self.roll_usage()
+            with contextlib.suppress(Busy):  # the next roll, or the next report, takes these rows too
+                self.roll_usage(wait=wait)
         if self.prune_inline and before // self._PRUNE_USAGE_EVERY != self._usage_inserts // self._PRUNE_USAGE_EVERY:
             self.prune_usage(params[-1][0], limit=self._PRUNE_USAGE_BATCH)
 
-    def roll_usage(self) -> None:
+    def roll_usage(self, *, wait: bool = True) -> None:
         """Bring the daily and monthly totals up to date with every usage row (reports do it first)."""
-        with transaction(self._db) as db:
+        with transaction(self._db, wait=wait) as db:
             _roll(db)
 
     def open_streams(self) -> dict[int, int]:
@@ -340,10 +345,14 @@ class UsageLog:
                 row[dim] = value
             row.update(requests=r[-4], prompt_tokens=r[-3], completion_tokens=r[-2], gpu_seconds=round(r[-1], 3))
             rows.append(row)
+        # Keys of strings and ints, never lists: the rows and their keys are then no garbage collector's
+        # business (30,000 rows' list keys set off 137 collections, each walking the heap with the GIL held).
+        # NUL sorts before any other character, so joined keys sort as the lists of their parts.
         times = [d for d in by if d in _TIME_DIMENSIONS]
-        rows.sort(key=lambda row: [str(row[d]) for d in by if d not in _TIME_DIMENSIONS])
+        others = [d for d in by if d not in _TIME_DIMENSIONS]
+        rows.sort(key=lambda row: "\0".join(str(row[d]) for d in others))
         rows.sort(key=lambda row: -(row["prompt_tokens"] + row["completion_tokens"]))
-        rows.sort(key=lambda row: [row[d] for d in times])
+        rows.sort(key=lambda row: "\0".join(row[d] for d in times))
         total = {key: sum(row[key] for row in rows) for key in ("requests", "prompt_tokens", "completion_tokens")} | {
             "gpu_seconds": round(sum(row["gpu_seconds"] for row in rows), 3)
         }

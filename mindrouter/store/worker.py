@@ -83,6 +83,8 @@ class StoreWorker:
         self.batch = 256
         """Rows a delete takes at a time, adjusted so that one takes about ``batch_seconds``."""
         self._local = threading.local()
+        self._epoch: int | None = None
+        """The epoch the worker's store is fenced by (its thread alone reads and sets it)."""
         self._pool = concurrent.futures.ThreadPoolExecutor(max_workers=1, thread_name_prefix="mindrouter-store")
 
     def _store(self) -> Any:
@@ -104,11 +106,19 @@ class StoreWorker:
         """``submit`` for a coroutine: the event loop serves others while ``fn`` runs."""
         return await asyncio.wrap_future(self.submit(fn))
 
-    def retain(self, now: float) -> concurrent.futures.Future[tuple[int, int]]:
-        """Delete what retention lets go, in short transactions; returns (usage rows, decision records) deleted."""
-        return self.submit(lambda store: self._retain(store, now))
+    def retain(self, now: float, epoch: int | None = None) -> concurrent.futures.Future[tuple[int, int]]:
+        """Delete what retention lets go, in short transactions; returns (usage rows, decision records) deleted.
 
-    def _retain(self, store: Any, now: float) -> tuple[int, int]:
+        Args:
+            epoch: on PostgreSQL, the leader epoch the router leads in: the deletes are fenced by it, so a
+                leader that was frozen and resumes deletes nothing (``Store.fence``).
+        """
+        return self.submit(lambda store: self._retain(store, now, epoch))
+
+    def _retain(self, store: Any, now: float, epoch: int | None) -> tuple[int, int]:
+        if epoch is not None and epoch != self._epoch:
+            store.fence(epoch)
+            self._epoch = epoch
         usage = self._batches(lambda limit: store.prune_usage(now, limit=limit))
         before = day_start(now - self.decision_days * DAY)
         return usage, self._batches(lambda limit: store.prune_decisions(before, limit=limit))

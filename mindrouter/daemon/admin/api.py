@@ -17,6 +17,7 @@ from ...names import key_label, person_identity
 from ...scheduler import check_weight
 from ...store import AlreadyExists, InvalidValue, Store
 from ...store.people import KEEP
+from ...store.worker import json_bytes
 from ..edge.catalog import pool_models
 from ..edge.services import SERVICES
 from ..request.weights import apply_user
@@ -34,7 +35,6 @@ __all__ = [
     "delete_group",
     "delete_user",
     "json_body",
-    "key_counts",
     "new_key",
     "revoke_user_key",
     "set_backend_state",
@@ -70,9 +70,7 @@ def sync_users(app: web.Application, group: str | None = None, name: str | None 
 
 async def list_groups(request: web.Request) -> web.Response:
     store = request.app[SERVICES].store
-    counts: dict[str, int] = {}
-    for user in store.list_users():
-        counts[user.group] = counts.get(user.group, 0) + 1
+    counts = store.users_per_group()
     return web.json_response(
         [
             {**g.to_dict(), "users": counts.get(g.name, 0), "quotas": quota_rows(request.app, "group", g.name)}
@@ -121,28 +119,37 @@ def delete_group(app: web.Application, name: str) -> None:
 
 def _user_dict(app: web.Application, user: Any, keys: dict[str, int]) -> dict[str, Any]:
     state = app[SERVICES].scheduler.user(user.id)
+    return _user_row(user, keys, state, quota_rows(app, "user", user.id))
+
+
+def _user_row(user: Any, keys: dict[str, int], state: Any, quotas: list[dict[str, Any]]) -> dict[str, Any]:
+    """A user as the admin API shows it: its row, keys, standing now (``state``, None if idle) and quotas."""
     return {
         **user.to_dict(),
         "keys": keys.get(user.name, 0),
         "queued": state.queued if state else 0,
         "running": state.running if state else 0,
         "recent_tokens": state.recent_tokens if state else 0,
-        "quotas": quota_rows(app, "user", user.id),
+        "quotas": quotas,
     }
 
 
-def key_counts(store: Store) -> dict[str, int]:
-    """How many keys each user has, by name (``mr user list``, the web UI's users page)."""
-    counts: dict[str, int] = {}
-    for key in store.list_keys():
-        counts[key.user] = counts.get(key.user, 0) + 1
-    return counts
-
-
 async def list_users(request: web.Request) -> web.Response:
-    store = request.app[SERVICES].store
-    keys = key_counts(store)
-    return web.json_response([_user_dict(request.app, u, keys) for u in store.list_users()])
+    """`mr user list`: every user. The people active now and the quotas set are read here, on the loop (what
+    they number); every row is read and encoded on the store's worker (10,000 users took 225 ms on the loop)."""
+    services = request.app[SERVICES]
+    live = {u.user_id: u for u in services.scheduler.share(services.dispatcher.clock(), active=True).users}
+    limits = services.quotas.by_subject()
+
+    def build(store: Store) -> bytes:
+        keys = store.key_counts()
+        rows = [
+            _user_row(u, keys, live.get(u.id), [limit.to_dict() for limit in limits.get(("user", u.id), ())])
+            for u in store.list_users()
+        ]
+        return json_bytes(rows)
+
+    return web.Response(body=await services.store_worker.run(build), content_type="application/json")
 
 
 async def add_user(request: web.Request) -> web.Response:
@@ -197,7 +204,7 @@ def _proxy_flag(data: dict[str, Any]) -> bool:
 async def set_user(request: web.Request) -> web.Response:
     data = await json_body(request)
     user = change_user(request.app, request.match_info["name"], data)
-    return web.json_response(_user_dict(request.app, user, key_counts(request.app[SERVICES].store)))
+    return web.json_response(_user_dict(request.app, user, request.app[SERVICES].store.key_counts()))
 
 
 def change_user(app: web.Application, name: str, data: dict[str, Any]) -> Any:

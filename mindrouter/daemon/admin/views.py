@@ -43,8 +43,13 @@ def status_view(
     listen: str,
     socket: str,
     role: str = "leader",
+    standby: str | None = None,
 ) -> dict[str, Any]:
-    """`mr status`: one line per fact about the daemon."""
+    """`mr status`: one line per fact about the daemon.
+
+    Args:
+        standby: on a standby, the sentence its live views show (``standby_sentence``); else None.
+    """
     return {
         "version": version,
         "uptime_seconds": round(counters.uptime, 3),
@@ -61,7 +66,14 @@ def status_view(
         "listen": listen,
         "socket": socket,
         "role": role,
+        "standby": standby,
     }
+
+
+def standby_sentence(leader: str) -> str:
+    """What a standby's live views (Live, `mr top`) say: it schedules nothing, and which router does."""
+    who = f"{leader} leads" if leader else "no router leads yet"
+    return f"This router is a standby and schedules nothing, so its live views stay empty: {who}."
 
 
 def _seat_dict(seat: Any, names: Mapping[str, str]) -> dict[str, Any]:
@@ -70,7 +82,12 @@ def _seat_dict(seat: Any, names: Mapping[str, str]) -> dict[str, Any]:
 
 
 def share_view(
-    share: Any, users: Sequence[Any], groups: Sequence[Any], quotas: QuotaLookup, names: Mapping[str, str]
+    share: Any,
+    users: Sequence[Any],
+    groups: Sequence[Any],
+    members: Mapping[str, int],
+    quotas: QuotaLookup,
+    names: Mapping[str, str],
 ) -> dict[str, Any]:
     """`mr share`: per group and user its target and actual share (``scheduler/targets.py``), and the terms that act.
 
@@ -78,7 +95,8 @@ def share_view(
 
     Args:
         share: the core's ``share(now)`` snapshot.
-        users, groups: the store's rows.
+        users, groups: the store's rows: every user, or those of ``share`` (the people active now).
+        members: each group's count of users (``Store.users_per_group``).
         quotas: each subject's quotas with their use so far.
         names: backend id -> name, to name each pool by its backends.
     """
@@ -114,9 +132,9 @@ def share_view(
         )
     group_rows = []
     for group in groups:
-        members = [r for r in rows if r["group"] == group.name]
-        recent = sum(r["recent_tokens"] for r in members)
-        units = sum(r["recent_units"] for r in members)
+        own = [r for r in rows if r["group"] == group.name]
+        recent = sum(r["recent_tokens"] for r in own)
+        units = sum(r["recent_units"] for r in own)
         target, actual = share.groups.get(group.name, (None, None))
         group_rows.append(
             {
@@ -128,7 +146,7 @@ def share_view(
                 "recent_units": round(units, 3),
                 "token_share": round(recent / total, 4) if total else 0.0,
                 "unit_share": round(units / share.global_recent_units, 4) if share.global_recent_units else 0.0,
-                "users": len(members),
+                "users": members.get(group.name, 0),
                 "quotas": quotas("group", group.name),
             }
         )

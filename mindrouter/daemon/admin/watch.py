@@ -18,7 +18,7 @@ from ...store import InvalidValue, NotFound, Store
 from ...store.worker import json_bytes
 from ..edge.accounting import top_panels
 from ..edge.services import SERVICES
-from .views import Counters, share_view, status_view, top_view
+from .views import Counters, share_view, standby_sentence, status_view, top_view
 
 __all__ = ["quota_rows", "setup_watch_routes", "status_dict"]
 
@@ -49,6 +49,7 @@ def status_dict(app: web.Application) -> dict[str, Any]:
         listen=f"http://{config.server.host}:{config.server.port}",
         socket=str(config.server.socket_path),
         role=app[SERVICES].role,
+        standby=None if app[SERVICES].leading else standby_sentence(app[SERVICES].leader),
     )
 
 
@@ -92,7 +93,9 @@ def _share_of(app: web.Application) -> Callable[[Store], dict[str, Any]]:
     def quotas(kind: str, key: Any) -> list[dict[str, Any]]:
         return [limit.to_dict() for limit in limits.get((kind, key), ())]
 
-    return lambda store: share_view(share, store.list_users(), store.list_groups(), quotas, names)
+    return lambda store: share_view(
+        share, store.list_users(), store.list_groups(), store.users_per_group(), quotas, names
+    )
 
 
 async def share_dict(app: web.Application) -> dict[str, Any]:

@@ -65,6 +65,16 @@ class Services:
         return self.leadership is None or self.leadership.leading
 
     @property
+    def epoch(self) -> int | None:
+        """The leader epoch this router leads in, which fences its writes (PostgreSQL); None on SQLite."""
+        return None if self.leadership is None else self.leadership.epoch
+
+    @property
+    def leader(self) -> str:
+        """The leading router's address as this one last read it (PostgreSQL); "" if unknown."""
+        return "" if self.leadership is None else self.leadership.leader
+
+    @property
     def role(self) -> str:
         """``"leader"`` or ``"standby"`` (``mr status``; docs/scale.md)."""
         return "leader" if self.leading else "standby"

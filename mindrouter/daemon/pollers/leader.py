@@ -50,6 +50,7 @@ class Leadership:
         heartbeat: seconds between a leader's heartbeats. Defaults to 1; a standby tries for the lock five
             times as often (a cheap query), so it takes over about 0.1 s after the lock is free.
         idle_timeout: seconds of silence after which the server ends the session. Defaults to 3.
+        name: how this router is named to the others while it leads (its address), for their live views.
     """
 
     def __init__(
@@ -62,6 +63,7 @@ class Leadership:
         heartbeat: float = 1.0,
         idle_timeout: float = 3.0,
         clock: Callable[[], float] = time.monotonic,
+        name: str = "",
     ) -> None:
         self.url = url
         self.on_lead = on_lead
@@ -70,6 +72,9 @@ class Leadership:
         self.heartbeat = heartbeat
         self.idle_timeout = idle_timeout
         self.clock = clock
+        self.name = name
+        self.leader = ""
+        """The leading router's name as a standby last read it ("" before it knows, or if it gave none)."""
         self.epoch: int | None = None
         """The epoch this router leads in; None while it stands by."""
         self._confirmed = -float("inf")
@@ -137,10 +142,13 @@ class Leadership:
             await self._conn.execute("SELECT 1")
             self._confirmed = self.clock()
             return None
-        row = await (await self._conn.execute("SELECT pg_try_advisory_lock(%s)", (LEADER_LOCK,))).fetchone()
+        tried = "SELECT pg_try_advisory_lock(%s), (SELECT leader FROM mindrouter_leader)"
+        row = await (await self._conn.execute(tried, (LEADER_LOCK,))).fetchone()
         if not row[0]:
+            self.leader = row[1]
             return None
-        cur = await self._conn.execute("UPDATE mindrouter_leader SET epoch = epoch + 1 RETURNING epoch")
+        raised = "UPDATE mindrouter_leader SET epoch = epoch + 1, leader = %s RETURNING epoch"
+        cur = await self._conn.execute(raised, (self.name,))
         epoch: int = (await cur.fetchone())[0]
         log.info("this router leads now (epoch %d); it schedules and dispatches", epoch)
         return epoch

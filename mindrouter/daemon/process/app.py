@@ -191,7 +191,8 @@ async def create_app(
             store.close()
 
     app.cleanup_ctx.append(resources)
-    app.cleanup_ctx.append(retention_ctx(worker))
+    services = app[SERVICES]
+    app.cleanup_ctx.append(retention_ctx(worker, lambda: services.leading, lambda: services.epoch))
     app.cleanup_ctx.append(decisions.flush_ctx)
     app.cleanup_ctx.append(dispatcher.timer_ctx)
     app.cleanup_ctx.append(gpus.poll_ctx)

@@ -19,6 +19,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import os
+import socket
 from collections.abc import AsyncIterator, Callable
 
 from aiohttp import web
@@ -90,7 +91,15 @@ def setup_leadership(app: web.Application, restore_usage: Callable[[], None]) ->
         # Restart=on-failure (docs/systemd) starts it again, as a standby.
         os._exit(1)
 
-    leadership = Leadership(services.config.store.url, on_lead=on_lead, on_change=on_change, on_lost=on_lost)
+    server = services.config.server
+    host = socket.gethostname() if server.host in ("", "0.0.0.0", "::") else server.host
+    leadership = Leadership(
+        services.config.store.url,
+        on_lead=on_lead,
+        on_change=on_change,
+        on_lost=on_lost,
+        name=f"http://{host}:{server.port}",  # a standby's live views name the leader by it
+    )
     services.leadership = leadership
 
     async def contend(_app: web.Application) -> AsyncIterator[None]:

@@ -32,7 +32,7 @@ from .app import create_app
 from .listen import port_taken, refuse_a_busy_port
 from .statelock import StateLock
 
-__all__ = ["event_loop_factory", "make_runner", "serve"]
+__all__ = ["event_loop_factory", "make_runner", "serve", "settle_heap"]
 
 log = logging.getLogger("mindrouter.daemon")
 
@@ -95,6 +95,20 @@ async def _run(config: Config, *, discover: bool | None) -> None:
         lock.release()
 
 
+def settle_heap() -> None:
+    """Freeze what start-up made, once the daemon listens (benchmarks/bench_scale.py does the same).
+
+    It (the imported modules, each registered user's scheduler state: 60,000-80,000 objects) lives as
+    long as the process; a full collection walked it every time, 15-17 ms once or twice a second under
+    load, and 40-170 ms at 10,000 users while the store's worker built `mr share`, holding up every request
+    in flight (a collection holds the GIL, whichever thread runs it). Frozen, a full collection walks only
+    what came after (docs/performance.md).
+    """
+    gc.collect()
+    gc.freeze()
+    gc.set_threshold(YOUNG_COLLECTION_EVERY)
+
+
 def make_runner(app: web.Application, config: Config) -> web.AppRunner:
     """The runner that serves ``app``: handlers cancelled when their client leaves, slow clients cut off.
 
@@ -145,12 +159,7 @@ async def _serve_app(config: Config, *, discover: bool | None) -> None:
         server.port,
         socket_path,
     )
-    # What start-up made (the imported modules: ~50,000 objects) lives as long as the process; a full
-    # collection walked it every time, 15-17 ms once or twice a second under load, holding up every
-    # request in flight. Frozen, a full collection walks only what requests made (docs/performance.md).
-    gc.collect()
-    gc.freeze()
-    gc.set_threshold(YOUNG_COLLECTION_EVERY)
+    settle_heap()
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):

@@ -116,7 +116,7 @@ async def users(request: web.Request, session: Session) -> web.StreamResponse:
         "users.html",
         session,
         users=store.list_users(),
-        keys=api.key_counts(store),
+        keys=store.key_counts(),
         groups=store.list_groups(),
     )
 

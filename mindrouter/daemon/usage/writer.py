@@ -8,6 +8,11 @@ of commit, and becomes the request's usage row at the next start if the daemon
 is killed. A SIGKILL therefore loses the rows of the turn it interrupts, well
 under a millisecond of usage, and at most the last second of each running
 stream, while a busy daemon pays one commit for many requests.
+
+The loop never waits for the write lock: while the store's worker thread is in
+a transaction of its own (retention's deletes, a report's roll-up), the rows
+wait in memory and go in the first commit after it (``RETRY_SECONDS``), so a
+delete that runs long holds up no request.
 """
 
 from __future__ import annotations
@@ -19,12 +24,15 @@ from collections.abc import Callable
 from typing import Any
 
 from ...store import Store
+from ...store.errors import Busy
 from ..request.settlement import Settlement, Streaming
 
 __all__ = ["UsageWriter"]
 
 log = logging.getLogger(__name__)
 
+RETRY_SECONDS = 0.001
+"""How soon a write that found another thread writing tries again."""
 STREAM_WRITE_SECONDS = 1.0
 """How often what running streams have delivered is written (what a SIGKILL may lose of each)."""
 
@@ -51,6 +59,7 @@ class UsageWriter:
         """Request ids with a streaming row in the store."""
         self._ended: list[str] = []
         self._stream_timer: asyncio.TimerHandle | None = None
+        self._retry: asyncio.TimerHandle | None = None
 
     def write(self) -> None:
         """Write the usage rows not yet in the store (called after each loop turn that ended requests)."""
@@ -58,11 +67,22 @@ class UsageWriter:
         streaming, self._streaming = self._streaming, {}
         ended, self._ended = self._ended, []
         try:
-            self.store.record_usages(rows, streaming=list(streaming.values()), ended=ended)
+            self.store.record_usages(rows, streaming=list(streaming.values()), ended=ended, wait=False)
+        except Busy:  # the worker writes: these go in the first commit after its transaction
+            self._unwritten[:0] = rows
+            self._streaming = streaming | self._streaming
+            self._ended[:0] = ended
+            if self._retry is None:
+                self._retry = asyncio.get_running_loop().call_later(RETRY_SECONDS, self._write_again)
+            return
         except Exception:
             log.exception("could not store %d usage rows", len(rows) + len(streaming))
             return
         self._stored_open.update(streaming)
+
+    def _write_again(self) -> None:
+        self._retry = None
+        self.write()
 
     def _write_streams(self) -> None:
         self._stream_timer = None
