@@ -86,7 +86,18 @@ SCALED = {
     "server": (ServerSettings, ("gpu_poll_interval",), ()),
     "scheduler": (
         SchedulerSettings,
-        ("fairness_window", "queue_timeout", "heavy_refresh_interval", "latency_reference", "default_load_seconds"),
+        (
+            "fairness_window",
+            "queue_timeout",
+            "heavy_refresh_interval",
+            "latency_reference",
+            "default_load_seconds",
+            "wait_margin",
+            "max_think_time",
+            "placement_interval",
+            "load_confirm_seconds",
+            "min_load_sample_seconds",
+        ),
         (
             "credit_rate",
             "wait_bonus_per_second",
@@ -109,7 +120,9 @@ SCALED = {
         (),
     ),
 }
-"""Per config section: its defaults, the settings in seconds (divided) and those per second (multiplied)."""
+"""Per config section: its defaults, the settings in seconds (divided) and those per second (multiplied).
+``anticipation`` stays as it is: it is compared with a client's gap between an answer and its next request, which
+holds a loopback round trip and the client's own work that do not compress."""
 
 
 def scaled_settings(compression: float) -> dict[str, dict[str, Any]]:
