@@ -14,11 +14,16 @@ Measures, in one run, for this tree and for ``--against`` (default: the last com
   millisecond, and how many gaps passed 20 ms, shown next to the same with nothing else to do (the
   machine's own noise). The loop time of `mr share` includes the bench client's read of its answer
   (2.7 MB at 10,000 users) on the same loop. Next to each, the longest garbage collection meanwhile
-  (it holds the GIL, on whichever thread it runs, and the loop waits).
+  (it holds the GIL, on whichever thread it runs, and the loop waits). The same requests are also sent
+  with nothing to delete, so what retention adds can be told from the requests' own cost (the client,
+  the daemon and the fake backend share the loop). Each stall over 15 ms is printed with the loop
+  thread's CPU time in it and the process's: a loop that stood still while the process ran waited for
+  the GIL (another thread held it); one whose own CPU fills the stall was busy with its own work.
 
-The daemon's heap is settled as `mr serve` settles it once it listens (``settle_heap``: start-up's
-objects frozen, young collections every 7,000 allocations); ``--unfrozen`` leaves it as built, as this
-bench did before (its full collections walked every user's start-up objects: 40-170 ms).
+The daemon's heap is settled as `mr serve` settles it once it listens (``settle_process``: start-up's
+objects frozen, young collections every 7,000 allocations, the GIL handed over after 1 ms); ``--unfrozen``
+leaves it as built, as this bench did before (its full collections walked every user's start-up objects:
+40-170 ms).
 
 Usage rows are written straight into the store's table, sorted by time, with ``executemany`` in
 one transaction (about 200,000 rows/s), over the ``--days`` before the fairness window.
@@ -42,6 +47,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any
 
@@ -84,6 +90,8 @@ class _Stalls:
 
     def __init__(self) -> None:
         self.gaps: list[float] = []
+        self.long: list[tuple[float, float, float]] = []
+        """Gaps over 15 ms: (gap, the loop thread's CPU time in it, the process's)."""
         self.longest_gc = 0.0
         self._task: asyncio.Task[None] | None = None
         self._gc_began = 0.0
@@ -104,12 +112,15 @@ class _Stalls:
         return sum(1 for gap in self.gaps if gap > 0.020)
 
     async def _run(self) -> None:
-        last = time.perf_counter()
+        last, loop_cpu, cpu = time.perf_counter(), time.thread_time(), time.process_time()
         while True:
             await asyncio.sleep(0.001)
-            now = time.perf_counter()
-            self.gaps.append(now - last - 0.001)
-            last = now
+            now, loop_now, cpu_now = time.perf_counter(), time.thread_time(), time.process_time()
+            gap = now - last - 0.001
+            self.gaps.append(gap)
+            if gap > 0.015:
+                self.long.append((gap, loop_now - loop_cpu, cpu_now - cpu))
+            last, loop_cpu, cpu = now, loop_now, cpu_now
 
     def __enter__(self) -> _Stalls:
         self._task = asyncio.get_running_loop().create_task(self._run())
@@ -124,6 +135,16 @@ class _Stalls:
 
 def _settle_heap() -> None:
     """What `mr serve` does once it listens (each tree's own code)."""
+    try:
+        from mindrouter.daemon.process.serve import settle_process
+    except ImportError:
+        _settle_heap_before()
+    else:
+        settle_process()
+
+
+def _settle_heap_before() -> None:
+    """Before `mr serve` set the GIL's switch interval."""
     try:
         from mindrouter.daemon.process.serve import settle_heap
     except ImportError:  # before this work: the same three steps inline in serve
@@ -174,6 +195,24 @@ async def _loop_ms(client: Any, url: str, headers: dict[str, str], loads: int) -
             await resp.read()
             assert resp.status == 200, (url, resp.status)
     return (time.thread_time() - start) * 1000 / loads
+
+
+def _record(out: dict[str, Any], key: str, stalls: _Stalls) -> None:
+    out[f"{key}_stall_ms"] = stalls.worst * 1000
+    out[f"{key}_gc_ms"] = stalls.longest_gc * 1000
+    out[f"{key}_over_20ms"] = stalls.over_20ms
+    out[f"{key}_long"] = stalls.long
+
+
+async def _paced(send: Callable[[int], Awaitable[None]], rate: float, seconds: float) -> float:
+    """``rate`` requests a second for ``seconds`` (a campus's peak, paced: the loop is not saturated); sent/s."""
+    began = time.perf_counter()
+    sent = []
+    for n in range(int(rate * seconds)):
+        await asyncio.sleep(max(0.0, began + n / rate - time.perf_counter()))
+        sent.append(asyncio.ensure_future(send(n)))
+    await asyncio.gather(*sent)
+    return len(sent) / (time.perf_counter() - began)
 
 
 async def measure(
@@ -240,9 +279,7 @@ async def measure(
                 await boss.close()
                 with _Stalls() as quiet:
                     await asyncio.sleep(2.0)
-                out["noise_ms"] = quiet.worst * 1000
-                out["noise_gc_ms"] = quiet.longest_gc * 1000
-                out["noise_over_20ms"] = quiet.over_20ms
+                _record(out, "noise", quiet)
                 with _Stalls() as stalls:
                     began = time.perf_counter()
                     kinds = (("user,model", "30d"), ("user", "365d"), ("day", "7d"), ("model", "1d"))
@@ -252,9 +289,10 @@ async def measure(
                             assert resp.status == 200, await resp.text()
                             await resp.read()
                     out["report_s"] = (time.perf_counter() - began) / reports
-                out["report_stall_ms"] = stalls.worst * 1000
-                out["report_gc_ms"] = stalls.longest_gc * 1000
-                out["report_over_20ms"] = stalls.over_20ms
+                _record(out, "report", stalls)
+                with _Stalls() as alone:  # the same traffic as during retention, with nothing to delete
+                    out["traffic_requests_per_s"] = await _paced(lambda n: chat(keys[n % len(keys)]), rate, seconds)
+                _record(out, "traffic", alone)
         finally:
             await server.close()
         # Retention: half the rows are now past a shorter retention; requests go on meanwhile.
@@ -263,16 +301,8 @@ async def measure(
         try:
             async with aiohttp.ClientSession() as client:
                 with _Stalls() as stalls:
-                    began = time.perf_counter()
-                    sent = []
-                    for n in range(int(rate * seconds)):  # a campus's peak, paced: the loop is not saturated
-                        await asyncio.sleep(max(0.0, began + n / rate - time.perf_counter()))
-                        sent.append(asyncio.ensure_future(chat(keys[n % len(keys)])))
-                    await asyncio.gather(*sent)
-                    out["retention_requests_per_s"] = len(sent) / (time.perf_counter() - began)
-                out["retention_stall_ms"] = stalls.worst * 1000
-                out["retention_gc_ms"] = stalls.longest_gc * 1000
-                out["retention_over_20ms"] = stalls.over_20ms
+                    out["retention_requests_per_s"] = await _paced(lambda n: chat(keys[n % len(keys)]), rate, seconds)
+                _record(out, "retention", stalls)
                 left = db.execute("SELECT count(*) FROM usage WHERE at < ?", (time.time() - days / 2 * DAY,))
                 out["retention_rows_left"] = left.fetchone()[0]
         finally:
@@ -343,16 +373,29 @@ def main() -> None:
     print(f"{'':44}" + "".join(f"{name:>14}" for name in runs))
     for route in results[0]["loop_ms"]:
         print(_row(f"loop ms per {route}", [r["loop_ms"].get(route) for r in results], ".2f"))
-    print(_row("longest stall, nothing running (ms)", [r["noise_ms"] for r in results], ".1f"))
-    print(_row(f"longest stall during {args.reports} `mr usage` (ms)", [r["report_stall_ms"] for r in results], ".1f"))
+    phases = (
+        ("noise", "nothing running"),
+        ("report", f"{args.reports} `mr usage`"),
+        ("traffic", "requests alone"),
+        ("retention", "requests, retention"),
+    )
+    for key, label in phases:
+        print(_row(f"longest stall, {label} (ms)", [r.get(f"{key}_stall_ms") for r in results], ".1f"))
     print(_row("one `mr usage` report (s)", [r["report_s"] for r in results], ".3f"))
-    print(_row("longest stall during retention (ms)", [r["retention_stall_ms"] for r in results], ".1f"))
-    for key, label in (("noise", "nothing running"), ("report", "`mr usage`"), ("retention", "retention")):
-        print(_row(f"longest collection, {label} (ms)", [r[f"{key}_gc_ms"] for r in results], ".1f"))
-    for key, label in (("noise", "nothing running"), ("report", "`mr usage`"), ("retention", "retention")):
-        print(_row(f"stalls over 20 ms, {label}", [r[f"{key}_over_20ms"] for r in results], "d"))
+    for key, label in phases:
+        print(_row(f"longest collection, {label} (ms)", [r.get(f"{key}_gc_ms") for r in results], ".1f"))
+    for key, label in phases:
+        print(_row(f"stalls over 20 ms, {label}", [r.get(f"{key}_over_20ms") for r in results], "d"))
+    for name, r in runs.items():
+        for key, label in phases:
+            for gap, loop_cpu, cpu in r.get(f"{key}_long", []):
+                print(
+                    f"{name}, {label}: a {gap * 1000:.1f} ms stall, {loop_cpu * 1000:.1f} ms of it the loop's CPU, "
+                    f"{cpu * 1000:.1f} ms the process's"
+                )
     print(_row("rows past retention left after it", [r["retention_rows_left"] for r in results], ",d"))
-    print(_row("requests/s sent meanwhile", [r["retention_requests_per_s"] for r in results], ".0f"))
+    for key in ("traffic", "retention"):
+        print(_row(f"requests/s sent, {key}", [r.get(f"{key}_requests_per_s") for r in results], ".0f"))
     print(_row("fill (rows/s)", [r["fill_rows_per_s"] for r in results], ",.0f"))
     if len(results) == 2:
         for route in results[0]["loop_ms"]:
