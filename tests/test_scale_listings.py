@@ -9,17 +9,21 @@ import gc
 import json
 import re
 import sqlite3
+import sys
 import threading
 import time
 
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 
-from mindrouter.daemon.process.serve import YOUNG_COLLECTION_EVERY
+from mindrouter.daemon.process.serve import YOUNG_COLLECTION_EVERY, settle_process
 from mindrouter.daemon.request.weights import apply_user
 from mindrouter.daemon.usage.writer import UsageWriter
 from mindrouter.localtime import day_start
 from mindrouter.store import Store, schema
-from mindrouter.store.worker import StoreWorker, json_bytes
+from mindrouter.store import worker as store_worker
+from mindrouter.store.worker import SLICE, StoreWorker, json_bytes, sorted_in_slices
 
 from .harness import ADMIN_KEY, Daemon, until
 from .inprocess import InProcess
@@ -152,8 +156,17 @@ async def test_live_groups_and_the_group_and_user_lists_never_read_every_user_on
 
 def test_a_report_of_30000_rows_sets_off_young_collections_only(tmp_path, monkeypatch):
     """A report is built on the store's worker; a collection holds the GIL whichever thread runs it, so the
-    loop waits. Under `mr serve`'s settings (``settle_heap``) its 30,000 rows once set off 11 young
-    collections and one of the middle generation (list sort keys: 90,000 more objects), now 4 young ones."""
+    loop waits. Under `mr serve`'s settings (``settle_process``) its 30,000 rows once set off 11 young
+    collections and one of the middle generation (list sort keys: 90,000 more objects), now 4 young ones.
+    So does a sort in C: its rows are sorted a slice at a time (three sorts of 30,000 rows held the GIL
+    7-11 ms each on a slow core)."""
+    sorts: list[int] = []
+
+    def counted(items, key):
+        sorts.append(len(items))
+        return sorted(items, key=key)
+
+    monkeypatch.setattr(store_worker, "sorted", counted, raising=False)
     now = time.time()
     with Store(tmp_path / "state.db", prune_inline=False) as store:
         store.ensure_default_groups()
@@ -176,6 +189,13 @@ def test_a_report_of_30000_rows_sets_off_young_collections_only(tmp_path, monkey
             gc.set_threshold(*threshold)
         assert len(report.rows) == 30_000 and report.rows[0]["user"] == "u00000"
         assert seen and set(seen) == {0}, seen
+        assert sum(sorts) == 3 * 30_000 and max(sorts) == SLICE
+
+
+@given(st.lists(st.integers(0, 5), max_size=3 * SLICE + 7))
+def test_sorted_in_slices_sorts_as_sorted_does_ties_in_their_order(keys):
+    items = list(enumerate(keys))  # many ties: only a stable merge keeps their order
+    assert sorted_in_slices(items, lambda item: item[1]) == sorted(items, key=lambda item: item[1])
 
 
 @pytest.mark.asyncio
@@ -203,3 +223,13 @@ async def test_the_loops_usage_write_never_waits_behind_the_workers_delete(tmp_p
         worker.join()
         assert still_held and store._db.execute("SELECT count(*) FROM usage").fetchone()[0] == 0
         await until(lambda: store._db.execute("SELECT count(*) FROM usage").fetchone()[0] == 1, "the row follows")
+
+
+def test_mr_serve_hands_the_gil_over_after_a_millisecond(monkeypatch):
+    """While the worker builds a report in Python, the loop waited up to Python's 5 ms switch interval a turn."""
+    intervals: list[float] = []
+    monkeypatch.setattr(sys, "setswitchinterval", intervals.append)
+    for name in ("collect", "freeze", "set_threshold"):
+        monkeypatch.setattr(gc, name, lambda *args: None)
+    settle_process()
+    assert intervals == [0.001]

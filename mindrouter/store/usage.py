@@ -26,6 +26,7 @@ from ..reported import count
 from .errors import Busy, InvalidValue
 from .rows import UsageReport, UsageRow, UsageTotal
 from .schema import ROLL_USAGE, ROLLED_KEY, transaction
+from .worker import sorted_in_slices
 
 log = logging.getLogger(__name__)
 
@@ -350,9 +351,9 @@ class UsageLog:
         # NUL sorts before any other character, so joined keys sort as the lists of their parts.
         times = [d for d in by if d in _TIME_DIMENSIONS]
         others = [d for d in by if d not in _TIME_DIMENSIONS]
-        rows.sort(key=lambda row: "\0".join(str(row[d]) for d in others))
-        rows.sort(key=lambda row: -(row["prompt_tokens"] + row["completion_tokens"]))
-        rows.sort(key=lambda row: "\0".join(row[d] for d in times))
+        rows = sorted_in_slices(rows, lambda row: "\0".join(str(row[d]) for d in others))
+        rows = sorted_in_slices(rows, lambda row: -(row["prompt_tokens"] + row["completion_tokens"]))
+        rows = sorted_in_slices(rows, lambda row: "\0".join(row[d] for d in times))
         total = {key: sum(row[key] for row in rows) for key in ("requests", "prompt_tokens", "completion_tokens")} | {
             "gpu_seconds": round(sum(row["gpu_seconds"] for row in rows), 3)
         }

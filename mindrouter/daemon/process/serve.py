@@ -32,7 +32,7 @@ from .app import create_app
 from .listen import port_taken, refuse_a_busy_port
 from .statelock import StateLock
 
-__all__ = ["event_loop_factory", "make_runner", "serve", "settle_heap"]
+__all__ = ["event_loop_factory", "make_runner", "serve", "settle_process"]
 
 log = logging.getLogger("mindrouter.daemon")
 
@@ -95,8 +95,15 @@ async def _run(config: Config, *, discover: bool | None) -> None:
         lock.release()
 
 
-def settle_heap() -> None:
-    """Freeze what start-up made, once the daemon listens (benchmarks/bench_scale.py does the same).
+SWITCH_INTERVAL = 0.001
+"""Seconds a thread running Python keeps the GIL while another waits for it (Python's default: 0.005).
+While the store's worker builds a report in Python the event loop waited up to the whole default for
+each turn; at 1 ms it gets the GIL back sooner (docs/performance.md, "Stalls while reports run")."""
+
+
+def settle_process() -> None:
+    """Freeze what start-up made and hand the GIL over sooner, once the daemon listens
+    (benchmarks/bench_scale.py does the same).
 
     It (the imported modules, each registered user's scheduler state: 60,000-80,000 objects) lives as
     long as the process; a full collection walked it every time, 15-17 ms once or twice a second under
@@ -107,6 +114,7 @@ def settle_heap() -> None:
     gc.collect()
     gc.freeze()
     gc.set_threshold(YOUNG_COLLECTION_EVERY)
+    sys.setswitchinterval(SWITCH_INTERVAL)
 
 
 def make_runner(app: web.Application, config: Config) -> web.AppRunner:
@@ -159,7 +167,7 @@ async def _serve_app(config: Config, *, discover: bool | None) -> None:
         server.port,
         socket_path,
     )
-    settle_heap()
+    settle_process()
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
