@@ -133,7 +133,7 @@ class _Stalls:
         gc.callbacks.remove(self._collecting)
 
 
-def _settle_heap() -> None:
+def _settle() -> None:
     """What `mr serve` does once it listens (each tree's own code)."""
     try:
         from mindrouter.daemon.process.serve import settle_process
@@ -183,7 +183,7 @@ async def _daemon(tmp: Path, retention_days: float, frozen: bool) -> tuple[Any, 
     server = TestServer(app, host="127.0.0.1")
     await server.start_server()
     if frozen:
-        _settle_heap()
+        _settle()
     return server, str(server.make_url("")).rstrip("/")
 
 

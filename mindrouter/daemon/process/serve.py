@@ -98,7 +98,7 @@ async def _run(config: Config, *, discover: bool | None) -> None:
 SWITCH_INTERVAL = 0.001
 """Seconds a thread running Python keeps the GIL while another waits for it (Python's default: 0.005).
 While the store's worker builds a report in Python the event loop waited up to the whole default for
-each turn; at 1 ms it gets the GIL back sooner (docs/performance.md, "Stalls while reports run")."""
+each turn; at 1 ms it gets the GIL back sooner (docs/performance.md, "One machine at a campus's size")."""
 
 
 def settle_process() -> None:
