@@ -352,9 +352,11 @@ def test_rates_per_model_default_to_the_backend_rates():
 
 @pytest.fixture(scope="module")
 def lab():
-    began = time.perf_counter()
+    # CPU seconds, not wall: the simulator runs on one thread, and on a shared machine
+    # (CI's included) waiting for a core tripled the wall time while the work stayed 4.4 s.
+    began = time.process_time()
     result, run = run_scenario(load_example("lab-pool"))
-    return result, run, time.perf_counter() - began
+    return result, run, time.process_time() - began
 
 
 def test_lab_pool_reports_the_pool_figures(lab):
@@ -377,7 +379,7 @@ def test_lab_pool_reports_the_pool_figures(lab):
 
 @pytest.mark.timing
 def test_lab_pool_is_fast(lab):
-    assert lab[2] < 10  # seconds, with the deprioritization baseline run
+    assert lab[2] < 10  # CPU seconds, with the deprioritization baseline run
 
 
 def test_lab_pool_same_seed_same_json():
