@@ -127,6 +127,16 @@ def test_a_narrow_terminal_names_the_columns_it_hides(fake: FakeDaemon) -> None:
     assert "not shown" not in wide and "tok/s by model" in wide and URL in wide
 
 
+def test_a_report_rounded_to_the_day_names_the_setting_that_did_it(fake: FakeDaemon) -> None:
+    """rich read "[server]" in the footnote as markup and printed "( usage_retention_days)"."""
+    lab(fake)
+    assert fake.usage is not None
+    fake.usage["day_resolution_before_at"] = "2026-11-20T00:00:00+01:00"
+    fake.usage["day_resolution_before"] = 1_763_593_200.0
+    out = " ".join(mr("usage", env={"COLUMNS": "80"}).stdout.split())
+    assert "before 2026-11-20 00:00 only daily totals are kept ([server] usage_retention_days)" in out, out
+
+
 def test_the_gpu_table_at_80_columns(monkeypatch: pytest.MonkeyPatch) -> None:
     from typer.testing import CliRunner
 

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import inspect
+import itertools
 import os
 import re
 import shutil
@@ -158,3 +160,37 @@ def test_systemd_unit_example() -> None:
         if line.strip() and "is not executable" not in line and "man " not in line and "Failed to" not in line
     ]
     assert problems == [], problems
+
+
+@pytest.mark.parametrize("path", [p for p, _ in leaf_commands()], ids=lambda p: " ".join(p))
+def test_help_wraps_at_the_terminal_not_at_the_source_lines(path: tuple[str, ...]) -> None:
+    """typer keeps a docstring's line breaks: at 80 columns ``mr model alias --help`` left "the alias, a" alone."""
+    run = mr(*path, "--help", env={"COLUMNS": "80"})
+    prose = [line.rstrip() for line in run.stdout.split("╭", 1)[0].splitlines()]
+    for line, after in itertools.pairwise(prose):
+        if line.strip() and after.strip():  # a paragraph goes on: the next word would not have fitted
+            assert len(line) + 1 + len(after.split()[0]) > 78, f"{line!r} is broken before {after!r}"
+
+
+def callbacks(app: typer.Typer = mr_app, path: tuple[str, ...] = ()) -> dict[tuple[str, ...], object]:
+    """Each leaf command's function, by its path, from typer's registry (its docstring is the help's source)."""
+    out: dict[tuple[str, ...], object] = {}
+    for info in app.registered_commands:
+        name = info.name or typer.main.get_command_name(info.callback.__name__)  # type: ignore[union-attr]
+        out[(*path, name)] = info.callback
+    for group in app.registered_groups:
+        out.update(callbacks(group.typer_instance, (*path, group.name or group.typer_instance.info.name)))  # type: ignore[arg-type]
+    return out
+
+
+@pytest.mark.parametrize("path", [p for p, _ in leaf_commands()], ids=lambda p: " ".join(p))
+def test_help_shows_the_brackets_its_source_has(path: tuple[str, ...]) -> None:
+    """rich read ``[scheduler]`` in a docstring and ``[default: 8484]`` in an option's help as markup, and
+    dropped them."""
+    (cmd,) = [c for p, c in leaf_commands() if p == path]
+    sources = [inspect.getdoc(callbacks()[path]) or ""]
+    sources += [p.help.replace("\\[", "[") for p in cmd.params if getattr(p, "help", None)]  # type: ignore[attr-defined]
+    shown = " ".join(mr(*path, "--help", env={"COLUMNS": "250"}).stdout.replace("│", " ").split())
+    for source in sources:
+        for piece in re.findall(r"\[[^\]\n]*\]", source):
+            assert " ".join(piece.split()) in shown, f"{piece} is missing from mr {' '.join(path)} --help"

@@ -9,11 +9,13 @@ F``), because DESIGN §5 promises it on every command; that value wins.
 
 from __future__ import annotations
 
+import inspect
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Annotated, Any
 
 import typer
+from rich.markup import escape
 
 from ..config import Config, config_path, load_config
 from ..daemon.process.statelock import StateLock
@@ -109,8 +111,26 @@ ROOT_EPILOG = (
 
 
 def install(app: typer.Typer) -> None:
-    """Make ``_root`` the app's callback (global ``--config``, ``ctx.obj``)."""
+    """Make ``_root`` the app's callback (global ``--config``, ``ctx.obj``), and every docstring prose."""
     app.callback(epilog=ROOT_EPILOG)(_root)
+    _as_prose(app)
+
+
+def _as_prose(app: typer.Typer) -> None:
+    """Each command's docstring as ``--help`` is to show it: paragraphs the terminal wraps, brackets kept.
+
+    typer keeps a docstring's single line breaks after its first paragraph, so a source line
+    of 95 characters broke at 80 columns into a full line and a stub, and reads the text as
+    rich markup, so ``[scheduler]`` vanished from ``mr simulate --help``. A docstring is
+    prose: each paragraph becomes one line, escaped (``_manpage`` reads the markup back).
+    """
+    for info in app.registered_commands:
+        doc = info.help or inspect.getdoc(info.callback)
+        if doc:
+            info.help = "\n\n".join(escape(" ".join(p.split())) for p in doc.split("\n\n"))
+    for group in app.registered_groups:
+        if group.typer_instance is not None:
+            _as_prose(group.typer_instance)
 
 
 def complete_from(path: str, key: str = "name") -> Any:

@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Any
 
 import typer.main
+from rich.text import Text
 
 from .. import __version__
 
@@ -57,8 +58,13 @@ def _line(text: str) -> str:
     return "\\&" + text if text[:1] in (".", "'") else text
 
 
+def _plain(markup: str) -> str:
+    """What ``--help`` shows of a help text, which typer reads as rich markup (``\\[store]`` shows ``[store]``)."""
+    return Text.from_markup(markup).plain
+
+
 def _paragraphs(help_text: str) -> list[str]:
-    return [" ".join(p.split()) for p in re.split(r"\n\s*\n", help_text.strip()) if p.strip()]
+    return [" ".join(p.split()) for p in re.split(r"\n\s*\n", _plain(help_text).strip()) if p.strip()]
 
 
 def command_paths(group: Any, prefix: tuple[str, ...] = ()) -> Iterator[tuple[tuple[str, ...], Any]]:
@@ -97,7 +103,7 @@ def _options(params: list[Any]) -> list[str]:
         names = ", ".join(f"\\fB{_esc(o)}\\fR" for o in [*p.opts, *p.secondary_opts])
         meta = _metavar(p)
         out += [".TP", f"{names}" + (f" \\fI{_esc(meta)}\\fR" if meta else "")]
-        text = p.help or ""
+        text = _plain(p.help or "")
         default = p.default
         if (
             getattr(p, "show_default", False)
@@ -113,7 +119,7 @@ def _arguments(params: list[Any]) -> list[str]:
     out: list[str] = []
     for p in params:
         if p.param_type_name == "argument":
-            out += [".TP", f"\\fI{_esc(_metavar(p).strip('[]'))}\\fR", _line(_esc(p.help or ""))]
+            out += [".TP", f"\\fI{_esc(_metavar(p).strip('[]'))}\\fR", _line(_esc(_plain(p.help or "")))]
     return out
 
 

@@ -23,7 +23,7 @@ def gpu(
 ) -> None:
     """Show this machine's NVIDIA GPUs: memory, utilization, temperature, power, processes.
 
-    Reads NVML directly, so it needs no daemon; ``--config`` is accepted as on
+    Reads NVML directly, so it needs no daemon; `--config` is accepted as on
     every command but nothing here depends on it.
 
     Example: mr gpu --json

@@ -17,12 +17,12 @@ __all__ = ["register"]
 def serve(
     ctx: typer.Context,
     config: ConfigOption = None,
-    host: Annotated[str | None, typer.Option(help="Address for the inference API. [default: 127.0.0.1]")] = None,
-    port: Annotated[int | None, typer.Option(help="TCP port for the inference API. [default: 8484]")] = None,
+    host: Annotated[str | None, typer.Option(help="Address for the inference API. \\[default: 127.0.0.1]")] = None,
+    port: Annotated[int | None, typer.Option(help="TCP port for the inference API. \\[default: 8484]")] = None,
     socket: Annotated[str | None, typer.Option("--socket", help="Unix socket for the admin API.")] = None,
     state_dir: Annotated[str | None, typer.Option("--state-dir", help="Folder for the SQLite state.")] = None,
     log_level: Annotated[
-        str | None, typer.Option("--log-level", help="debug, info, warning or error. [default: info]")
+        str | None, typer.Option("--log-level", help="debug, info, warning or error. \\[default: info]")
     ] = None,
     discover: Annotated[
         bool,

@@ -92,7 +92,7 @@ def simulate(
     """Simulate users and backends against the real scheduler: shares, waits, service gap, fairness.
 
     Needs no daemon. The scenario's own [scheduler] table sets the scheduler, not
-    the config file (``--config`` is accepted as on every command and ignored),
+    the config file (`--config` is accepted as on every command and ignored),
     so a scenario and seed give the same result on every machine.
     """
     from ..simulate.loading import example_names, load_example, load_scenario

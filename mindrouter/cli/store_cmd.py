@@ -46,7 +46,7 @@ def migrate(
 ) -> None:
     """Copy the whole state (groups, users, keys, quotas, backends, usage, decisions) into an empty database.
 
-    Stop `mr serve` first. Then set \\[store] url to the new database (or empty it to go back to SQLite)
+    Stop `mr serve` first. Then set [store] url to the new database (or empty it to go back to SQLite)
     and start it again; the old state stays as it was.
 
     Example: mr store migrate --to postgresql://mindrouter@db.lab:5432/mindrouter

@@ -130,7 +130,7 @@ def usage(
     if data.get("day_resolution_before"):
         out.print(
             f"[dim]before {_server_time(data, 'day_resolution_before')} only daily totals are kept "
-            "([server] usage_retention_days), so the start is rounded to the day[/]"
+            "(\\[server] usage_retention_days), so the start is rounded to the day[/]"
         )
     quotas = data.get("quotas") or []
     if quotas:
