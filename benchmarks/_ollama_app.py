@@ -2,8 +2,8 @@
 
     python benchmarks/_ollama_app.py COMPRESSION SHARING POOL PORT [PORT ...]
 
-serves the pool POOL of ``_lab.py`` (lab or replicas; one server per port, in order, its
-GPU shared by SHARING: time-share or concurrent) on 127.0.0.1 until stopped.
+serves the pool POOL of ``_pools.py`` (lab, replicas, six or two-popular; one server per port,
+in order, its GPU shared by SHARING: time-share or concurrent) on 127.0.0.1 until stopped.
 Routes, as Ollama answers them: ``GET /``,
 ``/api/version``, ``/api/tags``, ``/api/ps`` (``size_vram``, ``expires_at``,
 ``context_length``), ``POST /api/show`` (``capabilities``), ``/api/chat``,
@@ -383,8 +383,8 @@ def create_app(
 
 
 async def serve(compression: float, sharing: str, name: str, ports: list[int]) -> None:
-    """The pool ``name`` of ``_lab.py`` on ``ports``, until cancelled."""
-    from _lab import GPUS, MODELS, PARAMETERS, pool
+    """The pool ``name`` of ``_pools.py`` on ``ports``, until cancelled."""
+    from _pools import GPUS, MODELS, PARAMETERS, pool
 
     runners = []
     for spec, port in zip(pool(sharing, name), ports, strict=False):

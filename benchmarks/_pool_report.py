@@ -10,7 +10,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from _lab import MODELS, Request
+from _lab import Request
+from _pools import MODELS
 
 
 @dataclass(eq=False, slots=True)
@@ -67,7 +68,8 @@ def compute(f: Figures) -> Figures:
     rows["later turns' TTFT p95"] = pct([v for o, v in ttft.items() if o.req.turn], 0.95)
     sent = sum(s.get("prompt_tokens", 0) for s in f.stats)
     rows["prompt computed / sent"] = sum(s.get("computed_tokens", 0) for s in f.stats) / sent if sent else None
-    for model in MODELS:
+    sent_models = {o.req.model for o in f.outcomes}
+    for model in (m for m in MODELS if m in sent_models):  # the pool's own models, in one order for every target
         short = model.split(":")[0]
         mine = [o for o in done if o.req.model == model]
         for label, values in (("TTFT", ttft), ("E2E", e2e)):

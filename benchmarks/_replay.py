@@ -21,8 +21,9 @@ import json
 from collections.abc import Callable
 
 import aiohttp
-from _lab import MODELS, Request
+from _lab import Request
 from _pool_report import Outcome
+from _pools import MODELS
 
 from mindrouter.simulate.conversations import Conversation
 

@@ -24,6 +24,8 @@ daemon's settings included, scaled alike). Figures are in lab seconds.
     python benchmarks/bench_pool.py --workload conversations --only "mr serve" "mr simulate" least-busy
     python benchmarks/bench_pool.py --workload conversations --only "mr serve" least-busy cache-aware   # issue 31
     python benchmarks/bench_pool.py --sharing concurrent --only "mr serve" least-busy   # the other GPU law
+    python benchmarks/bench_pool.py --pool six --only "mr serve" least-busy   # issue 31's held-out pools
+    python benchmarks/bench_pool.py --pool two-popular --only "mr serve" least-busy
     python benchmarks/bench_pool.py --only "mr serve" --trace /tmp/t && python benchmarks/pool_ttft.py /tmp/t/mr-serve
 
 `mr serve` runs with its defaults, ``--max-concurrent 4`` per backend (the
@@ -54,9 +56,10 @@ from pathlib import Path
 from typing import Any
 
 import aiohttp
-from _lab import POOL_KINDS, Request, capacity, pool, scenario, users, workload
+from _lab import Request, capacity, scenario, users, workload
 from _pool_report import Figures, Outcome, compute, table
 from _pool_sim import lab_scenario, scenario_requests, simulated
+from _pools import POOL_KINDS, POOLS, WORKLOADS, pool
 from _replay import TIMEOUT, replay
 from _routers import POLICIES, create_router, learn_models
 from aiohttp import web
@@ -262,7 +265,7 @@ async def main(args: argparse.Namespace) -> list[Figures]:
     if args.workload != "lab":
         requests = scenario_requests(sc, args.steady)
     else:
-        requests = workload(args.seed, args.steady, args.burst)
+        requests = workload(args.seed, args.steady, args.burst, pool_name=args.pool)
     targets = [t for t in TARGETS if t in args.only] if args.only else ["mr serve", *POLICIES]
     if args.litellm and not args.only:
         targets += LITELLM
@@ -340,17 +343,19 @@ if __name__ == "__main__":
     )
     parser.add_argument(
         "--pool",
-        choices=("lab", "replicas"),
+        choices=tuple(POOLS),
         default="lab",
         help="lab: the four Ollama workstations; replicas: the chat model on four vLLM-style replicas (issue 31's"
-        " pool (a); with --workload scenario or conversations)",
+        " pool (a); with --workload scenario or conversations); six: the lab, a second RTX 4090 and an RTX A6000"
+        " for the 70B; two-popular: the lab's GPUs with llama3.1:8b and gemma2:9b both popular and a 32B"
+        " (_pools.py)",
     )
     parser.add_argument(
         "--scenario", action="store_true", help="print this lab as an `mr simulate` scenario (TOML) and exit"
     )
     ns = parser.parse_args()
-    if ns.pool != "lab" and ns.workload == "lab":
-        parser.error("--pool replicas replays a scenario's requests: add --workload conversations (or scenario)")
+    if ns.workload not in WORKLOADS[ns.pool]:
+        parser.error(f"--pool {ns.pool} runs --workload {' or '.join(WORKLOADS[ns.pool])}, not {ns.workload}")
     if ns.quick:
         ns.steady, ns.burst, ns.compression = 120.0, 90.0, 30.0
     if ns.scenario:

@@ -1,7 +1,7 @@
 """Where the slowest first tokens of a bench_pool.py run went: mindrouter's queue, the workstation, prefill.
 
     python benchmarks/bench_pool.py --only "mr serve" --trace /tmp/trace
-    python benchmarks/pool_ttft.py /tmp/trace/mr-serve [--phase steady] [--top 0.05]
+    python benchmarks/pool_ttft.py /tmp/trace/mr-serve [--phase steady] [--top 0.05] [--pool lab]
 
 For the chat requests of the phase whose time to first token is in the top
 ``--top`` (the 5% that make the p95), one row each: its model and sizes, the
@@ -21,19 +21,27 @@ import argparse
 import json
 import sqlite3
 from collections import defaultdict
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from _lab import POOL
+from _pools import POOLS
+
+from mindrouter.simulate.scenario import Rates
 
 COLUMNS = ("queue", "runner", "load", "slot", "prefill", "alone", "rest")
 """``alone``: the prefill that request would take alone on the GPU chosen (part of ``prefill``, not added)."""
-SPEEDS = {spec.name: spec.rates for spec in POOL}
-FASTEST: dict[str, float] = {}
-"""Per model, the fastest prefill any workstation has: a prompt's first token can come no sooner."""
-for _speeds in SPEEDS.values():
-    for _model, _speed in _speeds.items():
-        FASTEST[_model] = max(FASTEST.get(_model, 0.0), _speed.prefill)
+
+
+def speeds(pool_name: str) -> tuple[dict[str, Mapping[str, Rates]], dict[str, float]]:
+    """Each server's rates in the pool ``pool_name``, and per model the fastest prefill any of them has
+    (a prompt's first token can come no sooner)."""
+    rates = {spec.name: spec.rates for spec in POOLS[pool_name]}
+    fastest: dict[str, float] = {}
+    for per_model in rates.values():
+        for model, speed in per_model.items():
+            fastest[model] = max(fastest.get(model, 0.0), speed.prefill)
+    return rates, fastest
 
 
 def p95(values: list[float]) -> float:
@@ -50,8 +58,9 @@ def decisions(state: Path) -> tuple[dict[str, dict[str, Any]], dict[str, str]]:
     return last, names
 
 
-def breakdown(folder: Path, phase: str, compression: float) -> list[dict[str, Any]]:
+def breakdown(folder: Path, phase: str, compression: float, pool_name: str = "lab") -> list[dict[str, Any]]:
     """Every answered chat request of ``phase``, slowest first token first, with where its time went."""
+    rates, fastest = speeds(pool_name)
     outcomes = json.loads((folder / "outcomes.json").read_text())
     traces = json.loads((folder / "workstations.json").read_text())
     records, names = decisions(folder / "state")
@@ -77,10 +86,10 @@ def breakdown(folder: Path, phase: str, compression: float) -> list[dict[str, An
             "prefill": w.get("prefill", 0.0),
         }
         parts["rest"] = o["ttft"] - sum(parts.values())
-        speed = SPEEDS.get(ws, {}).get(o["model"])
+        speed = rates.get(ws, {}).get(o["model"])
         parts["alone"] = o["prompt"] / speed.prefill if speed else 0.0
         parts["unshared"] = o["ttft"] - parts["prefill"] + parts["alone"]
-        parts["floor"] = o["prompt"] / FASTEST[o["model"]]
+        parts["floor"] = o["prompt"] / fastest[o["model"]]
         others = {
             names.get(b, b): round(c["score"], 1)
             for b, c in rec.get("score_components", {}).items()
@@ -109,8 +118,9 @@ def main() -> None:
     parser.add_argument("--phase", default="steady", choices=("steady", "burst"))
     parser.add_argument("--top", type=float, default=0.05, help="the slowest part to show (0.05: the p95's)")
     parser.add_argument("--compression", type=float, default=10.0, help="the run's --compression")
+    parser.add_argument("--pool", default="lab", choices=tuple(POOLS), help="the run's --pool")
     args = parser.parse_args()
-    every = breakdown(args.folder, args.phase, args.compression)
+    every = breakdown(args.folder, args.phase, args.compression, args.pool)
     rows = every[: max(1, round(len(every) * args.top))]
     print(f"{'at':>6} {'model':<18} {'prompt':>6} {'backend':<8} {'TTFT':>6}" + "".join(f"{c:>8}" for c in COLUMNS))
     sums: dict[str, dict[str, float]] = defaultdict(lambda: dict.fromkeys(("n", "ttft", *COLUMNS), 0.0))
