@@ -384,11 +384,11 @@ def create_app(
 
 async def serve(compression: float, sharing: str, name: str, ports: list[int]) -> None:
     """The pool ``name`` of ``_pools.py`` on ``ports``, until cancelled."""
-    from _pools import GPUS, MODELS, PARAMETERS, pool
+    from _pools import GPUS, MODELS, PARAMETERS, pool, served
 
     runners = []
     for spec, port in zip(pool(sharing, name), ports, strict=False):
-        app = create_app(spec, MODELS, compression, GPUS.get(spec.name, "NVIDIA A100 80GB PCIe"), PARAMETERS)
+        app = create_app(served(spec), MODELS, compression, GPUS.get(spec.name, "NVIDIA A100 80GB PCIe"), PARAMETERS)
         runner = web.AppRunner(app, access_log=None)
         await runner.setup()
         await web.TCPSite(runner, "127.0.0.1", port, backlog=1024).start()

@@ -11,6 +11,8 @@ that fit its VRAM (in the lab the 70B lives on the H100 alone).
 - ``replicas``: issue 31's pool (a), the chat model on four vLLM-style replicas.
 - ``six``: the lab plus a second RTX 4090 and a second home for the 70B (an RTX A6000 48 GB, where it
   fits only alone), the lab's users: issue 31's held-out pool of six workstations.
+- ``mixed``: the lab plus a vLLM-style server (A100-class) serving the chat model under its Hugging Face
+  id, pooled with the Ollama tag by an alias: issue 31's held-out pool with a vLLM server in it.
 - ``two-popular``: the lab's four GPUs serving two popular 8B-class chat models that compete for VRAM
   and a 32B that fits the RTX 4090 only without another chat model; gemma2 starts where llama3.1, the
   busier and faster of the two, would be better used (the held-out harness saw an RTX 3060 hold gemma2
@@ -30,6 +32,7 @@ PARALLEL, MAX_LOADED = 4, 3
 """The lab's OLLAMA_NUM_PARALLEL (Ollama's default is 1) and OLLAMA_MAX_LOADED_MODELS (the default)."""
 CHAT, CODER, BIG, EMBED = "llama3.1:8b", "qwen2.5-coder:14b", "llama3.3:70b", "nomic-embed-text:latest"
 GEMMA, QWEN32 = "gemma2:9b", "qwen2.5:32b"
+HF_CHAT = "meta-llama/Llama-3.1-8B-Instruct"
 MODELS = {
     CHAT: ModelSpec(CHAT, size=4.9, vram=7.0, family="llama"),
     CODER: ModelSpec(CODER, size=9.0, vram=11.0, family="qwen2"),
@@ -38,7 +41,16 @@ MODELS = {
     GEMMA: ModelSpec(GEMMA, size=5.4, vram=8.0, family="gemma2"),
     QWEN32: ModelSpec(QWEN32, size=19.9, vram=22.0, family="qwen2"),
 }
-PARAMETERS = {CHAT: "8.0B", CODER: "14.8B", BIG: "70.6B", EMBED: "137M", GEMMA: "9.2B", QWEN32: "32.8B"}
+MODELS[HF_CHAT] = dataclasses.replace(MODELS[CHAT], name=HF_CHAT)
+PARAMETERS = {
+    CHAT: "8.0B",
+    CODER: "14.8B",
+    BIG: "70.6B",
+    EMBED: "137M",
+    GEMMA: "9.2B",
+    QWEN32: "32.8B",
+    HF_CHAT: "8.0B",
+}
 """Each model's parameter size, as ``/api/tags`` reports it."""
 SHORT = {CHAT: "chat", CODER: "coder", BIG: "big", EMBED: "embed", GEMMA: "gemma", QWEN32: "qwen32"}
 """What a model's users are called: ``chat-01`` ... ``embed-03``."""
@@ -141,7 +153,28 @@ KV cache, batching that slows a stream 5% per other stream), behind ``--pool rep
 streams (vLLM's ``max_num_seqs`` is 256; mr serve's ``--max-concurrent`` is this), while the arrival rates take
 a replica at ``BATCH_STREAMS`` (``_lab.py``; with 16 the pool ran past mr serve's cap while the baselines, which
 have none, batched more)."""
-POOLS = {"lab": POOL, "replicas": REPLICAS, "six": SIX, "two-popular": TWO_POPULAR}
+MIXED = (*POOL, dataclasses.replace(REPLICAS[0], name="vllm-a100"))
+"""The lab and one vLLM-style server like a replica of pool (a), which lists the chat model as ``HF_CHAT``."""
+POOLS = {"lab": POOL, "replicas": REPLICAS, "six": SIX, "two-popular": TWO_POPULAR, "mixed": MIXED}
+SERVED_AS = {"vllm-a100": {CHAT: HF_CHAT}}
+"""Servers that list a model under another name than the pool's (a vLLM server names it by its Hugging Face id):
+the pools above and the simulator use the pool's names; the fakes serve these, mr serve is told ``ALIASES``
+(``mr model alias``), and the baselines map them back as a LiteLLM ``model_list`` would."""
+ALIASES = {other: model for names in SERVED_AS.values() for model, other in names.items()}
+"""Each other name, and the pool's name of the model it names."""
+
+
+def served(spec: BackendSpec) -> BackendSpec:
+    """``spec`` with its models under the names its server lists them by (``SERVED_AS``)."""
+    names = SERVED_AS.get(spec.name, {})
+    if not names:
+        return spec
+    return dataclasses.replace(
+        spec,
+        models=tuple(names.get(m, m) for m in spec.models),
+        loaded_models=tuple(names.get(m, m) for m in spec.loaded_models),
+        rates={names.get(m, m): r for m, r in spec.rates.items()},
+    )
 
 
 def pool(sharing: str = SHARING[0], name: str = "lab") -> tuple[BackendSpec, ...]:
@@ -170,6 +203,7 @@ POOL_KINDS = {
     "lab": KINDS,
     "replicas": (Kind(CHAT, 1.0, prompt=500, out=300, users=16),),
     "six": KINDS,
+    "mixed": KINDS,
     "two-popular": (
         Kind(CHAT, 0.40, prompt=500, out=300, users=8),
         Kind(GEMMA, 0.30, prompt=500, out=300, users=6),
@@ -182,6 +216,7 @@ WORKLOADS = {
     "lab": ("lab", "scenario", "conversations"),
     "replicas": ("scenario", "conversations"),
     "six": ("lab", "scenario", "conversations"),
+    "mixed": ("lab", "scenario", "conversations"),
     "two-popular": ("lab", "scenario", "conversations"),
 }
 """The ``--workload`` values each pool runs: the replicas (issue 31's pool (a)) are measured on the simulator's

@@ -23,7 +23,7 @@ import itertools
 import json
 import random
 from collections import OrderedDict
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator, Iterator, Mapping
 
 import aiohttp
 from aiohttp import web
@@ -89,19 +89,26 @@ class Picker:
             tree.popitem(last=False)
 
 
-async def learn_models(session: aiohttp.ClientSession, backends: list[str]) -> dict[str, list[str]]:
-    """Model name -> the backends whose ``/api/tags`` lists it."""
-    models: dict[str, list[str]] = {}
+async def learn_models(
+    session: aiohttp.ClientSession, backends: list[str], aliases: Mapping[str, str] | None = None
+) -> dict[str, dict[str, str]]:
+    """Model name -> {backend: the name its ``/api/tags`` lists the model under}.
+
+    ``aliases`` maps another name to the model's (a vLLM server's Hugging Face id to Ollama's tag), as a
+    LiteLLM ``model_list`` or ``mr model alias`` says that both are one model."""
+    models: dict[str, dict[str, str]] = {}
     for url in backends:
         async with session.get(f"{url}/api/tags") as r:
             for entry in (await r.json())["models"]:
-                models.setdefault(entry["name"], []).append(url)
+                name = entry["name"]
+                models.setdefault((aliases or {}).get(name, name), {})[url] = name
     return models
 
 
-def create_router(policy: str, models: dict[str, list[str]], seed: int = 0) -> web.Application:
-    """The proxy app: every POST path goes, body unchanged, to the picked backend's same path."""
-    picker = Picker(policy, models, seed)
+def create_router(policy: str, models: dict[str, dict[str, str]], seed: int = 0) -> web.Application:
+    """The proxy app: every POST path goes to the picked backend's same path, the body unchanged but for
+    the model's name where that backend lists the model under another."""
+    picker = Picker(policy, {m: list(urls) for m, urls in models.items()}, seed)
     session_key = web.AppKey("session", aiohttp.ClientSession)
 
     async def session_ctx(app: web.Application) -> AsyncIterator[None]:
@@ -116,6 +123,11 @@ def create_router(policy: str, models: dict[str, list[str]], seed: int = 0) -> w
         url = picker.pick(str(parsed.get("model", "")), message_chain(messages) if isinstance(messages, list) else ())
         if url is None:
             return web.json_response({"error": {"message": "unknown model", "type": "not_found_error"}}, status=404)
+        model = str(parsed["model"])
+        served = (models.get(model) or models.get(f"{model}:latest") or {}).get(url, model)
+        if served not in (model, f"{model}:latest"):
+            parsed["model"] = served
+            body = json.dumps(parsed).encode()
         picker.in_flight[url] += 1
         try:
             async with request.app[session_key].post(

@@ -26,6 +26,7 @@ daemon's settings included, scaled alike). Figures are in lab seconds.
     python benchmarks/bench_pool.py --sharing concurrent --only "mr serve" least-busy   # the other GPU law
     python benchmarks/bench_pool.py --pool six --only "mr serve" least-busy   # issue 31's held-out pools
     python benchmarks/bench_pool.py --pool two-popular --only "mr serve" least-busy
+    python benchmarks/bench_pool.py --pool mixed --only "mr serve" least-busy   # a vLLM server beside, by an alias
     python benchmarks/bench_pool.py --only "mr serve" --trace /tmp/t && python benchmarks/pool_ttft.py /tmp/t/mr-serve
 
 `mr serve` runs with its defaults, ``--max-concurrent 4`` per backend (the
@@ -54,12 +55,13 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
+from urllib.parse import quote
 
 import aiohttp
 from _lab import Request, capacity, scenario, users, workload
 from _pool_report import Figures, Outcome, compute, table
 from _pool_sim import lab_scenario, scenario_requests, simulated
-from _pools import POOL_KINDS, POOLS, WORKLOADS, pool
+from _pools import ALIASES, POOL_KINDS, POOLS, SERVED_AS, WORKLOADS, pool
 from _replay import TIMEOUT, replay
 from _routers import POLICIES, create_router, learn_models
 from aiohttp import web
@@ -162,6 +164,8 @@ async def start_mr(tmp: Path, args: argparse.Namespace, urls: list[str], reading
         else:  # a vLLM-style replica: its prompts stall decoding (chunked prefill), as mr serve expects of vLLM
             backend["engine"] = spec.engine if spec.engine == "vllm" else "openai"
         await admin_call(sock, "POST", "/admin/backends", backend)
+    for other, model in ALIASES.items():  # a server that lists a model under another name (mr model alias)
+        await admin_call(sock, "PUT", f"/admin/models/aliases/{quote(other, safe='')}", {"target": model})
     keys = {}
     for name, _ in users(POOL_KINDS[args.pool]):
         await admin_call(sock, "POST", "/admin/users", {"name": name, "group": "staff"})
@@ -178,7 +182,7 @@ def litellm_yaml(urls: list[str], strategy: str, compression: float, pool_name: 
             lines += [
                 f"  - model_name: {model}",
                 "    litellm_params:",
-                f"      model: openai/{model}",
+                f"      model: openai/{SERVED_AS.get(spec.name, {}).get(model, model)}",
                 f"      api_base: {url}/v1",
                 "      api_key: none",
             ]
@@ -211,7 +215,7 @@ async def run_target(name: str, args: argparse.Namespace, requests: list[Request
             procs.append(daemon)
         elif name in POLICIES:
             async with aiohttp.ClientSession() as s:
-                models = await learn_models(s, urls)
+                models = await learn_models(s, urls, ALIASES)
             runner = web.AppRunner(create_router(name, models, args.seed), access_log=None)
             await runner.setup()
             port = free_port()

@@ -1,8 +1,9 @@
 """bench_pool's pools (``benchmarks/_pools.py``): every model their users send has a workstation that holds it.
 
-Besides issue 17's lab and the vLLM replicas, two pools the router was not tuned on (issue 31's held-out
-pools): ``six`` (a second RTX 4090, and an RTX A6000 that the 70B fills alone) and ``two-popular`` (two
-8B-class chat models and a 32B that loads on the RTX 4090 only into an empty GPU). The fakes run the
+Besides issue 17's lab and the vLLM replicas, three pools the router was not tuned on (issue 31's held-out
+pools): ``six`` (a second RTX 4090, and an RTX A6000 that the 70B fills alone), ``two-popular`` (two
+8B-class chat models and a 32B that loads on the RTX 4090 only into an empty GPU) and ``mixed`` (a vLLM
+server that lists the chat model by its Hugging Face id). The fakes run the
 simulator's workstation model, so what loads beside what is the simulator's rule (``HEADROOM``).
 """
 
@@ -117,3 +118,29 @@ def test_a_pool_refuses_a_workload_it_does_not_run_in_one_sentence() -> None:
         .splitlines()[-1]
         .endswith("error: --pool replicas runs --workload scenario or conversations, not lab")
     )
+
+
+async def test_the_vllm_server_lists_its_hugging_face_id_and_the_baselines_map_the_tag_to_it(
+    aiohttp_server: Any, aiohttp_client: Any
+) -> None:
+    """``mixed``: the fake vLLM server serves the chat model as ``meta-llama/...`` only; a baseline told the alias
+    (as a LiteLLM model_list is) sends it requests for ``llama3.1:8b`` under that name."""
+    import aiohttp
+    from _pools import ALIASES, HF_CHAT, served
+    from _routers import create_router, learn_models
+
+    spec = served(station("mixed", "vllm-a100"))
+    assert spec.models == spec.loaded_models == (HF_CHAT,) and set(spec.rates) == {HF_CHAT}
+    vllm = await aiohttp_server(create_app(spec, MODELS, C))
+    url = str(vllm.make_url("")).rstrip("/")
+    async with aiohttp.ClientSession() as s:
+        assert await learn_models(s, [url]) == {HF_CHAT: {url: HF_CHAT}}
+        models = await learn_models(s, [url], ALIASES)
+    assert models == {CHAT: {url: HF_CHAT}}
+    router = await aiohttp_client(create_router("least-busy", models))
+    body = {"model": CHAT, "messages": [{"role": "user", "content": "a b c"}], "max_tokens": 3}
+    answer = await router.post("/v1/chat/completions", json=body)
+    assert answer.status == 200, await answer.text()
+    assert (await answer.json())["usage"]["completion_tokens"] == 3
+    direct = await (await aiohttp_client(create_app(spec, MODELS, C))).post("/v1/chat/completions", json=body)
+    assert direct.status == 404  # the tag alone is not a name this server knows
