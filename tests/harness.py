@@ -10,7 +10,7 @@ uses (``make_runner``), with no GPU driver, and its admin API driven with the ad
 Backends are in-process (tests/inprocess.py) by default: a row added with an ``InProcess``
 answers from it, without a socket, so a loaded machine changes no outcome. A row added
 with a URL gets the engine's real adapter over HTTP: use that, with a fake server on
-127.0.0.1 (tests/fakes.py), where the wire is the subject (conformance, framing,
+127.0.0.1 (tests/fakes/), where the wire is the subject (conformance, framing,
 smuggling, client libraries, connections that fail or lie).
 
 - ``scheduler``, ``server``, ``backends``: overrides of those config sections (or pass a whole ``config``);

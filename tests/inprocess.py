@@ -9,7 +9,7 @@ hands instead of a clock's:
 
 - ``held=True`` (or ``hold()``) holds every answer before its first byte until ``open_gate()``,
   or one at a time with ``let_one()``;
-- a completion is the fakes' ``tok0 tok1 ...`` (tests/fakes.py), ``completion_tokens``
+- a completion is the fakes' ``tok0 tok1 ...`` (tests/fakes/), ``completion_tokens``
   long or the call's ``max_tokens`` when that is smaller; prompt tokens are the
   prompt's words, as the fakes count them;
 - ``tokens_per_second`` paces generation (None: at once); ``first_byte_delay``: seconds before it starts;
@@ -23,7 +23,7 @@ the body of every call as the backend got it.
 
 Tests about the daemon's queue, fairness, weights, quotas or accounting use it; tests
 about the wire (framing, dialects byte by byte, connections that fail) use the fake
-servers on 127.0.0.1 (tests/fakes.py).
+servers on 127.0.0.1 (tests/fakes/).
 """
 
 from __future__ import annotations
