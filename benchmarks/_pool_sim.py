@@ -26,9 +26,19 @@ def lab_scenario(
     sharing: str,
     conversations: bool = False,
     pool_name: str = "lab",
+    burst: float = 1.3,
 ) -> Scenario:
     return parse_scenario(
-        scenario(seed, steady_s, burst_s, drain_s, sharing=sharing, conversations=conversations, pool_name=pool_name)
+        scenario(
+            seed,
+            steady_s,
+            burst_s,
+            drain_s,
+            burst=burst,
+            sharing=sharing,
+            conversations=conversations,
+            pool_name=pool_name,
+        )
     )
 
 
