@@ -217,6 +217,19 @@ def test_user_key_to_a_file_is_0600_and_never_overwrites_one(fake: FakeDaemon, t
     assert run.exit_code == 1 and "cannot write" in run.stderr and len(sent(fake)) == made
 
 
+def test_user_key_redirected_into_a_file_others_can_read_makes_it_private(fake: FakeDaemon, tmp_path) -> None:
+    """``mr user key alice > alice.key``: the shell makes the file 0644 before mr runs; the key must not stay so."""
+    target = tmp_path / "alice.key"
+    with target.open("w") as out:
+        target.chmod(0o644)
+        cmd = [sys.executable, "-m", "mindrouter.cli", "user", "key", "alice"]
+        done = subprocess.run(cmd, stdout=out, stderr=subprocess.PIPE, text=True, timeout=60, check=False)
+    assert done.returncode == 0, done.stderr
+    assert target.read_text() == "mr-alice-secretkey2\n"
+    assert oct(target.stat().st_mode & 0o777) == "0o600"
+    assert "0600" in done.stderr, done.stderr
+
+
 def test_user_rm(fake: FakeDaemon) -> None:
     assert "revoked" in mr("user", "rm", "bob").stdout
     assert mr("user", "rm", "bob").exit_code == 1

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import io
 import os
+import stat
 import sys
 from pathlib import Path
 from typing import Annotated, Any
@@ -92,13 +94,40 @@ def key(
     if output is not None:
         _key_to_file(get_app(ctx, config), name, output, body)
         return
+    private = _private_stdout()
     answer = get_app(ctx, config).client.post(f"/admin/users/{quote_name(name)}/keys", body)
     if json:
         print_json({"user": answer.get("user", name), "key": answer["key"]})
-        return
-    sys.stdout.write(f"{answer['key']}\n")
-    sys.stdout.flush()
-    err_console().print(f"[dim]new key for {escape(name)}; store it now, it is shown only once[/]")
+    else:
+        sys.stdout.write(f"{answer['key']}\n")
+        sys.stdout.flush()
+    if private:
+        err_console().print(f"[dim]new key for {escape(name)}; the file it went to is now mode 0600[/]")
+    elif not json:
+        err_console().print(f"[dim]new key for {escape(name)}; store it now, it is shown only once[/]")
+
+
+def _private_stdout() -> bool:
+    """Make stdout private where it is a file other accounts can read: True if it was made so.
+
+    ``mr user key alice > alice.key`` gets a file the shell created with its umask (0644
+    by default) before mr ran; the key must not stay readable by every local account.
+    """
+    try:
+        fd = sys.stdout.fileno()
+        mode = os.fstat(fd).st_mode
+    except (OSError, ValueError, io.UnsupportedOperation):  # not a real file (a test's capture, a closed stream)
+        return False
+    if not stat.S_ISREG(mode) or not mode & 0o077:
+        return False
+    try:
+        os.fchmod(fd, stat.S_IMODE(mode) & 0o700)
+    except OSError as exc:
+        raise MindRouterError(
+            f"stdout is a file other accounts can read and cannot be made private ({exc.strerror});"
+            " write the key with -o FILE instead"
+        ) from None
+    return True
 
 
 def _key_to_file(app: Any, name: str, path: Path, body: dict[str, str]) -> None:
