@@ -400,7 +400,7 @@ def main() -> None:
     if len(results) == 2:
         for route in results[0]["loop_ms"]:
             before, after = results[0]["loop_ms"][route], results[1]["loop_ms"][route]
-            print(f"{route}: {before / max(after, 1e-3):.0f}x less loop time")
+            print(f"{route}: loop time {after / max(before, 1e-6):.2f}x the first tree's")
 
 
 if __name__ == "__main__":
