@@ -376,6 +376,8 @@ if __name__ == "__main__":
     ns = parser.parse_args()
     if ns.workload not in WORKLOADS[ns.pool]:
         parser.error(f"--pool {ns.pool} runs --workload {' or '.join(WORKLOADS[ns.pool])}, not {ns.workload}")
+    if set(ns.only or ()) & set(LITELLM) and not ns.litellm:
+        parser.error("the LiteLLM targets need a virtualenv with LiteLLM: pass --litellm PATH or set MR_BENCH_LITELLM")
     if ns.quick:
         ns.steady, ns.burst, ns.compression = 120.0, 90.0, 30.0
     if ns.scenario:

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -144,3 +145,11 @@ async def test_the_vllm_server_lists_its_hugging_face_id_and_the_baselines_map_t
     assert (await answer.json())["usage"]["completion_tokens"] == 3
     direct = await (await aiohttp_client(create_app(spec, MODELS, C))).post("/v1/chat/completions", json=body)
     assert direct.status == 404  # the tag alone is not a name this server knows
+
+
+def test_the_litellm_targets_without_litellm_are_refused_in_one_sentence() -> None:
+    cmd = [sys.executable, str(BENCHMARKS / "bench_pool.py"), "--only", "litellm least-busy"]
+    env = {k: v for k, v in os.environ.items() if k != "MR_BENCH_LITELLM"}
+    done = subprocess.run(cmd, capture_output=True, text=True, timeout=60, check=False, env=env)
+    assert done.returncode == 2, done.stderr  # was a TypeError from deep inside the run
+    assert done.stderr.strip().splitlines()[-1].endswith("pass --litellm PATH or set MR_BENCH_LITELLM")
