@@ -48,6 +48,12 @@ def mean_work(kind: Kind, speed: Rates) -> float:
     return (kind.prompt / speed.prefill + decode) * math.exp(SIGMA**2 / 2)
 
 
+def full_batch(ws: BackendSpec) -> float:
+    """Single streams' worth of tokens a server makes with a full batch of one model."""
+    n = ws.parallel or min(ws.max_concurrent, BATCH_STREAMS)
+    return n / (1 + ws.slowdown * (n - 1))
+
+
 def capacity(stations: Sequence[BackendSpec] = POOL, kinds: Sequence[Kind] = KINDS) -> float:
     """Requests/s the pool serves with full batches (``num_parallel`` streams): an estimate, not a bound.
 
@@ -62,18 +68,14 @@ def capacity(stations: Sequence[BackendSpec] = POOL, kinds: Sequence[Kind] = KIN
     everywhere = [k for k in kinds if len(homes[k.model]) == len(stations)]
     few = [k for k in kinds if len(homes[k.model]) < len(stations)]
 
-    def batch(ws: BackendSpec) -> float:
-        n = ws.parallel or min(ws.max_concurrent, BATCH_STREAMS)
-        return n / (1 + ws.slowdown * (n - 1))
-
     def work(ws: BackendSpec) -> float:
         weight = sum(k.share for k in everywhere)
         return sum(k.share / weight * mean_work(k, ws.rates[k.model]) for k in everywhere)
 
-    others = sum(batch(ws) / work(ws) for ws in stations)
+    others = sum(full_batch(ws) / work(ws) for ws in stations)
     cost = 0.0  # per request of the pool, what its share of the few-homed models costs in the others' requests
     for k in few:
-        speed = [batch(ws) / mean_work(k, ws.rates[k.model]) for ws in homes[k.model]]
+        speed = [full_batch(ws) / mean_work(k, ws.rates[k.model]) for ws in homes[k.model]]
         split = zip(speed, homes[k.model], strict=True)
         cost += k.share * sum(s / sum(speed) * mean_work(k, ws.rates[k.model]) / work(ws) for s, ws in split)
     return others / (1 - sum(k.share for k in few) + cost)

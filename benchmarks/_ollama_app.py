@@ -2,7 +2,7 @@
 
     python benchmarks/_ollama_app.py COMPRESSION SHARING POOL PORT [PORT ...]
 
-serves the pool POOL of ``_pools.py`` (lab, replicas, six or two-popular; one server per port,
+serves the pool POOL of ``_pools.py`` (lab, replicas, six, two-popular or mixed; one server per port,
 in order, its GPU shared by SHARING: time-share or concurrent) on 127.0.0.1 until stopped.
 Routes, as Ollama answers them: ``GET /``,
 ``/api/version``, ``/api/tags``, ``/api/ps`` (``size_vram``, ``expires_at``,

@@ -37,6 +37,11 @@ TREE_BLOCKS = 1 << 16
 """Blocks each worker's tree keeps (SGLang bounds its tree by characters; evicts least recently used)."""
 
 
+def known(models: Mapping[str, object], model: str) -> str | None:
+    """The name ``models`` knows ``model`` by: as asked, or with Ollama's implied ``:latest``."""
+    return next((name for name in (model, f"{model}:latest") if name in models), None)
+
+
 class Picker:
     """Which backend gets the next request for a model."""
 
@@ -50,11 +55,12 @@ class Picker:
         self.trees: dict[str, OrderedDict[int, None]] = {url: OrderedDict() for url in self.in_flight}
 
     def pick(self, model: str, prefix: Prefix = ()) -> str | None:
-        urls = self.models.get(model) or self.models.get(f"{model}:latest")
-        if not urls:
+        name = known(self.models, model)
+        if name is None or not self.models[name]:
             return None
+        urls = self.models[name]
         if self.policy == "round-robin":
-            return next(self._turns[model if model in self.models else f"{model}:latest"])
+            return next(self._turns[name])
         loads = [self.in_flight[u] for u in urls]
         least, most = min(loads), max(loads)
         if self.policy == "cache-aware" and prefix:
@@ -123,10 +129,9 @@ def create_router(policy: str, models: dict[str, dict[str, str]], seed: int = 0)
         url = picker.pick(str(parsed.get("model", "")), message_chain(messages) if isinstance(messages, list) else ())
         if url is None:
             return web.json_response({"error": {"message": "unknown model", "type": "not_found_error"}}, status=404)
-        model = str(parsed["model"])
-        served = (models.get(model) or models.get(f"{model}:latest") or {}).get(url, model)
-        if served not in (model, f"{model}:latest"):
-            parsed["model"] = served
+        name = known(models, str(parsed["model"]))
+        if name is not None and models[name][url] != name:  # this backend lists the model under another name
+            parsed["model"] = models[name][url]
             body = json.dumps(parsed).encode()
         picker.in_flight[url] += 1
         try:

@@ -272,7 +272,7 @@ async def main(args: argparse.Namespace) -> list[Figures]:
         args.sharing,
         args.workload == "conversations",
         args.pool,
-        args.overload,
+        burst=args.overload,
     )
     if args.workload != "lab":
         requests = scenario_requests(sc, args.steady)
@@ -367,8 +367,8 @@ if __name__ == "__main__":
         default="lab",
         help="lab: the four Ollama workstations; replicas: the chat model on four vLLM-style replicas (issue 31's"
         " pool (a); with --workload scenario or conversations); six: the lab, a second RTX 4090 and an RTX A6000"
-        " for the 70B; two-popular: the lab's GPUs with llama3.1:8b and gemma2:9b both popular and a 32B"
-        " (_pools.py)",
+        " for the 70B; two-popular: the lab's GPUs with llama3.1:8b and gemma2:9b both popular and a 32B;"
+        " mixed: the lab and a vLLM server listing the chat model by its Hugging Face id (_pools.py)",
     )
     parser.add_argument(
         "--scenario", action="store_true", help="print this lab as an `mr simulate` scenario (TOML) and exit"

@@ -23,7 +23,7 @@ from mindrouter.simulate.scenario import SHARING
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "benchmarks"))
 
-from _lab import capacity, users, workload
+from _lab import capacity, full_batch, mean_work, users, workload
 from _ollama_app import create_app
 from _pool_sim import lab_scenario, scenario_requests
 from _pools import BIG, CHAT, EMBED, GEMMA, KINDS, MODELS, POOL, POOL_KINDS, POOLS, QWEN32
@@ -153,3 +153,16 @@ def test_the_litellm_targets_without_litellm_are_refused_in_one_sentence() -> No
     done = subprocess.run(cmd, capture_output=True, text=True, timeout=60, check=False, env=env)
     assert done.returncode == 2, done.stderr  # was a TypeError from deep inside the run
     assert done.stderr.strip().splitlines()[-1].endswith("pass --litellm PATH or set MR_BENCH_LITELLM")
+
+
+@pytest.mark.parametrize("name", POOLS)
+def test_no_model_arrives_faster_than_its_homes_serve_it_alone(name: str) -> None:
+    """At 1x the pool's capacity each model's arrivals fit what its workstations serve with nothing else there:
+    with the lab's shares, ``mixed`` (a vLLM server adding chat capacity) sent the 70B twice what the H100
+    serves, and both routers lost requests to its timeouts."""
+    rate = capacity(POOLS[name], POOL_KINDS[name])
+    for kind in POOL_KINDS[name]:
+        alone = sum(
+            full_batch(ws) / mean_work(kind, ws.rates[kind.model]) for ws in POOLS[name] if kind.model in ws.models
+        )
+        assert kind.share * rate <= 1.01 * alone, (kind.model, kind.share * rate, alone)
