@@ -130,8 +130,9 @@ def learn(load: BackendLoad, speeds: Speeds, job: Job, sample: Sample, settings:
     if decode is not None:
         # Where prompts stall decoding, seconds per token swing with the prompts read beside each answer: weighing
         # the newest 0.2, four equal vLLM-like replicas learned slopes from 0 to 0.5 (truth 0.05) and routing
-        # herded onto the lowest. Their line takes 4x as many answers (elsewhere that slowed lab-pool's balance).
-        _fit_slowdown(load, speed.crowd, others, 1.0 / decode, alpha / 4 if sample.stalls else alpha)
+        # herded onto the lowest; over 4x as many answers, 0.03-0.06, still apart enough to herd. Their line takes
+        # 64x as many answers (a batch's cost per stream hardly changes; elsewhere that slowed lab-pool's balance).
+        _fit_slowdown(load, speed.crowd, others, 1.0 / decode, alpha / 64 if sample.stalls else alpha)
         speed.decode = _ema(speed.decode, decode * slowdown, alpha)
         speed.observed = _ema(speed.observed, decode, alpha)
         speed.answers += 1
