@@ -66,13 +66,18 @@ def test_vllm_a_long_uncached_prompt_delays_every_decoding_stream_by_about_its_p
     assert a.phase == DECODE and a.done == pytest.approx(1.0 + prefill + (1000 - a.tokens(1.0 + prefill)) / a.rate)
 
 
-def test_vllm_prompts_read_together_share_the_chunk_and_take_the_whole_budget_alone() -> None:
+def test_vllm_reads_prompts_in_the_order_their_requests_started() -> None:
+    """vLLM's scheduler gives each step's budget to its running requests in order: a prompt sent after another
+    waits for it, and slows it not at all (shared equally, both read by 1.0 s; in order, x by 0.5 s)."""
     g, _ = gpu("vllm")
     x, y = stream("x", 4000), stream("y", 4000)
     g.start(x, 0.0)
     assert x.rate == pytest.approx(8000.0)  # nothing decoding: the whole step is prefill
     g.start(y, 0.0)
-    assert x.rate == y.rate == pytest.approx(4000.0)
+    assert x.rate == pytest.approx(8000.0) and x.prefill_end == pytest.approx(0.5)
+    assert y.rate == 0.0
+    g.prefilled(x, 0.5)
+    assert y.prefill_end == pytest.approx(0.5 + 4000 / (8000 / (1 + 8000 / (STEP_TOKENS - 1) / 100)), rel=1e-3)
 
 
 def test_ollama_a_prefilling_stream_slows_the_others_as_a_decoding_one_does() -> None:

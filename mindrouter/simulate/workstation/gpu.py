@@ -21,13 +21,17 @@ prefilling stream slows the others as a decoding one does. A vLLM engine
 every decoding stream, then a chunk of the waiting prompts: a step with d
 decoding streams and prompts to read takes ``(1 + slowdown (d - 1)) / decode
 + (STEP_TOKENS - d) / prefill`` seconds, so a long uncached prompt delays
-every running stream by about its prefill time, and the prompts being read
-share the chunk equally. Every start, end and finished prefill re-times the
-streams still running (processor sharing).
+every running stream by about its prefill time. The chunk goes to the prompts
+in the order their requests started, as vLLM's scheduler walks its running
+requests (``v1/core/sched/scheduler.py``: each takes what is left of the
+budget): the oldest prompt is read, the others wait for it (shared equally,
+a prompt sent last slowed every one sent before it). Every start, end and
+finished prefill re-times the streams still running.
 """
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable
 from typing import Generic, TypeVar
 
@@ -92,7 +96,13 @@ class Gpu(Generic[T]):
         step = (1.0 + self.slowdown * (decoding - 1)) / stream.rates.decode if decoding else 0.0
         chunk = max(1, self.step_tokens - decoding) if prefilling else 0
         step = (step + chunk / stream.rates.prefill) * turns
-        return chunk / prefilling / step if phase == PREFILL else 1.0 / step
+        if phase == DECODE:
+            return 1.0 / step
+        return chunk / step if stream is self._reading(stream.model) else 0.0
+
+    def _reading(self, model: str) -> Stream[T] | None:
+        """The prompt its batch reads now: the one whose request started first."""
+        return next((s for s in self.active if s.phase == PREFILL and (self.concurrent or s.model == model)), None)
 
     def start(self, stream: Stream[T], now: float) -> None:
         """``stream`` got a slot: it prefills what its cache lacks, then decodes."""
@@ -105,10 +115,7 @@ class Gpu(Generic[T]):
         if new is not None:
             new.t0 = now
             new.rate = self.rate(new, PREFILL)
-            new.prefill_end = now + new.computed / new.rate
-            new.done = new.prefill_end + new.completion / self.rate(new, DECODE)
-            self.push(new.prefill_end, "prefill", (new, new.version))
-            self.push(new.done, "done", (new, new.version))
+            self._timed(new, now, new.computed)
         if not self.shared:
             return
         for stream in self.active:
@@ -123,13 +130,22 @@ class Gpu(Generic[T]):
             stream.rate = rate
             stream.version += 1
             if stream.phase == PREFILL:
-                stream.prefill_end = now + max(0.0, stream.computed - stream.work0) / stream.rate
-                stream.done = stream.prefill_end + stream.completion / self.rate(stream, DECODE)
-                self.push(stream.prefill_end, "prefill", (stream, stream.version))
+                self._timed(stream, now, max(0.0, stream.computed - stream.work0))
             else:
                 stream.done = now + max(0.0, stream.completion - stream.work0) / stream.rate
                 self.decode_rate_changed(stream, old, now)
-            self.push(stream.done, "done", (stream, stream.version))
+                self.push(stream.done, "done", (stream, stream.version))
+
+    def _timed(self, stream: Stream[T], now: float, left: float) -> None:
+        """Time the end of ``stream``'s prefill, ``left`` tokens at its rate now, and of its answer after it; a
+        prompt waiting behind another's (rate 0) gets no events until it is re-timed."""
+        if not stream.rate:
+            stream.prefill_end = stream.done = math.inf
+            return
+        stream.prefill_end = now + left / stream.rate
+        stream.done = stream.prefill_end + stream.completion / self.rate(stream, DECODE)
+        self.push(stream.prefill_end, "prefill", (stream, stream.version))
+        self.push(stream.done, "done", (stream, stream.version))
 
     def prefilled(self, stream: Stream[T], now: float) -> float:
         """``stream``'s prompt is read: it decodes from now on; returns its decode rate."""

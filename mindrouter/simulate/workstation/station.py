@@ -374,8 +374,9 @@ class Workstation(Generic[T]):
         self.dirty = True
 
     def expected_seconds(self, stream: Stream[T], now: float) -> float:
-        """How long ``stream``, just accepted, should take: its own timing if it started, else a load and a run."""
-        if stream.phase != WAITING:
+        """How long ``stream``, just accepted, should take: its own timing if it started (and is not waiting for
+        another prompt's reading), else a load and a run."""
+        if stream.phase != WAITING and math.isfinite(stream.done):
             return stream.done - now
         runner = self.runners.get(stream.model)
         if runner is None:
