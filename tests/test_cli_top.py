@@ -65,6 +65,9 @@ def test_frame_has_every_section_at_120x40(top_data: dict[str, Any]) -> None:
         assert header in text
     assert text.index("req-2") < text.index("req-1")
     assert "61°C" in text and "NVIDIA RTX 4090" in text
+    # the backend's throughput over time and one stream's rate are told apart (both read "tok/s" before)
+    header = next(line for line in lines if line.startswith("backend"))
+    assert "tok/s, last" in header and "stream tok/s" in header and header.count("tok/s") == 2 + ("by model" in header)
 
 
 @pytest.mark.parametrize(("width", "height"), [(200, 60), (100, 30), (80, 24), (60, 16), (40, 10), (30, 6)])
@@ -86,7 +89,8 @@ def test_narrow_terminal_drops_columns_not_rows(top_data: dict[str, Any]) -> Non
     lines = frame(top_data, 50, 40)
     header = next(line for line in lines if line.startswith("backend"))
     assert "status" in header and "load" in header
-    assert "latency" not in header and "last" not in header and "loaded" not in header  # tok/s, a number, stays
+    assert "latency" not in header and "last" not in header and "loaded" not in header
+    assert "stream tok/s" in header  # a number: it stays
     assert sum(line.startswith(("ws1", "ws2", "old")) for line in lines) == 3
 
 

@@ -130,7 +130,7 @@ def _backends(data: Mapping[str, Any], bars: int) -> Section:
             drop=5,
         ),
         Col("latency", lambda r: fmt_duration(r.get("latency_ema")), 7, "right", drop=6),
-        Col("tok/s", lambda r: fmt_num(r.get("tokens_per_second"), 1), 5, "right", drop=2),
+        Col("stream tok/s", lambda r: fmt_num(r.get("tokens_per_second"), 1), 5, "right", drop=2),
         Col("tok/s by model", lambda r: fmt_speeds(r.get("model_speeds")), 14, drop=8),
         Col(
             "loaded models",

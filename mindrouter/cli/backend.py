@@ -61,7 +61,7 @@ COLUMNS = [
         drop=6,
     ),
     Column("latency_ema", "latency", fmt=fmt_duration, justify="right", drop=4),
-    Column("tokens_per_second", "tok/s", fmt=lambda v: fmt_num(v, 1), justify="right", drop=3),
+    Column("tokens_per_second", "stream tok/s", fmt=lambda v: fmt_num(v, 1), justify="right", drop=3),
     Column("model_speeds", "tok/s by model", fmt=fmt_speeds, drop=2),
     Column("utilization", "gpu", fmt=fmt_pct, justify="right", drop=7),
     Column("url", "url", style="dim", drop=8),
