@@ -66,6 +66,23 @@ def test_vllm_a_long_uncached_prompt_delays_every_decoding_stream_by_about_its_p
     assert a.phase == DECODE and a.done == pytest.approx(1.0 + prefill + (1000 - a.tokens(1.0 + prefill)) / a.rate)
 
 
+def test_llamacpp_a_prompt_stalls_the_slot_decoding_beside_it_for_about_its_reading() -> None:
+    """As measured on a real llama-server (benchmarks/bench_prefill_stall.py: 0.99-1.10 of the prompt's reading
+    lost, one token each 512 of the prompt's tokens); it was taken as one more stream's 5%."""
+    g, _ = gpu("llamacpp")
+    a = decoding(g, "a")
+    alone = a.rate
+    assert alone == pytest.approx(100.0)
+    long = stream("long", 2000)
+    g.start(long, 1.0)
+    step = 1 / 100.0 + 511 / 8000.0  # its token and a 511-token chunk of the prompt
+    assert a.rate == pytest.approx(1.0 / step)
+    prefill = 2000 / long.rate
+    lost = prefill - prefill * a.rate / alone
+    assert lost / (2000 / 8000) == pytest.approx(1.0, abs=0.15)
+    assert g.prefilled(long, 1.0 + prefill) == pytest.approx(100.0 / 1.05)
+
+
 def test_vllm_reads_prompts_in_the_order_their_requests_started() -> None:
     """vLLM's scheduler gives each step's budget to its running requests in order: a prompt sent after another
     waits for it, and slows it not at all (shared equally, both read by 1.0 s; in order, x by 0.5 s)."""

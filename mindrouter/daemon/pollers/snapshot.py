@@ -107,5 +107,5 @@ def backend_snapshot(
         max_loaded=row.max_loaded,
         utilization=utilization,
         backend_waiting=(probe.waiting or 0) if probe is not None else 0,
-        prefill_stalls=row.engine == "vllm",  # chunked prefill, on by default since vLLM's V1 engine
+        prefill_stalls=row.engine in ("vllm", "llamacpp"),  # chunked prefill, on by default since vLLM's V1 engine
     )

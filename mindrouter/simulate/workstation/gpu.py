@@ -14,14 +14,18 @@ so it is the backend's ``sharing``:
   running two models produces more tokens than one (the law of the
   independent harness issue 31 cites).
 
-How prefill shares a step depends on the engine. On Ollama and llama.cpp a
-prefilling stream slows the others as a decoding one does. A vLLM engine
+How prefill shares a step depends on the engine. On Ollama a prefilling
+stream slows the others as a decoding one does (its runner builds its steps
+as llama-server does; not modelled yet, docs/performance.md). A vLLM engine
 (chunked prefill, decode first) fills each step's token budget
 (``max_num_batched_tokens``, ``STEP_TOKENS``) with one token of
 every decoding stream, then a chunk of the waiting prompts: a step with d
 decoding streams and prompts to read takes ``(1 + slowdown (d - 1)) / decode
 + (STEP_TOKENS - d) / prefill`` seconds, so a long uncached prompt delays
-every running stream by about its prefill time. The chunk goes to the prompts
+every running stream by about its prefill time. llama-server does the same
+with its physical batch of 512 tokens (measured on a real one,
+``benchmarks/bench_prefill_stall.py``: the slot decoding beside a prompt lost
+0.99-1.10 of the prompt's reading). The chunk goes to the prompts
 in the order their requests started, as vLLM's scheduler walks its running
 requests (``v1/core/sched/scheduler.py``: each takes what is left of the
 budget): the oldest prompt is read, the others wait for it (shared equally,
@@ -44,6 +48,10 @@ T = TypeVar("T")
 
 STEP_TOKENS = 8192
 """A vLLM step's token budget: ``max_num_batched_tokens`` as vLLM's OpenAI server sets it by default."""
+STEPS = {"vllm": STEP_TOKENS, "llamacpp": 512}
+"""Prompt tokens a step reads per engine: vLLM's budget, and llama-server's physical batch (``--ubatch-size``):
+beside a prompt being read, a decoding slot got one token each 2.5 s on SmolLM2, the time of 512 of its tokens
+(``benchmarks/bench_prefill_stall.py``)."""
 
 
 class Gpu(Generic[T]):
@@ -61,7 +69,7 @@ class Gpu(Generic[T]):
         """
         self.slowdown = spec.slowdown
         self.concurrent = spec.sharing == "concurrent"
-        self.step_tokens = STEP_TOKENS if spec.engine == "vllm" else None
+        self.step_tokens = STEPS.get(spec.engine)
         self.push = push
         self.decode_rate_changed = decode_rate_changed
         self.active: list[Stream[T]] = []

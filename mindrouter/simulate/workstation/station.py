@@ -125,7 +125,7 @@ class Workstation(Generic[T]):
                 priority=spec.priority,
                 parallel=spec.parallel,
                 model_parallel=one_slot,
-                prefill_stalls=spec.engine == "vllm",
+                prefill_stalls=spec.engine in ("vllm", "llamacpp"),
             )
         assert spec.vram is not None
         return Backend(
