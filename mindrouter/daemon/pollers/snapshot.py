@@ -107,5 +107,7 @@ def backend_snapshot(
         max_loaded=row.max_loaded,
         utilization=utilization,
         backend_waiting=(probe.waiting or 0) if probe is not None else 0,
-        prefill_stalls=row.engine in ("vllm", "llamacpp"),  # chunked prefill, on by default since vLLM's V1 engine
+        # vLLM's chunked prefill (on by default since its V1 engine) and llama-server's steps (measured:
+        # benchmarks/bench_prefill_stall.py) read a prompt beside one token of each decoding stream
+        prefill_stalls=row.engine in ("vllm", "llamacpp"),
     )
