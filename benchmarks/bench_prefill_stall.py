@@ -85,18 +85,21 @@ async def trial(session: aiohttp.ClientSession, url: str, prompt_tokens: int, an
     beside = await completion(session, url, text(prompt_tokens, rng), 1)
     read = time.monotonic()
     await writer
-    before = [b - a for a, b in itertools.pairwise(stamps) if b <= sent]
-    gap = statistics.median(before[5:])
-    during = [t for t in stamps if sent < t <= read]
-    waits = [b - a for a, b in zip([sent, *during], [*during, read], strict=True)]
     return Trial(
         alone["timings"]["prompt_n"],
         alone["timings"]["prompt_ms"] / 1000,
         beside["timings"]["prompt_ms"] / 1000,
-        gap,
-        max(0.0, (read - sent) - len(during) * gap),
-        max(waits),
+        *pace(stamps, sent, read),
     )
+
+
+def pace(stamps: list[float], sent: float, read: float) -> tuple[float, float, float]:
+    """A's usual seconds a token before ``sent`` (its first 5 tokens left out), the seconds it wrote nothing it
+    would have at that pace between ``sent`` and ``read``, and its longest wait for a token then."""
+    gap = statistics.median([b - a for a, b in itertools.pairwise(stamps) if b <= sent][5:])
+    during = [t for t in stamps if sent < t <= read]
+    waits = [b - a for a, b in zip([sent, *during], [*during, read], strict=True)]
+    return gap, max(0.0, (read - sent) - len(during) * gap), max(waits)
 
 
 async def measure(url: str, prompt_tokens: int, answer: int, trials: int, seed: int) -> list[Trial]:
