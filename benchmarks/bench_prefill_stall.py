@@ -117,10 +117,10 @@ def start(port: int, model: str, batch: int, threads: int) -> str:
 
 def report(label: str, rows: list[Trial]) -> None:
     alone, lost = statistics.median(r.alone_s for r in rows), statistics.median(r.lost_s for r in rows)
-    beside, pace = statistics.median(r.beside_s for r in rows), statistics.median(r.gap_s for r in rows)
+    beside, gap = statistics.median(r.beside_s for r in rows), statistics.median(r.gap_s for r in rows)
     print(
         f"{label:<22} prompt {rows[0].prompt_tokens:>5} tokens: read alone {alone:6.3f} s, beside A {beside:6.3f} s;"
-        f" A's pace {pace * 1000:5.1f} ms a token, lost {lost:6.3f} s ({lost / alone:4.2f} of B's reading),"
+        f" A's pace {gap * 1000:5.1f} ms a token, lost {lost:6.3f} s ({lost / alone:4.2f} of B's reading),"
         f" longest wait {statistics.median(r.longest_s for r in rows):6.3f} s  [{len(rows)} trials]",
         flush=True,
     )

@@ -20,6 +20,7 @@ __all__ = [
     "KEY_PREFIX",
     "LOOPBACK_HOSTS",
     "PERSON_FROM",
+    "STALLING_ENGINES",
     "check_name",
     "check_url",
     "hash_key",
@@ -35,6 +36,12 @@ __all__ = [
 
 #: The backend engines mindrouter has adapters for, in the order help texts list them.
 ENGINES = ("ollama", "vllm", "llamacpp", "openai")
+
+#: Engines whose steps read a prompt's chunk beside one token of each decoding stream, so a prompt being read
+#: stalls them (``Backend.prefill_stalls``): vLLM's chunked prefill, on by default since its V1 engine, and
+#: llama-server's steps (measured: benchmarks/bench_prefill_stall.py). Ollama's runner builds its steps so too,
+#: not taken so yet (docs/performance.md, "Prefill beside decode on a real llama-server").
+STALLING_ENGINES = frozenset({"vllm", "llamacpp"})
 
 #: Group, user and backend names: 1 to 64 letters, digits and ``. _ - @ +``, starting with a letter or digit.
 _NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._@+-]{0,63}\Z")

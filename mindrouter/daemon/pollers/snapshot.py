@@ -13,6 +13,7 @@ from typing import Any
 
 from ...backends import Probe, model_key
 from ...gpu.vram import ollama_slots
+from ...names import STALLING_ENGINES
 from ...scheduler import ALL_MODALITIES, Backend, Modality
 
 __all__ = ["GpuReading", "VramEstimate", "backend_snapshot"]
@@ -107,7 +108,5 @@ def backend_snapshot(
         max_loaded=row.max_loaded,
         utilization=utilization,
         backend_waiting=(probe.waiting or 0) if probe is not None else 0,
-        # vLLM's chunked prefill (on by default since its V1 engine) and llama-server's steps (measured:
-        # benchmarks/bench_prefill_stall.py) read a prompt beside one token of each decoding stream
-        prefill_stalls=row.engine in ("vllm", "llamacpp"),
+        prefill_stalls=row.engine in STALLING_ENGINES,
     )

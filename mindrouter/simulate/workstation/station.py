@@ -40,6 +40,7 @@ from collections import deque
 from collections.abc import Callable
 from typing import Generic, TypeVar
 
+from ...names import STALLING_ENGINES
 from ...scheduler import Backend, Modality
 from ..scenario import GB, BackendSpec, ModelSpec
 from .caches import BlockCache, SlotCache
@@ -125,7 +126,7 @@ class Workstation(Generic[T]):
                 priority=spec.priority,
                 parallel=spec.parallel,
                 model_parallel=one_slot,
-                prefill_stalls=spec.engine in ("vllm", "llamacpp"),
+                prefill_stalls=spec.engine in STALLING_ENGINES,
             )
         assert spec.vram is not None
         return Backend(
